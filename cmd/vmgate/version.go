@@ -1,0 +1,53 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func init() { commands = append(commands, newVersionCmd) }
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rev := ""
+			if bi, ok := debug.ReadBuildInfo(); ok {
+				for _, s := range bi.Settings {
+					if s.Key == "vcs.revision" {
+						rev = " " + s.Value
+					}
+				}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "vmgate %s%s %s/%s %s\n", version, rev, runtime.GOOS, runtime.GOARCH, runtime.Version())
+			return nil
+		},
+	}
+}
+
+// exitCoder is an error that carries the process exit code
+// (policy check exits 1 on a bad document, for example).
+type exitCoder interface {
+	error
+	ExitCode() int
+}
+
+func asExitCoder(err error, target *exitCoder) bool { return errors.As(err, target) }
+
+// exitError is an exitCoder with a message.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+func (e *exitError) ExitCode() int { return e.code }
