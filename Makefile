@@ -1,0 +1,44 @@
+# vmgate: build, test, demo. `make test` is what CI runs (through .ci/run).
+GO      ?= go
+BIN     ?= bin
+VMGATE  := $(BIN)/vmgate
+PKGS    := ./...
+
+# Debian packages the lab VM and the tests need (also installed by .ci/run).
+DEB_PKGS := qemu-system-x86 qemu-guest-agent busybox-static cpio redis-server
+
+.PHONY: all build test lint demo deps clean
+
+all: build
+
+build:
+	$(GO) build -o $(VMGATE) ./cmd/vmgate
+
+# Runs vet and every test. Tests that need a VM boot their own lab VMs; with
+# VMGATE_REQUIRE_VM=1 (CI) they fail rather than skip when QEMU is missing.
+test:
+	scripts/test.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+# Installs the Debian packages if any is missing (needs root or sudo).
+deps:
+	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing:" $$missing; \
+	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends $$missing; \
+	  fi
+
+# The main job on embedded defaults: install, build, boot the lab VM, show it.
+demo: deps build
+	$(VMGATE) lab up --vms 1
+	$(VMGATE) lab status
+	@echo
+	@echo "Lab VM is up. Stop it with: $(VMGATE) lab down"
+
+clean:
+	rm -rf $(BIN)
