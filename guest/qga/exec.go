@@ -1,0 +1,348 @@
+package qga
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Output caps.
+const (
+	// AgentOutputLimit is what qemu-ga itself keeps of each output stream
+	// (it sets out-truncated/err-truncated beyond it).
+	AgentOutputLimit = 16 << 20
+	// DefaultMaxOutputBytes caps each stream when a request sets no cap.
+	DefaultMaxOutputBytes = 1 << 20
+)
+
+// cwdScript runs "$@" in directory "$1". The directory and argv are passed
+// as arguments, never interpolated into the script.
+const cwdScript = `cd "$1" && shift && exec "$@"`
+
+// ExecRequest is a command to run in the guest.
+type ExecRequest struct {
+	// Path is the program; a name without a slash is looked up in the agent's PATH.
+	Path string
+	// Args are the arguments after argv[0]. No shell is involved.
+	Args []string
+	// Env holds KEY=VALUE entries added to the agent's environment. qemu-ga's
+	// own env argument replaces the whole environment, so a non-empty Env runs
+	// the command through env(1): env KEY=VALUE... Path Args...; keys must be
+	// portable names ([A-Za-z_][A-Za-z0-9_]*) and Path must not contain '='.
+	Env []string
+	// Stdin is written to the command's standard input, which is then closed.
+	Stdin []byte
+	// Cwd is the working directory; it must be absolute. guest-exec has no
+	// cwd, so a non-empty Cwd runs the command through
+	// /bin/sh -c 'cd "$1" && shift && exec "$@"' sh Cwd Path Args...
+	// (everything passed as argv, nothing interpolated); a missing directory
+	// makes the shell exit with status 2 and a message on stderr.
+	Cwd string
+	// Timeout, when positive, bounds the run time in Exec: when it fires the
+	// process is killed (SIGKILL through a second guest-exec of kill, since
+	// the agent has no kill command) and the result has TimedOut with the
+	// output so far. ExecStart does not enforce it.
+	Timeout time.Duration
+	// MaxOutputBytes caps each of stdout and stderr. 0 means
+	// DefaultMaxOutputBytes; values above AgentOutputLimit are clamped to it.
+	MaxOutputBytes int64
+}
+
+// ExecStatus is the state of a started command.
+type ExecStatus struct {
+	PID    int64
+	Exited bool
+	// ExitCode is the exit status when Exited and Signal is 0; -1 when a signal ended the command.
+	ExitCode int
+	// Signal is the number of the signal that ended the command, 0 if none.
+	Signal                           int
+	Stdout, Stderr                   []byte
+	StdoutTruncated, StderrTruncated bool
+	// TimedOut: the request's Timeout fired and the command was killed.
+	TimedOut bool
+}
+
+// validate checks r and returns the guest-exec arguments to send.
+func (r ExecRequest) validate() (execArgs, error) {
+	if r.Path == "" {
+		return execArgs{}, fmt.Errorf("%w: empty path", ErrInvalidArgument)
+	}
+	if err := checkString("path", r.Path); err != nil {
+		return execArgs{}, err
+	}
+	for i, a := range r.Args {
+		if err := checkString(fmt.Sprintf("args[%d]", i), a); err != nil {
+			return execArgs{}, err
+		}
+	}
+	for i, e := range r.Env {
+		if err := checkString(fmt.Sprintf("env[%d]", i), e); err != nil {
+			return execArgs{}, err
+		}
+		key, _, ok := cutEnv(e)
+		if !ok || !portableName(key) {
+			return execArgs{}, fmt.Errorf("%w: env[%d] %q is not KEY=VALUE with a portable name", ErrInvalidArgument, i, e)
+		}
+	}
+	if len(r.Env) > 0 && containsByte(r.Path, '=') {
+		return execArgs{}, fmt.Errorf("%w: path %q contains '=' (not allowed with env)", ErrInvalidArgument, r.Path)
+	}
+	if r.Cwd != "" {
+		if err := checkString("cwd", r.Cwd); err != nil {
+			return execArgs{}, err
+		}
+		if r.Cwd[0] != '/' {
+			return execArgs{}, fmt.Errorf("%w: cwd %q is not absolute", ErrInvalidArgument, r.Cwd)
+		}
+	}
+	if r.Timeout < 0 {
+		return execArgs{}, fmt.Errorf("%w: negative timeout %v", ErrInvalidArgument, r.Timeout)
+	}
+	if r.MaxOutputBytes < 0 {
+		return execArgs{}, fmt.Errorf("%w: negative max output bytes %d", ErrInvalidArgument, r.MaxOutputBytes)
+	}
+
+	argv := append([]string{r.Path}, r.Args...)
+	if len(r.Env) > 0 {
+		argv = append(append([]string{"env"}, r.Env...), argv...)
+	}
+	if r.Cwd != "" {
+		argv = append([]string{"/bin/sh", "-c", cwdScript, "sh", r.Cwd}, argv...)
+	}
+	a := execArgs{Path: argv[0], Arg: argv[1:], CaptureOutput: true}
+	if len(r.Stdin) > 0 {
+		a.InputData = base64.StdEncoding.EncodeToString(r.Stdin)
+	}
+	return a, nil
+}
+
+func cutEnv(e string) (key, value string, ok bool) {
+	for i := 0; i < len(e); i++ {
+		if e[i] == '=' {
+			return e[:i], e[i+1:], true
+		}
+	}
+	return "", "", false
+}
+
+func containsByte(s string, b byte) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == b {
+			return true
+		}
+	}
+	return false
+}
+
+func portableName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '_', 'A' <= c && c <= 'Z', 'a' <= c && c <= 'z':
+		case '0' <= c && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// outputCap is the effective per-stream cap for a requested one.
+func outputCap(max int64) int64 {
+	if max <= 0 {
+		return DefaultMaxOutputBytes
+	}
+	return min(max, AgentOutputLimit)
+}
+
+type execArgs struct {
+	Path          string   `json:"path"`
+	Arg           []string `json:"arg,omitempty"`
+	Env           []string `json:"env,omitempty"`
+	InputData     string   `json:"input-data,omitempty"`
+	CaptureOutput bool     `json:"capture-output"`
+}
+
+// ExecStart starts req (guest-exec with captured output) and returns the
+// guest pid to poll with ExecStatus. A disabled guest-exec is a *DisabledError.
+func (a Agent) ExecStart(ctx context.Context, req ExecRequest) (int64, error) {
+	args, err := req.validate()
+	if err != nil {
+		return 0, fmt.Errorf("qga: guest-exec: %w", err)
+	}
+	var reply struct {
+		PID *int64 `json:"pid"`
+	}
+	if err := a.Caller.Call(ctx, "guest-exec", args, &reply); err != nil {
+		return 0, err
+	}
+	if reply.PID == nil {
+		return 0, fmt.Errorf("qga: guest-exec: %w: reply has no pid", ErrProtocol)
+	}
+	return *reply.PID, nil
+}
+
+// ExecStatus polls pid (guest-exec-status). Each output stream is cut to
+// maxOutputBytes (0: DefaultMaxOutputBytes) with its truncated flag set.
+// Once a status with Exited was returned the agent forgets pid: a later
+// poll fails with ErrUnknownExec.
+func (a Agent) ExecStatus(ctx context.Context, pid int64, maxOutputBytes int64) (ExecStatus, error) {
+	if pid <= 0 {
+		return ExecStatus{}, fmt.Errorf("qga: guest-exec-status: %w: pid %d", ErrInvalidArgument, pid)
+	}
+	if maxOutputBytes < 0 {
+		return ExecStatus{}, fmt.Errorf("qga: guest-exec-status: %w: negative max output bytes %d", ErrInvalidArgument, maxOutputBytes)
+	}
+	var r struct {
+		Exited       bool   `json:"exited"`
+		ExitCode     *int   `json:"exitcode"`
+		Signal       *int   `json:"signal"`
+		OutData      string `json:"out-data"`
+		ErrData      string `json:"err-data"`
+		OutTruncated bool   `json:"out-truncated"`
+		ErrTruncated bool   `json:"err-truncated"`
+	}
+	args := struct {
+		PID int64 `json:"pid"`
+	}{pid}
+	if err := a.Caller.Call(ctx, "guest-exec-status", args, &r); err != nil {
+		var e *Error
+		if errors.As(err, &e) && isUnknownPID(e) {
+			return ExecStatus{}, fmt.Errorf("qga: guest-exec-status: pid %d: %w", pid, ErrUnknownExec)
+		}
+		return ExecStatus{}, err
+	}
+	st := ExecStatus{PID: pid, Exited: r.Exited, StdoutTruncated: r.OutTruncated, StderrTruncated: r.ErrTruncated}
+	if r.Signal != nil && *r.Signal != 0 {
+		st.Signal, st.ExitCode = *r.Signal, -1
+	} else if r.ExitCode != nil {
+		st.ExitCode = *r.ExitCode
+	} else if r.Exited {
+		return ExecStatus{}, fmt.Errorf("qga: guest-exec-status: %w: exited without exit code or signal", ErrProtocol)
+	}
+	var err error
+	if st.Stdout, err = base64Decode("guest-exec-status", "out-data", r.OutData); err != nil {
+		return ExecStatus{}, err
+	}
+	if st.Stderr, err = base64Decode("guest-exec-status", "err-data", r.ErrData); err != nil {
+		return ExecStatus{}, err
+	}
+	limit := outputCap(maxOutputBytes)
+	if int64(len(st.Stdout)) > limit {
+		st.Stdout, st.StdoutTruncated = st.Stdout[:limit], true
+	}
+	if int64(len(st.Stderr)) > limit {
+		st.Stderr, st.StderrTruncated = st.Stderr[:limit], true
+	}
+	return st, nil
+}
+
+// Poll intervals of Exec: the first poll after pollFirst, doubling up to pollCeiling.
+const (
+	pollFirst   = time.Millisecond
+	pollCeiling = 200 * time.Millisecond
+)
+
+// Exec runs req to completion: it starts it, polls adaptively (about 1 ms,
+// doubling to 200 ms) and, when req.Timeout fires, kills it and returns the
+// final status with TimedOut set. When ctx ends first the command is left
+// running and the error wraps ErrTimeout (or context.Canceled) and names the pid.
+func (a Agent) Exec(ctx context.Context, req ExecRequest) (ExecStatus, error) {
+	pid, err := a.ExecStart(ctx, req)
+	if err != nil {
+		return ExecStatus{}, err
+	}
+	var deadline time.Time
+	if req.Timeout > 0 {
+		deadline = time.Now().Add(req.Timeout)
+	}
+	wait := pollFirst
+	for {
+		st, err := a.ExecStatus(ctx, pid, req.MaxOutputBytes)
+		if err != nil {
+			return ExecStatus{PID: pid}, fmt.Errorf("qga: exec: pid %d: %w", pid, err)
+		}
+		if st.Exited {
+			return st, nil
+		}
+		d := wait
+		wait = min(wait*2, pollCeiling)
+		if !deadline.IsZero() {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return a.killAndCollect(ctx, pid, req.MaxOutputBytes)
+			}
+			d = min(d, left)
+		}
+		if err := sleep(ctx, d); err != nil {
+			return st, fmt.Errorf("qga: exec: pid %d still running: %w", pid, err)
+		}
+	}
+}
+
+// killAndCollect kills pid after its timeout and returns its final status.
+func (a Agent) killAndCollect(ctx context.Context, pid int64, maxOutputBytes int64) (ExecStatus, error) {
+	if err := a.Kill(ctx, pid); err != nil {
+		return ExecStatus{PID: pid}, fmt.Errorf("qga: exec: timeout: %w", err)
+	}
+	st, err := a.waitExited(ctx, pid, maxOutputBytes)
+	if err != nil {
+		return ExecStatus{PID: pid}, fmt.Errorf("qga: exec: timeout: pid %d: %w", pid, err)
+	}
+	st.TimedOut = true
+	return st, nil
+}
+
+// Kill sends SIGKILL to pid in the guest through a guest-exec of
+// `kill -KILL <pid>` (the agent has no kill command) and collects the kill
+// command's own status. Only pid itself is signalled, not its children.
+func (a Agent) Kill(ctx context.Context, pid int64) error {
+	if pid < 2 {
+		return fmt.Errorf("qga: kill: %w: pid %d", ErrInvalidArgument, pid)
+	}
+	kpid, err := a.ExecStart(ctx, ExecRequest{Path: "kill", Args: []string{"-KILL", strconv.FormatInt(pid, 10)}})
+	if err != nil {
+		return fmt.Errorf("qga: kill %d: %w", pid, err)
+	}
+	if _, err := a.waitExited(ctx, kpid, 4096); err != nil {
+		return fmt.Errorf("qga: kill %d: %w", pid, err)
+	}
+	// A failed kill means pid had exited already: not an error here.
+	return nil
+}
+
+// waitExited polls pid until it has exited.
+func (a Agent) waitExited(ctx context.Context, pid int64, maxOutputBytes int64) (ExecStatus, error) {
+	wait := pollFirst
+	for {
+		st, err := a.ExecStatus(ctx, pid, maxOutputBytes)
+		if err != nil || st.Exited {
+			return st, err
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return st, err
+		}
+		wait = min(wait*2, pollCeiling)
+	}
+}
+
+// sleep waits d or until ctx ends; a passed deadline is ErrTimeout.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return ErrTimeout
+		}
+		return ctx.Err()
+	}
+}
