@@ -168,4 +168,3 @@ func (a Agent) writeFile(ctx context.Context, path string, data []byte) (err err
 	}
 	return nil
 }
-
