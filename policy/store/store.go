@@ -93,3 +93,18 @@ var (
 	ErrUnknownApproval = errors.New("unknown approval")
 	ErrNotPending      = errors.New("approval is not pending")
 )
+
+// Errors for bad input. A call that returns one changed nothing.
+var (
+	// ErrInvalid: an argument was malformed (empty id, non-positive window,
+	// negative max, a key too long, the same counter key twice in one call).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrDuplicate: the reservation id is already reserved in one of the
+	// counters, or the approval id already exists.
+	ErrDuplicate = errors.New("duplicate id")
+)
+
+// MaxKeyLen bounds the length in bytes of counter keys, reservation ids and
+// approval ids (bbolt keys are limited to 32 KiB; Redis keys are cheap but
+// not free). Any byte sequence within it is a valid key: NUL, unicode, '|'.
+const MaxKeyLen = 4096
