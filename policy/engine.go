@@ -1,0 +1,240 @@
+package policy
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Engine is a compiled policy document. It is immutable after Parse, so
+// any number of goroutines may call its methods concurrently.
+type Engine struct {
+	name        string
+	fingerprint string
+	def         Verdict           // Allow or Deny
+	shadow      bool              // top-level mode: the mode of hidden and unlisted tools, and the default of listed ones
+	hidden      map[string]string // hidden tool → its pointer ("/hide/0")
+	tools       map[string]*toolRule
+	allLimits   []limit
+	names       []string // every tool the document names, sorted
+}
+
+type toolRule struct {
+	name       string
+	ptr        string // "/tools/<name>"
+	action     Verdict
+	actionPtr  string // "/tools/<name>/action", or ptr when action is implicit
+	reason     string // as written, may be empty
+	denyReason string // reason, or a generated one
+	shadow     bool
+	require    []condition
+	denyIf     []condition
+	approval   *ApprovalSpec // set exactly when action is Approve
+	limits     []limit
+}
+
+type limit struct {
+	name   string
+	window time.Duration
+	max    int64
+	scope  uint8 // scopeGrant | scopeSession | scopeVM; 0 is global
+	ptr    string
+}
+
+// Step is one step of an evaluation, reported by Explain.
+type Step struct {
+	Name   string // "hide", "listed", "action", "require[0]", "deny_if[1]", "approval", "limits"
+	Rule   string // the JSON pointer the step looked at
+	Result string // "pass", "deny", "approve", "skip", "fired", "not fired"
+	Detail string
+}
+
+// Name is the file name the Engine was parsed from.
+func (e *Engine) Name() string { return e.name }
+
+// Fingerprint is the SHA-256 of the document, in lowercase hex.
+func (e *Engine) Fingerprint() string { return e.fingerprint }
+
+// Tools lists every tool name the document mentions (in tools or hide),
+// sorted, so the caller can reject names it does not know.
+func (e *Engine) Tools() []string { return slices.Clone(e.names) }
+
+// Visible reports whether tool belongs in tools/list: hidden tools never
+// do; listed tools always do (a denied tool stays visible so the agent
+// learns why); unlisted tools do only when the default is allow.
+func (e *Engine) Visible(tool string) bool {
+	if _, hidden := e.hidden[tool]; hidden {
+		return false
+	}
+	if _, listed := e.tools[tool]; listed {
+		return true
+	}
+	return e.def == Allow
+}
+
+// Decide evaluates call: hide → unlisted tool under the default → action →
+// require → deny_if → approval → limits (the tool's and all_tools'). The
+// Decision lists the counters to reserve; Decide never returns RateLimited
+// (see Decision.Limited). A limit scoped by session denies a call without
+// a session: counting such calls in a shared "no session" budget would be
+// a surprise, and skipping the limit would fail open.
+func (e *Engine) Decide(call Call) Decision {
+	return e.decide(&call, nil)
+}
+
+// Explain is Decide that also reports the steps of the evaluation.
+func (e *Engine) Explain(call Call) (Decision, []Step) {
+	var steps []Step
+	d := e.decide(&call, &steps)
+	return d, steps
+}
+
+func step(tr *[]Step, name, rule, result, detail string) {
+	if tr != nil {
+		*tr = append(*tr, Step{Name: name, Rule: rule, Result: result, Detail: detail})
+	}
+}
+
+func (e *Engine) decide(call *Call, tr *[]Step) Decision {
+	if call.Tool == "" || call.Grant == "" {
+		step(tr, "call", "", "deny", "the call has no tool or no grant")
+		return Decision{Verdict: Deny, Reason: "the call names no tool or no grant", Shadow: e.shadow}
+	}
+	if ptr, hidden := e.hidden[call.Tool]; hidden {
+		step(tr, "hide", ptr, "deny", "the tool is hidden")
+		return Decision{Verdict: Deny, Rule: ptr, Reason: "tool " + call.Tool + " is hidden by the policy", Shadow: e.shadow}
+	}
+	step(tr, "hide", "/hide", "pass", "the tool is not hidden")
+	t, listed := e.tools[call.Tool]
+	if !listed {
+		if e.def != Allow {
+			step(tr, "listed", "/default", "deny", "the tool is not listed and the default is deny")
+			return Decision{Verdict: Deny, Rule: "/default", Reason: "tool " + call.Tool + " is not allowed by the policy (not listed; the default is deny)", Shadow: e.shadow}
+		}
+		step(tr, "listed", "/default", "pass", "the tool is not listed and the default is allow")
+		d := Decision{Verdict: Allow, Rule: "/default", Shadow: e.shadow}
+		return e.withLimits(d, nil, call, tr)
+	}
+	step(tr, "listed", t.ptr, "pass", "the tool is listed")
+	if t.action == Deny {
+		step(tr, "action", t.actionPtr, "deny", "the action is deny")
+		return Decision{Verdict: Deny, Rule: t.actionPtr, Reason: t.denyReason, Shadow: t.shadow}
+	}
+	step(tr, "action", t.actionPtr, "pass", "the action is "+t.action.String())
+	for i := range t.require {
+		c := &t.require[i]
+		if !c.eval(call) {
+			step(tr, "require["+strconv.Itoa(i)+"]", c.ptr, "deny", c.src+": not met")
+			return Decision{Verdict: Deny, Rule: c.ptr, Reason: t.condReason(c, "requirement not met: "), Shadow: t.shadow}
+		}
+		step(tr, "require["+strconv.Itoa(i)+"]", c.ptr, "pass", c.src+": met")
+	}
+	for i := range t.denyIf {
+		c := &t.denyIf[i]
+		if c.eval(call) {
+			step(tr, "deny_if["+strconv.Itoa(i)+"]", c.ptr, "deny", c.src+": fired")
+			return Decision{Verdict: Deny, Rule: c.ptr, Reason: t.condReason(c, "denied because "), Shadow: t.shadow}
+		}
+		step(tr, "deny_if["+strconv.Itoa(i)+"]", c.ptr, "pass", c.src+": not fired")
+	}
+	d := Decision{Verdict: Allow, Rule: t.ptr, Shadow: t.shadow}
+	if t.action == Approve {
+		a := *t.approval
+		d = Decision{Verdict: Approve, Rule: t.actionPtr, Reason: t.reason, Approval: &a, Shadow: t.shadow}
+		if d.Reason == "" {
+			d.Reason = "tool " + t.name + " needs approval (" + a.Channel + ")"
+		}
+		step(tr, "approval", t.actionPtr, "approve", "channel "+a.Channel+", ttl "+a.TTL.String())
+	} else {
+		step(tr, "approval", t.actionPtr, "skip", "no approval needed")
+	}
+	return e.withLimits(d, t.limits, call, tr)
+}
+
+func (t *toolRule) condReason(c *condition, prefix string) string {
+	if t.reason != "" {
+		return t.reason
+	}
+	return prefix + c.src
+}
+
+// withLimits adds the counters of the tool's limits and all_tools' limits
+// to d. A counter key listed twice (the same counter and scope in both) is
+// reserved once.
+func (e *Engine) withLimits(d Decision, own []limit, call *Call, tr *[]Step) Decision {
+	n := len(own) + len(e.allLimits)
+	if n == 0 {
+		step(tr, "limits", "", "pass", "no limits apply")
+		return d
+	}
+	d.Counters = make([]Counter, 0, n)
+	for _, group := range [2][]limit{own, e.allLimits} {
+		for i := range group {
+			l := &group[i]
+			if l.scope&scopeSession != 0 && call.Session == "" {
+				step(tr, "limits", l.ptr, "deny", "limit "+l.name+" is scoped by session and the call has no session")
+				return Decision{Verdict: Deny, Rule: l.ptr, Reason: "limit " + l.name + " is scoped by session and the call has no session", Shadow: d.Shadow}
+			}
+			key := l.key(call)
+			dup := false
+			for _, c := range d.Counters {
+				if c.Key == key {
+					dup = true
+					break
+				}
+			}
+			if !dup {
+				d.Counters = append(d.Counters, Counter{Key: key, Name: l.name, Window: l.window, Max: l.max, Rule: l.ptr})
+			}
+		}
+	}
+	if tr != nil {
+		keys := make([]string, len(d.Counters))
+		for i, c := range d.Counters {
+			keys[i] = c.Key
+		}
+		step(tr, "limits", "", "pass", "to reserve: "+strings.Join(keys, ", "))
+	}
+	return d
+}
+
+// key is the counter key of l for call: the counter name, then for each
+// scope in the fixed order grant, session, vm: "|<scope>=<len>:<value>".
+// Values are user data; the length prefix makes the encoding unambiguous,
+// so two different combinations never share a key. A call without a VM
+// has the empty VM ("|vm=0:"). A global limit's key is its name.
+func (l *limit) key(call *Call) string {
+	if l.scope == 0 {
+		return l.name
+	}
+	size := len(l.name)
+	for _, p := range [...]struct {
+		bit uint8
+		v   string
+	}{{scopeGrant, call.Grant}, {scopeSession, call.Session}, {scopeVM, call.VM}} {
+		if l.scope&p.bit != 0 {
+			size += 12 + len(p.v) + 20
+		}
+	}
+	var b strings.Builder
+	b.Grow(size)
+	b.WriteString(l.name)
+	add := func(label, v string) {
+		b.WriteString(label)
+		var nb [20]byte
+		b.Write(strconv.AppendInt(nb[:0], int64(len(v)), 10))
+		b.WriteByte(':')
+		b.WriteString(v)
+	}
+	if l.scope&scopeGrant != 0 {
+		add("|grant=", call.Grant)
+	}
+	if l.scope&scopeSession != 0 {
+		add("|session=", call.Session)
+	}
+	if l.scope&scopeVM != 0 {
+		add("|vm=", call.VM)
+	}
+	return b.String()
+}
