@@ -1,0 +1,139 @@
+package hypervisortest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// RunPower runs the power suite against h.VM, which the calling test must
+// own: it resets the VM, then stops and starts it. Each step is observed
+// through Status (and, for reset, through the guest's boot id changing).
+// An action the driver answers with hypervisor.ErrNotSupported skips its
+// subtest with the reason; when stop works but start is not supported the
+// VM is left stopped. Graceful shutdown and reboot are not exercised: they
+// depend on the guest handling ACPI events. Waits are bounded by
+// h.PowerTimeout.
+func RunPower(t *testing.T, h Harness) {
+	t.Helper()
+	h.validate(t)
+	t.Run("Reset", func(t *testing.T) { checkPowerReset(t, h) })
+	t.Run("StopStart", func(t *testing.T) { checkPowerStopStart(t, h) })
+}
+
+// waitFor polls cond until it returns true or h.PowerTimeout passes.
+// cond reports what it saw, for the failure message.
+func waitFor(t testing.TB, h Harness, what string, cond func(ctx context.Context) (bool, string)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), h.powerTimeout())
+	defer cancel()
+	var b hypervisor.Backoff
+	for {
+		callCtx, callCancel := context.WithTimeout(ctx, 30*time.Second)
+		ok, saw := cond(callCtx)
+		callCancel()
+		if ok {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting %v for %s: last saw %s", h.powerTimeout(), what, saw)
+		case <-time.After(b.Next()):
+		}
+	}
+}
+
+func bootID(ctx context.Context, h Harness) (string, error) {
+	res, err := hypervisor.Run(ctx, h.Driver, h.VM, hypervisor.ExecRequest{Argv: []string{"cat", "/proc/sys/kernel/random/boot_id"}})
+	if err != nil {
+		return "", err
+	}
+	if res.ExitCode != 0 || res.Signal != 0 {
+		return "", fmt.Errorf("cat boot_id: exit %d, signal %d, stderr %q", res.ExitCode, res.Signal, res.Stderr)
+	}
+	id := strings.TrimSpace(string(res.Stdout))
+	if id == "" {
+		return "", errors.New("cat boot_id: empty output")
+	}
+	return id, nil
+}
+
+// upAgain waits until the VM is running with its agent answering and its
+// boot id differs from before (when before is not empty).
+func upAgain(t testing.TB, h Harness, before string) {
+	t.Helper()
+	waitFor(t, h, "the VM running with its agent answering", func(ctx context.Context) (bool, string) {
+		st, err := h.Driver.Status(ctx, h.VM)
+		if err != nil {
+			return false, fmt.Sprintf("Status error %v", err)
+		}
+		if st.State != hypervisor.StateRunning || !st.AgentConnected {
+			return false, fmt.Sprintf("state %q, agent connected %v", st.State, st.AgentConnected)
+		}
+		id, err := bootID(ctx, h)
+		if err != nil {
+			return false, fmt.Sprintf("boot id: %v", err)
+		}
+		if id == before {
+			return false, fmt.Sprintf("boot id still %s", id)
+		}
+		return true, ""
+	})
+}
+
+func checkPowerReset(t testing.TB, h Harness) {
+	ctx := h.ctx(t)
+	before, err := bootID(ctx, h)
+	if err != nil {
+		t.Fatalf("boot id before reset: %v", err)
+	}
+	err = h.Driver.Power(ctx, h.VM, hypervisor.PowerReset)
+	if errors.Is(err, hypervisor.ErrNotSupported) {
+		t.Skipf("Power(%q, reset): %v", h.VM, err)
+	}
+	if err != nil {
+		t.Fatalf("Power(%q, reset) error: %v", h.VM, err)
+	}
+	upAgain(t, h, before)
+}
+
+func checkPowerStopStart(t testing.TB, h Harness) {
+	ctx := h.ctx(t)
+	before, err := bootID(ctx, h)
+	if err != nil {
+		t.Fatalf("boot id before stop: %v", err)
+	}
+	err = h.Driver.Power(ctx, h.VM, hypervisor.PowerStop)
+	if errors.Is(err, hypervisor.ErrNotSupported) {
+		t.Skipf("Power(%q, stop): %v", h.VM, err)
+	}
+	if err != nil {
+		t.Fatalf("Power(%q, stop) error: %v", h.VM, err)
+	}
+	waitFor(t, h, "the VM stopped", func(ctx context.Context) (bool, string) {
+		st, err := h.Driver.Status(ctx, h.VM)
+		if err != nil {
+			return false, fmt.Sprintf("Status error %v", err)
+		}
+		return st.State == hypervisor.StateStopped, fmt.Sprintf("state %q", st.State)
+	})
+	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	res, err := hypervisor.Run(runCtx, h.Driver, h.VM, hypervisor.ExecRequest{Argv: []string{"/bin/echo", "x"}})
+	cancel()
+	if err == nil {
+		t.Errorf("Run(%q) on a stopped VM = %+v; want an error", h.VM, res)
+	}
+	err = h.Driver.Power(ctx, h.VM, hypervisor.PowerStart)
+	if errors.Is(err, hypervisor.ErrNotSupported) {
+		t.Skipf("Power(%q, start): %v (the VM is left stopped)", h.VM, err)
+	}
+	if err != nil {
+		t.Fatalf("Power(%q, start) error: %v", h.VM, err)
+	}
+	upAgain(t, h, before)
+}
