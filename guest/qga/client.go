@@ -124,11 +124,7 @@ func (c *Client) isClosed() bool {
 
 // Call implements Caller.
 func (c *Client) Call(ctx context.Context, command string, args, result any) error {
-	line, err := c.roundTrip(ctx, command, args, false, 0)
-	if err != nil {
-		return err
-	}
-	return DecodeReply(command, line, result)
+	return c.roundTrip(ctx, command, args, result, false, 0)
 }
 
 // CallNoReply implements NoReplyCaller. It synchronises with the agent
@@ -136,14 +132,7 @@ func (c *Client) Call(ctx context.Context, command string, args, result any) err
 // returned; silence, end of stream or a reset connection mean the command
 // was taken (the agent is going down). The connection is dropped afterwards.
 func (c *Client) CallNoReply(ctx context.Context, command string, args any, wait time.Duration) error {
-	line, err := c.roundTrip(ctx, command, args, true, wait)
-	if err != nil {
-		return err
-	}
-	if line == nil {
-		return nil
-	}
-	return DecodeReply(command, line, nil)
+	return c.roundTrip(ctx, command, args, nil, true, wait)
 }
 
 // DecodeReply decodes one reply line of command: its "return" into result
@@ -177,15 +166,15 @@ type request struct {
 	Arguments any    `json:"arguments,omitempty"`
 }
 
-// roundTrip sends command and returns its raw reply line. With noReply it
-// waits at most wait for a reply and returns a nil line when none came.
-func (c *Client) roundTrip(ctx context.Context, command string, args any, noReply bool, wait time.Duration) ([]byte, error) {
+// roundTrip sends command and decodes its reply into result. With noReply
+// it waits at most wait for a reply and returns nil when none came.
+func (c *Client) roundTrip(ctx context.Context, command string, args, result any, noReply bool, wait time.Duration) error {
 	if command == "" {
-		return nil, fmt.Errorf("qga: call: %w: empty command", ErrInvalidArgument)
+		return fmt.Errorf("qga: call: %w: empty command", ErrInvalidArgument)
 	}
 	msg, err := json.Marshal(request{Execute: command, Arguments: args})
 	if err != nil {
-		return nil, fmt.Errorf("qga: %s: %w: arguments: %w", command, ErrInvalidArgument, err)
+		return fmt.Errorf("qga: %s: %w: arguments: %w", command, ErrInvalidArgument, err)
 	}
 	msg = append(msg, '\n')
 	if _, ok := ctx.Deadline(); !ok {
@@ -197,14 +186,14 @@ func (c *Client) roundTrip(ctx context.Context, command string, args any, noRepl
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.isClosed() {
-		return nil, fmt.Errorf("qga: %s: %w", command, ErrClosed)
+		return fmt.Errorf("qga: %s: %w", command, ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, c.fail(ctx, command, err)
+		return c.fail(ctx, command, err)
 	}
 	if c.conn == nil {
 		if err := c.connectLocked(ctx); err != nil {
-			return nil, fmt.Errorf("qga: %s: %w", command, err)
+			return fmt.Errorf("qga: %s: %w", command, err)
 		}
 	}
 	conn := c.conn
@@ -215,7 +204,7 @@ func (c *Client) roundTrip(ctx context.Context, command string, args any, noRepl
 
 	if _, err := conn.Write(msg); err != nil {
 		c.dropLocked()
-		return nil, c.fail(ctx, command, err)
+		return c.fail(ctx, command, err)
 	}
 	if noReply {
 		// The agent answers only on failure; do not keep the stream.
@@ -226,18 +215,22 @@ func (c *Client) roundTrip(ctx context.Context, command string, args any, noRepl
 		line, err := c.readReplyLocked()
 		if err != nil {
 			if isTimeout(err) && !errors.Is(ctx.Err(), context.Canceled) || isGone(err) {
-				return nil, nil
+				return nil
 			}
-			return nil, c.fail(ctx, command, err)
+			return c.fail(ctx, command, err)
 		}
-		return line, nil
+		return DecodeReply(command, line, nil)
 	}
 	line, err := c.readReplyLocked()
 	if err != nil {
 		c.dropLocked()
-		return nil, c.fail(ctx, command, err)
+		return c.fail(ctx, command, err)
 	}
-	return line, nil
+	err = DecodeReply(command, line, result)
+	if errors.Is(err, ErrProtocol) {
+		c.dropLocked() // the stream is suspect: resync before the next call
+	}
+	return err
 }
 
 // readReplyLocked reads the next non-empty line.

@@ -338,4 +338,3 @@ func BenchmarkExecTrueFixedPoll1s(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/op")
 }
-
