@@ -193,7 +193,8 @@ func (s *Store) sweepLocked(at int64) {
 	}
 }
 
-// CreateApproval implements store.Approvals.
+// CreateApproval implements store.Approvals. It also deletes approvals that
+// ended more than rules.Retention before a.Created.
 func (s *Store) CreateApproval(ctx context.Context, a store.Approval) error {
 	a, err := rules.NewApproval(a)
 	if err != nil {
@@ -209,6 +210,11 @@ func (s *Store) CreateApproval(ctx context.Context, a store.Approval) error {
 	}
 	if _, dup := s.approvals[a.ID]; dup {
 		return fmt.Errorf("memory: create approval: %w: %q", store.ErrDuplicate, a.ID)
+	}
+	for id, old := range s.approvals {
+		if rules.Stale(old, a.Created) {
+			delete(s.approvals, id)
+		}
 	}
 	s.approvals[a.ID] = a
 	return nil

@@ -151,3 +151,13 @@ func Less(a, b store.Approval) bool {
 func Sort(as []store.Approval) {
 	sort.Slice(as, func(i, j int) bool { return Less(as[i], as[j]) })
 }
+
+// Retention is how long an approval is kept after its Expires: long enough
+// for an operator to see what happened, short enough that parked calls do
+// not pile up. Stores drop stale approvals when a new one is created.
+const Retention = 24 * time.Hour
+
+// Stale reports whether a ended more than Retention before now.
+func Stale(a store.Approval, now time.Time) bool {
+	return now.Sub(a.Expires) > Retention
+}
