@@ -1,0 +1,143 @@
+// Package audit is vmgate's tamper-evident audit log: JSON lines, one
+// decision record appended (and made durable) before a call is dispatched and
+// one outcome record after it, linked by a call id, chained with an HMAC.
+//
+// # Record and chain
+//
+// Every line is one JSON object. The log assigns seq (1, 2, 3, … in file
+// order) and prev_hash (the hash of the previous record; "" for the first).
+// The canonical form of a record, the bytes that are authenticated, is the
+// line without its hash field and without the newline:
+//
+//	body = {"seq":N,"prev_hash":"<hex>", … every other field … }
+//	hash = hex(HMAC-SHA256(key, prev_hash ‖ body))
+//	line = body with its final '}' replaced by ,"hash":"<hash>"} and then '\n'
+//
+// So a verifier never re-encodes JSON: it cuts the fixed-size
+// `,"hash":"<64 hex>"}` suffix off the line, puts the '}' back and computes
+// the HMAC over exactly the bytes in the file. Any changed byte, a removed,
+// inserted or reordered line is detected (see Verify). Removing whole records
+// from the end of the log cannot be detected by a chain alone: compare the
+// last seq with one kept elsewhere when that matters.
+//
+// The key is 32 random bytes stored hex encoded in a key file created with
+// mode 0600 on first use (LoadOrCreateKey); by default it lives next to the
+// log as "audit.key" (DefaultKeyFile).
+//
+// # Durability
+//
+// One writer goroutine owns the file. Append enqueues a record and waits; the
+// writer takes every queued record, assigns seq and prev_hash (so chain order
+// is file order), writes them with one write(2) and, with Fsync "always",
+// calls fsync once for the whole batch before releasing every waiter (group
+// commit). With Fsync "interval", Append returns after the write and the file
+// is fsynced at most Options.Interval later. AppendLazy (outcome records)
+// never waits: its record goes out with the next batch and is fsynced with
+// the next group commit, or at most Options.Interval later. A crash can lose
+// an outcome, never an acknowledged decision.
+//
+// # Failures
+//
+// An append that cannot be written (disk full, log closed) returns an error
+// and the caller denies the call. After a failed write(2) the writer
+// truncates the file back to the end of the last complete record and rewinds
+// seq and prev_hash, so the chain stays verifiable and later appends work
+// again once space is freed. If that truncation fails, or an fsync fails
+// (the kernel may have dropped the dirty pages: durability is unknown), the
+// log is broken: every later append fails with ErrBroken until it is reopened.
+//
+// Reopening (Open) verifies the whole chain with the key and refuses a log
+// whose chain is broken. A torn last line (a write cut short by a crash: no
+// trailing newline, or not a record) is kept for inspection, terminated with
+// a newline, reported by (*Log).Torn and logged; the chain continues from the
+// last good record. Verify later reports such a line as torn, not as tampering,
+// because the record after it continues the chain from the record before it.
+package audit
+
+import (
+	"errors"
+	"time"
+)
+
+// Kind is a record's kind.
+type Kind string
+
+// The record kinds.
+const (
+	// KindDecision is written before dispatch, carries the decision and the
+	// counters reserved, and is durable before Append returns.
+	KindDecision Kind = "decision"
+	// KindOutcome is written after the call, carries the outcome.
+	KindOutcome Kind = "outcome"
+)
+
+// Counter is one counter reservation carried by a decision record, so the
+// server can rebuild its sliding-window counters from the log after a crash:
+// the reservation was made at the record's time.
+type Counter struct {
+	Key      string `json:"key"`
+	WindowMS int64  `json:"window_ms"`
+	Max      int64  `json:"max"`
+}
+
+// Record is one line of the log. Seq, PrevHash and Hash are set by the log
+// (Append rejects a record that sets them); the rest by the caller.
+type Record struct {
+	Seq      uint64 `json:"seq"`
+	PrevHash string `json:"prev_hash"`
+	// Time is written in UTC with nanoseconds (RFC 3339); Append sets it to
+	// the current time when zero.
+	Time       time.Time `json:"time"`
+	Kind       Kind      `json:"kind"`
+	CallID     string    `json:"call_id"`
+	Grant      string    `json:"grant,omitempty"`
+	Transport  string    `json:"transport,omitempty"`
+	Tool       string    `json:"tool,omitempty"`
+	VM         string    `json:"vm,omitempty"`
+	Decision   string    `json:"decision,omitempty"` // allow, deny, approve, rate_limited, invalid, …
+	Rule       string    `json:"rule,omitempty"`     // JSON pointer into the policy document
+	Reason     string    `json:"reason,omitempty"`
+	ApprovalID string    `json:"approval_id,omitempty"`
+	Outcome    string    `json:"outcome,omitempty"` // ok, error, timed_out, …
+	DurationMS float64   `json:"duration_ms,omitempty"`
+	Shadow     bool      `json:"shadow,omitempty"`
+	// Args are the call's arguments. Append redacts them (see Redact): pass
+	// the decoded arguments as they came, not an already redacted copy.
+	Args map[string]any `json:"args,omitempty"`
+	// Counters are the reservations made for this call (decision records).
+	Counters []Counter `json:"counters,omitempty"`
+	// Refunded is set on an outcome record whose call's reservations were
+	// refunded (the call failed before any side effect).
+	Refunded bool   `json:"refunded,omitempty"`
+	Hash     string `json:"hash,omitempty"`
+}
+
+// Fsync modes (Options.Fsync).
+const (
+	FsyncAlways   = "always"   // Append returns after the record is fsynced (shared by concurrent appends)
+	FsyncInterval = "interval" // Append returns after write(2); fsync at most Options.Interval later
+)
+
+// DefaultInterval is Options.Interval when unset.
+const DefaultInterval = 5 * time.Millisecond
+
+// MaxRecordBytes bounds one encoded record. A larger record is refused with
+// ErrTooLarge (the caller denies the call: it could not be audited).
+const MaxRecordBytes = 1 << 20
+
+// maxLineBytes bounds a line the readers accept: longer lines are malformed.
+const maxLineBytes = MaxRecordBytes + 4096
+
+// Sentinel errors.
+var (
+	ErrClosed   = errors.New("audit log is closed")
+	ErrBroken   = errors.New("audit log is broken after a failed write or fsync; reopen it")
+	ErrTooLarge = errors.New("audit record too large")
+	// ErrInvalid wraps every rejection of a record handed to Append.
+	ErrInvalid = errors.New("invalid audit record")
+	// ErrTampered is wrapped by the *ChainError that Verify, Read and Open
+	// return when the chain is broken.
+	ErrTampered = errors.New("audit chain broken")
+	// ErrKeyFile wraps every problem with a key file (mode, size, content).
+	ErrKeyFile = errors.New("bad audit key file")
+)

@@ -1,0 +1,483 @@
+package audit
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Options configure Open.
+type Options struct {
+	// KeyFile is the HMAC key file; default DefaultKeyFile(path). It is
+	// created (0600) when missing and the log is empty or new; a non-empty
+	// log without its key file is an error.
+	KeyFile string
+	// Fsync is FsyncAlways (default) or FsyncInterval.
+	Fsync string
+	// Interval bounds how long written records stay without fsync: in
+	// interval mode all records, in always mode outcome records
+	// (AppendLazy). Default DefaultInterval.
+	Interval time.Duration
+	// Logger receives recovery and failure reports; default slog.Default().
+	Logger *slog.Logger
+
+	// maxBatch, when > 0, caps the records per write+fsync. Benchmarks set
+	// it to 1 to measure one fsync per record against group commit.
+	maxBatch int
+}
+
+// Log is an open audit log. Its methods are safe for concurrent use.
+type Log struct {
+	path     string
+	f        *os.File
+	always   bool
+	interval time.Duration
+	maxBatch int
+	logger   *slog.Logger
+	torn     []TornLine
+
+	// mu guards closed and orders enqueueing against Close: senders hold the
+	// read lock while they send on queue, Close takes the write lock before it
+	// closes queue.
+	mu     sync.RWMutex
+	closed bool
+	queue  chan *request
+	done   chan struct{} // closed when the writer has exited
+
+	// The writer goroutine owns everything below; nothing else touches it.
+	seq      uint64
+	prevHash string
+	size     int64 // offset of the end of the last complete record
+	dirty    bool  // written since the last fsync
+	broken   error // set after a failure that left the file in doubt
+	mac      hash.Hash
+	buf      []byte
+}
+
+// request is one queued record.
+type request struct {
+	body []byte     // the record marshalled without seq, prev_hash and hash
+	wait chan reply // nil for a lazy append
+}
+
+type reply struct {
+	seq uint64
+	err error
+}
+
+// Open opens (creating it 0600 if needed) the log at path for appending. It
+// verifies the whole existing chain with the key and refuses a log whose
+// chain is broken (the error wraps ErrTampered). A torn last line is kept,
+// terminated with a newline, logged and returned by Torn; appends continue
+// the chain from the last good record. Only one Log may have a file open at
+// a time (an exclusive flock); a second Open fails.
+func Open(path string, opts Options) (*Log, error) {
+	l := &Log{
+		path:     path,
+		always:   true,
+		interval: opts.Interval,
+		maxBatch: opts.maxBatch,
+		logger:   opts.Logger,
+	}
+	switch opts.Fsync {
+	case "", FsyncAlways:
+	case FsyncInterval:
+		l.always = false
+	default:
+		return nil, fmt.Errorf("audit: open: fsync %q: want %q or %q: %w", opts.Fsync, FsyncAlways, FsyncInterval, ErrInvalid)
+	}
+	if l.interval == 0 {
+		l.interval = DefaultInterval
+	}
+	if l.interval < 0 {
+		return nil, fmt.Errorf("audit: open: negative interval %v: %w", l.interval, ErrInvalid)
+	}
+	if l.logger == nil {
+		l.logger = slog.Default()
+	}
+	keyFile := opts.KeyFile
+	if keyFile == "" {
+		keyFile = DefaultKeyFile(path)
+	}
+
+	_, statErr := os.Stat(path)
+	isNew := errors.Is(statErr, fs.ErrNotExist)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("audit: open: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+		}
+	}()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return nil, fmt.Errorf("audit: open: %s is in use by another process: %w", path, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("audit: open: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("audit: open: %s: not a regular file: %w", path, ErrInvalid)
+	}
+	var key []byte
+	if fi.Size() == 0 {
+		key, err = LoadOrCreateKey(keyFile)
+	} else {
+		key, err = LoadKey(keyFile)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: open: %w", err)
+	}
+	if isNew {
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			return nil, fmt.Errorf("audit: open: %w", err)
+		}
+	}
+
+	rep, err := walk(f, key, nil)
+	if err != nil {
+		return nil, fmt.Errorf("audit: open: %s: %w", path, err)
+	}
+	l.seq, l.prevHash, l.torn = rep.LastSeq, rep.LastHash, rep.Torn
+	end, err := f.Seek(0, 2)
+	if err != nil {
+		return nil, fmt.Errorf("audit: open: %w", err)
+	}
+	if end > 0 {
+		var last [1]byte
+		if _, err := f.ReadAt(last[:], end-1); err != nil {
+			return nil, fmt.Errorf("audit: open: %w", err)
+		}
+		if last[0] != '\n' {
+			// A torn tail (or a complete record whose newline was lost):
+			// terminate it so the next record starts on its own line.
+			if _, err := f.Write([]byte{'\n'}); err != nil {
+				return nil, fmt.Errorf("audit: open: terminate torn line: %w", err)
+			}
+			if err := f.Sync(); err != nil {
+				return nil, fmt.Errorf("audit: open: terminate torn line: %w", err)
+			}
+			end++
+		}
+	}
+	for _, t := range l.torn {
+		l.logger.Warn("audit: torn line in log (incomplete write, e.g. a crash); the chain continues after it",
+			"path", path, "line", t.Line, "offset", t.Offset, "seq", t.Seq)
+	}
+	l.size = end
+	l.f = f
+	l.mac = hmac.New(sha256.New, key)
+	l.queue = make(chan *request, 1024)
+	l.done = make(chan struct{})
+	go l.writer()
+	ok = true
+	return l, nil
+}
+
+// Torn returns the torn lines Open found (nil when none).
+func (l *Log) Torn() []TornLine { return append([]TornLine(nil), l.torn...) }
+
+// Path returns the log's path.
+func (l *Log) Path() string { return l.path }
+
+// Append appends rec and returns its seq once it is durable (Fsync always) or
+// written (Fsync interval). The record is validated first (a bad record is an
+// error wrapping ErrInvalid and nothing is written) and its Args redacted.
+// Any error means the record may not be in the log: the caller must deny.
+// If ctx ends first, Append returns ctx.Err(); the record may still be
+// written later (a decision without an outcome).
+func (l *Log) Append(ctx context.Context, rec Record) (uint64, error) {
+	body, err := encodeBody(&rec)
+	if err != nil {
+		return 0, fmt.Errorf("audit: append: %w", err)
+	}
+	req := &request{body: body, wait: make(chan reply, 1)}
+	if err := l.enqueue(ctx, req); err != nil {
+		return 0, fmt.Errorf("audit: append: %w", err)
+	}
+	select {
+	case r := <-req.wait:
+		if r.err != nil {
+			return 0, fmt.Errorf("audit: append: %w", r.err)
+		}
+		return r.seq, nil
+	case <-ctx.Done():
+		return 0, fmt.Errorf("audit: append: %w", ctx.Err())
+	}
+}
+
+// AppendLazy queues rec (an outcome record) and returns without waiting: the
+// record is written with the next batch and fsynced with the next group
+// commit or within Options.Interval. It returns an error only when rec is
+// invalid or the log cannot take it (closed, broken); a later write failure
+// is logged. A crash may lose a lazily appended record.
+func (l *Log) AppendLazy(ctx context.Context, rec Record) error {
+	body, err := encodeBody(&rec)
+	if err != nil {
+		return fmt.Errorf("audit: append lazy: %w", err)
+	}
+	if err := l.enqueue(ctx, &request{body: body}); err != nil {
+		return fmt.Errorf("audit: append lazy: %w", err)
+	}
+	return nil
+}
+
+func (l *Log) enqueue(ctx context.Context, req *request) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return ErrClosed
+	}
+	select {
+	case l.queue <- req:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close writes and fsyncs every queued record, then closes the file.
+// Appends after Close fail with ErrClosed. Close is idempotent.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		<-l.done
+		return nil
+	}
+	l.closed = true
+	close(l.queue)
+	l.mu.Unlock()
+	<-l.done
+	var err error
+	if l.dirty && l.broken == nil {
+		err = l.f.Sync()
+	}
+	if cerr := l.f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("audit: close: %w", err)
+	}
+	return nil
+}
+
+// recordBody marshals a Record without seq, prev_hash and hash: the fields
+// at depth 0 hide the embedded ones and are omitted when nil.
+type recordBody struct {
+	Seq      *struct{} `json:"seq,omitempty"`
+	PrevHash *struct{} `json:"prev_hash,omitempty"`
+	Hash     *struct{} `json:"hash,omitempty"`
+	*Record
+}
+
+// encodeBody validates rec, fills its time, redacts its arguments and
+// marshals it without the fields the writer assigns.
+func encodeBody(rec *Record) ([]byte, error) {
+	if rec.Seq != 0 || rec.PrevHash != "" || rec.Hash != "" {
+		return nil, fmt.Errorf("seq, prev_hash and hash are set by the log: %w", ErrInvalid)
+	}
+	switch rec.Kind {
+	case KindDecision:
+		if rec.Decision == "" {
+			return nil, fmt.Errorf("decision record without a decision: %w", ErrInvalid)
+		}
+		if rec.Refunded {
+			return nil, fmt.Errorf("decision record marked refunded: %w", ErrInvalid)
+		}
+	case KindOutcome:
+		if rec.Outcome == "" {
+			return nil, fmt.Errorf("outcome record without an outcome: %w", ErrInvalid)
+		}
+		if len(rec.Counters) > 0 {
+			return nil, fmt.Errorf("outcome record with counters (reservations belong to the decision record): %w", ErrInvalid)
+		}
+	default:
+		return nil, fmt.Errorf("kind %q: want %q or %q: %w", rec.Kind, KindDecision, KindOutcome, ErrInvalid)
+	}
+	if rec.CallID == "" {
+		return nil, fmt.Errorf("record without a call id: %w", ErrInvalid)
+	}
+	if rec.DurationMS < 0 {
+		return nil, fmt.Errorf("negative duration_ms: %w", ErrInvalid)
+	}
+	for i, c := range rec.Counters {
+		if c.Key == "" || c.WindowMS <= 0 || c.Max < 0 {
+			return nil, fmt.Errorf("counters[%d]: need a key, window_ms > 0 and max >= 0: %w", i, ErrInvalid)
+		}
+	}
+	if rec.Time.IsZero() {
+		rec.Time = time.Now()
+	}
+	rec.Time = rec.Time.UTC()
+	rec.Args = Redact(rec.Args)
+	body, err := json.Marshal(recordBody{Record: rec})
+	if err != nil {
+		return nil, fmt.Errorf("encode: %v: %w", err, ErrInvalid)
+	}
+	if len(body) > MaxRecordBytes {
+		return nil, fmt.Errorf("%d bytes, at most %d: %w", len(body), MaxRecordBytes, ErrTooLarge)
+	}
+	return body, nil
+}
+
+// writer is the one goroutine that writes the file. It takes every queued
+// request, writes them with one write(2), fsyncs once when any of them waits
+// for durability, then answers every waiter.
+func (l *Log) writer() {
+	defer close(l.done)
+	var (
+		batch []*request
+		timer = time.NewTimer(time.Hour)
+		armed bool
+	)
+	timer.Stop()
+	for {
+		var first *request
+		var open bool
+		if l.dirty && !armed {
+			timer.Reset(l.interval)
+			armed = true
+		}
+		select {
+		case first, open = <-l.queue:
+		case <-timer.C:
+			armed = false
+			l.syncLocked()
+			continue
+		}
+		if !open {
+			timer.Stop()
+			return
+		}
+		batch = append(batch[:0], first)
+	drain:
+		for l.maxBatch <= 0 || len(batch) < l.maxBatch {
+			select {
+			case r, ok := <-l.queue:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		l.commitLocked(batch)
+		if !l.dirty && armed {
+			timer.Stop() // no stale tick is delivered after Stop (Go 1.23 timers)
+			armed = false
+		}
+		for i := range batch {
+			batch[i] = nil
+		}
+	}
+}
+
+// syncLocked fsyncs written records (the interval flush). Writer only.
+func (l *Log) syncLocked() {
+	if !l.dirty || l.broken != nil {
+		return
+	}
+	if err := l.f.Sync(); err != nil {
+		l.broken = fmt.Errorf("fsync: %w: %w", err, ErrBroken)
+		l.logger.Error("audit: fsync failed; the log refuses appends until reopened", "path", l.path, "err", err)
+		return
+	}
+	l.dirty = false
+}
+
+// commitLocked writes batch and answers its waiters. Writer only.
+func (l *Log) commitLocked(batch []*request) {
+	answer := func(err error, seqs []uint64) {
+		for i, r := range batch {
+			if r.wait == nil {
+				if err != nil {
+					l.logger.Error("audit: outcome record lost", "path", l.path, "err", err)
+				}
+				continue
+			}
+			var s uint64
+			if err == nil {
+				s = seqs[i]
+			}
+			r.wait <- reply{seq: s, err: err}
+		}
+	}
+	if l.broken != nil {
+		answer(l.broken, nil)
+		return
+	}
+	seq, prev := l.seq, l.prevHash
+	seqs := make([]uint64, len(batch))
+	buf := l.buf[:0]
+	var sum [sha256.Size]byte
+	wait := false
+	for i, r := range batch {
+		seq++
+		seqs[i] = seq
+		start := len(buf)
+		buf = append(buf, `{"seq":`...)
+		buf = strconv.AppendUint(buf, seq, 10)
+		buf = append(buf, `,"prev_hash":"`...)
+		buf = append(buf, prev...)
+		buf = append(buf, `",`...)
+		buf = append(buf, r.body[1:]...)
+		l.mac.Reset()
+		l.mac.Write([]byte(prev))
+		l.mac.Write(buf[start:])
+		h := hex.EncodeToString(l.mac.Sum(sum[:0]))
+		buf = buf[:len(buf)-1]
+		buf = append(buf, `,"hash":"`...)
+		buf = append(buf, h...)
+		buf = append(buf, "\"}\n"...)
+		prev = h
+		if r.wait != nil {
+			wait = true
+		}
+	}
+	if cap(buf) <= 1<<20 {
+		l.buf = buf
+	}
+	if _, err := l.f.Write(buf); err != nil {
+		// Take back whatever part of the batch reached the file, so the
+		// chain ends at the last complete record and readers can verify it.
+		if terr := l.f.Truncate(l.size); terr != nil {
+			l.broken = fmt.Errorf("write: %w; truncate back: %v: %w", err, terr, ErrBroken)
+			l.logger.Error("audit: write failed and could not be undone; the log refuses appends until reopened",
+				"path", l.path, "err", err, "truncate_err", terr)
+		}
+		answer(fmt.Errorf("write: %w", err), nil)
+		return
+	}
+	l.seq, l.prevHash = seq, prev
+	l.size += int64(len(buf))
+	l.dirty = true
+	if wait && l.always {
+		l.syncLocked()
+		if l.broken != nil {
+			answer(l.broken, nil)
+			return
+		}
+	}
+	answer(nil, seqs)
+}
