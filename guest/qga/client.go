@@ -368,7 +368,8 @@ const (
 // ctx's deadline, because an agent that is still booting answers late.
 func (c *Client) syncLocked(ctx context.Context) error {
 	deadline, _ := ctx.Deadline()
-	stop := context.AfterFunc(ctx, func() { c.conn.SetDeadline(time.Unix(1, 0)) })
+	conn := c.conn // the AfterFunc must not read c.conn, which mu guards
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	c.conn.SetWriteDeadline(deadline)
 	wait := syncFirstWait
