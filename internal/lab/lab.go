@@ -1,0 +1,550 @@
+// Package lab boots and stops lab VMs: QEMU (TCG) guests running the image
+// of package guest/image, each with a QMP socket and a guest-agent socket,
+// laid out under <stateDir>/lab/<name>/:
+//
+//	qmp.sock    QMP monitor
+//	qga.sock    QEMU guest agent (virtio-serial port org.qemu.guest_agent.0)
+//	qemu.pid    written by QEMU
+//	qemu.log    QEMU's own stderr
+//	serial.log  the guest console
+//	vm.json     name, pid, argv, sockets, start time, image hash
+//
+// Ownership: a VM started in the foreground (Spec.Daemonize false, as in
+// tests) is a child of this process; its *VM waits for it in a goroutine
+// and QEMU gets SIGKILL when this process dies (Pdeathsig). A daemonized VM
+// (vmgate lab up) is re-parented to init once QEMU's parent exits: nobody
+// in vmgate owns it; it runs until Stop (vmgate lab down) or a guest
+// poweroff, and List/Get find it again through vm.json, trusting a pid only
+// when /proc/<pid>/cmdline equals the stored argv.
+//
+// The guest is not started with -no-reboot: a guest reboot (vm_power
+// reboot, guest-shutdown mode reboot) restarts the guest in the same QEMU
+// process, as on real hardware; a guest poweroff ends QEMU.
+package lab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vmgate/vmgate/guest/image"
+)
+
+// Sentinel errors.
+var (
+	// ErrInvalidSpec: a Spec was refused before any side effect.
+	ErrInvalidSpec = errors.New("invalid lab VM spec")
+	// ErrRunning: a VM of that name is already running.
+	ErrRunning = errors.New("lab VM already running")
+	// ErrNotFound: no lab VM of that name in the state directory.
+	ErrNotFound = errors.New("no such lab VM")
+	// ErrNoQEMU: qemu-system-x86_64 is not on PATH.
+	ErrNoQEMU = errors.New("qemu-system-x86_64 not found on PATH")
+)
+
+// QEMUBinary is the emulator the lab runs (always TCG: no KVM assumed).
+const QEMUBinary = "qemu-system-x86_64"
+
+// DefaultMemoryMB is the guest memory when Spec.MemoryMB is 0.
+const DefaultMemoryMB = 256
+
+// DefaultBootTimeout bounds Start when its context has no deadline.
+const DefaultBootTimeout = 120 * time.Second
+
+// File names in a VM directory.
+const (
+	QMPSocketName = "qmp.sock"
+	QGASocketName = "qga.sock"
+	PIDFileName   = "qemu.pid"
+	SerialLogName = "serial.log"
+	QEMULogName   = "qemu.log"
+	StateFileName = "vm.json"
+)
+
+// DefaultStateDir is $VMGATE_STATE_DIR, else $XDG_STATE_HOME/vmgate, else
+// ~/.local/state/vmgate.
+func DefaultStateDir() (string, error) {
+	if d := os.Getenv("VMGATE_STATE_DIR"); d != "" {
+		return d, nil
+	}
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "vmgate"), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("lab: state dir: %w", err)
+	}
+	return filepath.Join(home, ".local", "state", "vmgate"), nil
+}
+
+// Spec describes a lab VM to start.
+type Spec struct {
+	// Name is the VM's name: 1–32 of [a-z0-9-], starting with a letter or digit.
+	Name string
+	// StateDir is the state directory; empty means DefaultStateDir().
+	StateDir string
+	// MemoryMB is the guest memory; 0 means DefaultMemoryMB.
+	MemoryMB int
+	// Cmdline adds KEY=VALUE words to the kernel command line; the guest's
+	// /init sees them as environment (QGA_BLOCK=guest-exec, CGROUP2=0).
+	// Keys are [A-Z][A-Z0-9_]*; values may not contain spaces or quotes.
+	Cmdline map[string]string
+	// Daemonize starts QEMU with -daemonize so it outlives this process.
+	Daemonize bool
+	// Image is a built image to boot; nil means image.Build with StateDir and Extra.
+	Image *image.Image
+	// Extra files for the image when Image is nil.
+	Extra []image.File
+	// Progress, when set, receives one line per step.
+	Progress func(step string)
+}
+
+// State is what List reports about a VM.
+type State string
+
+// VM states.
+const (
+	StateRunning State = "running"
+	StateStopped State = "stopped"
+)
+
+// VM is a lab VM. The exported fields are what vm.json stores.
+type VM struct {
+	Name       string    `json:"name"`
+	PID        int       `json:"pid"`
+	Argv       []string  `json:"argv"`
+	Dir        string    `json:"dir"`
+	QMPSocket  string    `json:"qmp_socket"`
+	QGASocket  string    `json:"qga_socket"`
+	SerialLog  string    `json:"serial_log"`
+	Started    time.Time `json:"started"`
+	ImageHash  string    `json:"image_hash"`
+	Daemonized bool      `json:"daemonized"`
+	// State is set by List and Get (not stored).
+	State State `json:"-"`
+	// BootTime is how long Start took from launching QEMU to the first
+	// guest-ping (not stored; zero for VMs found by List).
+	BootTime time.Duration `json:"-"`
+
+	// done is closed once the foreground QEMU has been waited for; nil
+	// for a daemonized VM or one loaded from vm.json.
+	done chan struct{}
+}
+
+var (
+	nameRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+	keyRE    = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,63}$`)
+	valueRE  = regexp.MustCompile(`^[A-Za-z0-9_.,:/+=@-]{0,256}$`)
+	reserved = map[string]bool{"LAB_NAME": true, "PATH": true, "HOME": true, "TERM": true}
+)
+
+// maxSocketPath is the limit of sun_path minus its NUL.
+const maxSocketPath = 107
+
+func (s *Spec) validate() error {
+	if !nameRE.MatchString(s.Name) {
+		return fmt.Errorf("%w: name %q: want 1-32 of [a-z0-9-], not starting with '-'", ErrInvalidSpec, s.Name)
+	}
+	if s.MemoryMB != 0 && (s.MemoryMB < 128 || s.MemoryMB > 65536) {
+		return fmt.Errorf("%w: memory %d MiB: want 128..65536", ErrInvalidSpec, s.MemoryMB)
+	}
+	for k, v := range s.Cmdline {
+		if !keyRE.MatchString(k) || reserved[k] {
+			return fmt.Errorf("%w: kernel command line key %q: want [A-Z][A-Z0-9_]*, not LAB_NAME, PATH, HOME or TERM", ErrInvalidSpec, k)
+		}
+		if !valueRE.MatchString(v) {
+			return fmt.Errorf("%w: kernel command line %s=%q: value has characters outside [A-Za-z0-9_.,:/+=@-]", ErrInvalidSpec, k, v)
+		}
+	}
+	dir := filepath.Join(s.StateDir, "lab", s.Name)
+	if n := len(filepath.Join(dir, QMPSocketName)); n > maxSocketPath {
+		return fmt.Errorf("%w: socket path under %s is %d bytes, over the %d a unix socket allows", ErrInvalidSpec, dir, n, maxSocketPath)
+	}
+	return nil
+}
+
+// Start boots a lab VM and returns once its guest agent answers guest-ping.
+// When ctx has no deadline, DefaultBootTimeout applies. On failure the VM
+// is stopped again and the error carries the tail of the guest console.
+func Start(ctx context.Context, spec Spec) (*VM, error) {
+	if spec.StateDir == "" {
+		d, err := DefaultStateDir()
+		if err != nil {
+			return nil, err
+		}
+		spec.StateDir = d
+	}
+	if err := spec.validate(); err != nil {
+		return nil, fmt.Errorf("lab: start: %w", err)
+	}
+	progress := spec.Progress
+	if progress == nil {
+		progress = func(string) {}
+	}
+	qemu, err := exec.LookPath(QEMUBinary)
+	if err != nil {
+		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, ErrNoQEMU)
+	}
+	if qemu, err = filepath.Abs(qemu); err != nil {
+		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+	}
+	if old, err := Get(spec.StateDir, spec.Name); err == nil && old.State == StateRunning {
+		return nil, fmt.Errorf("lab: start %s: %w (pid %d)", spec.Name, ErrRunning, old.PID)
+	} else if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultBootTimeout)
+		defer cancel()
+	}
+
+	img := spec.Image
+	if img == nil {
+		progress("building image")
+		built, err := image.Build(ctx, image.Options{StateDir: spec.StateDir, Extra: spec.Extra, Progress: progress})
+		if err != nil {
+			return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+		}
+		img = &built
+	}
+
+	dir := filepath.Join(spec.StateDir, "lab", spec.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+	}
+	for _, f := range []string{QMPSocketName, QGASocketName, PIDFileName, StateFileName} {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+		}
+	}
+	v := &VM{
+		Name:       spec.Name,
+		Dir:        dir,
+		QMPSocket:  filepath.Join(dir, QMPSocketName),
+		QGASocket:  filepath.Join(dir, QGASocketName),
+		SerialLog:  filepath.Join(dir, SerialLogName),
+		ImageHash:  img.Hash,
+		Daemonized: spec.Daemonize,
+	}
+	v.Argv = qemuArgv(qemu, v, spec, img)
+
+	logf, err := os.OpenFile(filepath.Join(dir, QEMULogName), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(v.Argv[0], v.Argv[1:]...)
+	cmd.Args = v.Argv
+	cmd.Stdout, cmd.Stderr = logf, logf
+	progress("booting " + spec.Name)
+	v.Started = time.Now().UTC()
+	if spec.Daemonize {
+		// The parent exits once the daemon is set up and has written the
+		// pid file; the daemon then belongs to init (see the package doc).
+		if err := cmd.Run(); err != nil {
+			return nil, fmt.Errorf("lab: start %s: qemu: %w: %s", spec.Name, err, tail(filepath.Join(dir, QEMULogName)))
+		}
+		b, err := os.ReadFile(filepath.Join(dir, PIDFileName))
+		if err != nil {
+			return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+		}
+		if v.PID, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil || v.PID <= 1 {
+			return nil, fmt.Errorf("lab: start %s: bad pid file %q", spec.Name, b)
+		}
+	} else {
+		// Own process group (a terminal's ^C reaches vmgate, which stops
+		// the VM) and SIGKILL when this process dies.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+		}
+		v.PID = cmd.Process.Pid
+		v.done = make(chan struct{})
+		go func() {
+			err := cmd.Wait()
+			slog.Debug("lab: qemu exited", "vm", v.Name, "pid", v.PID, "err", err)
+			close(v.done)
+		}()
+	}
+	if err := writeState(v); err != nil {
+		v.kill()
+		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+	}
+	if err := v.waitReady(ctx); err != nil {
+		_ = v.Stop(context.Background())
+		return nil, fmt.Errorf("lab: start %s: %w; guest console: %s", spec.Name, err, tail(v.SerialLog))
+	}
+	v.BootTime = time.Since(v.Started)
+	v.State = StateRunning
+	progress(fmt.Sprintf("%s ready in %.1fs (pid %d)", spec.Name, v.BootTime.Seconds(), v.PID))
+	return v, nil
+}
+
+func qemuArgv(qemu string, v *VM, spec Spec, img *image.Image) []string {
+	mem := spec.MemoryMB
+	if mem == 0 {
+		mem = DefaultMemoryMB
+	}
+	words := []string{"console=ttyS0", "quiet", "panic=-1", "LAB_NAME=" + spec.Name}
+	keys := make([]string, 0, len(spec.Cmdline))
+	for k := range spec.Cmdline {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		words = append(words, k+"="+spec.Cmdline[k])
+	}
+	argv := []string{qemu,
+		"-name", "vmgate-lab-" + spec.Name,
+		"-accel", "tcg", "-machine", "pc",
+		"-nodefaults", "-no-user-config", "-display", "none",
+		"-serial", "file:" + v.SerialLog,
+		"-m", strconv.Itoa(mem), "-smp", "1",
+		"-kernel", img.Kernel, "-initrd", img.Initrd,
+		"-append", strings.Join(words, " "),
+		"-device", "virtio-serial-pci",
+		"-chardev", "socket,id=qga0,path=" + v.QGASocket + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
+		"-qmp", "unix:" + v.QMPSocket + ",server=on,wait=off",
+		"-pidfile", filepath.Join(v.Dir, PIDFileName),
+	}
+	if spec.Daemonize {
+		argv = append(argv, "-daemonize")
+	}
+	return argv
+}
+
+// waitReady waits until the guest agent answers, QEMU exits or ctx ends.
+func (v *VM) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	exited := make(chan struct{})
+	go func() { // watch the process: a dead QEMU ends the wait at once
+		defer close(exited)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-v.done:
+				cancel()
+				return
+			case <-t.C:
+				if !v.alive() {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	var last error
+	for ctx.Err() == nil {
+		if last = v.Ping(ctx); last == nil {
+			return nil
+		}
+		select { // the socket may not exist yet
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	<-exited
+	if !v.alive() {
+		return fmt.Errorf("qemu exited during boot: %s", tail(filepath.Join(v.Dir, QEMULogName)))
+	}
+	return fmt.Errorf("guest agent not ready: %w", last)
+}
+
+// alive reports whether the VM's pid is still this QEMU.
+func (v *VM) alive() bool {
+	if v.done != nil {
+		select {
+		case <-v.done:
+			return false
+		default:
+		}
+	}
+	return pidIsArgv(v.PID, v.Argv)
+}
+
+// pidIsArgv reports whether /proc/<pid>/cmdline is exactly argv: a pid
+// file or vm.json may be stale and the pid reused by another process.
+func pidIsArgv(pid int, argv []string) bool {
+	if pid <= 1 || len(argv) == 0 {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil || len(b) == 0 {
+		return false
+	}
+	got := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+	if len(got) != len(argv) {
+		return false
+	}
+	for i := range got {
+		if got[i] != argv[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Stop ends the VM: QMP quit, then SIGKILL by pid (only while the pid is
+// still this QEMU) when it has not exited by ctx's deadline or 5 s, then
+// removes the sockets, the pid file and vm.json. Stopping a VM that is not
+// running only removes those files.
+func (v *VM) Stop(ctx context.Context) error {
+	if v.alive() {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := qmpQuit(qctx, v.QMPSocket); err != nil {
+			slog.Debug("lab: qmp quit failed; killing", "vm", v.Name, "err", err)
+		}
+		v.waitExit(qctx)
+		cancel()
+		if v.alive() {
+			v.kill()
+			kctx, kcancel := context.WithTimeout(context.Background(), 5*time.Second)
+			v.waitExit(kctx)
+			kcancel()
+		}
+		if v.alive() {
+			return fmt.Errorf("lab: stop %s: pid %d did not exit", v.Name, v.PID)
+		}
+	}
+	var errs []error
+	for _, f := range []string{QMPSocketName, QGASocketName, PIDFileName, StateFileName} {
+		if err := os.Remove(filepath.Join(v.Dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	v.State = StateStopped
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("lab: stop %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+// kill sends SIGKILL to the VM's pid if it is still this QEMU.
+func (v *VM) kill() {
+	if v.alive() {
+		_ = syscall.Kill(v.PID, syscall.SIGKILL)
+	}
+}
+
+// waitExit waits until QEMU is gone (reaped, for a foreground VM) or ctx ends.
+func (v *VM) waitExit(ctx context.Context) {
+	if v.done != nil {
+		select {
+		case <-v.done:
+		case <-ctx.Done():
+		}
+		return
+	}
+	for v.alive() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Done is closed when a foreground VM's QEMU has exited and been reaped.
+// It is nil for daemonized VMs and VMs found by List or Get.
+func (v *VM) Done() <-chan struct{} { return v.done }
+
+func writeState(v *VM) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(v.Dir, StateFileName+".tmp")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(v.Dir, StateFileName))
+}
+
+// Get reads the named VM's vm.json and checks whether it runs.
+func Get(stateDir, name string) (*VM, error) {
+	if !nameRE.MatchString(name) {
+		return nil, fmt.Errorf("lab: get: %w: name %q", ErrInvalidSpec, name)
+	}
+	dir := filepath.Join(stateDir, "lab", name)
+	b, err := os.ReadFile(filepath.Join(dir, StateFileName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("lab: get %s: %w", name, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lab: get %s: %w", name, err)
+	}
+	var v VM
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, fmt.Errorf("lab: get %s: %s: %w", name, filepath.Join(dir, StateFileName), err)
+	}
+	if v.Name != name || v.Dir != dir {
+		return nil, fmt.Errorf("lab: get %s: %s describes %q in %s", name, StateFileName, v.Name, v.Dir)
+	}
+	v.State = StateStopped
+	if pidIsArgv(v.PID, v.Argv) {
+		v.State = StateRunning
+	}
+	return &v, nil
+}
+
+// List returns every VM with a vm.json in stateDir, sorted by name. A VM
+// whose pid is gone or belongs to another process is StateStopped.
+func List(stateDir string) ([]VM, error) {
+	ents, err := os.ReadDir(filepath.Join(stateDir, "lab"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lab: list: %w", err)
+	}
+	var out []VM
+	for _, e := range ents {
+		if !e.IsDir() || !nameRE.MatchString(e.Name()) {
+			continue
+		}
+		v, err := Get(stateDir, e.Name())
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lab: list: %w", err)
+		}
+		out = append(out, *v)
+	}
+	return out, nil
+}
+
+// tail returns the last lines of a log file, for error messages.
+func tail(p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) > 600 {
+		b = b[len(b)-600:]
+	}
+	if len(b) == 0 {
+		return "(empty)"
+	}
+	return strconv.Quote(string(b))
+}
