@@ -122,13 +122,14 @@ func checkPowerStopStart(t testing.TB, h Harness) {
 		}
 		return st.State == hypervisor.StateStopped, fmt.Sprintf("state %q", st.State)
 	})
-	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	runCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	res, err := hypervisor.Run(runCtx, h.Driver, h.VM, hypervisor.ExecRequest{Argv: []string{"/bin/echo", "x"}})
 	cancel()
 	if err == nil {
 		t.Errorf("Run(%q) on a stopped VM = %+v; want an error", h.VM, res)
 	}
-	err = h.Driver.Power(ctx, h.VM, hypervisor.PowerStart)
+	// The waits above may have outlived ctx: the start gets its own bound.
+	err = h.Driver.Power(h.ctx(t), h.VM, hypervisor.PowerStart)
 	if errors.Is(err, hypervisor.ErrNotSupported) {
 		t.Skipf("Power(%q, start): %v (the VM is left stopped)", h.VM, err)
 	}
