@@ -192,32 +192,29 @@ func checkGlob(p string) error {
 	return nil
 }
 
-// lookup finds the value of c's path in call; ok is false when it is missing.
-func (c *condition) lookup(call *Call) (any, bool) {
-	switch c.target {
-	case targetVM:
-		return call.VM, call.VM != ""
-	case targetGrant:
-		return call.Grant, call.Grant != ""
-	}
-	var cur any = call.Args
-	for _, s := range c.segs {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		if cur, ok = m[s]; !ok {
-			return nil, false
-		}
-	}
-	return cur, cur != nil
-}
-
 // eval reports whether the condition holds for call.
 func (c *condition) eval(call *Call) bool {
-	v, ok := c.lookup(call)
-	if !ok {
-		return false
+	switch c.target {
+	case targetVM:
+		return call.VM != "" && c.evalString(call.VM)
+	case targetGrant:
+		return call.Grant != "" && c.evalString(call.Grant)
+	}
+	var v any = call.Args
+	for _, s := range c.segs {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return false
+		}
+		if v, ok = m[s]; !ok {
+			return false
+		}
+	}
+	switch x := v.(type) {
+	case nil:
+		return false // null is missing
+	case string:
+		return c.evalString(x)
 	}
 	switch c.op {
 	case opExists:
@@ -249,31 +246,45 @@ func (c *condition) eval(call *Call) bool {
 			return f > c.num
 		}
 		return f >= c.num
-	case opRegex:
-		s, ok := v.(string)
-		return ok && c.re.MatchString(s)
-	case opGlob:
-		s, ok := v.(string)
-		if !ok {
-			return false
-		}
-		m, err := path.Match(c.glob, s)
-		return err == nil && m
 	case opContains:
-		switch x := v.(type) {
-		case string:
-			s, ok := c.val.(string)
-			return ok && strings.Contains(x, s)
-		case []any:
+		if x, ok := v.([]any); ok {
 			for _, e := range x {
 				if equal(e, c.val) {
 					return true
 				}
 			}
 		}
-		return false
 	}
-	return false // unknown op: never true (Parse rejects them)
+	return false // regex and glob on a non-string; an unknown op (Parse rejects them)
+}
+
+// evalString is eval for a present string value; it does not box s.
+func (c *condition) evalString(s string) bool {
+	switch c.op {
+	case opExists:
+		return true
+	case opEq, opNeq:
+		w, ok := c.val.(string)
+		return (ok && w == s) == (c.op == opEq)
+	case opIn, opNotIn:
+		in := false
+		for _, w := range c.set {
+			if w, ok := w.(string); ok && w == s {
+				in = true
+				break
+			}
+		}
+		return in == (c.op == opIn)
+	case opRegex:
+		return c.re.MatchString(s)
+	case opGlob:
+		m, err := path.Match(c.glob, s)
+		return err == nil && m
+	case opContains:
+		w, ok := c.val.(string)
+		return ok && strings.Contains(s, w)
+	}
+	return false // lt, lte, gt, gte on a string
 }
 
 // equal compares a call value with a document scalar (string, float64, bool).

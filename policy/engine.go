@@ -90,53 +90,77 @@ func (e *Engine) Explain(call Call) (Decision, []Step) {
 	return d, steps
 }
 
+// step records one step; callers check tr != nil first so that Decide
+// builds none of the strings.
 func step(tr *[]Step, name, rule, result, detail string) {
-	if tr != nil {
-		*tr = append(*tr, Step{Name: name, Rule: rule, Result: result, Detail: detail})
-	}
+	*tr = append(*tr, Step{Name: name, Rule: rule, Result: result, Detail: detail})
 }
 
 func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 	if call.Tool == "" || call.Grant == "" {
-		step(tr, "call", "", "deny", "the call has no tool or no grant")
+		if tr != nil {
+			step(tr, "call", "", "deny", "the call has no tool or no grant")
+		}
 		return Decision{Verdict: Deny, Reason: "the call names no tool or no grant", Shadow: e.shadow}
 	}
 	if ptr, hidden := e.hidden[call.Tool]; hidden {
-		step(tr, "hide", ptr, "deny", "the tool is hidden")
+		if tr != nil {
+			step(tr, "hide", ptr, "deny", "the tool is hidden")
+		}
 		return Decision{Verdict: Deny, Rule: ptr, Reason: "tool " + call.Tool + " is hidden by the policy", Shadow: e.shadow}
 	}
-	step(tr, "hide", "/hide", "pass", "the tool is not hidden")
+	if tr != nil {
+		step(tr, "hide", "/hide", "pass", "the tool is not hidden")
+	}
 	t, listed := e.tools[call.Tool]
 	if !listed {
 		if e.def != Allow {
-			step(tr, "listed", "/default", "deny", "the tool is not listed and the default is deny")
+			if tr != nil {
+				step(tr, "listed", "/default", "deny", "the tool is not listed and the default is deny")
+			}
 			return Decision{Verdict: Deny, Rule: "/default", Reason: "tool " + call.Tool + " is not allowed by the policy (not listed; the default is deny)", Shadow: e.shadow}
 		}
-		step(tr, "listed", "/default", "pass", "the tool is not listed and the default is allow")
+		if tr != nil {
+			step(tr, "listed", "/default", "pass", "the tool is not listed and the default is allow")
+		}
 		d := Decision{Verdict: Allow, Rule: "/default", Shadow: e.shadow}
 		return e.withLimits(d, nil, call, tr)
 	}
-	step(tr, "listed", t.ptr, "pass", "the tool is listed")
+	if tr != nil {
+		step(tr, "listed", t.ptr, "pass", "the tool is listed")
+	}
 	if t.action == Deny {
-		step(tr, "action", t.actionPtr, "deny", "the action is deny")
+		if tr != nil {
+			step(tr, "action", t.actionPtr, "deny", "the action is deny")
+		}
 		return Decision{Verdict: Deny, Rule: t.actionPtr, Reason: t.denyReason, Shadow: t.shadow}
 	}
-	step(tr, "action", t.actionPtr, "pass", "the action is "+t.action.String())
+	if tr != nil {
+		step(tr, "action", t.actionPtr, "pass", "the action is "+t.action.String())
+	}
 	for i := range t.require {
 		c := &t.require[i]
 		if !c.eval(call) {
-			step(tr, "require["+strconv.Itoa(i)+"]", c.ptr, "deny", c.src+": not met")
+			if tr != nil {
+				step(tr, "require["+strconv.Itoa(i)+"]", c.ptr, "deny", c.src+": not met")
+			}
 			return Decision{Verdict: Deny, Rule: c.ptr, Reason: t.condReason(c, "requirement not met: "), Shadow: t.shadow}
 		}
-		step(tr, "require["+strconv.Itoa(i)+"]", c.ptr, "pass", c.src+": met")
+		if tr != nil {
+			step(tr, "require["+strconv.Itoa(i)+"]", c.ptr, "pass", c.src+": met")
+		}
 	}
 	for i := range t.denyIf {
 		c := &t.denyIf[i]
 		if c.eval(call) {
-			step(tr, "deny_if["+strconv.Itoa(i)+"]", c.ptr, "deny", c.src+": fired")
+			if tr != nil {
+				step(tr, "deny_if["+strconv.Itoa(i)+"]", c.ptr, "deny", c.src+": fired")
+			}
 			return Decision{Verdict: Deny, Rule: c.ptr, Reason: t.condReason(c, "denied because "), Shadow: t.shadow}
 		}
-		step(tr, "deny_if["+strconv.Itoa(i)+"]", c.ptr, "pass", c.src+": not fired")
+		if tr != nil {
+			step(tr, "deny_if["+strconv.Itoa(i)+"]", c.ptr, "pass", c.src+": not fired")
+		}
 	}
 	d := Decision{Verdict: Allow, Rule: t.ptr, Shadow: t.shadow}
 	if t.action == Approve {
@@ -145,9 +169,13 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 		if d.Reason == "" {
 			d.Reason = "tool " + t.name + " needs approval (" + a.Channel + ")"
 		}
-		step(tr, "approval", t.actionPtr, "approve", "channel "+a.Channel+", ttl "+a.TTL.String())
+		if tr != nil {
+			step(tr, "approval", t.actionPtr, "approve", "channel "+a.Channel+", ttl "+a.TTL.String())
+		}
 	} else {
-		step(tr, "approval", t.actionPtr, "skip", "no approval needed")
+		if tr != nil {
+			step(tr, "approval", t.actionPtr, "skip", "no approval needed")
+		}
 	}
 	return e.withLimits(d, t.limits, call, tr)
 }
@@ -165,7 +193,9 @@ func (t *toolRule) condReason(c *condition, prefix string) string {
 func (e *Engine) withLimits(d Decision, own []limit, call *Call, tr *[]Step) Decision {
 	n := len(own) + len(e.allLimits)
 	if n == 0 {
-		step(tr, "limits", "", "pass", "no limits apply")
+		if tr != nil {
+			step(tr, "limits", "", "pass", "no limits apply")
+		}
 		return d
 	}
 	d.Counters = make([]Counter, 0, n)
@@ -173,7 +203,9 @@ func (e *Engine) withLimits(d Decision, own []limit, call *Call, tr *[]Step) Dec
 		for i := range group {
 			l := &group[i]
 			if l.scope&scopeSession != 0 && call.Session == "" {
-				step(tr, "limits", l.ptr, "deny", "limit "+l.name+" is scoped by session and the call has no session")
+				if tr != nil {
+					step(tr, "limits", l.ptr, "deny", "limit "+l.name+" is scoped by session and the call has no session")
+				}
 				return Decision{Verdict: Deny, Rule: l.ptr, Reason: "limit " + l.name + " is scoped by session and the call has no session", Shadow: d.Shadow}
 			}
 			key := l.key(call)
@@ -194,7 +226,9 @@ func (e *Engine) withLimits(d Decision, own []limit, call *Call, tr *[]Step) Dec
 		for i, c := range d.Counters {
 			keys[i] = c.Key
 		}
-		step(tr, "limits", "", "pass", "to reserve: "+strings.Join(keys, ", "))
+		if tr != nil {
+			step(tr, "limits", "", "pass", "to reserve: "+strings.Join(keys, ", "))
+		}
 	}
 	return d
 }

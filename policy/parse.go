@@ -609,6 +609,7 @@ func (b *builder) condition(n *node, l loc) (condition, bool) {
 			b.errorf(vv.off, lv.path, "op exists takes no value")
 			return c, false
 		}
+		c.src = c.path + " exists"
 		return c, good && okp
 	}
 	if !hasValue {
