@@ -366,8 +366,11 @@ func (m *Monitor) RunContext(ctx context.Context, command []byte) ([]byte, error
 		return nil, fmt.Errorf("qmp: %s: %w", name, err)
 	}
 	if err := s.write(ctx, append(msg, '\n')); err != nil {
+		// A failed or partial write leaves the stream unusable: drop the
+		// connection (the reader exits and fails every pending call).
 		s.forget(c)
-		return nil, fmt.Errorf("qmp: %s: %w", name, err)
+		s.conn.Close()
+		return nil, fmt.Errorf("qmp: %s: %w: %w", name, ErrNotConnected, err)
 	}
 	select {
 	case res := <-c.reply:

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -104,6 +105,9 @@ func newFakeMonitor(t *testing.T, f *fakeQMP, opts MonitorOptions) *Monitor {
 		wg.Add(1)
 		go func() { defer wg.Done(); f.serve(server) }()
 		return client, nil
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	m := NewMonitor("pipe", "fake", opts)
 	t.Cleanup(func() {

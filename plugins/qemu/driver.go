@@ -1,0 +1,899 @@
+package qemu
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/vmgate/vmgate/guest/qga"
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// Driver defaults.
+const (
+	// DefaultExecTimeout bounds a command whose request sets no Timeout.
+	DefaultExecTimeout = 10 * time.Minute
+	// DefaultInfoTTL is how long a guest-info answer is trusted for the exec preflight.
+	DefaultInfoTTL = 5 * time.Second
+	// statusPing bounds the guest-ping of Status and the QMP query of ListVMs.
+	statusPing = 2 * time.Second
+	// agentFirst bounds the agent's attempt at shutdown or reboot before the QMP fallback.
+	agentFirst = 3 * time.Second
+	// resultTTL is how long a final exec result collected by the driver's
+	// timeout watchdog waits for the caller's ExecStatus.
+	resultTTL = 10 * time.Minute
+)
+
+// Config configures the Driver.
+type Config struct {
+	// VMs are QEMU VMs given by their sockets.
+	VMs []VMConfig
+	// LabDir is <stateDir>/lab: every <LabDir>/<name>/vm.json is a lab VM
+	// whose sockets are <LabDir>/<name>/qmp.sock and qga.sock. Empty: none.
+	LabDir string
+	// ExecTimeout bounds a command whose request has no Timeout.
+	// Default DefaultExecTimeout.
+	ExecTimeout time.Duration
+	// InfoTTL is how long guest-info is cached for the exec preflight.
+	// Default DefaultInfoTTL.
+	InfoTTL time.Duration
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// VMConfig is one configured VM.
+type VMConfig struct {
+	Name      string
+	QMPSocket string
+	QGASocket string
+}
+
+// agent is what the driver needs of a guest agent; *qga.Client implements it.
+type agent interface {
+	Ping(ctx context.Context) error
+	Info(ctx context.Context) (qga.Info, error)
+	Exec(ctx context.Context, req qga.ExecRequest) (qga.ExecStatus, error)
+	ExecStart(ctx context.Context, req qga.ExecRequest) (int64, error)
+	ExecStatus(ctx context.Context, pid int64, maxOutputBytes int64) (qga.ExecStatus, error)
+	Kill(ctx context.Context, pid int64) error
+	FileRead(ctx context.Context, path string, maxBytes int64) ([]byte, bool, error)
+	FileWrite(ctx context.Context, path string, data []byte, mode uint32) error
+	Shutdown(ctx context.Context, mode string) error
+	Close() error
+}
+
+// monitor is what the driver needs of a QMP connection; *Monitor implements it.
+type monitor interface {
+	ConnectContext(ctx context.Context) error
+	RunContext(ctx context.Context, command []byte) ([]byte, error)
+	Disconnect() error
+}
+
+// Driver is the QEMU backend. It is safe for concurrent use; every VM has its
+// own agent client, monitor and locks, so a hung VM delays only calls to itself.
+type Driver struct {
+	cfg        Config
+	log        *slog.Logger
+	configured map[string]VMConfig
+
+	// newAgent and newMonitor make the per-VM clients; tests replace them.
+	newAgent   func(sockPath string) agent
+	newMonitor func(sockPath string) monitor
+	// startProcess runs a lab VM's argv (with -daemonize) and waits for the
+	// launcher to exit; tests replace it.
+	startProcess func(ctx context.Context, argv []string) error
+
+	// mu guards vms and closed. It is never held across I/O.
+	mu     sync.Mutex
+	vms    map[string]*vmState
+	closed bool
+}
+
+var (
+	_ hypervisor.Driver = (*Driver)(nil)
+	_ hypervisor.Runner = (*Driver)(nil)
+	_ hypervisor.Closer = (*Driver)(nil)
+)
+
+// vmState is one VM's clients and caches.
+type vmState struct {
+	name    string
+	qmpPath string
+	qgaPath string
+	labDir  string // non-empty for a lab VM
+
+	// qmpMu serialises QMP operations on this VM: QEMU's QMP socket serves
+	// one client at a time, so the driver connects per operation and
+	// disconnects after, leaving the socket free for other tools.
+	qmpMu sync.Mutex
+	mon   monitor
+
+	// mu guards agent, info, infoAt and execs. Never held across I/O.
+	mu     sync.Mutex
+	agent  agent
+	info   qga.Info
+	infoAt time.Time // zero: no cached info
+	execs  map[int64]*execEntry
+}
+
+// execEntry is a command started by ExecStart whose timeout the driver enforces.
+type execEntry struct {
+	pid      int64
+	deadline time.Time
+	maxOut   int64
+	timer    *time.Timer // guarded by the VM's mu
+
+	// mu serialises ExecStatus and the watchdog on this command and guards final.
+	mu    sync.Mutex
+	final *hypervisor.ExecResult // collected by the watchdog, waiting for ExecStatus
+}
+
+var vmName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// New checks cfg and returns a Driver. Nothing is connected yet.
+func New(cfg Config) (*Driver, error) {
+	if cfg.ExecTimeout < 0 || cfg.InfoTTL < 0 {
+		return nil, fmt.Errorf("qemu: config: %w: negative duration", hypervisor.ErrInvalidArgument)
+	}
+	if cfg.ExecTimeout == 0 {
+		cfg.ExecTimeout = DefaultExecTimeout
+	}
+	if cfg.InfoTTL == 0 {
+		cfg.InfoTTL = DefaultInfoTTL
+	}
+	configured := make(map[string]VMConfig, len(cfg.VMs))
+	for i, vm := range cfg.VMs {
+		switch {
+		case !vmName.MatchString(vm.Name):
+			return nil, fmt.Errorf("qemu: config: vms[%d]: %w: bad name %q", i, hypervisor.ErrInvalidArgument, vm.Name)
+		case vm.QMPSocket == "":
+			return nil, fmt.Errorf("qemu: config: vms[%d] (%s): %w: no qmp socket", i, vm.Name, hypervisor.ErrInvalidArgument)
+		case vm.QGASocket == "":
+			return nil, fmt.Errorf("qemu: config: vms[%d] (%s): %w: no qga socket", i, vm.Name, hypervisor.ErrInvalidArgument)
+		}
+		if _, dup := configured[vm.Name]; dup {
+			return nil, fmt.Errorf("qemu: config: vms[%d]: %w: duplicate name %q", i, hypervisor.ErrInvalidArgument, vm.Name)
+		}
+		configured[vm.Name] = vm
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("driver", "qemu")
+	d := &Driver{
+		cfg:        cfg,
+		log:        log,
+		configured: configured,
+		vms:        make(map[string]*vmState),
+	}
+	d.newAgent = func(p string) agent { return qga.New(p, qga.WithLogger(log)) }
+	d.newMonitor = func(p string) monitor { return NewMonitor("unix", p, MonitorOptions{Logger: log}) }
+	d.startProcess = startDaemonized
+	return d, nil
+}
+
+// Close closes every agent client and stops the exec watchdogs.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	d.closed = true
+	vms := d.vms
+	d.vms = map[string]*vmState{}
+	d.mu.Unlock()
+	var errs []error
+	for _, vm := range vms {
+		errs = append(errs, vm.close())
+	}
+	return errors.Join(errs...)
+}
+
+func (vm *vmState) close() error {
+	vm.mu.Lock()
+	a := vm.agent
+	vm.agent = nil
+	for _, e := range vm.execs {
+		e.timer.Stop()
+	}
+	vm.execs = nil
+	vm.mu.Unlock()
+	if a != nil {
+		return a.Close()
+	}
+	return nil
+}
+
+// lookup finds the VM called name: a configured VM, else a lab VM whose
+// vm.json exists now.
+func (d *Driver) lookup(op, name string) (*vmState, error) {
+	if !vmName.MatchString(name) {
+		return nil, fmt.Errorf("qemu: %s: %w: %q is not a valid VM name", op, hypervisor.ErrUnknownVM, name)
+	}
+	cfg, isConfigured := d.configured[name]
+	labDir := ""
+	if !isConfigured {
+		if d.cfg.LabDir == "" {
+			return nil, fmt.Errorf("qemu: %s: %w: %q", op, hypervisor.ErrUnknownVM, name)
+		}
+		labDir = filepath.Join(d.cfg.LabDir, name)
+		if _, err := os.Stat(filepath.Join(labDir, "vm.json")); err != nil {
+			d.forget(name)
+			return nil, fmt.Errorf("qemu: %s: %w: %q", op, hypervisor.ErrUnknownVM, name)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("qemu: %s: driver closed", op)
+	}
+	if vm, ok := d.vms[name]; ok {
+		return vm, nil
+	}
+	vm := &vmState{name: name, qmpPath: cfg.QMPSocket, qgaPath: cfg.QGASocket, labDir: labDir}
+	if labDir != "" {
+		vm.qmpPath = filepath.Join(labDir, "qmp.sock")
+		vm.qgaPath = filepath.Join(labDir, "qga.sock")
+	}
+	vm.mon = d.newMonitor(vm.qmpPath)
+	d.vms[name] = vm
+	return vm, nil
+}
+
+// forget drops a lab VM that no longer exists.
+func (d *Driver) forget(name string) {
+	d.mu.Lock()
+	vm, ok := d.vms[name]
+	delete(d.vms, name)
+	d.mu.Unlock()
+	if ok {
+		vm.close()
+	}
+}
+
+// agentOf returns vm's agent client, creating it on first use.
+func (d *Driver) agentOf(vm *vmState) agent {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	if vm.agent == nil {
+		vm.agent = d.newAgent(vm.qgaPath)
+	}
+	return vm.agent
+}
+
+// qmp runs one QMP command on vm over a fresh connection.
+func (vm *vmState) qmp(ctx context.Context, command string) ([]byte, error) {
+	vm.qmpMu.Lock()
+	defer vm.qmpMu.Unlock()
+	if err := vm.mon.ConnectContext(ctx); err != nil {
+		return nil, err
+	}
+	defer vm.mon.Disconnect()
+	return vm.mon.RunContext(ctx, []byte(`{"execute":"`+command+`"}`))
+}
+
+// queryStatus returns QMP's status word, or ErrVMNotRunning when nothing
+// listens on the QMP socket.
+func (vm *vmState) queryStatus(ctx context.Context) (string, error) {
+	out, err := vm.qmp(ctx, "query-status")
+	if err != nil {
+		if isRefused(err) {
+			return "", fmt.Errorf("%w: %w", hypervisor.ErrVMNotRunning, err)
+		}
+		return "", err
+	}
+	var r struct {
+		Return struct {
+			Status string `json:"status"`
+		} `json:"return"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil || r.Return.Status == "" {
+		return "", fmt.Errorf("query-status: unexpected reply %.200s", out)
+	}
+	return r.Return.Status, nil
+}
+
+// isRefused reports whether err means no QEMU listens (socket missing or refused).
+func isRefused(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, errConnRefused)
+}
+
+// stateOf maps QMP's RunState to a hypervisor.State.
+func stateOf(status string) hypervisor.State {
+	switch status {
+	case "running":
+		return hypervisor.StateRunning
+	case "shutdown":
+		return hypervisor.StateStopped
+	case "paused", "suspended", "debug", "prelaunch", "inmigrate", "postmigrate",
+		"finish-migrate", "save-vm", "restore-vm", "io-error", "watchdog",
+		"guest-panicked", "internal-error", "colo":
+		return hypervisor.StatePaused
+	}
+	return hypervisor.StateUnknown
+}
+
+// vmError maps a QMP error to the hypervisor sentinels.
+func vmError(op string, err error) error {
+	switch {
+	case errors.Is(err, hypervisor.ErrVMNotRunning):
+		return fmt.Errorf("qemu: %s: %w", op, err)
+	case isRefused(err):
+		return fmt.Errorf("qemu: %s: %w: %w", op, hypervisor.ErrVMNotRunning, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("qemu: %s: %w: %w", op, hypervisor.ErrTimeout, err)
+	}
+	return fmt.Errorf("qemu: %s: %w", op, err)
+}
+
+// agentError maps a guest agent error to the hypervisor sentinels.
+func agentError(op string, err error) error {
+	var disabled *qga.DisabledError
+	switch {
+	case errors.As(err, &disabled):
+		return fmt.Errorf("qemu: %s: %w", op, &hypervisor.CommandDisabledError{Command: disabled.Command})
+	case errors.Is(err, qga.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("qemu: %s: %w: %w", op, hypervisor.ErrTimeout, err)
+	case errors.Is(err, qga.ErrNoAgent), errors.Is(err, qga.ErrConnLost), errors.Is(err, qga.ErrClosed):
+		return fmt.Errorf("qemu: %s: %w: %w", op, hypervisor.ErrAgentUnavailable, err)
+	case errors.Is(err, qga.ErrUnknownExec):
+		return fmt.Errorf("qemu: %s: %w: %w", op, hypervisor.ErrUnknownExec, err)
+	case errors.Is(err, qga.ErrInvalidArgument):
+		return fmt.Errorf("qemu: %s: %w: %w", op, hypervisor.ErrInvalidArgument, err)
+	}
+	return fmt.Errorf("qemu: %s: %w", op, err)
+}
+
+// ListVMs returns the configured VMs and the lab VMs, sorted by name, each
+// with its state from query-status (queried concurrently, each bounded).
+func (d *Driver) ListVMs(ctx context.Context) ([]hypervisor.VM, error) {
+	names := make([]string, 0, len(d.configured))
+	for name := range d.configured {
+		names = append(names, name)
+	}
+	if d.cfg.LabDir != "" {
+		entries, err := os.ReadDir(d.cfg.LabDir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("qemu: list: %w", err)
+		}
+		for _, e := range entries {
+			if !e.IsDir() || !vmName.MatchString(e.Name()) || d.configured[e.Name()] != (VMConfig{}) {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(d.cfg.LabDir, e.Name(), "vm.json")); err == nil {
+				names = append(names, e.Name())
+			}
+		}
+	}
+	sort.Strings(names)
+	out := make([]hypervisor.VM, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		out[i] = hypervisor.VM{Name: name, State: hypervisor.StateUnknown, Agent: true, Info: "configured"}
+		vm, err := d.lookup("list", name)
+		if err != nil {
+			continue // vanished meanwhile
+		}
+		if vm.labDir != "" {
+			out[i].Info = "lab VM"
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			qctx, cancel := context.WithTimeout(ctx, statusPing)
+			defer cancel()
+			status, err := vm.queryStatus(qctx)
+			switch {
+			case err == nil:
+				out[i].State = stateOf(status)
+			case errors.Is(err, hypervisor.ErrVMNotRunning):
+				out[i].State = hypervisor.StateStopped
+			default:
+				d.log.Debug("query-status failed", "vm", name, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("qemu: list: %w: %w", hypervisor.ErrTimeout, err)
+	}
+	return slices.DeleteFunc(out, func(v hypervisor.VM) bool { return v.Name == "" }), nil
+}
+
+// Status reports the VM's QMP state and whether its agent answers a ping.
+func (d *Driver) Status(ctx context.Context, name string) (hypervisor.Status, error) {
+	vm, err := d.lookup("status", name)
+	if err != nil {
+		return hypervisor.Status{}, err
+	}
+	st := hypervisor.Status{Name: name}
+	status, err := vm.queryStatus(ctx)
+	switch {
+	case errors.Is(err, hypervisor.ErrVMNotRunning):
+		st.State = hypervisor.StateStopped
+		st.Detail = "no QEMU listening on the QMP socket"
+		return st, nil
+	case err != nil:
+		return hypervisor.Status{}, vmError("status", err)
+	}
+	st.State, st.Detail = stateOf(status), status
+	if st.State != hypervisor.StateRunning {
+		return st, nil // a paused guest cannot answer
+	}
+	pctx, cancel := context.WithTimeout(ctx, statusPing)
+	defer cancel()
+	a := d.agentOf(vm)
+	if err := a.Ping(pctx); err != nil {
+		d.log.Debug("guest-ping failed", "vm", name, "err", err)
+		return st, nil
+	}
+	st.AgentConnected = true
+	if info, err := d.info(pctx, vm, false); err == nil {
+		st.AgentVersion = info.Version
+	}
+	return st, nil
+}
+
+// info returns guest-info, from the cache unless fresh is set or it is stale.
+func (d *Driver) info(ctx context.Context, vm *vmState, fresh bool) (qga.Info, error) {
+	vm.mu.Lock()
+	if !fresh && !vm.infoAt.IsZero() && time.Since(vm.infoAt) < d.cfg.InfoTTL {
+		info := vm.info
+		vm.mu.Unlock()
+		return info, nil
+	}
+	vm.mu.Unlock()
+	info, err := d.agentOf(vm).Info(ctx)
+	if err != nil {
+		return qga.Info{}, err
+	}
+	vm.mu.Lock()
+	vm.info, vm.infoAt = info, time.Now()
+	vm.mu.Unlock()
+	return info, nil
+}
+
+// forgetInfo drops the cached guest-info (the guest may have changed).
+func (vm *vmState) forgetInfo() {
+	vm.mu.Lock()
+	vm.infoAt = time.Time{}
+	vm.mu.Unlock()
+}
+
+// AgentInfo returns guest-info.
+func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentInfo, error) {
+	vm, err := d.lookup("agent info", name)
+	if err != nil {
+		return hypervisor.AgentInfo{}, err
+	}
+	info, err := d.info(ctx, vm, true)
+	if err != nil {
+		return hypervisor.AgentInfo{}, agentError("agent info", err)
+	}
+	out := hypervisor.AgentInfo{Version: info.Version, Commands: make([]hypervisor.AgentCommand, len(info.SupportedCommands))}
+	for i, c := range info.SupportedCommands {
+		out.Commands[i] = hypervisor.AgentCommand{Name: c.Name, Enabled: c.Enabled}
+	}
+	return out, nil
+}
+
+// preflight checks (from cached guest-info) that the exec commands are enabled.
+func (d *Driver) preflight(ctx context.Context, op string, vm *vmState) error {
+	info, err := d.info(ctx, vm, false)
+	if err != nil {
+		return agentError(op, err)
+	}
+	for _, c := range []string{"guest-exec", "guest-exec-status"} {
+		if !info.Enabled(c) {
+			return fmt.Errorf("qemu: %s: %w", op, &hypervisor.CommandDisabledError{Command: c})
+		}
+	}
+	return nil
+}
+
+// execRequest validates req and converts it.
+func (d *Driver) execRequest(op string, req hypervisor.ExecRequest) (qga.ExecRequest, error) {
+	bad := func(msg string) (qga.ExecRequest, error) {
+		return qga.ExecRequest{}, fmt.Errorf("qemu: %s: %w: %s", op, hypervisor.ErrInvalidArgument, msg)
+	}
+	switch {
+	case len(req.Argv) == 0 || req.Argv[0] == "":
+		return bad("empty argv")
+	case req.Timeout < 0:
+		return bad("negative timeout")
+	case req.MaxOutputBytes < 0:
+		return bad("negative max output bytes")
+	case req.Cwd != "" && !filepath.IsAbs(req.Cwd):
+		return bad("cwd must be absolute")
+	}
+	timeout := req.Timeout
+	if timeout == 0 {
+		timeout = d.cfg.ExecTimeout
+	}
+	return qga.ExecRequest{
+		Path:           req.Argv[0],
+		Args:           req.Argv[1:],
+		Env:            req.Env,
+		Stdin:          req.Stdin,
+		Cwd:            req.Cwd,
+		Timeout:        timeout,
+		MaxOutputBytes: req.MaxOutputBytes,
+	}, nil
+}
+
+func execResult(s qga.ExecStatus) hypervisor.ExecResult {
+	return hypervisor.ExecResult{
+		PID: s.PID, Exited: s.Exited, ExitCode: s.ExitCode, Signal: s.Signal,
+		Stdout: s.Stdout, Stderr: s.Stderr,
+		StdoutTruncated: s.StdoutTruncated, StderrTruncated: s.StderrTruncated,
+		TimedOut: s.TimedOut,
+	}
+}
+
+// Run runs req to completion next to the agent (qga's adaptive polling,
+// timeout and kill).
+func (d *Driver) Run(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
+	vm, err := d.lookup("exec", name)
+	if err != nil {
+		return hypervisor.ExecResult{}, err
+	}
+	qreq, err := d.execRequest("exec", req)
+	if err != nil {
+		return hypervisor.ExecResult{}, err
+	}
+	if err := d.preflight(ctx, "exec", vm); err != nil {
+		return hypervisor.ExecResult{}, err
+	}
+	st, err := d.agentOf(vm).Exec(ctx, qreq)
+	if err != nil {
+		return hypervisor.ExecResult{}, agentError("exec", err)
+	}
+	return execResult(st), nil
+}
+
+// execToken is the state ExecStatus needs, carried in ExecHandle.Token so a
+// restarted driver can still poll (it then no longer enforces the timeout).
+type execToken struct {
+	PID      int64 `json:"pid"`
+	Deadline int64 `json:"deadline"` // unix nanoseconds
+	MaxOut   int64 `json:"max_out"`
+}
+
+func (t execToken) encode() string {
+	b, _ := json.Marshal(t)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeToken(s string) (execToken, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return execToken{}, err
+	}
+	var t execToken
+	dec := json.NewDecoder(bytesReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&t); err != nil {
+		return execToken{}, err
+	}
+	if t.PID <= 0 || t.MaxOut < 0 {
+		return execToken{}, errors.New("bad values")
+	}
+	return t, nil
+}
+
+// ExecStart starts req and returns at once. The driver enforces req.Timeout:
+// a watchdog kills the command when it fires, even if nobody polls.
+func (d *Driver) ExecStart(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
+	vm, err := d.lookup("exec start", name)
+	if err != nil {
+		return hypervisor.ExecHandle{}, err
+	}
+	qreq, err := d.execRequest("exec start", req)
+	if err != nil {
+		return hypervisor.ExecHandle{}, err
+	}
+	if err := d.preflight(ctx, "exec start", vm); err != nil {
+		return hypervisor.ExecHandle{}, err
+	}
+	started := time.Now()
+	pid, err := d.agentOf(vm).ExecStart(ctx, qreq)
+	if err != nil {
+		return hypervisor.ExecHandle{}, agentError("exec start", err)
+	}
+	tok := execToken{PID: pid, Deadline: started.Add(qreq.Timeout).UnixNano(), MaxOut: qreq.MaxOutputBytes}
+	e := &execEntry{pid: pid, deadline: time.Unix(0, tok.Deadline), maxOut: tok.MaxOut}
+	vm.mu.Lock()
+	if vm.execs == nil {
+		vm.execs = make(map[int64]*execEntry)
+	}
+	if old, ok := vm.execs[pid]; ok {
+		old.timer.Stop() // a reused pid: the old command was collected
+	}
+	vm.execs[pid] = e
+	e.timer = time.AfterFunc(qreq.Timeout, func() { d.watchdog(vm, e) })
+	vm.mu.Unlock()
+	return hypervisor.ExecHandle{PID: pid, Token: tok.encode(), StartedAt: started}, nil
+}
+
+// watchdog runs at a command's deadline: unless it already exited, it is
+// killed; the final result is kept for the caller's next ExecStatus.
+func (d *Driver) watchdog(vm *vmState, e *execEntry) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.final != nil || !d.tracked(vm, e) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := d.collect(ctx, vm, e.pid, e.maxOut, true)
+	if err != nil {
+		d.log.Warn("exec timeout watchdog failed", "vm", vm.name, "pid", e.pid, "err", err)
+		return
+	}
+	e.final = &res
+	vm.mu.Lock()
+	e.timer = time.AfterFunc(resultTTL, func() { d.untrack(vm, e) })
+	vm.mu.Unlock()
+}
+
+func (d *Driver) tracked(vm *vmState, e *execEntry) bool {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return vm.execs[e.pid] == e
+}
+
+func (d *Driver) untrack(vm *vmState, e *execEntry) {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	if vm.execs[e.pid] == e {
+		delete(vm.execs, e.pid)
+		e.timer.Stop()
+	}
+}
+
+// collect polls pid; when kill is set and it still runs, it kills it and
+// waits for the final status (TimedOut set).
+func (d *Driver) collect(ctx context.Context, vm *vmState, pid, maxOut int64, kill bool) (hypervisor.ExecResult, error) {
+	a := d.agentOf(vm)
+	st, err := a.ExecStatus(ctx, pid, maxOut)
+	if err != nil || st.Exited || !kill {
+		return execResult(st), err
+	}
+	if err := a.Kill(ctx, pid); err != nil {
+		return hypervisor.ExecResult{}, err
+	}
+	var b hypervisor.Backoff
+	for {
+		st, err := a.ExecStatus(ctx, pid, maxOut)
+		if err != nil {
+			return hypervisor.ExecResult{}, err
+		}
+		if st.Exited {
+			res := execResult(st)
+			res.TimedOut = true
+			return res, nil
+		}
+		select {
+		case <-ctx.Done():
+			return hypervisor.ExecResult{}, ctx.Err()
+		case <-time.After(b.Next()):
+		}
+	}
+}
+
+// ExecStatus polls a command started by ExecStart.
+func (d *Driver) ExecStatus(ctx context.Context, name string, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
+	vm, err := d.lookup("exec status", name)
+	if err != nil {
+		return hypervisor.ExecResult{}, err
+	}
+	if h.PID <= 0 {
+		return hypervisor.ExecResult{}, fmt.Errorf("qemu: exec status: %w: pid %d", hypervisor.ErrInvalidArgument, h.PID)
+	}
+	tok := execToken{PID: h.PID}
+	if h.Token != "" {
+		if tok, err = decodeToken(h.Token); err != nil || tok.PID != h.PID {
+			return hypervisor.ExecResult{}, fmt.Errorf("qemu: exec status: %w: bad handle token", hypervisor.ErrInvalidArgument)
+		}
+	}
+	vm.mu.Lock()
+	e := vm.execs[h.PID]
+	vm.mu.Unlock()
+	if e == nil {
+		// Not started by this driver instance (or already collected).
+		overdue := tok.Deadline != 0 && time.Now().After(time.Unix(0, tok.Deadline))
+		res, err := d.collect(ctx, vm, h.PID, tok.MaxOut, overdue)
+		if err != nil {
+			return hypervisor.ExecResult{}, agentError("exec status", err)
+		}
+		return res, nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.final != nil {
+		res := *e.final
+		d.untrack(vm, e)
+		return res, nil
+	}
+	res, err := d.collect(ctx, vm, e.pid, e.maxOut, time.Now().After(e.deadline))
+	if err != nil {
+		return hypervisor.ExecResult{}, agentError("exec status", err)
+	}
+	if res.Exited {
+		d.untrack(vm, e)
+	}
+	return res, nil
+}
+
+// FileRead reads at most maxBytes of path in the guest.
+func (d *Driver) FileRead(ctx context.Context, name string, path string, maxBytes int64) (hypervisor.FileContent, error) {
+	vm, err := d.lookup("file read", name)
+	if err != nil {
+		return hypervisor.FileContent{}, err
+	}
+	if err := checkPath("file read", path); err != nil {
+		return hypervisor.FileContent{}, err
+	}
+	if maxBytes < 0 {
+		return hypervisor.FileContent{}, fmt.Errorf("qemu: file read: %w: negative max bytes", hypervisor.ErrInvalidArgument)
+	}
+	data, truncated, err := d.agentOf(vm).FileRead(ctx, path, maxBytes)
+	if err != nil {
+		return hypervisor.FileContent{}, agentError("file read", err)
+	}
+	return hypervisor.FileContent{Data: data, Truncated: truncated}, nil
+}
+
+// FileWrite creates or replaces path in the guest.
+func (d *Driver) FileWrite(ctx context.Context, name string, path string, data []byte, mode uint32) error {
+	vm, err := d.lookup("file write", name)
+	if err != nil {
+		return err
+	}
+	if err := checkPath("file write", path); err != nil {
+		return err
+	}
+	if mode > 0o7777 {
+		return fmt.Errorf("qemu: file write: %w: mode %#o", hypervisor.ErrInvalidArgument, mode)
+	}
+	if err := d.agentOf(vm).FileWrite(ctx, path, data, mode); err != nil {
+		return agentError("file write", err)
+	}
+	return nil
+}
+
+func checkPath(op, path string) error {
+	if path == "" || !filepath.IsAbs(path) {
+		return fmt.Errorf("qemu: %s: %w: path %q must be absolute", op, hypervisor.ErrInvalidArgument, path)
+	}
+	for _, r := range path {
+		if r == 0 {
+			return fmt.Errorf("qemu: %s: %w: path contains NUL", op, hypervisor.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// Power performs action: shutdown and reboot through the agent with a QMP
+// fallback, reset and stop through QMP, start only for lab VMs.
+func (d *Driver) Power(ctx context.Context, name string, action hypervisor.PowerAction) error {
+	if !action.Valid() {
+		return fmt.Errorf("qemu: power: %w: unknown action %q", hypervisor.ErrInvalidArgument, action)
+	}
+	op := "power " + string(action)
+	vm, err := d.lookup(op, name)
+	if err != nil {
+		return err
+	}
+	defer vm.forgetInfo()
+	switch action {
+	case hypervisor.PowerShutdown:
+		return d.agentThenQMP(ctx, op, vm, "powerdown", "system_powerdown")
+	case hypervisor.PowerReboot:
+		return d.agentThenQMP(ctx, op, vm, "reboot", "system_reset")
+	case hypervisor.PowerReset:
+		if _, err := vm.qmp(ctx, "system_reset"); err != nil {
+			return vmError(op, err)
+		}
+		return nil
+	case hypervisor.PowerStop:
+		return d.stop(ctx, op, vm)
+	default: // hypervisor.PowerStart
+		return d.start(ctx, op, vm)
+	}
+}
+
+// agentThenQMP asks the agent (bounded by agentFirst) and falls back to a
+// QMP command when the agent is unavailable, refuses or does not answer.
+func (d *Driver) agentThenQMP(ctx context.Context, op string, vm *vmState, mode, fallback string) error {
+	status, err := vm.queryStatus(ctx)
+	if err != nil {
+		return vmError(op, err)
+	}
+	if stateOf(status) == hypervisor.StateRunning {
+		actx, cancel := context.WithTimeout(ctx, agentFirst)
+		err := d.agentOf(vm).Shutdown(actx, mode)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return agentError(op, err)
+		}
+		d.log.Info("guest agent did not take the request; using QMP", "vm", vm.name, "op", op, "err", err)
+	}
+	if _, err := vm.qmp(ctx, fallback); err != nil {
+		return vmError(op, err)
+	}
+	return nil
+}
+
+// stop quits QEMU; for a lab VM it then waits until the process is gone.
+func (d *Driver) stop(ctx context.Context, op string, vm *vmState) error {
+	pid := 0
+	if vm.labDir != "" {
+		pid = readPID(vm.labDir)
+	}
+	if _, err := vm.qmp(ctx, "quit"); err != nil && !errors.Is(err, ErrNotConnected) {
+		// ErrNotConnected: QEMU closed the socket before its reply reached us.
+		return vmError(op, err)
+	}
+	vm.close() // the agent channel went with QEMU
+	if pid <= 0 {
+		return nil
+	}
+	var b hypervisor.Backoff
+	for processAlive(pid) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: %s: %w: pid %d still alive: %w", op, hypervisor.ErrTimeout, pid, ctx.Err())
+		case <-time.After(b.Next()):
+		}
+	}
+	return nil
+}
+
+// start re-runs a lab VM's stored argv with -daemonize.
+func (d *Driver) start(ctx context.Context, op string, vm *vmState) error {
+	if vm.labDir == "" {
+		return fmt.Errorf("qemu: %s: %w: %s was not launched by vmgate", op, hypervisor.ErrNotSupported, vm.name)
+	}
+	if _, err := vm.queryStatus(ctx); err == nil {
+		return nil // already running
+	} else if !errors.Is(err, hypervisor.ErrVMNotRunning) {
+		return vmError(op, err)
+	}
+	argv, err := readArgv(vm.labDir, vm.qmpPath)
+	if err != nil {
+		return fmt.Errorf("qemu: %s: %w", op, err)
+	}
+	if !slices.Contains(argv, "-daemonize") {
+		argv = append(argv, "-daemonize")
+	}
+	if err := d.startProcess(ctx, argv); err != nil {
+		return fmt.Errorf("qemu: %s: %w", op, err)
+	}
+	vm.close()
+	var b hypervisor.Backoff
+	for {
+		_, err := vm.queryStatus(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return vmError(op, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(b.Next()):
+		}
+	}
+}
