@@ -1,0 +1,239 @@
+package hypervisor_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The dependency test keeps the arrows of DESIGN.md's Layout pointing down.
+// It lists the module's packages with `go list` and checks each rule below
+// against their imports (direct) or dependencies (transitive, non-test).
+
+const module = "github.com/vmgate/vmgate"
+
+// listedPackage is the part of `go list -json` output the rules read.
+type listedPackage struct {
+	ImportPath string
+	Imports    []string // direct imports of the non-test files
+	Deps       []string // transitive dependencies of the non-test files
+	Error      *struct{ Err string }
+}
+
+// depRule is one arrow constraint. Paths handed to its functions are
+// relative to the module ("policy", "plugins/qemu"; "." for the root) when
+// the package is ours, and full import paths otherwise.
+type depRule struct {
+	name string
+	// applies reports whether the rule constrains our package pkg.
+	applies func(pkg string) bool
+	// transitive checks every dependency, not only direct imports.
+	transitive bool
+	// forbidden reports whether a constrained package may not depend on dep.
+	forbidden func(dep string, ours bool) bool
+}
+
+// ours returns path relative to the module and whether it is in the module.
+func ours(path string) (string, bool) {
+	if path == module {
+		return ".", true
+	}
+	if rel, ok := strings.CutPrefix(path, module+"/"); ok {
+		return rel, true
+	}
+	return path, false
+}
+
+// standard reports whether path, a full import path not of ours, is a
+// standard-library package: its first element has no dot (the go command's
+// own convention). A relative path of ours has no dot either: check ours first.
+func standard(path string) bool {
+	first, _, _ := strings.Cut(path, "/")
+	return !strings.Contains(first, ".")
+}
+
+// within reports whether rel is dir or inside it.
+func within(rel, dir string) bool {
+	return rel == dir || strings.HasPrefix(rel, dir+"/")
+}
+
+var depRules = []depRule{
+	{
+		name:       "policy imports only the standard library (no other package of ours)",
+		applies:    func(pkg string) bool { return pkg == "policy" },
+		transitive: true,
+		forbidden:  func(dep string, ours bool) bool { return ours || !standard(dep) },
+	},
+	{
+		name:    "no package but server (and its subpackages) and cmd/vmgate imports mcp-go",
+		applies: func(pkg string) bool { return !within(pkg, "server") && pkg != "cmd/vmgate" },
+		forbidden: func(dep string, ours bool) bool {
+			return !ours && within(dep, "github.com/mark3labs/mcp-go")
+		},
+	},
+	{
+		name:       "no package under plugins/ imports server or policy",
+		applies:    func(pkg string) bool { return within(pkg, "plugins") },
+		transitive: true,
+		forbidden: func(dep string, ours bool) bool {
+			return ours && (within(dep, "server") || within(dep, "policy"))
+		},
+	},
+	{
+		name:       "guest/qga imports only the standard library",
+		applies:    func(pkg string) bool { return pkg == "guest/qga" },
+		transitive: true,
+		forbidden:  func(dep string, ours bool) bool { return ours || !standard(dep) },
+	},
+	{
+		name:       "hypervisor imports no package of ours outside hypervisor/",
+		applies:    func(pkg string) bool { return pkg == "hypervisor" },
+		transitive: true,
+		forbidden:  func(dep string, ours bool) bool { return ours && !within(dep, "hypervisor") },
+	},
+}
+
+// violations checks pkgs against rules. It returns one line per forbidden
+// dependency, and in applied how many packages each rule constrained.
+func violations(pkgs []listedPackage, rules []depRule) (found []string, applied map[string]int) {
+	applied = map[string]int{}
+	for _, p := range pkgs {
+		rel, isOurs := ours(p.ImportPath)
+		if !isOurs {
+			continue
+		}
+		for _, r := range rules {
+			if !r.applies(rel) {
+				continue
+			}
+			applied[r.name]++
+			deps := p.Imports
+			if r.transitive {
+				deps = p.Deps
+			}
+			for _, d := range deps {
+				drel, dOurs := ours(d)
+				if r.forbidden(drel, dOurs) {
+					found = append(found, fmt.Sprintf("%s: %s depends on %s", r.name, rel, d))
+				}
+			}
+		}
+	}
+	return found, applied
+}
+
+func listModule(t *testing.T) []listedPackage {
+	t.Helper()
+	gocmd, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("deps: the go command is needed to list the module: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, gocmd, "list", "-e", "-json=ImportPath,Imports,Deps,Error", module+"/...")
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("deps: go list: %v\n%s", err, stderr.Bytes())
+	}
+	var pkgs []listedPackage
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var p listedPackage
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("deps: decoding go list output: %v", err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+func TestDependencyArrows(t *testing.T) {
+	pkgs := listModule(t)
+	if len(pkgs) == 0 {
+		t.Fatal("deps: go list found no packages")
+	}
+	for _, p := range pkgs {
+		// A package that does not load has an incomplete import list: the
+		// rules cannot vouch for it, so that is a failure, not a pass.
+		if p.Error != nil {
+			t.Errorf("deps: %s does not load, its imports cannot be checked: %s", p.ImportPath, p.Error.Err)
+		}
+	}
+	found, applied := violations(pkgs, depRules)
+	for _, v := range found {
+		t.Error(v)
+	}
+	for _, r := range depRules {
+		if applied[r.name] == 0 {
+			t.Errorf("rule %q constrains no package of the module; want at least one (a renamed package makes a rule vacuous)", r.name)
+		}
+	}
+}
+
+// TestDependencyRulesBite feeds the rules synthetic import graphs that break
+// each one, and a clean graph shaped like the Layout.
+func TestDependencyRulesBite(t *testing.T) {
+	m := func(rel string) string { return module + "/" + rel }
+	clean := []listedPackage{
+		{ImportPath: m("policy"), Imports: []string{"encoding/json"}, Deps: []string{"encoding/json"}},
+		{ImportPath: m("policy/store"), Imports: []string{m("policy"), "go.etcd.io/bbolt"}, Deps: []string{m("policy"), "go.etcd.io/bbolt"}},
+		{ImportPath: m("guest/qga"), Imports: []string{"net"}, Deps: []string{"net", "syscall"}},
+		{ImportPath: m("hypervisor"), Imports: []string{"context", m("hypervisor/proto")}, Deps: []string{"context", m("hypervisor/proto"), "google.golang.org/grpc"}},
+		{ImportPath: m("plugins/qemu"), Imports: []string{m("hypervisor"), m("guest/qga")}, Deps: []string{m("hypervisor"), m("guest/qga"), "context"}},
+		{ImportPath: m("server"), Imports: []string{"github.com/mark3labs/mcp-go/server", m("policy")}, Deps: []string{"github.com/mark3labs/mcp-go/server", m("policy")}},
+		{ImportPath: m("server/auth"), Imports: []string{"github.com/mark3labs/mcp-go/mcp"}},
+		{ImportPath: m("cmd/vmgate"), Imports: []string{m("server"), "github.com/mark3labs/mcp-go/mcp"}},
+		// Not ours: the rules do not constrain other modules.
+		{ImportPath: "github.com/mark3labs/mcp-go/server", Imports: []string{"github.com/vmgate/vmgate/policy"}},
+	}
+	tests := []struct {
+		name     string
+		pkg      listedPackage
+		wantRule string // the rule that must report it; "" for none
+	}{
+		{"policy imports policy/store", listedPackage{ImportPath: m("policy"), Imports: []string{m("policy/store")}, Deps: []string{m("policy/store")}}, depRules[0].name},
+		{"policy depends on a third party transitively", listedPackage{ImportPath: m("policy"), Imports: []string{"fmt"}, Deps: []string{"fmt", "gopkg.in/yaml.v3"}}, depRules[0].name},
+		{"policy/store may import policy", listedPackage{ImportPath: m("policy/store"), Imports: []string{m("policy")}, Deps: []string{m("policy")}}, ""},
+		{"plugin imports mcp-go", listedPackage{ImportPath: m("plugins/proxmox"), Imports: []string{"github.com/mark3labs/mcp-go/mcp"}}, depRules[1].name},
+		{"policy/audit imports mcp-go", listedPackage{ImportPath: m("policy/audit"), Imports: []string{"github.com/mark3labs/mcp-go"}}, depRules[1].name},
+		{"a package named like server imports mcp-go", listedPackage{ImportPath: m("serverless"), Imports: []string{"github.com/mark3labs/mcp-go/server"}}, depRules[1].name},
+		{"an mcp-go look-alike is not mcp-go", listedPackage{ImportPath: m("internal/x"), Imports: []string{"github.com/mark3labs/mcp-golang"}}, ""},
+		{"mcp-go through server is not a direct import", listedPackage{ImportPath: m("e2e"), Imports: []string{m("server")}, Deps: []string{m("server"), "github.com/mark3labs/mcp-go/mcp"}}, ""},
+		{"plugin imports server", listedPackage{ImportPath: m("plugins/libvirt"), Imports: []string{m("server")}, Deps: []string{m("server")}}, depRules[2].name},
+		{"plugin depends on policy/store transitively", listedPackage{ImportPath: m("plugins/virtualbox"), Imports: []string{m("internal/util")}, Deps: []string{m("internal/util"), m("policy/store")}}, depRules[2].name},
+		{"guest/qga imports hypervisor", listedPackage{ImportPath: m("guest/qga"), Imports: []string{m("hypervisor")}, Deps: []string{m("hypervisor")}}, depRules[3].name},
+		{"guest/qga depends on a third party", listedPackage{ImportPath: m("guest/qga"), Imports: []string{"net"}, Deps: []string{"net", "golang.org/x/sys/unix"}}, depRules[3].name},
+		{"hypervisor imports guest/qga", listedPackage{ImportPath: m("hypervisor"), Imports: []string{m("guest/qga")}, Deps: []string{m("guest/qga")}}, depRules[4].name},
+		{"hypervisor depends on policy through proto", listedPackage{ImportPath: m("hypervisor"), Imports: []string{m("hypervisor/proto")}, Deps: []string{m("hypervisor/proto"), m("policy")}}, depRules[4].name},
+	}
+	if found, _ := violations(clean, depRules); len(found) != 0 {
+		t.Fatalf("violations(clean graph) = %q; want none", found)
+	}
+	for _, tt := range tests {
+		graph := append(slices.Clone(clean), tt.pkg)
+		found, _ := violations(graph, depRules)
+		var got []string
+		for _, v := range found {
+			rule, _, _ := strings.Cut(v, ": ")
+			got = append(got, rule)
+		}
+		var want []string
+		if tt.wantRule != "" {
+			want = []string{tt.wantRule}
+		}
+		if !slices.Equal(slices.Compact(got), want) {
+			t.Errorf("violations(clean + %s) = %q; want rules %q", tt.name, found, want)
+		}
+	}
+}
