@@ -399,7 +399,7 @@ func procGone(t testing.TB, h Harness, pid int64) bool {
 	// Prints the process's state letter, or nothing when there is none.
 	script := `s=$(cat /proc/$1/stat 2>/dev/null) || exit 0; s=${s##*) }; echo "${s%% *}"`
 	req := hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", script, "sh", strconv.FormatInt(pid, 10)}}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	var b hypervisor.Backoff
 	for {
 		res := run(t, h, req)
