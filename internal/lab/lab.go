@@ -154,7 +154,16 @@ var (
 // maxSocketPath is the limit of sun_path minus its NUL.
 const maxSocketPath = 107
 
-func (s *Spec) validate() error {
+// Validate checks the spec without side effects (Start calls it too).
+// An empty StateDir is checked as DefaultStateDir().
+func (s Spec) Validate() error {
+	if s.StateDir == "" {
+		d, err := DefaultStateDir()
+		if err != nil {
+			return err
+		}
+		s.StateDir = d
+	}
 	if !nameRE.MatchString(s.Name) {
 		return fmt.Errorf("%w: name %q: want 1-32 of [a-z0-9-], not starting with '-'", ErrInvalidSpec, s.Name)
 	}
@@ -187,7 +196,7 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 		}
 		spec.StateDir = d
 	}
-	if err := spec.validate(); err != nil {
+	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("lab: start: %w", err)
 	}
 	progress := spec.Progress
@@ -258,12 +267,8 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 		if err := cmd.Run(); err != nil {
 			return nil, fmt.Errorf("lab: start %s: qemu: %w: %s", spec.Name, err, tail(filepath.Join(dir, QEMULogName)))
 		}
-		b, err := os.ReadFile(filepath.Join(dir, PIDFileName))
-		if err != nil {
-			return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
-		}
-		if v.PID, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil || v.PID <= 1 {
-			return nil, fmt.Errorf("lab: start %s: bad pid file %q", spec.Name, b)
+		if v.PID = readPIDFile(filepath.Join(dir, PIDFileName)); v.PID == 0 {
+			return nil, fmt.Errorf("lab: start %s: no valid pid in %s", spec.Name, PIDFileName)
 		}
 	} else {
 		// Own process group (a terminal's ^C reaches vmgate, which stops
@@ -499,9 +504,15 @@ func Get(stateDir, name string) (*VM, error) {
 	if v.Name != name || v.Dir != dir {
 		return nil, fmt.Errorf("lab: get %s: %s describes %q in %s", name, StateFileName, v.Name, v.Dir)
 	}
+	// vm.json's pid, else qemu.pid (rewritten when the same argv is run
+	// again, for example by a driver's power start); either only counts
+	// when that process is this QEMU.
 	v.State = StateStopped
-	if pidIsArgv(v.PID, v.Argv) {
-		v.State = StateRunning
+	for _, pid := range []int{v.PID, readPIDFile(filepath.Join(dir, PIDFileName))} {
+		if pidIsArgv(pid, v.Argv) {
+			v.PID, v.State = pid, StateRunning
+			break
+		}
 	}
 	return &v, nil
 }
@@ -547,4 +558,17 @@ func tail(p string) string {
 		return "(empty)"
 	}
 	return strconv.Quote(string(b))
+}
+
+// readPIDFile returns the pid in a QEMU pid file, 0 when there is none.
+func readPIDFile(p string) int {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return 0
+	}
+	return pid
 }

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vmgate/vmgate/guest/image"
+	"github.com/vmgate/vmgate/internal/lab"
+)
+
+func init() { commands = append(commands, newLabCmd) }
+
+// newLabCmd is `vmgate lab up|status|down`: local QEMU (TCG) VMs running
+// the lab image, daemonized, found again through <state>/lab/<name>/vm.json.
+func newLabCmd() *cobra.Command {
+	var stateDir string
+	cmd := &cobra.Command{
+		Use:   "lab",
+		Short: "Run local lab VMs (QEMU with its guest agent) for vmgate to drive",
+	}
+	cmd.PersistentFlags().StringVar(&stateDir, "state-dir", "", "state directory (default $VMGATE_STATE_DIR, else $XDG_STATE_HOME/vmgate, else ~/.local/state/vmgate)")
+	dir := func() (string, error) {
+		if stateDir != "" {
+			return stateDir, nil
+		}
+		return lab.DefaultStateDir()
+	}
+	cmd.AddCommand(newLabUpCmd(dir), newLabStatusCmd(dir), newLabDownCmd(dir))
+	return cmd
+}
+
+func newLabUpCmd(stateDir func() (string, error)) *cobra.Command {
+	var (
+		n       int
+		prefix  string
+		memory  int
+		cmdline map[string]string
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Build the lab image and boot N lab VMs (vm1..vmN)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if n < 1 || n > 32 {
+				return fmt.Errorf("lab up: --vms %d: want 1..32", n)
+			}
+			dir, err := stateDir()
+			if err != nil {
+				return err
+			}
+			specs := make([]lab.Spec, n)
+			for i := range specs {
+				specs[i] = lab.Spec{Name: prefix + strconv.Itoa(i+1), StateDir: dir, MemoryMB: memory, Cmdline: cmdline, Daemonize: true}
+			}
+			// Validate every spec before building or booting anything.
+			for _, s := range specs {
+				if err := s.Validate(); err != nil {
+					return fmt.Errorf("lab up: %w", err)
+				}
+			}
+			stderr := cmd.ErrOrStderr()
+			var outMu sync.Mutex
+			step := func(s string) {
+				outMu.Lock()
+				defer outMu.Unlock()
+				fmt.Fprintln(stderr, "lab:", s)
+			}
+			step("state directory " + dir)
+			img, err := image.Build(cmd.Context(), image.Options{StateDir: dir, Progress: step})
+			if err != nil {
+				return fmt.Errorf("lab up: %w", err)
+			}
+			type result struct {
+				vm  *lab.VM
+				err error
+			}
+			results := make([]result, n)
+			var wg sync.WaitGroup
+			for i, s := range specs {
+				s.Image, s.Progress = &img, step
+				wg.Go(func() {
+					if old, err := lab.Get(dir, s.Name); err == nil && old.State == lab.StateRunning {
+						step(s.Name + " is already running")
+						results[i] = result{vm: old}
+						return
+					}
+					ctx, cancel := context.WithTimeout(cmd.Context(), lab.DefaultBootTimeout)
+					defer cancel()
+					v, err := lab.Start(ctx, s)
+					results[i] = result{v, err}
+				})
+			}
+			wg.Wait()
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATE\tPID\tBOOT\tQGA SOCKET\tQMP SOCKET")
+			var errs []error
+			for _, r := range results {
+				if r.err != nil {
+					errs = append(errs, r.err)
+					continue
+				}
+				boot := "-"
+				if r.vm.BootTime > 0 {
+					boot = r.vm.BootTime.Round(100 * time.Millisecond).String()
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.vm.Name, lab.StateRunning, r.vm.PID, boot, r.vm.QGASocket, r.vm.QMPSocket)
+			}
+			tw.Flush()
+			if err := errors.Join(errs...); err != nil {
+				return fmt.Errorf("lab up: %w", err)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&n, "vms", 1, "number of VMs")
+	cmd.Flags().StringVar(&prefix, "name-prefix", "vm", "VM names are <prefix>1..<prefix>N")
+	cmd.Flags().IntVar(&memory, "memory", lab.DefaultMemoryMB, "guest memory in MiB")
+	cmd.Flags().StringToStringVar(&cmdline, "cmdline", nil, "KEY=VALUE for the guest's /init (QGA_BLOCK=guest-exec, CGROUP2=0)")
+	return cmd
+}
+
+func newLabStatusCmd(stateDir func() (string, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the lab VMs, their state and guest agent",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dir, err := stateDir()
+			if err != nil {
+				return err
+			}
+			vms, err := lab.List(dir)
+			if err != nil {
+				return fmt.Errorf("lab status: %w", err)
+			}
+			if len(vms) == 0 {
+				fmt.Fprintln(cmd.ErrOrStderr(), "lab: no lab VMs in", dir)
+				return nil
+			}
+			agents := make([]string, len(vms))
+			var wg sync.WaitGroup
+			for i := range vms {
+				agents[i] = "-"
+				if vms[i].State != lab.StateRunning {
+					continue
+				}
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
+					defer cancel()
+					info, err := vms[i].AgentInfo(ctx)
+					if err != nil {
+						agents[i] = "not answering"
+						return
+					}
+					agents[i] = "qemu-ga " + info.Version
+					if !info.Enabled("guest-exec") {
+						agents[i] += " (guest-exec disabled)"
+					}
+				})
+			}
+			wg.Wait()
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATE\tPID\tAGENT\tQGA SOCKET\tQMP SOCKET")
+			for i, v := range vms {
+				pid := "-"
+				if v.State == lab.StateRunning {
+					pid = strconv.Itoa(v.PID)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", v.Name, v.State, pid, agents[i], v.QGASocket, v.QMPSocket)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func newLabDownCmd(stateDir func() (string, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   "down [NAME...]",
+		Short: "Stop lab VMs (all of them without names)",
+		RunE: func(cmd *cobra.Command, names []string) error {
+			dir, err := stateDir()
+			if err != nil {
+				return err
+			}
+			var vms []lab.VM
+			if len(names) == 0 {
+				if vms, err = lab.List(dir); err != nil {
+					return fmt.Errorf("lab down: %w", err)
+				}
+			}
+			for _, name := range names { // all names checked before anything stops
+				v, err := lab.Get(dir, name)
+				if err != nil {
+					return fmt.Errorf("lab down: %w", err)
+				}
+				vms = append(vms, *v)
+			}
+			errs := make([]error, len(vms))
+			var wg sync.WaitGroup
+			for i := range vms {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
+					defer cancel()
+					errs[i] = vms[i].Stop(ctx)
+				})
+			}
+			wg.Wait()
+			for i, v := range vms {
+				if errs[i] == nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "lab: %s stopped\n", v.Name)
+				}
+			}
+			if err := errors.Join(errs...); err != nil {
+				return fmt.Errorf("lab down: %w", err)
+			}
+			return nil
+		},
+	}
+}
