@@ -15,7 +15,7 @@ import (
 )
 
 // requireQEMU skips when QEMU is absent, unless VMGATE_REQUIRE_VM is set.
-func requireQEMU(t *testing.T) string {
+func requireQEMU(t testing.TB) string {
 	t.Helper()
 	path, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
@@ -30,7 +30,7 @@ func requireQEMU(t *testing.T) string {
 // startBareQEMU starts a QEMU with no machine and a QMP socket, and returns
 // the socket path. The test owns the process: it is killed by pid and waited
 // for at cleanup (and dies with the test binary through Pdeathsig).
-func startBareQEMU(t *testing.T) (sock string, proc *os.Process) {
+func startBareQEMU(t testing.TB) (sock string, proc *os.Process) {
 	t.Helper()
 	bin := requireQEMU(t)
 	dir := t.TempDir()
