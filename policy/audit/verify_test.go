@@ -269,3 +269,22 @@ func TestVerifyHostileLines(t *testing.T) {
 		})
 	}
 }
+
+// FuzzVerify: hostile bytes never panic Verify, and whatever it accepts as
+// records verifies again from the same bytes (the answer is deterministic).
+func FuzzVerify(f *testing.F) {
+	key := bytes.Repeat([]byte{7}, KeySize)
+	f.Add([]byte(`{"seq":1,"prev_hash":"","hash":"` + strings.Repeat("ab", 32) + "\"}\n"))
+	f.Add([]byte("\x00\n{\n}\n"))
+	f.Add([]byte(`{"seq":1}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		rep, err := Verify(bytes.NewReader(data), key)
+		again, err2 := Verify(bytes.NewReader(data), key)
+		if (err == nil) != (err2 == nil) || rep.Records != again.Records || rep.Lines != again.Lines {
+			t.Fatalf("Verify not deterministic: %+v, %v then %+v, %v", rep, err, again, err2)
+		}
+		if rep.Records > rep.Lines || (err == nil) != rep.OK() {
+			t.Fatalf("Verify = %+v, %v; inconsistent report", rep, err)
+		}
+	})
+}
