@@ -1,0 +1,529 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/mark3labs/mcp-go/mcp"
+)
+
+// The tool catalogue. Each tool is described once, as a list of fields; the
+// JSON Schema that tools/list publishes and the strict validator the gate
+// runs are both generated from that description, so they cannot disagree.
+
+// MaxPID is the largest pid a Linux guest can have (PID_MAX_LIMIT).
+const MaxPID = 4194304
+
+// Signals are the signals kill_process accepts.
+var Signals = []string{"TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT"}
+
+// PowerActions are the actions vm_power accepts.
+var PowerActions = []string{"shutdown", "reboot", "reset", "stop", "start"}
+
+type fieldKind uint8
+
+const (
+	kindString fieldKind = iota
+	kindInteger
+	kindBoolean
+	kindStringArray
+	kindStringMap
+	kindObject
+)
+
+// field is one argument of a tool.
+type field struct {
+	name     string
+	kind     fieldKind
+	desc     string
+	required bool
+	enum     []string
+	min, max int64 // integers: inclusive range
+	maxLen   int   // strings: bytes; arrays: items; maps: entries (0: the server's argument cap only)
+	allowNUL bool  // strings that may carry NUL (stdin, file content)
+	fields   []field
+}
+
+// toolSpec is one tool of the catalogue.
+type toolSpec struct {
+	name        string
+	title       string
+	desc        string
+	fields      []field
+	exactlyOne  [][]string // groups of fields of which exactly one must be present
+	readOnly    bool
+	destructive bool
+	idempotent  bool
+	run         func(s *Server, c *call) result
+}
+
+func (t *toolSpec) hasVM() bool { return t.field("vm") != nil }
+
+func (t *toolSpec) field(name string) *field {
+	for i := range t.fields {
+		if t.fields[i].name == name {
+			return &t.fields[i]
+		}
+	}
+	return nil
+}
+
+// Limits are the server-side caps on what a client may ask for.
+type Limits struct {
+	// MaxOutputBytes caps stdout and stderr of a command (each) and a file
+	// read; a client's max_output_bytes or max_bytes is clamped to it.
+	MaxOutputBytes int64
+	// MaxTimeoutS is the largest timeout_s a command may ask for.
+	MaxTimeoutS int64
+	// DefaultTimeoutS is the timeout of a command that names none.
+	DefaultTimeoutS int64
+	// MaxMessageBytes bounds one tools/call message (the arguments with
+	// their envelope); larger calls are rejected as invalid arguments.
+	MaxMessageBytes int
+}
+
+// DefaultLimits are the limits of a config that sets none.
+var DefaultLimits = Limits{
+	MaxOutputBytes:  1 << 20,
+	MaxTimeoutS:     600,
+	DefaultTimeoutS: 30,
+	MaxMessageBytes: 8 << 20,
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxOutputBytes <= 0 {
+		l.MaxOutputBytes = DefaultLimits.MaxOutputBytes
+	}
+	if l.MaxTimeoutS <= 0 {
+		l.MaxTimeoutS = DefaultLimits.MaxTimeoutS
+	}
+	if l.DefaultTimeoutS <= 0 {
+		l.DefaultTimeoutS = min(DefaultLimits.DefaultTimeoutS, l.MaxTimeoutS)
+	}
+	if l.MaxMessageBytes <= 0 {
+		l.MaxMessageBytes = DefaultLimits.MaxMessageBytes
+	}
+	return l
+}
+
+const vmDesc = `VM id "<backend>/<name>" as list_vms returns it, e.g. "lab/vm1".`
+
+func vmField(required bool) field {
+	return field{name: "vm", kind: kindString, desc: vmDesc, required: required, maxLen: 512}
+}
+
+func sessionField() field {
+	return field{name: "session", kind: kindString, desc: "Session id from create_session.", maxLen: 128}
+}
+
+// catalogue returns the tool specs for limits, in tools/list order.
+func catalogue(l Limits) []*toolSpec {
+	return []*toolSpec{
+		{
+			name: "list_vms", title: "List VMs", readOnly: true, idempotent: true,
+			desc: "List the VMs you can use, with their power state. Use the returned ids as the vm argument of the other tools.",
+			run:  (*Server).runListVMs,
+		},
+		{
+			name: "vm_status", title: "VM status", readOnly: true, idempotent: true,
+			desc:   "Report a VM's power state and whether its guest agent answers (needed by exec, file and process tools).",
+			fields: []field{vmField(true)},
+			run:    (*Server).runStatus,
+		},
+		{
+			name: "list_processes", title: "List processes", readOnly: true, idempotent: true,
+			desc:   "List the processes in a VM (pid, name, user, start time), optionally only those of one session. Needs the vmgate-guest helper in the VM.",
+			fields: []field{vmField(true), sessionField()},
+			run:    (*Server).runNeedsHelper,
+		},
+		{
+			name: "list_sessions", title: "List sessions", readOnly: true, idempotent: true,
+			desc:   "List your sessions, in one VM or in all. Needs the vmgate-guest helper in the VM.",
+			fields: []field{vmField(false)},
+			run:    (*Server).runNeedsHelper,
+		},
+		{
+			name: "vm_agent_exec", title: "Run a command in a VM",
+			desc: "Run a command in a VM through its guest agent and return exit code, stdout and stderr. " +
+				"Give exactly one of command (an argv array, run without a shell) or shell (a string run by /bin/sh -c). " +
+				"The command is killed after timeout_s seconds (timed_out: true, partial output kept). " +
+				"Output is capped per stream (stdout_truncated/stderr_truncated say so). " +
+				"With wait: false it returns an exec_id at once; poll it with vm_agent_exec_status.",
+			fields: []field{
+				vmField(true),
+				{name: "command", kind: kindStringArray, desc: "Program and arguments, e.g. [\"ls\", \"-l\", \"/tmp\"]. No shell is involved.", maxLen: 4096},
+				{name: "shell", kind: kindString, desc: "A shell command line, run as /bin/sh -c SHELL.", maxLen: 1 << 16},
+				{name: "stdin", kind: kindString, desc: "Text written to the command's standard input, which is then closed.", allowNUL: true},
+				{name: "env", kind: kindStringMap, desc: "Environment variables to add, name → value.", maxLen: 256},
+				{name: "cwd", kind: kindString, desc: "Absolute working directory in the guest.", maxLen: 4096},
+				sessionField(),
+				{name: "timeout_s", kind: kindInteger, desc: fmt.Sprintf("Seconds before the command is killed (default %d).", l.DefaultTimeoutS), min: 1, max: l.MaxTimeoutS},
+				{name: "max_output_bytes", kind: kindInteger, desc: fmt.Sprintf("Cap for each of stdout and stderr; the server caps it at %d.", l.MaxOutputBytes), min: 1, max: math.MaxInt64},
+				{name: "wait", kind: kindBoolean, desc: "Wait for the command to finish (default true). false returns an exec_id to poll."},
+			},
+			exactlyOne: [][]string{{"command", "shell"}},
+			run:        (*Server).runExec,
+		},
+		{
+			name: "vm_agent_exec_status", title: "Poll a command", readOnly: true,
+			desc: "Poll a command started with vm_agent_exec wait: false. Returns exited: false while it runs, " +
+				"then the final exit code and output (after which the exec_id is forgotten).",
+			fields: []field{vmField(true), {name: "exec_id", kind: kindString, desc: "The exec_id vm_agent_exec returned.", required: true, maxLen: 128}},
+			run:    (*Server).runExecStatus,
+		},
+		{
+			name: "create_session", title: "Create a session",
+			desc: "Create a session in a VM: a work directory whose processes are tracked together and can be limited " +
+				"and destroyed as one. Needs the vmgate-guest helper in the VM.",
+			fields: []field{
+				vmField(true),
+				{name: "ttl_s", kind: kindInteger, desc: "Seconds until the session is destroyed.", min: 1, max: 7 * 86400},
+				{name: "idle_s", kind: kindInteger, desc: "Seconds without activity until the session is destroyed.", min: 1, max: 7 * 86400},
+				{name: "limits", kind: kindObject, desc: "Resource limits for the session's processes.", fields: []field{
+					{name: "memory_mb", kind: kindInteger, desc: "Memory cap in MiB.", min: 1, max: 1 << 20},
+					{name: "pids", kind: kindInteger, desc: "Cap on the number of processes.", min: 1, max: MaxPID},
+					{name: "cpu_percent", kind: kindInteger, desc: "CPU cap in percent of one CPU.", min: 1, max: 100000},
+				}},
+			},
+			run: (*Server).runNeedsHelper,
+		},
+		{
+			name: "kill_process", title: "Signal a process", destructive: true,
+			desc: "Send a signal (default TERM) to a process in a VM and report whether it exited. " +
+				"pid 1, kernel threads and the guest agent are refused.",
+			fields: []field{
+				vmField(true),
+				{name: "pid", kind: kindInteger, desc: "Process id in the guest (from list_processes or vm_agent_exec).", required: true, min: 1, max: MaxPID},
+				{name: "signal", kind: kindString, desc: "Signal name without SIG (default TERM).", enum: Signals},
+				{name: "started_at", kind: kindString, desc: "The process start time from list_processes; refuses the kill when the pid was reused.", maxLen: 64},
+			},
+			run: (*Server).runKill,
+		},
+		{
+			name: "destroy_session", title: "Destroy a session", destructive: true, idempotent: true,
+			desc:   "Kill every process of a session and remove its work directory. Destroying a session twice is harmless. Needs the vmgate-guest helper in the VM.",
+			fields: []field{vmField(true), {name: "session", kind: kindString, desc: "Session id from create_session.", required: true, maxLen: 128}},
+			run:    (*Server).runNeedsHelper,
+		},
+		{
+			name: "vm_file_read", title: "Read a file", readOnly: true, idempotent: true,
+			desc: "Read a file in a VM. Text comes back as content, anything else as content_base64; truncated says whether the file was longer than max_bytes.",
+			fields: []field{
+				vmField(true),
+				{name: "path", kind: kindString, desc: "Absolute path in the guest.", required: true, maxLen: 4096},
+				{name: "max_bytes", kind: kindInteger, desc: fmt.Sprintf("Read at most this many bytes; the server caps it at %d.", l.MaxOutputBytes), min: 1, max: math.MaxInt64},
+			},
+			run: (*Server).runFileRead,
+		},
+		{
+			name: "vm_file_write", title: "Write a file", destructive: true, idempotent: true,
+			desc: "Create or replace a file in a VM. Give exactly one of content (text) or content_base64 (bytes).",
+			fields: []field{
+				vmField(true),
+				{name: "path", kind: kindString, desc: "Absolute path in the guest.", required: true, maxLen: 4096},
+				{name: "content", kind: kindString, desc: "The new content as text.", allowNUL: true},
+				{name: "content_base64", kind: kindString, desc: "The new content, base64 encoded."},
+				{name: "mode", kind: kindInteger, desc: "Permission bits as a number (420 = 0644); default: the guest's.", min: 0, max: 0o7777},
+			},
+			exactlyOne: [][]string{{"content", "content_base64"}},
+			run:        (*Server).runFileWrite,
+		},
+		{
+			name: "vm_power", title: "Power a VM", destructive: true,
+			desc: "Change a VM's power state: shutdown (ACPI, guest may refuse), reboot, reset (hard), stop (hard off), start.",
+			fields: []field{
+				vmField(true),
+				{name: "action", kind: kindString, desc: "shutdown, reboot, reset, stop or start.", required: true, enum: PowerActions},
+			},
+			run: (*Server).runPower,
+		},
+	}
+}
+
+// schema returns the JSON Schema of fields as an object.
+func schemaOf(fields []field) map[string]any {
+	props := make(map[string]any, len(fields))
+	var required []string
+	for _, f := range fields {
+		props[f.name] = f.schema()
+		if f.required {
+			required = append(required, f.name)
+		}
+	}
+	s := map[string]any{"type": "object", "properties": props, "additionalProperties": false}
+	if len(required) > 0 {
+		s["required"] = required
+	}
+	return s
+}
+
+func (f field) schema() map[string]any {
+	var s map[string]any
+	switch f.kind {
+	case kindString:
+		s = map[string]any{"type": "string"}
+		if f.enum != nil {
+			s["enum"] = f.enum
+		}
+		if f.maxLen > 0 {
+			s["maxLength"] = f.maxLen
+		}
+	case kindInteger:
+		s = map[string]any{"type": "integer", "minimum": f.min}
+		if f.max != math.MaxInt64 {
+			s["maximum"] = f.max
+		}
+	case kindBoolean:
+		s = map[string]any{"type": "boolean"}
+	case kindStringArray:
+		s = map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "minItems": 1}
+		if f.maxLen > 0 {
+			s["maxItems"] = f.maxLen
+		}
+	case kindStringMap:
+		s = map[string]any{"type": "object", "additionalProperties": map[string]any{"type": "string"}}
+		if f.maxLen > 0 {
+			s["maxProperties"] = f.maxLen
+		}
+	case kindObject:
+		s = schemaOf(f.fields)
+	}
+	s["description"] = f.desc
+	return s
+}
+
+// mcpTool builds the mcp.Tool tools/list publishes.
+func (t *toolSpec) mcpTool() mcp.Tool {
+	raw, err := json.Marshal(schemaOf(t.fields))
+	if err != nil {
+		panic(fmt.Sprintf("server: schema of %s: %v", t.name, err)) // a programming error in the catalogue
+	}
+	tool := mcp.NewToolWithRawSchema(t.name, t.desc, raw)
+	tool.Title = t.title
+	tool.Annotations = mcp.ToolAnnotation{
+		Title:           t.title,
+		ReadOnlyHint:    mcp.ToBoolPtr(t.readOnly),
+		DestructiveHint: mcp.ToBoolPtr(t.destructive),
+		IdempotentHint:  mcp.ToBoolPtr(t.idempotent),
+		OpenWorldHint:   mcp.ToBoolPtr(false),
+	}
+	return tool
+}
+
+// argError is an argument that failed validation.
+type argError struct {
+	path string
+	msg  string
+}
+
+func (e *argError) Error() string {
+	if e.path == "" {
+		return e.msg
+	}
+	return e.path + ": " + e.msg
+}
+
+// validate checks args (from decodeStrict) against t and returns them
+// normalised: integers become int64, everything else is kept.
+func (t *toolSpec) validate(args map[string]any) (map[string]any, error) {
+	out, err := validateObject(t.fields, args, "")
+	if err != nil {
+		return nil, err
+	}
+	for _, group := range t.exactlyOne {
+		n := 0
+		for _, name := range group {
+			if _, ok := out[name]; ok {
+				n++
+			}
+		}
+		if n != 1 {
+			return nil, &argError{msg: "give exactly one of " + strings.Join(group, ", ")}
+		}
+	}
+	return out, nil
+}
+
+func validateObject(fields []field, obj map[string]any, prefix string) (map[string]any, error) {
+	out := make(map[string]any, len(obj))
+	for k := range obj {
+		if !slices.ContainsFunc(fields, func(f field) bool { return f.name == k }) {
+			return nil, &argError{path: prefix + k, msg: "unknown argument"}
+		}
+	}
+	for i := range fields {
+		f := &fields[i]
+		v, ok := obj[f.name]
+		if !ok {
+			if f.required {
+				return nil, &argError{path: prefix + f.name, msg: "required"}
+			}
+			continue
+		}
+		nv, err := f.check(v, prefix+f.name)
+		if err != nil {
+			return nil, err
+		}
+		out[f.name] = nv
+	}
+	return out, nil
+}
+
+func (f *field) check(v any, path string) (any, error) {
+	switch f.kind {
+	case kindString:
+		s, ok := v.(string)
+		if !ok {
+			return nil, &argError{path, "want a string, got " + jsonType(v)}
+		}
+		if err := f.checkString(s, path); err != nil {
+			return nil, err
+		}
+		return s, nil
+	case kindInteger:
+		n, ok := v.(json.Number)
+		if !ok {
+			return nil, &argError{path, "want an integer, got " + jsonType(v)}
+		}
+		i, err := integer(n)
+		if err != nil {
+			return nil, &argError{path, err.Error()}
+		}
+		if i < f.min || i > f.max {
+			if f.max == math.MaxInt64 {
+				return nil, &argError{path, fmt.Sprintf("%d is below the minimum %d", i, f.min)}
+			}
+			return nil, &argError{path, fmt.Sprintf("%d is out of range [%d, %d]", i, f.min, f.max)}
+		}
+		return i, nil
+	case kindBoolean:
+		b, ok := v.(bool)
+		if !ok {
+			return nil, &argError{path, "want a boolean, got " + jsonType(v)}
+		}
+		return b, nil
+	case kindStringArray:
+		a, ok := v.([]any)
+		if !ok {
+			return nil, &argError{path, "want an array of strings, got " + jsonType(v)}
+		}
+		if len(a) == 0 {
+			return nil, &argError{path, "must not be empty"}
+		}
+		if f.maxLen > 0 && len(a) > f.maxLen {
+			return nil, &argError{path, fmt.Sprintf("more than %d items", f.maxLen)}
+		}
+		out := make([]any, len(a))
+		for i, e := range a {
+			s, ok := e.(string)
+			if !ok {
+				return nil, &argError{fmt.Sprintf("%s[%d]", path, i), "want a string, got " + jsonType(e)}
+			}
+			if err := f.checkString(s, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return nil, err
+			}
+			out[i] = s
+		}
+		return out, nil
+	case kindStringMap:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil, &argError{path, "want an object of strings, got " + jsonType(v)}
+		}
+		if f.maxLen > 0 && len(m) > f.maxLen {
+			return nil, &argError{path, fmt.Sprintf("more than %d entries", f.maxLen)}
+		}
+		for k, e := range m {
+			if !envName(k) {
+				return nil, &argError{path + "." + k, "not a valid environment variable name"}
+			}
+			s, ok := e.(string)
+			if !ok {
+				return nil, &argError{path + "." + k, "want a string, got " + jsonType(e)}
+			}
+			if strings.IndexByte(s, 0) >= 0 {
+				return nil, &argError{path + "." + k, "contains a NUL byte"}
+			}
+		}
+		return m, nil
+	case kindObject:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil, &argError{path, "want an object, got " + jsonType(v)}
+		}
+		return validateObject(f.fields, m, path+".")
+	}
+	return nil, &argError{path, "unsupported field kind"}
+}
+
+func (f *field) checkString(s, path string) error {
+	if !f.allowNUL && strings.IndexByte(s, 0) >= 0 {
+		return &argError{path, "contains a NUL byte"}
+	}
+	if f.maxLen > 0 && f.kind == kindString && len(s) > f.maxLen {
+		return &argError{path, fmt.Sprintf("longer than %d bytes", f.maxLen)}
+	}
+	if f.enum != nil && !slices.Contains(f.enum, s) {
+		return &argError{path, fmt.Sprintf("%q is not one of %s", truncate(s, 40), strings.Join(f.enum, ", "))}
+	}
+	return nil
+}
+
+// integer parses a JSON number that must be an integer within int64.
+func integer(n json.Number) (int64, error) {
+	if i, err := strconv.ParseInt(string(n), 10, 64); err == nil {
+		return i, nil
+	}
+	f, err := strconv.ParseFloat(string(n), 64)
+	if err != nil || math.IsInf(f, 0) || f >= math.MaxInt64 || f <= math.MinInt64 {
+		return 0, fmt.Errorf("%s is out of range", truncate(string(n), 40))
+	}
+	if f != math.Trunc(f) {
+		return 0, fmt.Errorf("%s is not an integer", truncate(string(n), 40))
+	}
+	return int64(f), nil
+}
+
+func envName(k string) bool {
+	if k == "" || len(k) > 256 {
+		return false
+	}
+	for i, c := range k {
+		switch {
+		case c == '_', c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z':
+		case c >= '0' && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func jsonType(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "boolean"
+	case json.Number:
+		return "number"
+	case string:
+		return "string"
+	case []any:
+		return "array"
+	case map[string]any:
+		return "object"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,537 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	mcpserver "github.com/mark3labs/mcp-go/server"
+
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/policy/store"
+)
+
+// The tags every error result starts with.
+const (
+	TagDenied      = "[POLICY DENIED]"
+	TagRateLimited = "[RATE LIMITED]"
+	TagApproval    = "[APPROVAL REQUIRED]"
+	TagInvalid     = "[INVALID ARGUMENT]"
+	TagUnknownVM   = "[UNKNOWN VM]"
+	TagBackend     = "[BACKEND ERROR]"
+	TagTimedOut    = "[TIMED OUT]"
+)
+
+// Audit decisions written by the gate besides the policy verdicts.
+const (
+	decisionInvalid   = "invalid"
+	decisionUnknownVM = "unknown_vm"
+	decisionError     = "error"
+)
+
+// maxAuditArgsBytes: arguments of a refused call larger than this are not
+// copied into its audit record (the record names their size instead).
+const maxAuditArgsBytes = 64 << 10
+
+// DefaultApprovalTTL is how long an approval lives when the policy says nothing.
+const DefaultApprovalTTL = 15 * time.Minute
+
+type ctxKey int
+
+const (
+	connKey ctxKey = iota
+	ticketKey
+)
+
+// conn is who is calling and how; the transports put it in the context.
+type conn struct {
+	grant     *Grant
+	transport string // "stdio" or "http"
+}
+
+func withConn(ctx context.Context, c *conn) context.Context {
+	return context.WithValue(ctx, connKey, c)
+}
+
+func connFrom(ctx context.Context) *conn {
+	c, _ := ctx.Value(connKey).(*conn)
+	return c
+}
+
+// call is one tools/call that passed the gate, as a handler sees it.
+type call struct {
+	ctx       context.Context
+	id        string // the call id of the audit records
+	grant     *Grant
+	transport string
+	spec      *toolSpec
+	args      map[string]any // validated; integers are int64
+	vm        string         // full id, "" for tools without one
+	backend   string
+	name      string // backend-local VM name
+	driver    hypervisor.Driver
+}
+
+// ticket is the gate's single-use permission for one call. Only the gate
+// creates tickets; handlers claim them.
+type ticket struct {
+	server   *Server
+	call     *call
+	claimed  chan struct{} // closed by the handler that claims the ticket
+	res      *result       // set by that handler before it returns
+	start    time.Time
+	now      time.Time // the reservation time, for Refund
+	counters []policy.Counter
+	cancel   context.CancelFunc
+}
+
+// verdict is what the gate decided for one message.
+type verdict struct {
+	reply []byte          // a response to send instead of passing the message on
+	ctx   context.Context // non-nil: pass the message to mcp-go with this context
+	t     *ticket         // set with ctx for a gated tools/call: settle it afterwards
+}
+
+var envelopeKeys = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "result": true, "error": true}
+var callParamKeys = map[string]bool{"name": true, "arguments": true, "_meta": true}
+
+// gateMessage is the one chokepoint: every message of every transport goes
+// through it before mcp-go sees anything.
+func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
+	ctx = withConn(ctx, c)
+	if len(raw) > s.limits.MaxMessageBytes {
+		return s.refuseMalformed(ctx, c, raw, fmt.Errorf("message of %d bytes exceeds the limit of %d", len(raw), s.limits.MaxMessageBytes))
+	}
+	v, err := decodeStrict(raw)
+	if err != nil {
+		return s.refuseMalformed(ctx, c, raw, err)
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		if _, batch := v.([]any); batch {
+			return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "batches are not supported")}
+		}
+		return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "a message must be a JSON object")}
+	}
+	for k := range m {
+		if !envelopeKeys[k] {
+			return s.refuseMalformed(ctx, c, raw, fmt.Errorf("unknown member %q in the message", k))
+		}
+	}
+	if m["jsonrpc"] != "2.0" {
+		return verdict{reply: rpcError(m["id"], mcp.INVALID_REQUEST, "jsonrpc must be \"2.0\"")}
+	}
+	id, hasID := m["id"]
+	if hasID {
+		switch id.(type) {
+		case string, json.Number:
+		default:
+			return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "id must be a string or a number")}
+		}
+	}
+	method, _ := m["method"].(string)
+	if method != string(mcp.MethodToolsCall) {
+		return verdict{ctx: ctx}
+	}
+	start := s.now()
+	callID := rand.Text()
+	rec := audit.Record{Kind: audit.KindDecision, CallID: callID, Grant: c.grant.Name, Transport: c.transport}
+	params, ok := m["params"].(map[string]any)
+	if !ok {
+		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "params must be an object with name and arguments", "")
+	}
+	for k := range params {
+		if !callParamKeys[k] {
+			return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, fmt.Sprintf("unknown member %q in params", truncate(k, 40)), "")
+		}
+	}
+	name, ok := params["name"].(string)
+	if !ok {
+		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "params.name must be a string", "")
+	}
+	rec.Tool = truncate(name, 128)
+	spec := s.tools[name]
+	if spec == nil {
+		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, fmt.Sprintf("unknown tool %q", truncate(name, 64)), "")
+	}
+	args := map[string]any{}
+	if a, present := params["arguments"]; present {
+		if args, ok = a.(map[string]any); !ok {
+			return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "arguments must be an object", "")
+		}
+	}
+	if len(raw) <= maxAuditArgsBytes {
+		rec.Args = args
+	}
+	if !hasID {
+		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "tools/call sent as a notification", "")
+	}
+	valid, err := spec.validate(args)
+	if err != nil {
+		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, err.Error(), "")
+	}
+	rec.Args = valid
+	cl := &call{id: callID, grant: c.grant, transport: c.transport, spec: spec, args: valid}
+	if vm, ok := valid["vm"].(string); ok {
+		rec.VM = truncate(vm, 512)
+		backend, vmName, d, ok := s.resolveVM(c.grant, vm)
+		if !ok {
+			return s.refuse(ctx, id, hasID, rec, decisionUnknownVM, TagUnknownVM, fmt.Sprintf("no VM %q (list_vms shows the VMs you can use)", truncate(vm, 64)), "")
+		}
+		cl.vm, cl.backend, cl.name, cl.driver = vm, backend, vmName, d
+	}
+	if c.grant.Policy == nil {
+		rec.Reason = "grant has no policy"
+		return s.refuse(ctx, id, hasID, rec, policy.Deny.String(), TagDenied, "this grant has no policy, so it can do nothing", "")
+	}
+	session, _ := valid["session"].(string)
+	d := c.grant.Policy.Decide(policy.Call{Grant: c.grant.Name, Transport: c.transport, Tool: name, VM: cl.vm, Session: session, Args: valid})
+	rec.Rule, rec.Reason, rec.Shadow = d.Rule, d.Reason, d.Shadow
+	switch {
+	case d.Shadow && d.Verdict != policy.Allow:
+		// Shadow mode: audit what enforcement would have done, then allow.
+		rec.Decision = d.Verdict.String()
+	case d.Verdict == policy.Deny:
+		msg := d.Reason
+		if msg == "" {
+			msg = "the policy does not allow " + name
+		}
+		return s.refuse(ctx, id, hasID, rec, policy.Deny.String(), TagDenied, msg, "")
+	case d.Verdict == policy.Approve:
+		rec.Decision = policy.Approve.String()
+		a, ok, err := s.store.ConsumeApproval(ctx, c.grant.Name, name, argsDigest(name, valid), start)
+		if err != nil {
+			rec.Reason = "approval store: " + err.Error()
+			return s.refuse(ctx, id, hasID, rec, decisionError, TagDenied, "the approval store is unavailable, so the call is refused", "")
+		}
+		if !ok {
+			return s.park(ctx, id, rec, d, name, cl.vm, valid, start)
+		}
+		rec.ApprovalID = a.ID
+	case d.Verdict != policy.Allow:
+		return s.refuse(ctx, id, hasID, rec, decisionError, TagDenied, "the policy gave no usable decision", "")
+	}
+	if rec.Decision == "" {
+		rec.Decision = policy.Allow.String()
+	}
+	counters := d.Counters
+	if len(counters) > 0 {
+		err := s.store.ReserveAll(ctx, callID, start, counters)
+		var le *store.LimitedError
+		switch {
+		case err == nil:
+			rec.Counters = auditCounters(counters)
+		case errors.As(err, &le) && d.Shadow:
+			rec.Decision, rec.Rule, rec.Reason = policy.RateLimited.String(), le.Counter.Rule, "rate limit "+le.Counter.Name+" exceeded"
+			counters = nil
+		case errors.As(err, &le):
+			lim := d.Limited(le.Counter, le.RetryAfter)
+			rec.Rule, rec.Reason = lim.Rule, lim.Reason
+			secs := int64(math.Ceil(le.RetryAfter.Seconds()))
+			secs = max(secs, 1)
+			msg := fmt.Sprintf("%s: retry in %d s", lim.Reason, secs)
+			return s.refuseWith(ctx, id, rec, policy.RateLimited.String(), TagRateLimited, msg, map[string]any{"retry_after_s": secs})
+		default:
+			rec.Reason = "store: " + err.Error()
+			return s.refuse(ctx, id, hasID, rec, decisionError, TagDenied, "the policy store is unavailable, so the call is refused", "")
+		}
+	}
+	if _, err := s.audit.Append(ctx, rec); err != nil {
+		s.log.Error("server: audit decision record failed; call refused", "call", callID, "tool", name, "err", err)
+		if len(counters) > 0 {
+			s.refund(callID, start, counters)
+		}
+		return verdict{reply: rpcResult(id, errorResult(TagDenied, "the audit log is unavailable, so the call is refused", nil))}
+	}
+	if !s.begin() {
+		if len(counters) > 0 {
+			s.refund(callID, start, counters)
+		}
+		s.outcome(rec, "not_run", "server shutting down", start, len(counters) > 0)
+		return verdict{reply: rpcResult(id, errorResult(TagBackend, "the server is shutting down", nil))}
+	}
+	callCtx, cancel := context.WithTimeout(ctx, spec.deadline(s.limits, valid))
+	t := &ticket{server: s, call: cl, claimed: make(chan struct{}), start: start, now: start, counters: counters, cancel: cancel}
+	cl.ctx = callCtx
+	return verdict{ctx: context.WithValue(callCtx, ticketKey, t), t: t}
+}
+
+// settle finishes a gated call after mcp-go has answered it: the outcome
+// record, and the refund of a call that failed before any side effect (or
+// that mcp-go never handed to its handler).
+func (s *Server) settle(t *ticket) {
+	defer s.calls.Done()
+	t.cancel()
+	select {
+	case <-t.claimed:
+	default:
+		// mcp-go answered without running the handler: nothing happened.
+		t.res = &result{tag: TagBackend, noEffect: true, detail: "handler not run"}
+	}
+	r := t.res
+	refund := r.noEffect && len(t.counters) > 0
+	if refund {
+		s.refund(t.call.id, t.now, t.counters)
+	}
+	rec := audit.Record{CallID: t.call.id, Grant: t.call.grant.Name, Transport: t.call.transport, Tool: t.call.spec.name, VM: t.call.vm}
+	s.outcome(rec, r.outcomeName(), r.detail, t.start, refund)
+}
+
+func (s *Server) outcome(rec audit.Record, outcome, detail string, start time.Time, refunded bool) {
+	out := audit.Record{
+		Kind: audit.KindOutcome, CallID: rec.CallID, Grant: rec.Grant, Transport: rec.Transport, Tool: rec.Tool, VM: rec.VM,
+		Outcome: outcome, Reason: detail, Refunded: refunded,
+		DurationMS: float64(s.now().Sub(start).Microseconds()) / 1000,
+	}
+	if err := s.audit.AppendLazy(context.Background(), out); err != nil {
+		s.log.Error("server: audit outcome record failed", "call", rec.CallID, "err", err)
+	}
+}
+
+func (s *Server) refund(id string, at time.Time, counters []policy.Counter) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.store.Refund(ctx, id, at, counters); err != nil {
+		s.log.Warn("server: refund failed", "call", id, "err", err)
+	}
+}
+
+// refuse answers a tools/call without dispatching it, after recording why.
+// Refusals are recorded without waiting for fsync: nothing ran, and a
+// flood of bad calls must not cost a flood of fsyncs.
+func (s *Server) refuse(ctx context.Context, id any, hasID bool, rec audit.Record, decision, tag, msg, detail string) verdict {
+	if !hasID {
+		s.record(ctx, rec, decision, msg, detail)
+		return verdict{}
+	}
+	return s.refuseWith(ctx, id, rec, decision, tag, msg, nil)
+}
+
+func (s *Server) refuseWith(ctx context.Context, id any, rec audit.Record, decision, tag, msg string, extra map[string]any) verdict {
+	s.record(ctx, rec, decision, msg, "")
+	return verdict{reply: rpcResult(id, errorResult(tag, msg, extra))}
+}
+
+func (s *Server) record(ctx context.Context, rec audit.Record, decision, msg, detail string) {
+	rec.Decision = decision
+	if rec.Reason == "" {
+		rec.Reason = msg
+	}
+	if detail != "" {
+		rec.Reason += ": " + detail
+	}
+	if err := s.audit.AppendLazy(ctx, rec); err != nil {
+		s.log.Error("server: audit record of a refused call failed", "call", rec.CallID, "err", err)
+	}
+}
+
+// refuseMalformed answers a message that failed strict decoding. If
+// encoding/json (what mcp-go uses) would read it as a tools/call, it gets
+// a tagged tool error and an audit record; otherwise a JSON-RPC error.
+// Either way mcp-go never sees it.
+func (s *Server) refuseMalformed(ctx context.Context, c *conn, raw []byte, cause error) verdict {
+	var peek struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+		Params struct {
+			Name string `json:"name"`
+		} `json:"params"`
+	}
+	if err := json.Unmarshal(raw, &peek); err != nil {
+		// Not even encoding/json can read it; try the method alone for the audit.
+		peek.Method = ""
+	}
+	var id any
+	if len(peek.ID) > 0 && (peek.ID[0] == '"' || peek.ID[0] == '-' || peek.ID[0] >= '0' && peek.ID[0] <= '9') {
+		id = json.RawMessage(peek.ID)
+	}
+	if peek.Method == string(mcp.MethodToolsCall) || bytesContainsToolsCall(raw) {
+		rec := audit.Record{Kind: audit.KindDecision, CallID: rand.Text(), Grant: c.grant.Name, Transport: c.transport, Tool: truncate(peek.Params.Name, 128)}
+		rec.Reason = fmt.Sprintf("malformed tools/call of %d bytes", len(raw))
+		msg := "malformed arguments: " + truncate(cause.Error(), 200)
+		if id == nil {
+			s.record(ctx, rec, decisionInvalid, msg, "")
+			return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "invalid request: "+truncate(cause.Error(), 200))}
+		}
+		return s.refuseWith(ctx, id, rec, decisionInvalid, TagInvalid, msg, nil)
+	}
+	if id == nil {
+		return verdict{reply: rpcError(nil, mcp.PARSE_ERROR, "parse error: "+truncate(cause.Error(), 200))}
+	}
+	return verdict{reply: rpcError(id, mcp.INVALID_REQUEST, "invalid request: "+truncate(cause.Error(), 200))}
+}
+
+// bytesContainsToolsCall is a conservative test for a message that may be
+// a tools/call in some reader's eyes (escaped or oddly cased method names
+// included): such a message is audited when it is refused.
+func bytesContainsToolsCall(raw []byte) bool {
+	const n = len("tools/call")
+	for i := 0; i+n <= len(raw) && i < 1<<16; i++ {
+		if (raw[i] == 't' || raw[i] == 'T') && equalFoldASCII(raw[i:i+n], "tools/call") {
+			return true
+		}
+	}
+	return false
+}
+
+func equalFoldASCII(b []byte, s string) bool {
+	for i := range len(s) {
+		c := b[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// park creates (or finds) a pending approval for the call and refuses it.
+func (s *Server) park(ctx context.Context, id any, rec audit.Record, d policy.Decision, tool, vm string, args map[string]any, now time.Time) verdict {
+	digest := argsDigest(tool, args)
+	ttl := DefaultApprovalTTL
+	if d.Approval != nil && d.Approval.TTL > 0 {
+		ttl = d.Approval.TTL
+	}
+	if d.Approval != nil && d.Approval.Channel != "" && d.Approval.Channel != "operator" {
+		rec.Reason = "approval channel " + d.Approval.Channel + " is not available"
+		return s.refuseWith(ctx, id, rec, policy.Deny.String(), TagDenied, "this call needs an approval through a channel this server does not offer", nil)
+	}
+	// An identical call already waiting reuses its approval.
+	if list, err := s.store.ListApprovals(ctx, now); err == nil {
+		for _, a := range list {
+			if a.State == store.ApprovalPending && a.Grant == rec.Grant && a.Tool == tool && a.Digest == digest && now.Before(a.Expires) {
+				rec.ApprovalID = a.ID
+				return s.approvalRequired(ctx, id, rec, a.ID)
+			}
+		}
+	}
+	redacted, _ := json.Marshal(audit.Redact(args))
+	a := store.Approval{
+		ID: rand.Text(), Grant: rec.Grant, Tool: tool, VM: vm, Digest: digest, Args: string(redacted),
+		State: store.ApprovalPending, Created: now, Expires: now.Add(ttl), TTL: ttl,
+	}
+	if err := s.store.CreateApproval(ctx, a); err != nil {
+		rec.Reason = "approval store: " + err.Error()
+		return s.refuseWith(ctx, id, rec, decisionError, TagDenied, "the approval store is unavailable, so the call is refused", nil)
+	}
+	rec.ApprovalID = a.ID
+	return s.approvalRequired(ctx, id, rec, a.ID)
+}
+
+func (s *Server) approvalRequired(ctx context.Context, id any, rec audit.Record, approvalID string) verdict {
+	msg := fmt.Sprintf("approval id %s: an operator must approve this call (vmgate approvals grant %s); then retry the identical call", approvalID, approvalID)
+	return s.refuseWith(ctx, id, rec, policy.Approve.String(), TagApproval, msg, map[string]any{"approval_id": approvalID})
+}
+
+// argsDigest is the SHA-256 of the canonical form of a call: the tool name
+// and its validated arguments as JSON with sorted keys.
+func argsDigest(tool string, args map[string]any) string {
+	b, err := json.Marshal(struct {
+		Tool string         `json:"tool"`
+		Args map[string]any `json:"args"`
+	}{tool, args})
+	if err != nil {
+		// Validated arguments always marshal; an impossible failure must
+		// not collapse distinct calls into one digest.
+		b = []byte(rand.Text())
+	}
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+func auditCounters(cs []policy.Counter) []audit.Counter {
+	out := make([]audit.Counter, len(cs))
+	for i, c := range cs {
+		out[i] = audit.Counter{Key: c.Key, WindowMS: c.Window.Milliseconds(), Max: c.Max}
+	}
+	return out
+}
+
+// deadline bounds a call's run time: a command's own timeout plus room to
+// collect its output, or a fixed bound for everything else.
+func (t *toolSpec) deadline(l Limits, args map[string]any) time.Duration {
+	if t.name == "vm_agent_exec" {
+		secs := l.DefaultTimeoutS
+		if v, ok := args["timeout_s"].(int64); ok {
+			secs = v
+		}
+		return time.Duration(secs)*time.Second + 15*time.Second
+	}
+	return 60 * time.Second
+}
+
+// toolHandler is what mcp-go runs for spec: it runs only with the ticket
+// the gate put in the context for exactly this call.
+func (s *Server) toolHandler(spec *toolSpec) mcpserver.ToolHandlerFunc {
+	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		t, _ := ctx.Value(ticketKey).(*ticket)
+		if t == nil || t.server != s || t.call.spec != spec || req.Params.Name != spec.name {
+			s.log.Error("server: tool handler reached without a gate ticket", "tool", spec.name)
+			return errorResult(TagDenied, "this call did not pass the policy gate", nil), nil
+		}
+		select {
+		case <-t.claimed:
+			s.log.Error("server: gate ticket used twice", "tool", spec.name, "call", t.call.id)
+			return errorResult(TagDenied, "this call did not pass the policy gate", nil), nil
+		default:
+			close(t.claimed)
+		}
+		r := spec.run(s, t.call)
+		t.res = &r
+		return r.mcp(), nil
+	}
+}
+
+// filterTools hides from tools/list what the caller's policy hides.
+func (s *Server) filterTools(ctx context.Context, tools []mcp.Tool) []mcp.Tool {
+	c := connFrom(ctx)
+	if c == nil || c.grant.Policy == nil {
+		return nil
+	}
+	out := tools[:0:0]
+	for _, t := range tools {
+		if c.grant.Policy.Visible(t.Name) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// JSON-RPC replies written by the gate itself.
+
+type rpcErrorBody struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func rpcError(id any, code int, msg string) []byte {
+	b, _ := json.Marshal(struct {
+		JSONRPC string       `json:"jsonrpc"`
+		ID      any          `json:"id"`
+		Error   rpcErrorBody `json:"error"`
+	}{"2.0", id, rpcErrorBody{code, msg}})
+	return b
+}
+
+func rpcResult(id any, r *mcp.CallToolResult) []byte {
+	b, err := json.Marshal(struct {
+		JSONRPC string              `json:"jsonrpc"`
+		ID      any                 `json:"id"`
+		Result  *mcp.CallToolResult `json:"result"`
+	}{"2.0", id, r})
+	if err != nil {
+		return rpcError(id, mcp.INTERNAL_ERROR, "cannot encode the result")
+	}
+	return b
+}
