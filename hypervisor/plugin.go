@@ -1,0 +1,329 @@
+package hypervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+)
+
+// The plugin handshake. A host and a plugin talk only when both the magic
+// cookie and the protocol version match; ProtocolVersion changes whenever
+// proto/driver.proto changes incompatibly.
+const (
+	ProtocolVersion  = 1
+	MagicCookieKey   = "VMGATE_DRIVER_PLUGIN"
+	MagicCookieValue = "b3e1c7a2-vmgate-hypervisor-driver"
+	// PluginName is the single plugin a driver process serves.
+	PluginName = "driver"
+	// MaxMessageBytes bounds one gRPC message each way (file contents and
+	// exec output travel whole).
+	MaxMessageBytes = 64 << 20
+)
+
+// Handshake is the go-plugin handshake configuration host and plugins share.
+var Handshake = plugin.HandshakeConfig{
+	ProtocolVersion:  ProtocolVersion,
+	MagicCookieKey:   MagicCookieKey,
+	MagicCookieValue: MagicCookieValue,
+}
+
+// ErrNotConfigured: a call reached a Deferred driver before Configure.
+var ErrNotConfigured = errors.New("driver not configured")
+
+// Configurer is an optional capability: a driver that takes settings. The
+// plugin host sends them (JSON) through the Configure RPC once, right after
+// the handshake, and before any other call; never through argv or the
+// environment.
+type Configurer interface {
+	Configure(ctx context.Context, config []byte) error
+}
+
+// ExitedError is the error of a call whose driver plugin process is gone.
+// It matches ErrPluginExited with errors.Is; its message names the driver.
+type ExitedError struct {
+	Driver string
+	// Err is what the transport said (may be nil).
+	Err error
+}
+
+func (e *ExitedError) Error() string { return fmt.Sprintf("driver %s exited", e.Driver) }
+
+// Unwrap makes errors.Is(err, ErrPluginExited) true and keeps the cause.
+func (e *ExitedError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrPluginExited}
+	}
+	return []error{ErrPluginExited, e.Err}
+}
+
+// TransportError is a failure of the plugin connection that carried no
+// driver error (no ErrorDetail), other than the call's own context ending
+// and other than the plugin being unreachable (that is an ExitedError).
+// A supervisor that sees one checks whether the process has exited.
+type TransportError struct {
+	Driver string
+	Op     string
+	Err    error
+}
+
+func (e *TransportError) Error() string {
+	return fmt.Sprintf("driver %s: %s: plugin transport: %v", e.Driver, e.Op, e.Err)
+}
+
+func (e *TransportError) Unwrap() error { return e.Err }
+
+// GRPCPlugin is the go-plugin glue for the Driver service. On the plugin
+// side Impl is the driver served; on the host side Name is the driver's name
+// used in errors ("driver qemu exited"). The dispensed value implements
+// Driver, Runner and Configurer.
+type GRPCPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	Impl Driver
+	Name string
+}
+
+var _ plugin.GRPCPlugin = (*GRPCPlugin)(nil)
+
+// GRPCServer registers the Driver service for p.Impl.
+func (p *GRPCPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	if p.Impl == nil {
+		return errors.New("hypervisor: plugin: no driver to serve")
+	}
+	registerServer(s, p.Impl)
+	return nil
+}
+
+// GRPCClient returns the host-side Driver speaking to the plugin over c.
+func (p *GRPCPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	return newClient(p.Name, c), nil
+}
+
+// PluginSet is the host-side plugin set for a driver called name.
+func PluginSet(name string) plugin.PluginSet {
+	return plugin.PluginSet{PluginName: &GRPCPlugin{Name: name}}
+}
+
+// GRPCDialOptions are the options a host uses to dial a driver plugin.
+func GRPCDialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithDefaultCallOptions(
+		grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes))}
+}
+
+// Serve serves d as a driver plugin on this process's stdout handshake and
+// returns when the host shuts the plugin down (closing d if it is a Closer).
+// It is the whole main of a plugin: `func main() { hypervisor.Serve(drv) }`.
+// A process not started by a vmgate host (wrong or missing magic cookie)
+// prints an explanation to stderr and exits 1.
+//
+// Serve routes slog's default logger to stderr as JSON lines that the host
+// re-emits, with their levels and attributes, into its own log. Stdout
+// belongs to the handshake: nothing else may write there.
+func Serve(d Driver) {
+	slog.SetDefault(slog.New(NewPluginLogHandler(os.Stderr, slog.LevelDebug)))
+	plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig: Handshake,
+		Plugins:         plugin.PluginSet{PluginName: &GRPCPlugin{Impl: d}},
+		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
+			opts = append(opts, grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))
+			return grpc.NewServer(opts...)
+		},
+		Logger: hclog.New(&hclog.LoggerOptions{
+			Name: "plugin", Level: hclog.Info, Output: os.Stderr, JSONFormat: true,
+		}),
+	})
+	if c, ok := d.(Closer); ok {
+		if err := c.Close(); err != nil {
+			slog.Warn("driver close", "err", err)
+		}
+	}
+}
+
+// NewPluginLogHandler returns a slog handler writing JSON lines in the shape
+// go-plugin hosts parse (@level, @message, @timestamp): a plugin's log records
+// keep their level and attributes in the host's log.
+func NewPluginLogHandler(w io.Writer, level slog.Leveler) slog.Handler {
+	return slog.NewJSONHandler(w, &slog.HandlerOptions{
+		Level: level,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if len(groups) > 0 {
+				return a
+			}
+			switch a.Key {
+			case slog.TimeKey:
+				return slog.String("@timestamp", a.Value.Time().Format("2006-01-02T15:04:05.000000Z07:00"))
+			case slog.LevelKey:
+				return slog.String("@level", hclogLevel(a.Value.Any()))
+			case slog.MessageKey:
+				return slog.String("@message", a.Value.String())
+			}
+			return a
+		},
+	})
+}
+
+func hclogLevel(v any) string {
+	l, ok := v.(slog.Level)
+	if !ok {
+		return "info"
+	}
+	switch {
+	case l < slog.LevelDebug:
+		return "trace"
+	case l < slog.LevelInfo:
+		return "debug"
+	case l < slog.LevelWarn:
+		return "info"
+	case l < slog.LevelError:
+		return "warn"
+	}
+	return "error"
+}
+
+// Deferred is a Driver built only when its configuration arrives: the body
+// of a plugin whose settings come through Configure. Calls before Configure
+// fail with ErrNotConfigured; Configure succeeds at most once.
+type Deferred struct {
+	build func(ctx context.Context, config []byte) (Driver, error)
+	mu    sync.Mutex // mu serializes Configure
+	d     atomic.Pointer[Driver]
+}
+
+var (
+	_ Driver     = (*Deferred)(nil)
+	_ Runner     = (*Deferred)(nil)
+	_ Configurer = (*Deferred)(nil)
+	_ Closer     = (*Deferred)(nil)
+)
+
+// NewDeferred returns a Deferred that builds its driver with build.
+func NewDeferred(build func(ctx context.Context, config []byte) (Driver, error)) *Deferred {
+	return &Deferred{build: build}
+}
+
+// Configure builds the driver from config. A second call is ErrInvalidArgument.
+func (f *Deferred) Configure(ctx context.Context, config []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.d.Load() != nil {
+		return fmt.Errorf("configure: %w: already configured", ErrInvalidArgument)
+	}
+	d, err := f.build(ctx, config)
+	if err != nil {
+		return fmt.Errorf("configure: %w", err)
+	}
+	if d == nil {
+		return errors.New("configure: constructor returned no driver")
+	}
+	f.d.Store(&d)
+	return nil
+}
+
+func (f *Deferred) driver() (Driver, error) {
+	p := f.d.Load()
+	if p == nil {
+		return nil, ErrNotConfigured
+	}
+	return *p, nil
+}
+
+// ListVMs implements Driver.
+func (f *Deferred) ListVMs(ctx context.Context) ([]VM, error) {
+	d, err := f.driver()
+	if err != nil {
+		return nil, err
+	}
+	return d.ListVMs(ctx)
+}
+
+// Status implements Driver.
+func (f *Deferred) Status(ctx context.Context, vm string) (Status, error) {
+	d, err := f.driver()
+	if err != nil {
+		return Status{}, err
+	}
+	return d.Status(ctx, vm)
+}
+
+// AgentInfo implements Driver.
+func (f *Deferred) AgentInfo(ctx context.Context, vm string) (AgentInfo, error) {
+	d, err := f.driver()
+	if err != nil {
+		return AgentInfo{}, err
+	}
+	return d.AgentInfo(ctx, vm)
+}
+
+// ExecStart implements Driver.
+func (f *Deferred) ExecStart(ctx context.Context, vm string, req ExecRequest) (ExecHandle, error) {
+	d, err := f.driver()
+	if err != nil {
+		return ExecHandle{}, err
+	}
+	return d.ExecStart(ctx, vm, req)
+}
+
+// ExecStatus implements Driver.
+func (f *Deferred) ExecStatus(ctx context.Context, vm string, h ExecHandle) (ExecResult, error) {
+	d, err := f.driver()
+	if err != nil {
+		return ExecResult{}, err
+	}
+	return d.ExecStatus(ctx, vm, h)
+}
+
+// Run implements Runner through the built driver (its own Runner if it has one).
+func (f *Deferred) Run(ctx context.Context, vm string, req ExecRequest) (ExecResult, error) {
+	d, err := f.driver()
+	if err != nil {
+		return ExecResult{}, err
+	}
+	return Run(ctx, d, vm, req)
+}
+
+// FileRead implements Driver.
+func (f *Deferred) FileRead(ctx context.Context, vm, path string, maxBytes int64) (FileContent, error) {
+	d, err := f.driver()
+	if err != nil {
+		return FileContent{}, err
+	}
+	return d.FileRead(ctx, vm, path, maxBytes)
+}
+
+// FileWrite implements Driver.
+func (f *Deferred) FileWrite(ctx context.Context, vm, path string, data []byte, mode uint32) error {
+	d, err := f.driver()
+	if err != nil {
+		return err
+	}
+	return d.FileWrite(ctx, vm, path, data, mode)
+}
+
+// Power implements Driver.
+func (f *Deferred) Power(ctx context.Context, vm string, action PowerAction) error {
+	d, err := f.driver()
+	if err != nil {
+		return err
+	}
+	return d.Power(ctx, vm, action)
+}
+
+// Close closes the built driver if it is a Closer.
+func (f *Deferred) Close() error {
+	p := f.d.Load()
+	if p == nil {
+		return nil
+	}
+	if c, ok := (*p).(Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
