@@ -23,8 +23,8 @@
 //
 //	"t" ‖ at (8 bytes, big-endian, sign bit flipped) ‖ id → ""   time order
 //	"i" ‖ id → at                                               Refund, duplicates
-//	"n" → live entry count (8 bytes)                            no scan to count
-//	"w" → window length in ns (8 bytes)                         sweeping idle keys
+//	"mn" → live entry count (8 bytes)                           no scan to count
+//	"mw" → window length in ns (8 bytes)                        sweeping idle keys
 //
 // Bucket "approvals" maps an approval id to its JSON. Every ReserveAll is
 // one bbolt Update transaction: it prunes, checks every counter, then adds to
@@ -54,8 +54,8 @@ var _ store.Store = (*Store)(nil)
 var (
 	bucketCounters  = []byte("counters")
 	bucketApprovals = []byte("approvals")
-	keyCount        = []byte("n")
-	keyWindow       = []byte("w")
+	keyCount        = []byte("mn")
+	keyWindow       = []byte("mw")
 )
 
 // sweepEvery is how many reservations pass between sweeps of idle keys.
@@ -87,7 +87,7 @@ func Open(path string, opts Options) (*Store, error) {
 	if timeout <= 0 {
 		timeout = time.Second
 	}
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: timeout, NoSync: opts.NoSync, FreelistType: bbolt.FreelistMapType})
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: timeout, NoSync: opts.NoSync, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType})
 	if err != nil {
 		return nil, fmt.Errorf("bolt: open %s: %w: %w", path, store.ErrUnavailable, err)
 	}

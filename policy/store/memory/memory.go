@@ -142,7 +142,10 @@ func (w *window) pruneLocked(at, length int64) {
 		i++
 	}
 	if i > 0 {
-		w.entries = slices.Delete(w.entries, 0, i)
+		// Reslicing keeps pruning O(pruned); the backing array's dead head
+		// is reclaimed when append reallocates.
+		clear(w.entries[:i])
+		w.entries = w.entries[i:]
 	}
 }
 

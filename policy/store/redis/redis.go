@@ -93,6 +93,7 @@ func Open(url string, opts Options) (*Store, error) {
 	o.PoolTimeout = opts.Timeout
 	o.ContextTimeoutEnabled = true
 	o.DisableIdentity = true
+	o.DialerRetries = 1 // a dial that fails reports at once; the caller denies
 	return &Store{client: goredis.NewClient(o), prefix: opts.Prefix, timeout: opts.Timeout}, nil
 }
 
