@@ -1,0 +1,370 @@
+// Package config reads vmgate.yaml, strictly: unknown keys, duplicate keys,
+// wrong types and invalid values are errors naming the field, and nothing
+// is guessed. With no file, Default gives the embedded defaults: bbolt
+// store and audit log under the state directory, the lab VMs as backend
+// "lab", and grant "local" with the built-in default policy.
+//
+// A Config is plain data: reading policy files and opening stores is the
+// caller's job (cmd/vmgate serve).
+package config
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+
+	"gopkg.in/yaml.v3"
+)
+
+// DefaultPolicy is the built-in policy document: read-only tools allowed,
+// exec and kill rate-limited, destroy_session and vm_power need an
+// operator's approval, file writes denied.
+//
+//go:embed default_policy.json
+var DefaultPolicy []byte
+
+// BuiltinPolicy as a grant's policy names DefaultPolicy.
+const BuiltinPolicy = "builtin:default"
+
+// The store types.
+const (
+	StoreBolt   = "bolt"
+	StoreMemory = "memory"
+	StoreRedis  = "redis"
+)
+
+// The audit fsync modes.
+const (
+	FsyncAlways   = "always"
+	FsyncInterval = "interval"
+)
+
+// MaxFileSize bounds a config file.
+const MaxFileSize = 1 << 20
+
+// Config is vmgate.yaml.
+type Config struct {
+	StateDir string    `yaml:"state_dir"`
+	Store    Store     `yaml:"store"`
+	Audit    Audit     `yaml:"audit"`
+	Grants   []Grant   `yaml:"grants"`
+	Backends []Backend `yaml:"backends"`
+	HTTP     HTTP      `yaml:"http"`
+	Limits   Limits    `yaml:"limits"`
+}
+
+// Store selects the counter and approval store.
+type Store struct {
+	Type   string `yaml:"type"`   // bolt (default), memory or redis
+	Path   string `yaml:"path"`   // bolt: the file (default <state_dir>/store.db)
+	URL    string `yaml:"url"`    // redis: redis://…
+	Prefix string `yaml:"prefix"` // redis: key prefix
+}
+
+// Audit configures the audit log.
+type Audit struct {
+	Path    string `yaml:"path"`     // default <state_dir>/audit.log
+	KeyFile string `yaml:"key_file"` // default next to the log
+	Fsync   string `yaml:"fsync"`    // always (default) or interval
+}
+
+// Grant is one identity.
+type Grant struct {
+	Name string `yaml:"name"`
+	// TokenSHA256 is the hex SHA-256 of the grant's HTTP bearer token.
+	TokenSHA256 string `yaml:"token_sha256"`
+	// Policy is a policy file (relative to the config file) or BuiltinPolicy.
+	Policy string `yaml:"policy"`
+	// VMs are globs over VM ids ("lab/*"); empty means every VM.
+	VMs []string `yaml:"vms"`
+}
+
+// Backend is one hypervisor backend.
+type Backend struct {
+	Name   string `yaml:"name"`
+	Driver string `yaml:"driver"` // qemu
+	// QEMU holds the decoded settings of a qemu backend.
+	QEMU *QEMUSettings `yaml:"-"`
+	// Settings are the raw driver settings, decoded strictly per driver.
+	Settings yaml.Node `yaml:"settings"`
+}
+
+// QEMUSettings are the settings of driver qemu.
+type QEMUSettings struct {
+	VMs []QEMUVM `yaml:"vms"`
+	// Lab adds the lab VMs of <state_dir>/lab.
+	Lab bool `yaml:"lab"`
+}
+
+// QEMUVM is one QEMU VM given by its sockets.
+type QEMUVM struct {
+	Name string `yaml:"name"`
+	QMP  string `yaml:"qmp"`
+	QGA  string `yaml:"qga"`
+}
+
+// HTTP configures `serve --http`.
+type HTTP struct {
+	Addr           string   `yaml:"addr"`
+	AllowedOrigins []string `yaml:"allowed_origins"`
+	AllowedHosts   []string `yaml:"allowed_hosts"`
+	TLSCert        string   `yaml:"tls_cert"`
+	TLSKey         string   `yaml:"tls_key"`
+}
+
+// Limits are the server's caps.
+type Limits struct {
+	MaxOutputBytes int64 `yaml:"max_output_bytes"`
+	MaxTimeoutS    int64 `yaml:"max_timeout_s"`
+}
+
+// Default is the configuration used when there is no config file.
+func Default(stateDir string) *Config {
+	c := &Config{
+		StateDir: stateDir,
+		Grants:   []Grant{{Name: "local", Policy: BuiltinPolicy}},
+		Backends: []Backend{{Name: "lab", Driver: "qemu", QEMU: &QEMUSettings{Lab: true}}},
+	}
+	c.fill("")
+	return c
+}
+
+// Load reads and validates the config file at name. defaultStateDir is
+// used when the file sets no state_dir.
+func Load(name, defaultStateDir string) (*Config, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("config: read %s: %w", name, err)
+	}
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("config: %s is larger than %d bytes", name, MaxFileSize)
+	}
+	c, err := Parse(data, filepath.Dir(name), defaultStateDir)
+	if err != nil {
+		return nil, fmt.Errorf("config: %s: %w", name, err)
+	}
+	return c, nil
+}
+
+// Parse decodes and validates a config document; relative paths in it are
+// resolved against dir.
+func Parse(data []byte, dir, defaultStateDir string) (*Config, error) {
+	var c Config
+	if err := strictDecode(data, &c); err != nil {
+		return nil, err
+	}
+	for i := range c.Backends {
+		b := &c.Backends[i]
+		if b.Driver != "qemu" {
+			return nil, fmt.Errorf("backends[%d].driver: unknown driver %q (want qemu)", i, b.Driver)
+		}
+		var qs QEMUSettings
+		if b.Settings.Kind != 0 {
+			raw, err := yaml.Marshal(&b.Settings)
+			if err != nil {
+				return nil, fmt.Errorf("backends[%d].settings: %w", i, err)
+			}
+			if err := strictDecode(raw, &qs); err != nil {
+				return nil, fmt.Errorf("backends[%d].settings: %w", i, err)
+			}
+		}
+		b.QEMU = &qs
+	}
+	if c.StateDir == "" {
+		c.StateDir = defaultStateDir
+	}
+	c.fill(dir)
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func strictDecode(data []byte, v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errors.New("empty document")
+		}
+		return err
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return errors.New("more than one YAML document")
+	}
+	return nil
+}
+
+// fill sets defaults and resolves relative paths against dir.
+func (c *Config) fill(dir string) {
+	abs := func(p string) string {
+		if p == "" || filepath.IsAbs(p) || dir == "" {
+			return p
+		}
+		return filepath.Join(dir, p)
+	}
+	c.StateDir = abs(c.StateDir)
+	if c.Store.Type == "" {
+		c.Store.Type = StoreBolt
+	}
+	if c.Store.Type == StoreBolt && c.Store.Path == "" && c.StateDir != "" {
+		c.Store.Path = filepath.Join(c.StateDir, "store.db")
+	}
+	c.Store.Path = abs(c.Store.Path)
+	if c.Audit.Path == "" && c.StateDir != "" {
+		c.Audit.Path = filepath.Join(c.StateDir, "audit.log")
+	}
+	c.Audit.Path = abs(c.Audit.Path)
+	c.Audit.KeyFile = abs(c.Audit.KeyFile)
+	if c.Audit.Fsync == "" {
+		c.Audit.Fsync = FsyncAlways
+	}
+	for i := range c.Grants {
+		if c.Grants[i].Policy != BuiltinPolicy {
+			c.Grants[i].Policy = abs(c.Grants[i].Policy)
+		}
+	}
+	for _, b := range c.Backends {
+		if b.QEMU == nil {
+			continue
+		}
+		for j := range b.QEMU.VMs {
+			b.QEMU.VMs[j].QMP = abs(b.QEMU.VMs[j].QMP)
+			b.QEMU.VMs[j].QGA = abs(b.QEMU.VMs[j].QGA)
+		}
+	}
+	c.HTTP.TLSCert, c.HTTP.TLSKey = abs(c.HTTP.TLSCert), abs(c.HTTP.TLSKey)
+}
+
+var (
+	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+	grantRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$`)
+	vmNameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+	sha256hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// Validate checks every field; the first problem is the error.
+func (c *Config) Validate() error {
+	if c.StateDir == "" {
+		return errors.New("state_dir: required (no default state directory)")
+	}
+	switch c.Store.Type {
+	case StoreBolt, StoreMemory:
+		if c.Store.URL != "" || c.Store.Prefix != "" {
+			return fmt.Errorf("store: url and prefix are for type redis, not %s", c.Store.Type)
+		}
+	case StoreRedis:
+		if c.Store.URL == "" {
+			return errors.New("store.url: required for type redis")
+		}
+	default:
+		return fmt.Errorf("store.type: unknown store %q (want bolt, memory or redis)", c.Store.Type)
+	}
+	if c.Audit.Fsync != FsyncAlways && c.Audit.Fsync != FsyncInterval {
+		return fmt.Errorf("audit.fsync: %q (want always or interval)", c.Audit.Fsync)
+	}
+	if len(c.Grants) == 0 {
+		return errors.New("grants: at least one grant is required")
+	}
+	seen := map[string]bool{}
+	tokens := map[string]string{}
+	for i, g := range c.Grants {
+		if !grantRE.MatchString(g.Name) {
+			return fmt.Errorf("grants[%d].name: %q is not a valid grant name", i, g.Name)
+		}
+		if seen[g.Name] {
+			return fmt.Errorf("grants[%d].name: %q defined twice", i, g.Name)
+		}
+		seen[g.Name] = true
+		if g.TokenSHA256 != "" {
+			if !sha256hex.MatchString(g.TokenSHA256) {
+				return fmt.Errorf("grants[%d].token_sha256: want 64 lowercase hex digits (sha256sum of the token)", i)
+			}
+			if _, err := hex.DecodeString(g.TokenSHA256); err != nil {
+				return fmt.Errorf("grants[%d].token_sha256: %w", i, err)
+			}
+			if other, dup := tokens[g.TokenSHA256]; dup {
+				return fmt.Errorf("grants[%d].token_sha256: the same token as grant %q", i, other)
+			}
+			tokens[g.TokenSHA256] = g.Name
+		}
+		if g.Policy == "" {
+			return fmt.Errorf("grants[%d].policy: required (a policy file, or %q)", i, BuiltinPolicy)
+		}
+		for j, glob := range g.VMs {
+			if _, err := path.Match(glob, ""); err != nil || glob == "" {
+				return fmt.Errorf("grants[%d].vms[%d]: bad glob %q", i, j, glob)
+			}
+		}
+	}
+	seen = map[string]bool{}
+	for i, b := range c.Backends {
+		if !nameRE.MatchString(b.Name) {
+			return fmt.Errorf("backends[%d].name: %q (want [a-z0-9_-], at most 64)", i, b.Name)
+		}
+		if seen[b.Name] {
+			return fmt.Errorf("backends[%d].name: %q defined twice", i, b.Name)
+		}
+		seen[b.Name] = true
+		if b.Driver != "qemu" || b.QEMU == nil {
+			return fmt.Errorf("backends[%d].driver: unknown driver %q (want qemu)", i, b.Driver)
+		}
+		if !b.QEMU.Lab && len(b.QEMU.VMs) == 0 {
+			return fmt.Errorf("backends[%d].settings: give vms, lab: true, or both", i)
+		}
+		vms := map[string]bool{}
+		for j, vm := range b.QEMU.VMs {
+			if !vmNameRE.MatchString(vm.Name) {
+				return fmt.Errorf("backends[%d].settings.vms[%d].name: %q is not a valid VM name", i, j, vm.Name)
+			}
+			if vms[vm.Name] {
+				return fmt.Errorf("backends[%d].settings.vms[%d].name: %q defined twice", i, j, vm.Name)
+			}
+			vms[vm.Name] = true
+			if vm.QMP == "" || vm.QGA == "" {
+				return fmt.Errorf("backends[%d].settings.vms[%d]: qmp and qga sockets are required", i, j)
+			}
+		}
+	}
+	if c.HTTP.Addr != "" {
+		if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
+			return fmt.Errorf("http.addr: %w", err)
+		}
+	}
+	if (c.HTTP.TLSCert == "") != (c.HTTP.TLSKey == "") {
+		return errors.New("http: tls_cert and tls_key go together")
+	}
+	if c.Limits.MaxOutputBytes < 0 || c.Limits.MaxOutputBytes > 1<<30 {
+		return fmt.Errorf("limits.max_output_bytes: %d out of range [0, %d]", c.Limits.MaxOutputBytes, 1<<30)
+	}
+	if c.Limits.MaxTimeoutS < 0 || c.Limits.MaxTimeoutS > 86400 {
+		return fmt.Errorf("limits.max_timeout_s: %d out of range [0, 86400]", c.Limits.MaxTimeoutS)
+	}
+	return nil
+}
+
+// PolicyDocument returns the name and bytes of grant g's policy.
+func (g Grant) PolicyDocument() (string, []byte, error) {
+	if g.Policy == BuiltinPolicy {
+		return "default_policy.json", DefaultPolicy, nil
+	}
+	data, err := os.ReadFile(g.Policy)
+	if err != nil {
+		return "", nil, fmt.Errorf("config: grant %s: policy: %w", g.Name, err)
+	}
+	return g.Policy, data, nil
+}
