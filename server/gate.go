@@ -357,7 +357,7 @@ func (s *Server) refuseMalformed(ctx context.Context, c *conn, raw []byte, cause
 	if peek.Method == string(mcp.MethodToolsCall) || bytesContainsToolsCall(raw) {
 		rec := audit.Record{Kind: audit.KindDecision, CallID: rand.Text(), Grant: c.grant.Name, Transport: c.transport, Tool: truncate(peek.Params.Name, 128)}
 		rec.Reason = fmt.Sprintf("malformed tools/call of %d bytes", len(raw))
-		msg := "malformed arguments: " + truncate(cause.Error(), 200)
+		msg := "rejected: " + truncate(cause.Error(), 200)
 		if id == nil {
 			s.record(ctx, rec, decisionInvalid, msg, "")
 			return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "invalid request: "+truncate(cause.Error(), 200))}
