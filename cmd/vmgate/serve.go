@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vmgate/vmgate/config"
+	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/plugins/qemu"
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/policy/store/bolt"
+	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/policy/store/redis"
+	"github.com/vmgate/vmgate/server"
+)
+
+func init() { commands = append(commands, newServeCmd) }
+
+type serveOptions struct {
+	config           string
+	grant            string
+	httpAddr         string
+	allowNonLoopback bool
+	grace            time.Duration
+}
+
+func newServeCmd() *cobra.Command {
+	var o serveOptions
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the MCP server (stdio by default, --http for streamable HTTP)",
+		Long: `serve runs the MCP server. Over stdio (the default) it serves one client as
+the grant named by --grant. With --http ADDR it serves streamable HTTP at
+/mcp; every request needs "Authorization: Bearer <token>" whose SHA-256 is a
+grant's token_sha256. It binds loopback addresses only, unless TLS is
+configured or --allow-non-loopback is given.
+
+Without --config the embedded defaults apply: state, bbolt store and audit
+log in the state directory, the lab VMs as backend "lab", and grant "local"
+with the built-in policy.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runServe(cmd.Context(), o)
+		},
+	}
+	cmd.Flags().StringVar(&o.config, "config", "", "config file (vmgate.yaml); default: embedded defaults")
+	cmd.Flags().StringVar(&o.grant, "grant", "local", "grant of the stdio client")
+	cmd.Flags().StringVar(&o.httpAddr, "http", "", "serve streamable HTTP on ADDR (e.g. 127.0.0.1:8707) instead of stdio")
+	cmd.Flags().BoolVar(&o.allowNonLoopback, "allow-non-loopback", false, "allow --http on a non-loopback address without TLS")
+	cmd.Flags().DurationVar(&o.grace, "grace", 10*time.Second, "how long calls in flight may finish at shutdown before they are cancelled")
+	return cmd
+}
+
+func loadConfig(path string) (*config.Config, error) {
+	stateDir, err := lab.DefaultStateDir()
+	if err != nil && path == "" {
+		return nil, fmt.Errorf("serve: state directory: %w", err)
+	}
+	if path == "" {
+		return config.Default(stateDir), nil
+	}
+	return config.Load(path, stateDir)
+}
+
+func runServe(ctx context.Context, o serveOptions) (err error) {
+	cfg, err := loadConfig(o.config)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("serve: state directory: %w", err)
+	}
+	grants := make([]server.Grant, 0, len(cfg.Grants))
+	for _, g := range cfg.Grants {
+		name, data, err := g.PolicyDocument()
+		if err != nil {
+			return err
+		}
+		eng, err := policy.Parse(name, data)
+		if err != nil {
+			return fmt.Errorf("serve: grant %s: %w", g.Name, err)
+		}
+		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: eng, VMs: g.VMs})
+	}
+	if o.httpAddr == "" {
+		if !hasGrant(cfg, o.grant) {
+			return fmt.Errorf("serve: --grant %q is not a grant of the config", o.grant)
+		}
+	}
+
+	log, err := audit.Open(cfg.Audit.Path, audit.Options{KeyFile: cfg.Audit.KeyFile, Fsync: cfg.Audit.Fsync})
+	if err != nil {
+		return fmt.Errorf("serve: audit log: %w", err)
+	}
+	defer func() {
+		if cerr := log.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("serve: close audit log: %w", cerr))
+		}
+	}()
+	st, err := openStore(ctx, cfg, log.Path())
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	var backends []server.Backend
+	for _, b := range cfg.Backends {
+		qc := qemu.Config{Logger: slog.Default()}
+		for _, vm := range b.QEMU.VMs {
+			qc.VMs = append(qc.VMs, qemu.VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA})
+		}
+		if b.QEMU.Lab {
+			qc.LabDir = filepath.Join(cfg.StateDir, "lab")
+		}
+		d, err := qemu.New(qc)
+		if err != nil {
+			return fmt.Errorf("serve: backend %s: %w", b.Name, err)
+		}
+		backends = append(backends, server.Backend{Name: b.Name, Driver: d})
+	}
+	server.Version = version
+	srv, err := server.New(server.Config{
+		Grants: grants, Backends: backends, Store: st, Audit: log, StdioGrant: o.grant,
+		Limits: server.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
+		HTTP:   server.HTTPOptions{AllowedOrigins: cfg.HTTP.AllowedOrigins, AllowedHosts: cfg.HTTP.AllowedHosts},
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := srv.Close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
+	server.ShutdownGrace = o.grace
+
+	addr := o.httpAddr
+	if addr == "" {
+		slog.Info("vmgate: serving MCP on stdio", "grant", o.grant, "state", cfg.StateDir)
+		return srv.ServeStdio(ctx, os.Stdin, os.Stdout)
+	}
+	return serveHTTP(ctx, srv, cfg, addr, o)
+}
+
+func hasGrant(cfg *config.Config, name string) bool {
+	for _, g := range cfg.Grants {
+		if g.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// openStore opens the configured store. bbolt runs without fsync: the
+// audit log's decision records are the write-ahead log, and reservations
+// a power loss took from the bbolt file are restored from them here.
+func openStore(ctx context.Context, cfg *config.Config, auditPath string) (store.Store, error) {
+	switch cfg.Store.Type {
+	case config.StoreMemory:
+		m := memory.New()
+		return m, restoreCounters(ctx, auditPath, m.ReserveAll)
+	case config.StoreRedis:
+		r, err := redis.Open(cfg.Store.URL, redis.Options{Prefix: cfg.Store.Prefix})
+		if err != nil {
+			return nil, fmt.Errorf("serve: store: %w", err)
+		}
+		return r, nil
+	default:
+		b, err := bolt.Open(cfg.Store.Path, bolt.Options{NoSync: true})
+		if err != nil {
+			return nil, fmt.Errorf("serve: store: %w", err)
+		}
+		if err := restoreCounters(ctx, auditPath, b.Restore); err != nil {
+			b.Close()
+			return nil, err
+		}
+		return b, nil
+	}
+}
+
+// restoreCounters replays the reservations of recent decision records that
+// were not refunded.
+func restoreCounters(ctx context.Context, path string, restore func(context.Context, string, time.Time, []policy.Counter) error) error {
+	type res struct {
+		at       time.Time
+		counters []policy.Counter
+	}
+	now := time.Now()
+	pending := map[string]res{}
+	err := audit.Read(path, func(r audit.Record) error {
+		switch {
+		case r.Kind == audit.KindDecision && len(r.Counters) > 0:
+			var cs []policy.Counter
+			for _, c := range r.Counters {
+				w := time.Duration(c.WindowMS) * time.Millisecond
+				if r.Time.Add(w).After(now) {
+					cs = append(cs, policy.Counter{Key: c.Key, Window: w, Max: c.Max})
+				}
+			}
+			if len(cs) > 0 {
+				pending[r.CallID] = res{r.Time, cs}
+			}
+		case r.Kind == audit.KindOutcome && r.Refunded:
+			delete(pending, r.CallID)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("serve: rebuild counters from the audit log: %w", err)
+	}
+	for id, p := range pending {
+		if err := restore(ctx, id, p.at, p.counters); err != nil && !errors.Is(err, store.ErrDuplicate) {
+			return fmt.Errorf("serve: restore counters of %s: %w", id, err)
+		}
+	}
+	if len(pending) > 0 {
+		slog.Info("vmgate: restored reservations from the audit log", "calls", len(pending))
+	}
+	return nil
+}
+
+func serveHTTP(ctx context.Context, srv *server.Server, cfg *config.Config, addr string, o serveOptions) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("serve: --http %q: %w", addr, err)
+	}
+	tlsOn := cfg.HTTP.TLSCert != ""
+	if !isLoopback(host) && !tlsOn && !o.allowNonLoopback {
+		return fmt.Errorf("serve: refusing to serve plain HTTP on non-loopback %q: configure http.tls_cert/tls_key or pass --allow-non-loopback", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	hs := &http.Server{
+		Handler:           srv.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(slog.Default().Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() {
+		if tlsOn {
+			errc <- hs.ServeTLS(ln, cfg.HTTP.TLSCert, cfg.HTTP.TLSKey)
+		} else {
+			errc <- hs.Serve(ln)
+		}
+	}()
+	slog.Info("vmgate: serving MCP over streamable HTTP", "url", scheme(tlsOn)+"://"+ln.Addr().String()+"/mcp")
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: http: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), o.grace)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		slog.Warn("vmgate: calls still running after the grace period were cut off", "err", err)
+		hs.Close()
+	}
+	<-errc
+	return nil
+}
+
+func scheme(tls bool) string {
+	if tls {
+		return "https"
+	}
+	return "http"
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
