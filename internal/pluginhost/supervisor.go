@@ -1,0 +1,406 @@
+package pluginhost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"github.com/hashicorp/go-plugin/runner"
+
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// exitGrace is how long a call that failed at the transport level waits to
+// see whether the plugin process has exited (the connection usually breaks
+// a moment before the process is reaped).
+const exitGrace = 500 * time.Millisecond
+
+// envAllowed is the part of the server's environment a plugin inherits: what
+// a driver needs to find binaries, state and sockets. Nothing else (tokens,
+// keys, store URLs) crosses; settings travel through Configure.
+var envAllowed = []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "TZ",
+	"XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "VMGATE_STATE_DIR", "VMGATE_LOG_LEVEL"}
+
+func pluginEnv() []string {
+	var env []string
+	for _, k := range envAllowed {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
+// instance is one plugin process and its connection.
+type instance struct {
+	client  *plugin.Client
+	drv     hypervisor.Driver // the gRPC client side; also a Runner
+	proc    *procRunner
+	started time.Time
+
+	// Set by noteExitLocked (under Supervisor.mu).
+	noted bool
+	up    time.Duration // how long it ran
+	delay time.Duration // restart delay chosen at its exit
+}
+
+// Supervisor is a plugin driver that survives its plugin's death: it
+// implements hypervisor.Driver and hypervisor.Runner by forwarding to the
+// current plugin process, restarting it with backoff when it has exited.
+//
+// Calls never hold mu while they run; starting a plugin holds startSem
+// (so one start at a time, waited for with the caller's context).
+type Supervisor struct {
+	opts Options
+	log  *slog.Logger
+	spec Spec
+	cmd  command
+
+	startSem chan struct{}
+	restarts atomic.Int64
+
+	mu         sync.Mutex // mu guards the fields below
+	cur        *instance  // the running plugin; nil when none
+	ever       bool       // a plugin has started at least once
+	backoff    time.Duration
+	nextStart  time.Time
+	closed     bool
+	retryTimer *time.Timer
+	watchers   sync.WaitGroup
+}
+
+var (
+	_ hypervisor.Driver = (*Supervisor)(nil)
+	_ hypervisor.Runner = (*Supervisor)(nil)
+)
+
+func newSupervisor(opts Options, log *slog.Logger, spec Spec, cmd command) *Supervisor {
+	return &Supervisor{opts: opts, log: log, spec: spec, cmd: cmd, startSem: make(chan struct{}, 1), backoff: opts.MinBackoff}
+}
+
+// Restarts counts the plugin starts after the first (for metrics).
+func (s *Supervisor) Restarts() int64 { return s.restarts.Load() }
+
+// PID is the running plugin's pid, 0 when none is running.
+func (s *Supervisor) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return 0
+	}
+	return s.cur.proc.PID()
+}
+
+func (s *Supervisor) exited(err error) error {
+	return &hypervisor.ExitedError{Driver: s.spec.Driver, Err: err}
+}
+
+// get returns the running plugin, starting one (after the backoff delay)
+// when there is none.
+func (s *Supervisor) get(ctx context.Context) (*instance, error) {
+	if inst, err := s.current(); inst != nil || err != nil {
+		return inst, err
+	}
+	select {
+	case s.startSem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, s.exited(ctx.Err())
+	}
+	defer func() { <-s.startSem }()
+
+	inst, err := s.current()
+	if inst != nil || err != nil {
+		return inst, err
+	}
+	s.mu.Lock()
+	wait, ever := time.Until(s.nextStart), s.ever
+	s.mu.Unlock()
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, s.exited(ctx.Err())
+		}
+	}
+
+	inst, err = s.start(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.nextStart = time.Now().Add(s.backoff)
+		s.backoff = min(2*s.backoff, s.opts.MaxBackoff)
+		if ever {
+			return nil, s.exited(fmt.Errorf("restart: %w", err))
+		}
+		return nil, err
+	}
+	if s.closed {
+		inst.client.Kill()
+		return nil, fmt.Errorf("driver %s: %w", s.spec.Driver, ErrClosed)
+	}
+	if s.ever {
+		s.restarts.Add(1)
+		s.log.Info("driver plugin restarted", "pid", inst.proc.PID(), "restarts", s.restarts.Load())
+	}
+	s.ever = true
+	s.cur = inst
+	s.watchers.Add(1)
+	go s.watch(inst)
+	return inst, nil
+}
+
+// current returns the running instance, nil if none, or ErrClosed.
+func (s *Supervisor) current() (*instance, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("driver %s: %w", s.spec.Driver, ErrClosed)
+	}
+	if s.cur != nil {
+		select {
+		case <-s.cur.proc.exited:
+			s.noteExitLocked(s.cur) // its watcher has not run yet
+		default:
+		}
+	}
+	return s.cur, nil
+}
+
+// start launches one plugin process, completes the handshake and configures it.
+func (s *Supervisor) start(ctx context.Context) (*instance, error) {
+	var proc *procRunner
+	client := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:  hypervisor.Handshake,
+		Plugins:          hypervisor.PluginSet(s.spec.Driver),
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		SkipHostEnv:      true,
+		StartTimeout:     s.opts.StartTimeout,
+		Logger:           newHCLogAdapter(s.log),
+		GRPCDialOptions:  hypervisor.GRPCDialOptions(),
+		RunnerFunc: func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
+			env := append(pluginEnv(), spec.Env...) // spec.Env: go-plugin's handshake variables
+			var err error
+			proc, err = newProcRunner(s.cmd.path, s.cmd.args, env)
+			return proc, err
+		},
+	})
+	fail := func(what string, err error) (*instance, error) {
+		client.Kill()
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	rpc, err := client.Client()
+	if err != nil {
+		tail := ""
+		if proc != nil {
+			tail = proc.tail.String()
+		}
+		s.log.Error("driver plugin refused: handshake failed", "path", s.cmd.path, "err", err, "stderr", tail)
+		if tail != "" {
+			err = fmt.Errorf("%w (plugin stderr: %s)", err, tail)
+		}
+		return fail(fmt.Sprintf("start %s", s.cmd.path), fmt.Errorf("%w: %w", ErrHandshake, err))
+	}
+	raw, err := rpc.Dispense(hypervisor.PluginName)
+	if err != nil {
+		return fail("dispense", err)
+	}
+	drv, ok := raw.(hypervisor.Driver)
+	conf, ok2 := raw.(hypervisor.Configurer)
+	if !ok || !ok2 {
+		return fail("dispense", fmt.Errorf("plugin client %T is not a configurable driver", raw))
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.opts.StartTimeout)
+	defer cancel()
+	if err := conf.Configure(cctx, s.spec.Config); err != nil {
+		s.log.Error("driver plugin refused its configuration", "err", err)
+		return fail("configure", err)
+	}
+	s.log.Info("driver plugin started", "pid", proc.PID(), "path", s.cmd.path)
+	return &instance{client: client, drv: drv, proc: proc, started: time.Now()}, nil
+}
+
+// watch waits for inst's process to exit, then forgets it (scheduling a
+// restart) and releases go-plugin's resources.
+func (s *Supervisor) watch(inst *instance) {
+	defer s.watchers.Done()
+	<-inst.proc.exited
+	s.mu.Lock()
+	s.noteExitLocked(inst)
+	closed := s.closed
+	s.mu.Unlock()
+	inst.client.Kill() // the process is gone; this frees the connection and socket dir
+	if !closed {
+		s.log.Warn("driver plugin exited", "pid", inst.proc.PID(), "status", exitStatus(inst.proc.exitErr()),
+			"up", inst.up.Round(time.Millisecond), "restart_in", inst.delay)
+	}
+}
+
+// noteExitLocked records that inst has exited, once: it stops being current,
+// the restart delay is chosen (reset to MinBackoff when it had stayed up for
+// StableAfter, else doubled) and a background restart is scheduled.
+func (s *Supervisor) noteExitLocked(inst *instance) {
+	if inst.noted {
+		return
+	}
+	inst.noted = true
+	if s.cur == inst {
+		s.cur = nil
+	}
+	inst.up = time.Since(inst.started)
+	if inst.up >= s.opts.StableAfter {
+		s.backoff = s.opts.MinBackoff
+	}
+	inst.delay = s.backoff
+	s.nextStart = time.Now().Add(inst.delay)
+	s.backoff = min(2*s.backoff, s.opts.MaxBackoff)
+	if !s.closed {
+		s.scheduleRetryLocked(inst.delay)
+	}
+}
+
+// scheduleRetryLocked restarts the plugin in the background after delay, and
+// again after each failure, until one start succeeds or s is closed.
+func (s *Supervisor) scheduleRetryLocked(delay time.Duration) {
+	if s.retryTimer != nil {
+		s.retryTimer.Stop()
+	}
+	s.retryTimer = time.AfterFunc(delay, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.StartTimeout)
+		defer cancel()
+		if _, err := s.get(ctx); err != nil && !errors.Is(err, ErrClosed) {
+			s.log.Error("driver plugin restart failed", "err", err)
+			s.mu.Lock()
+			if !s.closed && s.cur == nil {
+				s.scheduleRetryLocked(time.Until(s.nextStart))
+			}
+			s.mu.Unlock()
+		}
+	})
+}
+
+func exitStatus(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
+}
+
+// Close stops the plugin (kill, then wait for it) and refuses later calls.
+func (s *Supervisor) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	if s.retryTimer != nil {
+		s.retryTimer.Stop()
+	}
+	inst := s.cur
+	s.cur = nil
+	s.mu.Unlock()
+	if inst != nil {
+		inst.client.Kill()
+	}
+	// A start in progress finishes (bounded by StartTimeout), sees closed and
+	// kills its plugin.
+	s.startSem <- struct{}{}
+	<-s.startSem
+	s.watchers.Wait()
+	return nil
+}
+
+// classify turns a transport failure of inst into ErrPluginExited when its
+// process has exited.
+func (s *Supervisor) classify(ctx context.Context, inst *instance, err error) error {
+	var te *hypervisor.TransportError
+	if !errors.As(err, &te) {
+		return err
+	}
+	t := time.NewTimer(exitGrace)
+	defer t.Stop()
+	select {
+	case <-inst.proc.exited:
+		return s.exited(err)
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return err
+}
+
+func call[T any](s *Supervisor, ctx context.Context, fn func(hypervisor.Driver) (T, error)) (T, error) {
+	inst, err := s.get(ctx)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	v, err := fn(inst.drv)
+	if err != nil {
+		return v, s.classify(ctx, inst, err)
+	}
+	return v, nil
+}
+
+// ListVMs implements hypervisor.Driver.
+func (s *Supervisor) ListVMs(ctx context.Context) ([]hypervisor.VM, error) {
+	return call(s, ctx, func(d hypervisor.Driver) ([]hypervisor.VM, error) { return d.ListVMs(ctx) })
+}
+
+// Status implements hypervisor.Driver.
+func (s *Supervisor) Status(ctx context.Context, vm string) (hypervisor.Status, error) {
+	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.Status, error) { return d.Status(ctx, vm) })
+}
+
+// AgentInfo implements hypervisor.Driver.
+func (s *Supervisor) AgentInfo(ctx context.Context, vm string) (hypervisor.AgentInfo, error) {
+	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.AgentInfo, error) { return d.AgentInfo(ctx, vm) })
+}
+
+// ExecStart implements hypervisor.Driver.
+func (s *Supervisor) ExecStart(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
+	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.ExecHandle, error) { return d.ExecStart(ctx, vm, req) })
+}
+
+// ExecStatus implements hypervisor.Driver.
+func (s *Supervisor) ExecStatus(ctx context.Context, vm string, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
+	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.ExecResult, error) { return d.ExecStatus(ctx, vm, h) })
+}
+
+// Run implements hypervisor.Runner: one RPC, the polling happens in the plugin.
+func (s *Supervisor) Run(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
+	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.ExecResult, error) { return hypervisor.Run(ctx, d, vm, req) })
+}
+
+// FileRead implements hypervisor.Driver.
+func (s *Supervisor) FileRead(ctx context.Context, vm, path string, maxBytes int64) (hypervisor.FileContent, error) {
+	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.FileContent, error) { return d.FileRead(ctx, vm, path, maxBytes) })
+}
+
+// FileWrite implements hypervisor.Driver.
+func (s *Supervisor) FileWrite(ctx context.Context, vm, path string, data []byte, mode uint32) error {
+	_, err := call(s, ctx, func(d hypervisor.Driver) (struct{}, error) { return struct{}{}, d.FileWrite(ctx, vm, path, data, mode) })
+	return err
+}
+
+// Power implements hypervisor.Driver.
+func (s *Supervisor) Power(ctx context.Context, vm string, action hypervisor.PowerAction) error {
+	_, err := call(s, ctx, func(d hypervisor.Driver) (struct{}, error) { return struct{}{}, d.Power(ctx, vm, action) })
+	return err
+}
+
+// String names the supervised driver.
+func (s *Supervisor) String() string {
+	return "driver " + s.spec.Driver + " (" + strings.Join(append([]string{s.cmd.path}, s.cmd.args...), " ") + ")"
+}
