@@ -315,7 +315,12 @@ func TestMonitorDeadline(t *testing.T) {
 		}
 		return reply(w, cmd.ID, `{}`)
 	}}
-	m := connectFake(t, f, MonitorOptions{Timeout: 50 * time.Millisecond})
+	m := newFakeMonitor(t, f, MonitorOptions{Timeout: 50 * time.Millisecond})
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	if err := m.ConnectContext(cctx); err != nil {
+		t.Fatalf("ConnectContext() = %v; want nil", err)
+	}
 	// Run uses the default timeout; RunContext the context's.
 	if _, err := m.Run([]byte(`{"execute":"hang"}`)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Run(hang) = %v; want context.DeadlineExceeded", err)
@@ -416,12 +421,10 @@ func TestMonitorBadGreeting(t *testing.T) {
 			_, err := fmt.Fprintf(w, `{"id": %s}`+"\r\n", id)
 			return err
 		}}, isProtocolError("qmp_capabilities"), "*ProtocolError{qmp_capabilities}"},
-		{"no greeting at all", &fakeQMP{greet: func(io.Writer) error { time.Sleep(300 * time.Millisecond); return errors.New("late") }},
-			func(err error) bool { return errors.Is(err, context.DeadlineExceeded) }, "context.DeadlineExceeded"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := newFakeMonitor(t, tt.f, MonitorOptions{Timeout: 100 * time.Millisecond})
+			m := newFakeMonitor(t, tt.f, MonitorOptions{Timeout: 10 * time.Second})
 			err := m.Connect()
 			if !tt.check(err) {
 				t.Errorf("Connect() = %v; want %s", err, tt.want)
@@ -433,6 +436,20 @@ func TestMonitorBadGreeting(t *testing.T) {
 				t.Errorf("Run() after a failed Connect = %v; want ErrNotConnected", err)
 			}
 		})
+	}
+}
+
+func TestMonitorNoGreeting(t *testing.T) {
+	never := make(chan struct{})
+	m := newFakeMonitor(t, &fakeQMP{greet: func(io.Writer) error { <-never; return errors.New("late") }}, MonitorOptions{})
+	t.Cleanup(func() { close(never) }) // runs before newFakeMonitor's wait for the server
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := m.ConnectContext(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("ConnectContext() to a silent server = %v; want context.DeadlineExceeded", err)
+	}
+	if m.Alive() {
+		t.Errorf("Alive() = true after a failed Connect; want false")
 	}
 }
 
