@@ -137,6 +137,7 @@ var suite = []checkGroup{
 		{"Signal", checkSignal},
 		{"OutputCap", checkOutputCap},
 		{"Timeout", checkTimeout},
+		{"TimeoutStartPoll", checkTimeoutStartPoll},
 		{"TimeoutKillsTree", checkTimeoutKillsTree},
 		{"StartPoll", checkStartPoll},
 		{"MissingBinary", checkMissingBinary},
@@ -419,7 +420,31 @@ func checkTimeout(t testing.TB, h Harness) {
 	req := hypervisor.ExecRequest{Argv: []string{"sleep", "30"}, Timeout: time.Second}
 	start := time.Now()
 	res := run(t, h, req)
-	took := time.Since(start)
+	wantTimedOut(t, h, req, res, time.Since(start))
+}
+
+// checkTimeoutStartPoll is checkTimeout through ExecStart and ExecStatus,
+// which a driver with its own Runner implements separately.
+func checkTimeoutStartPoll(t testing.TB, h Harness) {
+	ctx := h.ctx(t)
+	req := hypervisor.ExecRequest{Argv: []string{"sleep", "30"}, Timeout: time.Second}
+	start := time.Now()
+	hd, err := h.Driver.ExecStart(ctx, h.VM, req)
+	if err != nil {
+		t.Fatalf("ExecStart(%q) error: %v", req.Argv, err)
+	}
+	res, err := hypervisor.Wait(ctx, h.Driver, h.VM, hd)
+	if err != nil {
+		t.Fatalf("Wait(%+v) error: %v", hd, err)
+	}
+	if res.PID != hd.PID {
+		t.Errorf("ExecStatus(%+v).PID = %d; want %d", hd, res.PID, hd.PID)
+	}
+	wantTimedOut(t, h, req, res, time.Since(start))
+}
+
+func wantTimedOut(t testing.TB, h Harness, req hypervisor.ExecRequest, res hypervisor.ExecResult, took time.Duration) {
+	t.Helper()
 	if !res.TimedOut {
 		t.Errorf("Run(%q) with Timeout 1s: TimedOut false (exit %d, signal %d); want true", req.Argv, res.ExitCode, res.Signal)
 	}
@@ -437,10 +462,19 @@ func checkTimeout(t testing.TB, h Harness) {
 
 func checkTimeoutKillsTree(t testing.TB, h Harness) {
 	// The shell starts a background child, prints its pid and waits.
+	// The child keeps the output pipes open: a driver that kills only the
+	// shell sees the command end when the child does, 30 s later, and by
+	// then the child is gone by itself. So the time is part of the check.
 	req := hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", "sleep 30 & echo $!; wait"}, Timeout: 2 * time.Second}
+	start := time.Now()
 	res := run(t, h, req)
+	took := time.Since(start)
 	if !res.TimedOut {
 		t.Errorf("Run(%q) with Timeout 2s: TimedOut false; want true", req.Argv)
+	}
+	// A correctness bound (the tree was killed), not a speed claim.
+	if took >= 15*time.Second {
+		t.Errorf("Run(%q) with Timeout 2s took %v; want well under the child's 30 s (the whole process tree killed at the timeout)", req.Argv, took)
 	}
 	child, err := strconv.ParseInt(strings.TrimSpace(string(res.Stdout)), 10, 64)
 	if err != nil || child <= 0 {

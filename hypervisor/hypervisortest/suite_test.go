@@ -210,6 +210,12 @@ func TestChecksFailOnBrokenDrivers(t *testing.T) {
 		{"Timeout/no pid", checkTimeout, func(f *Fake, d *localDriver) {
 			f.ExecStatusFunc = onResult(d, func(r *hypervisor.ExecResult) { r.PID = 0 })
 		}},
+		{"TimeoutStartPoll/not flagged", checkTimeoutStartPoll, func(f *Fake, d *localDriver) {
+			f.ExecStatusFunc = onResult(d, func(r *hypervisor.ExecResult) { r.TimedOut = false })
+		}},
+		{"TimeoutStartPoll/wrong pid", checkTimeoutStartPoll, func(f *Fake, d *localDriver) {
+			f.ExecStatusFunc = onResult(d, func(r *hypervisor.ExecResult) { r.PID++ })
+		}},
 		{"TimeoutKillsTree/leader only", checkTimeoutKillsTree, func(f *Fake, d *localDriver) {
 			d.killLeaderOnly = true
 		}},
