@@ -128,11 +128,8 @@ type tokenEntry struct {
 	grant *Grant
 }
 
-// Errors of New and the transports.
-var (
-	ErrClosed       = errors.New("server closed")
-	ErrUnknownGrant = errors.New("unknown grant")
-)
+// ErrUnknownGrant: ServeStdio was configured with a grant that does not exist.
+var ErrUnknownGrant = errors.New("unknown grant")
 
 var backendName = func(s string) bool {
 	if s == "" || len(s) > 64 {
