@@ -1,0 +1,401 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vmgate/vmgate/guest/agent/wire"
+)
+
+// defaultPath is the PATH of a run when the agent's own environment has none.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// waitDelay is how long a run waits for its output pipes to close after its
+// process exited (background members of a session may hold them open).
+const waitDelay = 250 * time.Millisecond
+
+// killTimeout bounds a run's tree kill after its timeout fired.
+const killTimeout = 5 * time.Second
+
+// validateRun checks a run request without side effects.
+func validateRun(req wire.RunRequest) error {
+	if (len(req.Argv) == 0) == (req.Shell == "") {
+		return invalidf("run: exactly one of argv and shell must be set")
+	}
+	if len(req.Argv) > 0 && req.Argv[0] == "" {
+		return invalidf("run: argv[0] is empty")
+	}
+	for i, s := range req.Argv {
+		if strings.IndexByte(s, 0) >= 0 {
+			return invalidf("run: argv[%d] contains NUL", i)
+		}
+	}
+	if strings.IndexByte(req.Shell, 0) >= 0 {
+		return invalidf("run: shell contains NUL")
+	}
+	if req.Cwd != "" && (!filepath.IsAbs(req.Cwd) || strings.IndexByte(req.Cwd, 0) >= 0) {
+		return invalidf("run: cwd %q must be an absolute path", req.Cwd)
+	}
+	for k, v := range req.Env {
+		if !validEnvKey(k) {
+			return invalidf("run: env key %q is not [A-Za-z_][A-Za-z0-9_]*", k)
+		}
+		if k == SessionEnv || k == RunEnv {
+			return invalidf("run: env key %s is reserved", k)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return invalidf("run: env %s contains NUL", k)
+		}
+	}
+	if req.Session != "" {
+		if err := wire.ValidateSessionID(req.Session); err != nil {
+			return invalidf("run: %v", err)
+		}
+	}
+	if req.TimeoutMS < 0 || req.TimeoutMS > wire.MaxRunTimeoutMS {
+		return invalidf("run: timeout_ms %d out of range 0..%d", req.TimeoutMS, wire.MaxRunTimeoutMS)
+	}
+	if req.MaxOutputBytes < 0 || req.MaxOutputBytes > wire.MaxOutputBytesLimit {
+		return invalidf("run: max_output_bytes %d out of range 0..%d", req.MaxOutputBytes, wire.MaxOutputBytesLimit)
+	}
+	return nil
+}
+
+func validEnvKey(k string) bool {
+	if k == "" || len(k) > 256 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		alpha := c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+		if !alpha && (i == 0 || c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// capped keeps the first max bytes written to it. mu guards buf and truncated.
+type capped struct {
+	mu        sync.Mutex
+	buf       []byte
+	max       int
+	truncated bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := min(len(p), c.max-len(c.buf))
+	c.buf = append(c.buf, p[:n]...)
+	if n < len(p) {
+		c.truncated = true
+	}
+	return len(p), nil
+}
+
+func (c *capped) result() ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Clone(c.buf), c.truncated
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Run runs req in a new process group (and, in a cgroup-tracked session, a
+// run cgroup inside the session's group), with the session's marker in its
+// environment. When the timeout fires (or ctx ends) the whole tree is killed:
+// SIGTERM, then after Config.Grace SIGKILL to the process group, the run's
+// cgroup, and every process carrying the run's marker or descending from it,
+// in rounds until none is left; the result has TimedOut and the output so far.
+func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, error) {
+	if err := validateRun(req); err != nil {
+		return wire.RunResult{}, err
+	}
+	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+	if timeout == 0 {
+		timeout = wire.DefaultRunTimeoutMS * time.Millisecond
+	}
+	maxOut := int(req.MaxOutputBytes)
+	if maxOut == 0 {
+		maxOut = wire.DefaultMaxOutputBytes
+	}
+	argv := req.Argv
+	if req.Shell != "" {
+		argv = []string{"/bin/sh", "-c", req.Shell}
+	}
+	runID := randomHex(12)
+	env := childEnv(os.Environ(), req.Env)
+	env = append(env, RunEnv+"="+runID)
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	var runCgroup string
+	unlock := func() {}
+	if req.Session != "" {
+		var err error
+		if unlock, err = a.lock(); err != nil {
+			return wire.RunResult{}, fmt.Errorf("run: %w", err)
+		}
+		s, err := a.readMetaLocked(req.Session)
+		if err != nil {
+			unlock()
+			return wire.RunResult{}, fmt.Errorf("run: %w", err)
+		}
+		if req.Cwd == "" {
+			cwd = s.Workdir
+		}
+		env = append(env, SessionEnv+"="+s.ID)
+		switch s.Tracking {
+		case wire.TrackCgroup:
+			dir, f, err := a.newRunCgroup(s.ID, runID)
+			if err != nil {
+				unlock()
+				return wire.RunResult{}, fmt.Errorf("run: %w", err)
+			}
+			defer f.Close()
+			runCgroup = dir
+			attr.UseCgroupFD, attr.CgroupFD = true, int(f.Fd())
+		default:
+			if s.Limits.MemoryMB > 0 || s.Limits.Pids > 0 {
+				argv = append([]string{a.cfg.Self, shimCommand,
+					"--as", strconv.FormatInt(s.Limits.MemoryMB<<20, 10),
+					"--nproc", strconv.FormatInt(s.Limits.Pids, 10), "--"}, argv...)
+			}
+		}
+		if err := a.touchLocked(s); err != nil {
+			a.cfg.Logger.Warn("run: recording last use", "session", s.ID, "err", err)
+		}
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir, cmd.SysProcAttr = env, cwd, attr
+	if req.Stdin != nil {
+		cmd.Stdin = bytes.NewReader(req.Stdin)
+	}
+	stdout, stderr := &capped{max: maxOut}, &capped{max: maxOut}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.WaitDelay = waitDelay
+	start := time.Now()
+	err := cmd.Start()
+	unlock()
+	if err != nil {
+		if runCgroup != "" {
+			_ = removeCgroupTree(runCgroup)
+		}
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return wire.RunResult{}, notFoundf("run: %v", err)
+		}
+		return wire.RunResult{}, fmt.Errorf("run: start: %w", err)
+	}
+	pid := cmd.Process.Pid
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	res := wire.RunResult{PID: pid}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var waitErr error
+	select {
+	case waitErr = <-done:
+	case <-timer.C:
+		res.TimedOut = true
+	case <-ctx.Done():
+		res.TimedOut = true
+	}
+	if res.TimedOut {
+		t := tree{cgroup: runCgroup, pgid: pid, root: pid, markerKey: RunEnv, markerVal: runID}
+		killed, _, kerr := a.killUntilGone(context.WithoutCancel(ctx), t, a.cfg.Grace, killTimeout)
+		res.Killed = killed
+		waitErr = <-done
+		if kerr != nil {
+			a.cfg.Logger.Error("run: tree kill", "pid", pid, "err", kerr)
+			return res, fmt.Errorf("run: timeout: %w", kerr)
+		}
+	}
+	res.DurationMS = time.Since(start).Milliseconds()
+	res.Stdout, res.StdoutTruncated = stdout.result()
+	res.Stderr, res.StderrTruncated = stderr.result()
+	if ps := cmd.ProcessState; ps != nil {
+		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			res.Signal, res.ExitCode = int(ws.Signal()), -1
+		} else {
+			res.ExitCode = ps.ExitCode()
+		}
+	} else if waitErr != nil {
+		return res, fmt.Errorf("run: wait: %w", waitErr)
+	}
+	// A run cgroup that emptied is removed; one with background members stays
+	// until the session is destroyed.
+	if runCgroup != "" && len(cgroupPIDs(runCgroup)) == 0 {
+		_ = removeCgroupTree(runCgroup)
+	}
+	return res, nil
+}
+
+// childEnv is base without vmgate's markers, with PATH defaulted, plus extra
+// (sorted by key so the result is deterministic).
+func childEnv(base []string, extra map[string]string) []string {
+	out := make([]string, 0, len(base)+len(extra)+3)
+	hasPath := false
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == SessionEnv || k == RunEnv {
+			continue
+		}
+		if _, over := extra[k]; over {
+			continue
+		}
+		hasPath = hasPath || k == "PATH"
+		out = append(out, kv)
+	}
+	if _, ok := extra["PATH"]; !hasPath && !ok {
+		out = append(out, "PATH="+defaultPath)
+	}
+	keys := make([]string, 0, len(extra))
+	for k := range extra {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		out = append(out, k+"="+extra[k])
+	}
+	return out
+}
+
+// tree names the processes a kill must reach: a cgroup subtree, a process
+// group, the descendants of a root pid, and every process whose environment
+// has markerKey=markerVal.
+type tree struct {
+	cgroup    string
+	pgid      int
+	root      int
+	markerKey string
+	markerVal string
+}
+
+// members lists the tree's live processes (zombies excluded), never this
+// process or its ancestors, never pid 1.
+func (a *Agent) members(t tree) []int {
+	set := map[int]bool{}
+	if t.cgroup != "" {
+		for _, p := range cgroupPIDs(t.cgroup) {
+			set[p] = true
+		}
+	}
+	pids, _ := a.proc.pids()
+	children := map[int][]int{}
+	alive := map[int]bool{}
+	for _, pid := range pids {
+		st, err := a.proc.stat(pid)
+		if err != nil || st.State == "Z" || st.State == "X" || st.KernelThread() {
+			continue
+		}
+		alive[pid] = true
+		children[st.PPID] = append(children[st.PPID], pid)
+		if t.pgid > 1 && st.PGRP == t.pgid {
+			set[pid] = true
+		}
+		if t.markerKey != "" {
+			if v, ok := a.proc.envValue(pid, t.markerKey); ok && v == t.markerVal {
+				set[pid] = true
+			}
+		}
+	}
+	if t.root > 1 {
+		queue := []int{t.root}
+		for len(queue) > 0 {
+			p := queue[0]
+			queue = queue[1:]
+			for _, c := range children[p] {
+				if !set[c] {
+					set[c] = true
+				}
+				queue = append(queue, c)
+			}
+		}
+	}
+	self := os.Getpid()
+	out := make([]int, 0, len(set))
+	for p := range set {
+		if p <= 1 || p == self || !alive[p] || a.isAncestor(p) {
+			continue
+		}
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// markerPIDs lists live processes carrying key=val.
+func (a *Agent) markerPIDs(key, val string) []int {
+	return a.members(tree{markerKey: key, markerVal: val})
+}
+
+// killUntilGone ends every member of t: with grace > 0 it sends SIGTERM
+// first and waits up to grace for them to leave; then SIGKILL in rounds
+// (cgroup.kill, the process group, each member) until a scan finds none.
+// It returns how many processes it signalled and the rounds it took; an
+// error when members survive limit.
+func (a *Agent) killUntilGone(ctx context.Context, t tree, grace, limit time.Duration) (killed, rounds int, err error) {
+	deadline := time.Now().Add(limit)
+	seen := map[int]bool{}
+	signal := func(pids []int, sig syscall.Signal) {
+		if t.pgid > 1 {
+			_ = syscall.Kill(-t.pgid, sig)
+		}
+		for _, p := range pids {
+			seen[p] = true
+			_ = syscall.Kill(p, sig)
+		}
+	}
+	if grace > 0 {
+		m := a.members(t)
+		signal(m, syscall.SIGTERM)
+		end := time.Now().Add(grace)
+		for len(m) > 0 && time.Now().Before(end) {
+			time.Sleep(10 * time.Millisecond)
+			m = a.members(t)
+		}
+	}
+	step := time.Millisecond
+	for {
+		m := a.members(t)
+		if len(m) == 0 {
+			return len(seen), rounds, nil
+		}
+		if time.Now().After(deadline) {
+			return len(seen), rounds, fmt.Errorf("%d processes survived %d kill rounds: %v", len(m), rounds, m)
+		}
+		rounds++
+		if t.cgroup != "" {
+			killCgroup(t.cgroup)
+		}
+		signal(m, syscall.SIGKILL)
+		time.Sleep(step)
+		step = min(step*2, 50*time.Millisecond)
+		if ctx.Err() != nil && time.Now().After(deadline) {
+			return len(seen), rounds, ctx.Err()
+		}
+	}
+}

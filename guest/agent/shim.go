@@ -1,0 +1,58 @@
+//go:build linux
+
+package agent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// shimCommand is the hidden subcommand that applies a marker-tracked
+// session's rlimits to itself and then execs the real command, so the
+// limits hold from the command's first instruction.
+const shimCommand = "__rlimit"
+
+// ShimCommand is the argv[1] that selects RlimitExec in cmd/vmgate-guest.
+const ShimCommand = shimCommand
+
+// RlimitExec runs `__rlimit --as BYTES --nproc N -- argv...`: it sets
+// RLIMIT_AS and RLIMIT_NPROC (0 leaves one unset) and replaces itself with
+// argv. It returns only on failure. RLIMIT_NPROC does not bind root, so in
+// a guest without cgroup v2 a root session's pids limit is advisory.
+func RlimitExec(args []string) error {
+	fs := flag.NewFlagSet(shimCommand, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	as := fs.Uint64("as", 0, "RLIMIT_AS bytes")
+	nproc := fs.Uint64("nproc", 0, "RLIMIT_NPROC")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("rlimit shim: %w", err)
+	}
+	argv := fs.Args()
+	if len(argv) == 0 || argv[0] == "" {
+		return errors.New("rlimit shim: no command")
+	}
+	for _, l := range []struct {
+		res int
+		val uint64
+	}{{syscall.RLIMIT_AS, *as}, {rlimitNPROC, *nproc}} {
+		if l.val == 0 {
+			continue
+		}
+		if err := syscall.Setrlimit(l.res, &syscall.Rlimit{Cur: l.val, Max: l.val}); err != nil {
+			return fmt.Errorf("rlimit shim: setrlimit %d: %w", l.res, err)
+		}
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return fmt.Errorf("rlimit shim: %w", err)
+	}
+	return fmt.Errorf("rlimit shim: exec %s: %w", path, syscall.Exec(path, argv, os.Environ()))
+}
+
+// rlimitNPROC is RLIMIT_NPROC on Linux (not exported by package syscall).
+const rlimitNPROC = 6
