@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,7 +50,9 @@ func startBareQEMU(t testing.TB) (sock string, proc *os.Process) {
 	})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := os.Stat(sock); err == nil {
+		// The socket file exists from bind(); wait until QEMU also listens.
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
 			return sock, cmd.Process
 		}
 		select {
