@@ -19,6 +19,11 @@ import (
 // VM is left stopped. Graceful shutdown and reboot are not exercised: they
 // depend on the guest handling ACPI events. Waits are bounded by
 // h.PowerTimeout.
+//
+// RunPower leaves the VM running, but after start it may be a new process
+// that the driver launched (the QEMU driver daemonizes it), unknown to
+// whatever launched the VM first: the caller must stop it when done, for
+// example with Power(stop) in a t.Cleanup registered before RunPower.
 func RunPower(t *testing.T, h Harness) {
 	t.Helper()
 	h.validate(t)
