@@ -107,5 +107,9 @@ func NewQEMU(_ context.Context, config []byte) (hypervisor.Driver, error) {
 	for _, vm := range c.VMs {
 		cfg.VMs = append(cfg.VMs, qemu.VMConfig{Name: vm.Name, QMPSocket: vm.QMPSocket, QGASocket: vm.QGASocket})
 	}
-	return qemu.New(cfg)
+	d, err := qemu.New(cfg)
+	if err != nil {
+		return nil, err // not a typed nil in a non-nil interface
+	}
+	return d, nil
 }

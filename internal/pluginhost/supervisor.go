@@ -323,16 +323,24 @@ func (s *Supervisor) Close() error {
 }
 
 // classify turns a transport failure of inst into ErrPluginExited when its
-// process has exited.
+// process has exited, and then forgets inst at once (so the next call starts
+// a new plugin rather than meeting the dead connection again).
 func (s *Supervisor) classify(ctx context.Context, inst *instance, err error) error {
 	var te *hypervisor.TransportError
-	if !errors.As(err, &te) {
+	var ee *hypervisor.ExitedError
+	if !errors.As(err, &te) && !errors.As(err, &ee) {
 		return err
 	}
 	t := time.NewTimer(exitGrace)
 	defer t.Stop()
 	select {
 	case <-inst.proc.exited:
+		s.mu.Lock()
+		s.noteExitLocked(inst)
+		s.mu.Unlock()
+		if ee != nil {
+			return err
+		}
 		return s.exited(err)
 	case <-t.C:
 	case <-ctx.Done():
