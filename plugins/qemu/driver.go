@@ -352,6 +352,21 @@ func agentError(op string, err error) error {
 	return fmt.Errorf("qemu: %s: %w", op, err)
 }
 
+// agentError maps err like agentError and, when the agent is unavailable
+// because QEMU itself is gone, says so (errors.Is ErrVMNotRunning too).
+func (d *Driver) agentError(ctx context.Context, vm *vmState, op string, err error) error {
+	mapped := agentError(op, err)
+	if !errors.Is(mapped, hypervisor.ErrAgentUnavailable) {
+		return mapped
+	}
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if _, qerr := vm.queryStatus(qctx); errors.Is(qerr, hypervisor.ErrVMNotRunning) {
+		return fmt.Errorf("%w; %w: no QEMU listens on %s", mapped, hypervisor.ErrVMNotRunning, vm.qmpPath)
+	}
+	return mapped
+}
+
 // ListVMs returns the configured VMs and the lab VMs, sorted by name, each
 // with its state from query-status (queried concurrently, each bounded).
 func (d *Driver) ListVMs(ctx context.Context) ([]hypervisor.VM, error) {
@@ -476,7 +491,7 @@ func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentIn
 	}
 	info, err := d.info(ctx, vm, true)
 	if err != nil {
-		return hypervisor.AgentInfo{}, agentError("agent info", err)
+		return hypervisor.AgentInfo{}, d.agentError(ctx, vm, "agent info", err)
 	}
 	out := hypervisor.AgentInfo{Version: info.Version, Commands: make([]hypervisor.AgentCommand, len(info.SupportedCommands))}
 	for i, c := range info.SupportedCommands {
@@ -489,7 +504,7 @@ func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentIn
 func (d *Driver) preflight(ctx context.Context, op string, vm *vmState) error {
 	info, err := d.info(ctx, vm, false)
 	if err != nil {
-		return agentError(op, err)
+		return d.agentError(ctx, vm, op, err)
 	}
 	for _, c := range []string{"guest-exec", "guest-exec-status"} {
 		if !info.Enabled(c) {
@@ -554,7 +569,7 @@ func (d *Driver) Run(ctx context.Context, name string, req hypervisor.ExecReques
 	}
 	st, err := d.agentOf(vm).Exec(ctx, qreq)
 	if err != nil {
-		return hypervisor.ExecResult{}, agentError("exec", err)
+		return hypervisor.ExecResult{}, d.agentError(ctx, vm, "exec", err)
 	}
 	return execResult(st), nil
 }
@@ -606,7 +621,7 @@ func (d *Driver) ExecStart(ctx context.Context, name string, req hypervisor.Exec
 	started := time.Now()
 	pid, err := d.agentOf(vm).ExecStart(ctx, qreq)
 	if err != nil {
-		return hypervisor.ExecHandle{}, agentError("exec start", err)
+		return hypervisor.ExecHandle{}, d.agentError(ctx, vm, "exec start", err)
 	}
 	tok := execToken{PID: pid, Deadline: started.Add(qreq.Timeout).UnixNano(), MaxOut: qreq.MaxOutputBytes}
 	e := &execEntry{pid: pid, deadline: time.Unix(0, tok.Deadline), maxOut: tok.MaxOut}
@@ -712,7 +727,7 @@ func (d *Driver) ExecStatus(ctx context.Context, name string, h hypervisor.ExecH
 		overdue := tok.Deadline != 0 && time.Now().After(time.Unix(0, tok.Deadline))
 		res, err := d.collect(ctx, vm, h.PID, tok.MaxOut, overdue)
 		if err != nil {
-			return hypervisor.ExecResult{}, agentError("exec status", err)
+			return hypervisor.ExecResult{}, d.agentError(ctx, vm, "exec status", err)
 		}
 		return res, nil
 	}
@@ -725,7 +740,7 @@ func (d *Driver) ExecStatus(ctx context.Context, name string, h hypervisor.ExecH
 	}
 	res, err := d.collect(ctx, vm, e.pid, e.maxOut, time.Now().After(e.deadline))
 	if err != nil {
-		return hypervisor.ExecResult{}, agentError("exec status", err)
+		return hypervisor.ExecResult{}, d.agentError(ctx, vm, "exec status", err)
 	}
 	if res.Exited {
 		d.untrack(vm, e)
@@ -747,7 +762,7 @@ func (d *Driver) FileRead(ctx context.Context, name string, path string, maxByte
 	}
 	data, truncated, err := d.agentOf(vm).FileRead(ctx, path, maxBytes)
 	if err != nil {
-		return hypervisor.FileContent{}, agentError("file read", err)
+		return hypervisor.FileContent{}, d.agentError(ctx, vm, "file read", err)
 	}
 	return hypervisor.FileContent{Data: data, Truncated: truncated}, nil
 }
@@ -765,7 +780,7 @@ func (d *Driver) FileWrite(ctx context.Context, name string, path string, data [
 		return fmt.Errorf("qemu: file write: %w: mode %#o", hypervisor.ErrInvalidArgument, mode)
 	}
 	if err := d.agentOf(vm).FileWrite(ctx, path, data, mode); err != nil {
-		return agentError("file write", err)
+		return d.agentError(ctx, vm, "file write", err)
 	}
 	return nil
 }

@@ -245,6 +245,27 @@ func TestDriverAgentErrorMapping(t *testing.T) {
 	}
 }
 
+func TestDriverAgentUnavailableSaysWhetherQEMUIsGone(t *testing.T) {
+	tests := []struct {
+		name        string
+		mon         *fakeMonitor
+		wantStopped bool
+	}{
+		{"qemu gone", &fakeMonitor{connect: refused}, true},
+		{"qemu running", &fakeMonitor{run: running("running")}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := &fakeAgent{t: t, info: func(context.Context) (qga.Info, error) { return qga.Info{}, qga.ErrConnLost }}
+			d := newFakeDriver(t, Config{}, map[string]*fakeAgent{"vm1": a}, map[string]*fakeMonitor{"vm1": tt.mon})
+			_, err := d.Run(context.Background(), "vm1", hypervisor.ExecRequest{Argv: []string{"/bin/true"}})
+			if !errors.Is(err, hypervisor.ErrAgentUnavailable) || errors.Is(err, hypervisor.ErrVMNotRunning) != tt.wantStopped {
+				t.Errorf("Run() = %v; want ErrAgentUnavailable, ErrVMNotRunning %v", err, tt.wantStopped)
+			}
+		})
+	}
+}
+
 func TestDriverPreflightDisabledExec(t *testing.T) {
 	var infos atomic.Int64
 	a := &fakeAgent{t: t, info: func(ctx context.Context) (qga.Info, error) {

@@ -180,12 +180,13 @@ func TestLabKilledMidExec(t *testing.T) {
 	if !errors.Is(err, hypervisor.ErrAgentUnavailable) {
 		t.Errorf("Wait() with QEMU killed = %v; want ErrAgentUnavailable", err)
 	}
+	t.Logf("Wait() with QEMU killed = %v", err)
 	<-v.Done()
 	if st, err := d.Status(ctx, "victim"); err != nil || st.State != hypervisor.StateStopped {
 		t.Errorf("Status(victim) after kill = %+v, %v; want stopped", st, err)
 	}
-	if _, err := d.Run(ctx, "victim", hypervisor.ExecRequest{Argv: []string{"/bin/true"}}); !errors.Is(err, hypervisor.ErrAgentUnavailable) {
-		t.Errorf("Run(victim) after kill = %v; want ErrAgentUnavailable", err)
+	if _, err := d.Run(ctx, "victim", hypervisor.ExecRequest{Argv: []string{"/bin/true"}}); !errors.Is(err, hypervisor.ErrAgentUnavailable) || !errors.Is(err, hypervisor.ErrVMNotRunning) {
+		t.Errorf("Run(victim) after kill = %v; want ErrAgentUnavailable and ErrVMNotRunning", err)
 	}
 }
 
