@@ -1,0 +1,295 @@
+// Package proxmox is vmgate's Proxmox VE backend: a hypervisor.Driver over
+// the Proxmox VE REST API (api2/json) with an API token.
+//
+// VMs are QEMU guests listed by GET /cluster/resources?type=vm; vmgate
+// names them by vmid ("101", so "pve/101" on the server) and resolves the
+// node from the same listing. Guest operations go through Proxmox's
+// agent/* endpoints, which relay to the VM's QEMU guest agent: exec and
+// exec-status are mapped onto guest/qga's Caller, so timeouts, output caps,
+// env and cwd work exactly as with the QEMU backend; file-read and
+// file-write are used as Proxmox offers them.
+//
+// Proxmox returns agent output and file content as JSON strings holding one
+// character per byte (U+0000 to U+00FF); the driver maps them back to bytes,
+// so binary data round-trips. Proxmox limits file-write content to 60 KiB
+// per request: larger files are written in parts and joined in the guest
+// with cat through agent/exec (which then needs guest-exec enabled).
+//
+// Node names and vmids are validated before they reach a URL.
+package proxmox
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// APIError is an error answer of the Proxmox API: its HTTP status, the
+// message Proxmox puts in the status line, and per-parameter errors from
+// the body ({"data":null,"errors":{"param":"message"}}).
+type APIError struct {
+	StatusCode int
+	Message    string
+	Errors     map[string]string
+}
+
+func (e *APIError) Error() string {
+	msg := fmt.Sprintf("HTTP %d: %s", e.StatusCode, e.Message)
+	if len(e.Errors) > 0 {
+		keys := make([]string, 0, len(e.Errors))
+		for k := range e.Errors {
+			keys = append(keys, k)
+		}
+		sortStrings(keys)
+		for _, k := range keys {
+			msg += fmt.Sprintf("; %s: %s", k, strings.TrimSpace(e.Errors[k]))
+		}
+	}
+	return msg
+}
+
+func sortStrings(s []string) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
+// ErrAuth: the API refused the token (HTTP 401) or its permissions (403).
+var ErrAuth = errors.New("proxmox API refused the token")
+
+// Limits of the vmid and node name grammar (Proxmox's own).
+const (
+	MinVMID = 100
+	MaxVMID = 999999999
+)
+
+var (
+	nodeRE = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$`)
+	vmidRE = regexp.MustCompile(`^[1-9][0-9]{2,8}$`)
+	// tokenIDRE is USER@REALM!TOKENID.
+	tokenIDRE = regexp.MustCompile(`^[^\s@!:=]+@[A-Za-z][A-Za-z0-9._-]*![A-Za-z][A-Za-z0-9._-]*$`)
+)
+
+// ParseVMID checks that name is a Proxmox vmid (100 to 999999999, decimal,
+// no sign, no leading zero) and returns it.
+func ParseVMID(name string) (int, error) {
+	if !vmidRE.MatchString(name) {
+		return 0, fmt.Errorf("%w: %q is not a vmid (%d-%d)", hypervisor.ErrInvalidArgument, name, MinVMID, MaxVMID)
+	}
+	n, err := strconv.Atoi(name)
+	if err != nil || n < MinVMID || n > MaxVMID {
+		return 0, fmt.Errorf("%w: %q is not a vmid (%d-%d)", hypervisor.ErrInvalidArgument, name, MinVMID, MaxVMID)
+	}
+	return n, nil
+}
+
+// CheckNode checks that node is a valid Proxmox node name (a host name
+// label: letters, digits and inner hyphens, at most 63 characters).
+func CheckNode(node string) error {
+	if !nodeRE.MatchString(node) {
+		return fmt.Errorf("%w: %q is not a node name", hypervisor.ErrInvalidArgument, node)
+	}
+	return nil
+}
+
+// api is the HTTP side: base URL, token header, client.
+type api struct {
+	base   *url.URL // ends in /api2/json
+	auth   string   // the Authorization header value
+	client *http.Client
+	log    *slog.Logger
+}
+
+func newAPI(cfg Config, log *slog.Logger) (*api, error) {
+	bad := func(format string, args ...any) (*api, error) {
+		return nil, fmt.Errorf("proxmox: config: %w: "+format, append([]any{hypervisor.ErrInvalidArgument}, args...)...)
+	}
+	u, err := url.Parse(cfg.URL)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return bad("url %q must be https://host[:port] without credentials, query or fragment", cfg.URL)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	if !strings.HasSuffix(u.Path, "/api2/json") {
+		u.Path += "/api2/json"
+	}
+	if !tokenIDRE.MatchString(cfg.TokenID) {
+		return bad("token id %q must be USER@REALM!TOKENID", cfg.TokenID)
+	}
+	if cfg.TokenSecretFile == "" {
+		return bad("no token secret file")
+	}
+	raw, err := os.ReadFile(cfg.TokenSecretFile)
+	if err != nil {
+		return nil, fmt.Errorf("proxmox: config: token secret file: %w", err)
+	}
+	secret := strings.TrimSpace(string(raw))
+	if secret == "" || strings.ContainsAny(secret, " \t\r\n\x00") || !utf8.ValidString(secret) {
+		return bad("token secret file %s must hold one secret on one line", cfg.TokenSecretFile)
+	}
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.CAFile != "" {
+		pem, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("proxmox: config: ca file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return bad("ca file %s holds no PEM certificate", cfg.CAFile)
+		}
+		tlsCfg.RootCAs = pool
+	}
+	if cfg.InsecureSkipVerify {
+		log.Warn("TLS certificate verification is OFF for the Proxmox API (insecure_skip_verify): anyone on the path can read the API token", "url", u.Redacted())
+		tlsCfg.InsecureSkipVerify = true
+	}
+	tr := &http.Transport{
+		TLSClientConfig:     tlsCfg,
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConnsPerHost: 8,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   true,
+	}
+	return &api{
+		base:   u,
+		auth:   "PVEAPIToken=" + cfg.TokenID + "=" + secret,
+		client: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		log:    log,
+	}, nil
+}
+
+// maxResponseBytes bounds one API answer (file-read returns up to 16 MiB,
+// which JSON-escaped may take up to six bytes per byte).
+const maxResponseBytes = 128 << 20
+
+// do sends one request. path is relative to /api2/json and already built
+// from validated parts; query and body (JSON) are optional. The answer's
+// "data" is decoded into out (nil: discarded).
+func (a *api) do(ctx context.Context, method, path string, query url.Values, body any, out any) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	u := *a.base
+	u.Path += path
+	u.RawQuery = query.Encode()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", a.auth)
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+	if err != nil {
+		return err
+	}
+	if len(raw) > maxResponseBytes {
+		return fmt.Errorf("answer larger than %d bytes", maxResponseBytes)
+	}
+	if resp.StatusCode != http.StatusOK {
+		e := &APIError{StatusCode: resp.StatusCode, Message: statusMessage(resp)}
+		var env struct {
+			Errors map[string]string `json:"errors"`
+		}
+		if json.Unmarshal(raw, &env) == nil {
+			e.Errors = env.Errors
+		}
+		if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+			return fmt.Errorf("%w: %w", ErrAuth, e)
+		}
+		return e
+	}
+	var env struct {
+		Data json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal(raw, &env); err != nil {
+		return fmt.Errorf("answer is not a {\"data\": …} envelope: %w", err)
+	}
+	if out == nil {
+		return nil
+	}
+	if len(env.Data) == 0 || string(env.Data) == "null" {
+		return errors.New("answer has no data")
+	}
+	return json.Unmarshal(env.Data, out)
+}
+
+// statusMessage is the text Proxmox puts after the code in the status line.
+func statusMessage(resp *http.Response) string {
+	msg := strings.TrimSpace(strings.TrimPrefix(resp.Status, strconv.Itoa(resp.StatusCode)))
+	if msg == "" {
+		msg = http.StatusText(resp.StatusCode)
+	}
+	return msg
+}
+
+// bytesString turns a Proxmox byte string (one character per byte) back
+// into bytes. A character above U+00FF is a protocol error.
+func bytesString(s string) ([]byte, error) {
+	out := make([]byte, 0, len(s))
+	for _, r := range s {
+		if r > 0xff {
+			return nil, fmt.Errorf("byte string holds U+%04X, above U+00FF", r)
+		}
+		out = append(out, byte(r))
+	}
+	return out, nil
+}
+
+// byteString is the inverse of bytesString: one character per byte, so the
+// JSON encoding is lossless whatever the bytes are.
+func byteString(b []byte) string {
+	var sb strings.Builder
+	sb.Grow(len(b))
+	for _, c := range b {
+		sb.WriteRune(rune(c))
+	}
+	return sb.String()
+}
+
+// flexBool decodes the booleans Proxmox writes as true/false or 1/0.
+type flexBool bool
+
+func (f *flexBool) UnmarshalJSON(b []byte) error {
+	switch string(b) {
+	case "true", "1":
+		*f = true
+	case "false", "0", "null":
+		*f = false
+	default:
+		return fmt.Errorf("not a boolean: %s", b)
+	}
+	return nil
+}

@@ -1,0 +1,696 @@
+package proxmox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vmgate/vmgate/guest/qga"
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// Driver defaults.
+const (
+	// DefaultExecTimeout bounds a command whose request sets no Timeout.
+	DefaultExecTimeout = 10 * time.Minute
+	// nodeTTL is how long a vmid's node from cluster/resources is trusted.
+	nodeTTL = 5 * time.Second
+	// infoTTL is how long agent/info is trusted for the exec preflight.
+	infoTTL = 5 * time.Second
+	// statusPing bounds the agent ping of Status.
+	statusPing = 3 * time.Second
+	// MaxFileWriteContent is Proxmox's limit on file-write's content (characters).
+	MaxFileWriteContent = 61440
+	// writeChunk is the raw bytes per file-write: base64 of it is exactly MaxFileWriteContent.
+	writeChunk = MaxFileWriteContent / 4 * 3
+	// MaxFileRead is what Proxmox's file-read returns at most.
+	MaxFileRead = 16 << 20
+	// maxExecs bounds the table of started commands whose timeout the driver enforces.
+	maxExecs = 1024
+	// resultTTL is how long a result collected by the timeout watchdog waits for ExecStatus.
+	resultTTL = 10 * time.Minute
+)
+
+// Config configures the Driver.
+type Config struct {
+	// URL of the API, https://host:8006 (the /api2/json suffix is optional).
+	URL string
+	// TokenID is USER@REALM!TOKENID.
+	TokenID string
+	// TokenSecretFile holds the token's secret (one line).
+	TokenSecretFile string
+	// CAFile is a PEM bundle to verify the server with; empty: the system roots.
+	CAFile string
+	// InsecureSkipVerify turns TLS verification off (logged with slog.Warn).
+	InsecureSkipVerify bool
+	// ExecTimeout bounds a command whose request has no Timeout.
+	ExecTimeout time.Duration
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Driver is the Proxmox VE backend. It is safe for concurrent use.
+type Driver struct {
+	api         *api
+	log         *slog.Logger
+	execTimeout time.Duration
+
+	// mu guards nodes, nodesAt, infos and execs. Never held across I/O.
+	mu      sync.Mutex
+	nodes   map[int]resource
+	nodesAt time.Time
+	infos   map[int]cachedInfo
+	execs   map[string]*execEntry
+}
+
+var (
+	_ hypervisor.Driver = (*Driver)(nil)
+	_ hypervisor.Runner = (*Driver)(nil)
+	_ hypervisor.Closer = (*Driver)(nil)
+)
+
+type cachedInfo struct {
+	info qga.Info
+	at   time.Time
+}
+
+// resource is one entry of /cluster/resources?type=vm.
+type resource struct {
+	ID     string `json:"id"`
+	VMID   int    `json:"vmid"`
+	Node   string `json:"node"`
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	Type   string `json:"type"`
+}
+
+// New checks cfg, reads the token secret and CA file, and returns a Driver.
+// Nothing is contacted yet.
+func New(cfg Config) (*Driver, error) {
+	if cfg.ExecTimeout < 0 {
+		return nil, fmt.Errorf("proxmox: config: %w: negative exec timeout", hypervisor.ErrInvalidArgument)
+	}
+	if cfg.ExecTimeout == 0 {
+		cfg.ExecTimeout = DefaultExecTimeout
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("driver", "proxmox")
+	a, err := newAPI(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{api: a, log: log, execTimeout: cfg.ExecTimeout, infos: map[int]cachedInfo{}, execs: map[string]*execEntry{}}, nil
+}
+
+// Close stops the exec watchdogs and drops idle connections.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	for k, e := range d.execs {
+		e.timer.Stop()
+		delete(d.execs, k)
+	}
+	d.mu.Unlock()
+	d.api.client.CloseIdleConnections()
+	return nil
+}
+
+// apiErr maps an API error to the hypervisor sentinels, with an operation prefix.
+func apiErr(op string, err error) error {
+	var disabled *qga.DisabledError
+	switch {
+	case errors.As(err, &disabled):
+		return fmt.Errorf("proxmox: %s: %w", op, &hypervisor.CommandDisabledError{Command: disabled.Command})
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, qga.ErrTimeout):
+		return fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrTimeout, err)
+	case errors.Is(err, qga.ErrNoAgent):
+		return fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrAgentUnavailable, err)
+	case errors.Is(err, qga.ErrUnknownExec):
+		return fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrUnknownExec, err)
+	case errors.Is(err, qga.ErrInvalidArgument):
+		return fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrInvalidArgument, err)
+	}
+	return fmt.Errorf("proxmox: %s: %w", op, err)
+}
+
+// resources fetches the VM list.
+func (d *Driver) resources(ctx context.Context) ([]resource, error) {
+	var rs []resource
+	if err := d.api.do(ctx, "GET", "/cluster/resources", url.Values{"type": {"vm"}}, nil, &rs); err != nil {
+		return nil, err
+	}
+	out := rs[:0]
+	for _, r := range rs {
+		if r.Type != "qemu" {
+			continue // containers have no guest agent
+		}
+		if r.VMID < MinVMID || r.VMID > MaxVMID || CheckNode(r.Node) != nil {
+			d.log.Warn("skipping a cluster resource with an invalid vmid or node", "vmid", r.VMID, "node", r.Node)
+			continue
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b resource) int { return a.VMID - b.VMID })
+	nodes := make(map[int]resource, len(out))
+	for _, r := range out {
+		nodes[r.VMID] = r
+	}
+	d.mu.Lock()
+	d.nodes, d.nodesAt = nodes, time.Now()
+	d.mu.Unlock()
+	return out, nil
+}
+
+// vmRef is a validated VM: the path prefix of its API calls.
+type vmRef struct {
+	vmid int
+	node string
+	path string // /nodes/{node}/qemu/{vmid}
+}
+
+// lookup validates name, resolves its node and returns the VM.
+func (d *Driver) lookup(ctx context.Context, op, name string) (vmRef, error) {
+	vmid, err := ParseVMID(name)
+	if err != nil {
+		return vmRef{}, fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrUnknownVM, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return vmRef{}, apiErr(op, err)
+	}
+	d.mu.Lock()
+	r, ok := d.nodes[vmid]
+	fresh := time.Since(d.nodesAt) < nodeTTL
+	d.mu.Unlock()
+	if !ok || !fresh {
+		if _, err := d.resources(ctx); err != nil {
+			return vmRef{}, apiErr(op, err)
+		}
+		d.mu.Lock()
+		r, ok = d.nodes[vmid]
+		d.mu.Unlock()
+	}
+	if !ok {
+		return vmRef{}, fmt.Errorf("proxmox: %s: %w: %d", op, hypervisor.ErrUnknownVM, vmid)
+	}
+	if err := CheckNode(r.Node); err != nil {
+		return vmRef{}, fmt.Errorf("proxmox: %s: %w", op, err)
+	}
+	return vmRef{vmid: vmid, node: r.Node, path: "/nodes/" + r.Node + "/qemu/" + strconv.Itoa(vmid)}, nil
+}
+
+func (d *Driver) agentOf(v vmRef) qga.Agent {
+	return qga.Agent{Caller: agentCaller{api: d.api, path: v.path + "/agent"}}
+}
+
+func stateOf(status, qmpstatus string) hypervisor.State {
+	switch {
+	case qmpstatus == "paused" || qmpstatus == "suspended" || qmpstatus == "prelaunch":
+		return hypervisor.StatePaused
+	case status == "running":
+		return hypervisor.StateRunning
+	case status == "stopped":
+		return hypervisor.StateStopped
+	}
+	return hypervisor.StateUnknown
+}
+
+// ListVMs lists the cluster's QEMU VMs by vmid.
+func (d *Driver) ListVMs(ctx context.Context) ([]hypervisor.VM, error) {
+	rs, err := d.resources(ctx)
+	if err != nil {
+		return nil, apiErr("list vms", err)
+	}
+	vms := make([]hypervisor.VM, 0, len(rs))
+	for _, r := range rs {
+		info := "node " + r.Node
+		if r.Name != "" {
+			info += ", " + r.Name
+		}
+		vms = append(vms, hypervisor.VM{Name: strconv.Itoa(r.VMID), State: stateOf(r.Status, ""), Info: info})
+	}
+	return vms, nil
+}
+
+// Status reads status/current and, for a running VM, pings the agent.
+func (d *Driver) Status(ctx context.Context, name string) (hypervisor.Status, error) {
+	v, err := d.lookup(ctx, "status", name)
+	if err != nil {
+		return hypervisor.Status{}, err
+	}
+	var cur struct {
+		Status    string `json:"status"`
+		QMPStatus string `json:"qmpstatus"`
+	}
+	if err := d.api.do(ctx, "GET", v.path+"/status/current", nil, nil, &cur); err != nil {
+		return hypervisor.Status{}, apiErr("status", err)
+	}
+	st := hypervisor.Status{Name: name, State: stateOf(cur.Status, cur.QMPStatus), Detail: cur.Status}
+	if cur.QMPStatus != "" {
+		st.Detail = cur.QMPStatus
+	}
+	if st.State == hypervisor.StateRunning {
+		pctx, cancel := context.WithTimeout(ctx, statusPing)
+		defer cancel()
+		if err := d.agentOf(v).Ping(pctx); err == nil {
+			st.AgentConnected = true
+		} else if ctx.Err() != nil {
+			return hypervisor.Status{}, apiErr("status", ctx.Err())
+		}
+	}
+	return st, nil
+}
+
+func (d *Driver) info(ctx context.Context, v vmRef, fresh bool) (qga.Info, error) {
+	d.mu.Lock()
+	c, ok := d.infos[v.vmid]
+	d.mu.Unlock()
+	if ok && !fresh && time.Since(c.at) < infoTTL {
+		return c.info, nil
+	}
+	info, err := d.agentOf(v).Info(ctx)
+	if err != nil {
+		return qga.Info{}, err
+	}
+	d.mu.Lock()
+	d.infos[v.vmid] = cachedInfo{info: info, at: time.Now()}
+	d.mu.Unlock()
+	return info, nil
+}
+
+// AgentInfo returns agent/info.
+func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentInfo, error) {
+	v, err := d.lookup(ctx, "agent info", name)
+	if err != nil {
+		return hypervisor.AgentInfo{}, err
+	}
+	info, err := d.info(ctx, v, true)
+	if err != nil {
+		return hypervisor.AgentInfo{}, apiErr("agent info", err)
+	}
+	out := hypervisor.AgentInfo{Version: info.Version, Commands: make([]hypervisor.AgentCommand, len(info.SupportedCommands))}
+	for i, c := range info.SupportedCommands {
+		out.Commands[i] = hypervisor.AgentCommand{Name: c.Name, Enabled: c.Enabled}
+	}
+	return out, nil
+}
+
+func (d *Driver) preflight(ctx context.Context, op string, v vmRef) error {
+	info, err := d.info(ctx, v, false)
+	if err != nil {
+		return apiErr(op, err)
+	}
+	for _, c := range []string{"guest-exec", "guest-exec-status"} {
+		if !info.Enabled(c) {
+			return fmt.Errorf("proxmox: %s: %w", op, &hypervisor.CommandDisabledError{Command: c})
+		}
+	}
+	return nil
+}
+
+func (d *Driver) execRequest(op string, req hypervisor.ExecRequest) (qga.ExecRequest, error) {
+	bad := func(msg string) (qga.ExecRequest, error) {
+		return qga.ExecRequest{}, fmt.Errorf("proxmox: %s: %w: %s", op, hypervisor.ErrInvalidArgument, msg)
+	}
+	switch {
+	case len(req.Argv) == 0 || req.Argv[0] == "":
+		return bad("empty argv")
+	case req.Timeout < 0:
+		return bad("negative timeout")
+	case req.MaxOutputBytes < 0:
+		return bad("negative max output bytes")
+	case req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/"):
+		return bad("cwd must be absolute")
+	case len(req.Stdin) > MaxInputData:
+		return bad(fmt.Sprintf("stdin of %d bytes is over Proxmox's limit of %d", len(req.Stdin), MaxInputData))
+	}
+	timeout := req.Timeout
+	if timeout == 0 {
+		timeout = d.execTimeout
+	}
+	return qga.ExecRequest{
+		Path: req.Argv[0], Args: req.Argv[1:], Env: req.Env, Stdin: req.Stdin, Cwd: req.Cwd,
+		Timeout: timeout, MaxOutputBytes: req.MaxOutputBytes,
+	}, nil
+}
+
+func execResult(s qga.ExecStatus) hypervisor.ExecResult {
+	return hypervisor.ExecResult{
+		PID: s.PID, Exited: s.Exited, ExitCode: s.ExitCode, Signal: s.Signal,
+		Stdout: s.Stdout, Stderr: s.Stderr,
+		StdoutTruncated: s.StdoutTruncated, StderrTruncated: s.StderrTruncated,
+		TimedOut: s.TimedOut,
+	}
+}
+
+// Run runs req to completion (qga's adaptive polling, timeout and kill,
+// over agent/exec and agent/exec-status).
+func (d *Driver) Run(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
+	v, err := d.lookup(ctx, "exec", name)
+	if err != nil {
+		return hypervisor.ExecResult{}, err
+	}
+	qreq, err := d.execRequest("exec", req)
+	if err != nil {
+		return hypervisor.ExecResult{}, err
+	}
+	if err := d.preflight(ctx, "exec", v); err != nil {
+		return hypervisor.ExecResult{}, err
+	}
+	st, err := d.agentOf(v).Exec(ctx, qreq)
+	if err != nil {
+		return hypervisor.ExecResult{}, apiErr("exec", err)
+	}
+	return execResult(st), nil
+}
+
+// execEntry is a command started by ExecStart whose timeout the driver enforces.
+type execEntry struct {
+	key    string
+	v      vmRef
+	pid    int64
+	maxOut int64
+	timer  *time.Timer // guarded by Driver.mu
+
+	// mu serialises ExecStatus and the watchdog on this command and guards final.
+	mu    sync.Mutex
+	final *hypervisor.ExecResult
+}
+
+// execToken is carried in ExecHandle.Token: which VM and command, and the
+// random key of the driver's table entry.
+type execToken struct {
+	VMID   int    `json:"vmid"`
+	PID    int64  `json:"pid"`
+	MaxOut int64  `json:"max_out"`
+	Key    string `json:"key"`
+}
+
+func (t execToken) encode() string {
+	b, _ := json.Marshal(t)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeToken(s string) (execToken, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return execToken{}, err
+	}
+	var t execToken
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&t); err != nil {
+		return execToken{}, err
+	}
+	if t.PID <= 0 || t.MaxOut < 0 || len(t.Key) != 32 {
+		return execToken{}, errors.New("bad values")
+	}
+	return t, nil
+}
+
+// ExecStart starts req and returns at once. A watchdog kills the command
+// when req.Timeout fires, even if nobody polls.
+func (d *Driver) ExecStart(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
+	v, err := d.lookup(ctx, "exec start", name)
+	if err != nil {
+		return hypervisor.ExecHandle{}, err
+	}
+	qreq, err := d.execRequest("exec start", req)
+	if err != nil {
+		return hypervisor.ExecHandle{}, err
+	}
+	if err := d.preflight(ctx, "exec start", v); err != nil {
+		return hypervisor.ExecHandle{}, err
+	}
+	d.mu.Lock()
+	full := len(d.execs) >= maxExecs
+	d.mu.Unlock()
+	if full {
+		return hypervisor.ExecHandle{}, fmt.Errorf("proxmox: exec start: %d commands already tracked; poll or wait for them", maxExecs)
+	}
+	started := time.Now()
+	pid, err := d.agentOf(v).ExecStart(ctx, qreq)
+	if err != nil {
+		return hypervisor.ExecHandle{}, apiErr("exec start", err)
+	}
+	var kb [16]byte
+	rand.Read(kb[:])
+	tok := execToken{VMID: v.vmid, PID: pid, MaxOut: qreq.MaxOutputBytes, Key: hex.EncodeToString(kb[:])}
+	e := &execEntry{key: tok.Key, v: v, pid: pid, maxOut: qreq.MaxOutputBytes}
+	d.mu.Lock()
+	d.execs[e.key] = e
+	e.timer = time.AfterFunc(qreq.Timeout, func() { d.watchdog(e) })
+	d.mu.Unlock()
+	return hypervisor.ExecHandle{PID: pid, Token: tok.encode(), StartedAt: started}, nil
+}
+
+func (d *Driver) watchdog(e *execEntry) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	d.mu.Lock()
+	tracked := d.execs[e.key] == e
+	d.mu.Unlock()
+	if e.final != nil || !tracked {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := d.collect(ctx, e.v, e.pid, e.maxOut, true)
+	if err != nil {
+		d.log.Warn("exec timeout watchdog failed", "vmid", e.v.vmid, "pid", e.pid, "err", err)
+		return
+	}
+	e.final = &res
+	d.mu.Lock()
+	e.timer = time.AfterFunc(resultTTL, func() { d.untrack(e) })
+	d.mu.Unlock()
+}
+
+func (d *Driver) untrack(e *execEntry) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.execs[e.key] == e {
+		delete(d.execs, e.key)
+		e.timer.Stop()
+	}
+}
+
+// collect polls pid; with kill set and the command still running it kills
+// it and waits for the final status (TimedOut set).
+func (d *Driver) collect(ctx context.Context, v vmRef, pid, maxOut int64, kill bool) (hypervisor.ExecResult, error) {
+	a := d.agentOf(v)
+	st, err := a.ExecStatus(ctx, pid, maxOut)
+	if err != nil || st.Exited || !kill {
+		return execResult(st), err
+	}
+	if err := a.Kill(ctx, pid); err != nil {
+		return hypervisor.ExecResult{}, err
+	}
+	var b hypervisor.Backoff
+	for {
+		st, err := a.ExecStatus(ctx, pid, maxOut)
+		if err != nil {
+			return hypervisor.ExecResult{}, err
+		}
+		if st.Exited {
+			res := execResult(st)
+			res.TimedOut = true
+			return res, nil
+		}
+		select {
+		case <-ctx.Done():
+			return hypervisor.ExecResult{}, ctx.Err()
+		case <-time.After(b.Next()):
+		}
+	}
+}
+
+// ExecStatus polls a command started by ExecStart.
+func (d *Driver) ExecStatus(ctx context.Context, name string, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
+	v, err := d.lookup(ctx, "exec status", name)
+	if err != nil {
+		return hypervisor.ExecResult{}, err
+	}
+	tok, err := decodeToken(h.Token)
+	if err != nil || tok.PID != h.PID || tok.VMID != v.vmid {
+		return hypervisor.ExecResult{}, fmt.Errorf("proxmox: exec status: %w: bad handle token", hypervisor.ErrInvalidArgument)
+	}
+	d.mu.Lock()
+	e := d.execs[tok.Key]
+	d.mu.Unlock()
+	if e == nil || e.pid != h.PID || e.v.vmid != v.vmid {
+		// Not started by this driver instance, or already collected.
+		res, err := d.collect(ctx, v, h.PID, tok.MaxOut, false)
+		if err != nil {
+			return hypervisor.ExecResult{}, apiErr("exec status", err)
+		}
+		return res, nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.final != nil {
+		res := *e.final
+		d.untrack(e)
+		return res, nil
+	}
+	res, err := d.collect(ctx, v, e.pid, e.maxOut, false)
+	if err != nil {
+		return hypervisor.ExecResult{}, apiErr("exec status", err)
+	}
+	if res.Exited {
+		d.untrack(e)
+	}
+	return res, nil
+}
+
+// checkPath refuses a guest path that is not absolute or holds NUL or a newline.
+func checkPath(op, path string) error {
+	if !strings.HasPrefix(path, "/") {
+		return fmt.Errorf("proxmox: %s: %w: path %q must be absolute", op, hypervisor.ErrInvalidArgument, path)
+	}
+	if strings.ContainsAny(path, "\x00\n\r") {
+		return fmt.Errorf("proxmox: %s: %w: path contains NUL or a line break", op, hypervisor.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// FileRead reads path with agent/file-read (Proxmox reads at most 16 MiB)
+// and keeps at most maxBytes.
+func (d *Driver) FileRead(ctx context.Context, name string, path string, maxBytes int64) (hypervisor.FileContent, error) {
+	v, err := d.lookup(ctx, "file read", name)
+	if err != nil {
+		return hypervisor.FileContent{}, err
+	}
+	if err := checkPath("file read", path); err != nil {
+		return hypervisor.FileContent{}, err
+	}
+	if maxBytes < 0 {
+		return hypervisor.FileContent{}, fmt.Errorf("proxmox: file read: %w: negative max bytes", hypervisor.ErrInvalidArgument)
+	}
+	if maxBytes == 0 || maxBytes > MaxFileRead {
+		maxBytes = MaxFileRead
+	}
+	var r struct {
+		Content   *string  `json:"content"`
+		Truncated flexBool `json:"truncated"`
+	}
+	if err := d.api.do(ctx, "GET", v.path+"/agent/file-read", url.Values{"file": {path}}, nil, &r); err != nil {
+		return hypervisor.FileContent{}, apiErr("file read", agentErr("guest-file-read", err))
+	}
+	if r.Content == nil {
+		return hypervisor.FileContent{}, fmt.Errorf("proxmox: file read: %w: answer has no content", qga.ErrProtocol)
+	}
+	data, err := bytesString(*r.Content)
+	if err != nil {
+		return hypervisor.FileContent{}, fmt.Errorf("proxmox: file read: %w: %w", qga.ErrProtocol, err)
+	}
+	fc := hypervisor.FileContent{Data: data, Truncated: bool(r.Truncated)}
+	if int64(len(fc.Data)) > maxBytes {
+		fc.Data, fc.Truncated = fc.Data[:maxBytes], true
+	}
+	return fc, nil
+}
+
+// FileWrite writes data with agent/file-write (base64, encode=0). Data over
+// one request's limit is written as part files joined in the guest by cat
+// through agent/exec; a mode is applied with chmod through agent/exec.
+func (d *Driver) FileWrite(ctx context.Context, name string, path string, data []byte, mode uint32) error {
+	v, err := d.lookup(ctx, "file write", name)
+	if err != nil {
+		return err
+	}
+	if err := checkPath("file write", path); err != nil {
+		return err
+	}
+	if mode > 0o7777 {
+		return fmt.Errorf("proxmox: file write: %w: mode %#o", hypervisor.ErrInvalidArgument, mode)
+	}
+	write := func(p string, b []byte) error {
+		body := map[string]any{"file": p, "content": base64.StdEncoding.EncodeToString(b), "encode": 0}
+		if err := d.api.do(ctx, "POST", v.path+"/agent/file-write", nil, body, nil); err != nil {
+			return apiErr("file write", agentErr("guest-file-write", err))
+		}
+		return nil
+	}
+	if len(data) <= writeChunk {
+		if err := write(path, data); err != nil {
+			return err
+		}
+	} else {
+		if err := d.preflight(ctx, "file write", v); err != nil {
+			return err
+		}
+		var rb [8]byte
+		rand.Read(rb[:])
+		prefix := path + ".vmgate-part-" + hex.EncodeToString(rb[:]) + "-"
+		var parts []string
+		for i := 0; i*writeChunk < len(data); i++ {
+			p := prefix + strconv.Itoa(i)
+			parts = append(parts, p)
+			if err := write(p, data[i*writeChunk:min(len(data), (i+1)*writeChunk)]); err != nil {
+				d.removeParts(v, parts)
+				return err
+			}
+		}
+		const join = `o=$1; shift; cat -- "$@" >"$o"; s=$?; rm -f -- "$@"; exit $s`
+		if err := d.guestRun(ctx, v, append([]string{"/bin/sh", "-c", join, "sh", path}, parts...)); err != nil {
+			d.removeParts(v, parts)
+			return fmt.Errorf("proxmox: file write: joining %d parts: %w", len(parts), err)
+		}
+	}
+	if mode != 0 {
+		if err := d.guestRun(ctx, v, []string{"chmod", strconv.FormatUint(uint64(mode), 8), "--", path}); err != nil {
+			return fmt.Errorf("proxmox: file write: chmod: %w", err)
+		}
+	}
+	return nil
+}
+
+// guestRun runs argv to completion and wants exit 0.
+func (d *Driver) guestRun(ctx context.Context, v vmRef, argv []string) error {
+	st, err := d.agentOf(v).Exec(ctx, qga.ExecRequest{Path: argv[0], Args: argv[1:], Timeout: time.Minute, MaxOutputBytes: 4096})
+	if err != nil {
+		return apiErr("exec", err)
+	}
+	if st.ExitCode != 0 || st.Signal != 0 || st.TimedOut {
+		return fmt.Errorf("%s: exit %d, signal %d: %s", argv[0], st.ExitCode, st.Signal, strings.TrimSpace(string(st.Stderr)))
+	}
+	return nil
+}
+
+func (d *Driver) removeParts(v vmRef, parts []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.guestRun(ctx, v, append([]string{"rm", "-f", "--"}, parts...)); err != nil {
+		d.log.Warn("removing file-write parts failed", "vmid", v.vmid, "err", err)
+	}
+}
+
+// Power posts status/{shutdown,reboot,reset,stop,start}.
+func (d *Driver) Power(ctx context.Context, name string, action hypervisor.PowerAction) error {
+	if !action.Valid() {
+		return fmt.Errorf("proxmox: power: %w: unknown action %q", hypervisor.ErrInvalidArgument, action)
+	}
+	v, err := d.lookup(ctx, "power", name)
+	if err != nil {
+		return err
+	}
+	var upid string
+	if err := d.api.do(ctx, "POST", v.path+"/status/"+string(action), nil, struct{}{}, &upid); err != nil {
+		return apiErr("power "+string(action), err)
+	}
+	d.log.Info("power action queued", "vmid", v.vmid, "node", v.node, "action", action, "upid", upid)
+	return nil
+}
