@@ -1,0 +1,466 @@
+// Package helper is the host side of vmgate-guest: it makes sure the helper
+// binary is in the guest (pushing it through the driver's file channel when
+// it is missing or its SHA-256 differs, cached per VM) and runs its commands
+// through the driver's exec channel with typed results and typed errors.
+//
+// A guard's refusal is a *Error with Code "refused" (errors.Is(err,
+// ErrRefused)) and a Reason (wire.ReasonInit, ReasonKernelThread,
+// ReasonGuestAgent, ReasonPidReused, ...); a bad argument wraps
+// hypervisor.ErrInvalidArgument and is found before anything reaches the
+// guest; driver failures come back as the driver returned them (wrapped),
+// and a reply that is not vmgate-guest's JSON is a *ReplyError.
+package helper
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vmgate/vmgate/guest/agent/wire"
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// GuestPath is where the helper lives in the guest.
+const GuestPath = "/usr/local/bin/vmgate-guest"
+
+// The wire types, re-exported so callers need only this package.
+type (
+	Process       = wire.Process
+	RunRequest    = wire.RunRequest
+	RunResult     = wire.RunResult
+	KillResult    = wire.KillResult
+	Limits        = wire.Limits
+	SessionCreate = wire.SessionCreate
+	Session       = wire.Session
+	DestroyResult = wire.DestroyResult
+	ReapResult    = wire.ReapResult
+)
+
+// Sentinel errors: a *Error unwraps to the one matching its code.
+var (
+	// ErrRefused: a guard refused (Error.Reason says which).
+	ErrRefused = errors.New("refused")
+	// ErrNotFound: no such process or session in the guest.
+	ErrNotFound = errors.New("not found")
+	// ErrExists: the session exists already.
+	ErrExists = errors.New("already exists")
+	// ErrGuest: vmgate-guest failed in the guest (I/O, cgroup, kill loop).
+	ErrGuest = errors.New("guest helper failed")
+)
+
+// Error is vmgate-guest's own error reply (or a host-side refusal).
+type Error struct {
+	Op      string // "kill", "session destroy", ...
+	Code    string // wire.CodeRefused, ...
+	Reason  string // for refusals: wire.ReasonInit, ...
+	Message string
+}
+
+func (e *Error) Error() string { return "helper: " + e.Op + ": " + e.Message }
+
+// Unwrap maps the code to a sentinel (invalid arguments to hypervisor.ErrInvalidArgument).
+func (e *Error) Unwrap() error {
+	switch e.Code {
+	case wire.CodeRefused:
+		return ErrRefused
+	case wire.CodeNotFound:
+		return ErrNotFound
+	case wire.CodeExists:
+		return ErrExists
+	case wire.CodeInvalid:
+		return hypervisor.ErrInvalidArgument
+	}
+	return ErrGuest
+}
+
+// ReplyError: vmgate-guest's output was not one JSON reply (a protocol failure).
+type ReplyError struct {
+	Op       string
+	ExitCode int
+	Signal   int
+	Stdout   []byte
+	Stderr   []byte
+	Cause    error
+}
+
+func (e *ReplyError) Error() string {
+	return fmt.Sprintf("helper: %s: bad reply from vmgate-guest (exit %d, signal %d): %v; stderr %q",
+		e.Op, e.ExitCode, e.Signal, e.Cause, truncate(e.Stderr, 512))
+}
+
+func (e *ReplyError) Unwrap() error { return e.Cause }
+
+func truncate(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "…"
+	}
+	return string(b)
+}
+
+// CommandTimeout bounds every command but run (destroy's kill loop included).
+const CommandTimeout = 60 * time.Second
+
+// runMargin is added to a run's own timeout for the exec that carries it,
+// so the guest side kills its tree and replies before the driver gives up.
+const runMargin = 15 * time.Second
+
+// Helper runs vmgate-guest on a driver's VMs. Safe for concurrent use.
+type Helper struct {
+	d    hypervisor.Driver
+	bins Binaries
+
+	mu       sync.Mutex             // mu guards ensured and vmLocks
+	ensured  map[string]string      // vm -> SHA-256 verified in the guest
+	vmLocks  map[string]*sync.Mutex // one Ensure per VM at a time
+	pushHook func(vm string)        // tests: called after each push
+}
+
+// New returns a Helper running on d with builds from bins.
+func New(d hypervisor.Driver, bins Binaries) *Helper {
+	return &Helper{d: d, bins: bins, ensured: map[string]string{}, vmLocks: map[string]*sync.Mutex{}}
+}
+
+// NewSessionID mints an unguessable session id (32 lowercase hex digits, 128 bits).
+func NewSessionID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Forget drops the cached check of vm, so the next call checks (and pushes) again.
+func (h *Helper) Forget(vm string) {
+	h.mu.Lock()
+	delete(h.ensured, vm)
+	h.mu.Unlock()
+}
+
+func (h *Helper) vmLock(vm string) *sync.Mutex {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l, ok := h.vmLocks[vm]
+	if !ok {
+		l = &sync.Mutex{}
+		h.vmLocks[vm] = l
+	}
+	return l
+}
+
+// Ensure makes sure GuestPath in vm is the build for the guest's
+// architecture: it asks `uname -m`, compares `sha256sum GuestPath` with the
+// build's SHA-256 and, when missing or different, writes the build to a
+// temporary name (mode 0755) and renames it into place, so a half-written
+// helper never runs; then it checks the hash again. The result is cached
+// per VM until Forget or an exec failure.
+func (h *Helper) Ensure(ctx context.Context, vm string) error {
+	_, err := h.ensure(ctx, vm)
+	return err
+}
+
+// ensure reports whether it pushed.
+func (h *Helper) ensure(ctx context.Context, vm string) (pushed bool, err error) {
+	h.mu.Lock()
+	_, ok := h.ensured[vm]
+	h.mu.Unlock()
+	if ok {
+		return false, nil
+	}
+	l := h.vmLock(vm)
+	l.Lock()
+	defer l.Unlock()
+	h.mu.Lock()
+	_, ok = h.ensured[vm]
+	h.mu.Unlock()
+	if ok {
+		return false, nil
+	}
+	arch, err := h.guestArch(ctx, vm)
+	if err != nil {
+		return false, err
+	}
+	bin, err := h.bins.Binary(arch)
+	if err != nil {
+		return false, fmt.Errorf("helper: ensure %s: %w", vm, err)
+	}
+	sum, err := h.guestSHA256(ctx, vm)
+	if err != nil {
+		return false, err
+	}
+	if sum != bin.SHA256 {
+		if err := h.push(ctx, vm, bin); err != nil {
+			return false, err
+		}
+		pushed = true
+		if sum, err = h.guestSHA256(ctx, vm); err != nil {
+			return true, err
+		}
+		if sum != bin.SHA256 {
+			return true, fmt.Errorf("helper: ensure %s: %w: pushed %s but the guest has sha256 %q", vm, ErrGuest, bin.SHA256, sum)
+		}
+		if h.pushHook != nil {
+			h.pushHook(vm)
+		}
+	}
+	h.mu.Lock()
+	h.ensured[vm] = bin.SHA256
+	h.mu.Unlock()
+	return pushed, nil
+}
+
+// exec runs argv in vm and returns the result of a command that exited.
+func (h *Helper) exec(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
+	if req.Timeout == 0 {
+		req.Timeout = CommandTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, req.Timeout+5*time.Second)
+	defer cancel()
+	res, err := hypervisor.Run(ctx, h.d, vm, req)
+	if err != nil {
+		return res, err
+	}
+	if res.TimedOut {
+		return res, fmt.Errorf("%w: %s ran longer than %v", hypervisor.ErrTimeout, req.Argv[0], req.Timeout)
+	}
+	return res, nil
+}
+
+func (h *Helper) guestArch(ctx context.Context, vm string) (string, error) {
+	res, err := h.exec(ctx, vm, hypervisor.ExecRequest{Argv: []string{"uname", "-m"}, MaxOutputBytes: 256})
+	if err != nil {
+		return "", fmt.Errorf("helper: ensure %s: uname: %w", vm, err)
+	}
+	m := strings.TrimSpace(string(res.Stdout))
+	switch {
+	case res.ExitCode != 0:
+		return "", fmt.Errorf("helper: ensure %s: uname -m exited %d: %s", vm, res.ExitCode, truncate(res.Stderr, 256))
+	case m == "x86_64" || m == "amd64":
+		return "amd64", nil
+	case m == "aarch64" || m == "arm64":
+		return "arm64", nil
+	}
+	return "", fmt.Errorf("helper: ensure %s: %w: guest machine %q", vm, ErrNoBinary, m)
+}
+
+// guestSHA256 is the hash of GuestPath in the guest, "" when it is missing.
+func (h *Helper) guestSHA256(ctx context.Context, vm string) (string, error) {
+	res, err := h.exec(ctx, vm, hypervisor.ExecRequest{Argv: []string{"sha256sum", GuestPath}, MaxOutputBytes: 4096})
+	if err != nil {
+		return "", fmt.Errorf("helper: ensure %s: sha256sum: %w", vm, err)
+	}
+	if res.ExitCode != 0 || res.Signal != 0 {
+		return "", nil // missing or unreadable: push
+	}
+	f := strings.Fields(string(res.Stdout))
+	if len(f) == 0 || len(f[0]) != 64 {
+		return "", fmt.Errorf("helper: ensure %s: sha256sum: unexpected output %q", vm, truncate(res.Stdout, 256))
+	}
+	return strings.ToLower(f[0]), nil
+}
+
+func (h *Helper) push(ctx context.Context, vm string, bin Binary) error {
+	dir := GuestPath[:strings.LastIndexByte(GuestPath, '/')]
+	tmp := GuestPath + ".tmp-" + NewSessionID()[:12]
+	if err := h.mustRun(ctx, vm, "push", []string{"mkdir", "-p", dir}); err != nil {
+		return err
+	}
+	if err := h.d.FileWrite(ctx, vm, tmp, bin.Data, 0o755); err != nil {
+		_ = h.mustRun(context.WithoutCancel(ctx), vm, "push", []string{"rm", "-f", tmp})
+		return fmt.Errorf("helper: push %s to %s: %w", bin.Source, vm, err)
+	}
+	if err := h.mustRun(ctx, vm, "push", []string{"mv", "-f", tmp, GuestPath}); err != nil {
+		_ = h.mustRun(context.WithoutCancel(ctx), vm, "push", []string{"rm", "-f", tmp})
+		return err
+	}
+	return nil
+}
+
+func (h *Helper) mustRun(ctx context.Context, vm, op string, argv []string) error {
+	res, err := h.exec(ctx, vm, hypervisor.ExecRequest{Argv: argv, MaxOutputBytes: 4096})
+	if err != nil {
+		return fmt.Errorf("helper: %s %s: %s: %w", op, vm, argv[0], err)
+	}
+	if res.ExitCode != 0 || res.Signal != 0 {
+		return fmt.Errorf("helper: %s %s: %s exited %d: %s", op, vm, strings.Join(argv, " "), res.ExitCode, truncate(res.Stderr, 256))
+	}
+	return nil
+}
+
+// call ensures the helper, runs it with args (and stdin), and decodes the
+// reply's result into out. An exec failure drops the cached check; when the
+// re-check pushed a new helper the call is tried once more.
+func (h *Helper) call(ctx context.Context, vm, op string, args []string, stdin []byte, timeout time.Duration, maxOut int64, out any) error {
+	if err := h.Ensure(ctx, vm); err != nil {
+		return err
+	}
+	req := hypervisor.ExecRequest{Argv: append([]string{GuestPath}, args...), Stdin: stdin, Timeout: timeout, MaxOutputBytes: maxOut}
+	res, err := h.exec(ctx, vm, req)
+	if err != nil && ctx.Err() == nil && !errors.Is(err, hypervisor.ErrTimeout) {
+		h.Forget(vm)
+		pushed, eerr := h.ensure(ctx, vm)
+		if eerr != nil {
+			return fmt.Errorf("helper: %s: %w (and re-checking the helper: %w)", op, err, eerr)
+		}
+		if pushed {
+			res, err = h.exec(ctx, vm, req)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("helper: %s: %w", op, err)
+	}
+	var reply struct {
+		OK     bool            `json:"ok"`
+		Result json.RawMessage `json:"result"`
+		Error  *wire.Error     `json:"error"`
+	}
+	if err := json.Unmarshal(res.Stdout, &reply); err != nil {
+		return &ReplyError{Op: op, ExitCode: res.ExitCode, Signal: res.Signal, Stdout: res.Stdout, Stderr: res.Stderr, Cause: err}
+	}
+	if res.StdoutTruncated {
+		return &ReplyError{Op: op, ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Cause: errors.New("reply truncated")}
+	}
+	if !reply.OK {
+		if reply.Error == nil {
+			return &ReplyError{Op: op, ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Cause: errors.New("ok false without error")}
+		}
+		return &Error{Op: op, Code: reply.Error.Code, Reason: reply.Error.Reason, Message: reply.Error.Message}
+	}
+	if err := json.Unmarshal(reply.Result, out); err != nil {
+		return &ReplyError{Op: op, ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Cause: err}
+	}
+	return nil
+}
+
+func invalid(op, format string, args ...any) error {
+	return fmt.Errorf("helper: %s: %w: %s", op, hypervisor.ErrInvalidArgument, fmt.Sprintf(format, args...))
+}
+
+// replyCap is the exec output cap for a reply of up to n bytes of payload
+// (base64 in JSON: 4/3, two streams) plus room for the envelope.
+func replyCap(n int64) int64 { return n/3*4*2 + 1<<20 }
+
+// PS lists vm's processes; with a session only that session's.
+func (h *Helper) PS(ctx context.Context, vm, session string) ([]Process, error) {
+	args := []string{"ps"}
+	if session != "" {
+		if err := wire.ValidateSessionID(session); err != nil {
+			return nil, invalid("ps", "%v", err)
+		}
+		args = append(args, "--session", session)
+	}
+	var out []Process
+	err := h.call(ctx, vm, "ps", args, nil, 0, 16<<20, &out)
+	return out, err
+}
+
+// Run runs req through vmgate-guest (tree kill on timeout, output caps,
+// session tracking). req is validated before anything reaches the guest.
+func (h *Helper) Run(ctx context.Context, vm string, req RunRequest) (RunResult, error) {
+	if (len(req.Argv) == 0) == (req.Shell == "") {
+		return RunResult{}, invalid("run", "exactly one of argv and shell must be set")
+	}
+	if req.Session != "" {
+		if err := wire.ValidateSessionID(req.Session); err != nil {
+			return RunResult{}, invalid("run", "%v", err)
+		}
+	}
+	if req.TimeoutMS < 0 || req.TimeoutMS > wire.MaxRunTimeoutMS {
+		return RunResult{}, invalid("run", "timeout_ms %d out of range 0..%d", req.TimeoutMS, wire.MaxRunTimeoutMS)
+	}
+	if req.MaxOutputBytes < 0 || req.MaxOutputBytes > wire.MaxOutputBytesLimit {
+		return RunResult{}, invalid("run", "max_output_bytes %d out of range 0..%d", req.MaxOutputBytes, wire.MaxOutputBytesLimit)
+	}
+	stdin, err := json.Marshal(req)
+	if err != nil {
+		return RunResult{}, invalid("run", "%v", err)
+	}
+	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+	if timeout == 0 {
+		timeout = wire.DefaultRunTimeoutMS * time.Millisecond
+	}
+	maxOut := req.MaxOutputBytes
+	if maxOut == 0 {
+		maxOut = wire.DefaultMaxOutputBytes
+	}
+	var out RunResult
+	err = h.call(ctx, vm, "run", []string{"run"}, stdin, timeout+runMargin, replyCap(maxOut), &out)
+	return out, err
+}
+
+// Kill sends signal (TERM when "") to pid after the guest's guards; with
+// startedAt (ms since the epoch, from PS) a reused pid is refused.
+func (h *Helper) Kill(ctx context.Context, vm string, pid int, signal string, startedAt int64) (KillResult, error) {
+	name, _, err := wire.ParseSignal(signal)
+	if err != nil {
+		return KillResult{}, invalid("kill", "%v", err)
+	}
+	if pid < 1 || startedAt < 0 {
+		return KillResult{}, invalid("kill", "pid %d / started_at %d out of range", pid, startedAt)
+	}
+	if pid == 1 {
+		return KillResult{}, &Error{Op: "kill", Code: wire.CodeRefused, Reason: wire.ReasonInit, Message: "refused: pid 1 is init"}
+	}
+	args := []string{"kill", "--pid", strconv.Itoa(pid), "--signal", name}
+	if startedAt > 0 {
+		args = append(args, "--started-at", strconv.FormatInt(startedAt, 10))
+	}
+	var out KillResult
+	err = h.call(ctx, vm, "kill", args, nil, 0, 1<<16, &out)
+	return out, err
+}
+
+// SessionCreate creates a session; req.ID must come from NewSessionID (or
+// any [a-z0-9]{16,64} the server minted).
+func (h *Helper) SessionCreate(ctx context.Context, vm string, req SessionCreate) (Session, error) {
+	if err := wire.ValidateSessionID(req.ID); err != nil {
+		return Session{}, invalid("session create", "%v", err)
+	}
+	if err := req.Limits.Validate(); err != nil {
+		return Session{}, invalid("session create", "limits: %v", err)
+	}
+	if req.TTLS < 0 || req.IdleS < 0 {
+		return Session{}, invalid("session create", "ttl_s %d / idle_s %d negative", req.TTLS, req.IdleS)
+	}
+	args := []string{"session", "create", "--id", req.ID}
+	for _, f := range []struct {
+		flag string
+		v    int64
+	}{{"--ttl-s", req.TTLS}, {"--idle-s", req.IdleS}, {"--memory-mb", req.Limits.MemoryMB}, {"--pids", req.Limits.Pids}, {"--cpu-percent", req.Limits.CPUPercent}} {
+		if f.v != 0 {
+			args = append(args, f.flag, strconv.FormatInt(f.v, 10))
+		}
+	}
+	var out Session
+	err := h.call(ctx, vm, "session create", args, nil, 0, 1<<16, &out)
+	return out, err
+}
+
+// SessionList lists vm's sessions with member counts and expiry.
+func (h *Helper) SessionList(ctx context.Context, vm string) ([]Session, error) {
+	var out []Session
+	err := h.call(ctx, vm, "session list", []string{"session", "list"}, nil, 0, 4<<20, &out)
+	return out, err
+}
+
+// SessionDestroy kills every process of the session and removes its files.
+// Idempotent: an unknown session gives Existed false, not an error.
+func (h *Helper) SessionDestroy(ctx context.Context, vm, id string) (DestroyResult, error) {
+	if err := wire.ValidateSessionID(id); err != nil {
+		return DestroyResult{}, invalid("session destroy", "%v", err)
+	}
+	var out DestroyResult
+	err := h.call(ctx, vm, "session destroy", []string{"session", "destroy", "--id", id}, nil, 0, 1<<16, &out)
+	return out, err
+}
+
+// SessionReap destroys vm's sessions past their ttl or idle time.
+func (h *Helper) SessionReap(ctx context.Context, vm string) (ReapResult, error) {
+	var out ReapResult
+	err := h.call(ctx, vm, "session reap", []string{"session", "reap"}, nil, 0, 4<<20, &out)
+	return out, err
+}
