@@ -207,7 +207,16 @@ func (s *Supervisor) start(ctx context.Context) (*instance, error) {
 			tail = proc.tail.String()
 		}
 		s.log.Error("driver plugin refused: handshake failed", "path", s.cmd.path, "err", err, "stderr", tail)
-		if tail != "" {
+		exited := false
+		if proc != nil {
+			select {
+			case <-proc.exited:
+				exited = true
+			case <-time.After(exitGrace):
+			}
+		}
+		// A plugin that quit explains itself on stderr (a wrong magic cookie does).
+		if exited && tail != "" && !strings.Contains(err.Error(), tail) {
 			err = fmt.Errorf("%w (plugin stderr: %s)", err, tail)
 		}
 		return fail(fmt.Sprintf("start %s", s.cmd.path), fmt.Errorf("%w: %w", ErrHandshake, err))
