@@ -42,9 +42,9 @@ type ExecRequest struct {
 	// makes the shell exit with status 2 and a message on stderr.
 	Cwd string
 	// Timeout, when positive, bounds the run time in Exec: when it fires the
-	// process is killed (SIGKILL through a second guest-exec of kill, since
-	// the agent has no kill command) and the result has TimedOut with the
-	// output so far. ExecStart does not enforce it.
+	// process and its whole tree are killed (SIGKILL through a second
+	// guest-exec, see KillTree, since the agent has no kill command) and the
+	// result has TimedOut with the output so far. ExecStart does not enforce it.
 	Timeout time.Duration
 	// MaxOutputBytes caps each of stdout and stderr. 0 means
 	// DefaultMaxOutputBytes; values above AgentOutputLimit are clamped to it.
@@ -288,7 +288,7 @@ func (a Agent) Exec(ctx context.Context, req ExecRequest) (ExecStatus, error) {
 
 // killAndCollect kills pid after its timeout and returns its final status.
 func (a Agent) killAndCollect(ctx context.Context, pid int64, maxOutputBytes int64) (ExecStatus, error) {
-	if err := a.Kill(ctx, pid); err != nil {
+	if err := a.KillTree(ctx, pid); err != nil {
 		return ExecStatus{PID: pid}, fmt.Errorf("qga: exec: timeout: %w", err)
 	}
 	st, err := a.waitExited(ctx, pid, maxOutputBytes)
@@ -314,6 +314,69 @@ func (a Agent) Kill(ctx context.Context, pid int64) error {
 		return fmt.Errorf("qga: kill %d: %w", pid, err)
 	}
 	// A failed kill means pid had exited already: not an error here.
+	return nil
+}
+
+// killTreeScript kills the process tree rooted at "$1" with SIGKILL: it
+// stops the root so that it cannot fork any more, then repeatedly scans
+// /proc for processes whose parent is already in the set (stopping each one
+// it adds) until the set stops growing, and also adds every process that
+// holds the root's stdout or stderr pipe (a child that double-forked away
+// from the tree but would keep the agent waiting for end of output). Then it
+// kills them all. The pid is passed as an argument, never interpolated.
+// It uses only POSIX sh and kill, so it runs on busybox and full distros.
+const killTreeScript = `root=$1
+case "$root" in ''|*[!0-9]*) exit 2;; esac
+kill -STOP "$root" 2>/dev/null
+out=$(readlink "/proc/$root/fd/1" 2>/dev/null)
+err=$(readlink "/proc/$root/fd/2" 2>/dev/null)
+case "$out" in pipe:*) ;; *) out=;; esac
+case "$err" in pipe:*) ;; *) err=;; esac
+all=" $root "
+grown=1
+while [ "$grown" = 1 ]; do
+  grown=0
+  for s in /proc/[0-9]*/stat; do
+    line=$(cat "$s" 2>/dev/null) || continue
+    pid=${line%% *}
+    case "$all" in *" $pid "*) continue;; esac
+    [ "$pid" = "$$" ] && continue
+    rest=${line##*) }
+    set -- $rest
+    add=0
+    case "$all" in *" $2 "*) add=1;; esac
+    if [ "$add" = 0 ] && { [ -n "$out" ] || [ -n "$err" ]; }; then
+      for fd in 1 2; do
+        l=$(readlink "/proc/$pid/fd/$fd" 2>/dev/null) || continue
+        if [ -n "$l" ] && { [ "$l" = "$out" ] || [ "$l" = "$err" ]; }; then add=1; fi
+      done
+    fi
+    if [ "$add" = 1 ]; then
+      kill -STOP "$pid" 2>/dev/null
+      all="$all$pid "
+      grown=1
+    fi
+  done
+done
+kill -KILL $all 2>/dev/null
+exit 0`
+
+// KillTree sends SIGKILL to pid and every descendant of it in the guest, and
+// to any process still holding its output pipes, through a guest-exec of
+// /bin/sh running killTreeScript (the agent has no kill command). Processes
+// are stopped before they are collected, so a fork loop cannot outrun it.
+// Like Kill, a pid that has already exited is not an error.
+func (a Agent) KillTree(ctx context.Context, pid int64) error {
+	if pid < 2 {
+		return fmt.Errorf("qga: kill tree: %w: pid %d", ErrInvalidArgument, pid)
+	}
+	kpid, err := a.ExecStart(ctx, ExecRequest{Path: "/bin/sh", Args: []string{"-c", killTreeScript, "sh", strconv.FormatInt(pid, 10)}})
+	if err != nil {
+		return fmt.Errorf("qga: kill tree %d: %w", pid, err)
+	}
+	if _, err := a.waitExited(ctx, kpid, 4096); err != nil {
+		return fmt.Errorf("qga: kill tree %d: %w", pid, err)
+	}
 	return nil
 }
 

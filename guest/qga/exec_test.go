@@ -163,7 +163,7 @@ func TestExecStatusDecoding(t *testing.T) {
 }
 
 // TestExecTimeoutPolling: a command that never exits on its own is polled
-// adaptively, killed with kill -KILL <pid> when its timeout fires, and
+// adaptively, killed with its tree (KillTree) when its timeout fires, and
 // reported TimedOut.
 func TestExecTimeoutPolling(t *testing.T) {
 	var mu sync.Mutex
@@ -172,7 +172,7 @@ func TestExecTimeoutPolling(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
-		case cmd == "guest-exec" && strings.Contains(string(args), `"kill"`):
+		case cmd == "guest-exec" && strings.Contains(string(args), `"/bin/sh"`):
 			killed = true
 			return map[string]any{"pid": 99}, nil
 		case cmd == "guest-exec":
@@ -190,8 +190,8 @@ func TestExecTimeoutPolling(t *testing.T) {
 		t.Fatalf("Exec(timeout) = %+v, %v; want TimedOut, signal 9, partial output", st, err)
 	}
 	kills := f.called("guest-exec")
-	if len(kills) != 2 || kills[1].args != `{"path":"kill","arg":["-KILL","42"],"capture-output":true}` {
-		t.Errorf("guest-exec calls = %v; want the command then kill -KILL 42", kills)
+	if len(kills) != 2 || !strings.Contains(kills[1].args, `"path":"/bin/sh"`) || !strings.HasSuffix(kills[1].args, `"sh","42"],"capture-output":true}`) {
+		t.Errorf("guest-exec calls = %v; want the command then the kill-tree script for pid 42", kills)
 	}
 	var polls []fakeCall
 	for _, c := range f.called("guest-exec-status") {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -156,6 +157,54 @@ func TestRealExecTimeoutKills(t *testing.T) {
 	// The agent runs on this host, so its pids are ours: the process must be gone.
 	if err := syscall.Kill(int(st.PID), 0); !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("kill(%d, 0) = %v; want ESRCH (process gone)", st.PID, err)
+	}
+}
+
+// TestRealExecTimeoutKillsTree: children that ignore SIGTERM, one holding the
+// output pipe in the background and one that left the tree with setsid, are
+// all gone after the timeout, and the call returns promptly.
+func TestRealExecTimeoutKillsTree(t *testing.T) {
+	c, _ := newRealClient(t)
+	dir := t.TempDir()
+	script := `trap "" TERM
+sleep 300 & echo $! > "$1/child"
+setsid sh -c 'trap "" TERM; echo $$ > "$1/escaped"; exec sleep 300' sh "$1" &
+echo started
+wait`
+	start := time.Now()
+	st, err := c.Exec(testCtx(t, 60*time.Second), ExecRequest{
+		Path: "sh", Args: []string{"-c", script, "sh", dir}, Timeout: time.Second,
+	})
+	if err != nil {
+		t.Fatalf("Exec(tree, timeout 1s) error %v", err)
+	}
+	if !st.TimedOut || string(st.Stdout) != "started\n" {
+		t.Errorf("Exec(tree, timeout 1s) = timedout %v stdout %q; want true %q", st.TimedOut, st.Stdout, "started\n")
+	}
+	if el := time.Since(start); el >= 30*time.Second {
+		t.Errorf("Exec(tree, timeout 1s) took %v; the tree was not killed", el)
+	}
+	for _, name := range []string{"child", "escaped"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatalf("read %s pid: %v", name, err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatalf("%s pid %q: %v", name, b, err)
+		}
+		gone := false
+		for range 100 {
+			if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+				gone = true
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if !gone {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("%s process %d still alive after the timeout kill", name, pid)
+		}
 	}
 }
 
