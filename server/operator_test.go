@@ -234,4 +234,3 @@ func TestOperatorSocketLifecycle(t *testing.T) {
 		t.Errorf("ListenOperator(%d-byte path) succeeded; want an error", len(long))
 	}
 }
-
