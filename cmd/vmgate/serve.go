@@ -145,6 +145,11 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		}
 	}()
 	server.ShutdownGrace = o.grace
+	stopOperator, err := startOperator(ctx, srv, cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	defer stopOperator()
 
 	addr := o.httpAddr
 	if addr == "" {
