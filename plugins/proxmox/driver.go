@@ -495,7 +495,7 @@ func (d *Driver) collect(ctx context.Context, v vmRef, pid, maxOut int64, kill b
 	if err != nil || st.Exited || !kill {
 		return execResult(st), err
 	}
-	if err := a.Kill(ctx, pid); err != nil {
+	if err := a.KillTree(ctx, pid); err != nil {
 		return hypervisor.ExecResult{}, err
 	}
 	var b hypervisor.Backoff
