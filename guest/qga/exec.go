@@ -249,10 +249,14 @@ const (
 	pollCeiling = 200 * time.Millisecond
 )
 
+// abandonKillTimeout bounds the kill of a command whose caller's context ended.
+const abandonKillTimeout = 5 * time.Second
+
 // Exec runs req to completion: it starts it, polls adaptively (about 1 ms,
 // doubling to 200 ms) and, when req.Timeout fires, kills it and returns the
-// final status with TimedOut set. When ctx ends first the command is left
-// running and the error wraps ErrTimeout (or context.Canceled) and names the pid.
+// final status with TimedOut set. When ctx ends first the command's tree is
+// killed too, and the error wraps ErrTimeout (or context.Canceled) and names
+// the pid.
 func (a Agent) Exec(ctx context.Context, req ExecRequest) (ExecStatus, error) {
 	pid, err := a.ExecStart(ctx, req)
 	if err != nil {
@@ -281,7 +285,16 @@ func (a Agent) Exec(ctx context.Context, req ExecRequest) (ExecStatus, error) {
 			d = min(d, left)
 		}
 		if err := sleep(ctx, d); err != nil {
-			return st, fmt.Errorf("qga: exec: pid %d still running: %w", pid, err)
+			// The caller gave up: do not leave the command running behind its
+			// back (wait: false is how a caller keeps a command alive). The
+			// kill gets a short context of its own, since ctx is done.
+			kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonKillTimeout)
+			kerr := a.KillTree(kctx, pid)
+			cancel()
+			if kerr != nil {
+				return st, fmt.Errorf("qga: exec: pid %d abandoned and could not be killed (%v): %w", pid, kerr, err)
+			}
+			return st, fmt.Errorf("qga: exec: pid %d killed when the call ended: %w", pid, err)
 		}
 	}
 }

@@ -222,6 +222,11 @@ func TestExecContextEnds(t *testing.T) {
 	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "pid 42") {
 		t.Errorf("Exec(ctx ends) error %v; want ErrTimeout naming pid 42", err)
 	}
+	// The abandoned command is killed with its tree, not left running.
+	execs := f.called("guest-exec")
+	if len(execs) != 2 || !strings.HasSuffix(execs[1].args, `"sh","42"],"capture-output":true}`) {
+		t.Errorf("guest-exec calls = %v; want the command then the kill-tree script for pid 42", execs)
+	}
 }
 
 func TestFileRefused(t *testing.T) {

@@ -45,6 +45,9 @@ func (c *Client) ExecStatus(ctx context.Context, pid int64, maxOutputBytes int64
 // Kill: see Agent.Kill.
 func (c *Client) Kill(ctx context.Context, pid int64) error { return c.agent().Kill(ctx, pid) }
 
+// KillTree: see Agent.KillTree.
+func (c *Client) KillTree(ctx context.Context, pid int64) error { return c.agent().KillTree(ctx, pid) }
+
 // FileRead: see Agent.FileRead.
 func (c *Client) FileRead(ctx context.Context, path string, maxBytes int64) ([]byte, bool, error) {
 	return c.agent().FileRead(ctx, path, maxBytes)

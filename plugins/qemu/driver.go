@@ -65,7 +65,7 @@ type agent interface {
 	Exec(ctx context.Context, req qga.ExecRequest) (qga.ExecStatus, error)
 	ExecStart(ctx context.Context, req qga.ExecRequest) (int64, error)
 	ExecStatus(ctx context.Context, pid int64, maxOutputBytes int64) (qga.ExecStatus, error)
-	Kill(ctx context.Context, pid int64) error
+	KillTree(ctx context.Context, pid int64) error
 	FileRead(ctx context.Context, path string, maxBytes int64) ([]byte, bool, error)
 	FileWrite(ctx context.Context, path string, data []byte, mode uint32) error
 	Shutdown(ctx context.Context, mode string) error
@@ -682,7 +682,7 @@ func (d *Driver) collect(ctx context.Context, vm *vmState, pid, maxOut int64, ki
 	if err != nil || st.Exited || !kill {
 		return execResult(st), err
 	}
-	if err := a.Kill(ctx, pid); err != nil {
+	if err := a.KillTree(ctx, pid); err != nil {
 		return hypervisor.ExecResult{}, err
 	}
 	var b hypervisor.Backoff

@@ -79,10 +79,10 @@ func (f *fakeAgent) ExecStatus(ctx context.Context, pid, max int64) (qga.ExecSta
 	return f.execStatus(ctx, pid, max)
 }
 
-func (f *fakeAgent) Kill(ctx context.Context, pid int64) error {
+func (f *fakeAgent) KillTree(ctx context.Context, pid int64) error {
 	f.calls.Add(1)
 	if f.kill == nil {
-		return f.missing("Kill")
+		return f.missing("KillTree")
 	}
 	return f.kill(ctx, pid)
 }

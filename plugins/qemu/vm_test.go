@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 )
@@ -208,4 +209,19 @@ func TestLabPowerStop(t *testing.T) {
 	if err := d.Power(ctx, "stopme", hypervisor.PowerReset); !errors.Is(err, hypervisor.ErrVMNotRunning) {
 		t.Errorf("Power(reset) on a stopped VM = %v; want ErrVMNotRunning", err)
 	}
+}
+
+// TestConformance runs the driver conformance suite against the QEMU driver
+// on a real lab VM, with a second guest whose agent blocks guest-exec.
+func TestConformance(t *testing.T) {
+	v := labtest.VM(t, "t1")
+	labtest.VM(t, "noexec")
+	hypervisortest.Run(t, hypervisortest.Harness{Driver: labDriver(t, v), VM: "t1", NoExecVM: "noexec"})
+}
+
+// TestConformancePower runs the power suite (reset, stop, start) on a VM of
+// its own; labtest stops it at cleanup, also after the driver relaunched it.
+func TestConformancePower(t *testing.T) {
+	v := labtest.Start(t, lab.Spec{Name: "power"})
+	hypervisortest.RunPower(t, hypervisortest.Harness{Driver: labDriver(t, v), VM: "power"})
 }
