@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -309,5 +311,37 @@ func TestBackoff(t *testing.T) {
 	s.mu.Unlock()
 	if inst.delay != 100*time.Millisecond {
 		t.Errorf("delay after a stable run = %v; want 100ms", inst.delay)
+	}
+}
+
+// BenchmarkCall measures one no-op driver call (Status on the sleepy fake)
+// with the driver in process and through a real plugin process (gRPC over a
+// Unix socket with AutoMTLS): the per-call cost of the plugin boundary.
+func BenchmarkCall(b *testing.B) {
+	for _, bc := range []struct {
+		name      string
+		inProcess bool
+	}{{"in-process", true}, {"plugin", false}} {
+		b.Run(bc.name, func(b *testing.B) {
+			h := New(Options{Executable: os.Args[0], Registry: testRegistry(), InProcess: bc.inProcess,
+				Logger: slog.New(slog.DiscardHandler)})
+			defer h.Close()
+			ctx := context.Background()
+			d, err := h.Launch(ctx, Spec{Driver: "sleepy", Config: []byte(`{"name":"vm1"}`)})
+			if err != nil {
+				b.Fatalf("Launch(sleepy) = %v", err)
+			}
+			var took []time.Duration
+			b.ReportAllocs()
+			for b.Loop() {
+				start := time.Now()
+				if st, err := d.Status(ctx, "vm1"); err != nil || st.Name != "vm1" {
+					b.Fatalf("Status(vm1) = %+v, %v", st, err)
+				}
+				took = append(took, time.Since(start))
+			}
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2])/float64(time.Microsecond), "p50-µs")
+		})
 	}
 }
