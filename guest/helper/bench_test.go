@@ -1,0 +1,80 @@
+package helper
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// startSleeps starts n sleeps in session s and checks they are all there.
+func startSleeps(b *testing.B, ctx context.Context, h *Helper, vm, session string, n int) {
+	b.Helper()
+	line := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do sleep 1100 & i=$((i+1)); done`, n)
+	if _, err := h.Run(ctx, vm, RunRequest{Session: session, Shell: line, TimeoutMS: 120000}); err != nil {
+		b.Fatalf("starting %d sleeps: %v", n, err)
+	}
+	ps, err := h.PS(ctx, vm, session)
+	if err != nil || len(ps) != n {
+		b.Fatalf("session has %d processes, %v; want %d", len(ps), err, n)
+	}
+}
+
+// BenchmarkLabPS measures a full ps (host → driver → vmgate-guest → JSON
+// back) with 1,000 extra processes in the guest, against a baseline helper
+// round trip (`version`) in the same process.
+//
+//	go test -run '^$' -bench BenchmarkLabPS -benchtime 5x ./guest/helper/
+func BenchmarkLabPS(b *testing.B) {
+	h, _ := labHelper(b, "cg")
+	ctx := testCtx(b, 10*time.Minute)
+	s, err := h.SessionCreate(ctx, "cg", SessionCreate{ID: NewSessionID()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.SessionDestroy(context.Background(), "cg", s.ID)
+	startSleeps(b, ctx, h, "cg", s.ID, 1000)
+	b.Run("baseline-version", func(b *testing.B) {
+		for b.Loop() {
+			var v map[string]any
+			if err := h.call(ctx, "cg", "version", []string{"version", "--json"}, nil, 0, 1<<16, &v); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("ps-1000", func(b *testing.B) {
+		for b.Loop() {
+			ps, err := h.PS(ctx, "cg", "")
+			if err != nil || len(ps) < 1000 {
+				b.Fatalf("PS = %d rows, %v", len(ps), err)
+			}
+		}
+	})
+}
+
+// BenchmarkLabDestroy50 measures destroying a session of 50 processes,
+// host round trip; guest-ms/op is the guest side's own measure.
+func BenchmarkLabDestroy50(b *testing.B) {
+	for _, vm := range labVMs {
+		b.Run(vm, func(b *testing.B) {
+			h, _ := labHelper(b, vm)
+			ctx := testCtx(b, 10*time.Minute)
+			var guestMS int64
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				s, err := h.SessionCreate(ctx, vm, SessionCreate{ID: NewSessionID()})
+				if err != nil {
+					b.Fatal(err)
+				}
+				startSleeps(b, ctx, h, vm, s.ID, 50)
+				b.StartTimer()
+				d, err := h.SessionDestroy(ctx, vm, s.ID)
+				if err != nil || d.Killed != 50 {
+					b.Fatalf("SessionDestroy = %+v, %v; want 50 killed", d, err)
+				}
+				guestMS += d.TookMS
+			}
+			b.ReportMetric(float64(guestMS)/float64(b.N), "guest-ms/op")
+		})
+	}
+}
