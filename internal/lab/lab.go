@@ -34,6 +34,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -386,8 +387,8 @@ func (v *VM) alive() bool {
 	return pidIsArgv(v.PID, v.Argv)
 }
 
-// pidIsArgv reports whether /proc/<pid>/cmdline is exactly argv: a pid
-// file or vm.json may be stale and the pid reused by another process.
+// pidIsArgv reports whether /proc/<pid>/cmdline is argv: a pid file or
+// vm.json may be stale and the pid reused by another process.
 func pidIsArgv(pid int, argv []string) bool {
 	if pid <= 1 || len(argv) == 0 {
 		return false
@@ -396,16 +397,17 @@ func pidIsArgv(pid int, argv []string) bool {
 	if err != nil || len(b) == 0 {
 		return false
 	}
-	got := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
-	if len(got) != len(argv) {
-		return false
-	}
-	for i := range got {
-		if got[i] != argv[i] {
-			return false
-		}
-	}
-	return true
+	return sameQEMUArgv(strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00"), argv)
+}
+
+// sameQEMUArgv reports whether two QEMU command lines are the same VM: equal
+// but for -daemonize, which a relaunch (the driver's power start) adds to
+// the stored argv of a VM that ran in the foreground.
+func sameQEMUArgv(a, b []string) bool {
+	drop := func(s string) bool { return s == "-daemonize" }
+	a = slices.DeleteFunc(slices.Clone(a), drop)
+	b = slices.DeleteFunc(slices.Clone(b), drop)
+	return slices.Equal(a, b)
 }
 
 // Stop ends the VM: QMP quit, then SIGKILL by pid (only while the pid is
@@ -413,6 +415,14 @@ func pidIsArgv(pid int, argv []string) bool {
 // removes the sockets, the pid file and vm.json. Stopping a VM that is not
 // running only removes those files.
 func (v *VM) Stop(ctx context.Context) error {
+	if !v.alive() {
+		// The QEMU this VM started is gone, but the VM may have been
+		// relaunched since (the driver's power start): its pid file then
+		// names a QEMU with this VM's argv. Stop that one instead.
+		if pid := readPIDFile(filepath.Join(v.Dir, PIDFileName)); pid != v.PID && pidIsArgv(pid, v.Argv) {
+			v.PID, v.done = pid, nil
+		}
+	}
 	if v.alive() {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if err := qmpQuit(qctx, v.QMPSocket); err != nil {

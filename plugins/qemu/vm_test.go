@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -222,6 +224,29 @@ func TestConformance(t *testing.T) {
 // TestConformancePower runs the power suite (reset, stop, start) on a VM of
 // its own; labtest stops it at cleanup, also after the driver relaunched it.
 func TestConformancePower(t *testing.T) {
+	// Registered first, so it runs after labtest has stopped the VM: the QEMU
+	// the driver relaunched must be gone too.
+	relaunched := 0
+	t.Cleanup(func() {
+		if relaunched <= 0 {
+			return
+		}
+		for range 50 {
+			if err := syscall.Kill(relaunched, 0); errors.Is(err, syscall.ESRCH) {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		syscall.Kill(relaunched, syscall.SIGKILL)
+		t.Errorf("relaunched QEMU pid %d outlived the test's VM", relaunched)
+	})
 	v := labtest.Start(t, lab.Spec{Name: "power"})
 	hypervisortest.RunPower(t, hypervisortest.Harness{Driver: labDriver(t, v), VM: "power"})
+	b, err := os.ReadFile(filepath.Join(v.Dir, lab.PIDFileName))
+	if err != nil {
+		t.Fatalf("read pid file after power start: %v", err)
+	}
+	if relaunched, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil || relaunched == v.PID {
+		t.Fatalf("pid file after power start = %q (%v); want the relaunched QEMU's pid, not %d", b, err, v.PID)
+	}
 }
