@@ -31,10 +31,18 @@
 // is file order), writes them with one write(2) and, with Fsync "always",
 // calls fsync once for the whole batch before releasing every waiter (group
 // commit). With Fsync "interval", Append returns after the write and the file
-// is fsynced at most Options.Interval later. AppendLazy (outcome records)
-// never waits: its record goes out with the next batch and is fsynced with
-// the next group commit, or at most Options.Interval later. A crash can lose
-// an outcome, never an acknowledged decision.
+// is fsynced at most Options.Interval later. AppendLazy (outcome records,
+// records of refused calls) never waits and costs no write(2) or fsync of
+// its own: the encoded record is held in memory and goes out with the next
+// batch, so the next group commit makes it durable; when no commit comes,
+// the writer writes and fsyncs it Options.Interval after it was appended.
+// So a sequential stream of calls costs one write(2) and one fsync per call
+// (Stats counts them), and concurrent calls share both. A crash can lose an
+// outcome, never an acknowledged decision.
+//
+// Records are encoded by hand (encode.go), arguments redacted as they are
+// written, to the bytes encoding/json wrote before: about 2 µs and 2
+// allocations per record instead of 10–15 µs and ~36.
 //
 // # Failures
 //

@@ -5,16 +5,17 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -57,6 +58,21 @@ type Log struct {
 	queue  chan *request
 	done   chan struct{} // closed when the writer has exited
 
+	// lazyMu guards lazy and lazyArmed: the encoded bodies of lazy appends
+	// waiting to ride with the next commit, and whether lazyTimer runs to
+	// flush them at most interval after the first of them. AppendLazy holds
+	// mu's read lock while it adds to lazy, so nothing is added after Close.
+	lazyMu    sync.Mutex
+	lazy      [][]byte
+	lazyArmed bool
+	lazyTimer *time.Timer   // Reset under lazyMu; the writer receives from it
+	kick      chan struct{} // wakes the writer to flush a long lazy backlog now
+
+	// failed is set by the writer together with broken, for AppendLazy.
+	failed atomic.Bool
+	// Counters of the writer's I/O, for Stats.
+	writes, syncs, records atomic.Uint64
+
 	// The writer goroutine owns everything below; nothing else touches it.
 	seq      uint64
 	prevHash string
@@ -65,7 +81,29 @@ type Log struct {
 	broken   error // set after a failure that left the file in doubt
 	mac      hash.Hash
 	buf      []byte
+	seqs     []uint64 // the seqs of the batch being committed
+	spare    [][]byte // the lazy slice the writer hands back for reuse
 }
+
+// maxLazy is the lazy backlog at which AppendLazy wakes the writer instead
+// of waiting for the next commit or the timer.
+const maxLazy = 1024
+
+// Stats counts a Log's I/O since Open.
+type Stats struct {
+	Records uint64 // records written
+	Writes  uint64 // write(2) calls, one per batch
+	Syncs   uint64 // fsync calls
+}
+
+// Stats returns the log's I/O counts. Tests use it to hold the fsync budget
+// (one shared fsync per durable append, none for lazy ones); operators to
+// see how well appends are grouped.
+func (l *Log) Stats() Stats {
+	return Stats{Records: l.records.Load(), Writes: l.writes.Load(), Syncs: l.syncs.Load()}
+}
+
+var requestPool = sync.Pool{New: func() any { return &request{wait: make(chan reply, 1)} }}
 
 // request is one queued record.
 type request struct {
@@ -185,6 +223,9 @@ func Open(path string, opts Options) (*Log, error) {
 	l.mac = hmac.New(sha256.New, key)
 	l.queue = make(chan *request, 1024)
 	l.done = make(chan struct{})
+	l.kick = make(chan struct{}, 1)
+	l.lazyTimer = time.NewTimer(time.Hour)
+	l.lazyTimer.Stop()
 	go l.writer()
 	ok = true
 	return l, nil
@@ -207,12 +248,18 @@ func (l *Log) Append(ctx context.Context, rec Record) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("audit: append: %w", err)
 	}
-	req := &request{body: body, wait: make(chan reply, 1)}
+	req := requestPool.Get().(*request)
+	req.body = body
 	if err := l.enqueue(ctx, req); err != nil {
+		req.body = nil
+		requestPool.Put(req)
 		return 0, fmt.Errorf("audit: append: %w", err)
 	}
 	select {
 	case r := <-req.wait:
+		// The writer is done with req: reuse it.
+		req.body = nil
+		requestPool.Put(req)
 		if r.err != nil {
 			return 0, fmt.Errorf("audit: append: %w", r.err)
 		}
@@ -222,20 +269,70 @@ func (l *Log) Append(ctx context.Context, rec Record) (uint64, error) {
 	}
 }
 
-// AppendLazy queues rec (an outcome record) and returns without waiting: the
-// record is written with the next batch and fsynced with the next group
-// commit or within Options.Interval. It returns an error only when rec is
-// invalid or the log cannot take it (closed, broken); a later write failure
-// is logged. A crash may lose a lazily appended record.
+// AppendLazy records rec (an outcome record, or the record of a refused
+// call) and returns without waiting and without costing a write or an
+// fsync of its own: the record is held in memory and written with the next
+// batch, so it is fsynced by the next group commit, or, when no commit
+// comes, written and fsynced Options.Interval after it was appended. It
+// returns an error only when rec is invalid or the log cannot take it
+// (closed, broken); a later write failure is logged. A crash may lose a
+// lazily appended record.
 func (l *Log) AppendLazy(ctx context.Context, rec Record) error {
 	body, err := encodeBody(&rec)
 	if err != nil {
 		return fmt.Errorf("audit: append lazy: %w", err)
 	}
-	if err := l.enqueue(ctx, &request{body: body}); err != nil {
+	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("audit: append lazy: %w", err)
 	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return fmt.Errorf("audit: append lazy: %w", ErrClosed)
+	}
+	if l.failed.Load() {
+		return fmt.Errorf("audit: append lazy: %w", ErrBroken)
+	}
+	l.lazyMu.Lock()
+	l.lazy = append(l.lazy, body)
+	n := len(l.lazy)
+	if !l.lazyArmed {
+		l.lazyArmed = true
+		l.lazyTimer.Reset(l.interval)
+	}
+	l.lazyMu.Unlock()
+	if n >= maxLazy {
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+	}
 	return nil
+}
+
+// takeLazy returns the lazy bodies waiting and disarms their timer. Writer only.
+func (l *Log) takeLazy() [][]byte {
+	l.lazyMu.Lock()
+	defer l.lazyMu.Unlock()
+	if l.lazyArmed {
+		l.lazyTimer.Stop() // no stale tick is delivered after Stop (Go 1.23 timers)
+		l.lazyArmed = false
+	}
+	lazy := l.lazy
+	l.lazy = l.spare[:0]
+	l.spare = nil
+	return lazy
+}
+
+// recycleLazy hands a taken lazy slice back for reuse. Writer only.
+func (l *Log) recycleLazy(lazy [][]byte) {
+	if cap(lazy) > 4*maxLazy {
+		return
+	}
+	clear(lazy)
+	l.lazyMu.Lock()
+	l.spare = lazy[:0]
+	l.lazyMu.Unlock()
 }
 
 func (l *Log) enqueue(ctx context.Context, req *request) error {
@@ -270,6 +367,7 @@ func (l *Log) Close() error {
 	<-l.done
 	var err error
 	if l.dirty && l.broken == nil {
+		l.syncs.Add(1)
 		err = l.f.Sync()
 	}
 	if cerr := l.f.Close(); err == nil {
@@ -281,17 +379,8 @@ func (l *Log) Close() error {
 	return nil
 }
 
-// recordBody marshals a Record without seq, prev_hash and hash: the fields
-// at depth 0 hide the embedded ones and are omitted when nil.
-type recordBody struct {
-	Seq      *struct{} `json:"seq,omitempty"`
-	PrevHash *struct{} `json:"prev_hash,omitempty"`
-	Hash     *struct{} `json:"hash,omitempty"`
-	*Record
-}
-
-// encodeBody validates rec, fills its time, redacts its arguments and
-// marshals it without the fields the writer assigns.
+// encodeBody validates rec, fills its time and encodes it, arguments
+// redacted, without the fields the writer assigns (see appendBody).
 func encodeBody(rec *Record) ([]byte, error) {
 	if rec.Seq != 0 || rec.PrevHash != "" || rec.Hash != "" {
 		return nil, fmt.Errorf("seq, prev_hash and hash are set by the log: %w", ErrInvalid)
@@ -317,8 +406,8 @@ func encodeBody(rec *Record) ([]byte, error) {
 	if rec.CallID == "" {
 		return nil, fmt.Errorf("record without a call id: %w", ErrInvalid)
 	}
-	if rec.DurationMS < 0 {
-		return nil, fmt.Errorf("negative duration_ms: %w", ErrInvalid)
+	if rec.DurationMS < 0 || math.IsNaN(rec.DurationMS) || math.IsInf(rec.DurationMS, 0) {
+		return nil, fmt.Errorf("duration_ms %v: want a finite number >= 0: %w", rec.DurationMS, ErrInvalid)
 	}
 	for i, c := range rec.Counters {
 		if c.Key == "" || c.WindowMS <= 0 || c.Max < 0 {
@@ -329,8 +418,7 @@ func encodeBody(rec *Record) ([]byte, error) {
 		rec.Time = time.Now()
 	}
 	rec.Time = rec.Time.UTC()
-	rec.Args = Redact(rec.Args)
-	body, err := json.Marshal(recordBody{Record: rec})
+	body, err := appendBody(make([]byte, 0, 384), rec)
 	if err != nil {
 		return nil, fmt.Errorf("encode: %v: %w", err, ErrInvalid)
 	}
@@ -341,8 +429,9 @@ func encodeBody(rec *Record) ([]byte, error) {
 }
 
 // writer is the one goroutine that writes the file. It takes every queued
-// request, writes them with one write(2), fsyncs once when any of them waits
-// for durability, then answers every waiter.
+// request and every lazy record waiting, writes them with one write(2),
+// fsyncs once when any of them waits for durability, then answers every
+// waiter.
 func (l *Log) writer() {
 	defer close(l.done)
 	var (
@@ -364,9 +453,19 @@ func (l *Log) writer() {
 			armed = false
 			l.syncLocked()
 			continue
+		case <-l.lazyTimer.C:
+			// Lazy records waited an interval without a commit to ride
+			// with: write them and make them durable now.
+			l.commitLocked(l.takeLazy(), nil)
+			l.syncLocked()
+			continue
+		case <-l.kick:
+			l.commitLocked(l.takeLazy(), nil)
+			continue
 		}
 		if !open {
 			timer.Stop()
+			l.commitLocked(l.takeLazy(), nil)
 			return
 		}
 		batch = append(batch[:0], first)
@@ -382,7 +481,7 @@ func (l *Log) writer() {
 				break drain
 			}
 		}
-		l.commitLocked(batch)
+		l.commitLocked(l.takeLazy(), batch)
 		if !l.dirty && armed {
 			timer.Stop() // no stale tick is delivered after Stop (Go 1.23 timers)
 			armed = false
@@ -398,7 +497,9 @@ func (l *Log) syncLocked() {
 	if !l.dirty || l.broken != nil {
 		return
 	}
+	l.syncs.Add(1)
 	if err := l.f.Sync(); err != nil {
+		l.failed.Store(true)
 		l.broken = fmt.Errorf("fsync: %w: %w", err, ErrBroken)
 		l.logger.Error("audit: fsync failed; the log refuses appends until reopened", "path", l.path, "err", err)
 		return
@@ -406,78 +507,92 @@ func (l *Log) syncLocked() {
 	l.dirty = false
 }
 
-// commitLocked writes batch and answers its waiters. Writer only.
-func (l *Log) commitLocked(batch []*request) {
-	answer := func(err error, seqs []uint64) {
+// commitLocked writes the lazy bodies, then batch, with one write(2), and
+// answers batch's waiters after one fsync when any of them waits for
+// durability (Fsync always). Writer only.
+func (l *Log) commitLocked(lazy [][]byte, batch []*request) {
+	defer l.recycleLazy(lazy)
+	if len(lazy) == 0 && len(batch) == 0 {
+		return
+	}
+	answer := func(err error) {
+		if err != nil && len(lazy) > 0 {
+			l.logger.Error("audit: lazily appended records lost", "path", l.path, "records", len(lazy), "err", err)
+		}
 		for i, r := range batch {
-			if r.wait == nil {
-				if err != nil {
-					l.logger.Error("audit: outcome record lost", "path", l.path, "err", err)
-				}
-				continue
-			}
 			var s uint64
 			if err == nil {
-				s = seqs[i]
+				s = l.seqs[i]
 			}
 			r.wait <- reply{seq: s, err: err}
 		}
 	}
 	if l.broken != nil {
-		answer(l.broken, nil)
+		answer(l.broken)
 		return
 	}
-	seq, prev := l.seq, l.prevHash
-	seqs := make([]uint64, len(batch))
+	seq := l.seq
 	buf := l.buf[:0]
+	var prev []byte // the previous record's hash, in buf once the first record is in
+	if len(l.prevHash) > 0 {
+		prev = []byte(l.prevHash)
+	}
 	var sum [sha256.Size]byte
-	wait := false
-	for i, r := range batch {
+	add := func(body []byte) {
 		seq++
-		seqs[i] = seq
 		start := len(buf)
 		buf = append(buf, `{"seq":`...)
 		buf = strconv.AppendUint(buf, seq, 10)
 		buf = append(buf, `,"prev_hash":"`...)
 		buf = append(buf, prev...)
 		buf = append(buf, `",`...)
-		buf = append(buf, r.body[1:]...)
+		buf = append(buf, body[1:]...)
 		l.mac.Reset()
-		l.mac.Write([]byte(prev))
+		l.mac.Write(prev)
 		l.mac.Write(buf[start:])
-		h := hex.EncodeToString(l.mac.Sum(sum[:0]))
 		buf = buf[:len(buf)-1]
 		buf = append(buf, `,"hash":"`...)
-		buf = append(buf, h...)
+		h := len(buf)
+		buf = hex.AppendEncode(buf, l.mac.Sum(sum[:0]))
 		buf = append(buf, "\"}\n"...)
-		prev = h
-		if r.wait != nil {
-			wait = true
-		}
+		prev = buf[h : h+2*sha256.Size]
 	}
+	for _, body := range lazy {
+		add(body)
+	}
+	l.seqs = l.seqs[:0]
+	for _, r := range batch {
+		add(r.body)
+		l.seqs = append(l.seqs, seq)
+	}
+	// buf may have been reallocated after prev was taken: take it again.
+	last := string(buf[len(buf)-2-2*sha256.Size-1 : len(buf)-3])
 	if cap(buf) <= 1<<20 {
 		l.buf = buf
 	}
+	l.writes.Add(1)
 	if _, err := l.f.Write(buf); err != nil {
 		// Take back whatever part of the batch reached the file, so the
 		// chain ends at the last complete record and readers can verify it.
 		if terr := l.f.Truncate(l.size); terr != nil {
+			l.failed.Store(true)
 			l.broken = fmt.Errorf("write: %w; truncate back: %v: %w", err, terr, ErrBroken)
 			l.logger.Error("audit: write failed and could not be undone; the log refuses appends until reopened",
 				"path", l.path, "err", err, "truncate_err", terr)
 		}
-		answer(fmt.Errorf("write: %w", err), nil)
+		answer(fmt.Errorf("write: %w", err))
 		return
 	}
-	l.seq, l.prevHash = seq, prev
+	l.records.Add(uint64(len(lazy) + len(batch)))
+	l.seq, l.prevHash = seq, last
 	l.size += int64(len(buf))
 	l.dirty = true
-	if wait && l.always {
+	if len(batch) > 0 && l.always {
 		l.syncLocked()
 		if l.broken != nil {
-			answer(l.broken, nil)
+			answer(l.broken)
 			return
 		}
 	}
-	answer(nil, seqs)
+	answer(nil)
 }
