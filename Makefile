@@ -11,8 +11,12 @@ DEB_PKGS := qemu-system-x86 qemu-guest-agent busybox-static cpio redis-server
 
 all: build
 
+# vmgate plus the in-guest helper for both guest architectures; vmgate finds
+# the helper beside its own binary and pushes it into guests that lack it.
 build:
 	$(GO) build -o $(VMGATE) ./cmd/vmgate
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/vmgate-guest-linux-amd64 ./cmd/vmgate-guest
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/vmgate-guest-linux-arm64 ./cmd/vmgate-guest
 
 # Runs vet and every test. Tests that need a VM boot their own lab VMs; with
 # VMGATE_REQUIRE_VM=1 (CI) they fail rather than skip when QEMU is missing.
