@@ -23,8 +23,10 @@ import (
 func connect(t testing.TB, name string, d hypervisor.Driver) hypervisor.Driver {
 	t.Helper()
 	ps := map[string]plugin.Plugin{hypervisor.PluginName: &hypervisor.GRPCPlugin{Impl: d, Name: name}}
-	c, s := plugin.TestPluginGRPCConn(t, false, ps)
-	t.Cleanup(func() { c.Close(); s.Stop() })
+	// The client's Close shuts the server down through go-plugin's controller
+	// (stopping it here as well would race inside go-plugin).
+	c, _ := plugin.TestPluginGRPCConn(t, false, ps)
+	t.Cleanup(func() { c.Close() })
 	raw, err := c.Dispense(hypervisor.PluginName)
 	if err != nil {
 		t.Fatalf("Dispense(%q) = %v", hypervisor.PluginName, err)
@@ -113,8 +115,10 @@ func TestDeadlineBoundsAHungPlugin(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err := drv.Status(ctx, "vm1")
-	if !errors.Is(err, hypervisor.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Status(hung) = %v; want ErrTimeout and context.DeadlineExceeded", err)
+	// Whichever side notices the deadline first answers: the host (ErrTimeout
+	// wrapping DeadlineExceeded) or the plugin (its ctx.Err()).
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Status(hung) = %v; want context.DeadlineExceeded", err)
 	}
 	select {
 	case <-released:
