@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,11 +17,21 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/pluginhost"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.txtar from this run")
 
+// The test binary is also the plugin: `<test binary> plugin proxmox` serves
+// NewFromJSON over go-plugin, as `vmgate plugin proxmox` would.
 func TestMain(m *testing.M) {
+	if len(os.Args) >= 3 && os.Args[1] == "plugin" {
+		if err := pluginhost.ServeBuiltin(pluginhost.Registry{"proxmox": NewFromJSON}, os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
 	os.Exit(labtest.Main(m,
 		lab.Spec{Name: "t1"},
 		lab.Spec{Name: "noexec", Cmdline: map[string]string{"QGA_BLOCK": "guest-exec"}},

@@ -158,11 +158,36 @@ func (e *emu) list(args []string) int {
 	return 0
 }
 
-func agentOf(vm *vmConfig) *qga.Client {
+// perCall is a qga.Caller that connects for each call and disconnects
+// after: QEMU's agent socket takes one client at a time, and several
+// emulator processes (a run and the driver's kill of its process tree)
+// share it, as VBoxService serves several sessions.
+// Calls of all emulator processes to one socket are serialised with a
+// flock on lock, so none finds the socket's backlog full.
+type perCall struct{ socket, lock string }
+
+func (p perCall) Call(ctx context.Context, command string, args, result any) error {
+	f, err := os.OpenFile(p.lock, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return err
+	}
+	c := qga.New(p.socket, qga.WithCallTimeout(30*time.Second))
+	defer c.Close()
+	return c.Call(ctx, command, args, result)
+}
+
+// agent is the guest agent of vm, nil when it has none.
+type agent = *qga.Agent
+
+func agentOf(vm *vmConfig) agent {
 	if vm.QGASocket == "" {
 		return nil
 	}
-	return qga.New(vm.QGASocket, qga.WithCallTimeout(30*time.Second))
+	return &qga.Agent{Caller: perCall{socket: vm.QGASocket, lock: os.Getenv("VBOXEMU_CONFIG") + ".lock-" + vm.UUID}}
 }
 
 func (e *emu) showvminfo(args []string) int {
@@ -193,7 +218,6 @@ func (e *emu) showvminfo(args []string) int {
 				runLevel, version = 2, info.Version+" (qemu-ga behind the vmgate emulator)"
 			}
 			cancel()
-			a.Close()
 		}
 	}
 	fmt.Fprintf(e.out, "name=\"%s\"\nUUID=\"%s\"\nostype=\"Linux (64-bit)\"\nmemory=256\nVMState=\"%s\"\nVMStateChangeTime=\"2024-01-01T00:00:00.000000000\"\n", vm.Name, vm.UUID, vm.State)
@@ -317,7 +341,6 @@ func (e *emu) guestcontrol(args []string) int {
 		e.errorf("The guest execution service is not ready (yet)")
 		return 1
 	}
-	defer a.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	info, err := a.Info(ctx)
@@ -358,7 +381,7 @@ func stateText(s string) string {
 	return s
 }
 
-func (e *emu) runCmd(ctx context.Context, a *qga.Client, o options, vals map[string][]string, pos []string) int {
+func (e *emu) runCmd(ctx context.Context, a agent, o options, vals map[string][]string, pos []string) int {
 	exe := ""
 	if v := vals["--exe"]; len(v) > 0 {
 		exe = v[len(v)-1]
@@ -468,7 +491,7 @@ func (e *emu) runCmd(ctx context.Context, a *qga.Client, o options, vals map[str
 	}
 }
 
-func (e *emu) copyTo(ctx context.Context, a *qga.Client, vals map[string][]string, pos []string) int {
+func (e *emu) copyTo(ctx context.Context, a agent, vals map[string][]string, pos []string) int {
 	var dst string
 	srcs := pos
 	if v := vals["--target-directory"]; len(v) > 0 {
@@ -497,7 +520,7 @@ func (e *emu) copyTo(ctx context.Context, a *qga.Client, vals map[string][]strin
 	return 0
 }
 
-func (e *emu) copyFrom(ctx context.Context, a *qga.Client, vals map[string][]string, pos []string) int {
+func (e *emu) copyFrom(ctx context.Context, a agent, vals map[string][]string, pos []string) int {
 	var dir string
 	srcs := pos
 	if v := vals["--target-directory"]; len(v) > 0 {
