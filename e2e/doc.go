@@ -1,0 +1,11 @@
+// Package e2e holds vmgate's end-to-end test with a real MCP client: the
+// official MCP TypeScript SDK (pinned in package.json) drives `vmgate serve`
+// over stdio and over streamable HTTP against a real lab VM.
+//
+// The Go test in this package (TestNodeSDKEndToEnd) owns everything the
+// Node tests touch: it boots the lab VM (internal/lab/labtest), builds the
+// vmgate binary, writes the config and policy, plants a sentinel file and a
+// sleeping sentinel process in the guest, runs stdio.test.mjs, starts the
+// HTTP server and runs http.test.mjs, stops it, verifies the audit log, and
+// checks that the sentinels are unchanged. Run `npm ci --prefix e2e` first.
+package e2e

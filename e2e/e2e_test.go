@@ -1,0 +1,317 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/internal/lab/labtest"
+)
+
+const vmName = "e2e"
+
+func TestMain(m *testing.M) {
+	os.Exit(labtest.Main(m, lab.Spec{Name: vmName}))
+}
+
+// e2ePolicy is the policy of every grant of the run: kill_process is
+// limited in the PolicyLayer form, vm_file_read needs an operator's
+// approval, vm_power is hidden, tools the policy does not name are not
+// listed.
+const e2ePolicy = `{
+  "version": "1",
+  "default": "deny",
+  "hide": ["vm_power"],
+  "tools": {
+    "list_vms": {},
+    "vm_status": {},
+    "list_processes": {},
+    "list_sessions": {},
+    "create_session": {},
+    "vm_agent_exec_status": {},
+    "vm_agent_exec": {
+      "limits": [ { "counter": "exec_per_vm", "window": "minute", "max": 200, "scope": ["grant", "vm"] } ]
+    },
+    "kill_process": {
+      "limits": [ { "counter": "kill_process_rate", "window": "minute", "max": 10, "scope": "grant" } ]
+    },
+    "vm_file_read": { "action": "approve", "approval": { "channel": "operator", "ttl": "10m" } },
+    "destroy_session": { "action": "approve" },
+    "vm_file_write": { "action": "deny", "reason": "file writes are disabled in the e2e policy" }
+  }
+}
+`
+
+// requireNode finds node and the installed SDK. Missing either skips the
+// test, unless VMGATE_REQUIRE_VM is set (CI runs npm ci first): then it fails.
+func requireNode(t *testing.T) string {
+	t.Helper()
+	miss := func(why string) {
+		if v := os.Getenv(labtest.RequireEnv); v != "" {
+			t.Fatalf("%s=%s but %s", labtest.RequireEnv, v, why)
+		}
+		t.Skipf("%s (set %s=1 to make this a failure)", why, labtest.RequireEnv)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		miss("node is not on PATH")
+	}
+	if _, err := os.Stat(filepath.Join("node_modules", "@modelcontextprotocol", "sdk", "package.json")); err != nil {
+		miss("e2e/node_modules has no @modelcontextprotocol/sdk: run `npm ci --prefix e2e`")
+	}
+	return node
+}
+
+// TestNodeSDKEndToEnd runs the Node end-to-end tests (stdio.test.mjs, then
+// http.test.mjs) against a real lab VM.
+func TestNodeSDKEndToEnd(t *testing.T) {
+	labtest.RequireQEMU(t)
+	node := requireNode(t)
+	vm := labtest.VM(t, vmName)
+	dir := t.TempDir()
+	bin := buildVMGate(t, dir)
+	state := filepath.Join(dir, "state")
+	token := rand.Text() + rand.Text()
+	cfgPath := writeConfig(t, dir, state, vm, token)
+
+	// Sentinels: nothing the tests send may change them.
+	sentinelFile := "/tmp/vmgate-e2e-sentinel"
+	sentinelText := "sentinel " + rand.Text()
+	out := guestRun(t, vm, "/bin/sh", "-c", fmt.Sprintf("printf '%%s\\n' '%s' > %s && (sleep 3600 </dev/null >/dev/null 2>&1 & echo $!)", sentinelText, sentinelFile))
+	sentinelPID, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil || sentinelPID < 2 {
+		t.Fatalf("sentinel process: guest printed %q", out)
+	}
+
+	env := append(os.Environ(),
+		"VMGATE_BIN="+bin,
+		"VMGATE_E2E_CONFIG="+cfgPath,
+		"VMGATE_E2E_STATE="+state,
+		"VMGATE_E2E_VM=lab/"+vmName,
+		"VMGATE_E2E_OTHER_VM=other/vm9",
+		"VMGATE_E2E_SENTINEL_FILE="+sentinelFile,
+		"VMGATE_E2E_SENTINEL_TEXT="+sentinelText,
+		"VMGATE_E2E_SENTINEL_PID="+strconv.Itoa(sentinelPID),
+	)
+	t.Run("stdio", func(t *testing.T) {
+		runNode(t, node, env, "stdio.test.mjs")
+	})
+	t.Run("http", func(t *testing.T) {
+		url, stop := startHTTPServer(t, bin, cfgPath)
+		runNode(t, node, append(env, "VMGATE_E2E_URL="+url, "VMGATE_E2E_TOKEN="+token), "http.test.mjs")
+		stop()
+	})
+
+	// The whole run's audit log verifies.
+	verify := exec.Command(bin, "audit", "verify", filepath.Join(state, "audit.log"))
+	if b, err := verify.CombinedOutput(); err != nil || !strings.HasPrefix(string(b), "ok") {
+		t.Errorf("vmgate audit verify = %v, %q; want ok", err, b)
+	}
+
+	// The sentinels are unchanged.
+	got := guestRun(t, vm, "/bin/sh", "-c", fmt.Sprintf("cat %s; tr '\\0' ' ' < /proc/%d/cmdline", sentinelFile, sentinelPID))
+	if want := sentinelText + "\nsleep 3600 "; got != want {
+		t.Errorf("sentinels after the run = %q; want %q (file and sleeping process unchanged)", got, want)
+	}
+	guestRun(t, vm, "/bin/sh", "-c", fmt.Sprintf("kill %d; rm -f %s", sentinelPID, sentinelFile))
+}
+
+// buildVMGate builds the vmgate binary into dir.
+func buildVMGate(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "vmgate")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/vmgate/vmgate/cmd/vmgate")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build vmgate: %v\n%s", err, b)
+	}
+	return bin
+}
+
+func writeConfig(t *testing.T, dir, state string, vm *lab.VM, token string) string {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "policy.json"), []byte(e2ePolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(token))
+	cfg := fmt.Sprintf(`state_dir: %q
+audit:
+  fsync: always
+limits:
+  max_timeout_s: 600
+grants:
+  - name: local
+    policy: policy.json
+    vms: ["lab/*"]
+  - name: agent
+    token_sha256: %s
+    policy: policy.json
+    vms: ["lab/*"]
+  - name: other
+    policy: policy.json
+    vms: ["other/*"]
+backends:
+  - name: lab
+    driver: qemu
+    settings:
+      vms:
+        - {name: %s, qmp: %q, qga: %q}
+  - name: other
+    driver: qemu
+    settings:
+      vms:
+        - {name: vm9, qmp: %q, qga: %q}
+`, state, hex.EncodeToString(sum[:]), vmName, vm.QMPSocket, vm.QGASocket,
+		filepath.Join(dir, "nowhere", "qmp.sock"), filepath.Join(dir, "nowhere", "qga.sock"))
+	p := filepath.Join(dir, "vmgate.yaml")
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// runNode runs one Node test file and fails t if it fails.
+func runNode(t *testing.T, node string, env []string, file string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=spec", file)
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	t.Logf("node --test %s:\n%s", file, out.String())
+	if err != nil {
+		t.Fatalf("node --test %s: %v", file, err)
+	}
+	if !regexp.MustCompile(`(?m)^ℹ pass [1-9]`).Match(out.Bytes()) {
+		t.Fatalf("node --test %s passed no test", file)
+	}
+	if regexp.MustCompile(`(?m)^ℹ skipped [1-9]`).Match(out.Bytes()) {
+		t.Fatalf("node --test %s skipped tests", file)
+	}
+}
+
+var urlLine = regexp.MustCompile(`url=(http://127\.0\.0\.1:[0-9]+/mcp)`)
+
+// startHTTPServer runs `vmgate serve --http 127.0.0.1:0` and returns its
+// URL and a stop function (SIGTERM, then wait); the test owns the process.
+func startHTTPServer(t *testing.T, bin, cfgPath string) (string, func()) {
+	t.Helper()
+	cmd := exec.Command(bin, "serve", "--config", cfgPath, "--http", "127.0.0.1:0")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("vmgate serve --http: %v", err)
+	}
+	var (
+		mu  sync.Mutex
+		log strings.Builder
+	)
+	found := make(chan string, 1)
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			mu.Lock()
+			log.WriteString(sc.Text() + "\n")
+			mu.Unlock()
+			if m := urlLine.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case found <- m[1]:
+				default:
+				}
+			}
+		}
+		io.Copy(io.Discard, stderr)
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan error, 1)
+			go func() { <-drained; done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("vmgate serve --http exited with %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+				t.Errorf("vmgate serve --http did not stop within 30 s of SIGTERM")
+			}
+			mu.Lock()
+			t.Logf("vmgate serve --http stderr:\n%s", log.String())
+			mu.Unlock()
+		})
+	}
+	t.Cleanup(stop)
+	select {
+	case u := <-found:
+		return u, stop
+	case <-time.After(60 * time.Second):
+		stop()
+		t.Fatalf("vmgate serve --http printed no URL within 60 s")
+	}
+	return "", stop
+}
+
+type execStatus struct {
+	Exited   bool   `json:"exited"`
+	ExitCode int    `json:"exitcode"`
+	OutData  string `json:"out-data"`
+}
+
+// guestRun runs argv in the guest through the agent directly (not through
+// vmgate) and returns its stdout; a non-zero exit fails t.
+func guestRun(t *testing.T, vm *lab.VM, argv ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var started struct {
+		PID int `json:"pid"`
+	}
+	if err := vm.AgentCall(ctx, "guest-exec", map[string]any{"path": argv[0], "arg": argv[1:], "capture-output": true}, &started); err != nil {
+		t.Fatalf("guest-exec %q: %v", argv, err)
+	}
+	for delay := time.Millisecond; ; delay = min(2*delay, 200*time.Millisecond) {
+		var st execStatus
+		if err := vm.AgentCall(ctx, "guest-exec-status", map[string]any{"pid": started.PID}, &st); err != nil {
+			t.Fatalf("guest-exec-status %q: %v", argv, err)
+		}
+		if st.Exited {
+			out, err := base64.StdEncoding.DecodeString(st.OutData)
+			if err != nil {
+				t.Fatalf("guest-exec %q: out-data: %v", argv, err)
+			}
+			if st.ExitCode != 0 {
+				t.Fatalf("guest-exec %q: exit %d, output %q", argv, st.ExitCode, out)
+			}
+			return string(out)
+		}
+		time.Sleep(delay)
+	}
+}
