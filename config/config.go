@@ -59,6 +59,26 @@ type Config struct {
 	Backends []Backend `yaml:"backends"`
 	HTTP     HTTP      `yaml:"http"`
 	Limits   Limits    `yaml:"limits"`
+	Operator Operator  `yaml:"operator"`
+	Metrics  Metrics   `yaml:"metrics"`
+}
+
+// Operator is the person who approves parked calls on the web page (/ui
+// on the HTTP listener). Its token is separate from every grant's: a
+// grant's token does not open the page, and the operator token is not a
+// grant. Empty TokenSHA256 means no web page.
+type Operator struct {
+	// Name is who the audit log says decided an approval (default "operator").
+	Name string `yaml:"name"`
+	// TokenSHA256 is the hex SHA-256 of the operator's token.
+	TokenSHA256 string `yaml:"token_sha256"`
+}
+
+// Metrics configures the Prometheus endpoint /metrics. With Addr it has a
+// listener of its own; otherwise it is served on the HTTP listener behind
+// the operator token (Authorization: Bearer), or not at all without one.
+type Metrics struct {
+	Addr string `yaml:"addr"`
 }
 
 // Store selects the counter and approval store.
@@ -343,6 +363,22 @@ func (c *Config) Validate() error {
 	if c.HTTP.Addr != "" {
 		if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
 			return fmt.Errorf("http.addr: %w", err)
+		}
+	}
+	if c.Operator.TokenSHA256 != "" {
+		if !sha256hex.MatchString(c.Operator.TokenSHA256) {
+			return errors.New("operator.token_sha256: want 64 lowercase hex digits (sha256sum of the token)")
+		}
+		if g, dup := tokens[c.Operator.TokenSHA256]; dup {
+			return fmt.Errorf("operator.token_sha256: the same token as grant %q (the operator needs a token of its own)", g)
+		}
+	}
+	if c.Operator.Name != "" && !grantRE.MatchString(c.Operator.Name) {
+		return fmt.Errorf("operator.name: %q is not a valid name", c.Operator.Name)
+	}
+	if c.Metrics.Addr != "" {
+		if _, _, err := net.SplitHostPort(c.Metrics.Addr); err != nil {
+			return fmt.Errorf("metrics.addr: %w", err)
 		}
 	}
 	if (c.HTTP.TLSCert == "") != (c.HTTP.TLSKey == "") {
