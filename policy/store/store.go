@@ -5,8 +5,11 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/vmgate/vmgate/policy"
@@ -108,3 +111,110 @@ var (
 // approval ids (bbolt keys are limited to 32 KiB; Redis keys are cheap but
 // not free). Any byte sequence within it is a valid key: NUL, unicode, '|'.
 const MaxKeyLen = 4096
+
+// Sessions holds the server's sessions: which grant owns each, on which VM,
+// and when it expires. The server is the source of truth for expiry (the
+// guest helper's own ttl is a backstop). Implementations are safe for
+// concurrent use.
+//
+// A deleted session is kept as a tombstone (Deleted set) for
+// SessionRetention, so that its owner destroying it again learns it is
+// already gone while any other grant still gets ErrUnknownSession.
+type Sessions interface {
+	// CreateSession stores s (Deleted must be zero, LastUsed zero means
+	// Created). ErrDuplicate when the id exists, tombstones included. It
+	// may purge tombstones older than SessionRetention before s.Created.
+	CreateSession(ctx context.Context, s Session) error
+	// GetSession returns the session, tombstone or not; ErrUnknownSession
+	// when there is none.
+	GetSession(ctx context.Context, id string) (Session, error)
+	// ListSessions returns the live (not deleted) sessions of grant on vm,
+	// oldest first; an empty grant or vm matches any.
+	ListSessions(ctx context.Context, grant, vm string) ([]Session, error)
+	// TouchSession records a use at now (LastUsed never goes back).
+	// ErrUnknownSession when the session is missing or deleted.
+	TouchSession(ctx context.Context, id string, now time.Time) error
+	// DeleteSession marks the session deleted at now and returns it as it
+	// was before: a session whose Deleted was already set stays as it was
+	// (deleting twice is harmless). ErrUnknownSession when there is none.
+	DeleteSession(ctx context.Context, id string, now time.Time) (Session, error)
+}
+
+// ErrUnknownSession: no session by that id (or, for Touch, no live one).
+var ErrUnknownSession = errors.New("unknown session")
+
+// SessionRetention is how long a deleted session is kept as a tombstone.
+const SessionRetention = 24 * time.Hour
+
+// Session is one session as the server stores it.
+type Session struct {
+	ID       string        `json:"id"`
+	Grant    string        `json:"grant"`
+	VM       string        `json:"vm"`
+	Created  time.Time     `json:"created"`
+	LastUsed time.Time     `json:"last_used"`
+	TTL      time.Duration `json:"ttl,omitempty"`  // 0: no ttl
+	Idle     time.Duration `json:"idle,omitempty"` // 0: no idle limit
+	Limits   SessionLimits `json:"limits"`
+	// Workdir and Tracking are what the guest reported at creation.
+	Workdir  string    `json:"workdir,omitempty"`
+	Tracking string    `json:"tracking,omitempty"`
+	Deleted  time.Time `json:"deleted,omitzero"`
+}
+
+// SessionLimits are a session's resource limits; 0 means none.
+type SessionLimits struct {
+	MemoryMB   int64 `json:"memory_mb,omitempty"`
+	Pids       int64 `json:"pids,omitempty"`
+	CPUPercent int64 `json:"cpu_percent,omitempty"`
+}
+
+// Expired reports whether s is past its ttl or idle time at now.
+func (s Session) Expired(now time.Time) bool {
+	if s.TTL > 0 && !now.Before(s.Created.Add(s.TTL)) {
+		return true
+	}
+	return s.Idle > 0 && !now.Before(s.LastUsed.Add(s.Idle))
+}
+
+// ValidateSession checks s as CreateSession receives it and returns it
+// normalised (LastUsed defaults to Created). An error wraps ErrInvalid.
+func ValidateSession(s Session) (Session, error) {
+	switch {
+	case s.ID == "" || len(s.ID) > MaxKeyLen:
+		return s, fmt.Errorf("%w: session id of %d bytes (want 1..%d)", ErrInvalid, len(s.ID), MaxKeyLen)
+	case s.Grant == "" || len(s.Grant) > MaxKeyLen:
+		return s, fmt.Errorf("%w: session %q: grant of %d bytes (want 1..%d)", ErrInvalid, s.ID, len(s.Grant), MaxKeyLen)
+	case s.VM == "" || len(s.VM) > MaxKeyLen:
+		return s, fmt.Errorf("%w: session %q: vm of %d bytes (want 1..%d)", ErrInvalid, s.ID, len(s.VM), MaxKeyLen)
+	case s.Created.IsZero():
+		return s, fmt.Errorf("%w: session %q: no creation time", ErrInvalid, s.ID)
+	case s.TTL < 0 || s.Idle < 0:
+		return s, fmt.Errorf("%w: session %q: negative ttl %v or idle %v", ErrInvalid, s.ID, s.TTL, s.Idle)
+	case s.Limits.MemoryMB < 0 || s.Limits.Pids < 0 || s.Limits.CPUPercent < 0:
+		return s, fmt.Errorf("%w: session %q: negative limit %+v", ErrInvalid, s.ID, s.Limits)
+	case !s.Deleted.IsZero():
+		return s, fmt.Errorf("%w: session %q: created deleted", ErrInvalid, s.ID)
+	case !s.LastUsed.IsZero() && s.LastUsed.Before(s.Created):
+		return s, fmt.Errorf("%w: session %q: last used before it was created", ErrInvalid, s.ID)
+	}
+	if s.LastUsed.IsZero() {
+		s.LastUsed = s.Created
+	}
+	return s, nil
+}
+
+// ValidateSessionID checks an id given to Get, Touch or Delete.
+func ValidateSessionID(id string) error {
+	if id == "" || len(id) > MaxKeyLen {
+		return fmt.Errorf("%w: session id of %d bytes (want 1..%d)", ErrInvalid, len(id), MaxKeyLen)
+	}
+	return nil
+}
+
+// SortSessions orders sessions oldest first, then by id (ListSessions' order).
+func SortSessions(ss []Session) {
+	slices.SortFunc(ss, func(a, b Session) int {
+		return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
+	})
+}
