@@ -21,7 +21,7 @@ var _ store.Sessions = (*Store)(nil)
 // Delete are optimistic WATCH/MULTI transactions like DecideApproval.
 
 func (s *Store) sessionKey(id string) string { return s.prefix + "s:" + id }
-func (s *Store) sessionIDsKey() string        { return s.prefix + "si" }
+func (s *Store) sessionIDsKey() string       { return s.prefix + "si" }
 
 // createSessionScript: KEYS session, ids set; ARGV json, id.
 var createSessionScript = goredis.NewScript(`
