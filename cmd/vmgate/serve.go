@@ -168,14 +168,17 @@ func hasGrant(cfg *config.Config, name string) bool {
 	return false
 }
 
-// openStore opens the configured store. bbolt runs without fsync: the
-// audit log's decision records are the write-ahead log, and reservations
-// a power loss took from the bbolt file are restored from them here.
+// openStore opens the configured store. With bolt (the default) counters
+// live in memory and approvals in bbolt (memory.Split; its package doc has
+// the reasons and the figures): the audit log's decision records are the
+// counters' write-ahead log, replayed here. bbolt fsyncs its commits, which
+// only approvals make. Redis is the replicas' shared source of truth and
+// is used as it is.
 func openStore(ctx context.Context, cfg *config.Config, auditPath string) (store.Store, error) {
 	switch cfg.Store.Type {
 	case config.StoreMemory:
 		m := memory.New()
-		return m, restoreCounters(ctx, auditPath, m.ReserveAll)
+		return m, restoreCounters(ctx, auditPath, m.Restore)
 	case config.StoreRedis:
 		r, err := redis.Open(cfg.Store.URL, redis.Options{Prefix: cfg.Store.Prefix})
 		if err != nil {
@@ -183,20 +186,25 @@ func openStore(ctx context.Context, cfg *config.Config, auditPath string) (store
 		}
 		return r, nil
 	default:
-		b, err := bolt.Open(cfg.Store.Path, bolt.Options{NoSync: true})
+		b, err := bolt.Open(cfg.Store.Path, bolt.Options{})
 		if err != nil {
 			return nil, fmt.Errorf("serve: store: %w", err)
 		}
-		if err := restoreCounters(ctx, auditPath, b.Restore); err != nil {
+		s, err := memory.NewSplit(b)
+		if err != nil {
 			b.Close()
+			return nil, fmt.Errorf("serve: store: %w", err)
+		}
+		if err := restoreCounters(ctx, auditPath, s.Restore); err != nil {
+			s.Close()
 			return nil, err
 		}
-		return b, nil
+		return s, nil
 	}
 }
 
-// restoreCounters replays the reservations of recent decision records that
-// were not refunded.
+// restoreCounters replays the reservations of decision records still inside
+// their counters' windows whose outcome does not say refunded.
 func restoreCounters(ctx context.Context, path string, restore func(context.Context, string, time.Time, []policy.Counter) error) error {
 	type res struct {
 		at       time.Time

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/config"
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/policy/store/memory"
+)
+
+// The counters of `store: bolt` live in memory and are rebuilt at start from
+// the audit log: reservations inside their window come back, refunded ones
+// and ones that left their window do not, and approvals persist in bbolt.
+func TestOpenStoreRebuildsCountersFromTheAuditLog(t *testing.T) {
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "audit.log")
+	l, err := audit.Open(logPath, audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	const key = "all_calls|grant=local"
+	decision := func(id string, at time.Time, window time.Duration) {
+		rec := audit.Record{Time: at, Kind: audit.KindDecision, CallID: id, Decision: "allow",
+			Counters: []audit.Counter{{Key: key, WindowMS: window.Milliseconds(), Max: 3}}}
+		if _, err := l.Append(context.Background(), rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	outcome := func(id string, refunded bool) {
+		if err := l.AppendLazy(context.Background(), audit.Record{Kind: audit.KindOutcome, CallID: id, Outcome: "ok", Refunded: refunded}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decision("live1", now.Add(-10*time.Second), time.Minute)
+	outcome("live1", false)
+	decision("refunded", now.Add(-5*time.Second), time.Minute)
+	outcome("refunded", true)
+	decision("old", now.Add(-2*time.Minute), time.Minute) // left its window
+	decision("live2", now.Add(-time.Second), time.Minute) // no outcome: a crash lost it
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := &config.Config{}
+	cfg.Store.Type = config.StoreBolt
+	cfg.Store.Path = filepath.Join(dir, "store.db")
+	st, err := openStore(context.Background(), cfg, logPath)
+	if err != nil {
+		t.Fatalf("openStore = %v", err)
+	}
+	if _, ok := st.(*memory.Split); !ok {
+		t.Fatalf("openStore(bolt) = %T; want *memory.Split (counters in memory, approvals in bbolt)", st)
+	}
+	c := []policy.Counter{{Key: key, Window: time.Minute, Max: 3}}
+	granted := 0
+	for i := range 3 {
+		err := st.ReserveAll(context.Background(), fmt.Sprint("new", i), now, c)
+		var le *store.LimitedError
+		if errors.As(err, &le) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted++
+	}
+	// live1 and live2 are restored: one of the three units is left.
+	if granted != 1 {
+		t.Fatalf("ReserveAll after the rebuild granted %d of max 3; want 1 (live1 and live2 restored)", granted)
+	}
+	a := store.Approval{ID: "ap1", Grant: "local", Tool: "vm_power", Digest: "d", State: store.ApprovalPending,
+		Created: now, Expires: now.Add(time.Hour), TTL: time.Hour}
+	if err := st.CreateApproval(context.Background(), a); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err = openStore(context.Background(), cfg, logPath)
+	if err != nil {
+		t.Fatalf("openStore again = %v", err)
+	}
+	defer st.Close()
+	if got, err := st.GetApproval(context.Background(), "ap1"); err != nil || got.State != store.ApprovalPending {
+		t.Fatalf("GetApproval(ap1) after reopening = %+v, %v; want the pending approval (approvals persist)", got, err)
+	}
+}
