@@ -244,10 +244,14 @@ func (r *jsonReader) string() (string, error) {
 		c := d[p]
 		if c == '"' {
 			s := d[start:p]
+			r.pos = p + 1
+			if k := intern(s); k != "" {
+				return k, nil
+			}
 			if !utf8.Valid(s) {
+				r.pos = start
 				return "", r.errorf("invalid UTF-8 in string")
 			}
-			r.pos = p + 1
 			return string(s), nil
 		}
 		if c == '\\' || c < 0x20 {
@@ -329,6 +333,57 @@ func (r *jsonReader) hex4() (rune, error) {
 	}
 	r.pos += 4
 	return rune(v), nil
+}
+
+// intern returns the constant for the keys and values every tools/call
+// carries, so decoding them allocates nothing; "" for anything else. The
+// switch on string(b) does not allocate.
+func intern(b []byte) string {
+	switch string(b) {
+	case "jsonrpc":
+		return "jsonrpc"
+	case "2.0":
+		return "2.0"
+	case "id":
+		return "id"
+	case "method":
+		return "method"
+	case "tools/call":
+		return "tools/call"
+	case "params":
+		return "params"
+	case "name":
+		return "name"
+	case "arguments":
+		return "arguments"
+	case "_meta":
+		return "_meta"
+	case "vm":
+		return "vm"
+	case "session":
+		return "session"
+	case "command":
+		return "command"
+	case "timeout_s":
+		return "timeout_s"
+	case "pid":
+		return "pid"
+	case "signal":
+		return "signal"
+	case "path":
+		return "path"
+	case "list_vms":
+		return "list_vms"
+	case "vm_status":
+		return "vm_status"
+	case "vm_agent_exec":
+		return "vm_agent_exec"
+	case "list_processes":
+		return "list_processes"
+	case "kill_process":
+		return "kill_process"
+	}
+	return ""
 }
 
 // foldKey maps s to a string equal for two strings exactly when
