@@ -16,13 +16,13 @@ import (
 )
 
 func (e *emulator) jsonConfig() []byte {
-	b, _ := json.Marshal(JSONConfig{VBoxManage: builtBin, Username: emuUser, PasswordFile: e.passwordFile})
+	b, _ := json.Marshal(JSONConfig{VBoxManage: e.bin, Username: emuUser, PasswordFile: e.passwordFile})
 	return b
 }
 
 // TestConformancePlugin runs the suite through the go-plugin boundary: the
 // driver lives in a plugin process (this test binary) started by
-// pluginhost; it finds the emulator's world through the inherited environment.
+// pluginhost; the emulator finds its world next to its binary.
 func TestConformancePlugin(t *testing.T) {
 	t1 := labtest.VM(t, "t1")
 	noexec := labtest.VM(t, "noexec")

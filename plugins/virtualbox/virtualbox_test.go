@@ -35,10 +35,14 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(labtest.Main(m,
+	code := labtest.Main(m,
 		lab.Spec{Name: "t1"},
 		lab.Spec{Name: "noexec", Cmdline: map[string]string{"QGA_BLOCK": "guest-exec"}},
-	))
+	)
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
 }
 
 var (
@@ -76,9 +80,9 @@ type emuVM = struct {
 }
 
 // emulator is one emulated VirtualBox host: its config file, its log, and
-// a driver pointed at it (the emulator finds both through the environment).
+// its own copy of the emulator binary, which finds both next to itself.
 type emulator struct {
-	dir, cfgPath, logPath, passwordFile string
+	dir, bin, cfgPath, logPath, passwordFile string
 }
 
 const (
@@ -88,9 +92,19 @@ const (
 
 func newEmulator(t *testing.T, vms ...emuVM) *emulator {
 	t.Helper()
-	emulatorBinary(t)
+	bin := emulatorBinary(t)
 	dir := t.TempDir()
-	e := &emulator{dir: dir, cfgPath: filepath.Join(dir, "vbox.json"), logPath: filepath.Join(dir, "vbox.log"), passwordFile: filepath.Join(dir, "password")}
+	e := &emulator{dir: dir, bin: filepath.Join(dir, "VBoxManage"), cfgPath: filepath.Join(dir, "vbox.json"), logPath: filepath.Join(dir, "vbox.log"), passwordFile: filepath.Join(dir, "password")}
+	// The emulator reads vbox.json next to itself: each test gets its own copy.
+	if err := os.Link(bin, e.bin); err != nil {
+		raw, err := os.ReadFile(bin)
+		if err == nil {
+			err = os.WriteFile(e.bin, raw, 0o700)
+		}
+		if err != nil {
+			t.Fatalf("copying the emulator: %v", err)
+		}
+	}
 	raw, _ := json.Marshal(map[string]any{"username": emuUser, "password": emuPassword, "vms": vms})
 	if err := os.WriteFile(e.cfgPath, raw, 0o600); err != nil {
 		t.Fatal(err)
@@ -98,14 +112,12 @@ func newEmulator(t *testing.T, vms ...emuVM) *emulator {
 	if err := os.WriteFile(e.passwordFile, []byte(emuPassword+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("VBOXEMU_CONFIG", e.cfgPath)
-	t.Setenv("VBOXEMU_LOG", e.logPath)
 	return e
 }
 
 func (e *emulator) driver(t *testing.T) *Driver {
 	t.Helper()
-	d, err := New(Config{VBoxManage: builtBin, Username: emuUser, PasswordFile: e.passwordFile, Logger: slog.New(slog.DiscardHandler)})
+	d, err := New(Config{VBoxManage: e.bin, Username: emuUser, PasswordFile: e.passwordFile, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatalf("New() = %v", err)
 	}

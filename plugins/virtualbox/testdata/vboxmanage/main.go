@@ -6,10 +6,12 @@
 // failure, the `run` mapping of guest exit codes), and forwards guest
 // operations to a lab VM's real qemu-ga through guest/qga.
 //
-// Its world comes from the JSON file named by VBOXEMU_CONFIG (user,
+// Its world comes from vbox.json next to its own executable (user,
 // password, VMs with their qemu-ga sockets and states; power actions
-// rewrite the states there). With VBOXEMU_LOG set, every invocation appends
-// one JSON line (argv, exit code, stdout, stderr) to that file.
+// rewrite the states there), so each test copies the binary into its own
+// directory and nothing depends on the environment (a plugin process does
+// not inherit it). Every invocation appends one JSON line (argv, exit code,
+// stdout, stderr) to vbox.log in the same directory.
 //
 // Like VirtualBox, it treats guest control as one service: a guest whose
 // qemu-ga has guest-exec blocked has "no guest execution service" for run,
@@ -60,13 +62,15 @@ type emu struct {
 
 func main() {
 	var so, se bytes.Buffer
-	e := &emu{cfgPath: os.Getenv("VBOXEMU_CONFIG"), stdout: &so, stderr: &se}
+	dir := "."
+	if exe, err := os.Executable(); err == nil {
+		dir = filepath.Dir(exe)
+	}
+	e := &emu{cfgPath: filepath.Join(dir, "vbox.json"), stdout: &so, stderr: &se}
 	e.out = io.MultiWriter(os.Stdout, &so)
 	e.errw = io.MultiWriter(os.Stderr, &se)
 	code := e.run(os.Args[1:])
-	if p := os.Getenv("VBOXEMU_LOG"); p != "" {
-		appendLog(p, os.Args[1:], code, so.String(), se.String())
-	}
+	appendLog(filepath.Join(dir, "vbox.log"), os.Args[1:], code, so.String(), se.String())
 	os.Exit(code)
 }
 
@@ -96,7 +100,7 @@ func (e *emu) run(args []string) int {
 		err = json.Unmarshal(raw, &e.cfg)
 	}
 	if err != nil {
-		e.errorf("emulator: VBOXEMU_CONFIG: %v", err)
+		e.errorf("emulator: %s: %v", e.cfgPath, err)
 		return 1
 	}
 	if len(args) == 0 {
@@ -183,11 +187,11 @@ func (p perCall) Call(ctx context.Context, command string, args, result any) err
 // agent is the guest agent of vm, nil when it has none.
 type agent = *qga.Agent
 
-func agentOf(vm *vmConfig) agent {
+func agentOf(cfgPath string, vm *vmConfig) agent {
 	if vm.QGASocket == "" {
 		return nil
 	}
-	return &qga.Agent{Caller: perCall{socket: vm.QGASocket, lock: os.Getenv("VBOXEMU_CONFIG") + ".lock-" + vm.UUID}}
+	return &qga.Agent{Caller: perCall{socket: vm.QGASocket, lock: filepath.Join(filepath.Dir(cfgPath), "qga.lock-"+vm.UUID)}}
 }
 
 func (e *emu) showvminfo(args []string) int {
@@ -212,7 +216,7 @@ func (e *emu) showvminfo(args []string) int {
 	}
 	runLevel, version := 0, ""
 	if vm.State == "running" {
-		if a := agentOf(vm); a != nil {
+		if a := agentOf(e.cfgPath, vm); a != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			if info, err := a.Info(ctx); err == nil {
 				runLevel, version = 2, info.Version+" (qemu-ga behind the vmgate emulator)"
@@ -336,7 +340,7 @@ func (e *emu) guestcontrol(args []string) int {
 		e.errorf("The guest session could not be started: The user \"%s\" was not able to logon on guest", o.username)
 		return 1
 	}
-	a := agentOf(vm)
+	a := agentOf(e.cfgPath, vm)
 	if a == nil {
 		e.errorf("The guest execution service is not ready (yet)")
 		return 1
