@@ -1,0 +1,63 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/policy/audit"
+)
+
+// TestOneFsyncPerCall holds DESIGN.md's budget with the real audit log: a
+// sequential gated call costs exactly one fsync and one write(2) (its
+// decision record; the previous call's outcome rides along), and a refused
+// call costs none (its record waits for the next commit).
+func TestOneFsyncPerCall(t *testing.T) {
+	for _, kind := range []benchStore{storeSplit, storeBolt} {
+		t.Run(string(kind), func(t *testing.T) {
+			// An hour-long interval keeps timer flushes out of the count.
+			g := gatedServer(t, kind, audit.FsyncAlways, time.Hour)
+			c := &conn{grant: g.s.grants["local"], transport: "stdio"}
+			ctx := context.Background()
+			const calls = 20
+			before := g.log.Stats()
+			for range calls {
+				out := g.s.handle(ctx, c, []byte(benchCall))
+				if !bytes.Contains(out, []byte(`"result"`)) || bytes.Contains(out, []byte(`"isError":true`)) {
+					t.Fatalf("handle(%s) = %s; want a successful result", benchCall, out)
+				}
+			}
+			st := g.log.Stats()
+			if got := st.Syncs - before.Syncs; got != calls {
+				t.Errorf("%d sequential calls cost %d fsyncs; want %d (one each)", calls, got, calls)
+			}
+			if got := st.Writes - before.Writes; got != calls {
+				t.Errorf("%d sequential calls cost %d writes; want %d (one each)", calls, got, calls)
+			}
+
+			refused := []string{
+				toolCall(7, "no_such_tool", `{}`),
+				toolCall(8, "vm_status", `{}`),
+				toolCall(9, "vm_status", `{"vm":"other/vm9"}`),
+				toolCall(10, "vm_status", `{"vm":"lab/vm1","VM":"lab/vm2"}`),
+				`{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"vm_status","arguments":{"vm":"lab/vm1"}`,
+			}
+			before = g.log.Stats()
+			for _, msg := range refused {
+				out := g.s.handle(ctx, c, []byte(msg))
+				if !bytes.Contains(out, []byte(`"isError":true`)) && !bytes.Contains(out, []byte(`"error"`)) {
+					t.Fatalf("handle(%s) = %s; want a refusal", msg, out)
+				}
+			}
+			if st := g.log.Stats(); st.Syncs != before.Syncs || st.Writes != before.Writes {
+				t.Errorf("%d refused calls cost %d fsyncs and %d writes; want none", len(refused), st.Syncs-before.Syncs, st.Writes-before.Writes)
+			}
+			// The refusals are recorded: they ride with the next commit.
+			g.s.handle(ctx, c, []byte(benchCall))
+			if st := g.log.Stats(); st.Syncs != before.Syncs+1 || st.Records < before.Records+uint64(len(refused))+1 {
+				t.Errorf("after one more call: %+v (before %+v); want 1 fsync carrying the %d refusal records", st, before, len(refused))
+			}
+		})
+	}
+}
