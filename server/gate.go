@@ -102,7 +102,7 @@ type verdict struct {
 }
 
 var envelopeKeys = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "result": true, "error": true}
-var callParamKeys = map[string]bool{"name": true, "arguments": true, "_meta": true}
+var callParamKeys = map[string]bool{"name": true, "arguments": true, "_meta": true, paramRequestState: true, paramInputResponses: true}
 
 // gateMessage is the one chokepoint: every message of every transport goes
 // through it before mcp-go sees anything.
@@ -196,6 +196,9 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	session, _ := valid["session"].(string)
 	d := c.grant.Policy.Decide(policy.Call{Grant: c.grant.Name, Transport: c.transport, Tool: name, VM: cl.vm, Session: session, Args: valid})
 	rec.Rule, rec.Reason, rec.Shadow = d.Rule, d.Reason, d.Shadow
+	if hasRoundTrip(params) && !isClientChannel(d) {
+		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "requestState and inputResponses answer a client approval, and this call asks for none", "")
+	}
 	switch {
 	case d.Shadow && d.Verdict != policy.Allow:
 		// Shadow mode: audit what enforcement would have done, then allow.
@@ -208,6 +211,12 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 		return s.refuse(ctx, id, hasID, rec, policy.Deny.String(), TagDenied, msg, "")
 	case d.Verdict == policy.Approve:
 		rec.Decision = policy.Approve.String()
+		if isClientChannel(d) { // server/elicit.go
+			if v, done := s.approveByClient(ctx, id, &rec, d, name, cl.vm, valid, params, start); done {
+				return v
+			}
+			break
+		}
 		a, ok, err := s.store.ConsumeApproval(ctx, c.grant.Name, name, argsDigest(name, valid), start)
 		if err != nil {
 			rec.Reason = "approval store: " + err.Error()

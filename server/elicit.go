@@ -1,0 +1,220 @@
+package server
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	mcpserver "github.com/mark3labs/mcp-go/server"
+
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/policy/audit"
+)
+
+// Approvals through the client (`approval.channel: client`).
+//
+// A call whose policy says approve with channel client is confirmed by the
+// MCP client's user through elicitation, in the multi-round-trip form of
+// protocol 2026-07-28 (SEP-2322): the gate answers the first call with an
+// input_required result that asks for an elicitation and carries a request
+// state; the client asks its user and retries the call with the answer and
+// the state echoed back.
+//
+// The request state is HMAC-SHA256 protected with a key only this server
+// process holds, and binds the grant, the tool, the digest of the
+// arguments and an expiry; each state is accepted once. A tampered,
+// expired, replayed or foreign state, a decline, a cancel, any answer but
+// an explicit approve, and a client that did not declare the elicitation
+// capability all mean deny.
+//
+// Not built: the legacy elicitation/create round trip for clients older
+// than 2026-07-28 (it needs server-to-client requests on the stdio loop and
+// inside the HTTP session). Such clients are denied with a message saying so.
+
+// elicitInputID is the key of the one input request the gate asks for.
+const elicitInputID = "approval"
+
+// Param keys of a multi-round-trip retry.
+const (
+	paramRequestState   = "requestState"
+	paramInputResponses = "inputResponses"
+)
+
+// clientApprovalTTL bounds how long a client's user may take to answer
+// when the policy gives no ttl.
+const clientApprovalTTL = 5 * time.Minute
+
+// elicitKey is the HMAC key of request states: random per process, so a
+// state never outlives the server that issued it.
+var elicitKey = sync.OnceValue(func() []byte {
+	k := make([]byte, 32)
+	rand.Read(k)
+	return k
+})
+
+// elicitState is what a request state binds.
+type elicitState struct {
+	Grant   string `json:"g"`
+	Tool    string `json:"t"`
+	Digest  string `json:"d"`
+	Expires int64  `json:"e"` // unix seconds
+	Nonce   string `json:"n"`
+}
+
+// ErrBadRequestState: a request state that is malformed, forged, expired,
+// bound to another call, or already used.
+var ErrBadRequestState = errors.New("invalid request state")
+
+func signState(st elicitState) string {
+	payload, _ := json.Marshal(st)
+	m := hmac.New(sha256.New, elicitKey())
+	m.Write(payload)
+	enc := base64.RawURLEncoding
+	return enc.EncodeToString(payload) + "." + enc.EncodeToString(m.Sum(nil))
+}
+
+// usedStates remembers accepted states until they expire: each is single-use.
+var usedStates = struct {
+	mu sync.Mutex // guards m
+	m  map[string]time.Time
+}{m: map[string]time.Time{}}
+
+// openState verifies s for the call (grant, tool, digest) at now and marks
+// it used.
+func openState(s, grant, tool, digest string, now time.Time) (elicitState, error) {
+	enc := base64.RawURLEncoding
+	p, sig, ok := strings.Cut(s, ".")
+	if !ok || len(s) > 4096 {
+		return elicitState{}, fmt.Errorf("%w: malformed", ErrBadRequestState)
+	}
+	payload, err1 := enc.DecodeString(p)
+	mac, err2 := enc.DecodeString(sig)
+	if err1 != nil || err2 != nil {
+		return elicitState{}, fmt.Errorf("%w: malformed", ErrBadRequestState)
+	}
+	m := hmac.New(sha256.New, elicitKey())
+	m.Write(payload)
+	if !hmac.Equal(mac, m.Sum(nil)) {
+		return elicitState{}, fmt.Errorf("%w: not issued by this server", ErrBadRequestState)
+	}
+	var st elicitState
+	if err := json.Unmarshal(payload, &st); err != nil {
+		return elicitState{}, fmt.Errorf("%w: malformed", ErrBadRequestState)
+	}
+	if st.Grant != grant || st.Tool != tool || st.Digest != digest {
+		return elicitState{}, fmt.Errorf("%w: issued for another call", ErrBadRequestState)
+	}
+	exp := time.Unix(st.Expires, 0)
+	if !now.Before(exp) {
+		return elicitState{}, fmt.Errorf("%w: expired", ErrBadRequestState)
+	}
+	usedStates.mu.Lock()
+	defer usedStates.mu.Unlock()
+	for n, e := range usedStates.m {
+		if !now.Before(e) {
+			delete(usedStates.m, n)
+		}
+	}
+	if _, used := usedStates.m[st.Nonce]; used {
+		return elicitState{}, fmt.Errorf("%w: already used", ErrBadRequestState)
+	}
+	usedStates.m[st.Nonce] = exp
+	return st, nil
+}
+
+// isClientChannel reports whether d asks the client for approval.
+func isClientChannel(d policy.Decision) bool {
+	return d.Verdict == policy.Approve && d.Approval != nil && d.Approval.Channel == "client"
+}
+
+// hasRoundTrip reports whether params carry a multi-round-trip retry.
+func hasRoundTrip(params map[string]any) bool {
+	_, s := params[paramRequestState]
+	_, r := params[paramInputResponses]
+	return s || r
+}
+
+// modernClient reads the 2026-07-28 request _meta: whether the request is
+// modern and whether its client declared elicitation.
+func modernClient(params map[string]any) (modern, elicitation bool) {
+	meta, _ := params["_meta"].(map[string]any)
+	v, _ := meta[mcp.MetaKeyProtocolVersion].(string)
+	if !mcp.IsModernProtocol(v) {
+		return false, false
+	}
+	caps, _ := meta[mcp.MetaKeyClientCapabilities].(map[string]any)
+	_, elicitation = caps["elicitation"]
+	return true, elicitation
+}
+
+// approveByClient handles a call whose policy asks the client for
+// approval. It returns done=false when the user approved (the gate goes on
+// to reserve and dispatch), else the verdict to answer with.
+func (s *Server) approveByClient(ctx context.Context, id any, rec *audit.Record, d policy.Decision, tool, vm string, args, params map[string]any, now time.Time) (v verdict, done bool) {
+	digest := argsDigest(tool, args)
+	deny := func(reason, msg string) (verdict, bool) {
+		rec.Reason = reason
+		return s.refuseWith(ctx, id, *rec, policy.Deny.String(), TagDenied, msg, nil), true
+	}
+	modern, elicitation := modernClient(params)
+	if !modern {
+		return deny("client approval: the client is older than protocol 2026-07-28",
+			"this call needs the approval of your user through elicitation, which this server offers to 2026-07-28 clients only; the call is refused")
+	}
+	if !elicitation {
+		return deny("client approval: the client has no elicitation capability",
+			"this call needs the approval of your user, and this client cannot ask (no elicitation capability); the call is refused")
+	}
+	if !hasRoundTrip(params) {
+		ttl := clientApprovalTTL
+		if d.Approval.TTL > 0 && d.Approval.TTL < ttl {
+			ttl = d.Approval.TTL
+		}
+		st := elicitState{Grant: rec.Grant, Tool: tool, Digest: digest, Expires: now.Add(ttl).Unix(), Nonce: rand.Text()}
+		redacted, _ := json.Marshal(audit.Redact(args))
+		where := ""
+		if vm != "" {
+			where = " on " + vm
+		}
+		msg := fmt.Sprintf("vmgate: the agent wants to run %s%s with arguments %s. Approve this one call?", tool, where, truncate(string(redacted), 400))
+		res := mcpserver.NewInputRequestBuilder(signState(st)).Elicit(elicitInputID, mcp.ElicitationParams{
+			Message: msg,
+			RequestedSchema: map[string]any{
+				"type": "object",
+				"properties": map[string]any{
+					"approve": map[string]any{"type": "boolean", "title": "Approve", "description": "Run " + tool + " once with these arguments"},
+				},
+				"required": []string{"approve"},
+			},
+		}).ToolResult()
+		rec.Reason = "asked the client's user"
+		s.record(ctx, *rec, policy.Approve.String(), "approval requested through elicitation", "")
+		return verdict{reply: rpcResult(id, res)}, true
+	}
+	state, _ := params[paramRequestState].(string)
+	if _, err := openState(state, rec.Grant, tool, digest, now); err != nil {
+		return deny("client approval: "+err.Error(), "the approval state is invalid, expired, already used or for another call; call again to be asked anew")
+	}
+	responses, _ := params[paramInputResponses].(map[string]any)
+	answer, _ := responses[elicitInputID].(map[string]any)
+	action, _ := answer["action"].(string)
+	content, _ := answer["content"].(map[string]any)
+	if action != string(mcp.ElicitationResponseActionAccept) || content["approve"] != true {
+		if action == "" {
+			action = "no answer"
+		}
+		return deny("client approval: "+truncate(action, 20), "your user did not approve this call ("+truncate(action, 20)+")")
+	}
+	rec.Reason = "approved by the client's user through elicitation"
+	rec.ApprovalID = "client"
+	return verdict{}, false
+}
