@@ -1,0 +1,372 @@
+// Package metrics is vmgate's Prometheus instrumentation: calls by tool,
+// decision and grant; the latency of the durable decision record and of
+// whole calls; store and audit errors; plugin restarts; pending approvals;
+// VMs by state. It uses a private registry (nothing global), served as the
+// Prometheus text format by Handler.
+//
+// Counting stays off the gate's hot path in cost: Metrics wraps the audit
+// log (Auditor) and the store (Store) that the gate already calls, so the
+// gate needs no hook of its own. Every label combination a call can produce
+// is resolved to its prometheus.Counter or Observer once, in New, and kept
+// in immutable maps: counting a call is a map lookup and an atomic add, with
+// no lock and no allocation. Label values come from closed sets (the tools
+// and grants given to New, the known decisions and outcomes); anything else
+// (an unknown tool name an agent made up) is counted under "other", so an
+// agent cannot blow up the series count.
+//
+// Gauges that need a backend (pending approvals, VMs by state, plugin
+// restarts) are collected when /metrics is scraped, each bounded by
+// Options.ScrapeTimeout; a backend that fails is counted in
+// vmgate_scrape_errors and its VMs are left out of that scrape.
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/policy/audit"
+)
+
+// Other is the label value of a tool, grant, decision or outcome outside
+// the closed sets Metrics knows.
+const Other = "other"
+
+// Decisions are the decision label values. Besides the audit log's own
+// words, "approved" is a call that went through on a granted approval and
+// "approval_required" a call that was parked (both are "approve" in the
+// log; the first is made durable before dispatch, the second is not).
+var Decisions = []string{
+	"allow", "deny", "approved", "approval_required", "rate_limited", "invalid", "unknown_vm", "error",
+	"approval_granted", "approval_denied", Other,
+}
+
+// Outcomes are the outcome label values of finished calls.
+var Outcomes = []string{"ok", "error", "timed_out", "not_run", Other}
+
+// Auditor is the audit log as the gate uses it (the same method set as
+// server.Auditor, so a wrapped log plugs into server.Config.Audit).
+type Auditor interface {
+	Append(ctx context.Context, rec audit.Record) (uint64, error)
+	AppendLazy(ctx context.Context, rec audit.Record) error
+}
+
+// Backend is one hypervisor backend whose VMs are counted by state.
+type Backend struct {
+	Name   string
+	Driver hypervisor.Driver
+}
+
+// Restarter is an optional capability of a driver: one that restarts a
+// plugin process (pluginhost.Supervisor) reports how often it did.
+type Restarter interface {
+	Restarts() int64
+}
+
+// Options configure New.
+type Options struct {
+	// Tools and Grants are the label values counted by name; others are Other.
+	Tools  []string
+	Grants []string
+	// Backends are counted by VM state at scrape time (and their plugin
+	// restarts, when a driver is a Restarter).
+	Backends []Backend
+	// PendingApprovals returns the number of pending approvals at scrape
+	// time; nil leaves the gauge out.
+	PendingApprovals func(ctx context.Context) (int, error)
+	// ScrapeTimeout bounds each scrape-time call (default 2 s).
+	ScrapeTimeout time.Duration
+}
+
+type callKey struct{ tool, decision, grant string }
+type outcomeKey struct{ tool, outcome string }
+
+// Metrics holds the registry and the pre-resolved series.
+type Metrics struct {
+	reg  *prometheus.Registry
+	opts Options
+
+	// The maps below are filled in New and only read afterwards: safe for
+	// concurrent use without a lock.
+	calls       map[callKey]prometheus.Counter
+	outcomes    map[outcomeKey]prometheus.Counter
+	duration    map[string]prometheus.Observer // by tool
+	commit      prometheus.Observer
+	auditErrors map[string]prometheus.Counter // by kind: decision, outcome
+	storeErrors map[string]prometheus.Counter // by op
+}
+
+// StoreOps are the op label values of vmgate_store_errors_total.
+var StoreOps = []string{"reserve", "refund", "create_approval", "get_approval", "list_approvals", "decide_approval", "consume_approval"}
+
+// New builds the metrics and registers them in a new private registry.
+func New(o Options) (*Metrics, error) {
+	if o.ScrapeTimeout <= 0 {
+		o.ScrapeTimeout = 2 * time.Second
+	}
+	tools := closedSet(o.Tools)
+	grants := closedSet(o.Grants)
+	for _, b := range o.Backends {
+		if b.Name == "" || b.Driver == nil {
+			return nil, fmt.Errorf("metrics: new: backend %q without a name or a driver", b.Name)
+		}
+	}
+	m := &Metrics{
+		reg:         prometheus.NewRegistry(),
+		opts:        o,
+		calls:       map[callKey]prometheus.Counter{},
+		outcomes:    map[outcomeKey]prometheus.Counter{},
+		duration:    map[string]prometheus.Observer{},
+		auditErrors: map[string]prometheus.Counter{},
+		storeErrors: map[string]prometheus.Counter{},
+	}
+	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vmgate_calls_total",
+		Help: "tools/call requests by tool, decision and grant (approval decisions of the operator included).",
+	}, []string{"tool", "decision", "grant"})
+	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vmgate_call_outcomes_total",
+		Help: "Dispatched calls by tool and outcome.",
+	}, []string{"tool", "outcome"})
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "vmgate_call_duration_seconds",
+		Help:    "Time from the gate receiving a dispatched call to its outcome (decision, backend work and reply).",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+	}, []string{"tool"})
+	commit := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "vmgate_decision_commit_seconds",
+		Help:    "Time to make a decision record durable before dispatch (the write and the shared fsync).",
+		Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .5, 1},
+	})
+	auditErrors := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vmgate_audit_errors_total",
+		Help: "Audit records that could not be written, by kind (a decision error refuses the call).",
+	}, []string{"kind"})
+	storeErrors := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vmgate_store_errors_total",
+		Help: "Store operations that failed for a reason other than a full counter or a bad argument, by op.",
+	}, []string{"op"})
+	for _, c := range []prometheus.Collector{calls, outcomes, duration, commit, auditErrors, storeErrors, &scrapeCollector{m: m}} {
+		if err := m.reg.Register(c); err != nil {
+			return nil, fmt.Errorf("metrics: new: %w", err)
+		}
+	}
+	for _, t := range tools {
+		for _, d := range Decisions {
+			for _, g := range grants {
+				m.calls[callKey{t, d, g}] = calls.WithLabelValues(t, d, g)
+			}
+		}
+		for _, oc := range Outcomes {
+			m.outcomes[outcomeKey{t, oc}] = outcomes.WithLabelValues(t, oc)
+		}
+		m.duration[t] = duration.WithLabelValues(t)
+	}
+	m.commit = commit
+	for _, k := range []string{string(audit.KindDecision), string(audit.KindOutcome)} {
+		m.auditErrors[k] = auditErrors.WithLabelValues(k)
+	}
+	for _, op := range StoreOps {
+		m.storeErrors[op] = storeErrors.WithLabelValues(op)
+	}
+	return m, nil
+}
+
+// closedSet is names without duplicates or empties, plus Other.
+func closedSet(names []string) []string {
+	out := []string{Other}
+	for _, n := range names {
+		if n != "" && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Registry is the private registry (for tests and extra collectors).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+// countCall counts one decision record; lazy says it was appended without
+// waiting (a refused or parked call).
+func (m *Metrics) countCall(rec *audit.Record, lazy bool) {
+	d := rec.Decision
+	switch {
+	case d == "approve" && lazy:
+		d = "approval_required"
+	case d == "approve":
+		d = "approved"
+	}
+	k := callKey{rec.Tool, d, rec.Grant}
+	c, ok := m.calls[k]
+	if !ok {
+		k = m.fallback(k)
+		c = m.calls[k]
+	}
+	c.Inc()
+}
+
+// fallback maps the unknown parts of k to Other.
+func (m *Metrics) fallback(k callKey) callKey {
+	if _, ok := m.duration[k.tool]; !ok {
+		k.tool = Other
+	}
+	if !slices.Contains(Decisions, k.decision) {
+		k.decision = Other
+	}
+	if _, ok := m.calls[callKey{Other, Other, k.grant}]; !ok {
+		k.grant = Other
+	}
+	return k
+}
+
+func (m *Metrics) countOutcome(rec *audit.Record) {
+	tool := rec.Tool
+	h, ok := m.duration[tool]
+	if !ok {
+		tool, h = Other, m.duration[Other]
+	}
+	h.Observe(rec.DurationMS / 1000)
+	c, ok := m.outcomes[outcomeKey{tool, rec.Outcome}]
+	if !ok {
+		c = m.outcomes[outcomeKey{tool, Other}]
+	}
+	c.Inc()
+}
+
+// Auditor wraps a in an Auditor that counts every record it is given.
+func (m *Metrics) Auditor(a Auditor) Auditor { return &auditor{m: m, next: a} }
+
+type auditor struct {
+	m    *Metrics
+	next Auditor
+}
+
+func (a *auditor) Append(ctx context.Context, rec audit.Record) (uint64, error) {
+	start := time.Now()
+	seq, err := a.next.Append(ctx, rec)
+	if err != nil {
+		a.m.auditErrors[string(audit.KindDecision)].Inc()
+		return seq, err
+	}
+	if rec.Kind == audit.KindDecision {
+		a.m.commit.Observe(time.Since(start).Seconds())
+		a.m.countCall(&rec, false)
+	}
+	return seq, nil
+}
+
+func (a *auditor) AppendLazy(ctx context.Context, rec audit.Record) error {
+	err := a.next.AppendLazy(ctx, rec)
+	if err != nil {
+		k := string(rec.Kind)
+		if _, ok := a.m.auditErrors[k]; !ok {
+			k = string(audit.KindOutcome)
+		}
+		a.m.auditErrors[k].Inc()
+	}
+	// The record is counted either way: the call was refused or finished
+	// whether or not its record could be written.
+	switch rec.Kind {
+	case audit.KindDecision:
+		a.m.countCall(&rec, true)
+	case audit.KindOutcome:
+		a.m.countOutcome(&rec)
+	}
+	return err
+}
+
+// storeFailure reports whether err is the store failing (not a verdict or
+// a caller's mistake).
+func storeFailure(err error) bool {
+	return err != nil && !isClientError(err)
+}
+
+// counted runs the store op and counts its failure.
+func (m *Metrics) counted(op string, err error) error {
+	if storeFailure(err) {
+		m.storeErrors[op].Inc()
+	}
+	return err
+}
+
+// scrapeCollector collects the gauges that ask a backend or the store.
+type scrapeCollector struct {
+	m *Metrics
+}
+
+var (
+	pendingDesc  = prometheus.NewDesc("vmgate_pending_approvals", "Approvals waiting for an operator.", nil, nil)
+	vmsDesc      = prometheus.NewDesc("vmgate_vms", "VMs by backend and power state.", []string{"backend", "state"}, nil)
+	restartsDesc = prometheus.NewDesc("vmgate_plugin_restarts_total", "Restarts of a backend's driver plugin process.", []string{"backend"}, nil)
+	scrapeDesc   = prometheus.NewDesc("vmgate_scrape_errors", "Scrape-time lookups that failed in this scrape, by source.", []string{"source"}, nil)
+)
+
+// States are the state label values of vmgate_vms (always all present).
+var States = []hypervisor.State{hypervisor.StateRunning, hypervisor.StatePaused, hypervisor.StateStopped, hypervisor.StateUnknown}
+
+func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- pendingDesc
+	ch <- vmsDesc
+	ch <- restartsDesc
+	ch <- scrapeDesc
+}
+
+func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
+	o := c.m.opts
+	failed := map[string]float64{}
+	var mu sync.Mutex // guards failed
+	if o.PendingApprovals != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), o.ScrapeTimeout)
+		n, err := o.PendingApprovals(ctx)
+		cancel()
+		if err != nil {
+			failed["approvals"]++
+		} else {
+			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n))
+		}
+	}
+	var wg sync.WaitGroup
+	for _, b := range o.Backends {
+		if r, ok := b.Driver.(Restarter); ok {
+			ch <- prometheus.MustNewConstMetric(restartsDesc, prometheus.CounterValue, float64(r.Restarts()), b.Name)
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), o.ScrapeTimeout)
+			defer cancel()
+			vms, err := b.Driver.ListVMs(ctx)
+			if err != nil {
+				mu.Lock()
+				failed["backend/"+b.Name]++
+				mu.Unlock()
+				return
+			}
+			by := map[hypervisor.State]float64{}
+			for _, vm := range vms {
+				st := vm.State
+				if !slices.Contains(States, st) {
+					st = hypervisor.StateUnknown
+				}
+				by[st]++
+			}
+			for _, st := range States {
+				ch <- prometheus.MustNewConstMetric(vmsDesc, prometheus.GaugeValue, by[st], b.Name, string(st))
+			}
+		})
+	}
+	wg.Wait()
+	for src, n := range failed {
+		ch <- prometheus.MustNewConstMetric(scrapeDesc, prometheus.GaugeValue, n, src)
+	}
+}
