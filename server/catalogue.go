@@ -136,15 +136,15 @@ func catalogue(l Limits) []*toolSpec {
 		},
 		{
 			name: "list_processes", title: "List processes", readOnly: true, idempotent: true,
-			desc:   "List the processes in a VM (pid, name, user, start time), optionally only those of one session. Needs the vmgate-guest helper in the VM.",
+			desc:   "List the processes in a VM (pid, name, user, start time), optionally only those of one session. vmgate installs its vmgate-guest helper in the VM on first use.",
 			fields: []field{vmField(true), sessionField()},
-			run:    (*Server).runNeedsHelper,
+			run:    (*Server).runListProcesses,
 		},
 		{
 			name: "list_sessions", title: "List sessions", readOnly: true, idempotent: true,
-			desc:   "List your sessions, in one VM or in all. Needs the vmgate-guest helper in the VM.",
+			desc:   "List your sessions, in one VM or in all. vmgate installs its vmgate-guest helper in the VM on first use.",
 			fields: []field{vmField(false)},
-			run:    (*Server).runNeedsHelper,
+			run:    (*Server).runListSessions,
 		},
 		{
 			name: "vm_agent_exec", title: "Run a command in a VM",
@@ -178,7 +178,7 @@ func catalogue(l Limits) []*toolSpec {
 		{
 			name: "create_session", title: "Create a session",
 			desc: "Create a session in a VM: a work directory whose processes are tracked together and can be limited " +
-				"and destroyed as one. Needs the vmgate-guest helper in the VM.",
+				"and destroyed as one. vmgate installs its vmgate-guest helper in the VM on first use.",
 			fields: []field{
 				vmField(true),
 				{name: "ttl_s", kind: kindInteger, desc: "Seconds until the session is destroyed.", min: 1, max: 7 * 86400},
@@ -189,25 +189,26 @@ func catalogue(l Limits) []*toolSpec {
 					{name: "cpu_percent", kind: kindInteger, desc: "CPU cap in percent of one CPU.", min: 1, max: 100000},
 				}},
 			},
-			run: (*Server).runNeedsHelper,
+			run: (*Server).runCreateSession,
 		},
 		{
 			name: "kill_process", title: "Signal a process", destructive: true,
 			desc: "Send a signal (default TERM) to a process in a VM and report whether it exited. " +
-				"pid 1, kernel threads and the guest agent are refused.",
+				"pid 1, kernel threads, the guest agent and vmgate-guest are refused ([INVALID ARGUMENT] refused: <reason>), " +
+				"and so is a pid that no longer has the given started_at.",
 			fields: []field{
 				vmField(true),
 				{name: "pid", kind: kindInteger, desc: "Process id in the guest (from list_processes or vm_agent_exec).", required: true, min: 1, max: MaxPID},
 				{name: "signal", kind: kindString, desc: "Signal name without SIG (default TERM).", enum: Signals},
-				{name: "started_at", kind: kindString, desc: "The process start time from list_processes; refuses the kill when the pid was reused.", maxLen: 64},
+				{name: "started_at", kind: kindInteger, desc: "The process start time from list_processes (ms since the Unix epoch); the kill is refused when the pid now belongs to another process.", min: 1, max: math.MaxInt64},
 			},
-			run: (*Server).runKill,
+			run: (*Server).runKillProcess,
 		},
 		{
 			name: "destroy_session", title: "Destroy a session", destructive: true, idempotent: true,
-			desc:   "Kill every process of a session and remove its work directory. Destroying a session twice is harmless. Needs the vmgate-guest helper in the VM.",
+			desc:   "Kill every process of a session and remove its work directory. Destroying a session twice is harmless. vmgate installs its vmgate-guest helper in the VM on first use.",
 			fields: []field{vmField(true), {name: "session", kind: kindString, desc: "Session id from create_session.", required: true, maxLen: 128}},
-			run:    (*Server).runNeedsHelper,
+			run:    (*Server).runDestroySession,
 		},
 		{
 			name: "vm_file_read", title: "Read a file", readOnly: true, idempotent: true,

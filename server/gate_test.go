@@ -135,7 +135,7 @@ func TestHostileInputs(t *testing.T) {
 		{"timeout above the maximum", toolCall(1, "vm_agent_exec", `{"vm":"lab/vm1","command":["ls"],"timeout_s":100000}`), TagInvalid, "invalid"},
 		{"unknown params member", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"vm_status","arguments":{"vm":"lab/vm1"},"extra":1}}`, TagInvalid, "invalid"},
 		{"invalid UTF-8", "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"vm_file_read\",\"arguments\":{\"vm\":\"lab/vm1\",\"path\":\"/\xff\"}}}", TagInvalid, "invalid"},
-		{"pid 1 refused by the tool", toolCall(1, "kill_process", `{"vm":"lab/vm1","pid":1}`), TagDenied, "allow"},
+		{"pid 1 refused by the tool", toolCall(1, "kill_process", `{"vm":"lab/vm1","pid":1}`), TagInvalid, "allow"},
 		{"session tools need the helper", toolCall(1, "destroy_session", `{"vm":"lab/vm1","session":"s1"}`), TagBackend, "allow"},
 	}
 	for _, tt := range tests {
@@ -244,8 +244,8 @@ func TestRateLimit(t *testing.T) {
 	f := newFixture(t, fixtureOpts{policy: killLimited})
 	// Refused before any side effect: refunded, so they cost no budget.
 	for range 3 {
-		if r := f.call(t, "kill_process", `{"vm":"lab/vm1","pid":1}`); !hasTag(r, TagDenied) {
-			t.Fatalf("kill pid 1 = %q; want %s", r.text(), TagDenied)
+		if r := f.call(t, "kill_process", `{"vm":"lab/vm1","pid":1}`); !hasTag(r, TagInvalid) {
+			t.Fatalf("kill pid 1 = %q; want %s", r.text(), TagInvalid)
 		}
 	}
 	for i := range 10 {

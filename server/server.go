@@ -37,6 +37,7 @@ import (
 
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
+	"github.com/vmgate/vmgate/guest/helper"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
@@ -98,6 +99,11 @@ type Config struct {
 	StdioGrant string
 	Logger     *slog.Logger     // default slog.Default()
 	Now        func() time.Time // default time.Now
+	// Sessions, GuestBinaries and ReapEvery configure the session and
+	// process tools (see session.go).
+	Sessions      store.Sessions
+	GuestBinaries helper.Binaries
+	ReapEvery     time.Duration
 }
 
 // Server is the MCP server with its gate.
@@ -116,6 +122,7 @@ type Server struct {
 	now        func() time.Time
 	execs      execTable
 	stdioGrant string
+	guest      *guestTools
 
 	// mu guards closed; calls holds every call in flight so Close can wait.
 	mu     sync.Mutex
@@ -211,6 +218,7 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.backends[b.Name] = b.Driver
 	}
+	s.guest = newGuestTools(s, cfg)
 	s.specs = catalogue(s.limits)
 	s.tools = make(map[string]*toolSpec, len(s.specs))
 	s.mcp = mcpserver.NewMCPServer(Name, Version,
@@ -237,6 +245,7 @@ func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
+	s.guest.stop()
 	s.calls.Wait()
 	var errs []error
 	for name, d := range s.backends {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
 )
 
@@ -105,10 +106,6 @@ func driverFailure(err error) result {
 	return r
 }
 
-func (s *Server) runNeedsHelper(c *call) result {
-	return failure(TagBackend, c.spec.name+" needs the vmgate-guest helper, not available yet", true)
-}
-
 type vmEntry struct {
 	ID    string           `json:"id"`
 	State hypervisor.State `json:"state"`
@@ -187,7 +184,7 @@ func (s *Server) outputCap(v any) int64 {
 
 func (s *Server) runExec(c *call) result {
 	if _, ok := c.args["session"]; ok {
-		return failure(TagBackend, "sessions need the vmgate-guest helper, not available yet", true)
+		return s.runSessionExec(c)
 	}
 	var argv []string
 	if cmd, ok := c.args["command"].([]any); ok {
@@ -334,6 +331,8 @@ while :; do
   i=$((i+1))
 done`
 
+// runKill is kill_process without the helper (runKillProcess falls back
+// to it on a host without vmgate-guest builds).
 func (s *Server) runKill(c *call) result {
 	pid := c.args["pid"].(int64)
 	sig := "TERM"
@@ -341,10 +340,7 @@ func (s *Server) runKill(c *call) result {
 		sig = v
 	}
 	if pid < 2 {
-		return failure(TagDenied, "pid 1 (init) is never signalled", true)
-	}
-	if _, ok := c.args["started_at"]; ok {
-		return failure(TagBackend, "started_at checks need the vmgate-guest helper, not available yet", true)
+		return refused(pid, wire.ReasonInit)
 	}
 	tries := "30"
 	if sig == "STOP" || sig == "CONT" {
@@ -365,9 +361,9 @@ func (s *Server) runKill(c *call) result {
 	case "nosuch":
 		return failure(TagInvalid, fmt.Sprintf("no process %d in %s", pid, c.vm), true)
 	case "kthread":
-		return failure(TagDenied, fmt.Sprintf("pid %d is a kernel thread", pid), true)
+		return refused(pid, wire.ReasonKernelThread)
 	case "agent":
-		return failure(TagDenied, fmt.Sprintf("pid %d is the guest agent", pid), true)
+		return refused(pid, wire.ReasonGuestAgent)
 	case "killfail":
 		return failure(TagBackend, fmt.Sprintf("kill -%s %d failed in the guest", sig, pid), true)
 	case "exited":
