@@ -26,11 +26,13 @@
 //
 // # Durability
 //
-// One writer goroutine owns the file. Append enqueues a record and waits; the
-// writer takes every queued record, assigns seq and prev_hash (so chain order
-// is file order), writes them with one write(2) and, with Fsync "always",
-// calls fsync once for the whole batch before releasing every waiter (group
-// commit). With Fsync "interval", Append returns after the write and the file
+// One commit at a time writes the file. An Append that finds no commit
+// running commits its record itself (no hand-off to another goroutine on the
+// call path); one that arrives while a commit runs queues its record for the
+// writer goroutine, which takes every queued record, assigns seq and
+// prev_hash (so chain order is file order), writes them with one write(2)
+// and, with Fsync "always", calls fsync once for the whole batch before
+// releasing every waiter (group commit). With Fsync "interval", Append returns after the write and the file
 // is fsynced at most Options.Interval later. AppendLazy (outcome records,
 // records of refused calls) never waits and costs no write(2) or fsync of
 // its own: the encoded record is held in memory and goes out with the next

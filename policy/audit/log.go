@@ -68,21 +68,27 @@ type Log struct {
 	lazyTimer *time.Timer   // Reset under lazyMu; the writer receives from it
 	kick      chan struct{} // wakes the writer to flush a long lazy backlog now
 
-	// failed is set by the writer together with broken, for AppendLazy.
+	// failed is set together with broken, for AppendLazy.
 	failed atomic.Bool
 	// Counters of the writer's I/O, for Stats.
 	writes, syncs, records atomic.Uint64
 
-	// The writer goroutine owns everything below; nothing else touches it.
-	seq      uint64
-	prevHash string
-	size     int64 // offset of the end of the last complete record
-	dirty    bool  // written since the last fsync
-	broken   error // set after a failure that left the file in doubt
-	mac      hash.Hash
-	buf      []byte
-	seqs     []uint64 // the seqs of the batch being committed
-	spare    [][]byte // the lazy slice the writer hands back for reuse
+	// writeMu guards everything below: whoever commits holds it, the writer
+	// goroutine or an Append that found the log idle and commits its record
+	// itself (no hand-off to another goroutine on the call path).
+	writeMu    sync.Mutex
+	flushTimer *time.Timer // fsyncs written records interval after they were written
+	flushArmed bool
+	batch      []*request // the batch of an inline commit
+	seq        uint64
+	prevHash   string
+	size       int64 // offset of the end of the last complete record
+	dirty      bool  // written since the last fsync
+	broken     error // set after a failure that left the file in doubt
+	mac        hash.Hash
+	buf        []byte
+	seqs       []uint64 // the seqs of the batch being committed
+	spare      [][]byte // the lazy slice the writer hands back for reuse
 }
 
 // maxLazy is the lazy backlog at which AppendLazy wakes the writer instead
@@ -226,6 +232,8 @@ func Open(path string, opts Options) (*Log, error) {
 	l.kick = make(chan struct{}, 1)
 	l.lazyTimer = time.NewTimer(time.Hour)
 	l.lazyTimer.Stop()
+	l.flushTimer = time.NewTimer(time.Hour)
+	l.flushTimer.Stop()
 	go l.writer()
 	ok = true
 	return l, nil
@@ -250,7 +258,7 @@ func (l *Log) Append(ctx context.Context, rec Record) (uint64, error) {
 	}
 	req := requestPool.Get().(*request)
 	req.body = body
-	if err := l.enqueue(ctx, req); err != nil {
+	if err := l.commitOrEnqueue(ctx, req); err != nil {
 		req.body = nil
 		requestPool.Put(req)
 		return 0, fmt.Errorf("audit: append: %w", err)
@@ -310,7 +318,7 @@ func (l *Log) AppendLazy(ctx context.Context, rec Record) error {
 	return nil
 }
 
-// takeLazy returns the lazy bodies waiting and disarms their timer. Writer only.
+// takeLazy returns the lazy bodies waiting and disarms their timer. writeMu held.
 func (l *Log) takeLazy() [][]byte {
 	l.lazyMu.Lock()
 	defer l.lazyMu.Unlock()
@@ -324,7 +332,7 @@ func (l *Log) takeLazy() [][]byte {
 	return lazy
 }
 
-// recycleLazy hands a taken lazy slice back for reuse. Writer only.
+// recycleLazy hands a taken lazy slice back for reuse. writeMu held.
 func (l *Log) recycleLazy(lazy [][]byte) {
 	if cap(lazy) > 4*maxLazy {
 		return
@@ -333,6 +341,41 @@ func (l *Log) recycleLazy(lazy [][]byte) {
 	l.lazyMu.Lock()
 	l.spare = lazy[:0]
 	l.lazyMu.Unlock()
+}
+
+// commitOrEnqueue commits req (and whatever is queued) in the caller when
+// no commit is running, and otherwise queues it for the writer goroutine,
+// which commits it with the next group. Either way req.wait gets the reply.
+func (l *Log) commitOrEnqueue(ctx context.Context, req *request) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	l.mu.RLock()
+	if l.closed {
+		l.mu.RUnlock()
+		return ErrClosed
+	}
+	if !l.writeMu.TryLock() {
+		l.mu.RUnlock()
+		return l.enqueue(ctx, req)
+	}
+	batch := append(l.batch[:0], req)
+drain:
+	for l.maxBatch <= 0 || len(batch) < l.maxBatch {
+		select {
+		case r := <-l.queue:
+			batch = append(batch, r)
+		default:
+			break drain
+		}
+	}
+	l.commitLocked(l.takeLazy(), batch)
+	l.scheduleFlushLocked()
+	clear(batch)
+	l.batch = batch[:0]
+	l.writeMu.Unlock()
+	l.mu.RUnlock()
+	return nil
 }
 
 func (l *Log) enqueue(ctx context.Context, req *request) error {
@@ -365,6 +408,9 @@ func (l *Log) Close() error {
 	close(l.queue)
 	l.mu.Unlock()
 	<-l.done
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	l.flushTimer.Stop()
 	var err error
 	if l.dirty && l.broken == nil {
 		l.syncs.Add(1)
@@ -428,46 +474,48 @@ func encodeBody(rec *Record) ([]byte, error) {
 	return body, nil
 }
 
-// writer is the one goroutine that writes the file. It takes every queued
+// writer is the goroutine that commits what appenders queued while another
+// commit was running, and runs the timed flushes. It takes every queued
 // request and every lazy record waiting, writes them with one write(2),
 // fsyncs once when any of them waits for durability, then answers every
 // waiter.
 func (l *Log) writer() {
 	defer close(l.done)
-	var (
-		batch []*request
-		timer = time.NewTimer(time.Hour)
-		armed bool
-	)
-	timer.Stop()
+	var batch []*request
 	for {
 		var first *request
 		var open bool
-		if l.dirty && !armed {
-			timer.Reset(l.interval)
-			armed = true
-		}
 		select {
 		case first, open = <-l.queue:
-		case <-timer.C:
-			armed = false
+		case <-l.flushTimer.C:
+			l.writeMu.Lock()
+			l.flushArmed = false
 			l.syncLocked()
+			l.writeMu.Unlock()
 			continue
 		case <-l.lazyTimer.C:
 			// Lazy records waited an interval without a commit to ride
 			// with: write them and make them durable now.
+			l.writeMu.Lock()
 			l.commitLocked(l.takeLazy(), nil)
 			l.syncLocked()
+			l.scheduleFlushLocked()
+			l.writeMu.Unlock()
 			continue
 		case <-l.kick:
+			l.writeMu.Lock()
 			l.commitLocked(l.takeLazy(), nil)
+			l.scheduleFlushLocked()
+			l.writeMu.Unlock()
 			continue
 		}
 		if !open {
-			timer.Stop()
+			l.writeMu.Lock()
 			l.commitLocked(l.takeLazy(), nil)
+			l.writeMu.Unlock()
 			return
 		}
+		l.writeMu.Lock()
 		batch = append(batch[:0], first)
 	drain:
 		for l.maxBatch <= 0 || len(batch) < l.maxBatch {
@@ -482,17 +530,26 @@ func (l *Log) writer() {
 			}
 		}
 		l.commitLocked(l.takeLazy(), batch)
-		if !l.dirty && armed {
-			timer.Stop() // no stale tick is delivered after Stop (Go 1.23 timers)
-			armed = false
-		}
-		for i := range batch {
-			batch[i] = nil
-		}
+		l.scheduleFlushLocked()
+		l.writeMu.Unlock()
+		clear(batch)
 	}
 }
 
-// syncLocked fsyncs written records (the interval flush). Writer only.
+// scheduleFlushLocked arms the flush timer while written records wait for
+// an fsync, and stops it when none do.
+func (l *Log) scheduleFlushLocked() {
+	switch {
+	case l.dirty && !l.flushArmed:
+		l.flushTimer.Reset(l.interval)
+		l.flushArmed = true
+	case !l.dirty && l.flushArmed:
+		l.flushTimer.Stop() // no stale tick is delivered after Stop (Go 1.23 timers)
+		l.flushArmed = false
+	}
+}
+
+// syncLocked fsyncs written records. writeMu held.
 func (l *Log) syncLocked() {
 	if !l.dirty || l.broken != nil {
 		return
@@ -509,7 +566,7 @@ func (l *Log) syncLocked() {
 
 // commitLocked writes the lazy bodies, then batch, with one write(2), and
 // answers batch's waiters after one fsync when any of them waits for
-// durability (Fsync always). Writer only.
+// durability (Fsync always). writeMu held.
 func (l *Log) commitLocked(lazy [][]byte, batch []*request) {
 	defer l.recycleLazy(lazy)
 	if len(lazy) == 0 && len(batch) == 0 {
