@@ -203,7 +203,44 @@ func BenchmarkGateGatedParallel(b *testing.B) {
 	}
 }
 
+// BenchmarkGateOverhead interleaves one bare and one gated call (store
+// split, no fsync) per iteration and reports the median of each and their
+// difference: the gate's own cost, robust against the load of a shared
+// machine, which hits both sides alike.
+func BenchmarkGateOverhead(b *testing.B) {
+	bare := bareMCP(b)
+	g := gatedServer(b, storeSplit, audit.FsyncInterval, time.Hour)
+	c := &conn{grant: g.s.grants["local"], transport: "stdio"}
+	ctx := context.Background()
+	var sb, sg sample
+	b.ReportAllocs()
+	for b.Loop() {
+		t0 := time.Now()
+		out, err := jsonMarshal(bare.HandleMessage(ctx, []byte(benchCall)))
+		t1 := time.Now()
+		gout := g.s.handle(ctx, c, []byte(benchCall))
+		t2 := time.Now()
+		if err != nil || bytes.Contains(out, []byte(`"isError":true`)) || bytes.Contains(gout, []byte(`"isError":true`)) {
+			b.Fatalf("calls failed: %s / %s", out, gout)
+		}
+		sb.lat = append(sb.lat, t1.Sub(t0))
+		sg.lat = append(sg.lat, t2.Sub(t1))
+	}
+	b.ReportMetric(float64(sb.p50().Nanoseconds())/1e3, "bare-p50-µs")
+	b.ReportMetric(float64(sg.p50().Nanoseconds())/1e3, "gated-p50-µs")
+	b.ReportMetric(float64((sg.p50()-sb.p50()).Nanoseconds())/1e3, "gate-p50-µs")
+}
+
 // End-to-end benchmarks.
+
+// e2eConfigs are the gated servers compared with the bare one: the new
+// default (split, fsync always), the same with fsync interval (the WAL
+// synchronous=NORMAL class of durability), and the old default (bbolt
+// NoSync counters, fsync always).
+var e2eConfigs = []struct {
+	kind  benchStore
+	fsync string
+}{{storeSplit, audit.FsyncAlways}, {storeSplit, audit.FsyncInterval}, {storeBolt, audit.FsyncAlways}}
 
 // sample is the latencies of one side of a comparison and its wall time.
 type sample struct {
@@ -303,13 +340,14 @@ func stdioRound(b *testing.B, c *stdioClient, calls int, s *sample) {
 }
 
 func BenchmarkE2EStdio(b *testing.B) {
-	for _, kind := range []benchStore{storeSplit, storeBolt} {
-		b.Run("store="+string(kind), func(b *testing.B) {
+	for _, cfg := range e2eConfigs {
+		kind := cfg.kind
+		b.Run(fmt.Sprintf("store=%s/fsync=%s", kind, cfg.fsync), func(b *testing.B) {
 			const calls = 300
 			bare := startStdio(b, func(ctx context.Context, in io.Reader, out io.Writer) error {
 				return mcpserver.NewStdioServer(bareMCP(b)).Listen(ctx, in, out)
 			})
-			g := gatedServer(b, kind, audit.FsyncAlways, 0)
+			g := gatedServer(b, kind, cfg.fsync, 0)
 			gated := startStdio(b, g.s.ServeStdio)
 			var sb, sg sample
 			// Warm both up outside the figures.
@@ -327,7 +365,7 @@ func BenchmarkE2EStdio(b *testing.B) {
 				}
 				i++
 			}
-			report(b, "stdio sequential, store "+string(kind), &sb, &sg, g.log.Stats().Syncs-before.Syncs)
+			report(b, fmt.Sprintf("stdio sequential, store %s, fsync %s", kind, cfg.fsync), &sb, &sg, g.log.Stats().Syncs-before.Syncs)
 		})
 	}
 }
@@ -418,12 +456,13 @@ func httpRound(b *testing.B, cs []*httpClient, each int, s *sample) {
 
 func BenchmarkE2EHTTP(b *testing.B) {
 	for _, clients := range []int{8, 32} {
-		for _, kind := range []benchStore{storeSplit, storeBolt} {
-			b.Run(fmt.Sprintf("clients=%d/store=%s", clients, kind), func(b *testing.B) {
+		for _, cfg := range e2eConfigs {
+			kind := cfg.kind
+			b.Run(fmt.Sprintf("clients=%d/store=%s/fsync=%s", clients, kind, cfg.fsync), func(b *testing.B) {
 				each := 1600 / clients
 				bareSrv := httptest.NewServer(mcpserver.NewStreamableHTTPServer(bareMCP(b), mcpserver.WithEndpointPath("/mcp")))
 				b.Cleanup(bareSrv.Close)
-				g := gatedServer(b, kind, audit.FsyncAlways, 0)
+				g := gatedServer(b, kind, cfg.fsync, 0)
 				gatedSrv := httptest.NewServer(g.s.Handler())
 				b.Cleanup(gatedSrv.Close)
 				bare := newHTTPClients(b, bareSrv.URL, "", clients)
@@ -443,7 +482,7 @@ func BenchmarkE2EHTTP(b *testing.B) {
 					}
 					i++
 				}
-				report(b, fmt.Sprintf("HTTP %d clients, store %s", clients, kind), &sb, &sg, g.log.Stats().Syncs-before.Syncs)
+				report(b, fmt.Sprintf("HTTP %d clients, store %s, fsync %s", clients, kind, cfg.fsync), &sb, &sg, g.log.Stats().Syncs-before.Syncs)
 			})
 		}
 	}
