@@ -131,8 +131,13 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		backends = append(backends, server.Backend{Name: b.Name, Driver: d})
 	}
 	server.Version = version
+	web, err := newOperatorWeb(cfg, backends) // metrics and the /ui page (operatorweb.go)
+	if err != nil {
+		return err
+	}
+	countedStore, countedLog := web.wrap(st, log)
 	srv, err := server.New(server.Config{
-		Grants: grants, Backends: backends, Store: st, Audit: log, StdioGrant: o.grant,
+		Grants: grants, Backends: backends, Store: countedStore, Audit: countedLog, StdioGrant: o.grant,
 		Limits: server.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
 		HTTP:   server.HTTPOptions{AllowedOrigins: cfg.HTTP.AllowedOrigins, AllowedHosts: cfg.HTTP.AllowedHosts},
 	})
@@ -150,13 +155,18 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		return err
 	}
 	defer stopOperator()
+	stopMetrics, err := web.serveMetrics(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 
 	addr := o.httpAddr
 	if addr == "" {
 		slog.Info("vmgate: serving MCP on stdio", "grant", o.grant, "state", cfg.StateDir)
 		return srv.ServeStdio(ctx, os.Stdin, os.Stdout)
 	}
-	return serveHTTP(ctx, srv, cfg, addr, o)
+	return serveHTTP(ctx, srv, web, cfg, addr, o)
 }
 
 func hasGrant(cfg *config.Config, name string) bool {
@@ -244,7 +254,7 @@ func restoreCounters(ctx context.Context, path string, restore func(context.Cont
 	return nil
 }
 
-func serveHTTP(ctx context.Context, srv *server.Server, cfg *config.Config, addr string, o serveOptions) error {
+func serveHTTP(ctx context.Context, srv *server.Server, web *operatorWeb, cfg *config.Config, addr string, o serveOptions) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("serve: --http %q: %w", addr, err)
@@ -253,12 +263,16 @@ func serveHTTP(ctx context.Context, srv *server.Server, cfg *config.Config, addr
 	if !isLoopback(host) && !tlsOn && !o.allowNonLoopback {
 		return fmt.Errorf("serve: refusing to serve plain HTTP on non-loopback %q: configure http.tls_cert/tls_key or pass --allow-non-loopback", addr)
 	}
+	handler, err := web.handler(srv, tlsOn)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	hs := &http.Server{
-		Handler:           srv.Handler(),
+		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(slog.Default().Handler(), slog.LevelWarn),
 	}

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/vmgate/vmgate/config"
+	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/metrics"
+	"github.com/vmgate/vmgate/server/ui"
+)
+
+// operatorWeb is the operator's side of `vmgate serve`: the metrics (always
+// counted; served on metrics.addr, or at /metrics on the HTTP listener
+// behind the operator token) and the approvals page at /ui (when the config
+// has an operator token).
+type operatorWeb struct {
+	cfg      *config.Config
+	backends []server.Backend
+	metrics  *metrics.Metrics
+	store    store.Store
+}
+
+// newOperatorWeb builds the metrics for the config's grants and backends.
+func newOperatorWeb(cfg *config.Config, backends []server.Backend) (*operatorWeb, error) {
+	w := &operatorWeb{cfg: cfg, backends: backends}
+	grants := make([]string, len(cfg.Grants))
+	for i, g := range cfg.Grants {
+		grants[i] = g.Name
+	}
+	mb := make([]metrics.Backend, len(backends))
+	for i, b := range backends {
+		mb[i] = metrics.Backend{Name: b.Name, Driver: b.Driver}
+	}
+	m, err := metrics.New(metrics.Options{
+		Tools: server.ToolNames(), Grants: grants, Backends: mb,
+		PendingApprovals: func(ctx context.Context) (int, error) {
+			if w.store == nil {
+				return 0, errors.New("no store")
+			}
+			now := time.Now()
+			list, err := w.store.ListApprovals(ctx, now)
+			n := 0
+			for _, a := range list {
+				if a.State == store.ApprovalPending && now.Before(a.Expires) {
+					n++
+				}
+			}
+			return n, err
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	w.metrics = m
+	return w, nil
+}
+
+// wrap returns the store and audit log the server uses: st and a counted.
+func (w *operatorWeb) wrap(st store.Store, a server.Auditor) (store.Store, server.Auditor) {
+	w.store = w.metrics.Store(st)
+	return w.store, w.metrics.Auditor(a)
+}
+
+// serveMetrics serves /metrics on metrics.addr when it is set, until ctx
+// ends; stop shuts the listener down and waits for it.
+func (w *operatorWeb) serveMetrics(ctx context.Context) (stop func(), err error) {
+	addr := w.cfg.Metrics.Addr
+	if addr == "" {
+		return func() {}, nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("serve: metrics.addr %q: %w", addr, err)
+	}
+	if !isLoopback(host) {
+		slog.Warn("vmgate: metrics listen on a non-loopback address without authentication", "addr", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("serve: metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", w.metrics.Handler())
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(slog.Default().Handler(), slog.LevelWarn)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			slog.Error("vmgate: metrics listener", "err", err)
+		}
+	}()
+	slog.Info("vmgate: serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		hs.Shutdown(sctx)
+		<-done
+	}, nil
+}
+
+// handler mounts /ui and (without metrics.addr) /metrics beside the MCP
+// handler of srv on the HTTP listener.
+func (w *operatorWeb) handler(srv *server.Server, tlsOn bool) (http.Handler, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/", srv.Handler())
+	if w.cfg.Operator.TokenSHA256 == "" {
+		slog.Info("vmgate: no operator token in the config: the approvals page /ui is off")
+		return mux, nil
+	}
+	backends := make([]ui.Backend, len(w.backends))
+	for i, b := range w.backends {
+		backends[i] = ui.Backend{Name: b.Name, Driver: b.Driver}
+	}
+	page, err := ui.New(ui.Config{
+		Approvals: srv.Approvals(), AuditPath: w.cfg.Audit.Path, Backends: backends,
+		TokenSHA256: w.cfg.Operator.TokenSHA256, OperatorName: w.cfg.Operator.Name, Secure: tlsOn,
+		AllowedHosts: w.cfg.HTTP.AllowedHosts, AllowedOrigins: w.cfg.HTTP.AllowedOrigins,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	mux.Handle(ui.Prefix+"/", page)
+	mux.Handle(ui.Prefix, http.RedirectHandler(ui.Prefix+"/", http.StatusSeeOther))
+	if w.cfg.Metrics.Addr == "" {
+		mux.Handle("/metrics", operatorOnly(page, w.metrics.Handler()))
+	}
+	return mux, nil
+}
+
+// operatorOnly lets a request through when it carries the operator token
+// as "Authorization: Bearer <token>".
+func operatorOnly(page *ui.Handler, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || !page.CheckToken(tok) {
+			rw.Header().Set("WWW-Authenticate", `Bearer realm="vmgate-operator"`)
+			http.Error(rw, "operator token required", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(rw, r)
+	})
+}
