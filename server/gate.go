@@ -416,12 +416,24 @@ func (s *Server) park(ctx context.Context, id any, rec audit.Record, d policy.De
 		rec.Reason = "approval channel " + d.Approval.Channel + " is not available"
 		return s.refuseWith(ctx, id, rec, policy.Deny.String(), TagDenied, "this call needs an approval through a channel this server does not offer", nil)
 	}
-	// An identical call already waiting reuses its approval.
+	// An identical call already waiting reuses its approval; one an operator
+	// denied is refused with the operator's reason until that approval expires.
 	if list, err := s.store.ListApprovals(ctx, now); err == nil {
 		for _, a := range list {
-			if a.State == store.ApprovalPending && a.Grant == rec.Grant && a.Tool == tool && a.Digest == digest && now.Before(a.Expires) {
+			if a.Grant != rec.Grant || a.Tool != tool || a.Digest != digest || !now.Before(a.Expires) {
+				continue
+			}
+			switch a.State {
+			case store.ApprovalPending:
 				rec.ApprovalID = a.ID
 				return s.approvalRequired(ctx, id, rec, a.ID)
+			case store.ApprovalDenied:
+				rec.ApprovalID, rec.Reason = a.ID, "approval denied by "+a.DecidedBy
+				msg := fmt.Sprintf("approval id %s: %s denied this call", a.ID, a.DecidedBy)
+				if a.Reason != "" {
+					msg += ": " + a.Reason
+				}
+				return s.refuseWith(ctx, id, rec, policy.Deny.String(), TagDenied, msg, map[string]any{"approval_id": a.ID})
 			}
 		}
 	}
