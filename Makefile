@@ -37,12 +37,11 @@ deps:
 	    $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends $$missing; \
 	  fi
 
-# The main job on embedded defaults: install, build, boot the lab VM, show it.
-demo: deps build
-	$(VMGATE) lab up --vms 1
-	$(VMGATE) lab status
-	@echo
-	@echo "Lab VM is up. Stop it with: $(VMGATE) lab down"
+# The main job on embedded defaults: installs what is missing, builds, boots
+# the lab VM and serves vmgate over HTTP on 127.0.0.1:8707, printing how to
+# connect Claude Desktop, Claude Code and the MCP Inspector.
+demo:
+	scripts/demo.sh
 
 clean:
 	rm -rf $(BIN)

@@ -27,8 +27,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
 	$SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-mkdir -p bin
-"$GO" build -o "$BIN" ./cmd/vmgate
+# vmgate and the in-guest helper it pushes into guests (see the Makefile).
+make -s build GO="$GO"
 BIN=$(cd bin && pwd)/vmgate
 
 STATE=${VMGATE_STATE_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/vmgate}
