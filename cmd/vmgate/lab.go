@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"text/tabwriter"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/vmgate/vmgate/guest/helper"
 	"github.com/vmgate/vmgate/guest/image"
 	"github.com/vmgate/vmgate/internal/lab"
 )
@@ -73,7 +75,7 @@ func newLabUpCmd(stateDir func() (string, error)) *cobra.Command {
 				fmt.Fprintln(stderr, "lab:", s)
 			}
 			step("state directory " + dir)
-			img, err := image.Build(cmd.Context(), image.Options{StateDir: dir, Progress: step})
+			img, err := image.Build(cmd.Context(), image.Options{StateDir: dir, Progress: step, Extra: guestHelperExtra(step)})
 			if err != nil {
 				return fmt.Errorf("lab up: %w", err)
 			}
@@ -223,4 +225,23 @@ func newLabDownCmd(stateDir func() (string, error)) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// guestHelperExtra ships vmgate-guest in the lab image (the lab guest is
+// x86_64): the build for amd64 found in $VMGATE_GUEST_DIR or beside this
+// binary (make build puts it there). Without one the image has no helper,
+// and the session tools say so.
+func guestHelperExtra(step func(string)) []image.File {
+	bin, err := helper.DefaultBinaries().Binary("amd64")
+	if err != nil {
+		step("no vmgate-guest build to ship (" + err.Error() + ")")
+		return nil
+	}
+	src, err := filepath.Abs(bin.Source)
+	if err != nil {
+		step("no vmgate-guest build to ship (" + err.Error() + ")")
+		return nil
+	}
+	step("shipping " + src + " as " + helper.GuestPath)
+	return []image.File{{Src: src, Dst: helper.GuestPath, Mode: 0o755}}
 }
