@@ -488,19 +488,15 @@ func (l *Log) writer() {
 		select {
 		case first, open = <-l.queue:
 		case <-l.flushTimer.C:
-			l.writeMu.Lock()
-			l.flushArmed = false
-			l.syncLocked()
-			l.writeMu.Unlock()
+			l.flush()
 			continue
 		case <-l.lazyTimer.C:
 			// Lazy records waited an interval without a commit to ride
 			// with: write them and make them durable now.
 			l.writeMu.Lock()
 			l.commitLocked(l.takeLazy(), nil)
-			l.syncLocked()
-			l.scheduleFlushLocked()
 			l.writeMu.Unlock()
+			l.flush()
 			continue
 		case <-l.kick:
 			l.writeMu.Lock()
@@ -547,6 +543,31 @@ func (l *Log) scheduleFlushLocked() {
 		l.flushTimer.Stop() // no stale tick is delivered after Stop (Go 1.23 timers)
 		l.flushArmed = false
 	}
+}
+
+// flush is the timed fsync of written records. It waits for the disk
+// without writeMu, so appends keep committing meanwhile (an fsync covers
+// what was written before it began; what they write stays dirty for the
+// next flush, or for their own fsync in always mode). Writer goroutine only.
+func (l *Log) flush() {
+	l.writeMu.Lock()
+	l.flushArmed = false
+	if !l.dirty || l.broken != nil {
+		l.writeMu.Unlock()
+		return
+	}
+	l.dirty = false
+	l.writeMu.Unlock()
+	l.syncs.Add(1)
+	err := l.f.Sync()
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	if err != nil && l.broken == nil {
+		l.failed.Store(true)
+		l.broken = fmt.Errorf("fsync: %w: %w", err, ErrBroken)
+		l.logger.Error("audit: fsync failed; the log refuses appends until reopened", "path", l.path, "err", err)
+	}
+	l.scheduleFlushLocked()
 }
 
 // syncLocked fsyncs written records. writeMu held.
