@@ -20,10 +20,8 @@ type Builtin func(ctx context.Context, config []byte) (hypervisor.Driver, error)
 // Registry maps built-in driver names to their constructors.
 type Registry map[string]Builtin
 
-// DefaultRegistry is the drivers compiled into vmgate.
-func DefaultRegistry() Registry {
-	return Registry{"qemu": NewQEMU}
-}
+// The full set of drivers compiled into vmgate is internal/drivers.Registry:
+// it lives there because the drivers' own plugin tests import this package.
 
 // ServeBuiltin serves the built-in driver name from reg as a plugin on this
 // process's stdio handshake (the body of `vmgate plugin NAME`). The driver is

@@ -64,7 +64,8 @@ type Options struct {
 	// Logger receives the host's records and every plugin's stderr; nil
 	// means slog.Default().
 	Logger *slog.Logger
-	// Registry is the built-in drivers; nil means DefaultRegistry().
+	// Registry is the built-in drivers (internal/drivers.Registry in vmgate);
+	// nil means none: only external plugins can be launched.
 	Registry Registry
 	// PluginDir holds external plugins (vmgate-plugin-NAME); empty: none.
 	PluginDir string
@@ -110,7 +111,7 @@ func New(opts Options) *Host {
 		opts.Logger = slog.Default()
 	}
 	if opts.Registry == nil {
-		opts.Registry = DefaultRegistry()
+		opts.Registry = Registry{}
 	}
 	if opts.BuiltinArgs == nil {
 		opts.BuiltinArgs = func(name string) []string { return []string{"plugin", name} }

@@ -38,12 +38,12 @@ func TestMain(m *testing.M) {
 		lab.Spec{Name: "noexec", Cmdline: map[string]string{"QGA_BLOCK": "guest-exec"}}))
 }
 
-// testRegistry is the default registry plus "sleepy", a fake driver whose
+// testRegistry is the QEMU driver plus "sleepy", a fake driver whose
 // commands are `sleep SECONDS` (run through ExecStart/ExecStatus inside the
 // plugin), whose one VM is named by its config ({"name": "x"}), and whose
 // VM info reports what the plugin process sees of its stdin and environment.
 func testRegistry() Registry {
-	reg := DefaultRegistry()
+	reg := Registry{"qemu": NewQEMU}
 	reg["sleepy"] = newSleepy
 	return reg
 }
