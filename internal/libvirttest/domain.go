@@ -298,3 +298,15 @@ func readPID(path string) int {
 	}
 	return pid
 }
+
+// Domains returns the domains Boot started (or is starting).
+func (d *Daemons) Domains() []*Domain {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]*Domain, 0, len(d.domains))
+	for _, dom := range d.domains {
+		out = append(out, dom)
+	}
+	slices.SortFunc(out, func(a, b *Domain) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}

@@ -145,3 +145,10 @@ func Stop() error {
 		return errors.New("libvirttest: stopping the daemons took over 2 minutes")
 	}
 }
+
+// Current returns the shared daemons when Env has started them, else nil.
+func Current() *Daemons {
+	mu.Lock()
+	defer mu.Unlock()
+	return daemons
+}
