@@ -111,6 +111,11 @@ func parseURI(raw string) (endpoint, error) {
 	if err != nil {
 		return bad("%v", err)
 	}
+	switch u.Scheme {
+	case "qemu+ssh", "qemu+libssh", "qemu+libssh2", "qemu+tls", "qemu+ext":
+		return endpoint{}, fmt.Errorf("libvirt: config: uri %q: %w: go-libvirt has no %s transport; tunnel the socket and use qemu:///system?socket=",
+			raw, hypervisor.ErrNotSupported, strings.TrimPrefix(u.Scheme, "qemu+"))
+	}
 	if u.User != nil || u.Fragment != "" || u.Opaque != "" {
 		return bad("%q: user info, fragments and opaque URIs are not supported", raw)
 	}
@@ -150,9 +155,6 @@ func parseURI(raw string) (endpoint, error) {
 			port = DefaultTCPPort
 		}
 		ep.network, ep.address = "tcp", net.JoinHostPort(host, port)
-	case "qemu+ssh", "qemu+libssh", "qemu+libssh2", "qemu+tls", "qemu+ext":
-		return endpoint{}, fmt.Errorf("libvirt: config: uri %q: %w: go-libvirt has no %s transport; tunnel the socket and use qemu:///system?socket=",
-			raw, hypervisor.ErrNotSupported, strings.TrimPrefix(u.Scheme, "qemu+"))
 	default:
 		return bad("%q: unknown scheme %q (want qemu, qemu+unix or qemu+tcp)", raw, u.Scheme)
 	}
