@@ -66,11 +66,13 @@ func (f *fakeConn) QEMUDomainAgentCommand(dom golibvirt.Domain, cmd string, time
 func (f *fakeConn) DomainShutdownFlags(golibvirt.Domain, golibvirt.DomainShutdownFlagValues) error {
 	return errUnset
 }
-func (f *fakeConn) DomainReboot(golibvirt.Domain, golibvirt.DomainRebootFlagValues) error { return errUnset }
-func (f *fakeConn) DomainReset(golibvirt.Domain, uint32) error                          { return errUnset }
-func (f *fakeConn) DomainDestroy(golibvirt.Domain) error                                { return errUnset }
-func (f *fakeConn) DomainCreate(golibvirt.Domain) error                                 { return errUnset }
-func (f *fakeConn) Disconnected() <-chan struct{}                                       { return f.gone }
+func (f *fakeConn) DomainReboot(golibvirt.Domain, golibvirt.DomainRebootFlagValues) error {
+	return errUnset
+}
+func (f *fakeConn) DomainReset(golibvirt.Domain, uint32) error { return errUnset }
+func (f *fakeConn) DomainDestroy(golibvirt.Domain) error       { return errUnset }
+func (f *fakeConn) DomainCreate(golibvirt.Domain) error        { return errUnset }
+func (f *fakeConn) Disconnected() <-chan struct{}              { return f.gone }
 func (f *fakeConn) Disconnect() error {
 	f.disconnected.Add(1)
 	return nil
