@@ -15,16 +15,16 @@
 // DESIGN.md's budget allows one synchronous fsync per call, and the audit
 // log spends it on the decision record, which names every counter the call
 // reserved. A bbolt commit per call is over that budget even with NoSync:
-// on the 2-core build machine (ext4 on a virtual disk) it costs 7 pwrite(2)
-// and 60–130 µs per call, and its dirty pages ride in the journal commit of
-// the audit log's fsync, which then takes several times as long. Measured
-// through the whole gate, one sequential no-op call in process (see
-// server/bench_test.go, BenchmarkGateGated; load average about 5):
+// on the 2-core build machine (ext4 on a virtual disk shared with other
+// VMs, load average 4–7) it costs 7 pwrite(2) per call, and its dirty pages
+// ride in the journal commit of the audit log's fsync. Measured with
+// server/bench_test.go (bare mcp-go server vs the gate, same no-op call):
 //
-//	                         fsync always   no fsync (gate's own cost)
-//	bbolt NoSync counters    1430 µs        170 µs, 263 allocs
-//	memory counters (Split)  1135 µs         89 µs, 150 allocs
-//	bare mcp-go, no gate        –            14 µs,  80 allocs
+//	                        no fsync, in process   stdio, fsync always   HTTP 8 clients, fsync always
+//	                        (BenchmarkGateGated)   p50 (BenchmarkE2E)    calls/s of bare (BenchmarkE2E)
+//	bbolt NoSync counters   143–173 µs, 261 allocs 340–354 µs            0.17–0.25×
+//	memory counters (Split)  38–42 µs, 140 allocs  249–336 µs            0.35–0.52×
+//	bare mcp-go, no gate     15–33 µs,  80 allocs   31–45 µs             1×
 //
 // An in-memory reservation costs about a microsecond. So with `store: bolt`
 // (the default) `vmgate serve` keeps counters in memory (Split) and treats
