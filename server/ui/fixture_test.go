@@ -16,6 +16,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
 	"github.com/vmgate/vmgate/server"
 	"github.com/vmgate/vmgate/server/metrics"
@@ -78,14 +79,25 @@ func newFixture(t *testing.T) *fixture {
 			return nil
 		},
 	}
+	mem := memory.New()
 	m, err := metrics.New(metrics.Options{
 		Tools: server.ToolNames(), Grants: []string{"agent"},
 		Backends: []metrics.Backend{{Name: "lab", Driver: drv}},
+		PendingApprovals: func(ctx context.Context) (int, error) {
+			list, err := mem.ListApprovals(ctx, time.Now())
+			n := 0
+			for _, a := range list {
+				if a.State == store.ApprovalPending {
+					n++
+				}
+			}
+			return n, err
+		},
 	})
 	if err != nil {
 		t.Fatalf("metrics.New: %v", err)
 	}
-	st := m.Store(memory.New())
+	st := m.Store(mem)
 	f.srv, err = server.New(server.Config{
 		Grants:   []server.Grant{{Name: "agent", TokenSHA256: sha(agentToken), Policy: eng}},
 		Backends: []server.Backend{{Name: "lab", Driver: drv}},

@@ -215,7 +215,7 @@ func (u *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	hdr.Set("X-Frame-Options", "DENY")
 	hdr.Set("X-Content-Type-Options", "nosniff")
-	hdr.Set("Referrer-Policy", "no-referrer")
+	hdr.Set("Referrer-Policy", "same-origin") // no-referrer would make the browser send "Origin: null" on our own POSTs
 	hdr.Set("Cache-Control", "no-store")
 	if !u.hostAllowed(r.Host) {
 		http.Error(w, "forbidden host", http.StatusForbidden)
