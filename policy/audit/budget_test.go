@@ -164,3 +164,44 @@ func TestConcurrentAppendsShareFsyncs(t *testing.T) {
 		t.Fatalf("Verify = %d records; want %d", rep.Records, 2*writers*each)
 	}
 }
+
+// TestNoAppendLeftBehind: appends queued while another commit runs are
+// committed by someone (the committer hands them to the writer goroutine),
+// also when batches are capped, so no Append waits forever.
+func TestNoAppendLeftBehind(t *testing.T) {
+	for _, maxBatch := range []int{0, 1, 3} {
+		t.Run(fmt.Sprint("maxBatch=", maxBatch), func(t *testing.T) {
+			const writers, each = 16, 40
+			path := filepath.Join(t.TempDir(), "audit.jsonl")
+			l, err := Open(path, Options{Fsync: FsyncInterval, Interval: time.Hour, maxBatch: maxBatch})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			errs := make(chan error, writers)
+			for w := range writers {
+				go func() {
+					for i := range each {
+						if _, err := l.Append(ctx, decisionFor(fmt.Sprintf("w%d-%d", w, i))); err != nil {
+							errs <- err
+							return
+						}
+					}
+					errs <- nil
+				}()
+			}
+			for range writers {
+				if err := <-errs; err != nil {
+					t.Fatalf("Append = %v; want every append committed", err)
+				}
+			}
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if rep := verifyFile(t, path); rep.Records != writers*each {
+				t.Fatalf("Verify = %d records; want %d", rep.Records, writers*each)
+			}
+		})
+	}
+}

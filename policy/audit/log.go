@@ -50,12 +50,12 @@ type Log struct {
 	logger   *slog.Logger
 	torn     []TornLine
 
-	// mu guards closed and orders enqueueing against Close: senders hold the
-	// read lock while they send on queue, Close takes the write lock before it
-	// closes queue.
+	// mu guards closed and orders appends against Close: appenders hold the
+	// read lock until their record is committed (or queued, for lazy ones),
+	// Close takes the write lock.
 	mu     sync.RWMutex
 	closed bool
-	queue  chan *request
+	stop   chan struct{} // closed by Close: the writer commits what is left and exits
 	done   chan struct{} // closed when the writer has exited
 
 	// lazyMu guards lazy and lazyArmed: the encoded bodies of lazy appends
@@ -66,7 +66,13 @@ type Log struct {
 	lazy      [][]byte
 	lazyArmed bool
 	lazyTimer *time.Timer   // Reset under lazyMu; the writer receives from it
-	kick      chan struct{} // wakes the writer to flush a long lazy backlog now
+	kick      chan struct{} // wakes the writer to commit pending requests or a long lazy backlog
+
+	// pendMu guards pending: durable requests waiting for a commit. Whoever
+	// releases writeMu checks pending afterwards (unlockWrite), so a request
+	// queued while a commit ran is never left behind.
+	pendMu  sync.Mutex
+	pending []*request
 
 	// failed is set together with broken, for AppendLazy.
 	failed atomic.Bool
@@ -227,7 +233,7 @@ func Open(path string, opts Options) (*Log, error) {
 	l.size = end
 	l.f = f
 	l.mac = hmac.New(sha256.New, key)
-	l.queue = make(chan *request, 1024)
+	l.stop = make(chan struct{})
 	l.done = make(chan struct{})
 	l.kick = make(chan struct{}, 1)
 	l.lazyTimer = time.NewTimer(time.Hour)
@@ -332,6 +338,12 @@ func (l *Log) takeLazy() [][]byte {
 	return lazy
 }
 
+func (l *Log) lazyLen() int {
+	l.lazyMu.Lock()
+	defer l.lazyMu.Unlock()
+	return len(l.lazy)
+}
+
 // recycleLazy hands a taken lazy slice back for reuse. writeMu held.
 func (l *Log) recycleLazy(lazy [][]byte) {
 	if cap(lazy) > 4*maxLazy {
@@ -343,42 +355,13 @@ func (l *Log) recycleLazy(lazy [][]byte) {
 	l.lazyMu.Unlock()
 }
 
-// commitOrEnqueue commits req (and whatever is queued) in the caller when
-// no commit is running, and otherwise queues it for the writer goroutine,
-// which commits it with the next group. Either way req.wait gets the reply.
+// commitOrEnqueue queues req and, when no commit is running, commits it
+// (with whatever else is queued) in the caller: no hand-off to another
+// goroutine on the call path. Requests that arrive while a commit runs wait
+// for the next one, which the committer leaves to the writer goroutine
+// (unlockWrite), so they share one write(2) and one fsync. Either way
+// req.wait gets the reply.
 func (l *Log) commitOrEnqueue(ctx context.Context, req *request) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	l.mu.RLock()
-	if l.closed {
-		l.mu.RUnlock()
-		return ErrClosed
-	}
-	if !l.writeMu.TryLock() {
-		l.mu.RUnlock()
-		return l.enqueue(ctx, req)
-	}
-	batch := append(l.batch[:0], req)
-drain:
-	for l.maxBatch <= 0 || len(batch) < l.maxBatch {
-		select {
-		case r := <-l.queue:
-			batch = append(batch, r)
-		default:
-			break drain
-		}
-	}
-	l.commitLocked(l.takeLazy(), batch)
-	l.scheduleFlushLocked()
-	clear(batch)
-	l.batch = batch[:0]
-	l.writeMu.Unlock()
-	l.mu.RUnlock()
-	return nil
-}
-
-func (l *Log) enqueue(ctx context.Context, req *request) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -387,11 +370,74 @@ func (l *Log) enqueue(ctx context.Context, req *request) error {
 	if l.closed {
 		return ErrClosed
 	}
-	select {
-	case l.queue <- req:
+	l.pendMu.Lock()
+	l.pending = append(l.pending, req)
+	l.pendMu.Unlock()
+	if l.writeMu.TryLock() {
+		l.commitPendingLocked()
+		l.unlockWrite(false)
+	}
+	return nil
+}
+
+// takePending takes up to maxBatch queued requests.
+func (l *Log) takePending() []*request {
+	l.pendMu.Lock()
+	defer l.pendMu.Unlock()
+	n := len(l.pending)
+	if l.maxBatch > 0 {
+		n = min(n, l.maxBatch)
+	}
+	if n == 0 {
 		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	}
+	batch := append(l.batch[:0], l.pending[:n]...)
+	rest := copy(l.pending, l.pending[n:])
+	clear(l.pending[rest:])
+	l.pending = l.pending[:rest]
+	return batch
+}
+
+func (l *Log) hasPending() bool {
+	l.pendMu.Lock()
+	defer l.pendMu.Unlock()
+	return len(l.pending) > 0
+}
+
+// commitPendingLocked commits the queued requests and the lazy records
+// waiting; false when no request was queued. writeMu held.
+func (l *Log) commitPendingLocked() bool {
+	batch := l.takePending()
+	if len(batch) == 0 {
+		return false
+	}
+	l.commitLocked(l.takeLazy(), batch)
+	l.scheduleFlushLocked()
+	clear(batch)
+	l.batch = batch[:0]
+	return true
+}
+
+// unlockWrite releases writeMu, then makes sure requests queued meanwhile
+// are committed: the writer goroutine (drain) commits them itself, anyone
+// else wakes the writer, so an appender is not kept committing for others.
+func (l *Log) unlockWrite(drain bool) {
+	for {
+		l.writeMu.Unlock()
+		if !l.hasPending() {
+			return
+		}
+		if !drain {
+			select {
+			case l.kick <- struct{}{}:
+			default: // a kick is already waiting: the writer will look
+			}
+			return
+		}
+		if !l.writeMu.TryLock() {
+			return // the holder checks pending when it unlocks
+		}
+		l.commitPendingLocked()
 	}
 }
 
@@ -405,7 +451,7 @@ func (l *Log) Close() error {
 		return nil
 	}
 	l.closed = true
-	close(l.queue)
+	close(l.stop)
 	l.mu.Unlock()
 	<-l.done
 	l.writeMu.Lock()
@@ -475,60 +521,39 @@ func encodeBody(rec *Record) ([]byte, error) {
 }
 
 // writer is the goroutine that commits what appenders queued while another
-// commit was running, and runs the timed flushes. It takes every queued
-// request and every lazy record waiting, writes them with one write(2),
-// fsyncs once when any of them waits for durability, then answers every
-// waiter.
+// commit was running (woken by kick), commits a long lazy backlog, and runs
+// the timed flushes.
 func (l *Log) writer() {
 	defer close(l.done)
-	var batch []*request
 	for {
-		var first *request
-		var open bool
 		select {
-		case first, open = <-l.queue:
 		case <-l.flushTimer.C:
 			l.flush()
-			continue
 		case <-l.lazyTimer.C:
 			// Lazy records waited an interval without a commit to ride
 			// with: write them and make them durable now.
 			l.writeMu.Lock()
 			l.commitLocked(l.takeLazy(), nil)
-			l.writeMu.Unlock()
+			l.unlockWrite(true)
 			l.flush()
-			continue
 		case <-l.kick:
+			// Requests queued behind a commit, or a long lazy backlog.
 			l.writeMu.Lock()
-			l.commitLocked(l.takeLazy(), nil)
-			l.scheduleFlushLocked()
-			l.writeMu.Unlock()
-			continue
-		}
-		if !open {
+			if !l.commitPendingLocked() && l.lazyLen() >= maxLazy {
+				l.commitLocked(l.takeLazy(), nil)
+				l.scheduleFlushLocked()
+			}
+			l.unlockWrite(true)
+		case <-l.stop:
+			// Close set closed: nothing new is queued. Commit what is.
 			l.writeMu.Lock()
+			for l.hasPending() {
+				l.commitPendingLocked()
+			}
 			l.commitLocked(l.takeLazy(), nil)
 			l.writeMu.Unlock()
 			return
 		}
-		l.writeMu.Lock()
-		batch = append(batch[:0], first)
-	drain:
-		for l.maxBatch <= 0 || len(batch) < l.maxBatch {
-			select {
-			case r, ok := <-l.queue:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, r)
-			default:
-				break drain
-			}
-		}
-		l.commitLocked(l.takeLazy(), batch)
-		l.scheduleFlushLocked()
-		l.writeMu.Unlock()
-		clear(batch)
 	}
 }
 
@@ -553,21 +578,21 @@ func (l *Log) flush() {
 	l.writeMu.Lock()
 	l.flushArmed = false
 	if !l.dirty || l.broken != nil {
-		l.writeMu.Unlock()
+		l.unlockWrite(true)
 		return
 	}
 	l.dirty = false
-	l.writeMu.Unlock()
+	l.unlockWrite(true)
 	l.syncs.Add(1)
 	err := l.f.Sync()
 	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
 	if err != nil && l.broken == nil {
 		l.failed.Store(true)
 		l.broken = fmt.Errorf("fsync: %w: %w", err, ErrBroken)
 		l.logger.Error("audit: fsync failed; the log refuses appends until reopened", "path", l.path, "err", err)
 	}
 	l.scheduleFlushLocked()
+	l.unlockWrite(true)
 }
 
 // syncLocked fsyncs written records. writeMu held.
