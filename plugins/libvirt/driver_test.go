@@ -308,7 +308,7 @@ func TestHungAgentIsolated(t *testing.T) {
 	}
 }
 
-func mustLookup(t *testing.T, d *Driver, name string) *domState {
+func mustLookup(t testing.TB, d *Driver, name string) *domState {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
