@@ -152,7 +152,8 @@ func (s *domState) stopWatchdogs() {
 	s.execs = nil
 }
 
-// timeoutError wraps a deadline error with ErrTimeout (once).
+// opError wraps a libvirt call's error for op: a deadline becomes
+// ErrTimeout (once), "operation invalid" (domain not running) ErrVMNotRunning.
 func opError(op string, err error) error {
 	switch {
 	case errors.Is(err, hypervisor.ErrTimeout):
@@ -591,7 +592,8 @@ func (d *Driver) stop(ctx context.Context, op string, s *domState) error {
 	return nil
 }
 
-// start starts a defined (persistent) domain; a running one is left alone.
+// start starts a defined (persistent) domain. A running or paused one is
+// left alone (start does not resume a paused domain).
 func (d *Driver) start(ctx context.Context, op string, s *domState) error {
 	state, _, err := d.domainState(ctx, op, s)
 	if err != nil {
