@@ -1,0 +1,331 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/internal/lab"
+)
+
+// grantSpec is one grant of a generated config.
+type grantSpec struct {
+	name   string
+	token  string // "" for a stdio-only grant
+	policy string // the policy document
+	vms    []string
+}
+
+// setup is a generated vmgate.yaml and where it keeps its state.
+type setup struct {
+	dir      string // holds vmgate.yaml and the policy files
+	state    string // state_dir
+	auditLog string // the audit log (default <state>/audit.log)
+	cfg      string // the config file
+}
+
+// configOpts are the knobs of writeConfig.
+type configOpts struct {
+	store    string // "" (bolt), "memory" or "redis"
+	redisURL string
+	prefix   string
+	auditDir string // "" : the state directory
+	grants   []grantSpec
+	vms      []*lab.VM
+}
+
+// writeConfig writes a config for the lab VMs in o.vms (as backend "lab")
+// and the grants in o.grants.
+func writeConfig(t *testing.T, o configOpts) setup {
+	t.Helper()
+	dir := t.TempDir()
+	s := setup{dir: dir, state: filepath.Join(dir, "state"), cfg: filepath.Join(dir, "vmgate.yaml")}
+	var b strings.Builder
+	fmt.Fprintf(&b, "state_dir: %q\n", s.state)
+	switch o.store {
+	case "redis":
+		fmt.Fprintf(&b, "store:\n  type: redis\n  url: %q\n  prefix: %q\n", o.redisURL, o.prefix)
+	case "memory":
+		b.WriteString("store:\n  type: memory\n")
+	}
+	s.auditLog = filepath.Join(s.state, "audit.log")
+	b.WriteString("audit:\n  fsync: always\n")
+	if o.auditDir != "" {
+		s.auditLog = filepath.Join(o.auditDir, "audit.log")
+		fmt.Fprintf(&b, "  path: %q\n  key_file: %q\n", s.auditLog, filepath.Join(dir, "audit.key"))
+	}
+	b.WriteString("limits:\n  max_timeout_s: 120\ngrants:\n")
+	for _, g := range o.grants {
+		pf := filepath.Join(dir, "policy-"+g.name+".json")
+		if err := os.WriteFile(pf, []byte(g.policy), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "  - name: %s\n    policy: %q\n", g.name, pf)
+		if g.token != "" {
+			sum := sha256.Sum256([]byte(g.token))
+			fmt.Fprintf(&b, "    token_sha256: %s\n", hex.EncodeToString(sum[:]))
+		}
+		if len(g.vms) > 0 {
+			vms, _ := json.Marshal(g.vms)
+			fmt.Fprintf(&b, "    vms: %s\n", vms)
+		}
+	}
+	b.WriteString("backends:\n  - name: lab\n    driver: qemu\n    settings:\n      vms:\n")
+	for _, vm := range o.vms {
+		fmt.Fprintf(&b, "        - {name: %s, qmp: %q, qga: %q}\n", vm.Name, vm.QMPSocket, vm.QGASocket)
+	}
+	if err := os.WriteFile(s.cfg, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newToken() string { return rand.Text() + rand.Text() }
+
+// serveProc is one `vmgate serve --http` process; the test owns it.
+type serveProc struct {
+	cmd    *exec.Cmd
+	url    string
+	stderr *syncBuffer
+	done   chan struct{} // closed once Wait returned
+	err    error         // Wait's result
+}
+
+var urlLine = regexp.MustCompile(`url=(http://127\.0\.0\.1:[0-9]+/mcp)`)
+
+// startServe starts `vmgate serve --config cfg --http 127.0.0.1:0` and waits
+// for its URL. t.Cleanup kills it if the test has not stopped it.
+func startServe(t *testing.T, cfg string) *serveProc {
+	t.Helper()
+	p, err := launchServe(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.kill() })
+	return p
+}
+
+func launchServe(cfg string) (*serveProc, error) {
+	cmd := exec.Command(vmgateBin, "serve", "--config", cfg, "--http", "127.0.0.1:0", "--grace", "20s")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	p := &serveProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("chaos: start vmgate serve: %w", err)
+	}
+	found := make(chan string, 1)
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+		for sc.Scan() {
+			p.stderr.Write([]byte(sc.Text() + "\n"))
+			if m := urlLine.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case found <- m[1]:
+				default:
+				}
+			}
+		}
+	}()
+	go func() {
+		<-drained
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	select {
+	case p.url = <-found:
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("chaos: vmgate serve exited (%v) before serving:\n%s", p.err, p.stderr.String())
+	case <-time.After(60 * time.Second):
+		p.kill()
+		return nil, fmt.Errorf("chaos: vmgate serve printed no URL within 60 s:\n%s", p.stderr.String())
+	}
+}
+
+func (p *serveProc) pid() int { return p.cmd.Process.Pid }
+
+// stop sends SIGTERM and waits; an unclean exit is an error.
+func (p *serveProc) stop() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("chaos: vmgate serve had already exited: %v", p.err)
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		if p.err != nil {
+			return fmt.Errorf("chaos: vmgate serve exited with %v:\n%s", p.err, tail(p.stderr.String(), 40))
+		}
+		return nil
+	case <-time.After(45 * time.Second):
+		p.kill()
+		return fmt.Errorf("chaos: vmgate serve did not stop within 45 s of SIGTERM")
+	}
+}
+
+// kill sends SIGKILL (by pid) and waits.
+func (p *serveProc) kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// fds counts the open file descriptors of pid.
+func fds(pid int) (int, error) {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return 0, err
+	}
+	return len(ents), nil
+}
+
+// threads reads the thread count of pid.
+func threads(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("no Threads line for pid %d", pid)
+}
+
+// procInfo is one process of /proc.
+type procInfo struct {
+	pid, ppid int
+	cmdline   string
+}
+
+// descendants lists every process below pid, with their command lines.
+func descendants(pid int) []procInfo {
+	ents, _ := os.ReadDir("/proc")
+	children := map[int][]procInfo{}
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(st), ')')
+		f := strings.Fields(string(st[i+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		cl, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", n))
+		children[ppid] = append(children[ppid], procInfo{pid: n, ppid: ppid, cmdline: strings.TrimSpace(strings.ReplaceAll(string(cl), "\x00", " "))})
+	}
+	var out []procInfo
+	var walk func(int)
+	walk = func(p int) {
+		for _, c := range children[p] {
+			out = append(out, c)
+			walk(c.pid)
+		}
+	}
+	walk(pid)
+	return out
+}
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(st), ')')
+	f := strings.Fields(string(st[i+1:]))
+	return len(f) > 0 && f[0] != "Z"
+}
+
+// qmp runs one QMP command on the socket.
+func qmp(ctx context.Context, sock, command string) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", sock)
+	if err != nil {
+		return fmt.Errorf("qmp: dial: %w", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	if _, err := r.ReadBytes('\n'); err != nil {
+		return fmt.Errorf("qmp: greeting: %w", err)
+	}
+	for _, cmd := range []string{"qmp_capabilities", command} {
+		if _, err := fmt.Fprintf(c, "{\"execute\":%q}\n", cmd); err != nil {
+			return fmt.Errorf("qmp: %s: %w", cmd, err)
+		}
+		for {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				return fmt.Errorf("qmp: %s: %w", cmd, err)
+			}
+			var rep struct {
+				Return json.RawMessage `json:"return"`
+				Error  *struct {
+					Desc string `json:"desc"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(line, &rep); err != nil {
+				return fmt.Errorf("qmp: %s: bad reply %q: %w", cmd, line, err)
+			}
+			if rep.Error != nil {
+				return fmt.Errorf("qmp: %s: %s", cmd, rep.Error.Desc)
+			}
+			if rep.Return != nil {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// runVMGate runs a vmgate subcommand and returns its combined output.
+func runVMGate(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, vmgateBin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
