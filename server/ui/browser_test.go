@@ -116,7 +116,7 @@ func TestBrowserApproveAndDeny(t *testing.T) {
 	// A parked call appears in the pending list, with its arguments.
 	id := f.park(t, `{"vm":"lab/vm1","action":"reboot"}`)
 	row := "#approval-" + id
-	run("reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(row)))
+	run("reload", chromedp.Navigate(f.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS(row)))
 	if got := text(row); !strings.Contains(got, "vm_power") || !strings.Contains(got, `"action":"reboot"`) || !strings.Contains(got, "agent") {
 		t.Errorf("pending row = %q; want grant, tool and arguments", got)
 	}
@@ -148,7 +148,7 @@ func TestBrowserApproveAndDeny(t *testing.T) {
 	// Deny with a reason: the retry fails with it and nothing runs.
 	id2 := f.park(t, `{"vm":"lab/vm1","action":"reset"}`)
 	row2 := "#approval-" + id2
-	run("reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(row2)))
+	run("reload", chromedp.Navigate(f.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS(row2)))
 	run("deny", chromedp.SendKeys(chromedp.CSS(row2+` input[name="reason"]`), "not during the demo"),
 		chromedp.Click(chromedp.CSS(row2+" button.deny")), chromedp.WaitVisible(chromedp.CSS("p.msg")))
 	if got := text("p.msg"); !strings.Contains(got, "denied") {
@@ -161,7 +161,7 @@ func TestBrowserApproveAndDeny(t *testing.T) {
 	if n := f.powers.Load(); n != 1 {
 		t.Errorf("driver Power calls after the denied retry = %d; want still 1", n)
 	}
-	run("pending list empty", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#pending p.none")))
+	run("pending list empty", chromedp.Navigate(f.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#pending p.none")))
 
 	// The audit log names the operator on both decisions.
 	var decided []audit.Record
