@@ -1,0 +1,466 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vmgate/vmgate/guest/qga"
+)
+
+// The lab rows drive the vmgate binary as a user would: `vmgate lab up`
+// boots the lab VMs in a temporary state directory, `vmgate serve` runs
+// with its plugin processes over stdio, and the bench talks MCP to it.
+// The baselines talk to the same VM's guest agent socket directly with
+// guest/qga. A guest agent socket takes one client at a time and the
+// server's QEMU plugin holds its connection, so each round runs the
+// server, stops it (its plugins die with it), then runs the baselines.
+
+// labVMs is the number of lab VMs the scale row runs in parallel.
+const labVMs = 4
+
+// errQEMUMissing means lab VMs cannot run here.
+var errQEMUMissing = errors.New("qemu-system-x86_64 not on PATH")
+
+// labEnv is a set of lab VMs in their own state directory.
+type labEnv struct {
+	vmgate   string // the vmgate binary
+	stateDir string
+}
+
+// vmgateCmd builds a vmgate command on the lab's state directory, owned by
+// this process (SIGKILL when it dies).
+func (l *labEnv) vmgateCmd(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, l.vmgate, append([]string{"--state-dir", l.stateDir}, args...)...)
+	cmd.Env = append(os.Environ(), "VMGATE_STATE_DIR="+l.stateDir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
+func (l *labEnv) run(ctx context.Context, args ...string) error {
+	cmd := l.vmgateCmd(ctx, args...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("vmgate %s: %w: %s", strings.Join(args, " "), err, tail(out, 2000))
+	}
+	return nil
+}
+
+// startLab boots n lab VMs. The caller must call stop, also on error.
+func startLab(ctx context.Context, vmgate string, n int) (*labEnv, error) {
+	// A short path: the sockets live under it and sun_path is 107 bytes.
+	dir, err := os.MkdirTemp("", "vmgb-")
+	if err != nil {
+		return nil, err
+	}
+	l := &labEnv{vmgate: vmgate, stateDir: dir}
+	if err := l.run(ctx, "lab", "up", "--vms", strconv.Itoa(n)); err != nil {
+		return l, err
+	}
+	return l, nil
+}
+
+// stop stops every lab VM and removes the state directory.
+func (l *labEnv) stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := l.run(ctx, "lab", "down")
+	if rerr := os.RemoveAll(l.stateDir); err == nil {
+		err = rerr
+	}
+	return err
+}
+
+func (l *labEnv) qgaSocket(vm string) string {
+	return filepath.Join(l.stateDir, "lab", vm, "qga.sock")
+}
+
+// benchPolicy allows what the lab rows call, with a counter on exec so
+// the reservation path runs as it does under a real policy.
+const benchPolicy = `{"version":"1","default":"deny",
+  "all_tools":{"limits":[{"counter":"all_calls","window":"minute","max":100000000,"scope":"grant"}]},
+  "tools":{"list_vms":{},"vm_status":{},
+    "vm_agent_exec":{"limits":[{"counter":"exec_per_vm","window":"minute","max":100000000,"scope":["grant","vm"]}]}}}`
+
+// writeConfig writes vmgate.yaml and its policy: bbolt store and audit log
+// with fsync always (the defaults) in the state directory, the lab VMs as
+// backend "lab".
+func (l *labEnv) writeConfig() (string, error) {
+	pol := filepath.Join(l.stateDir, "bench-policy.json")
+	if err := os.WriteFile(pol, []byte(benchPolicy), 0o600); err != nil {
+		return "", err
+	}
+	cfg := "state_dir: " + strconv.Quote(l.stateDir) + "\n" +
+		"audit: {fsync: always}\n" +
+		"grants: [{name: local, policy: " + strconv.Quote(pol) + "}]\n" +
+		"backends: [{name: lab, driver: qemu, settings: {lab: true}}]\n"
+	p := filepath.Join(l.stateDir, "bench-vmgate.yaml")
+	return p, os.WriteFile(p, []byte(cfg), 0o600)
+}
+
+// serveProc is a running `vmgate serve` and an MCP client on its stdio.
+type serveProc struct {
+	cmd    *exec.Cmd
+	client *mcpClient
+	stderr *tailBuffer
+	waited chan error
+}
+
+// tailBuffer keeps the last max bytes written to it. mu guards buf.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+	max int
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > t.max {
+		t.buf = append(t.buf[:0], t.buf[len(t.buf)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}
+
+// serve starts `vmgate serve --config cfg` and completes the MCP handshake.
+func (l *labEnv) serve(ctx context.Context, cfg string) (*serveProc, error) {
+	// Not CommandContext: the process is stopped by closing its input, and
+	// killed by pid only if it does not exit.
+	cmd := exec.Command(l.vmgate, "serve", "--config", cfg)
+	cmd.Env = append(os.Environ(), "VMGATE_STATE_DIR="+l.stateDir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	p := &serveProc{cmd: cmd, stderr: &tailBuffer{max: 4000}, waited: make(chan error, 1)}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("vmgate serve: %w", err)
+	}
+	go func() { p.waited <- cmd.Wait() }()
+	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	p.client, err = newMCPClient(hctx, stdin, stdout)
+	if err != nil {
+		stdin.Close()
+		p.kill()
+		return nil, fmt.Errorf("vmgate serve: %w: %s", err, p.stderr.String())
+	}
+	return p, nil
+}
+
+// kill ends the process by its pid and waits for it.
+func (p *serveProc) kill() {
+	p.cmd.Process.Kill()
+	<-p.waited
+}
+
+// stop closes the server's input, which ends it, and waits; a server that
+// does not exit within the timeout is killed and reported.
+func (p *serveProc) stop() error {
+	p.client.Close()
+	select {
+	case err := <-p.waited:
+		if err != nil {
+			return fmt.Errorf("vmgate serve: %w: %s", err, p.stderr.String())
+		}
+		return nil
+	case <-time.After(20 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.waited
+		return fmt.Errorf("vmgate serve did not exit 20s after end of input; killed")
+	}
+}
+
+// treeRSS returns the summed resident set of pid and all its descendants
+// in MiB, and how many processes that is.
+func treeRSS(pid int) (mib float64, procs int, err error) {
+	children := map[int][]int{}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid …; comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		if pp, err := strconv.Atoi(f[1]); err == nil {
+			children[pp] = append(children[pp], p)
+		}
+	}
+	var kib int64
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		k, err := vmRSSKiB(p)
+		if err != nil {
+			if p == pid {
+				return 0, 0, err
+			}
+			continue
+		}
+		kib += k
+		procs++
+		queue = append(queue, children[p]...)
+	}
+	return float64(kib) / 1024, procs, nil
+}
+
+func vmRSSKiB(pid int) (int64, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(v)
+			if len(f) != 2 || f[1] != "kB" {
+				return 0, fmt.Errorf("rss: pid %d: odd VmRSS line %q", pid, line)
+			}
+			return strconv.ParseInt(f[0], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("rss: pid %d: no VmRSS", pid)
+}
+
+// execTrue runs /bin/true on vm through vm_agent_exec and returns its latency.
+func execTrue(ctx context.Context, c *mcpClient, vm string) (time.Duration, error) {
+	t0 := time.Now()
+	res, err := c.callTool(ctx, "vm_agent_exec", `{"vm":"lab/`+vm+`","command":["/bin/true"]}`)
+	took := time.Since(t0)
+	if err != nil {
+		return 0, err
+	}
+	var out struct {
+		Exited   bool `json:"exited"`
+		ExitCode int  `json:"exit_code"`
+	}
+	if err := json.Unmarshal(res.StructuredContent, &out); err != nil {
+		return 0, fmt.Errorf("vm_agent_exec: %w", err)
+	}
+	if !out.Exited || out.ExitCode != 0 {
+		return 0, fmt.Errorf("vm_agent_exec /bin/true on %s = %s; want exited with 0", vm, res.StructuredContent)
+	}
+	return took, nil
+}
+
+// rawExec runs /bin/true through guest-exec and polls guest-exec-status
+// every interval (0: back to back) until it exited, and returns the latency.
+func rawExec(ctx context.Context, c *qga.Client, interval time.Duration) (time.Duration, error) {
+	t0 := time.Now()
+	pid, err := c.ExecStart(ctx, qga.ExecRequest{Path: "/bin/true"})
+	if err != nil {
+		return 0, fmt.Errorf("guest-exec: %w", err)
+	}
+	for {
+		if interval > 0 {
+			time.Sleep(interval)
+		}
+		st, err := c.ExecStatus(ctx, pid, 0)
+		if err != nil {
+			return 0, fmt.Errorf("guest-exec-status: %w", err)
+		}
+		if st.Exited {
+			if st.ExitCode != 0 {
+				return 0, fmt.Errorf("guest-exec /bin/true exited %d", st.ExitCode)
+			}
+			return time.Since(t0), nil
+		}
+	}
+}
+
+// medianMs runs f n times and returns the median in ms.
+func medianMs(n int, f func() (time.Duration, error)) (float64, error) {
+	v := make([]float64, 0, n)
+	for range n {
+		d, err := f()
+		if err != nil {
+			return 0, err
+		}
+		v = append(v, float64(d.Nanoseconds())/1e6)
+	}
+	m, _ := medianSpread(v)
+	return m, nil
+}
+
+// execRate runs perVM execs of /bin/true on each of vms in parallel and
+// returns the completed execs per second.
+func execRate(ctx context.Context, c *mcpClient, vms []string, perVM int) (float64, error) {
+	errs := make([]error, len(vms))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, vm := range vms {
+		wg.Go(func() {
+			for range perVM {
+				if _, err := execTrue(ctx, c, vm); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	return float64(len(vms)*perVM) / took.Seconds(), nil
+}
+
+// labRows measures exec latency (1a, 1b), parallel exec throughput over 4
+// VMs (6b) and the server's memory (7). Without QEMU the rows are skipped,
+// unless VMGATE_REQUIRE_VM is set, which makes them fail.
+func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
+	tight := &Row{ID: "1a", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, plugin, QGA) / raw guest-exec polled back to back"}
+	poll1s := &Row{ID: "1b", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, plugin, QGA) / raw guest-exec polled once a second"}
+	par := &Row{ID: "6b", Unit: "execs/s", What: fmt.Sprintf("scale: exec throughput, %d lab VMs in parallel / 1 lab VM, through vmgate serve", labVMs),
+		Note: fmt.Sprintf("%d CPUs", runtime.NumCPU())}
+	mem := &Row{ID: "7", Unit: "MiB", What: "memory: RSS of vmgate serve and its plugin processes, after the load / idle"}
+	rows := []*Row{tight, poll1s, par, mem}
+	fail := func(err error) []*Row {
+		for _, r := range rows {
+			if r.Err == nil && len(r.A) < pairs {
+				r.Err = err
+			}
+		}
+		return rows
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		if os.Getenv("VMGATE_REQUIRE_VM") != "" {
+			return fail(fmt.Errorf("%w and VMGATE_REQUIRE_VM is set", errQEMUMissing))
+		}
+		for _, r := range rows {
+			r.Skip = errQEMUMissing.Error()
+		}
+		return rows
+	}
+	l, err := startLab(ctx, vmgate, labVMs)
+	if l != nil {
+		defer func() {
+			if err := l.stop(); err != nil {
+				fmt.Fprintf(os.Stderr, "bench: lab down: %v\n", err)
+			}
+		}()
+	}
+	if err != nil {
+		return fail(err)
+	}
+	cfg, err := l.writeConfig()
+	if err != nil {
+		return fail(err)
+	}
+	all := make([]string, labVMs)
+	for i := range all {
+		all[i] = "vm" + strconv.Itoa(i+1)
+	}
+	const execs, perVM = 15, 8
+	var procs int
+	err = Rounds(ctx, warmup, pairs, func(ctx context.Context, i int, counts bool) error {
+		// The server: idle memory, exec latency, parallel throughput,
+		// memory after the load.
+		p, err := l.serve(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		stopped := false
+		defer func() {
+			if !stopped {
+				p.kill()
+			}
+		}()
+		if _, err := p.client.callTool(ctx, "list_vms", "{}"); err != nil {
+			return err
+		}
+		idle, n, err := treeRSS(p.cmd.Process.Pid)
+		if err != nil {
+			return err
+		}
+		procs = n
+		gated, err := medianMs(execs, func() (time.Duration, error) { return execTrue(ctx, p.client, "vm1") })
+		if err != nil {
+			return err
+		}
+		var many, one float64
+		if i%2 == 0 {
+			if many, err = execRate(ctx, p.client, all, perVM); err == nil {
+				one, err = execRate(ctx, p.client, all[:1], perVM)
+			}
+		} else {
+			if one, err = execRate(ctx, p.client, all[:1], perVM); err == nil {
+				many, err = execRate(ctx, p.client, all, perVM)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		loaded, _, err := treeRSS(p.cmd.Process.Pid)
+		if err != nil {
+			return err
+		}
+		stopped = true
+		if err := p.stop(); err != nil {
+			return err
+		}
+		// The baselines on the same VM's agent, now free.
+		c := qga.New(l.qgaSocket("vm1"))
+		defer c.Close()
+		raw, err := medianMs(execs, func() (time.Duration, error) { return rawExec(ctx, c, 0) })
+		if err != nil {
+			return err
+		}
+		slow, err := medianMs(2, func() (time.Duration, error) { return rawExec(ctx, c, time.Second) })
+		if err != nil {
+			return err
+		}
+		if !counts {
+			return nil
+		}
+		return errors.Join(tight.Add(gated, raw), poll1s.Add(gated, slow), par.Add(many, one), mem.Add(loaded, idle))
+	})
+	if err != nil {
+		return fail(err)
+	}
+	mem.Note = fmt.Sprintf("%d processes", procs)
+	return rows
+}
+
+var _ io.Writer = (*tailBuffer)(nil)
