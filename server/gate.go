@@ -508,7 +508,9 @@ func (s *Server) toolHandler(spec *toolSpec) mcpserver.ToolHandlerFunc {
 		default:
 			close(t.claimed)
 		}
+		stop := s.reportProgress(ctx, req, spec.name)
 		r := spec.run(s, t.call)
+		stop()
 		t.res = &r
 		return r.mcp(), nil
 	}

@@ -108,6 +108,7 @@ type fixtureOpts struct {
 	vms    []string // visible VM globs of "local"
 	store  store.Store
 	rec    *recorder
+	driver *hypervisortest.Fake // nil: countingFake
 }
 
 func newFixture(t testing.TB, o fixtureOpts) *fixture {
@@ -131,7 +132,10 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if f.store == nil {
 		f.store = memory.New()
 	}
-	drv := countingFake(f.calls)
+	drv := o.driver
+	if drv == nil {
+		drv = countingFake(f.calls)
+	}
 	f.s, err = New(Config{
 		Grants: []Grant{
 			{Name: "local", Policy: eng, VMs: o.vms, TokenSHA256: sha256hex("local-token")},

@@ -108,21 +108,24 @@ type Config struct {
 
 // Server is the MCP server with its gate.
 type Server struct {
-	mcp        *mcpserver.MCPServer
-	specs      []*toolSpec
-	tools      map[string]*toolSpec
-	grants     map[string]*Grant
-	tokens     []tokenEntry
-	backends   map[string]hypervisor.Driver
-	store      store.Store
-	audit      Auditor
-	limits     Limits
-	httpOpts   HTTPOptions
-	log        *slog.Logger
-	now        func() time.Time
-	execs      execTable
-	stdioGrant string
-	guest      *guestTools
+	mcp      *mcpserver.MCPServer
+	specs    []*toolSpec
+	tools    map[string]*toolSpec
+	grants   map[string]*Grant
+	tokens   []tokenEntry
+	backends map[string]hypervisor.Driver
+	store    store.Store
+	audit    Auditor
+	limits   Limits
+	httpOpts HTTPOptions
+	log      *slog.Logger
+	now      func() time.Time
+	// progressEvery is how often a call whose client sent a progress token
+	// is reported on while it runs (see progress.go).
+	progressEvery time.Duration
+	execs         execTable
+	stdioGrant    string
+	guest         *guestTools
 
 	// mu guards closed; calls holds every call in flight so Close can wait.
 	mu     sync.Mutex
@@ -162,15 +165,16 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("server: new: no grants")
 	}
 	s := &Server{
-		grants:     make(map[string]*Grant, len(cfg.Grants)),
-		backends:   make(map[string]hypervisor.Driver, len(cfg.Backends)),
-		store:      cfg.Store,
-		audit:      cfg.Audit,
-		limits:     cfg.Limits.withDefaults(),
-		httpOpts:   cfg.HTTP,
-		log:        cfg.Logger,
-		now:        cfg.Now,
-		stdioGrant: cfg.StdioGrant,
+		progressEvery: defaultProgressEvery,
+		grants:        make(map[string]*Grant, len(cfg.Grants)),
+		backends:      make(map[string]hypervisor.Driver, len(cfg.Backends)),
+		store:         cfg.Store,
+		audit:         cfg.Audit,
+		limits:        cfg.Limits.withDefaults(),
+		httpOpts:      cfg.HTTP,
+		log:           cfg.Logger,
+		now:           cfg.Now,
+		stdioGrant:    cfg.StdioGrant,
 	}
 	if s.stdioGrant == "" {
 		s.stdioGrant = "local"

@@ -1,0 +1,97 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// TestProgressNotifications: a long vm_agent_exec whose client sent a
+// progress token gets increasing notifications/progress carrying that token
+// before its result; the same call without a token gets none.
+func TestProgressNotifications(t *testing.T) {
+	drv := countingFake(new(atomic.Int64))
+	var started atomic.Int64
+	drv.ExecStartFunc = func(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
+		started.Store(time.Now().UnixNano())
+		return hypervisor.ExecHandle{PID: 77, StartedAt: time.Now()}, nil
+	}
+	drv.ExecStatusFunc = func(ctx context.Context, vm string, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
+		if time.Since(time.Unix(0, started.Load())) < 450*time.Millisecond {
+			return hypervisor.ExecResult{PID: h.PID}, nil
+		}
+		return hypervisor.ExecResult{PID: h.PID, Exited: true, Stdout: []byte("done\n")}, nil
+	}
+	f := newFixture(t, fixtureOpts{driver: drv})
+	f.s.progressEvery = 100 * time.Millisecond
+
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	go func() { f.s.ServeStdio(context.Background(), inR, outW); outW.Close() }()
+	t.Cleanup(func() { inW.Close() })
+	lines := bufio.NewScanner(outR)
+	lines.Buffer(nil, 1<<20)
+	send := func(msg string) {
+		t.Helper()
+		if _, err := io.WriteString(inW, msg+"\n"); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	}
+	// readUntil reads messages up to the response with id, returning the
+	// progress notifications seen before it.
+	type progress struct {
+		Method string `json:"method"`
+		ID     json.RawMessage
+		Params struct {
+			ProgressToken any     `json:"progressToken"`
+			Progress      float64 `json:"progress"`
+			Message       string  `json:"message"`
+		} `json:"params"`
+	}
+	readUntil := func(id string) []progress {
+		t.Helper()
+		var seen []progress
+		for lines.Scan() {
+			var m progress
+			if err := json.Unmarshal(lines.Bytes(), &m); err != nil {
+				t.Fatalf("message %q: %v", lines.Bytes(), err)
+			}
+			if string(m.ID) == id {
+				return seen
+			}
+			if m.Method == "notifications/progress" {
+				seen = append(seen, m)
+			}
+		}
+		t.Fatalf("no response with id %s: %v", id, lines.Err())
+		return nil
+	}
+	send(initMsg)
+	readUntil("1")
+	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+
+	send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"vm_agent_exec","arguments":{"vm":"lab/vm1","command":["sleep","1"]},"_meta":{"progressToken":"tok-7"}}}`)
+	seen := readUntil("2")
+	if len(seen) < 2 {
+		t.Fatalf("progress notifications before the result = %d; want at least 2", len(seen))
+	}
+	for i, p := range seen {
+		if p.Params.ProgressToken != "tok-7" {
+			t.Errorf("notification %d token = %v; want tok-7", i, p.Params.ProgressToken)
+		}
+		if i > 0 && p.Params.Progress <= seen[i-1].Params.Progress {
+			t.Errorf("notification %d progress %v after %v; want increasing", i, p.Params.Progress, seen[i-1].Params.Progress)
+		}
+	}
+
+	send(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"vm_agent_exec","arguments":{"vm":"lab/vm1","command":["sleep","1"]}}}`)
+	if seen := readUntil("3"); len(seen) != 0 {
+		t.Errorf("progress notifications without a token = %d; want 0", len(seen))
+	}
+}
