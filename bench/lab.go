@@ -22,11 +22,12 @@ import (
 
 // The lab rows drive the vmgate binary as a user would: `vmgate lab up`
 // boots the lab VMs in a temporary state directory, `vmgate serve` runs
-// with its plugin processes over stdio, and the bench talks MCP to it.
-// The baselines talk to the same VM's guest agent socket directly with
-// guest/qga. A guest agent socket takes one client at a time and the
-// server's QEMU plugin holds its connection, so each round runs the
-// server, stops it (its plugins die with it), then runs the baselines.
+// over stdio (with any plugin processes it starts; today it runs the QEMU
+// driver in process) and the bench talks MCP to it. The baselines talk to
+// the same VM's guest agent socket directly with guest/qga. A guest agent
+// socket takes one client at a time and the server's QEMU driver holds its
+// connection, so each round runs the server, stops it, then runs the
+// baselines.
 
 // labVMs is the number of lab VMs the scale row runs in parallel.
 const labVMs = 4
@@ -350,8 +351,8 @@ func execRate(ctx context.Context, c *mcpClient, vms []string, perVM int) (float
 // VMs (6b) and the server's memory (7). Without QEMU the rows are skipped,
 // unless VMGATE_REQUIRE_VM is set, which makes them fail.
 func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
-	tight := &Row{ID: "1a", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, plugin, QGA) / raw guest-exec polled back to back"}
-	poll1s := &Row{ID: "1b", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, plugin, QGA) / raw guest-exec polled once a second"}
+	tight := &Row{ID: "1a", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver, QGA) / raw guest-exec polled back to back"}
+	poll1s := &Row{ID: "1b", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver, QGA) / raw guest-exec polled once a second"}
 	par := &Row{ID: "6b", Unit: "execs/s", What: fmt.Sprintf("scale: exec throughput, %d lab VMs in parallel / 1 lab VM, through vmgate serve", labVMs),
 		Note: fmt.Sprintf("%d CPUs", runtime.NumCPU())}
 	mem := &Row{ID: "7", Unit: "MiB", What: "memory: RSS of vmgate serve and its plugin processes, after the load / idle"}
@@ -459,7 +460,7 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	if err != nil {
 		return fail(err)
 	}
-	mem.Note = fmt.Sprintf("%d processes", procs)
+	mem.Note = fmt.Sprintf("serve + %d plugin processes", procs-1)
 	return rows
 }
 
