@@ -57,10 +57,12 @@ type Config struct {
 	Audit    Audit     `yaml:"audit"`
 	Grants   []Grant   `yaml:"grants"`
 	Backends []Backend `yaml:"backends"`
-	HTTP     HTTP      `yaml:"http"`
-	Limits   Limits    `yaml:"limits"`
-	Operator Operator  `yaml:"operator"`
-	Metrics  Metrics   `yaml:"metrics"`
+	// PluginDir holds external drivers (executables vmgate-plugin-NAME).
+	PluginDir string   `yaml:"plugin_dir"`
+	HTTP      HTTP     `yaml:"http"`
+	Limits    Limits   `yaml:"limits"`
+	Operator  Operator `yaml:"operator"`
+	Metrics   Metrics  `yaml:"metrics"`
 }
 
 // Operator is the person who approves parked calls on the web page (/ui
@@ -107,30 +109,6 @@ type Grant struct {
 	VMs []string `yaml:"vms"`
 }
 
-// Backend is one hypervisor backend.
-type Backend struct {
-	Name   string `yaml:"name"`
-	Driver string `yaml:"driver"` // qemu
-	// QEMU holds the decoded settings of a qemu backend.
-	QEMU *QEMUSettings `yaml:"-"`
-	// Settings are the raw driver settings, decoded strictly per driver.
-	Settings yaml.Node `yaml:"settings"`
-}
-
-// QEMUSettings are the settings of driver qemu.
-type QEMUSettings struct {
-	VMs []QEMUVM `yaml:"vms"`
-	// Lab adds the lab VMs of <state_dir>/lab.
-	Lab bool `yaml:"lab"`
-}
-
-// QEMUVM is one QEMU VM given by its sockets.
-type QEMUVM struct {
-	Name string `yaml:"name"`
-	QMP  string `yaml:"qmp"`
-	QGA  string `yaml:"qga"`
-}
-
 // HTTP configures `serve --http`.
 type HTTP struct {
 	Addr           string   `yaml:"addr"`
@@ -151,9 +129,12 @@ func Default(stateDir string) *Config {
 	c := &Config{
 		StateDir: stateDir,
 		Grants:   []Grant{{Name: "local", Policy: BuiltinPolicy}},
-		Backends: []Backend{{Name: "lab", Driver: "qemu", QEMU: &QEMUSettings{Lab: true}}},
+		Backends: []Backend{{Name: "lab", Driver: DriverQEMU, QEMU: &QEMUSettings{Lab: true}}},
 	}
 	c.fill("")
+	if err := c.buildDriverConfigs(); err != nil {
+		panic("config: the default backends do not build: " + err.Error()) // a bug, not input
+	}
 	return c
 }
 
@@ -187,27 +168,18 @@ func Parse(data []byte, dir, defaultStateDir string) (*Config, error) {
 		return nil, err
 	}
 	for i := range c.Backends {
-		b := &c.Backends[i]
-		if b.Driver != "qemu" {
-			return nil, fmt.Errorf("backends[%d].driver: unknown driver %q (want qemu)", i, b.Driver)
+		if err := c.Backends[i].decodeSettings(i); err != nil {
+			return nil, err
 		}
-		var qs QEMUSettings
-		if b.Settings.Kind != 0 {
-			raw, err := yaml.Marshal(&b.Settings)
-			if err != nil {
-				return nil, fmt.Errorf("backends[%d].settings: %w", i, err)
-			}
-			if err := strictDecode(raw, &qs); err != nil {
-				return nil, fmt.Errorf("backends[%d].settings: %w", i, err)
-			}
-		}
-		b.QEMU = &qs
 	}
 	if c.StateDir == "" {
 		c.StateDir = defaultStateDir
 	}
 	c.fill(dir)
 	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if err := c.buildDriverConfigs(); err != nil {
 		return nil, err
 	}
 	return &c, nil
@@ -258,20 +230,14 @@ func (c *Config) fill(dir string) {
 			c.Grants[i].Policy = abs(c.Grants[i].Policy)
 		}
 	}
-	for _, b := range c.Backends {
-		if b.QEMU == nil {
-			continue
-		}
-		for j := range b.QEMU.VMs {
-			b.QEMU.VMs[j].QMP = abs(b.QEMU.VMs[j].QMP)
-			b.QEMU.VMs[j].QGA = abs(b.QEMU.VMs[j].QGA)
-		}
+	c.PluginDir = abs(c.PluginDir)
+	for i := range c.Backends {
+		c.Backends[i].resolvePaths(abs)
 	}
 	c.HTTP.TLSCert, c.HTTP.TLSKey = abs(c.HTTP.TLSCert), abs(c.HTTP.TLSKey)
 }
 
 var (
-	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
 	grantRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$`)
 	vmNameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 	sha256hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -331,34 +297,8 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	seen = map[string]bool{}
-	for i, b := range c.Backends {
-		if !nameRE.MatchString(b.Name) {
-			return fmt.Errorf("backends[%d].name: %q (want [a-z0-9_-], at most 64)", i, b.Name)
-		}
-		if seen[b.Name] {
-			return fmt.Errorf("backends[%d].name: %q defined twice", i, b.Name)
-		}
-		seen[b.Name] = true
-		if b.Driver != "qemu" || b.QEMU == nil {
-			return fmt.Errorf("backends[%d].driver: unknown driver %q (want qemu)", i, b.Driver)
-		}
-		if !b.QEMU.Lab && len(b.QEMU.VMs) == 0 {
-			return fmt.Errorf("backends[%d].settings: give vms, lab: true, or both", i)
-		}
-		vms := map[string]bool{}
-		for j, vm := range b.QEMU.VMs {
-			if !vmNameRE.MatchString(vm.Name) {
-				return fmt.Errorf("backends[%d].settings.vms[%d].name: %q is not a valid VM name", i, j, vm.Name)
-			}
-			if vms[vm.Name] {
-				return fmt.Errorf("backends[%d].settings.vms[%d].name: %q defined twice", i, j, vm.Name)
-			}
-			vms[vm.Name] = true
-			if vm.QMP == "" || vm.QGA == "" {
-				return fmt.Errorf("backends[%d].settings.vms[%d]: qmp and qga sockets are required", i, j)
-			}
-		}
+	if err := c.validateBackends(); err != nil {
+		return err
 	}
 	if c.HTTP.Addr != "" {
 		if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
