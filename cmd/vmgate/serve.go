@@ -9,14 +9,14 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/vmgate/vmgate/config"
+	"github.com/vmgate/vmgate/internal/drivers"
 	"github.com/vmgate/vmgate/internal/lab"
-	"github.com/vmgate/vmgate/plugins/qemu"
+	"github.com/vmgate/vmgate/internal/pluginhost"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
@@ -34,6 +34,7 @@ type serveOptions struct {
 	httpAddr         string
 	allowNonLoopback bool
 	grace            time.Duration
+	inProcess        bool
 }
 
 func newServeCmd() *cobra.Command {
@@ -59,6 +60,7 @@ with the built-in policy.`,
 	cmd.Flags().StringVar(&o.grant, "grant", "local", "grant of the stdio client")
 	cmd.Flags().StringVar(&o.httpAddr, "http", "", "serve streamable HTTP on ADDR (e.g. 127.0.0.1:8707) instead of stdio")
 	cmd.Flags().BoolVar(&o.allowNonLoopback, "allow-non-loopback", false, "allow --http on a non-loopback address without TLS")
+	cmd.Flags().BoolVar(&o.inProcess, "in-process", false, "run the built-in drivers inside the server instead of as plugin processes (debugging)")
 	cmd.Flags().DurationVar(&o.grace, "grace", 10*time.Second, "how long calls in flight may finish at shutdown before they are cancelled")
 	return cmd
 }
@@ -115,21 +117,17 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	}
 	defer st.Close()
 
-	var backends []server.Backend
-	for _, b := range cfg.Backends {
-		qc := qemu.Config{Logger: slog.Default()}
-		for _, vm := range b.QEMU.VMs {
-			qc.VMs = append(qc.VMs, qemu.VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA})
-		}
-		if b.QEMU.Lab {
-			qc.LabDir = filepath.Join(cfg.StateDir, "lab")
-		}
-		d, err := qemu.New(qc)
-		if err != nil {
-			return fmt.Errorf("serve: backend %s: %w", b.Name, err)
-		}
-		backends = append(backends, server.Backend{Name: b.Name, Driver: d})
+	backends, closeDrivers, err := launchBackends(ctx, cfg, o.inProcess)
+	if err != nil {
+		return err
 	}
+	// Registered before the server exists, so it runs after srv.Close has
+	// drained the calls in flight: then every plugin is stopped and waited for.
+	defer func() {
+		if cerr := closeDrivers(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("serve: stop drivers: %w", cerr))
+		}
+	}()
 	server.Version = version
 	web, err := newOperatorWeb(cfg, backends) // metrics and the /ui page (operatorweb.go)
 	if err != nil {
@@ -313,4 +311,37 @@ func isLoopback(host string) bool {
 	}
 	ip, err := netip.ParseAddr(host)
 	return err == nil && ip.IsLoopback()
+}
+
+// launchBackends starts every backend's driver through the plugin host:
+// as a plugin process by default, inside the server for --in-process or a
+// backend with in_process: true. A backend that cannot start is an error
+// and nothing is left running: serving without it would turn its VMs into
+// "unknown VM" with nothing but a log line to say why, and a plugin that
+// cannot start at boot (bad settings, missing executable, failed handshake)
+// does not heal by itself. The returned function stops every driver.
+func launchBackends(ctx context.Context, cfg *config.Config, inProcess bool) ([]server.Backend, func() error, error) {
+	opts := pluginhost.Options{Logger: slog.Default(), Registry: drivers.Registry(), PluginDir: cfg.PluginDir}
+	plugins := pluginhost.New(opts)
+	opts.InProcess = true
+	local := pluginhost.New(opts)
+	closeAll := func() error { return errors.Join(plugins.Close(), local.Close()) }
+
+	backends := make([]server.Backend, 0, len(cfg.Backends))
+	for _, b := range cfg.Backends {
+		host := plugins
+		if (inProcess || b.InProcess) && config.IsBuiltin(b.Driver) {
+			host = local
+		}
+		d, err := host.Launch(ctx, pluginhost.Spec{Driver: b.Driver, Backend: b.Name, Config: b.DriverConfig})
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("serve: backend %s (driver %s): %w", b.Name, b.Driver, err)
+		}
+		if s, ok := d.(*pluginhost.Supervisor); ok {
+			slog.Info("vmgate: backend driver started as a plugin", "backend", b.Name, "driver", b.Driver, "pid", s.PID())
+		}
+		backends = append(backends, server.Backend{Name: b.Name, Driver: d})
+	}
+	return backends, closeAll, nil
 }
