@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/guest/qga"
+)
+
+// needQEMU skips when lab VMs cannot run here, unless VMGATE_REQUIRE_VM is
+// set, which makes that a failure.
+func needQEMU(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		if os.Getenv("VMGATE_REQUIRE_VM") != "" {
+			t.Fatalf("VMGATE_REQUIRE_VM is set: %v", err)
+		}
+		t.Skipf("no lab VM: %v", err)
+	}
+}
+
+// buildVMGate builds the vmgate binary in the main module (the parent
+// directory), with its own dependencies, as scripts/bench.sh does.
+func buildVMGate(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "vmgate")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/vmgate")
+	cmd.Dir = ".."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build vmgate: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestLabRound runs one round of the lab rows' measurements on one lab VM
+// and checks that lab down leaves no QEMU behind.
+func TestLabRound(t *testing.T) {
+	needQEMU(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l, err := startLab(ctx, buildVMGate(t), 1)
+	if l != nil {
+		defer l.stop()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var state struct {
+		PID int `json:"pid"`
+	}
+	b, err := os.ReadFile(filepath.Join(l.stateDir, "lab", "vm1", "vm.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &state); err != nil || state.PID <= 0 {
+		t.Fatalf("vm.json pid = %d, %v; want a pid", state.PID, err)
+	}
+	cfg, err := l.writeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.serve(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := execTrue(ctx, p.client, "vm1"); err != nil || d <= 0 {
+		t.Errorf("execTrue(vm1) = %v, %v; want a latency", d, err)
+	}
+	if _, err := execTrue(ctx, p.client, "vm9"); err == nil || !strings.Contains(err.Error(), "[UNKNOWN VM]") {
+		t.Errorf("execTrue(vm9) = %v; want [UNKNOWN VM]", err)
+	}
+	if rate, err := execRate(ctx, p.client, []string{"vm1"}, 2); err != nil || rate <= 0 {
+		t.Errorf("execRate(vm1) = %v, %v; want a rate", rate, err)
+	}
+	if mib, n, err := treeRSS(p.cmd.Process.Pid); err != nil || mib <= 0 || n < 1 {
+		t.Errorf("treeRSS(serve) = %v MiB, %d, %v; want > 0", mib, n, err)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("stop serve = %v", err)
+	}
+	c := qga.New(l.qgaSocket("vm1"))
+	defer c.Close()
+	if d, err := rawExec(ctx, c, 0); err != nil || d <= 0 {
+		t.Errorf("rawExec(vm1) = %v, %v; want a latency", d, err)
+	}
+	c.Close()
+	if err := l.stop(); err != nil {
+		t.Errorf("lab stop = %v", err)
+	}
+	if cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(state.PID) + "/cmdline"); err == nil && strings.Contains(string(cmdline), "qemu") {
+		t.Errorf("QEMU pid %d still runs after lab down", state.PID)
+	}
+	if _, err := os.Stat(l.stateDir); !os.IsNotExist(err) {
+		t.Errorf("state directory after stop: %v; want it removed", err)
+	}
+}
