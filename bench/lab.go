@@ -22,8 +22,8 @@ import (
 
 // The lab rows drive the vmgate binary as a user would: `vmgate lab up`
 // boots the lab VMs in a temporary state directory, `vmgate serve` runs
-// over stdio (with any plugin processes it starts; today it runs the QEMU
-// driver in process) and the bench talks MCP to it. The baselines talk to
+// over stdio with its plugin processes (the QEMU driver runs in one) and
+// the bench talks MCP to it. The baselines talk to
 // the same VM's guest agent socket directly with guest/qga. A guest agent
 // socket takes one client at a time and the server's QEMU driver holds its
 // connection, so each round runs the server, stops it, then runs the
@@ -351,8 +351,8 @@ func execRate(ctx context.Context, c *mcpClient, vms []string, perVM int) (float
 // VMs (6b) and the server's memory (7). Without QEMU the rows are skipped,
 // unless VMGATE_REQUIRE_VM is set, which makes them fail.
 func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
-	tight := &Row{ID: "1a", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver, QGA) / raw guest-exec polled back to back"}
-	poll1s := &Row{ID: "1b", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver, QGA) / raw guest-exec polled once a second"}
+	tight := &Row{ID: "1a", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver plugin, QGA) / raw guest-exec polled back to back"}
+	poll1s := &Row{ID: "1b", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver plugin, QGA) / raw guest-exec polled once a second"}
 	par := &Row{ID: "6b", Unit: "execs/s", What: fmt.Sprintf("scale: exec throughput, %d lab VMs in parallel / 1 lab VM, through vmgate serve", labVMs),
 		Note: fmt.Sprintf("%d CPUs", runtime.NumCPU())}
 	mem := &Row{ID: "7", Unit: "MiB", What: "memory: RSS of vmgate serve and its plugin processes, after the load / idle"}
@@ -393,7 +393,7 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	for i := range all {
 		all[i] = "vm" + strconv.Itoa(i+1)
 	}
-	const execs, perVM = 15, 8
+	const execs, perVM = 25, 10
 	var procs int
 	err = Rounds(ctx, warmup, pairs, func(ctx context.Context, i int, counts bool) error {
 		// The server: idle memory, exec latency, parallel throughput,
@@ -460,7 +460,7 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	if err != nil {
 		return fail(err)
 	}
-	mem.Note = fmt.Sprintf("serve + %d plugin processes", procs-1)
+	mem.Note = fmt.Sprintf("processes: serve + %d plugin", procs-1)
 	return rows
 }
 
