@@ -97,7 +97,12 @@ func driverFailure(err error) result {
 	case errors.Is(err, hypervisor.ErrUnknownExec):
 		r.tag, r.text, r.noEffect = TagInvalid, "the guest no longer knows this command", true
 	case errors.Is(err, hypervisor.ErrPluginExited):
+		// The plugin is restarted in the background: a retry can work.
 		r.text = "the backend's driver process exited; retry"
+		var ee *hypervisor.ExitedError
+		if errors.As(err, &ee) && ee.Driver != "" {
+			r.text = "driver " + ee.Driver + " exited; retry"
+		}
 	case errors.Is(err, context.Canceled):
 		r.text = "the call was cancelled"
 	default:
