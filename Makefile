@@ -7,7 +7,7 @@ PKGS    := ./...
 # Debian packages the lab VM and the tests need (also installed by .ci/run).
 DEB_PKGS := qemu-system-x86 qemu-guest-agent busybox-static cpio redis-server
 
-.PHONY: all build test lint demo deps clean
+.PHONY: all build test lint demo deps clean bench bench-profile
 
 all: build
 
@@ -42,6 +42,17 @@ deps:
 # connect Claude Desktop, Claude Code and the MCP Inspector.
 demo:
 	scripts/demo.sh
+
+# One table of ratios against baselines measured in the same run (A B A B …
+# after a warm-up): exec latency, gate cost, Decide vs OPA, plugin boundary,
+# audit group commit, scale, memory. The OPA baseline lives in the separate
+# bench/ module so the product does not carry it.
+bench:
+	scripts/bench.sh
+
+# CPU and allocation profiles of the gate under load.
+bench-profile:
+	scripts/bench.sh profile $(BIN)/bench-profile
 
 clean:
 	rm -rf $(BIN)

@@ -10,6 +10,10 @@ go vet ./...
 log=$(mktemp -t vmgate-test.XXXXXX.log)
 status=0
 go test -count=1 -timeout 20m -v ./... >"$log" 2>&1 || status=$?
+# bench/ is a module of its own (it carries OPA for the decision baseline).
+if [ "$status" -eq 0 ]; then
+	(cd bench && go vet ./... && go test -count=1 -timeout 10m -v ./...) >>"$log" 2>&1 || status=$?
+fi
 
 # Top-level results, skips and failures; the package lines last (go test's own closing lines).
 grep -E '^(--- (PASS|FAIL|SKIP)|panic:)' "$log" || true
