@@ -189,12 +189,13 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 		}
 		cl.vm, cl.backend, cl.name, cl.driver = vm, backend, vmName, d
 	}
-	if c.grant.Policy == nil {
+	eng := s.policyOf(c.grant)
+	if eng == nil {
 		rec.Reason = "grant has no policy"
 		return s.refuse(ctx, id, hasID, rec, policy.Deny.String(), TagDenied, "this grant has no policy, so it can do nothing", "")
 	}
 	session, _ := valid["session"].(string)
-	d := c.grant.Policy.Decide(policy.Call{Grant: c.grant.Name, Transport: c.transport, Tool: name, VM: cl.vm, Session: session, Args: valid})
+	d := eng.Decide(policy.Call{Grant: c.grant.Name, Transport: c.transport, Tool: name, VM: cl.vm, Session: session, Args: valid})
 	rec.Rule, rec.Reason, rec.Shadow = d.Rule, d.Reason, d.Shadow
 	if hasRoundTrip(params) && !isClientChannel(d) {
 		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "requestState and inputResponses answer a client approval, and this call asks for none", "")
@@ -519,12 +520,16 @@ func (s *Server) toolHandler(spec *toolSpec) mcpserver.ToolHandlerFunc {
 // filterTools hides from tools/list what the caller's policy hides.
 func (s *Server) filterTools(ctx context.Context, tools []mcp.Tool) []mcp.Tool {
 	c := connFrom(ctx)
-	if c == nil || c.grant.Policy == nil {
+	if c == nil {
+		return nil
+	}
+	eng := s.policyOf(c.grant)
+	if eng == nil {
 		return nil
 	}
 	out := tools[:0:0]
 	for _, t := range tools {
-		if c.grant.Policy.Visible(t.Name) {
+		if eng.Visible(t.Name) {
 			out = append(out, t)
 		}
 	}

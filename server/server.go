@@ -33,6 +33,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	mcpserver "github.com/mark3labs/mcp-go/server"
@@ -120,6 +121,10 @@ type Server struct {
 	httpOpts HTTPOptions
 	log      *slog.Logger
 	now      func() time.Time
+	// policies holds each grant's current engine by grant name. The map is
+	// fixed at New; SetPolicy swaps an engine atomically, so a call uses the
+	// engine it loaded for its whole decision and a reload never tears one.
+	policies map[string]*atomic.Pointer[policy.Engine]
 	// progressEvery is how often a call whose client sent a progress token
 	// is reported on while it runs (see progress.go).
 	progressEvery time.Duration
@@ -138,7 +143,8 @@ type tokenEntry struct {
 	grant *Grant
 }
 
-// ErrUnknownGrant: ServeStdio was configured with a grant that does not exist.
+// ErrUnknownGrant: a grant the server was not created with (ServeStdio,
+// SetPolicy).
 var ErrUnknownGrant = errors.New("unknown grant")
 
 var backendName = func(s string) bool {
@@ -167,6 +173,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		progressEvery: defaultProgressEvery,
 		grants:        make(map[string]*Grant, len(cfg.Grants)),
+		policies:      make(map[string]*atomic.Pointer[policy.Engine], len(cfg.Grants)),
 		backends:      make(map[string]hypervisor.Driver, len(cfg.Backends)),
 		store:         cfg.Store,
 		audit:         cfg.Audit,
@@ -209,6 +216,9 @@ func New(cfg Config) (*Server, error) {
 			s.tokens = append(s.tokens, e)
 		}
 		s.grants[g.Name] = &g
+		p := new(atomic.Pointer[policy.Engine])
+		p.Store(g.Policy)
+		s.policies[g.Name] = p
 	}
 	for _, b := range cfg.Backends {
 		if !backendName(b.Name) {
@@ -302,4 +312,28 @@ func (s *Server) resolveVM(g *Grant, id string) (backend string, name string, d 
 		return "", "", nil, false
 	}
 	return backend, name, d, true
+}
+
+// policyOf returns g's current policy engine; nil means g can do nothing.
+func (s *Server) policyOf(g *Grant) *policy.Engine {
+	if p := s.policies[g.Name]; p != nil {
+		return p.Load()
+	}
+	return nil
+}
+
+// SetPolicy replaces grant's policy engine (a reload). Calls already past
+// their decision keep the engine they used; counters live in the store and
+// carry over. A nil engine is refused: a reload never leaves a grant
+// without a policy by accident.
+func (s *Server) SetPolicy(grant string, eng *policy.Engine) error {
+	p := s.policies[grant]
+	if p == nil {
+		return fmt.Errorf("server: set policy: %w %q", ErrUnknownGrant, grant)
+	}
+	if eng == nil {
+		return fmt.Errorf("server: set policy of %q: nil engine", grant)
+	}
+	p.Store(eng)
+	return nil
 }
