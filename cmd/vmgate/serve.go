@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -84,17 +86,13 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("serve: state directory: %w", err)
 	}
+	engines, err := loadPolicies(cfg.Grants)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	grants := make([]server.Grant, 0, len(cfg.Grants))
 	for _, g := range cfg.Grants {
-		name, data, err := g.PolicyDocument()
-		if err != nil {
-			return err
-		}
-		eng, err := policy.Parse(name, data)
-		if err != nil {
-			return fmt.Errorf("serve: grant %s: %w", g.Name, err)
-		}
-		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: eng, VMs: g.VMs})
+		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs})
 	}
 	if o.httpAddr == "" {
 		if !hasGrant(cfg, o.grant) {
@@ -158,6 +156,14 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		return err
 	}
 	defer stopMetrics()
+
+	// Policies reload on SIGHUP and when a policy file changes.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	reloadCtx, stopReload := context.WithCancel(ctx)
+	defer stopReload()
+	go newPolicyReloader(cfg.Grants, engines, srv.SetPolicy, slog.Default()).run(reloadCtx, hup, policyPollInterval)
 
 	addr := o.httpAddr
 	if addr == "" {
