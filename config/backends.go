@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/plugins/libvirt"
 	"github.com/vmgate/vmgate/plugins/proxmox"
 	"github.com/vmgate/vmgate/plugins/virtualbox"
 )
@@ -26,10 +27,11 @@ const (
 	DriverQEMU       = "qemu"
 	DriverProxmox    = "proxmox"
 	DriverVirtualBox = "virtualbox"
+	DriverLibvirt    = "libvirt"
 )
 
 // BuiltinDrivers are the driver names whose settings Parse checks itself.
-var BuiltinDrivers = []string{DriverQEMU, DriverProxmox, DriverVirtualBox}
+var BuiltinDrivers = []string{DriverQEMU, DriverProxmox, DriverVirtualBox, DriverLibvirt}
 
 var (
 	// backendNameRE: a backend name is the prefix of its VM ids ("lab/vm1").
@@ -60,8 +62,9 @@ type Backend struct {
 	// plugin host (pluginhost.Spec.Config); set by Parse and Default.
 	DriverConfig json.RawMessage `yaml:"-"`
 
-	// builtin is the decoded settings of a proxmox or virtualbox backend
-	// (*proxmox.JSONConfig, *virtualbox.JSONConfig); external holds the
+	// builtin is the decoded settings of a proxmox, virtualbox or libvirt
+	// backend (*proxmox.JSONConfig, *virtualbox.JSONConfig,
+	// *libvirt.JSONConfig); external holds the
 	// settings of an external driver as JSON.
 	builtin  any
 	external json.RawMessage
@@ -122,6 +125,12 @@ func (b *Backend) decodeSettings(i int) error {
 			return err
 		}
 		b.builtin = &vc
+	case DriverLibvirt:
+		var lc libvirt.JSONConfig
+		if err := decodeJSONSettings(node, empty, &lc, at); err != nil {
+			return err
+		}
+		b.builtin = &lc
 	default:
 		if !driverNameRE.MatchString(b.Driver) {
 			return fmt.Errorf("backends[%d].driver: %q is neither a built-in driver (%s) nor a plugin name ([a-z0-9][a-z0-9_-]{0,31})",
@@ -214,6 +223,12 @@ func (c *Config) validateBackends() error {
 				return fmt.Errorf("%s: not decoded (build a Config with Parse)", at)
 			}
 			err = validateVirtualBox(s, at)
+		case DriverLibvirt:
+			s, ok := b.builtin.(*libvirt.JSONConfig)
+			if !ok {
+				return fmt.Errorf("%s: not decoded (build a Config with Parse)", at)
+			}
+			err = validateLibvirt(s, at)
 		default:
 			if !driverNameRE.MatchString(b.Driver) || b.external == nil {
 				return fmt.Errorf("backends[%d].driver: unknown driver %q", i, b.Driver)
@@ -304,6 +319,38 @@ func validateVirtualBox(s *virtualbox.JSONConfig, at string) error {
 		return fmt.Errorf("%s.guest_temp_dir: %q is not an absolute guest path", at, s.GuestTempDir)
 	}
 	return validateDuration(s.ExecTimeout, at+".exec_timeout")
+}
+
+// validateLibvirt checks a libvirt backend's settings by the driver's own
+// rules (libvirt.New checks them without connecting), one setting at a
+// time so that the error names the setting. Every setting is optional: no
+// settings mean every domain of the local system libvirtd.
+func validateLibvirt(s *libvirt.JSONConfig, at string) error {
+	for _, f := range []struct {
+		name string
+		set  bool
+		cfg  libvirt.Config
+	}{
+		{"uri", s.URI != "", libvirt.Config{URI: s.URI}},
+		{"name_glob", s.NameGlob != "", libvirt.Config{NameGlob: s.NameGlob}},
+		{"metadata_uri", s.MetadataURI != "", libvirt.Config{MetadataURI: s.MetadataURI}},
+	} {
+		if !f.set {
+			continue
+		}
+		d, err := libvirt.New(f.cfg)
+		if err != nil {
+			return fmt.Errorf("%s.%s: %w", at, f.name, err)
+		}
+		d.Close() // never connected: New does not dial
+	}
+	if err := validateDuration(s.ExecTimeout, at+".exec_timeout"); err != nil {
+		return err
+	}
+	if err := validateDuration(s.InfoTTL, at+".info_ttl"); err != nil {
+		return err
+	}
+	return validateDuration(s.DialTimeout, at+".dial_timeout")
 }
 
 // buildDriverConfigs sets every backend's DriverConfig. It runs after fill

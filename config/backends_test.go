@@ -33,6 +33,17 @@ backends:
     settings: {sockets: [a, b], depth: 3, nested: {ok: true, none: null}}
   - name: bare
     driver: firecracker
+  - name: virt
+    driver: libvirt
+    settings:
+      uri: qemu:///system?socket=/run/libvirt/libvirt-sock
+      name_glob: vmgate-*
+      metadata_uri: https://vmgate.example/libvirt
+      exec_timeout: 5m
+      info_ttl: 2s
+      dial_timeout: 3s
+  - name: virt-default
+    driver: libvirt
 `
 	c, err := Parse([]byte(doc), dir, "")
 	if err != nil {
@@ -47,6 +58,9 @@ backends:
 		{"url": "https://pve.example:8006", "token_id": "vmgate@pve!agent", "token_secret_file": filepath.Join(dir, "pve.secret"), "exec_timeout": "30s"},
 		{"username": "vagrant", "password_file": "/etc/vbox.pw", "guest_temp_dir": "/var/tmp"},
 		{"sockets": []any{"a", "b"}, "depth": float64(3), "nested": map[string]any{"ok": true, "none": nil}},
+		{},
+		{"uri": "qemu:///system?socket=/run/libvirt/libvirt-sock", "name_glob": "vmgate-*", "metadata_uri": "https://vmgate.example/libvirt",
+			"exec_timeout": "5m", "info_ttl": "2s", "dial_timeout": "3s"},
 		{},
 	}
 	if len(c.Backends) != len(want) {
@@ -85,6 +99,9 @@ func TestParseBadBackends(t *testing.T) {
 	vbox := func(settings string) string {
 		return grantsDoc + "backends: [{name: vb, driver: virtualbox, settings: " + settings + "}]\n"
 	}
+	virt := func(settings string) string {
+		return grantsDoc + "backends: [{name: virt, driver: libvirt, settings: " + settings + "}]\n"
+	}
 	const okPVE = "url: https://h:8006, token_id: u@pve!t, token_secret_file: s"
 	tests := []struct{ name, doc, want string }{
 		{"proxmox http url", pve("{url: http://h:8006, token_id: u@pve!t, token_secret_file: s}"), "backends[1].settings.url: \"http://h:8006\" must be https"},
@@ -108,6 +125,22 @@ func TestParseBadBackends(t *testing.T) {
 		{"virtualbox no password file", vbox("{username: u}"), "backends[0].settings.password_file: required"},
 		{"virtualbox relative guest dir", vbox("{username: u, password_file: p, guest_temp_dir: tmp}"), "backends[0].settings.guest_temp_dir:"},
 		{"virtualbox unknown", vbox("{username: u, password_file: p, password: hunter2}"), "backends[0].settings.password: unknown setting"},
+		{"libvirt unknown setting", virt("{uri: 'qemu:///system', url: x}"), "backends[0].settings.url: unknown setting"},
+		{"libvirt misspelt glob", virt("{nameglob: 'vm-*'}"), "backends[0].settings.nameglob: unknown setting"},
+		{"libvirt uri as number", virt("{uri: 16509}"), "backends[0].settings.uri: want a string, got int"},
+		{"libvirt ssh uri", virt("{uri: 'qemu+ssh://root@h/system'}"), "backends[0].settings.uri: libvirt: config: uri"},
+		{"libvirt uri bad path", virt("{uri: 'qemu:///root'}"), "backends[0].settings.uri: libvirt: config: uri: invalid argument"},
+		{"libvirt uri relative socket", virt("{uri: 'qemu:///system?socket=sock'}"), "backends[0].settings.uri: libvirt: config: uri: invalid argument"},
+		{"libvirt uri unknown scheme", virt("{uri: 'xen:///system'}"), "backends[0].settings.uri:"},
+		{"libvirt bad glob", virt("{name_glob: 'vm-['}"), "backends[0].settings.name_glob: libvirt: config: name glob"},
+		{"libvirt metadata uri not a uri", virt("{metadata_uri: vmgate}"), "backends[0].settings.metadata_uri: libvirt: config: metadata uri"},
+		{"libvirt metadata uri with markup", virt("{metadata_uri: 'urn:x\"/><evil'}"), "backends[0].settings.metadata_uri:"},
+		{"libvirt bad exec timeout", virt("{exec_timeout: soon}"), "backends[0].settings.exec_timeout:"},
+		{"libvirt zero info ttl", virt("{info_ttl: 0s}"), "backends[0].settings.info_ttl: \"0s\" must be positive"},
+		{"libvirt negative dial timeout", virt("{dial_timeout: -1s}"), "backends[0].settings.dial_timeout: \"-1s\" must be positive"},
+		{"libvirt timeout as number", virt("{exec_timeout: 600}"), "backends[0].settings.exec_timeout: want a string, got int"},
+		{"libvirt settings a list", virt("[a]"), "backends[0].settings: want a mapping"},
+		{"libvirt duplicate key", virt("{uri: 'qemu:///system', uri: 'qemu:///system'}"), "backends[0].settings.uri: defined twice"},
 		{"qemu unknown", grantsDoc + "backends: [{name: x, driver: qemu, settings: {lab: true, labs: true}}]\n", "backends[0].settings.labs: unknown setting"},
 		{"qemu vm name type", grantsDoc + "backends: [{name: x, driver: qemu, settings: {vms: [{name: [a], qmp: q, qga: g}]}}]\n", "backends[0].settings.vms[0].name: want a string, got a list"},
 		{"qemu nothing", grantsDoc + "backends: [{name: x, driver: qemu}]\n", "backends[0].settings: give vms, lab: true, or both"},
