@@ -7,7 +7,7 @@ PKGS    := ./...
 # Debian packages the lab VM and the tests need (also installed by .ci/run).
 DEB_PKGS := qemu-system-x86 qemu-guest-agent busybox-static cpio redis-server libvirt-daemon-system libvirt-clients
 
-.PHONY: all build test lint demo deps clean bench bench-profile
+.PHONY: all build test lint demo deps clean bench bench-profile chaos chaos-long
 
 all: build
 
@@ -42,6 +42,16 @@ deps:
 # connect Claude Desktop, Claude Code and the MCP Inspector.
 demo:
 	scripts/demo.sh
+
+# The reliability campaign against real servers, VMs and Redis: load, replicas,
+# kill -9, faults, hostile input. `make test` runs its short form; the long
+# form is bounded too (about half an hour).
+chaos:
+	go test -count=1 -timeout 10m -v ./chaos/
+
+chaos-long:
+	VMGATE_CHAOS=long go test -count=1 -timeout 40m -v ./chaos/
+	go test -run '^$$' -fuzz FuzzDecodeArguments -fuzztime 2m ./server/
 
 # One table of ratios against baselines measured in the same run (A B A B …
 # after a warm-up): exec latency, gate cost, Decide vs OPA, plugin boundary,
