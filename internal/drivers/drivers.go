@@ -5,6 +5,7 @@ package drivers
 
 import (
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/plugins/libvirt"
 	"github.com/vmgate/vmgate/plugins/proxmox"
 	"github.com/vmgate/vmgate/plugins/virtualbox"
 )
@@ -15,5 +16,6 @@ func Registry() pluginhost.Registry {
 		"qemu":       pluginhost.NewQEMU,
 		"proxmox":    proxmox.NewFromJSON,
 		"virtualbox": virtualbox.NewFromJSON,
+		"libvirt":    libvirt.NewFromJSON,
 	}
 }

@@ -16,7 +16,7 @@ import (
 // config rather than starting half-configured.
 func TestRegistry(t *testing.T) {
 	reg := Registry()
-	for _, name := range []string{"qemu", "proxmox", "virtualbox"} {
+	for _, name := range []string{"qemu", "proxmox", "virtualbox", "libvirt"} {
 		build, ok := reg[name]
 		if !ok {
 			t.Errorf("Registry()[%q] missing", name)
@@ -44,6 +44,7 @@ backends:
   - {name: lab, driver: qemu, settings: {lab: true, exec_timeout: 1m, info_ttl: 2s, vms: [{name: v1, qmp: q.sock, qga: g.sock}]}}
   - {name: pve, driver: proxmox, settings: {url: "https://pve:8006", token_id: "vmgate@pve!agent", token_secret_file: pve.secret, exec_timeout: 30s}}
   - {name: vbox, driver: virtualbox, settings: {vboxmanage: ./VBoxManage, username: vagrant, password_file: vbox.pw, exec_timeout: 5m}}
+  - {name: virt, driver: libvirt, settings: {uri: "qemu+tcp://virt.example/system", name_glob: "vmgate-*", metadata_uri: "urn:vmgate:vm", exec_timeout: 5m, info_ttl: 2s, dial_timeout: 3s}}
 `
 	cfg, err := config.Parse([]byte(doc), dir, "")
 	if err != nil {
