@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -127,16 +129,22 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 			return s.refuseMalformed(ctx, c, raw, fmt.Errorf("unknown member %q in the message", k))
 		}
 	}
-	if m["jsonrpc"] != "2.0" {
-		return verdict{reply: rpcError(m["id"], mcp.INVALID_REQUEST, "jsonrpc must be \"2.0\"")}
-	}
+	// The id first: a reply must carry it byte for byte, and mcp-go reads
+	// numbers through float64, so only integers it holds exactly pass.
 	id, hasID := m["id"]
 	if hasID {
-		switch id.(type) {
-		case string, json.Number:
+		switch id := id.(type) {
+		case string:
+		case json.Number:
+			if !exactIntegerID(id) {
+				return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "a number id must be an integer between -(2^53-1) and 2^53-1")}
+			}
 		default:
 			return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "id must be a string or a number")}
 		}
+	}
+	if m["jsonrpc"] != "2.0" {
+		return verdict{reply: rpcError(id, mcp.INVALID_REQUEST, "jsonrpc must be \"2.0\"")}
 	}
 	method, _ := m["method"].(string)
 	if method != string(mcp.MethodToolsCall) {
@@ -184,7 +192,7 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	if vm, ok := valid["vm"].(string); ok {
 		rec.VM = truncate(vm, 512)
 		backend, vmName, d, ok := s.resolveVM(c.grant, vm)
-		if !ok {
+		if !ok || !validVMID(vm) {
 			return s.refuse(ctx, id, hasID, rec, decisionUnknownVM, TagUnknownVM, fmt.Sprintf("no VM %q (list_vms shows the VMs you can use)", truncate(vm, 64)), "")
 		}
 		cl.vm, cl.backend, cl.name, cl.driver = vm, backend, vmName, d
@@ -273,6 +281,49 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	t := &ticket{server: s, call: cl, claimed: make(chan struct{}), start: start, now: start, counters: counters, cancel: cancel}
 	cl.ctx = callCtx
 	return verdict{ctx: context.WithValue(callCtx, ticketKey, t), t: t}
+}
+
+// maxExactInteger is 2^53-1, the largest integer a float64 holds exactly
+// (and so every JSON reader, mcp-go's included).
+const maxExactInteger = 1<<53 - 1
+
+// exactIntegerID reports whether n is an id every reader echoes byte for
+// byte: an integer literal (no fraction, no exponent, no "-0") within
+// ±(2^53-1).
+func exactIntegerID(n json.Number) bool {
+	s := string(n)
+	if s == "-0" || strings.ContainsAny(s, ".eE") {
+		return false
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	return err == nil && v >= -maxExactInteger && v <= maxExactInteger
+}
+
+// maxVMNameBytes bounds the name part of a VM id.
+const maxVMNameBytes = 255
+
+// validVMID reports whether id is "<backend>/<name>" with a backend name
+// the server accepts and a name of the safe charset: ASCII letters, digits
+// and "._-+@:(), " (no glob or shell characters, no slashes, no control or
+// non-ASCII characters), not beginning with '-', '.' or a space, not ending
+// with a space and holding no "..". Every tool's vm goes through it before
+// any driver call; list_vms leaves out the VMs whose ids fail it, so no VM
+// is listed that cannot be called.
+func validVMID(id string) bool {
+	backend, name, ok := strings.Cut(id, "/")
+	if !ok || !backendName(backend) || name == "" || len(name) > maxVMNameBytes {
+		return false
+	}
+	if name[0] == '-' || name[0] == '.' || name[0] == ' ' || name[len(name)-1] == ' ' || strings.Contains(name, "..") {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("._-+@:(), ", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // settle finishes a gated call after mcp-go has answered it: the outcome

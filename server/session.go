@@ -272,6 +272,14 @@ func (s *Server) runCreateSession(c *call) result {
 }
 
 func (s *Server) runListSessions(c *call) result {
+	// A named VM must exist: sessions are listed from the store, which
+	// would answer "none" for any name. Only the backend's "no such VM"
+	// refuses; a backend that cannot answer leaves the store's answer.
+	if c.vm != "" {
+		if _, err := c.driver.Status(c.ctx, c.name); errors.Is(err, hypervisor.ErrUnknownVM) {
+			return driverFailure(err)
+		}
+	}
 	g := s.guest
 	if !g.available() {
 		return failure(TagBackend, errNoHelper, true)

@@ -136,6 +136,10 @@ func (s *Server) runListVMs(c *call) result {
 		}
 		for _, vm := range list {
 			id := b + "/" + vm.Name
+			if !validVMID(id) {
+				s.log.Warn("server: list_vms leaves out a VM whose name vmgate refuses", "backend", b, "name", truncate(vm.Name, 128))
+				continue
+			}
 			if c.grant.vmVisible(id) {
 				vms = append(vms, vmEntry{ID: id, State: vm.State, Info: vm.Info, Agent: vm.Agent})
 			}
