@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/policy/store/bolt"
 	"github.com/vmgate/vmgate/policy/store/memory"
 )
 
@@ -286,5 +288,43 @@ func BenchmarkAppend(b *testing.B) {
 				bc.a.AppendLazy(ctx, rec)
 			}
 		})
+	}
+}
+
+// TestStoreKeepsSessions: wrapping a store that keeps sessions keeps them
+// (the server otherwise falls back to memory and forgets them at restart);
+// a store without sessions does not gain the interface.
+func TestStoreKeepsSessions(t *testing.T) {
+	m := newMetrics(t, Options{})
+	ctx := context.Background()
+	// What vmgate serve runs with store: bolt: counters in memory, approvals
+	// and sessions in bbolt.
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "store.db"), bolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := memory.NewSplit(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inner.Close() })
+	ss, ok := m.Store(inner).(store.Sessions)
+	if !ok {
+		t.Fatalf("Store(memory store).(store.Sessions) = false; want the sessions carried over")
+	}
+	now := time.Now()
+	if err := ss.CreateSession(ctx, store.Session{ID: "0123456789abcdef", Grant: "local", VM: "lab/vm1", Created: now}); err != nil {
+		t.Fatalf("CreateSession through the wrapper: %v", err)
+	}
+	got, err := inner.GetSession(ctx, "0123456789abcdef")
+	if err != nil || got.Grant != "local" {
+		t.Errorf("inner GetSession = %+v, %v; want the session created through the wrapper", got, err)
+	}
+	if _, err := ss.GetSession(ctx, "nope"); !errors.Is(err, store.ErrUnknownSession) {
+		t.Errorf("GetSession(unknown) = %v; want ErrUnknownSession", err)
+	}
+	type approvalsOnly struct{ store.Store }
+	if _, ok := m.Store(approvalsOnly{inner}).(store.Sessions); ok {
+		t.Errorf("Store(store without sessions).(store.Sessions) = true; want false")
 	}
 }

@@ -16,13 +16,52 @@ func isClientError(err error) bool {
 	var le *store.LimitedError
 	return errors.As(err, &le) || errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrDuplicate) ||
 		errors.Is(err, store.ErrUnknownApproval) || errors.Is(err, store.ErrNotPending) ||
+		errors.Is(err, store.ErrUnknownSession) ||
 		errors.Is(err, context.Canceled)
 }
 
 // Store wraps s in a store.Store that counts its failures in
-// vmgate_store_errors_total. Optional methods of s (Restore, …) are not
-// carried over: wrap the store after restoring it.
-func (m *Metrics) Store(s store.Store) store.Store { return &countingStore{m: m, next: s} }
+// vmgate_store_errors_total. When s also keeps sessions (store.Sessions),
+// so does the wrapper, counting those too. Other optional methods of s
+// (Restore, …) are not carried over: wrap the store after restoring it.
+func (m *Metrics) Store(s store.Store) store.Store {
+	c := &countingStore{m: m, next: s}
+	if ss, ok := s.(store.Sessions); ok {
+		return &countingSessionStore{countingStore: c, sessions: ss}
+	}
+	return c
+}
+
+// countingSessionStore is a countingStore over a store that keeps sessions.
+type countingSessionStore struct {
+	*countingStore
+	sessions store.Sessions
+}
+
+var _ store.Sessions = (*countingSessionStore)(nil)
+
+func (s *countingSessionStore) CreateSession(ctx context.Context, sess store.Session) error {
+	return s.m.counted("create_session", s.sessions.CreateSession(ctx, sess))
+}
+
+func (s *countingSessionStore) GetSession(ctx context.Context, id string) (store.Session, error) {
+	sess, err := s.sessions.GetSession(ctx, id)
+	return sess, s.m.counted("get_session", err)
+}
+
+func (s *countingSessionStore) ListSessions(ctx context.Context, grant, vm string) ([]store.Session, error) {
+	l, err := s.sessions.ListSessions(ctx, grant, vm)
+	return l, s.m.counted("list_sessions", err)
+}
+
+func (s *countingSessionStore) TouchSession(ctx context.Context, id string, now time.Time) error {
+	return s.m.counted("touch_session", s.sessions.TouchSession(ctx, id, now))
+}
+
+func (s *countingSessionStore) DeleteSession(ctx context.Context, id string, now time.Time) (store.Session, error) {
+	sess, err := s.sessions.DeleteSession(ctx, id, now)
+	return sess, s.m.counted("delete_session", err)
+}
 
 type countingStore struct {
 	m    *Metrics
