@@ -277,10 +277,13 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 		s.outcome(rec, "not_run", "server shutting down", start, len(counters) > 0)
 		return verdict{reply: rpcResult(id, errorResult(TagBackend, "the server is shutting down", nil))}
 	}
+	// The deadline bounds the driver's work only (cl.ctx): the context
+	// mcp-go gets must outlive it, or mcp-go drops the [TIMED OUT] result
+	// the handler answers with at the deadline (over HTTP, an empty 200).
 	callCtx, cancel := context.WithTimeout(ctx, spec.deadline(s.limits, valid))
 	t := &ticket{server: s, call: cl, claimed: make(chan struct{}), start: start, now: start, counters: counters, cancel: cancel}
 	cl.ctx = callCtx
-	return verdict{ctx: context.WithValue(callCtx, ticketKey, t), t: t}
+	return verdict{ctx: context.WithValue(ctx, ticketKey, t), t: t}
 }
 
 // maxExactInteger is 2^53-1, the largest integer a float64 holds exactly
@@ -531,6 +534,15 @@ func auditCounters(cs []policy.Counter) []audit.Counter {
 	return out
 }
 
+// Call deadlines: vars so that tests can shorten them.
+var (
+	// callDeadline bounds every tool but vm_agent_exec.
+	callDeadline = 60 * time.Second
+	// execGrace is the room vm_agent_exec gets past its own timeout to
+	// collect the output.
+	execGrace = 15 * time.Second
+)
+
 // deadline bounds a call's run time: a command's own timeout plus room to
 // collect its output, or a fixed bound for everything else.
 func (t *toolSpec) deadline(l Limits, args map[string]any) time.Duration {
@@ -539,9 +551,9 @@ func (t *toolSpec) deadline(l Limits, args map[string]any) time.Duration {
 		if v, ok := args["timeout_s"].(int64); ok {
 			secs = v
 		}
-		return time.Duration(secs)*time.Second + 15*time.Second
+		return time.Duration(secs)*time.Second + execGrace
 	}
-	return 60 * time.Second
+	return callDeadline
 }
 
 // toolHandler is what mcp-go runs for spec: it runs only with the ticket
