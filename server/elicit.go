@@ -36,9 +36,16 @@ import (
 // an explicit approve, and a client that did not declare the elicitation
 // capability all mean deny.
 //
-// Not built: the legacy elicitation/create round trip for clients older
-// than 2026-07-28 (it needs server-to-client requests on the stdio loop and
-// inside the HTTP session). Such clients are denied with a message saying so.
+// Clients older than 2026-07-28 that declared the elicitation capability
+// at initialize are asked in the 2025-06-18 way instead: the call goes on
+// through the gate (reservation, decision record) and its tool handler
+// sends an elicitation/create request to the client and waits for the
+// answer within the call's deadline before anything runs (see
+// elicit_legacy.go).
+
+// approvalIDClient is the approval id of audit records of calls the
+// client's user approved (or is asked to approve).
+const approvalIDClient = "client"
 
 // elicitInputID is the key of the one input request the gate asks for.
 const elicitInputID = "approval"
@@ -156,49 +163,74 @@ func modernClient(params map[string]any) (modern, elicitation bool) {
 	return true, elicitation
 }
 
+// approvalRequest is the elicitation that asks the client's user to
+// approve one call of tool on vm with args.
+func approvalRequest(tool, vm string, args map[string]any) mcp.ElicitationParams {
+	redacted, _ := json.Marshal(audit.Redact(args))
+	where := ""
+	if vm != "" {
+		where = " on " + vm
+	}
+	return mcp.ElicitationParams{
+		Message: fmt.Sprintf("vmgate: the agent wants to run %s%s with arguments %s. Approve this one call?", tool, where, truncate(string(redacted), 400)),
+		RequestedSchema: map[string]any{
+			"type": "object",
+			"properties": map[string]any{
+				"approve": map[string]any{"type": "boolean", "title": "Approve", "description": "Run " + tool + " once with these arguments"},
+			},
+			"required": []string{"approve"},
+		},
+	}
+}
+
+// approvalTTL is how long the client's user may take to answer: the
+// policy's ttl, at most clientApprovalTTL.
+func approvalTTL(d policy.Decision) time.Duration {
+	if d.Approval != nil && d.Approval.TTL > 0 && d.Approval.TTL < clientApprovalTTL {
+		return d.Approval.TTL
+	}
+	return clientApprovalTTL
+}
+
+// approved reports whether an elicitation answer is an explicit approve:
+// action accept with content {"approve": true}. Anything else is not.
+func approved(action string, content any) bool {
+	c, _ := content.(map[string]any)
+	return action == string(mcp.ElicitationResponseActionAccept) && c["approve"] == true
+}
+
 // approveByClient handles a call whose policy asks the client for
-// approval. It returns done=false when the user approved (the gate goes on
-// to reserve and dispatch), else the verdict to answer with.
-func (s *Server) approveByClient(ctx context.Context, id any, rec *audit.Record, d policy.Decision, tool, vm string, args, params map[string]any, now time.Time) (v verdict, done bool) {
+// approval. It returns done=false when the call may go on: approved by the
+// user of a 2026-07-28 client, or (ask set) to be asked through
+// elicitation/create by its handler; else the verdict to answer with.
+func (s *Server) approveByClient(ctx context.Context, id any, rec *audit.Record, d policy.Decision, tool, vm string, args, params map[string]any, now time.Time) (v verdict, ask *clientAsk, done bool) {
 	digest := argsDigest(tool, args)
-	deny := func(reason, msg string) (verdict, bool) {
+	deny := func(reason, msg string) (verdict, *clientAsk, bool) {
 		rec.Reason = reason
-		return s.refuseWith(ctx, id, *rec, policy.Deny.String(), TagDenied, msg, nil), true
+		return s.refuseWith(ctx, id, *rec, policy.Deny.String(), TagDenied, msg, nil), nil, true
 	}
 	modern, elicitation := modernClient(params)
 	if !modern {
-		return deny("client approval: the client is older than protocol 2026-07-28",
-			"this call needs the approval of your user through elicitation, which this server offers to 2026-07-28 clients only; the call is refused")
+		if hasRoundTrip(params) {
+			return deny("client approval: requestState from a client older than protocol 2026-07-28",
+				"requestState and inputResponses are answers of 2026-07-28 clients; the call is refused")
+		}
+		// Asked by the handler (elicit_legacy.go), which knows the session
+		// and whether its client declared elicitation at initialize.
+		rec.Reason = "asking the client's user through elicitation/create"
+		rec.ApprovalID = approvalIDClient
+		return verdict{}, &clientAsk{params: approvalRequest(tool, vm, args), ttl: approvalTTL(d)}, false
 	}
 	if !elicitation {
 		return deny("client approval: the client has no elicitation capability",
 			"this call needs the approval of your user, and this client cannot ask (no elicitation capability); the call is refused")
 	}
 	if !hasRoundTrip(params) {
-		ttl := clientApprovalTTL
-		if d.Approval.TTL > 0 && d.Approval.TTL < ttl {
-			ttl = d.Approval.TTL
-		}
-		st := elicitState{Grant: rec.Grant, Tool: tool, Digest: digest, Expires: now.Add(ttl).Unix(), Nonce: rand.Text()}
-		redacted, _ := json.Marshal(audit.Redact(args))
-		where := ""
-		if vm != "" {
-			where = " on " + vm
-		}
-		msg := fmt.Sprintf("vmgate: the agent wants to run %s%s with arguments %s. Approve this one call?", tool, where, truncate(string(redacted), 400))
-		res := mcpserver.NewInputRequestBuilder(signState(st)).Elicit(elicitInputID, mcp.ElicitationParams{
-			Message: msg,
-			RequestedSchema: map[string]any{
-				"type": "object",
-				"properties": map[string]any{
-					"approve": map[string]any{"type": "boolean", "title": "Approve", "description": "Run " + tool + " once with these arguments"},
-				},
-				"required": []string{"approve"},
-			},
-		}).ToolResult()
+		st := elicitState{Grant: rec.Grant, Tool: tool, Digest: digest, Expires: now.Add(approvalTTL(d)).Unix(), Nonce: rand.Text()}
+		res := mcpserver.NewInputRequestBuilder(signState(st)).Elicit(elicitInputID, approvalRequest(tool, vm, args)).ToolResult()
 		rec.Reason = "asked the client's user"
 		s.record(ctx, *rec, policy.Approve.String(), "approval requested through elicitation", "")
-		return verdict{reply: rpcResult(id, res)}, true
+		return verdict{reply: rpcResult(id, res)}, nil, true
 	}
 	state, _ := params[paramRequestState].(string)
 	if _, err := openState(state, rec.Grant, tool, digest, now); err != nil {
@@ -207,14 +239,13 @@ func (s *Server) approveByClient(ctx context.Context, id any, rec *audit.Record,
 	responses, _ := params[paramInputResponses].(map[string]any)
 	answer, _ := responses[elicitInputID].(map[string]any)
 	action, _ := answer["action"].(string)
-	content, _ := answer["content"].(map[string]any)
-	if action != string(mcp.ElicitationResponseActionAccept) || content["approve"] != true {
+	if !approved(action, answer["content"]) {
 		if action == "" {
 			action = "no answer"
 		}
 		return deny("client approval: "+truncate(action, 20), "your user did not approve this call ("+truncate(action, 20)+")")
 	}
 	rec.Reason = "approved by the client's user through elicitation"
-	rec.ApprovalID = "client"
-	return verdict{}, false
+	rec.ApprovalID = approvalIDClient
+	return verdict{}, nil, false
 }

@@ -94,6 +94,9 @@ type ticket struct {
 	now      time.Time // the reservation time, for Refund
 	counters []policy.Counter
 	cancel   context.CancelFunc
+	// elicit, when set, is the approval the handler must get from the
+	// client (elicitation/create) before the call runs; see elicit_legacy.go.
+	elicit *clientAsk
 }
 
 // verdict is what the gate decided for one message.
@@ -205,6 +208,7 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	session, _ := valid["session"].(string)
 	d := eng.Decide(policy.Call{Grant: c.grant.Name, Transport: c.transport, Tool: name, VM: cl.vm, Session: session, Args: valid})
 	rec.Rule, rec.Reason, rec.Shadow = d.Rule, d.Reason, d.Shadow
+	var elicit *clientAsk // set: the handler asks the client first
 	if hasRoundTrip(params) && !isClientChannel(d) {
 		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "requestState and inputResponses answer a client approval, and this call asks for none", "")
 	}
@@ -221,9 +225,11 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	case d.Verdict == policy.Approve:
 		rec.Decision = policy.Approve.String()
 		if isClientChannel(d) { // server/elicit.go
-			if v, done := s.approveByClient(ctx, id, &rec, d, name, cl.vm, valid, params, start); done {
+			v, ask, done := s.approveByClient(ctx, id, &rec, d, name, cl.vm, valid, params, start)
+			if done {
 				return v
 			}
+			elicit = ask
 			break
 		}
 		a, ok, err := s.store.ConsumeApproval(ctx, c.grant.Name, name, argsDigest(name, valid), start)
@@ -281,7 +287,7 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	// mcp-go gets must outlive it, or mcp-go drops the [TIMED OUT] result
 	// the handler answers with at the deadline (over HTTP, an empty 200).
 	callCtx, cancel := context.WithTimeout(ctx, spec.deadline(s.limits, valid))
-	t := &ticket{server: s, call: cl, claimed: make(chan struct{}), start: start, now: start, counters: counters, cancel: cancel}
+	t := &ticket{server: s, call: cl, claimed: make(chan struct{}), start: start, now: start, counters: counters, cancel: cancel, elicit: elicit}
 	cl.ctx = callCtx
 	return verdict{ctx: context.WithValue(ctx, ticketKey, t), t: t}
 }
@@ -571,6 +577,12 @@ func (s *Server) toolHandler(spec *toolSpec) mcpserver.ToolHandlerFunc {
 			return errorResult(TagDenied, "this call did not pass the policy gate", nil), nil
 		default:
 			close(t.claimed)
+		}
+		if t.elicit != nil { // elicit_legacy.go: asks without any gate lock held
+			if r, ok := s.elicitApproval(ctx, t); !ok {
+				t.res = &r
+				return r.mcp(), nil
+			}
 		}
 		stop := s.reportProgress(ctx, req, spec.name)
 		r := spec.run(s, t.call)

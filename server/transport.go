@@ -64,8 +64,12 @@ func (s *Server) handle(ctx context.Context, c *conn, raw []byte) (out []byte) {
 type stdioSession struct {
 	id            string
 	notifications chan mcp.JSONRPCNotification
-	mu            sync.Mutex // guards initialized
+	send          func([]byte) error // writes one message to the client
+	requests      clientRequests     // requests sent to the client (elicit_legacy.go)
+	mu            sync.Mutex         // guards initialized, clientInfo and clientCaps
 	initialized   bool
+	clientInfo    mcp.Implementation
+	clientCaps    mcp.ClientCapabilities
 }
 
 func (s *stdioSession) SessionID() string { return s.id }
@@ -120,6 +124,12 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 			s.log.Warn("server: stdio: write failed", "err", err)
 		}
 	}
+	sess.send = func(b []byte) error {
+		write(b)
+		wmu.Lock()
+		defer wmu.Unlock()
+		return writeErr
+	}
 	notifyDone := make(chan struct{})
 	go func() {
 		defer close(notifyDone)
@@ -154,6 +164,9 @@ loop:
 		case line := <-lines:
 			if line == nil { // a line over the limit
 				write(rpcError(nil, mcp.PARSE_ERROR, "message too large"))
+				continue
+			}
+			if sess.requests.deliver(line) { // the answer to a request of ours
 				continue
 			}
 			select {

@@ -1,0 +1,281 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	mcpserver "github.com/mark3labs/mcp-go/server"
+
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/policy/audit"
+)
+
+// Client approval for clients older than protocol 2026-07-28: the
+// server-to-client elicitation/create request of protocol 2025-06-18.
+//
+// The gate lets such a call through with decision approve (its counters
+// reserved, its decision record durable) and a clientAsk on its ticket. The
+// tool handler, which runs inside mcp-go with the client's session in its
+// context, then asks the client before anything runs:
+//
+//   - over stdio through stdioSession.RequestElicitation (this file); the
+//     stdio loop hands the client's response to deliverResponse;
+//   - over streamable HTTP through mcp-go's session, which writes the request
+//     on the SSE stream of the pending POST and takes the answer from the
+//     client's next POST.
+//
+// The wait is bounded by the call's deadline and the approval's ttl, and
+// holds no lock of the gate. Only action accept with content
+// {"approve": true} lets the call run, in the same request: the approval is
+// bound to this very call (grant, tool, arguments) and cannot be used
+// again. A decline, a cancel, an error, a malformed answer, no answer in
+// time, or a client that did not declare elicitation at initialize deny the
+// call; its reservations are refunded. Either way a second decision record
+// (allow or deny, approval id "client") says what the user answered.
+
+// clientAsk is the approval a call's handler must get from the client.
+type clientAsk struct {
+	params mcp.ElicitationParams
+	ttl    time.Duration // how long the user may take, within the call's deadline
+}
+
+// ErrNoElicitation: the client did not declare the elicitation capability.
+var ErrNoElicitation = errors.New("the client did not declare the elicitation capability")
+
+// elicitApproval asks the client of ctx's session to approve t's call. It
+// returns ok=true when the user approved explicitly, else the denial.
+func (s *Server) elicitApproval(ctx context.Context, t *ticket) (r result, ok bool) {
+	cl := t.call
+	rec := audit.Record{
+		Kind: audit.KindDecision, CallID: cl.id, Grant: cl.grant.Name, Transport: cl.transport,
+		Tool: cl.spec.name, VM: cl.vm, ApprovalID: approvalIDClient,
+	}
+	deny := func(reason, msg string) (result, bool) {
+		rec.Decision, rec.Reason = policy.Deny.String(), "client approval: "+reason
+		if err := s.audit.AppendLazy(context.WithoutCancel(ctx), rec); err != nil {
+			s.log.Error("server: audit record of a client's denial failed", "call", cl.id, "err", err)
+		}
+		return result{tag: TagDenied, text: msg, noEffect: true, detail: rec.Reason}, false
+	}
+
+	answer, err := askClient(ctx, cl.ctx, s.mcp, t.elicit)
+	switch {
+	case errors.Is(err, ErrNoElicitation), errors.Is(err, mcpserver.ErrNoActiveSession), errors.Is(err, mcpserver.ErrElicitationNotSupported):
+		return deny("the client has no elicitation capability",
+			"this call needs the approval of your user, and this client cannot ask (it declared no elicitation capability); the call is refused")
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return deny("no answer in time",
+			"your user did not answer the approval request in time; the call is refused")
+	case err != nil:
+		return deny(truncate(err.Error(), 200),
+			"the approval request failed ("+truncate(err.Error(), 120)+"); the call is refused")
+	case !approved(string(answer.Action), answer.Content):
+		action := string(answer.Action)
+		if action == "" {
+			action = "no action"
+		}
+		return deny(truncate(action, 20), "your user did not approve this call ("+truncate(action, 20)+")")
+	}
+	rec.Decision, rec.Reason = policy.Allow.String(), "approved by the client's user through elicitation/create"
+	// Durable before the call runs, like every decision that lets one run.
+	if _, err := s.audit.Append(context.WithoutCancel(ctx), rec); err != nil {
+		s.log.Error("server: audit record of a client's approval failed; call refused", "call", cl.id, "err", err)
+		return result{tag: TagDenied, text: "the audit log is unavailable, so the call is refused", noEffect: true, detail: "audit: " + err.Error()}, false
+	}
+	return result{}, true
+}
+
+// askClient sends ask to the client of ctx's session (ctx: the context
+// mcp-go gave the handler) and waits for its answer, until deadline (the
+// call's context) ends or ask's ttl passes.
+func askClient(ctx, deadline context.Context, m *mcpserver.MCPServer, ask *clientAsk) (*mcp.ElicitationResult, error) {
+	sess := mcpserver.ClientSessionFromContext(ctx)
+	if sess == nil {
+		return nil, mcpserver.ErrNoActiveSession
+	}
+	ci, ok := sess.(mcpserver.SessionWithClientInfo)
+	if !ok || ci.GetClientCapabilities().Elicitation == nil {
+		return nil, ErrNoElicitation
+	}
+	ctx, cancel := context.WithTimeout(ctx, ask.ttl)
+	defer cancel()
+	if dl, ok := deadline.Deadline(); ok {
+		var c2 context.CancelFunc
+		ctx, c2 = context.WithDeadline(ctx, dl)
+		defer c2()
+	}
+	stop := context.AfterFunc(deadline, cancel)
+	defer stop()
+	res, err := m.RequestElicitation(ctx, mcp.ElicitationRequest{
+		Request: mcp.Request{Method: string(mcp.MethodElicitationCreate)},
+		Params:  ask.params,
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("elicitation/create: %w", ctx.Err())
+		}
+		return nil, fmt.Errorf("elicitation/create: %w", err)
+	}
+	return res, nil
+}
+
+// clientRequests are the requests a stdio session sent its client and
+// waits answers for.
+type clientRequests struct {
+	mu      sync.Mutex // guards next and pending
+	next    int64
+	pending map[string]chan clientResponse // by the request id as JSON
+}
+
+// clientResponse is a client's answer to one request: result or error.
+type clientResponse struct {
+	result json.RawMessage
+	err    *rpcErrorBody
+}
+
+// ErrClientError: the client answered a request with a JSON-RPC error.
+var ErrClientError = errors.New("the client answered with an error")
+
+// start registers a new request and returns its id and the channel its
+// answer arrives on.
+func (c *clientRequests) start() (string, chan clientResponse) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.next++
+	id := strconv.Quote("vmgate-" + strconv.FormatInt(c.next, 10))
+	ch := make(chan clientResponse, 1)
+	if c.pending == nil {
+		c.pending = map[string]chan clientResponse{}
+	}
+	c.pending[id] = ch
+	return id, ch
+}
+
+func (c *clientRequests) forget(id string) {
+	c.mu.Lock()
+	delete(c.pending, id)
+	c.mu.Unlock()
+}
+
+// deliver hands a response to the request it answers. It reports whether
+// raw was the response to a pending request (then it is consumed, whatever
+// its content).
+func (c *clientRequests) deliver(raw []byte) bool {
+	var peek struct {
+		ID     json.RawMessage `json:"id"`
+		Method *string         `json:"method"`
+		Result json.RawMessage `json:"result"`
+		Error  json.RawMessage `json:"error"`
+	}
+	c.mu.Lock()
+	waiting := len(c.pending) > 0
+	c.mu.Unlock()
+	if !waiting || json.Unmarshal(raw, &peek) != nil || peek.Method != nil || len(peek.ID) == 0 {
+		return false
+	}
+	id := string(peek.ID)
+	c.mu.Lock()
+	ch, ok := c.pending[id]
+	delete(c.pending, id)
+	c.mu.Unlock()
+	if !ok {
+		return false
+	}
+	var r clientResponse
+	switch _, err := decodeStrict(raw); {
+	case err != nil:
+		r.err = &rpcErrorBody{Code: mcp.PARSE_ERROR, Message: "malformed response: " + truncate(err.Error(), 100)}
+	case len(peek.Error) > 0 && string(peek.Error) != "null":
+		var e rpcErrorBody
+		if json.Unmarshal(peek.Error, &e) != nil {
+			e = rpcErrorBody{Code: mcp.PARSE_ERROR, Message: "malformed error"}
+		}
+		r.err = &e
+	case len(peek.Result) == 0 || string(peek.Result) == "null":
+		r.err = &rpcErrorBody{Code: mcp.INVALID_REQUEST, Message: "response without a result"}
+	default:
+		r.result = peek.Result
+	}
+	ch <- r // buffered, and only this goroutine got ch out of pending
+	return true
+}
+
+// GetClientInfo, SetClientInfo, GetClientCapabilities and
+// SetClientCapabilities keep what the client said at initialize.
+
+func (s *stdioSession) GetClientInfo() mcp.Implementation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clientInfo
+}
+
+func (s *stdioSession) SetClientInfo(ci mcp.Implementation) {
+	s.mu.Lock()
+	s.clientInfo = ci
+	s.mu.Unlock()
+}
+
+func (s *stdioSession) GetClientCapabilities() mcp.ClientCapabilities {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clientCaps
+}
+
+func (s *stdioSession) SetClientCapabilities(c mcp.ClientCapabilities) {
+	s.mu.Lock()
+	s.clientCaps = c
+	s.mu.Unlock()
+}
+
+// RequestElicitation sends an elicitation/create request to the client and
+// waits for its answer until ctx ends.
+func (s *stdioSession) RequestElicitation(ctx context.Context, req mcp.ElicitationRequest) (*mcp.ElicitationResult, error) {
+	if s.send == nil {
+		return nil, mcpserver.ErrElicitationNotSupported
+	}
+	id, ch := s.requests.start()
+	defer s.requests.forget(id)
+	msg, err := json.Marshal(struct {
+		JSONRPC string                `json:"jsonrpc"`
+		ID      json.RawMessage       `json:"id"`
+		Method  string                `json:"method"`
+		Params  mcp.ElicitationParams `json:"params"`
+	}{"2.0", json.RawMessage(id), string(mcp.MethodElicitationCreate), req.Params})
+	if err != nil {
+		return nil, fmt.Errorf("elicitation/create: encode: %w", err)
+	}
+	if err := s.send(msg); err != nil {
+		return nil, fmt.Errorf("elicitation/create: send: %w", err)
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("elicitation/create: %w: %d %s", ErrClientError, r.err.Code, truncate(r.err.Message, 100))
+		}
+		v, err := decodeStrict(r.result)
+		if err != nil {
+			return nil, fmt.Errorf("elicitation/create: malformed result: %w", err)
+		}
+		m, _ := v.(map[string]any)
+		action, _ := m["action"].(string)
+		if m == nil || action == "" {
+			return nil, errors.New("elicitation/create: malformed result: no action")
+		}
+		return &mcp.ElicitationResult{ElicitationResponse: mcp.ElicitationResponse{
+			Action: mcp.ElicitationResponseAction(action), Content: m["content"],
+		}}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+var (
+	_ mcpserver.SessionWithClientInfo  = (*stdioSession)(nil)
+	_ mcpserver.SessionWithElicitation = (*stdioSession)(nil)
+)
