@@ -240,14 +240,138 @@ func readLines(in io.Reader, max int, lines chan<- []byte, stop <-chan struct{})
 
 // Handler is the streamable HTTP transport at /mcp, behind the bearer
 // token check and the Origin and Host checks.
+//
+// Mcp-Session-Id values are minted by this handler and bound to the grant
+// whose initialize minted them: an id it did not issue, one that idled out
+// or one of another grant is unknown (404, and the client initializes
+// again), on POST, GET and DELETE alike.
 func (s *Server) Handler() http.Handler {
-	inner := mcpserver.NewStreamableHTTPServer(s.mcp, mcpserver.WithEndpointPath("/mcp"))
-	return &httpHandler{s: s, inner: inner}
+	sessions := &httpSessions{now: s.now, owner: map[string]*httpSession{}}
+	inner := mcpserver.NewStreamableHTTPServer(s.mcp, mcpserver.WithEndpointPath("/mcp"),
+		mcpserver.WithSessionIdManagerResolver(sessions))
+	return &httpHandler{s: s, inner: inner, sessions: sessions}
 }
 
 type httpHandler struct {
-	s     *Server
-	inner http.Handler
+	s        *Server
+	inner    http.Handler
+	sessions *httpSessions
+}
+
+// HTTPSessionIdle is how long an HTTP session id lives without a request;
+// after that it is unknown and the client initializes again.
+var HTTPSessionIdle = 24 * time.Hour
+
+// httpSessionPruneAt: the registry drops idle ids when it holds more.
+const httpSessionPruneAt = 1024
+
+// errUnknownHTTPSession: a session id this handler did not issue to the
+// caller's grant (or one that idled out or was terminated).
+var errUnknownHTTPSession = errors.New("unknown session")
+
+// httpSessions is the registry of the session ids the HTTP transport
+// issued; it is mcp-go's session id manager, resolved per request to the
+// caller's grant. mu guards owner and pruned.
+type httpSessions struct {
+	now    func() time.Time
+	mu     sync.Mutex
+	owner  map[string]*httpSession
+	pruned time.Time
+}
+
+type httpSession struct {
+	grant string
+	last  time.Time
+}
+
+// ResolveSessionIdManager returns the registry as the grant of r sees it;
+// without a request (mcp-go's own housekeeping) a view that may terminate
+// any id and validate none.
+func (h *httpSessions) ResolveSessionIdManager(r *http.Request) mcpserver.SessionIdManager {
+	v := grantSessions{reg: h}
+	if r != nil {
+		if c := connFrom(r.Context()); c != nil {
+			v.grant = c.grant.Name
+		}
+	}
+	return v
+}
+
+// owns reports whether id is live and belongs to grant, and marks it used.
+func (h *httpSessions) owns(grant, id string) bool {
+	if grant == "" || id == "" {
+		return false
+	}
+	now := h.now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.owner[id]
+	if e == nil || e.grant != grant {
+		return false
+	}
+	if now.Sub(e.last) > HTTPSessionIdle {
+		delete(h.owner, id)
+		return false
+	}
+	e.last = now
+	return true
+}
+
+// addLocked records a new id; it drops idled-out ids once the registry
+// holds more than httpSessionPruneAt, at most once per minute.
+func (h *httpSessions) addLocked(id, grant string, now time.Time) {
+	if len(h.owner) >= httpSessionPruneAt && now.Sub(h.pruned) > time.Minute {
+		h.pruned = now
+		for k, e := range h.owner {
+			if now.Sub(e.last) > HTTPSessionIdle {
+				delete(h.owner, k)
+			}
+		}
+	}
+	h.owner[id] = &httpSession{grant: grant, last: now}
+}
+
+// grantSessions is the registry as one grant sees it; grant "" is
+// mcp-go's housekeeping.
+type grantSessions struct {
+	reg   *httpSessions
+	grant string
+}
+
+var _ mcpserver.SessionIdManager = grantSessions{}
+var _ mcpserver.SessionIdManagerResolver = (*httpSessions)(nil)
+
+func (g grantSessions) Generate() string {
+	if g.grant == "" {
+		return "" // no caller to bind an id to: stateless
+	}
+	id := "mcp-session-" + rand.Text()
+	now := g.reg.now()
+	g.reg.mu.Lock()
+	g.reg.addLocked(id, g.grant, now)
+	g.reg.mu.Unlock()
+	return id
+}
+
+func (g grantSessions) Validate(id string) (isTerminated bool, err error) {
+	if !g.reg.owns(g.grant, id) {
+		return false, fmt.Errorf("server: http session: %w", errUnknownHTTPSession)
+	}
+	return false, nil
+}
+
+func (g grantSessions) Terminate(id string) (isNotAllowed bool, err error) {
+	g.reg.mu.Lock()
+	defer g.reg.mu.Unlock()
+	e := g.reg.owner[id]
+	if e == nil {
+		return false, nil // already gone: idempotent
+	}
+	if g.grant != "" && e.grant != g.grant {
+		return false, fmt.Errorf("server: http session: %w", errUnknownHTTPSession)
+	}
+	delete(g.reg.owner, id)
+	return false, nil
 }
 
 func httpError(w http.ResponseWriter, code int, msg string) {
@@ -286,7 +410,26 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &conn{grant: g, transport: "http"}
+	if sid := r.Header.Values("Mcp-Session-Id"); len(sid) > 1 {
+		httpError(w, http.StatusBadRequest, "more than one Mcp-Session-Id header")
+		return
+	}
 	if r.Method != http.MethodPost {
+		// mcp-go does not check the session of a GET (it would open a
+		// stream on any id, another grant's included) and answers a DELETE
+		// of another grant's id with a 500: both are checked here. A
+		// 2026-07-28 client has no sessions; mcp-go refuses its GET and DELETE.
+		if (r.Method == http.MethodGet || r.Method == http.MethodDelete) && !mcp.IsModernProtocol(r.Header.Get("Mcp-Protocol-Version")) {
+			sid := r.Header.Get("Mcp-Session-Id")
+			if sid == "" {
+				httpError(w, http.StatusBadRequest, "Mcp-Session-Id required; initialize first")
+				return
+			}
+			if !h.sessions.owns(g.Name, sid) {
+				httpError(w, http.StatusNotFound, "unknown session; initialize again")
+				return
+			}
+		}
 		h.inner.ServeHTTP(w, r.WithContext(withConn(r.Context(), c)))
 		return
 	}
