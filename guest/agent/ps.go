@@ -3,10 +3,14 @@
 package agent
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,8 +24,18 @@ import (
 // pageSize is the guest's memory page size (RSS in /proc/P/stat is in pages).
 var pageSize = int64(os.Getpagesize())
 
+// passwdFile is where ps maps uids to user names.
+const passwdFile = "/etc/passwd"
+
 // PS lists the guest's processes; with a session id only that session's.
 // Processes that vanish during the scan are left out.
+//
+// gopsutil lists the pids; each row is read through an open /proc/P
+// directory (stat, cgroup, then environ only when the cgroup names no
+// session, cmdline and status), with one reused buffer. With a session id,
+// a process of another session is dropped after its cgroup (or environ)
+// without reading the rest. Kernel threads have no memory map, so their
+// (empty) cmdline and environ are not read.
 func (a *Agent) PS(ctx context.Context, session string) ([]wire.Process, error) {
 	if session != "" {
 		if err := wire.ValidateSessionID(session); err != nil {
@@ -34,65 +48,204 @@ func (a *Agent) PS(ctx context.Context, session string) ([]wire.Process, error) 
 	if err != nil {
 		return nil, fmt.Errorf("ps: %w", err)
 	}
+	slices.Sort(pids)
 	btime, err := a.proc.bootTime()
 	if err != nil {
 		return nil, fmt.Errorf("ps: %w", err)
 	}
-	now := time.Now().UnixMilli()
-	users := map[uint32]string{}
+	sc := psScan{proc: a.proc, btime: btime, nowMS: time.Now().UnixMilli(), users: userNames{file: passwdFile}}
 	out := make([]wire.Process, 0, len(pids))
 	for _, pid := range pids {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("ps: %w", err)
 		}
-		row, ok := a.processRow(ctx, int(pid), btime, now, users)
-		if !ok || (session != "" && row.Session != session) {
-			continue
+		if row, ok := sc.row(int(pid), session); ok {
+			out = append(out, row)
 		}
-		out = append(out, row)
 	}
 	return out, nil
 }
 
-// processRow builds one ps row; false when the process is gone.
-func (a *Agent) processRow(ctx context.Context, pid int, btime, nowMS int64, users map[uint32]string) (wire.Process, bool) {
-	st, err := a.proc.stat(pid)
+// psScan is the state of one ps scan. It is not safe for concurrent use.
+type psScan struct {
+	proc  procFS
+	btime int64 // boot time, s since the epoch
+	nowMS int64
+	buf   []byte // reused by every read
+	users userNames
+}
+
+// read reads name from d into the scan's buffer; the bytes are valid until
+// the next read.
+func (s *psScan) read(d pidDir, name string) ([]byte, error) {
+	b, err := d.read(name, s.buf)
+	s.buf = b[:0]
+	return b, err
+}
+
+// row builds pid's ps row; false when the process is gone, or belongs to
+// another session than want (when want is not "").
+func (s *psScan) row(pid int, want string) (wire.Process, bool) {
+	d, err := s.proc.openPID(pid)
 	if err != nil {
 		return wire.Process{}, false
 	}
-	p := &process.Process{Pid: int32(pid)}
+	defer d.close()
+	b, err := s.read(d, "stat")
+	if err != nil {
+		return wire.Process{}, false
+	}
+	st, err := parseStat(b)
+	if err != nil {
+		return wire.Process{}, false
+	}
+	kthread := st.KernelThread()
 	row := wire.Process{
 		PID:       int32(pid),
 		PPID:      int32(st.PPID),
 		Name:      st.Comm,
-		StartedAt: startMS(btime, st.StartTime),
+		StartedAt: startMS(s.btime, st.StartTime),
 		State:     st.State,
 		RSSBytes:  uint64(max(st.RSSPages, 0) * pageSize),
-		Session:   a.proc.sessionOf(pid),
+		Session:   s.session(d, kthread),
 	}
-	if args, err := p.CmdlineSliceWithContext(ctx); err == nil {
-		row.Cmdline = strings.Join(args, " ")
+	if want != "" && row.Session != want {
+		return wire.Process{}, false
 	}
-	if uids, err := p.UidsWithContext(ctx); err == nil && len(uids) > 0 {
-		row.User = userName(uids[0], users)
+	if !kthread {
+		if b, err := s.read(d, "cmdline"); err == nil {
+			row.Cmdline = cmdlineString(b)
+		}
 	}
-	if age := nowMS - row.StartedAt; age > 0 {
+	if b, err := s.read(d, "status"); err == nil {
+		if uid, ok := statusUID(b); ok {
+			row.User = s.users.name(uid)
+		}
+	}
+	if age := s.nowMS - row.StartedAt; age > 0 {
 		cpuMS := int64(st.UTime+st.STime) * 1000 / userHZ
 		row.CPUPercent = float64(cpuMS) * 100 / float64(age)
 	}
 	return row, true
 }
 
-// userName maps a uid to a name through the guest's passwd, caching per scan.
-func userName(uid uint32, cache map[uint32]string) string {
-	if n, ok := cache[uid]; ok {
+// session is procFS.sessionOf through an open directory.
+func (s *psScan) session(d pidDir, kthread bool) string {
+	if b, err := s.read(d, "cgroup"); err == nil {
+		if id := sessionOfCgroup(cgroupV2Path(b)); id != "" {
+			return id
+		}
+	}
+	if kthread {
+		return "" // no memory map: an empty environ
+	}
+	b, err := s.read(d, "environ")
+	if err != nil {
+		return ""
+	}
+	if id, ok := environValue(b, SessionEnv); ok && wire.ValidateSessionID(id) == nil {
+		return id
+	}
+	return ""
+}
+
+// cmdlineString joins /proc/P/cmdline's NUL-separated arguments with
+// spaces, trailing NULs dropped (what strings.Join of gopsutil's
+// CmdlineSlice gives).
+func cmdlineString(b []byte) string {
+	b = bytes.TrimRight(b, "\x00")
+	for i, c := range b {
+		if c == 0 {
+			b[i] = ' '
+		}
+	}
+	return string(b)
+}
+
+// statusUID returns the real uid: the first number of the "Uid:" line of
+// /proc/P/status. false when the line is missing or malformed.
+func statusUID(b []byte) (uint32, bool) {
+	var line []byte
+	if rest, ok := bytes.CutPrefix(b, []byte("Uid:")); ok {
+		line = rest
+	} else if i := bytes.Index(b, []byte("\nUid:")); i >= 0 {
+		line = b[i+len("\nUid:"):]
+	} else {
+		return 0, false
+	}
+	if i := bytes.IndexByte(line, '\n'); i >= 0 {
+		line = line[:i]
+	}
+	f := bytes.Fields(line)
+	if len(f) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(f[0]), 10, 32)
+	if err != nil {
+		return 0, false
+	}
+	return uint32(v), true
+}
+
+// userNames maps uids to names for one scan. The passwd file is read once,
+// at the first lookup, with os/user's rules; a uid it lacks goes through
+// os/user (NSS in cgo builds), then stays a number.
+type userNames struct {
+	file   string
+	passwd map[string]string // uid field → first user name; nil until read
+	cache  map[uint32]string
+}
+
+func (u *userNames) name(uid uint32) string {
+	if n, ok := u.cache[uid]; ok {
 		return n
 	}
-	id := strconv.FormatUint(uint64(uid), 10)
-	n := id
-	if u, err := user.LookupId(id); err == nil {
-		n = u.Username
+	if u.passwd == nil {
+		u.passwd = map[string]string{}
+		if f, err := os.Open(u.file); err == nil {
+			u.passwd = parsePasswd(f)
+			f.Close()
+		}
+		u.cache = map[uint32]string{}
 	}
-	cache[uid] = n
+	id := strconv.FormatUint(uint64(uid), 10)
+	n, ok := u.passwd[id]
+	if !ok {
+		n = id
+		if usr, err := user.LookupId(id); err == nil {
+			n = usr.Username
+		}
+	}
+	u.cache[uid] = n
 	return n
+}
+
+// parsePasswd maps uid fields to user names the way os/user's pure-Go
+// lookup reads /etc/passwd: blank lines and comments skipped, at least six
+// colons, a name not starting with + or -, numeric uid and gid fields, the
+// first line for a uid wins.
+func parsePasswd(r io.Reader) map[string]string {
+	out := map[string]string{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' || strings.Count(line, ":") < 6 {
+			continue
+		}
+		parts := strings.SplitN(line, ":", 7)
+		if parts[0] == "" || parts[0][0] == '+' || parts[0][0] == '-' {
+			continue
+		}
+		if _, err := strconv.Atoi(parts[2]); err != nil {
+			continue
+		}
+		if _, err := strconv.Atoi(parts[3]); err != nil {
+			continue
+		}
+		if _, seen := out[parts[2]]; !seen {
+			out[parts[2]] = parts[0]
+		}
+	}
+	return out
 }
