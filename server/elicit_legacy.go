@@ -135,8 +135,9 @@ type clientRequests struct {
 
 // clientResponse is a client's answer to one request: result or error.
 type clientResponse struct {
-	result json.RawMessage
-	err    *rpcErrorBody
+	result    json.RawMessage
+	err       *rpcErrorBody
+	malformed error // the response itself did not parse strictly
 }
 
 // ErrClientError: the client answered a request with a JSON-RPC error.
@@ -190,15 +191,16 @@ func (c *clientRequests) deliver(raw []byte) bool {
 	var r clientResponse
 	switch _, err := decodeStrict(raw); {
 	case err != nil:
-		r.err = &rpcErrorBody{Code: mcp.PARSE_ERROR, Message: "malformed response: " + truncate(err.Error(), 100)}
+		r.malformed = err
 	case len(peek.Error) > 0 && string(peek.Error) != "null":
 		var e rpcErrorBody
 		if json.Unmarshal(peek.Error, &e) != nil {
-			e = rpcErrorBody{Code: mcp.PARSE_ERROR, Message: "malformed error"}
+			r.malformed = errors.New("an error that is not a JSON-RPC error object")
+		} else {
+			r.err = &e
 		}
-		r.err = &e
 	case len(peek.Result) == 0 || string(peek.Result) == "null":
-		r.err = &rpcErrorBody{Code: mcp.INVALID_REQUEST, Message: "response without a result"}
+		r.malformed = errors.New("neither result nor error")
 	default:
 		r.result = peek.Result
 	}
@@ -248,24 +250,27 @@ func (s *stdioSession) RequestElicitation(ctx context.Context, req mcp.Elicitati
 		Params  mcp.ElicitationParams `json:"params"`
 	}{"2.0", json.RawMessage(id), string(mcp.MethodElicitationCreate), req.Params})
 	if err != nil {
-		return nil, fmt.Errorf("elicitation/create: encode: %w", err)
+		return nil, fmt.Errorf("stdio: encode: %w", err)
 	}
 	if err := s.send(msg); err != nil {
-		return nil, fmt.Errorf("elicitation/create: send: %w", err)
+		return nil, fmt.Errorf("stdio: send: %w", err)
 	}
 	select {
 	case r := <-ch:
+		if r.malformed != nil {
+			return nil, fmt.Errorf("stdio: malformed response: %w", r.malformed)
+		}
 		if r.err != nil {
-			return nil, fmt.Errorf("elicitation/create: %w: %d %s", ErrClientError, r.err.Code, truncate(r.err.Message, 100))
+			return nil, fmt.Errorf("stdio: %w: %d %s", ErrClientError, r.err.Code, truncate(r.err.Message, 100))
 		}
 		v, err := decodeStrict(r.result)
 		if err != nil {
-			return nil, fmt.Errorf("elicitation/create: malformed result: %w", err)
+			return nil, fmt.Errorf("stdio: malformed result: %w", err)
 		}
 		m, _ := v.(map[string]any)
 		action, _ := m["action"].(string)
 		if m == nil || action == "" {
-			return nil, errors.New("elicitation/create: malformed result: no action")
+			return nil, errors.New("stdio: malformed result: no action")
 		}
 		return &mcp.ElicitationResult{ElicitationResponse: mcp.ElicitationResponse{
 			Action: mcp.ElicitationResponseAction(action), Content: m["content"],
