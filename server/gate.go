@@ -155,7 +155,9 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	}
 	start := s.now()
 	callID := rand.Text()
-	rec := audit.Record{Kind: audit.KindDecision, CallID: callID, Grant: c.grant.Name, Transport: c.transport}
+	// The decision record carries the reservation time, so the log alone
+	// can check every limit window exactly.
+	rec := audit.Record{Kind: audit.KindDecision, Time: start, CallID: callID, Grant: c.grant.Name, Transport: c.transport}
 	params, ok := m["params"].(map[string]any)
 	if !ok {
 		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "params must be an object with name and arguments", "")
