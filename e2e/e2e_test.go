@@ -59,6 +59,18 @@ const e2ePolicy = `{
 }
 `
 
+// elicitPolicy is the policy of the grant "elicit" (elicit.test.mjs):
+// vm_status needs the approval of the client's user.
+const elicitPolicy = `{
+  "version": "1",
+  "default": "deny",
+  "tools": {
+    "list_vms": {},
+    "vm_status": { "action": "approve", "approval": { "channel": "client", "ttl": "30s" } }
+  }
+}
+`
+
 // requireNode finds node and the installed SDK. Missing either skips the
 // test, unless VMGATE_REQUIRE_VM is set (CI runs npm ci first): then it fails.
 func requireNode(t *testing.T) string {
@@ -113,6 +125,9 @@ func TestNodeSDKEndToEnd(t *testing.T) {
 	t.Run("stdio", func(t *testing.T) {
 		runNode(t, node, env, "stdio.test.mjs")
 	})
+	t.Run("elicit", func(t *testing.T) {
+		runNode(t, node, env, "elicit.test.mjs")
+	})
 	t.Run("http", func(t *testing.T) {
 		url, stop := startHTTPServer(t, bin, cfgPath)
 		runNode(t, node, append(env, "VMGATE_E2E_URL="+url, "VMGATE_E2E_TOKEN="+token), "http.test.mjs")
@@ -150,6 +165,9 @@ func writeConfig(t *testing.T, dir, state string, vm *lab.VM, token string) stri
 	if err := os.WriteFile(filepath.Join(dir, "policy.json"), []byte(e2ePolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, "elicit.json"), []byte(elicitPolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	sum := sha256.Sum256([]byte(token))
 	cfg := fmt.Sprintf(`state_dir: %q
 audit:
@@ -163,6 +181,9 @@ grants:
   - name: agent
     token_sha256: %s
     policy: policy.json
+    vms: ["lab/*"]
+  - name: elicit
+    policy: elicit.json
     vms: ["lab/*"]
   - name: other
     policy: policy.json
