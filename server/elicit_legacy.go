@@ -128,9 +128,25 @@ func askClient(ctx, deadline context.Context, m *mcpserver.MCPServer, ask *clien
 // clientRequests are the requests a stdio session sent its client and
 // waits answers for.
 type clientRequests struct {
-	mu      sync.Mutex // guards next and pending
+	mu      sync.Mutex // guards next, pending and closed
 	next    int64
 	pending map[string]chan clientResponse // by the request id as JSON
+	closed  bool                           // the client's input ended: no answer will come
+}
+
+// errInputClosed: the client's input ended before it answered.
+var errInputClosed = errors.New("the client's input ended")
+
+// close answers every pending request, and every later one, with
+// errInputClosed.
+func (c *clientRequests) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	for id, ch := range c.pending {
+		ch <- clientResponse{malformed: errInputClosed}
+		delete(c.pending, id)
+	}
 }
 
 // clientResponse is a client's answer to one request: result or error.
@@ -151,6 +167,10 @@ func (c *clientRequests) start() (string, chan clientResponse) {
 	c.next++
 	id := strconv.Quote("vmgate-" + strconv.FormatInt(c.next, 10))
 	ch := make(chan clientResponse, 1)
+	if c.closed {
+		ch <- clientResponse{malformed: errInputClosed}
+		return id, ch
+	}
 	if c.pending == nil {
 		c.pending = map[string]chan clientResponse{}
 	}
@@ -257,6 +277,9 @@ func (s *stdioSession) RequestElicitation(ctx context.Context, req mcp.Elicitati
 	}
 	select {
 	case r := <-ch:
+		if errors.Is(r.malformed, errInputClosed) {
+			return nil, fmt.Errorf("stdio: %w", r.malformed)
+		}
 		if r.malformed != nil {
 			return nil, fmt.Errorf("stdio: malformed response: %w", r.malformed)
 		}

@@ -326,3 +326,27 @@ func TestLegacyClientApprovalHTTP(t *testing.T) {
 		})
 	}
 }
+
+// TestLegacyClientApprovalInputEnds: a client whose input ends while it is
+// asked is denied at once, not after the approval's ttl.
+func TestLegacyClientApprovalInputEnds(t *testing.T) {
+	f := newFixture(t, fixtureOpts{policy: strings.Replace(legacyApprovalPolicy, `"ttl":"1s"`, `"ttl":"5m"`, 1)})
+	c := startElicitPeer(t, f, initElicit)
+	c.send(fmt.Sprintf(powerCall, 2))
+	if m := c.next(5 * time.Second); m["method"] != "elicitation/create" {
+		t.Fatalf("first message = %v; want elicitation/create", m)
+	}
+	c.in.Close()
+	m := c.next(5 * time.Second)
+	res, _ := m["result"].(map[string]any)
+	if m["id"] != float64(2) || res["isError"] != true || !strings.Contains(fmt.Sprint(res["content"]), TagDenied) {
+		t.Fatalf("reply = %v; want call 2 denied", m)
+	}
+	decisions, _ := callRecords(f.rec.records(), "vm_power")
+	if len(decisions) != 2 || !strings.Contains(decisions[1].Reason, "input ended") {
+		t.Errorf("decision records = %+v; want a denial saying the input ended", decisions)
+	}
+	if n := f.calls.Load(); n != 0 {
+		t.Errorf("driver calls = %d; want 0", n)
+	}
+}

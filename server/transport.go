@@ -182,6 +182,7 @@ loop:
 			})
 		}
 	}
+	sess.requests.close() // requests to the client get no answer now
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
