@@ -18,6 +18,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/libvirttest"
+	"github.com/vmgate/vmgate/internal/pluginhost"
 )
 
 // The domains the tests boot in a private libvirtd (libvirttest):
@@ -32,7 +33,17 @@ const (
 	testNS   = "https://vmgate.example/libvirt-test"
 )
 
+// TestMain: the test binary is also the plugin: `<test binary> plugin
+// libvirt` serves NewFromJSON over go-plugin, as `vmgate plugin libvirt`
+// would, and boots nothing.
 func TestMain(m *testing.M) {
+	if len(os.Args) >= 3 && os.Args[1] == "plugin" {
+		if err := pluginhost.ServeBuiltin(pluginhost.Registry{"libvirt": NewFromJSON}, os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
 	libvirttest.Register(
 		libvirttest.Spec{Name: vmT1, Persistent: true, Metadata: "lab", MetadataURI: testNS},
 		libvirttest.Spec{Name: vmNoExec, Cmdline: map[string]string{"QGA_BLOCK": "guest-exec"}},
