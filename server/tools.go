@@ -95,7 +95,10 @@ func driverFailure(err error) result {
 	case errors.Is(err, hypervisor.ErrNotSupported):
 		r.text, r.noEffect = "this backend cannot do that", true
 	case errors.Is(err, hypervisor.ErrUnknownExec):
-		r.tag, r.text, r.noEffect = TagInvalid, "the guest no longer knows this command", true
+		// Exec handles come from the guest through the server (a client's
+		// unknown exec_id is refused before any driver call): the agent
+		// lost a command it started, and the command may have run.
+		r.text = "the guest agent lost this command (was the agent restarted?); its result is unknown"
 	case errors.Is(err, hypervisor.ErrPluginExited):
 		// The plugin is restarted in the background: a retry can work.
 		r.text = "the backend's driver process exited; retry"
