@@ -10,5 +10,22 @@
 // Concurrent vmgate-guest processes serialise session changes with an
 // flock on <Root>/lock; nothing else is shared between them.
 //
+// Where gopsutil is used, and where /proc is read directly: gopsutil v4
+// lists the pids for ps, and it is the reference the ps rows are tested
+// against (TestPSMatchesGopsutil: ppid, name, cmdline, user, start time).
+// The per-process hot loop reads /proc itself: one open /proc/P directory
+// per process (so a row never mixes two processes that shared a pid), raw
+// open/read/close into one reused buffer, only the fields a row needs
+// (stat, cgroup, environ only when the cgroup names no session, cmdline,
+// the Uid line of status), /etc/passwd parsed once per scan. gopsutil's
+// per-process accessors cost an os.File, a whole-file parse and fresh
+// allocations per field (and its CPU percent samples with a sleep), which
+// made ps with 1,000 processes take seconds on an emulated (TCG) guest.
+// CPU percent here is CPU time over the process's lifetime, without
+// sleeping. Boot time comes from /proc/stat's btime (procFS.bootTime), not
+// gopsutil's BootTime: kill's started_at guard compares against ps's
+// start times to the millisecond, so both must use the same btime, and
+// gopsutil switches to /proc/uptime (which drifts) inside containers.
+//
 // Everything but this comment is Linux-only.
 package agent

@@ -50,6 +50,23 @@ func BenchmarkLabPS(b *testing.B) {
 			}
 		}
 	})
+	// The guest side alone: vmgate-guest ps timed inside the guest (by
+	// /proc/uptime, 10 ms steps), and the size of its reply.
+	b.Run("ps-1000-guest-side", func(b *testing.B) {
+		var guestMS, replyBytes float64
+		for b.Loop() {
+			res := sh(b, ctx, h, "cg", `read a _ < /proc/uptime; `+GuestPath+` ps > /tmp/vmgate-ps.json || exit 1; read z _ < /proc/uptime; echo "$a $z $(wc -c < /tmp/vmgate-ps.json)"; rm -f /tmp/vmgate-ps.json`)
+			var start, end float64
+			var n int
+			if _, err := fmt.Sscan(string(res.Stdout), &start, &end, &n); err != nil || res.ExitCode != 0 || n < 1000 {
+				b.Fatalf("timed ps = %q (exit %d), %v", res.Stdout, res.ExitCode, err)
+			}
+			guestMS += (end - start) * 1000
+			replyBytes = float64(n)
+		}
+		b.ReportMetric(guestMS/float64(b.N), "guest-ms/op")
+		b.ReportMetric(replyBytes, "reply-bytes")
+	})
 }
 
 // BenchmarkLabDestroy50 measures destroying a session of 50 processes,
