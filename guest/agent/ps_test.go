@@ -76,6 +76,18 @@ func TestPSMatchesGopsutil(t *testing.T) {
 	}
 	a := hostAgent(t)
 	ctx := context.Background()
+	// Other processes of the host can change under the scan (a kernel
+	// worker renames itself with the work it picks up, a shell execs): read
+	// them with gopsutil before and after, and compare only those that did
+	// not change in between. The test's own processes are always compared.
+	before := map[int32]gopsutilRow{}
+	if pids, err := process.PidsWithContext(ctx); err == nil {
+		for _, pid := range pids {
+			if ref, err := gopsutilProcess(ctx, pid); err == nil {
+				before[pid] = ref
+			}
+		}
+	}
 	rows, err := a.PS(ctx, "")
 	if err != nil {
 		t.Fatalf("PS() = %v; want nil", err)
@@ -85,6 +97,9 @@ func TestPSMatchesGopsutil(t *testing.T) {
 		ref, err := gopsutilProcess(ctx, row.PID)
 		if err != nil {
 			continue // gone since the scan
+		}
+		if !slices.Contains(ours, row.PID) && before[row.PID] != ref {
+			continue // changed during the scan
 		}
 		compared[row.PID] = true
 		if row.PPID != ref.PPID {
