@@ -218,7 +218,8 @@ func (f *Deferred) Configure(ctx context.Context, config []byte) error {
 	}
 	d, err := f.build(ctx, config)
 	if err != nil {
-		return fmt.Errorf("configure: %w", err)
+		// Unprefixed: the host's client names the operation ("configure: …").
+		return err
 	}
 	if d == nil {
 		return errors.New("configure: constructor returned no driver")

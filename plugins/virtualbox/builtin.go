@@ -45,5 +45,9 @@ func NewFromJSON(_ context.Context, config []byte) (hypervisor.Driver, error) {
 		}
 		cfg.ExecTimeout = d
 	}
-	return New(cfg)
+	d, err := New(cfg)
+	if err != nil {
+		return nil, err // a nil interface, not a nil *Driver inside one
+	}
+	return d, nil
 }
