@@ -58,9 +58,6 @@ const (
 	lookupTTL = 5 * time.Second
 	// statusPing bounds the guest-ping of Status.
 	statusPing = 2 * time.Second
-	// resultTTL is how long a final exec result collected by the timeout
-	// watchdog waits for the caller's ExecStatus.
-	resultTTL = 10 * time.Minute
 )
 
 // Config configures the Driver.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/agentexec"
 )
 
 // Driver is the libvirt backend. It is safe for concurrent use.
@@ -29,6 +30,9 @@ type Driver struct {
 	dial func() (conn, error)
 	// dialing is a one-slot semaphore held while a dial runs.
 	dialing chan struct{}
+
+	// execs tracks the commands ExecStart started and enforces their timeouts.
+	execs *agentexec.Tracker
 
 	// mu guards conn, doms, destroyed and closed. It is never held across I/O.
 	mu     sync.Mutex
@@ -52,13 +56,12 @@ type domState struct {
 	// agentSlot is a one-slot semaphore: one agent call in flight per domain.
 	agentSlot chan struct{}
 
-	// mu guards dom, checkedAt, info, infoAt and execs. Never held across I/O.
+	// mu guards dom, checkedAt, info and infoAt. Never held across I/O.
 	mu        sync.Mutex
 	dom       golibvirt.Domain
 	checkedAt time.Time // when dom was looked up and found to pass the filters
 	info      qga.Info
 	infoAt    time.Time // zero: no cached info
-	execs     map[int64]*execEntry
 }
 
 func (s *domState) handle() golibvirt.Domain {
@@ -111,6 +114,7 @@ func New(cfg Config) (*Driver, error) {
 		doms:      map[string]*domState{},
 		destroyed: map[string]string{},
 	}
+	d.execs = agentexec.New(agentexec.Config{Logger: d.log})
 	d.dial = func() (conn, error) { return dialLibvirt(ep, cfg.DialTimeout) }
 	return d, nil
 }
@@ -121,12 +125,9 @@ func (d *Driver) Close() error {
 	d.closed = true
 	c := d.conn
 	d.conn = nil
-	doms := d.doms
 	d.doms = map[string]*domState{}
 	d.mu.Unlock()
-	for _, s := range doms {
-		s.stopWatchdogs()
-	}
+	d.execs.Close()
 	if c == nil {
 		return nil
 	}
@@ -141,15 +142,6 @@ func (d *Driver) Close() error {
 	case <-time.After(5 * time.Second):
 		return errors.New("libvirt: close: libvirtd did not answer the disconnect")
 	}
-}
-
-func (s *domState) stopWatchdogs() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, e := range s.execs {
-		e.timer.Stop()
-	}
-	s.execs = nil
 }
 
 // opError wraps a libvirt call's error for op: a deadline becomes
@@ -244,10 +236,8 @@ func (d *Driver) remember(dom golibvirt.Domain) *domState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dom.UUID != dom.UUID {
-		for _, e := range s.execs {
-			e.timer.Stop()
-		}
-		s.execs, s.infoAt = nil, time.Time{}
+		d.execs.Forget(s.name) // another domain of the same name: its pids are not ours
+		s.infoAt = time.Time{}
 	}
 	s.dom, s.checkedAt = dom, time.Now()
 	return s
@@ -260,7 +250,7 @@ func (d *Driver) forget(s *domState) {
 		delete(d.doms, s.name)
 	}
 	d.mu.Unlock()
-	s.stopWatchdogs()
+	d.execs.Forget(s.name)
 }
 
 // stateOf maps virDomainState to a hypervisor.State and a word for Detail.
@@ -582,7 +572,7 @@ func (d *Driver) stop(ctx context.Context, op string, s *domState) error {
 	if err != nil {
 		return opError(op, err)
 	}
-	s.stopWatchdogs()
+	d.execs.Forget(s.name)
 	if persistent != 1 {
 		d.mu.Lock()
 		d.destroyed[s.name] = fmt.Sprintf("%x", h.UUID)

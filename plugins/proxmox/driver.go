@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/agentexec"
 )
 
 // Driver defaults.
@@ -36,10 +36,6 @@ const (
 	writeChunk = MaxFileWriteContent / 4 * 3
 	// MaxFileRead is what Proxmox's file-read returns at most.
 	MaxFileRead = 16 << 20
-	// maxExecs bounds the table of started commands whose timeout the driver enforces.
-	maxExecs = 1024
-	// resultTTL is how long a result collected by the timeout watchdog waits for ExecStatus.
-	resultTTL = 10 * time.Minute
 )
 
 // Config configures the Driver.
@@ -65,13 +61,14 @@ type Driver struct {
 	api         *api
 	log         *slog.Logger
 	execTimeout time.Duration
+	// execs tracks the commands ExecStart started and enforces their timeouts.
+	execs *agentexec.Tracker
 
-	// mu guards nodes, nodesAt, infos and execs. Never held across I/O.
+	// mu guards nodes, nodesAt and infos. Never held across I/O.
 	mu      sync.Mutex
 	nodes   map[int]resource
 	nodesAt time.Time
 	infos   map[int]cachedInfo
-	execs   map[string]*execEntry
 }
 
 var (
@@ -113,17 +110,13 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{api: a, log: log, execTimeout: cfg.ExecTimeout, infos: map[int]cachedInfo{}, execs: map[string]*execEntry{}}, nil
+	return &Driver{api: a, log: log, execTimeout: cfg.ExecTimeout, infos: map[int]cachedInfo{},
+		execs: agentexec.New(agentexec.Config{Logger: log})}, nil
 }
 
 // Close stops the exec watchdogs and drops idle connections.
 func (d *Driver) Close() error {
-	d.mu.Lock()
-	for k, e := range d.execs {
-		e.timer.Stop()
-		delete(d.execs, k)
-	}
-	d.mu.Unlock()
+	d.execs.Close()
 	d.api.client.CloseIdleConnections()
 	return nil
 }
@@ -346,15 +339,6 @@ func (d *Driver) execRequest(op string, req hypervisor.ExecRequest) (qga.ExecReq
 	}, nil
 }
 
-func execResult(s qga.ExecStatus) hypervisor.ExecResult {
-	return hypervisor.ExecResult{
-		PID: s.PID, Exited: s.Exited, ExitCode: s.ExitCode, Signal: s.Signal,
-		Stdout: s.Stdout, Stderr: s.Stderr,
-		StdoutTruncated: s.StdoutTruncated, StderrTruncated: s.StderrTruncated,
-		TimedOut: s.TimedOut,
-	}
-}
-
 // Run runs req to completion (qga's adaptive polling, timeout and kill,
 // over agent/exec and agent/exec-status).
 func (d *Driver) Run(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
@@ -373,55 +357,11 @@ func (d *Driver) Run(ctx context.Context, name string, req hypervisor.ExecReques
 	if err != nil {
 		return hypervisor.ExecResult{}, apiErr("exec", err)
 	}
-	return execResult(st), nil
+	return agentexec.Result(st), nil
 }
 
-// execEntry is a command started by ExecStart whose timeout the driver enforces.
-type execEntry struct {
-	key    string
-	v      vmRef
-	pid    int64
-	maxOut int64
-	timer  *time.Timer // guarded by Driver.mu
-
-	// mu serialises ExecStatus and the watchdog on this command and guards final.
-	mu    sync.Mutex
-	final *hypervisor.ExecResult
-}
-
-// execToken is carried in ExecHandle.Token: which VM and command, and the
-// random key of the driver's table entry.
-type execToken struct {
-	VMID   int    `json:"vmid"`
-	PID    int64  `json:"pid"`
-	MaxOut int64  `json:"max_out"`
-	Key    string `json:"key"`
-}
-
-func (t execToken) encode() string {
-	b, _ := json.Marshal(t)
-	return base64.RawURLEncoding.EncodeToString(b)
-}
-
-func decodeToken(s string) (execToken, error) {
-	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil {
-		return execToken{}, err
-	}
-	var t execToken
-	dec := json.NewDecoder(strings.NewReader(string(b)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&t); err != nil {
-		return execToken{}, err
-	}
-	if t.PID <= 0 || t.MaxOut < 0 || len(t.Key) != 32 {
-		return execToken{}, errors.New("bad values")
-	}
-	return t, nil
-}
-
-// ExecStart starts req and returns at once. A watchdog kills the command
-// when req.Timeout fires, even if nobody polls.
+// ExecStart starts req and returns at once. A watchdog kills the command's
+// tree when req.Timeout fires, even if nobody polls.
 func (d *Driver) ExecStart(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 	v, err := d.lookup(ctx, "exec start", name)
 	if err != nil {
@@ -434,87 +374,11 @@ func (d *Driver) ExecStart(ctx context.Context, name string, req hypervisor.Exec
 	if err := d.preflight(ctx, "exec start", v); err != nil {
 		return hypervisor.ExecHandle{}, err
 	}
-	d.mu.Lock()
-	full := len(d.execs) >= maxExecs
-	d.mu.Unlock()
-	if full {
-		return hypervisor.ExecHandle{}, fmt.Errorf("proxmox: exec start: %d commands already tracked; poll or wait for them", maxExecs)
-	}
-	started := time.Now()
-	pid, err := d.agentOf(v).ExecStart(ctx, qreq)
+	h, err := d.execs.Start(ctx, strconv.Itoa(v.vmid), d.agentOf(v), qreq)
 	if err != nil {
 		return hypervisor.ExecHandle{}, apiErr("exec start", err)
 	}
-	var kb [16]byte
-	rand.Read(kb[:])
-	tok := execToken{VMID: v.vmid, PID: pid, MaxOut: qreq.MaxOutputBytes, Key: hex.EncodeToString(kb[:])}
-	e := &execEntry{key: tok.Key, v: v, pid: pid, maxOut: qreq.MaxOutputBytes}
-	d.mu.Lock()
-	d.execs[e.key] = e
-	e.timer = time.AfterFunc(qreq.Timeout, func() { d.watchdog(e) })
-	d.mu.Unlock()
-	return hypervisor.ExecHandle{PID: pid, Token: tok.encode(), StartedAt: started}, nil
-}
-
-func (d *Driver) watchdog(e *execEntry) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	d.mu.Lock()
-	tracked := d.execs[e.key] == e
-	d.mu.Unlock()
-	if e.final != nil || !tracked {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := d.collect(ctx, e.v, e.pid, e.maxOut, true)
-	if err != nil {
-		d.log.Warn("exec timeout watchdog failed", "vmid", e.v.vmid, "pid", e.pid, "err", err)
-		return
-	}
-	e.final = &res
-	d.mu.Lock()
-	e.timer = time.AfterFunc(resultTTL, func() { d.untrack(e) })
-	d.mu.Unlock()
-}
-
-func (d *Driver) untrack(e *execEntry) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.execs[e.key] == e {
-		delete(d.execs, e.key)
-		e.timer.Stop()
-	}
-}
-
-// collect polls pid; with kill set and the command still running it kills
-// it and waits for the final status (TimedOut set).
-func (d *Driver) collect(ctx context.Context, v vmRef, pid, maxOut int64, kill bool) (hypervisor.ExecResult, error) {
-	a := d.agentOf(v)
-	st, err := a.ExecStatus(ctx, pid, maxOut)
-	if err != nil || st.Exited || !kill {
-		return execResult(st), err
-	}
-	if err := a.KillTree(ctx, pid); err != nil {
-		return hypervisor.ExecResult{}, err
-	}
-	var b hypervisor.Backoff
-	for {
-		st, err := a.ExecStatus(ctx, pid, maxOut)
-		if err != nil {
-			return hypervisor.ExecResult{}, err
-		}
-		if st.Exited {
-			res := execResult(st)
-			res.TimedOut = true
-			return res, nil
-		}
-		select {
-		case <-ctx.Done():
-			return hypervisor.ExecResult{}, ctx.Err()
-		case <-time.After(b.Next()):
-		}
-	}
+	return h, nil
 }
 
 // ExecStatus polls a command started by ExecStart.
@@ -523,34 +387,9 @@ func (d *Driver) ExecStatus(ctx context.Context, name string, h hypervisor.ExecH
 	if err != nil {
 		return hypervisor.ExecResult{}, err
 	}
-	tok, err := decodeToken(h.Token)
-	if err != nil || tok.PID != h.PID || tok.VMID != v.vmid {
-		return hypervisor.ExecResult{}, fmt.Errorf("proxmox: exec status: %w: bad handle token", hypervisor.ErrInvalidArgument)
-	}
-	d.mu.Lock()
-	e := d.execs[tok.Key]
-	d.mu.Unlock()
-	if e == nil || e.pid != h.PID || e.v.vmid != v.vmid {
-		// Not started by this driver instance, or already collected.
-		res, err := d.collect(ctx, v, h.PID, tok.MaxOut, false)
-		if err != nil {
-			return hypervisor.ExecResult{}, apiErr("exec status", err)
-		}
-		return res, nil
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.final != nil {
-		res := *e.final
-		d.untrack(e)
-		return res, nil
-	}
-	res, err := d.collect(ctx, v, e.pid, e.maxOut, false)
+	res, err := d.execs.Status(ctx, strconv.Itoa(v.vmid), d.agentOf(v), h)
 	if err != nil {
 		return hypervisor.ExecResult{}, apiErr("exec status", err)
-	}
-	if res.Exited {
-		d.untrack(e)
 	}
 	return res, nil
 }

@@ -2,7 +2,6 @@ package qemu
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/agentexec"
 )
 
 // Driver defaults.
@@ -29,9 +29,6 @@ const (
 	statusPing = 2 * time.Second
 	// agentFirst bounds the agent's attempt at shutdown or reboot before the QMP fallback.
 	agentFirst = 3 * time.Second
-	// resultTTL is how long a final exec result collected by the driver's
-	// timeout watchdog waits for the caller's ExecStatus.
-	resultTTL = 10 * time.Minute
 )
 
 // Config configures the Driver.
@@ -93,6 +90,9 @@ type Driver struct {
 	// launcher to exit; tests replace it.
 	startProcess func(ctx context.Context, argv []string) error
 
+	// execs tracks the commands ExecStart started and enforces their timeouts.
+	execs *agentexec.Tracker
+
 	// mu guards vms and closed. It is never held across I/O.
 	mu     sync.Mutex
 	vms    map[string]*vmState
@@ -118,24 +118,11 @@ type vmState struct {
 	qmpMu sync.Mutex
 	mon   monitor
 
-	// mu guards agent, info, infoAt and execs. Never held across I/O.
+	// mu guards agent, info and infoAt. Never held across I/O.
 	mu     sync.Mutex
 	agent  agent
 	info   qga.Info
 	infoAt time.Time // zero: no cached info
-	execs  map[int64]*execEntry
-}
-
-// execEntry is a command started by ExecStart whose timeout the driver enforces.
-type execEntry struct {
-	pid      int64
-	deadline time.Time
-	maxOut   int64
-	timer    *time.Timer // guarded by the VM's mu
-
-	// mu serialises ExecStatus and the watchdog on this command and guards final.
-	mu    sync.Mutex
-	final *hypervisor.ExecResult // collected by the watchdog, waiting for ExecStatus
 }
 
 var vmName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
@@ -176,6 +163,7 @@ func New(cfg Config) (*Driver, error) {
 		log:        log,
 		configured: configured,
 		vms:        make(map[string]*vmState),
+		execs:      agentexec.New(agentexec.Config{Logger: log}),
 	}
 	d.newAgent = func(p string) agent { return qga.New(p, qga.WithLogger(log)) }
 	d.newMonitor = func(p string) monitor { return NewMonitor("unix", p, MonitorOptions{Logger: log}) }
@@ -190,21 +178,20 @@ func (d *Driver) Close() error {
 	vms := d.vms
 	d.vms = map[string]*vmState{}
 	d.mu.Unlock()
+	d.execs.Close()
 	var errs []error
 	for _, vm := range vms {
-		errs = append(errs, vm.close())
+		errs = append(errs, d.closeVM(vm))
 	}
 	return errors.Join(errs...)
 }
 
-func (vm *vmState) close() error {
+// closeVM stops vm's exec watchdogs and closes its agent client.
+func (d *Driver) closeVM(vm *vmState) error {
+	d.execs.Forget(vm.name)
 	vm.mu.Lock()
 	a := vm.agent
 	vm.agent = nil
-	for _, e := range vm.execs {
-		e.timer.Stop()
-	}
-	vm.execs = nil
 	vm.mu.Unlock()
 	if a != nil {
 		return a.Close()
@@ -255,7 +242,7 @@ func (d *Driver) forget(name string) {
 	delete(d.vms, name)
 	d.mu.Unlock()
 	if ok {
-		vm.close()
+		d.closeVM(vm)
 	}
 }
 
@@ -544,15 +531,6 @@ func (d *Driver) execRequest(op string, req hypervisor.ExecRequest) (qga.ExecReq
 	}, nil
 }
 
-func execResult(s qga.ExecStatus) hypervisor.ExecResult {
-	return hypervisor.ExecResult{
-		PID: s.PID, Exited: s.Exited, ExitCode: s.ExitCode, Signal: s.Signal,
-		Stdout: s.Stdout, Stderr: s.Stderr,
-		StdoutTruncated: s.StdoutTruncated, StderrTruncated: s.StderrTruncated,
-		TimedOut: s.TimedOut,
-	}
-}
-
 // Run runs req to completion next to the agent (qga's adaptive polling,
 // timeout and kill).
 func (d *Driver) Run(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
@@ -571,41 +549,11 @@ func (d *Driver) Run(ctx context.Context, name string, req hypervisor.ExecReques
 	if err != nil {
 		return hypervisor.ExecResult{}, d.agentError(ctx, vm, "exec", err)
 	}
-	return execResult(st), nil
-}
-
-// execToken is the state ExecStatus needs, carried in ExecHandle.Token so a
-// restarted driver can still poll (it then no longer enforces the timeout).
-type execToken struct {
-	PID      int64 `json:"pid"`
-	Deadline int64 `json:"deadline"` // unix nanoseconds
-	MaxOut   int64 `json:"max_out"`
-}
-
-func (t execToken) encode() string {
-	b, _ := json.Marshal(t)
-	return base64.RawURLEncoding.EncodeToString(b)
-}
-
-func decodeToken(s string) (execToken, error) {
-	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil {
-		return execToken{}, err
-	}
-	var t execToken
-	dec := json.NewDecoder(bytesReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&t); err != nil {
-		return execToken{}, err
-	}
-	if t.PID <= 0 || t.MaxOut < 0 {
-		return execToken{}, errors.New("bad values")
-	}
-	return t, nil
+	return agentexec.Result(st), nil
 }
 
 // ExecStart starts req and returns at once. The driver enforces req.Timeout:
-// a watchdog kills the command when it fires, even if nobody polls.
+// a watchdog kills the command's tree when it fires, even if nobody polls.
 func (d *Driver) ExecStart(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 	vm, err := d.lookup("exec start", name)
 	if err != nil {
@@ -618,90 +566,11 @@ func (d *Driver) ExecStart(ctx context.Context, name string, req hypervisor.Exec
 	if err := d.preflight(ctx, "exec start", vm); err != nil {
 		return hypervisor.ExecHandle{}, err
 	}
-	started := time.Now()
-	pid, err := d.agentOf(vm).ExecStart(ctx, qreq)
+	h, err := d.execs.Start(ctx, vm.name, d.agentOf(vm), qreq)
 	if err != nil {
 		return hypervisor.ExecHandle{}, d.agentError(ctx, vm, "exec start", err)
 	}
-	tok := execToken{PID: pid, Deadline: started.Add(qreq.Timeout).UnixNano(), MaxOut: qreq.MaxOutputBytes}
-	e := &execEntry{pid: pid, deadline: time.Unix(0, tok.Deadline), maxOut: tok.MaxOut}
-	vm.mu.Lock()
-	if vm.execs == nil {
-		vm.execs = make(map[int64]*execEntry)
-	}
-	if old, ok := vm.execs[pid]; ok {
-		old.timer.Stop() // a reused pid: the old command was collected
-	}
-	vm.execs[pid] = e
-	e.timer = time.AfterFunc(qreq.Timeout, func() { d.watchdog(vm, e) })
-	vm.mu.Unlock()
-	return hypervisor.ExecHandle{PID: pid, Token: tok.encode(), StartedAt: started}, nil
-}
-
-// watchdog runs at a command's deadline: unless it already exited, it is
-// killed; the final result is kept for the caller's next ExecStatus.
-func (d *Driver) watchdog(vm *vmState, e *execEntry) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.final != nil || !d.tracked(vm, e) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := d.collect(ctx, vm, e.pid, e.maxOut, true)
-	if err != nil {
-		d.log.Warn("exec timeout watchdog failed", "vm", vm.name, "pid", e.pid, "err", err)
-		return
-	}
-	e.final = &res
-	vm.mu.Lock()
-	e.timer = time.AfterFunc(resultTTL, func() { d.untrack(vm, e) })
-	vm.mu.Unlock()
-}
-
-func (d *Driver) tracked(vm *vmState, e *execEntry) bool {
-	vm.mu.Lock()
-	defer vm.mu.Unlock()
-	return vm.execs[e.pid] == e
-}
-
-func (d *Driver) untrack(vm *vmState, e *execEntry) {
-	vm.mu.Lock()
-	defer vm.mu.Unlock()
-	if vm.execs[e.pid] == e {
-		delete(vm.execs, e.pid)
-		e.timer.Stop()
-	}
-}
-
-// collect polls pid; when kill is set and it still runs, it kills it and
-// waits for the final status (TimedOut set).
-func (d *Driver) collect(ctx context.Context, vm *vmState, pid, maxOut int64, kill bool) (hypervisor.ExecResult, error) {
-	a := d.agentOf(vm)
-	st, err := a.ExecStatus(ctx, pid, maxOut)
-	if err != nil || st.Exited || !kill {
-		return execResult(st), err
-	}
-	if err := a.KillTree(ctx, pid); err != nil {
-		return hypervisor.ExecResult{}, err
-	}
-	var b hypervisor.Backoff
-	for {
-		st, err := a.ExecStatus(ctx, pid, maxOut)
-		if err != nil {
-			return hypervisor.ExecResult{}, err
-		}
-		if st.Exited {
-			res := execResult(st)
-			res.TimedOut = true
-			return res, nil
-		}
-		select {
-		case <-ctx.Done():
-			return hypervisor.ExecResult{}, ctx.Err()
-		case <-time.After(b.Next()):
-		}
-	}
+	return h, nil
 }
 
 // ExecStatus polls a command started by ExecStart.
@@ -710,40 +579,9 @@ func (d *Driver) ExecStatus(ctx context.Context, name string, h hypervisor.ExecH
 	if err != nil {
 		return hypervisor.ExecResult{}, err
 	}
-	if h.PID <= 0 {
-		return hypervisor.ExecResult{}, fmt.Errorf("qemu: exec status: %w: pid %d", hypervisor.ErrInvalidArgument, h.PID)
-	}
-	tok := execToken{PID: h.PID}
-	if h.Token != "" {
-		if tok, err = decodeToken(h.Token); err != nil || tok.PID != h.PID {
-			return hypervisor.ExecResult{}, fmt.Errorf("qemu: exec status: %w: bad handle token", hypervisor.ErrInvalidArgument)
-		}
-	}
-	vm.mu.Lock()
-	e := vm.execs[h.PID]
-	vm.mu.Unlock()
-	if e == nil {
-		// Not started by this driver instance (or already collected).
-		overdue := tok.Deadline != 0 && time.Now().After(time.Unix(0, tok.Deadline))
-		res, err := d.collect(ctx, vm, h.PID, tok.MaxOut, overdue)
-		if err != nil {
-			return hypervisor.ExecResult{}, d.agentError(ctx, vm, "exec status", err)
-		}
-		return res, nil
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.final != nil {
-		res := *e.final
-		d.untrack(vm, e)
-		return res, nil
-	}
-	res, err := d.collect(ctx, vm, e.pid, e.maxOut, time.Now().After(e.deadline))
+	res, err := d.execs.Status(ctx, vm.name, d.agentOf(vm), h)
 	if err != nil {
 		return hypervisor.ExecResult{}, d.agentError(ctx, vm, "exec status", err)
-	}
-	if res.Exited {
-		d.untrack(vm, e)
 	}
 	return res, nil
 }
@@ -861,7 +699,7 @@ func (d *Driver) stop(ctx context.Context, op string, vm *vmState) error {
 		// ErrNotConnected: QEMU closed the socket before its reply reached us.
 		return vmError(op, err)
 	}
-	vm.close() // the agent channel went with QEMU
+	d.closeVM(vm) // the agent channel went with QEMU
 	if pid <= 0 {
 		return nil
 	}
@@ -896,7 +734,7 @@ func (d *Driver) start(ctx context.Context, op string, vm *vmState) error {
 	if err := d.startProcess(ctx, argv); err != nil {
 		return fmt.Errorf("qemu: %s: %w", op, err)
 	}
-	vm.close()
+	d.closeVM(vm)
 	var b hypervisor.Backoff
 	for {
 		_, err := vm.queryStatus(ctx)

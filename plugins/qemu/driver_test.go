@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -316,7 +317,8 @@ func TestDriverBadInput(t *testing.T) {
 	a := &fakeAgent{t: t, info: execInfo(true)}
 	d := newFakeDriver(t, Config{}, map[string]*fakeAgent{"vm1": a}, map[string]*fakeMonitor{"vm1": {run: running("running")}})
 	ctx := context.Background()
-	tok := execToken{PID: 42, MaxOut: 10}.encode()
+	// A well-formed token (the agentexec format) for pid 42 on vm1.
+	tok := base64.RawURLEncoding.EncodeToString([]byte(`{"vm":"vm1","pid":42,"deadline":0,"max_out":10}`))
 	tests := []struct {
 		name string
 		call func() error
@@ -342,6 +344,10 @@ func TestDriverBadInput(t *testing.T) {
 		}},
 		{"status token of another pid", func() error {
 			_, err := d.ExecStatus(ctx, "vm1", hypervisor.ExecHandle{PID: 43, Token: tok})
+			return err
+		}},
+		{"status without token", func() error {
+			_, err := d.ExecStatus(ctx, "vm1", hypervisor.ExecHandle{PID: 42})
 			return err
 		}},
 		{"read relative path", func() error { _, err := d.FileRead(ctx, "vm1", "etc/passwd", 1); return err }},

@@ -17,8 +17,6 @@ import (
 // errConnRefused: nothing listens on a socket that exists.
 var errConnRefused = syscall.ECONNREFUSED
 
-func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
-
 // labRecord is the part of a lab VM's vm.json the driver needs (the lab
 // package owns the format).
 type labRecord struct {
