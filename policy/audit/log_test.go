@@ -437,31 +437,26 @@ func TestDiskFull(t *testing.T) {
 
 const killChildEnv = "VMGATE_AUDIT_KILL_CHILD"
 
-// TestHelperKillChild is the child of TestKill9: it appends decision and
-// outcome records from 4 goroutines forever and writes each acknowledged seq
-// to file descriptor 3.
-func TestHelperKillChild(t *testing.T) {
-	path := os.Getenv(killChildEnv)
-	if path == "" {
-		t.Skip("helper process for TestKill9")
-	}
+// killChild is the body of TestKill9's child process (run from TestMain
+// when killChildEnv is set): it appends decision and outcome records from 4
+// goroutines until killed and writes each acknowledged seq to file
+// descriptor 3. It returns only on an error.
+func killChild(path string) error {
 	l, err := Open(path, Options{})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	out := os.NewFile(3, "acks")
 	var mu sync.Mutex
-	var wg sync.WaitGroup
+	errs := make(chan error, 4)
 	for w := 0; w < 4; w++ {
-		wg.Add(1)
 		go func() {
-			defer wg.Done()
 			for i := 0; ; i++ {
 				rec := testRecord(1)
 				rec.CallID = fmt.Sprintf("w%d-%d", w, i)
 				seq, err := l.Append(context.Background(), rec)
 				if err != nil {
-					t.Error(err)
+					errs <- err
 					return
 				}
 				mu.Lock()
@@ -470,13 +465,13 @@ func TestHelperKillChild(t *testing.T) {
 				done := testRecord(2)
 				done.CallID = rec.CallID
 				if err := l.AppendLazy(context.Background(), done); err != nil {
-					t.Error(err)
+					errs <- err
 					return
 				}
 			}
 		}()
 	}
-	wg.Wait()
+	return <-errs
 }
 
 // TestKill9 SIGKILLs a child appending in a loop (three times, reopening the
@@ -494,7 +489,7 @@ func TestKill9(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(exe, "-test.run=^TestHelperKillChild$", "-test.count=1")
+		cmd := exec.Command(exe)
 		cmd.Env = append(os.Environ(), killChildEnv+"="+path)
 		cmd.ExtraFiles = []*os.File{w}
 		cmd.Stderr = os.Stderr

@@ -119,20 +119,17 @@ var crashCounters = []policy.Counter{
 	{Key: "crash|vm=lab/vm1", Name: "crash_vm", Window: time.Hour, Max: 1 << 40},
 }
 
-// TestHelperCrashChild is the child of TestKillDuringReservations: it
-// reserves, appends the decision record, then prints the id, until killed.
-func TestHelperCrashChild(t *testing.T) {
-	dir := os.Getenv(childEnv)
-	if dir == "" {
-		t.Skip("helper process for TestKillDuringReservations")
-	}
+// crashChild is the body of TestKillDuringReservations' child process (run
+// from TestMain when childEnv is set): it reserves, appends the decision
+// record, then prints the id, until killed. It returns only on an error.
+func crashChild(dir string) error {
 	s, err := Open(filepath.Join(dir, "state.db"), Options{NoSync: true})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	log, err := audit.Open(filepath.Join(dir, "audit.log"), audit.Options{})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	ac := make([]audit.Counter, len(crashCounters))
 	for i, c := range crashCounters {
@@ -143,12 +140,12 @@ func TestHelperCrashChild(t *testing.T) {
 		id := fmt.Sprintf("call-%d", i)
 		now := time.Now()
 		if err := s.ReserveAll(context.Background(), id, now, crashCounters); err != nil {
-			t.Fatal(err)
+			return err
 		}
 		rec := audit.Record{Time: now, Kind: audit.KindDecision, CallID: id, Grant: "a", Tool: "kill_process",
 			VM: "lab/vm1", Decision: "allow", Rule: "/tools/kill_process", Counters: ac}
 		if _, err := log.Append(context.Background(), rec); err != nil {
-			t.Fatal(err)
+			return err
 		}
 		fmt.Fprintln(out, id)
 		out.Flush()
@@ -164,7 +161,7 @@ func TestKillDuringReservations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^TestHelperCrashChild$", "-test.count=1")
+	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), childEnv+"="+dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = os.Stderr
