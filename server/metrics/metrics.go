@@ -2,7 +2,10 @@
 // decision and grant; the latency of the durable decision record and of
 // whole calls; store and audit errors; plugin restarts; pending approvals;
 // VMs by state. It uses a private registry (nothing global), served as the
-// Prometheus text format by Handler.
+// Prometheus text format by Handler. The registry also holds the Go runtime
+// collector (go_goroutines, go_memstats_*, …) and the process collector
+// (process_open_fds, process_resident_memory_bytes, …) of the vmgate
+// process itself, so a leak of goroutines or descriptors shows on /metrics.
 //
 // Counting stays off the gate's hot path in cost: Metrics wraps the audit
 // log (Auditor) and the store (Store) that the gate already calls, so the
@@ -29,6 +32,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vmgate/vmgate/hypervisor"
@@ -153,7 +157,11 @@ func New(o Options) (*Metrics, error) {
 		Name: "vmgate_store_errors_total",
 		Help: "Store operations that failed for a reason other than a full counter or a bad argument, by op.",
 	}, []string{"op"})
-	for _, c := range []prometheus.Collector{calls, outcomes, duration, commit, auditErrors, storeErrors, &scrapeCollector{m: m}} {
+	process := []prometheus.Collector{
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	}
+	for _, c := range append(process, calls, outcomes, duration, commit, auditErrors, storeErrors, &scrapeCollector{m: m}) {
 		if err := m.reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: new: %w", err)
 		}

@@ -7,7 +7,10 @@ import (
 	"io"
 	"net/http/httptest"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -248,6 +251,61 @@ func TestScrapeTimeGauges(t *testing.T) {
 	}
 	if got := value(text, `vmgate_plugin_restarts_total{backend="lab"}`); got != "4" {
 		t.Errorf("vmgate_plugin_restarts_total = %q after a restart; want 4", got)
+	}
+}
+
+// number parses the value of series in text as a float.
+func number(t *testing.T, text, series string) float64 {
+	t.Helper()
+	v := value(text, series)
+	if v == "" {
+		t.Fatalf("%s is not on /metrics", series)
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		t.Fatalf("%s = %q: %v", series, v, err)
+	}
+	return f
+}
+
+// TestRuntimeMetrics checks that the private registry carries the Go
+// runtime and process collectors, and that go_goroutines follows the
+// process: parked goroutines show up, and go once released.
+func TestRuntimeMetrics(t *testing.T) {
+	m := newMetrics(t, Options{})
+	before := number(t, scrape(t, m), "go_goroutines")
+	if before <= 0 {
+		t.Fatalf("go_goroutines = %v; want > 0", before)
+	}
+	const parked = 50
+	release := make(chan struct{})
+	var started, done sync.WaitGroup
+	for range parked {
+		started.Add(1)
+		done.Go(func() {
+			started.Done()
+			<-release
+		})
+	}
+	started.Wait()
+	during := number(t, scrape(t, m), "go_goroutines")
+	close(release)
+	done.Wait()
+	if during < before+parked {
+		t.Errorf("go_goroutines = %v with %d parked goroutines; want at least %v", during, parked, before+parked)
+	}
+	text := scrape(t, m)
+	for _, series := range []string{"go_threads", "go_goroutines"} {
+		if got := number(t, text, series); got <= 0 {
+			t.Errorf("%s = %v; want > 0", series, got)
+		}
+	}
+	if runtime.GOOS == "linux" {
+		for _, series := range []string{"process_open_fds", "process_resident_memory_bytes", "process_start_time_seconds"} {
+			if got := number(t, text, series); got <= 0 {
+				t.Errorf("%s = %v; want > 0", series, got)
+			}
+		}
 	}
 }
 
