@@ -220,7 +220,8 @@ func (s *stdioCaller) call(ctx context.Context, tool string, args any) (reply, e
 
 // TestLoad runs the mode's clients for its duration over HTTP (against
 // vm1) and stdio (one client, another server, vm2), then checks the limits,
-// the record pairs, the chain and fd growth.
+// the record pairs, the chain, and fd and goroutine growth of the HTTP
+// server (goroutines read from its /metrics, served on a port of its own).
 func TestLoad(t *testing.T) {
 	labtest.RequireQEMU(t)
 	md := currentMode()
@@ -228,14 +229,19 @@ func TestLoad(t *testing.T) {
 	v1, v2 := labtest.VM(t, vm1), labtest.VM(t, vm2)
 	token := newToken()
 	httpSetup := writeConfig(t, configOpts{
-		grants: []grantSpec{{name: "agent", token: token, policy: loadPolicy}},
-		vms:    []*lab.VM{v1},
+		grants:  []grantSpec{{name: "agent", token: token, policy: loadPolicy}},
+		vms:     []*lab.VM{v1},
+		metrics: true,
 	})
 	stdioSetup := writeConfig(t, configOpts{
 		grants: []grantSpec{{name: "local", policy: loadPolicy}},
 		vms:    []*lab.VM{v2},
 	})
 	srv := startServe(t, httpSetup.cfg)
+	metricsURL, err := srv.metricsURL()
+	if err != nil {
+		t.Fatal(err)
+	}
 	sc, err := startStdio(vmgateBin, stdioSetup.cfg, "local")
 	if err != nil {
 		t.Fatal(err)
@@ -270,6 +276,10 @@ func TestLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	thrBefore, _ := threads(srv.pid())
+	grBefore, err := sample(ctx, metricsURL, "go_goroutines")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	tl, stl := newTally(), newTally()
 	lctx, cancel := context.WithTimeout(ctx, md.load)
@@ -305,10 +315,25 @@ func TestLoad(t *testing.T) {
 		}
 	}
 	thrAfter, _ := threads(srv.pid())
+	// Goroutines: served connections, finished calls' watchdogs and timers
+	// take a moment to go; poll for up to 10 s.
+	var grAfter float64
+	for range 40 {
+		if grAfter, err = sample(ctx, metricsURL, "go_goroutines"); err != nil {
+			t.Fatal(err)
+		}
+		if grAfter <= grBefore+goroutineTolerance {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if grAfter > grBefore+goroutineTolerance {
+		t.Errorf("goroutines of vmgate serve: %v before the load, %v after 10 s to settle; want at most %d more", grBefore, grAfter, goroutineTolerance)
+	}
 	if fdAfter > fdBefore+fdTolerance {
 		t.Errorf("open fds of vmgate serve: %d before the load, %d after; want at most %d more", fdBefore, fdAfter, fdTolerance)
 	}
-	t.Logf("fds %d → %d, threads %d → %d", fdBefore, fdAfter, thrBefore, thrAfter)
+	t.Logf("fds %d → %d, goroutines %v → %v, threads %d → %d", fdBefore, fdAfter, grBefore, grAfter, thrBefore, thrAfter)
 
 	if err := srv.stop(); err != nil {
 		t.Fatal(err)
@@ -365,13 +390,21 @@ func TestLoad(t *testing.T) {
 	}
 	report.add("load", fmt.Sprintf("%d HTTP + 1 stdio clients × %v, every tool", md.clients, md.load),
 		fmt.Sprintf("%d calls, limits held: %v, records lost: %d", tl.answered.Load()+stl.answered.Load(), held, lost))
-	report.add("load", "fds of vmgate serve before → after (goroutines: no endpoint; threads)",
-		fmt.Sprintf("%d → %d (threads %d → %d)", fdBefore, fdAfter, thrBefore, thrAfter))
+	report.add("load", "fds, goroutines (go_goroutines on /metrics) and threads of vmgate serve, before → after",
+		fmt.Sprintf("fds %d → %d, goroutines %v → %v (threads %d → %d)", fdBefore, fdAfter, grBefore, grAfter, thrBefore, thrAfter))
 }
 
 // fdTolerance is how many more fds the server may hold after the load
 // than before (connections still closing, the agent reconnected).
 const fdTolerance = 6
+
+// goroutineTolerance is how many more goroutines the server may run after
+// the load than before. Each fd the tolerance above allows for carries a
+// goroutine or two (a served connection has its reader; a reconnected
+// guest agent channel its reader and keepalive); the scrape's own
+// goroutines are there in both samples. 10 covers those. A leak of one goroutine
+// per call (or per connection) grows by hundreds in the short run alone.
+const goroutineTolerance = 10
 
 func abs(n int) int {
 	if n < 0 {

@@ -8,7 +8,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,6 +48,7 @@ type configOpts struct {
 	auditDir string // "" : the state directory
 	grants   []grantSpec
 	vms      []*lab.VM
+	metrics  bool // serve /metrics on a loopback port of its own (metrics.addr)
 }
 
 // writeConfig writes a config for the lab VMs in o.vms (as backend "lab")
@@ -67,6 +70,9 @@ func writeConfig(t *testing.T, o configOpts) setup {
 	if o.auditDir != "" {
 		s.auditLog = filepath.Join(o.auditDir, "audit.log")
 		fmt.Fprintf(&b, "  path: %q\n  key_file: %q\n", s.auditLog, filepath.Join(dir, "audit.key"))
+	}
+	if o.metrics {
+		b.WriteString("metrics: {addr: \"127.0.0.1:0\"}\n")
 	}
 	b.WriteString("limits:\n  max_timeout_s: 120\ngrants:\n")
 	for _, g := range o.grants {
@@ -193,6 +199,61 @@ func (p *serveProc) kill() {
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
+}
+
+var metricsLine = regexp.MustCompile(`serving metrics" url=(http://127\.0\.0\.1:[0-9]+/metrics)`)
+
+// metricsURL waits up to 30 s for the metrics URL a server started with
+// configOpts.metrics logs.
+func (p *serveProc) metricsURL() (string, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if m := metricsLine.FindStringSubmatch(p.stderr.String()); m != nil {
+			return m[1], nil
+		}
+		select {
+		case <-p.done:
+			return "", fmt.Errorf("chaos: vmgate serve exited (%v) without a metrics URL:\n%s", p.err, tail(p.stderr.String(), 30))
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("chaos: vmgate serve logged no metrics URL within 30 s:\n%s", tail(p.stderr.String(), 30))
+		}
+	}
+}
+
+// scrapeClient scrapes without keep-alive: a scrape leaves no connection
+// (and no server goroutine) behind to skew the next one.
+var scrapeClient = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// sample scrapes url and returns the value of the unlabelled series name.
+func sample(ctx context.Context, url, name string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := scrapeClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("chaos: scrape: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("chaos: scrape: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("chaos: scrape: GET %s = %s", url, resp.Status)
+	}
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("chaos: scrape: %s = %q: %w", name, v, err)
+			}
+			return f, nil
+		}
+	}
+	return 0, fmt.Errorf("chaos: scrape: no %s on %s", name, url)
 }
 
 // fds counts the open file descriptors of pid.
