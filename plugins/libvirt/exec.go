@@ -3,7 +3,6 @@ package libvirt
 import (
 	"context"
 	"fmt"
-	"path"
 
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
@@ -16,42 +15,19 @@ func (d *Driver) preflight(ctx context.Context, op string, s *domState) error {
 	if err != nil {
 		return agentError(op, err)
 	}
-	for _, c := range []string{"guest-exec", "guest-exec-status"} {
-		if !info.Enabled(c) {
-			return fmt.Errorf("libvirt: %s: %w", op, &hypervisor.CommandDisabledError{Command: c})
-		}
+	if err := agentexec.CheckEnabled(info); err != nil {
+		return fmt.Errorf("libvirt: %s: %w", op, err)
 	}
 	return nil
 }
 
 // execRequest validates req and converts it.
 func (d *Driver) execRequest(op string, req hypervisor.ExecRequest) (qga.ExecRequest, error) {
-	bad := func(msg string) (qga.ExecRequest, error) {
-		return qga.ExecRequest{}, fmt.Errorf("libvirt: %s: %w: %s", op, hypervisor.ErrInvalidArgument, msg)
+	q, err := agentexec.Request(req, d.cfg.ExecTimeout)
+	if err != nil {
+		return q, fmt.Errorf("libvirt: %s: %w", op, err)
 	}
-	switch {
-	case len(req.Argv) == 0 || req.Argv[0] == "":
-		return bad("empty argv")
-	case req.Timeout < 0:
-		return bad("negative timeout")
-	case req.MaxOutputBytes < 0:
-		return bad("negative max output bytes")
-	case req.Cwd != "" && !path.IsAbs(req.Cwd):
-		return bad("cwd must be absolute")
-	}
-	timeout := req.Timeout
-	if timeout == 0 {
-		timeout = d.cfg.ExecTimeout
-	}
-	return qga.ExecRequest{
-		Path:           req.Argv[0],
-		Args:           req.Argv[1:],
-		Env:            req.Env,
-		Stdin:          req.Stdin,
-		Cwd:            req.Cwd,
-		Timeout:        timeout,
-		MaxOutputBytes: req.MaxOutputBytes,
-	}, nil
+	return q, nil
 }
 
 // Run runs req to completion with qga.Agent's exec logic (adaptive polling,

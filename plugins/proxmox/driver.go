@@ -305,38 +305,21 @@ func (d *Driver) preflight(ctx context.Context, op string, v vmRef) error {
 	if err != nil {
 		return apiErr(op, err)
 	}
-	for _, c := range []string{"guest-exec", "guest-exec-status"} {
-		if !info.Enabled(c) {
-			return fmt.Errorf("proxmox: %s: %w", op, &hypervisor.CommandDisabledError{Command: c})
-		}
+	if err := agentexec.CheckEnabled(info); err != nil {
+		return fmt.Errorf("proxmox: %s: %w", op, err)
 	}
 	return nil
 }
 
 func (d *Driver) execRequest(op string, req hypervisor.ExecRequest) (qga.ExecRequest, error) {
-	bad := func(msg string) (qga.ExecRequest, error) {
-		return qga.ExecRequest{}, fmt.Errorf("proxmox: %s: %w: %s", op, hypervisor.ErrInvalidArgument, msg)
+	if len(req.Stdin) > MaxInputData {
+		return qga.ExecRequest{}, fmt.Errorf("proxmox: %s: %w: stdin of %d bytes is over Proxmox's limit of %d", op, hypervisor.ErrInvalidArgument, len(req.Stdin), MaxInputData)
 	}
-	switch {
-	case len(req.Argv) == 0 || req.Argv[0] == "":
-		return bad("empty argv")
-	case req.Timeout < 0:
-		return bad("negative timeout")
-	case req.MaxOutputBytes < 0:
-		return bad("negative max output bytes")
-	case req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/"):
-		return bad("cwd must be absolute")
-	case len(req.Stdin) > MaxInputData:
-		return bad(fmt.Sprintf("stdin of %d bytes is over Proxmox's limit of %d", len(req.Stdin), MaxInputData))
+	q, err := agentexec.Request(req, d.execTimeout)
+	if err != nil {
+		return q, fmt.Errorf("proxmox: %s: %w", op, err)
 	}
-	timeout := req.Timeout
-	if timeout == 0 {
-		timeout = d.execTimeout
-	}
-	return qga.ExecRequest{
-		Path: req.Argv[0], Args: req.Argv[1:], Env: req.Env, Stdin: req.Stdin, Cwd: req.Cwd,
-		Timeout: timeout, MaxOutputBytes: req.MaxOutputBytes,
-	}, nil
+	return q, nil
 }
 
 // Run runs req to completion (qga's adaptive polling, timeout and kill,
