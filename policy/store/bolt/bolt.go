@@ -446,24 +446,8 @@ func (s *Store) CreateApproval(ctx context.Context, a store.Approval) error {
 		if b.Get([]byte(a.ID)) != nil {
 			return fmt.Errorf("%w: approval %q", store.ErrDuplicate, a.ID)
 		}
-		var stale [][]byte
-		err := b.ForEach(func(k, v []byte) error {
-			var old store.Approval
-			if err := json.Unmarshal(v, &old); err != nil {
-				return fmt.Errorf("approval %q: decode: %w", k, err)
-			}
-			if rules.Stale(old, a.Created) {
-				stale = append(stale, k)
-			}
-			return nil
-		})
-		if err != nil {
+		if err := purge(b, "approval", func(old store.Approval) bool { return rules.Stale(old, a.Created) }); err != nil {
 			return err
-		}
-		for _, k := range stale {
-			if err := b.Delete(k); err != nil {
-				return err
-			}
 		}
 		return putApproval(b, a)
 	})
@@ -575,4 +559,30 @@ func (s *Store) ConsumeApproval(ctx context.Context, grant, tool, digest string,
 		return store.Approval{}, false, err
 	}
 	return best, true, nil
+}
+
+// purge deletes the records of b (JSON values of type T) for which stale
+// is true. what names the record kind in errors. It runs inside the
+// caller's update transaction.
+func purge[T any](b *bbolt.Bucket, what string, stale func(T) bool) error {
+	var keys [][]byte
+	err := b.ForEach(func(k, v []byte) error {
+		var old T
+		if err := json.Unmarshal(v, &old); err != nil {
+			return fmt.Errorf("%s %q: decode: %w", what, k, err)
+		}
+		if stale(old) {
+			keys = append(keys, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -102,24 +102,11 @@ func (s *Store) CreateSession(ctx context.Context, sess store.Session) error {
 		if b.Get([]byte(sess.ID)) != nil {
 			return fmt.Errorf("%w: session %q", store.ErrDuplicate, sess.ID)
 		}
-		var stale [][]byte
-		err := b.ForEach(func(k, v []byte) error {
-			var old store.Session
-			if err := json.Unmarshal(v, &old); err != nil {
-				return fmt.Errorf("session %q: decode: %w", k, err)
-			}
-			if !old.Deleted.IsZero() && sess.Created.Sub(old.Deleted) > store.SessionRetention {
-				stale = append(stale, k)
-			}
-			return nil
-		})
-		if err != nil {
-			return err
+		stale := func(old store.Session) bool {
+			return !old.Deleted.IsZero() && sess.Created.Sub(old.Deleted) > store.SessionRetention
 		}
-		for _, k := range stale {
-			if err := b.Delete(k); err != nil {
-				return err
-			}
+		if err := purge(b, "session", stale); err != nil {
+			return err
 		}
 		return putSession(b, sess)
 	})
