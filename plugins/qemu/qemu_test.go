@@ -13,17 +13,18 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp/raw"
+
+	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/internal/lab/labtest"
 )
 
-// requireQEMU skips when QEMU is absent, unless VMGATE_REQUIRE_VM is set.
+// requireQEMU applies labtest's skip rule and returns QEMU's path.
 func requireQEMU(t testing.TB) string {
 	t.Helper()
-	path, err := exec.LookPath("qemu-system-x86_64")
+	labtest.RequireQEMU(t)
+	path, err := exec.LookPath(lab.QEMUBinary)
 	if err != nil {
-		if os.Getenv("VMGATE_REQUIRE_VM") != "" {
-			t.Fatalf("VMGATE_REQUIRE_VM is set but qemu-system-x86_64 is not on PATH: %v", err)
-		}
-		t.Skip("qemu-system-x86_64 not on PATH")
+		t.Fatalf("LookPath(%q) = %v", lab.QEMUBinary, err)
 	}
 	return path
 }
