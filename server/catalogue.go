@@ -61,8 +61,6 @@ type toolSpec struct {
 	run         func(s *Server, c *call) result
 }
 
-func (t *toolSpec) hasVM() bool { return t.field("vm") != nil }
-
 func (t *toolSpec) field(name string) *field {
 	for i := range t.fields {
 		if t.fields[i].name == name {
