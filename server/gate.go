@@ -90,8 +90,7 @@ type ticket struct {
 	call     *call
 	claimed  chan struct{} // closed by the handler that claims the ticket
 	res      *result       // set by that handler before it returns
-	start    time.Time
-	now      time.Time // the reservation time, for Refund
+	start    time.Time     // the decision and reservation time (Refund needs it)
 	counters []policy.Counter
 	cancel   context.CancelFunc
 	// elicit, when set, is the approval the handler must get from the
@@ -289,7 +288,7 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	// mcp-go gets must outlive it, or mcp-go drops the [TIMED OUT] result
 	// the handler answers with at the deadline (over HTTP, an empty 200).
 	callCtx, cancel := context.WithTimeout(ctx, spec.deadline(s.limits, valid))
-	t := &ticket{server: s, call: cl, claimed: make(chan struct{}), start: start, now: start, counters: counters, cancel: cancel, elicit: elicit}
+	t := &ticket{server: s, call: cl, claimed: make(chan struct{}), start: start, counters: counters, cancel: cancel, elicit: elicit}
 	cl.ctx = callCtx
 	return verdict{ctx: context.WithValue(ctx, ticketKey, t), t: t}
 }
@@ -352,7 +351,7 @@ func (s *Server) settle(t *ticket) {
 	r := t.res
 	refund := r.noEffect && len(t.counters) > 0
 	if refund {
-		s.refund(t.call.id, t.now, t.counters)
+		s.refund(t.call.id, t.start, t.counters)
 	}
 	rec := audit.Record{CallID: t.call.id, Grant: t.call.grant.Name, Transport: t.call.transport, Tool: t.call.spec.name, VM: t.call.vm}
 	s.outcome(rec, r.outcomeName(), r.detail, t.start, refund)
