@@ -205,19 +205,10 @@ backends: [{name: lab, driver: qemu, settings: {lab: true}}]
 // TestServeKilledTakesItsPlugins: SIGKILL on `vmgate serve` leaves none of
 // its plugin processes (a built-in one and an external one) running.
 func TestServeKilledTakesItsPlugins(t *testing.T) {
-	dir := t.TempDir()
-	pluginDir := filepath.Join(dir, "plugins")
-	if err := os.Mkdir(pluginDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	fakePlugin(t, pluginDir, "fake")
-	cfg := writeFile(t, dir, "vmgate.yaml", fmt.Sprintf(`state_dir: %q
-plugin_dir: %q
-grants: [{name: local, policy: builtin:default}]
-backends:
+	cfg := fakePluginConfig(t, `backends:
   - {name: lab, driver: qemu, settings: {lab: true}}
   - {name: ext, driver: fake, settings: {vms: [e1]}}
-`, filepath.Join(dir, "state"), pluginDir))
+`)
 	p := startServe(t, cfg)
 	p.initialize(t)
 	plugins := pluginChildren(t, p, 2)
@@ -240,17 +231,7 @@ backends:
 // TestExternalPluginServesListVMs: a driver from plugin_dir serves list_vms
 // through serve, and a clean shutdown stops it.
 func TestExternalPluginServesListVMs(t *testing.T) {
-	dir := t.TempDir()
-	pluginDir := filepath.Join(dir, "plugins")
-	if err := os.Mkdir(pluginDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	fakePlugin(t, pluginDir, "fake")
-	cfg := writeFile(t, dir, "vmgate.yaml", fmt.Sprintf(`state_dir: %q
-plugin_dir: %q
-grants: [{name: local, policy: builtin:default}]
-backends: [{name: ext, driver: fake, settings: {vms: [e1, e2]}}]
-`, filepath.Join(dir, "state"), pluginDir))
+	cfg := fakePluginConfig(t, "backends: [{name: ext, driver: fake, settings: {vms: [e1, e2]}}]\n")
 	p := startServe(t, cfg)
 	p.initialize(t)
 	r := p.call(t, "list_vms", map[string]any{})
@@ -341,19 +322,10 @@ func TestServeRefusesBadBackends(t *testing.T) {
 // (no plugin process for it) while an external driver is still a plugin;
 // both serve list_vms.
 func TestInProcess(t *testing.T) {
-	dir := t.TempDir()
-	pluginDir := filepath.Join(dir, "plugins")
-	if err := os.Mkdir(pluginDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	fakePlugin(t, pluginDir, "fake")
-	cfg := writeFile(t, dir, "vmgate.yaml", fmt.Sprintf(`state_dir: %q
-plugin_dir: %q
-grants: [{name: local, policy: builtin:default}]
-backends:
+	cfg := fakePluginConfig(t, `backends:
   - {name: lab, driver: qemu, settings: {lab: true}}
   - {name: ext, driver: fake, settings: {vms: [e1]}}
-`, filepath.Join(dir, "state"), pluginDir))
+`)
 	p := startServe(t, cfg, "--in-process")
 	p.initialize(t)
 	r := p.call(t, "list_vms", map[string]any{})
@@ -366,4 +338,21 @@ backends:
 	}
 	p.stop(t)
 	waitGone(t, plugins, 5*time.Second)
+}
+
+// fakePluginConfig writes a vmgate.yaml with a fresh state directory, a
+// plugin directory holding the fake external driver "fake", grant local on
+// the built-in policy, and backends (YAML, starting with "backends:").
+func fakePluginConfig(t *testing.T, backends string) string {
+	t.Helper()
+	dir := t.TempDir()
+	pluginDir := filepath.Join(dir, "plugins")
+	if err := os.Mkdir(pluginDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fakePlugin(t, pluginDir, "fake")
+	return writeFile(t, dir, "vmgate.yaml", fmt.Sprintf(`state_dir: %q
+plugin_dir: %q
+grants: [{name: local, policy: builtin:default}]
+`, filepath.Join(dir, "state"), pluginDir)+backends)
 }
