@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -41,7 +42,7 @@ func main() {
 	if err := newRootCmd().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "vmgate:", err)
 		var ec exitCoder
-		if asExitCoder(err, &ec) {
+		if errors.As(err, &ec) {
 			os.Exit(ec.ExitCode())
 		}
 		os.Exit(1)
@@ -55,3 +56,19 @@ func logLevel() slog.Level {
 	}
 	return l
 }
+
+// exitCoder is an error that carries the process exit code
+// (policy check exits 1 on a bad document, for example).
+type exitCoder interface {
+	error
+	ExitCode() int
+}
+
+// exitError is an exitCoder with a message.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+func (e *exitError) ExitCode() int { return e.code }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,7 +23,7 @@ func runVmgate(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	var ec exitCoder
 	switch {
 	case err == nil:
-	case asExitCoder(err, &ec):
+	case errors.As(err, &ec):
 		code = ec.ExitCode()
 		errb.WriteString(err.Error())
 	default:

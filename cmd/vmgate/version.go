@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -33,21 +32,3 @@ func newVersionCmd() *cobra.Command {
 		},
 	}
 }
-
-// exitCoder is an error that carries the process exit code
-// (policy check exits 1 on a bad document, for example).
-type exitCoder interface {
-	error
-	ExitCode() int
-}
-
-func asExitCoder(err error, target *exitCoder) bool { return errors.As(err, target) }
-
-// exitError is an exitCoder with a message.
-type exitError struct {
-	code int
-	msg  string
-}
-
-func (e *exitError) Error() string { return e.msg }
-func (e *exitError) ExitCode() int { return e.code }
