@@ -196,7 +196,7 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	if vm, ok := valid["vm"].(string); ok {
 		rec.VM = truncate(vm, 512)
 		backend, vmName, d, ok := s.resolveVM(c.grant, vm)
-		if !ok || !validVMID(vm) {
+		if !ok {
 			return s.refuse(ctx, id, hasID, rec, decisionUnknownVM, TagUnknownVM, fmt.Sprintf("no VM %q (list_vms shows the VMs you can use)", truncate(vm, 64)), "")
 		}
 		cl.vm, cl.backend, cl.name, cl.driver = vm, backend, vmName, d

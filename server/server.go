@@ -147,7 +147,8 @@ type tokenEntry struct {
 // SetPolicy).
 var ErrUnknownGrant = errors.New("unknown grant")
 
-var backendName = func(s string) bool {
+// backendName reports whether s is a valid backend name: [a-z0-9_-]{1,64}.
+func backendName(s string) bool {
 	if s == "" || len(s) > 64 {
 		return false
 	}
@@ -295,18 +296,13 @@ func (g *Grant) vmVisible(id string) bool {
 }
 
 // resolveVM splits a VM id and finds its backend, as grant g sees it: an
-// id of another grant's VM, of an unknown backend or a malformed id are
-// all the same "unknown VM".
+// id of another grant's VM, of an unknown backend or one validVMID refuses
+// are all the same "unknown VM".
 func (s *Server) resolveVM(g *Grant, id string) (backend string, name string, d hypervisor.Driver, ok bool) {
-	backend, name, found := strings.Cut(id, "/")
-	if !found || name == "" || !backendName(backend) {
+	if !validVMID(id) {
 		return "", "", nil, false
 	}
-	for _, c := range name {
-		if c < 0x20 || c == 0x7f {
-			return "", "", nil, false
-		}
-	}
+	backend, name, _ = strings.Cut(id, "/")
 	d, ok = s.backends[backend]
 	if !ok || !g.vmVisible(id) {
 		return "", "", nil, false
