@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -170,14 +171,14 @@ func mix(ctx context.Context, c caller, vm string, worker int, tl *tally) {
 type stdioCaller struct {
 	c       *stdioClient
 	mu      sync.Mutex // guards pending
-	pending map[string]chan []byte
+	pending map[string]chan reply
 }
 
 func newStdioCaller(c *stdioClient) *stdioCaller {
-	s := &stdioCaller{c: c, pending: map[string]chan []byte{}}
+	s := &stdioCaller{c: c, pending: map[string]chan reply{}}
 	go func() {
 		for l := range c.lines {
-			var r reply
+			r := reply{Body: l}
 			if r.parseRPC(l) != nil {
 				continue
 			}
@@ -186,11 +187,18 @@ func newStdioCaller(c *stdioClient) *stdioCaller {
 			delete(s.pending, string(r.ID))
 			s.mu.Unlock()
 			if ch != nil {
-				ch <- l
+				ch <- r
 			}
 		}
 	}()
 	return s
+}
+
+// forget drops the waiter of a call that ended without its reply.
+func (s *stdioCaller) forget(key string) {
+	s.mu.Lock()
+	delete(s.pending, key)
+	s.mu.Unlock()
 }
 
 func (s *stdioCaller) call(ctx context.Context, tool string, args any) (reply, error) {
@@ -199,21 +207,23 @@ func (s *stdioCaller) call(ctx context.Context, tool string, args any) (reply, e
 	if err != nil {
 		return reply{}, err
 	}
-	ch := make(chan []byte, 1)
+	key := strconv.FormatInt(id, 10)
+	ch := make(chan reply, 1)
 	s.mu.Lock()
-	s.pending[fmt.Sprint(id)] = ch
+	s.pending[key] = ch
 	s.mu.Unlock()
 	if err := s.c.send(body); err != nil {
+		s.forget(key)
 		return reply{}, err
 	}
 	select {
-	case l := <-ch:
-		var r reply
-		r.Body = l
-		return r, r.parseRPC(l)
+	case r := <-ch:
+		return r, nil
 	case <-time.After(2 * time.Minute):
+		s.forget(key)
 		return reply{}, fmt.Errorf("chaos: stdio: no reply to %s within 2 min", tool)
 	case <-ctx.Done():
+		s.forget(key)
 		return reply{}, ctx.Err()
 	}
 }
