@@ -233,13 +233,14 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 			elicit = ask
 			break
 		}
-		a, ok, err := s.store.ConsumeApproval(ctx, c.grant.Name, name, argsDigest(name, valid), start)
+		digest := argsDigest(name, valid)
+		a, ok, err := s.store.ConsumeApproval(ctx, c.grant.Name, name, digest, start)
 		if err != nil {
 			rec.Reason = "approval store: " + err.Error()
 			return s.refuse(ctx, id, hasID, rec, decisionError, TagDenied, "the approval store is unavailable, so the call is refused", "")
 		}
 		if !ok {
-			return s.park(ctx, id, rec, d, name, cl.vm, valid, start)
+			return s.park(ctx, id, rec, d, name, cl.vm, valid, digest, start)
 		}
 		rec.ApprovalID = a.ID
 	case d.Verdict != policy.Allow:
@@ -467,9 +468,9 @@ func equalFoldASCII(b []byte, s string) bool {
 	return true
 }
 
-// park creates (or finds) a pending approval for the call and refuses it.
-func (s *Server) park(ctx context.Context, id any, rec audit.Record, d policy.Decision, tool, vm string, args map[string]any, now time.Time) verdict {
-	digest := argsDigest(tool, args)
+// park creates (or finds) a pending approval for the call (digest: its
+// argsDigest) and refuses it.
+func (s *Server) park(ctx context.Context, id any, rec audit.Record, d policy.Decision, tool, vm string, args map[string]any, digest string, now time.Time) verdict {
 	ttl := DefaultApprovalTTL
 	if d.Approval != nil && d.Approval.TTL > 0 {
 		ttl = d.Approval.TTL
