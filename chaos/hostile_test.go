@@ -82,20 +82,98 @@ func loadCorpus(t *testing.T) []hostileCase {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var c hostileCase
-		dec := json.NewDecoder(bytes.NewReader(b))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&c); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		c.file = filepath.Base(f)
-		if c.Name == "" || c.Expect == "" || !slices.Contains([]string{"http", "stdio", "both"}, c.Transport) ||
-			(c.Body == nil) == (c.BodyBase64 == "") == (c.Generate == "") {
-			t.Fatalf("%s: want name, expect, transport http|stdio|both and exactly one of body, body_base64, generate", f)
+		c, err := parseCase(filepath.Base(f), b)
+		if err != nil {
+			t.Fatal(err)
 		}
 		cases = append(cases, c)
 	}
 	return cases
+}
+
+// generators are the bodies the test makes itself (see body).
+var generators = []string{"20mb-stdin", "20mb-no-id", "40mb"}
+
+// parseCase decodes one corpus file strictly: unknown fields, a missing
+// name, expect or transport, a body_base64 that does not decode, an unknown
+// generator, or not exactly one of body, body_base64 and generate are errors.
+func parseCase(file string, b []byte) (hostileCase, error) {
+	var c hostileCase
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return hostileCase{}, fmt.Errorf("%s: %w", file, err)
+	}
+	c.file = file
+	sources := 0
+	for _, set := range []bool{c.Body != nil, c.BodyBase64 != "", c.Generate != ""} {
+		if set {
+			sources++
+		}
+	}
+	if c.Name == "" || c.Expect == "" || !slices.Contains([]string{"http", "stdio", "both"}, c.Transport) || sources != 1 {
+		return hostileCase{}, fmt.Errorf("%s: want name, expect, transport http|stdio|both and exactly one of body, body_base64, generate", file)
+	}
+	if _, err := base64.StdEncoding.DecodeString(c.BodyBase64); err != nil {
+		return hostileCase{}, fmt.Errorf("%s: body_base64: %w", file, err)
+	}
+	if c.Generate != "" && !slices.Contains(generators, c.Generate) {
+		return hostileCase{}, fmt.Errorf("%s: unknown generator %q; want one of %v", file, c.Generate, generators)
+	}
+	return c, nil
+}
+
+// TestHostileCorpus checks the corpus itself, without a VM: every file
+// parses, and a case that compares reply ids sends a readable one.
+func TestHostileCorpus(t *testing.T) {
+	cases := loadCorpus(t)
+	if len(cases) < 150 {
+		t.Fatalf("the corpus has %d cases; want at least 150", len(cases))
+	}
+	for _, c := range cases {
+		if !c.SameID || c.Generate != "" {
+			continue
+		}
+		var req struct {
+			ID json.RawMessage `json:"id"`
+		}
+		if err := json.Unmarshal(c.body(), &req); err != nil || req.ID == nil {
+			t.Errorf("%s: same_id on a body without a readable id (%v)", c.file, err)
+		}
+	}
+}
+
+func TestParseCaseRejectsBadCorpusFiles(t *testing.T) {
+	tests := []struct {
+		name, file string
+	}{
+		{"no source", `{"name":"n","transport":"http","expect":"ok"}`},
+		{"body and base64", `{"name":"n","transport":"http","expect":"ok","body":"{}","body_base64":"e30="}`},
+		{"body and generate", `{"name":"n","transport":"http","expect":"ok","body":"{}","generate":"40mb"}`},
+		{"all three sources", `{"name":"n","transport":"http","expect":"ok","body":"{}","body_base64":"e30=","generate":"40mb"}`},
+		{"bad base64", `{"name":"n","transport":"http","expect":"ok","body_base64":"e30"}`},
+		{"unknown generator", `{"name":"n","transport":"http","expect":"ok","generate":"1tb"}`},
+		{"unknown field", `{"name":"n","transport":"http","expect":"ok","body":"{}","expext":"ok"}`},
+		{"bad transport", `{"name":"n","transport":"smtp","expect":"ok","body":"{}"}`},
+		{"no name", `{"transport":"http","expect":"ok","body":"{}"}`},
+		{"no expect", `{"name":"n","transport":"http","body":"{}"}`},
+		{"not JSON", `{"name":`},
+	}
+	for _, tt := range tests {
+		if c, err := parseCase(tt.name, []byte(tt.file)); err == nil {
+			t.Errorf("parseCase(%s) = %+v, nil; want an error", tt.name, c)
+		}
+	}
+	good := []string{
+		`{"name":"n","transport":"http","expect":"ok","body":""}`,
+		`{"name":"n","transport":"stdio","expect":"ok","body_base64":"e30="}`,
+		`{"name":"n","transport":"both","expect":"ok","generate":"40mb"}`,
+	}
+	for _, f := range good {
+		if _, err := parseCase("good", []byte(f)); err != nil {
+			t.Errorf("parseCase(%s) = %v; want nil", f, err)
+		}
+	}
 }
 
 // body returns the raw message of c.
@@ -104,7 +182,7 @@ func (c hostileCase) body() []byte {
 	case c.Body != nil:
 		return []byte(*c.Body)
 	case c.BodyBase64 != "":
-		b, _ := base64.StdEncoding.DecodeString(c.BodyBase64)
+		b, _ := base64.StdEncoding.DecodeString(c.BodyBase64) // parseCase checked it
 		return b
 	}
 	pad := func(n int) string { return strings.Repeat("A", n) }
