@@ -127,7 +127,9 @@ func TestKill9(t *testing.T) {
 		ID    string `json:"id"`
 		State string `json:"state"`
 	}
-	_ = json.Unmarshal([]byte(out), &list)
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		t.Errorf("vmgate approvals list --json: %v: %.300s", err, out)
+	}
 	survived := false
 	for _, a := range list {
 		if strings.EqualFold(a.ID, parked.ApprovalID) && a.State == "pending" {
