@@ -12,19 +12,8 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/qga"
+	"github.com/vmgate/vmgate/internal/lab/labtest"
 )
-
-// needQEMU skips when lab VMs cannot run here, unless VMGATE_REQUIRE_VM is
-// set, which makes that a failure.
-func needQEMU(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		if os.Getenv("VMGATE_REQUIRE_VM") != "" {
-			t.Fatalf("VMGATE_REQUIRE_VM is set: %v", err)
-		}
-		t.Skipf("no lab VM: %v", err)
-	}
-}
 
 // buildVMGate builds the vmgate binary in the main module (the parent
 // directory), with its own dependencies, as scripts/bench.sh does.
@@ -42,7 +31,7 @@ func buildVMGate(t *testing.T) string {
 // TestLabRound runs one round of the lab rows' measurements on one lab VM
 // and checks that lab down leaves no QEMU behind.
 func TestLabRound(t *testing.T) {
-	needQEMU(t)
+	labtest.RequireQEMU(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	l, err := startLab(ctx, buildVMGate(t), 1)
