@@ -109,6 +109,20 @@ func callRecords(recs []audit.Record, tool string) (decisions []audit.Record, ou
 	return decisions, outcome
 }
 
+// settledRecords is callRecords once the outcome record of tool is there
+// (at most 5 s): over HTTP the client may read the response before the
+// gate has settled the call.
+func settledRecords(r *recorder, tool string) (decisions []audit.Record, outcome *audit.Record) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		decisions, outcome = callRecords(r.records(), tool)
+		if outcome != nil || time.Now().After(deadline) {
+			return decisions, outcome
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func TestLegacyClientApprovalStdio(t *testing.T) {
 	rawID := func(req map[string]any) string { b, _ := json.Marshal(req["id"]); return string(b) }
 	respond := func(result string) func(map[string]any) string {
@@ -314,7 +328,7 @@ func TestLegacyClientApprovalHTTP(t *testing.T) {
 			if n, want := f.calls.Load(), map[bool]int64{true: 1, false: 0}[tt.wantRun]; n != want {
 				t.Errorf("driver calls = %d; want %d", n, want)
 			}
-			decisions, outcome := callRecords(f.rec.records(), "vm_power")
+			decisions, outcome := settledRecords(f.rec, "vm_power")
 			wantDecision := map[bool]string{true: "allow", false: "deny"}[tt.wantRun]
 			if len(decisions) != 2 || decisions[0].Decision != "approve" || decisions[1].Decision != wantDecision ||
 				!strings.HasPrefix(decisions[1].Reason, tt.wantReason) || decisions[1].Transport != "http" {
