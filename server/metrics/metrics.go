@@ -108,7 +108,10 @@ type Metrics struct {
 }
 
 // StoreOps are the op label values of vmgate_store_errors_total.
-var StoreOps = []string{"reserve", "refund", "create_approval", "get_approval", "list_approvals", "decide_approval", "consume_approval"}
+var StoreOps = []string{
+	"reserve", "refund", "create_approval", "get_approval", "list_approvals", "decide_approval", "consume_approval",
+	"create_session", "get_session", "list_sessions", "touch_session", "delete_session",
+}
 
 // New builds the metrics and registers them in a new private registry.
 func New(o Options) (*Metrics, error) {

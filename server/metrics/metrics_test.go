@@ -392,3 +392,56 @@ func TestStoreKeepsSessions(t *testing.T) {
 		t.Errorf("Store(store without sessions).(store.Sessions) = true; want false")
 	}
 }
+
+// failingSessions is a store that keeps sessions, every session method
+// failing with err.
+type failingSessions struct {
+	failingStore
+}
+
+func (f *failingSessions) CreateSession(context.Context, store.Session) error { return f.err }
+func (f *failingSessions) GetSession(context.Context, string) (store.Session, error) {
+	return store.Session{}, f.err
+}
+func (f *failingSessions) ListSessions(context.Context, string, string) ([]store.Session, error) {
+	return nil, f.err
+}
+func (f *failingSessions) TouchSession(context.Context, string, time.Time) error { return f.err }
+func (f *failingSessions) DeleteSession(context.Context, string, time.Time) (store.Session, error) {
+	return store.Session{}, f.err
+}
+
+// TestSessionStoreErrors: a failing session operation is counted under its
+// own op (and does not panic for want of a series).
+func TestSessionStoreErrors(t *testing.T) {
+	m := newMetrics(t, Options{})
+	ctx := context.Background()
+	now := time.Now()
+	inner := &failingSessions{failingStore{err: fmt.Errorf("bolt: %w", store.ErrUnavailable)}}
+	ss, ok := m.Store(inner).(store.Sessions)
+	if !ok {
+		t.Fatalf("Store(session store).(store.Sessions) = false; want true")
+	}
+	tests := []struct {
+		op  string
+		run func() error
+	}{
+		{"create_session", func() error { return ss.CreateSession(ctx, store.Session{ID: "0123456789abcdef"}) }},
+		{"get_session", func() error { _, err := ss.GetSession(ctx, "0123456789abcdef"); return err }},
+		{"list_sessions", func() error { _, err := ss.ListSessions(ctx, "", ""); return err }},
+		{"touch_session", func() error { return ss.TouchSession(ctx, "0123456789abcdef", now) }},
+		{"delete_session", func() error { _, err := ss.DeleteSession(ctx, "0123456789abcdef", now); return err }},
+	}
+	for _, tt := range tests {
+		if err := tt.run(); !errors.Is(err, store.ErrUnavailable) {
+			t.Errorf("%s = %v; want ErrUnavailable", tt.op, err)
+		}
+	}
+	text := scrape(t, m)
+	for _, tt := range tests {
+		series := `vmgate_store_errors_total{op="` + tt.op + `"}`
+		if got := value(text, series); got != "1" {
+			t.Errorf("%s = %q; want 1", series, got)
+		}
+	}
+}
