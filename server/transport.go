@@ -41,11 +41,10 @@ func (s *Server) handle(ctx context.Context, c *conn, raw []byte) (out []byte) {
 	if v.t != nil {
 		defer s.settle(v.t)
 	}
-	var id any
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("server: panic while handling a message", "panic", p)
-			out = rpcError(id, mcp.INTERNAL_ERROR, "internal error")
+			out = rpcError(nil, mcp.INTERNAL_ERROR, "internal error")
 		}
 	}()
 	resp := s.mcp.HandleMessage(v.ctx, raw)
