@@ -193,8 +193,6 @@ func roundDur(d time.Duration) string {
 	switch {
 	case d < 0:
 		return "0s"
-	case d < time.Minute:
-		return d.Round(time.Second).String()
 	case d < time.Hour:
 		return d.Round(time.Second).String()
 	default:
