@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
 // grantSpec is one grant of a generated config.
@@ -331,44 +331,18 @@ func alive(pid int) bool {
 	return len(f) > 0 && f[0] != "Z"
 }
 
-// qmp runs one QMP command on the socket.
+// qmp runs one QMP command on the socket through the QEMU plugin's monitor,
+// within 10 s.
 func qmp(ctx context.Context, sock, command string) error {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", sock)
-	if err != nil {
-		return fmt.Errorf("qmp: dial: %w", err)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m := qemu.NewMonitor("unix", sock, qemu.MonitorOptions{})
+	if err := m.ConnectContext(ctx); err != nil {
+		return err
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	r := bufio.NewReader(c)
-	if _, err := r.ReadBytes('\n'); err != nil {
-		return fmt.Errorf("qmp: greeting: %w", err)
-	}
-	for _, cmd := range []string{"qmp_capabilities", command} {
-		if _, err := fmt.Fprintf(c, "{\"execute\":%q}\n", cmd); err != nil {
-			return fmt.Errorf("qmp: %s: %w", cmd, err)
-		}
-		for {
-			line, err := r.ReadBytes('\n')
-			if err != nil {
-				return fmt.Errorf("qmp: %s: %w", cmd, err)
-			}
-			var rep struct {
-				Return json.RawMessage `json:"return"`
-				Error  *struct {
-					Desc string `json:"desc"`
-				} `json:"error"`
-			}
-			if err := json.Unmarshal(line, &rep); err != nil {
-				return fmt.Errorf("qmp: %s: bad reply %q: %w", cmd, line, err)
-			}
-			if rep.Error != nil {
-				return fmt.Errorf("qmp: %s: %s", cmd, rep.Error.Desc)
-			}
-			if rep.Return != nil {
-				break
-			}
-		}
+	defer m.Disconnect()
+	if _, err := m.RunContext(ctx, fmt.Appendf(nil, `{"execute":%q}`, command)); err != nil {
+		return fmt.Errorf("qmp: %s: %w", command, err)
 	}
 	return nil
 }
