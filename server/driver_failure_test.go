@@ -20,11 +20,23 @@ func TestDriverFailure(t *testing.T) {
 		{fmt.Errorf("qemu: status: %w", hypervisor.ErrUnknownVM), TagUnknownVM, true, "no such VM"},
 		{fmt.Errorf("qemu: exec: %w", context.DeadlineExceeded), TagTimedOut, false, "in time"},
 		{fmt.Errorf("qemu: exec: %w", hypervisor.ErrInvalidArgument), TagInvalid, true, "refused the arguments"},
+		{fmt.Errorf("qemu: exec: %w", &hypervisor.CommandDisabledError{Command: "guest-exec"}), TagBackend, true, "guest-exec is disabled"},
+		{fmt.Errorf("qemu: exec: %w", hypervisor.ErrAgentUnavailable), TagBackend, false, "agent does not answer"},
+		{fmt.Errorf("qemu: exec: %w", hypervisor.ErrVMNotRunning), TagBackend, true, "not running"},
+		{fmt.Errorf("qemu: power: %w", hypervisor.ErrNotSupported), TagBackend, true, "cannot do that"},
+		{fmt.Errorf("plugin: %w", &hypervisor.ExitedError{Driver: "libvirt"}), TagBackend, false, "driver libvirt exited; retry"},
+		{fmt.Errorf("plugin: %w", hypervisor.ErrPluginExited), TagBackend, false, "driver process exited; retry"},
+		{fmt.Errorf("qemu: exec: %w", context.Canceled), TagBackend, false, "cancelled"},
+		{fmt.Errorf("qemu: exec: %w", hypervisor.ErrTimeout), TagTimedOut, false, "in time"},
+		{fmt.Errorf("qemu: exec: disk on fire"), TagBackend, false, "details in the audit log"},
 	}
 	for _, tt := range tests {
 		r := driverFailure(tt.err)
 		if r.tag != tt.tag || r.noEffect != tt.noEffect || !strings.Contains(r.text, tt.text) {
 			t.Errorf("driverFailure(%v) = %s %q noEffect %v; want %s %q noEffect %v", tt.err, r.tag, r.text, r.noEffect, tt.tag, tt.text, tt.noEffect)
+		}
+		if r.detail != tt.err.Error() {
+			t.Errorf("driverFailure(%v).detail = %q; want the whole error for the audit log", tt.err, r.detail)
 		}
 	}
 }
