@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -21,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 )
@@ -300,39 +300,20 @@ func startHTTPServer(t *testing.T, bin, cfgPath string) (string, func()) {
 	return "", stop
 }
 
-type execStatus struct {
-	Exited   bool   `json:"exited"`
-	ExitCode int    `json:"exitcode"`
-	OutData  string `json:"out-data"`
-}
-
 // guestRun runs argv in the guest through the agent directly (not through
 // vmgate) and returns its stdout; a non-zero exit fails t.
 func guestRun(t *testing.T, vm *lab.VM, argv ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var started struct {
-		PID int `json:"pid"`
-	}
-	if err := vm.AgentCall(ctx, "guest-exec", map[string]any{"path": argv[0], "arg": argv[1:], "capture-output": true}, &started); err != nil {
+	c := qga.New(vm.QGASocket)
+	defer c.Close()
+	st, err := qga.Agent{Caller: c}.Exec(ctx, qga.ExecRequest{Path: argv[0], Args: argv[1:]})
+	if err != nil {
 		t.Fatalf("guest-exec %q: %v", argv, err)
 	}
-	for delay := time.Millisecond; ; delay = min(2*delay, 200*time.Millisecond) {
-		var st execStatus
-		if err := vm.AgentCall(ctx, "guest-exec-status", map[string]any{"pid": started.PID}, &st); err != nil {
-			t.Fatalf("guest-exec-status %q: %v", argv, err)
-		}
-		if st.Exited {
-			out, err := base64.StdEncoding.DecodeString(st.OutData)
-			if err != nil {
-				t.Fatalf("guest-exec %q: out-data: %v", argv, err)
-			}
-			if st.ExitCode != 0 {
-				t.Fatalf("guest-exec %q: exit %d, output %q", argv, st.ExitCode, out)
-			}
-			return string(out)
-		}
-		time.Sleep(delay)
+	if st.ExitCode != 0 || st.Signal != 0 || st.StdoutTruncated {
+		t.Fatalf("guest-exec %q: exit %d (signal %d), output %q (truncated: %v)", argv, st.ExitCode, st.Signal, st.Stdout, st.StdoutTruncated)
 	}
+	return string(st.Stdout)
 }
