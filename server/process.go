@@ -77,7 +77,7 @@ func (s *Server) runKillProcess(c *call) result {
 		if startedAt != 0 {
 			return failure(TagBackend, "started_at checks need the vmgate-guest helper: "+errNoHelper, true)
 		}
-		return s.runKill(c)
+		return s.runKill(c, pid, sig)
 	}
 	h := s.guest.helpers[c.backend]
 	kr, err := h.Kill(c.ctx, c.name, int(pid), sig, startedAt)

@@ -343,17 +343,10 @@ while :; do
   i=$((i+1))
 done`
 
-// runKill is kill_process without the helper (runKillProcess falls back
-// to it on a host without vmgate-guest builds).
-func (s *Server) runKill(c *call) result {
-	pid := c.args["pid"].(int64)
-	sig := "TERM"
-	if v, ok := c.args["signal"].(string); ok {
-		sig = v
-	}
-	if pid < 2 {
-		return refused(pid, wire.ReasonInit)
-	}
+// runKill is kill_process without the helper: runKillProcess falls back
+// to it on a host without vmgate-guest builds, with pid (already checked
+// to be above 1) and sig (defaulted) taken from the call's arguments.
+func (s *Server) runKill(c *call, pid int64, sig string) result {
 	tries := "30"
 	if sig == "STOP" || sig == "CONT" {
 		tries = "0"
