@@ -12,7 +12,6 @@ cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
 ADDR=${VMGATE_DEMO_ADDR:-127.0.0.1:8707}
-BIN=bin/vmgate
 DEB_PKGS=(qemu-system-x86 qemu-guest-agent busybox-static cpio)
 
 missing=()
