@@ -419,7 +419,8 @@ func (s *Server) refuseMalformed(ctx context.Context, c *conn, raw []byte, cause
 		} `json:"params"`
 	}
 	if err := json.Unmarshal(raw, &peek); err != nil {
-		// Not even encoding/json can read it; try the method alone for the audit.
+		// Not even encoding/json can read it: its method does not count
+		// (bytesContainsToolsCall below decides whether it is audited).
 		peek.Method = ""
 	}
 	var id any
