@@ -425,26 +425,14 @@ func (d *Driver) info(ctx context.Context, s *domState, fresh bool) (qga.Info, e
 	return info, nil
 }
 
-// agentError maps a guest agent error to the hypervisor sentinels.
+// agentError maps a guest agent error to the hypervisor sentinels; an agent
+// libvirt refused because the domain is not running is ErrVMNotRunning too.
 func agentError(op string, err error) error {
-	var disabled *qga.DisabledError
-	switch {
-	case errors.Is(err, hypervisor.ErrUnknownVM):
-		return fmt.Errorf("libvirt: %s: %w", op, err)
-	case errors.As(err, &disabled):
-		return fmt.Errorf("libvirt: %s: %w", op, &hypervisor.CommandDisabledError{Command: disabled.Command})
-	case errors.Is(err, qga.ErrTimeout), errors.Is(err, context.DeadlineExceeded), errors.Is(err, hypervisor.ErrTimeout):
-		return fmt.Errorf("libvirt: %s: %w: %w", op, hypervisor.ErrTimeout, err)
-	case errors.Is(err, errNotRunning):
+	mapped := agentexec.MapError(err)
+	if errors.Is(err, errNotRunning) && errors.Is(mapped, hypervisor.ErrAgentUnavailable) {
 		return fmt.Errorf("libvirt: %s: %w: %w: %w", op, hypervisor.ErrAgentUnavailable, hypervisor.ErrVMNotRunning, err)
-	case errors.Is(err, qga.ErrNoAgent), errors.Is(err, qga.ErrConnLost), errors.Is(err, qga.ErrClosed):
-		return fmt.Errorf("libvirt: %s: %w: %w", op, hypervisor.ErrAgentUnavailable, err)
-	case errors.Is(err, qga.ErrUnknownExec):
-		return fmt.Errorf("libvirt: %s: %w: %w", op, hypervisor.ErrUnknownExec, err)
-	case errors.Is(err, qga.ErrInvalidArgument):
-		return fmt.Errorf("libvirt: %s: %w: %w", op, hypervisor.ErrInvalidArgument, err)
 	}
-	return fmt.Errorf("libvirt: %s: %w", op, err)
+	return fmt.Errorf("libvirt: %s: %w", op, mapped)
 }
 
 // AgentInfo returns guest-info.
@@ -457,11 +445,7 @@ func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentIn
 	if err != nil {
 		return hypervisor.AgentInfo{}, agentError("agent info", err)
 	}
-	out := hypervisor.AgentInfo{Version: info.Version, Commands: make([]hypervisor.AgentCommand, len(info.SupportedCommands))}
-	for i, c := range info.SupportedCommands {
-		out.Commands[i] = hypervisor.AgentCommand{Name: c.Name, Enabled: c.Enabled}
-	}
-	return out, nil
+	return agentexec.AgentInfo(info), nil
 }
 
 // FileRead reads at most maxBytes of path in the guest.

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -123,20 +122,7 @@ func (d *Driver) Close() error {
 
 // apiErr maps an API error to the hypervisor sentinels, with an operation prefix.
 func apiErr(op string, err error) error {
-	var disabled *qga.DisabledError
-	switch {
-	case errors.As(err, &disabled):
-		return fmt.Errorf("proxmox: %s: %w", op, &hypervisor.CommandDisabledError{Command: disabled.Command})
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, qga.ErrTimeout):
-		return fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrTimeout, err)
-	case errors.Is(err, qga.ErrNoAgent):
-		return fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrAgentUnavailable, err)
-	case errors.Is(err, qga.ErrUnknownExec):
-		return fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrUnknownExec, err)
-	case errors.Is(err, qga.ErrInvalidArgument):
-		return fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrInvalidArgument, err)
-	}
-	return fmt.Errorf("proxmox: %s: %w", op, err)
+	return fmt.Errorf("proxmox: %s: %w", op, agentexec.MapError(err))
 }
 
 // resources fetches the VM list.
@@ -293,11 +279,7 @@ func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentIn
 	if err != nil {
 		return hypervisor.AgentInfo{}, apiErr("agent info", err)
 	}
-	out := hypervisor.AgentInfo{Version: info.Version, Commands: make([]hypervisor.AgentCommand, len(info.SupportedCommands))}
-	for i, c := range info.SupportedCommands {
-		out.Commands[i] = hypervisor.AgentCommand{Name: c.Name, Enabled: c.Enabled}
-	}
-	return out, nil
+	return agentexec.AgentInfo(info), nil
 }
 
 func (d *Driver) preflight(ctx context.Context, op string, v vmRef) error {

@@ -323,20 +323,7 @@ func vmError(op string, err error) error {
 
 // agentError maps a guest agent error to the hypervisor sentinels.
 func agentError(op string, err error) error {
-	var disabled *qga.DisabledError
-	switch {
-	case errors.As(err, &disabled):
-		return fmt.Errorf("qemu: %s: %w", op, &hypervisor.CommandDisabledError{Command: disabled.Command})
-	case errors.Is(err, qga.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("qemu: %s: %w: %w", op, hypervisor.ErrTimeout, err)
-	case errors.Is(err, qga.ErrNoAgent), errors.Is(err, qga.ErrConnLost), errors.Is(err, qga.ErrClosed):
-		return fmt.Errorf("qemu: %s: %w: %w", op, hypervisor.ErrAgentUnavailable, err)
-	case errors.Is(err, qga.ErrUnknownExec):
-		return fmt.Errorf("qemu: %s: %w: %w", op, hypervisor.ErrUnknownExec, err)
-	case errors.Is(err, qga.ErrInvalidArgument):
-		return fmt.Errorf("qemu: %s: %w: %w", op, hypervisor.ErrInvalidArgument, err)
-	}
-	return fmt.Errorf("qemu: %s: %w", op, err)
+	return fmt.Errorf("qemu: %s: %w", op, agentexec.MapError(err))
 }
 
 // agentError maps err like agentError and, when the agent is unavailable
@@ -480,11 +467,7 @@ func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentIn
 	if err != nil {
 		return hypervisor.AgentInfo{}, d.agentError(ctx, vm, "agent info", err)
 	}
-	out := hypervisor.AgentInfo{Version: info.Version, Commands: make([]hypervisor.AgentCommand, len(info.SupportedCommands))}
-	for i, c := range info.SupportedCommands {
-		out.Commands[i] = hypervisor.AgentCommand{Name: c.Name, Enabled: c.Enabled}
-	}
-	return out, nil
+	return agentexec.AgentInfo(info), nil
 }
 
 // preflight checks (from cached guest-info) that the exec commands are enabled.

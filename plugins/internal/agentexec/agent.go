@@ -1,0 +1,42 @@
+package agentexec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/vmgate/vmgate/guest/qga"
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// AgentInfo converts guest-info to the driver contract's form.
+func AgentInfo(info qga.Info) hypervisor.AgentInfo {
+	out := hypervisor.AgentInfo{Version: info.Version, Commands: make([]hypervisor.AgentCommand, len(info.SupportedCommands))}
+	for i, c := range info.SupportedCommands {
+		out.Commands[i] = hypervisor.AgentCommand{Name: c.Name, Enabled: c.Enabled}
+	}
+	return out
+}
+
+// MapError maps a guest agent error (from qga or a Tracker) to the
+// hypervisor sentinels, keeping err in the chain: a *qga.DisabledError
+// becomes a *hypervisor.CommandDisabledError, a timeout ErrTimeout, a
+// missing or lost agent ErrAgentUnavailable, qga.ErrUnknownExec
+// ErrUnknownExec and qga.ErrInvalidArgument ErrInvalidArgument. Any other
+// error is returned as it is. It adds no operation prefix: the driver does.
+func MapError(err error) error {
+	var disabled *qga.DisabledError
+	switch {
+	case errors.As(err, &disabled):
+		return &hypervisor.CommandDisabledError{Command: disabled.Command}
+	case errors.Is(err, qga.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w: %w", hypervisor.ErrTimeout, err)
+	case errors.Is(err, qga.ErrNoAgent), errors.Is(err, qga.ErrConnLost), errors.Is(err, qga.ErrClosed):
+		return fmt.Errorf("%w: %w", hypervisor.ErrAgentUnavailable, err)
+	case errors.Is(err, qga.ErrUnknownExec):
+		return fmt.Errorf("%w: %w", hypervisor.ErrUnknownExec, err)
+	case errors.Is(err, qga.ErrInvalidArgument):
+		return fmt.Errorf("%w: %w", hypervisor.ErrInvalidArgument, err)
+	}
+	return err
+}
