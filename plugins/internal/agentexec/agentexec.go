@@ -8,8 +8,10 @@
 // A driver creates one Tracker, passes each call the VM's key (its
 // backend-local name) and the Agent to use, and maps the errors the Tracker
 // returns (agent errors unchanged; ErrInvalidArgument, ErrTooMany and
-// ErrClosed otherwise) with its own error mapping. Per-VM locking, finding
-// the agent and the exec preflight stay in the driver.
+// ErrClosed otherwise) with MapError and its own operation prefix. Request
+// validates exec requests, CheckEnabled is the exec preflight and
+// AgentInfo converts guest-info. Per-VM locking and finding the agent stay
+// in the driver.
 package agentexec
 
 import (
