@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -61,7 +60,7 @@ func (a *Approvals) decide(ctx context.Context, id string, grant bool, by, reaso
 	}
 	if _, err := a.s.audit.Append(ctx, rec); err != nil {
 		// The decision stands in the store; the operator must know it is not audited.
-		return ap, errors.Join(fmt.Errorf("server: approvals: %s %s: audit: %w", op, id, err))
+		return ap, fmt.Errorf("server: approvals: %s %s: audit: %w", op, id, err)
 	}
 	return ap, nil
 }
