@@ -121,7 +121,8 @@ func newHTTPClient(url, token string) *httpClient {
 }
 
 // post sends body as it is, with the client's token and session unless hdr
-// overrides them (a nil value in hdr removes a header).
+// overrides them (a nil value in hdr removes a header; "Host" forges the
+// Host header).
 func (c *httpClient) post(ctx context.Context, body []byte, hdr map[string][]string) (reply, error) {
 	return c.postURL(ctx, c.url, body, hdr)
 }
@@ -145,6 +146,11 @@ func (c *httpClient) postURL(ctx context.Context, url string, body []byte, hdr m
 		for _, v := range vs {
 			req.Header.Add(k, v)
 		}
+	}
+	// net/http sends req.Host, never a Host entry of the header map.
+	if h := req.Header.Get("Host"); h != "" {
+		req.Host = h
+		req.Header.Del("Host")
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
