@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/qga"
+	"github.com/vmgate/vmgate/internal/lab"
 )
 
 // The lab rows drive the vmgate binary as a user would: `vmgate lab up`
@@ -82,10 +83,6 @@ func (l *labEnv) stop() error {
 		err = rerr
 	}
 	return err
-}
-
-func (l *labEnv) qgaSocket(vm string) string {
-	return filepath.Join(l.stateDir, "lab", vm, "qga.sock")
 }
 
 // benchPolicy allows what the lab rows call, with a counter on exec so
@@ -442,7 +439,11 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 			return err
 		}
 		// The baselines on the same VM's agent, now free.
-		c := qga.New(l.qgaSocket("vm1"))
+		vm1, err := lab.Get(l.stateDir, "vm1")
+		if err != nil {
+			return err
+		}
+		c := qga.New(vm1.QGASocket)
 		defer c.Close()
 		raw, err := medianMs(execs, func() (time.Duration, error) { return rawExec(ctx, c, 0) })
 		if err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/qga"
+	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 )
 
@@ -41,15 +41,9 @@ func TestLabRound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var state struct {
-		PID int `json:"pid"`
-	}
-	b, err := os.ReadFile(filepath.Join(l.stateDir, "lab", "vm1", "vm.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &state); err != nil || state.PID <= 0 {
-		t.Fatalf("vm.json pid = %d, %v; want a pid", state.PID, err)
+	vm1, err := lab.Get(l.stateDir, "vm1")
+	if err != nil || vm1.State != lab.StateRunning || vm1.PID <= 0 {
+		t.Fatalf("lab.Get(vm1) = %+v, %v; want a running VM with a pid", vm1, err)
 	}
 	cfg, err := l.writeConfig()
 	if err != nil {
@@ -74,7 +68,7 @@ func TestLabRound(t *testing.T) {
 	if err := p.stop(); err != nil {
 		t.Errorf("stop serve = %v", err)
 	}
-	c := qga.New(l.qgaSocket("vm1"))
+	c := qga.New(vm1.QGASocket)
 	defer c.Close()
 	if d, err := rawExec(ctx, c, 0); err != nil || d <= 0 {
 		t.Errorf("rawExec(vm1) = %v, %v; want a latency", d, err)
@@ -83,8 +77,8 @@ func TestLabRound(t *testing.T) {
 	if err := l.stop(); err != nil {
 		t.Errorf("lab stop = %v", err)
 	}
-	if cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(state.PID) + "/cmdline"); err == nil && strings.Contains(string(cmdline), "qemu") {
-		t.Errorf("QEMU pid %d still runs after lab down", state.PID)
+	if cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(vm1.PID) + "/cmdline"); err == nil && strings.Contains(string(cmdline), "qemu") {
+		t.Errorf("QEMU pid %d still runs after lab down", vm1.PID)
 	}
 	if _, err := os.Stat(l.stateDir); !os.IsNotExist(err) {
 		t.Errorf("state directory after stop: %v; want it removed", err)
