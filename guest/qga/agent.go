@@ -12,6 +12,18 @@ import (
 // is not usable: set Caller.
 type Agent struct {
 	Caller Caller
+	// ChunkBytes is the file data one guest-file-read or guest-file-write
+	// carries; 0 (or less) means FileChunkBytes. A transport that stalls on
+	// large commands (libvirt's agent channel) sets it lower.
+	ChunkBytes int
+}
+
+// chunkBytes is ChunkBytes or its default.
+func (a Agent) chunkBytes() int {
+	if a.ChunkBytes > 0 {
+		return a.ChunkBytes
+	}
+	return FileChunkBytes
 }
 
 // Ping checks that the agent answers (guest-ping).

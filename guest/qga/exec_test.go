@@ -278,3 +278,57 @@ func TestFileCloseOnError(t *testing.T) {
 		t.Errorf("guest-file-close calls = %v; want 2 with handle 17", closes)
 	}
 }
+
+// TestFileChunkBytes: FileWrite and FileRead move at most ChunkBytes per
+// command, FileChunkBytes when it is 0, and the data arrives whole.
+func TestFileChunkBytes(t *testing.T) {
+	data := []byte(strings.Repeat("0123456789", 100)) // 1000 bytes
+	for _, tt := range []struct {
+		chunk, want int
+	}{{0, FileChunkBytes}, {-1, FileChunkBytes}, {64, 64}, {333, 333}} {
+		var file []byte
+		var pieces []int
+		f := &fakeCaller{reply: func(cmd string, args json.RawMessage) (any, error) {
+			var a struct {
+				BufB64 string `json:"buf-b64"`
+				Count  int    `json:"count"`
+			}
+			if err := json.Unmarshal(args, &a); err != nil {
+				return nil, err
+			}
+			switch cmd {
+			case "guest-file-open":
+				return 5, nil
+			case "guest-file-close":
+				return map[string]any{}, nil
+			case "guest-file-write":
+				b, _ := base64.StdEncoding.DecodeString(a.BufB64)
+				pieces = append(pieces, len(b))
+				file = append(file, b...)
+				return map[string]any{"count": len(b), "eof": false}, nil
+			case "guest-file-read":
+				pieces = append(pieces, a.Count)
+				n := min(a.Count, len(file))
+				out := file[:n]
+				file = file[n:]
+				return map[string]any{"count": n, "buf-b64": base64.StdEncoding.EncodeToString(out), "eof": len(file) == 0}, nil
+			}
+			return nil, errors.New("unexpected " + cmd)
+		}}
+		a := Agent{Caller: f, ChunkBytes: tt.chunk}
+		if err := a.FileWrite(context.Background(), "/x", data, 0); err != nil || string(file) != string(data) {
+			t.Fatalf("FileWrite(ChunkBytes %d) = %v, stored %d bytes; want nil and the %d bytes", tt.chunk, err, len(file), len(data))
+		}
+		got, truncated, err := a.FileRead(context.Background(), "/x", 1<<20)
+		if err != nil || string(got) != string(data) || truncated {
+			t.Errorf("FileRead(ChunkBytes %d) = %d bytes, %v, %v; want the %d bytes back", tt.chunk, len(got), truncated, err, len(data))
+		}
+		largest := 0
+		for _, n := range pieces {
+			largest = max(largest, n)
+		}
+		if largest != tt.want {
+			t.Errorf("largest file piece with ChunkBytes %d = %d; want %d", tt.chunk, largest, tt.want)
+		}
+	}
+}

@@ -59,7 +59,7 @@ func (a Agent) close(ctx context.Context, handle int64) error {
 }
 
 // FileRead reads at most maxBytes of path (0: DefaultMaxFileBytes) in
-// FileChunkBytes chunks. truncated reports whether the file had more.
+// ChunkBytes chunks. truncated reports whether the file had more.
 func (a Agent) FileRead(ctx context.Context, path string, maxBytes int64) (data []byte, truncated bool, err error) {
 	if err := checkPath(path); err != nil {
 		return nil, false, fmt.Errorf("qga: file read: %w", err)
@@ -89,7 +89,7 @@ func (a Agent) FileRead(ctx context.Context, path string, maxBytes int64) (data 
 		args := struct {
 			Handle int64 `json:"handle"`
 			Count  int64 `json:"count"`
-		}{h, min(FileChunkBytes, want-int64(len(data)))}
+		}{h, min(int64(a.chunkBytes()), want-int64(len(data)))}
 		if err := a.Caller.Call(ctx, "guest-file-read", args, &r); err != nil {
 			return nil, false, err
 		}
@@ -111,7 +111,7 @@ func (a Agent) FileRead(ctx context.Context, path string, maxBytes int64) (data 
 	return data, false, nil
 }
 
-// FileWrite creates or truncates path and writes data in FileChunkBytes
+// FileWrite creates or truncates path and writes data in ChunkBytes
 // chunks. mode 0 keeps the agent's default permissions for a new file;
 // otherwise the file is then chmod'ed to mode through guest-exec (the agent
 // has no mode argument), which needs guest-exec enabled.
@@ -149,7 +149,7 @@ func (a Agent) writeFile(ctx context.Context, path string, data []byte) (err err
 		}
 	}()
 	for len(data) > 0 {
-		n := min(len(data), FileChunkBytes)
+		n := min(len(data), a.chunkBytes())
 		var r struct {
 			Count int  `json:"count"`
 			EOF   bool `json:"eof"`

@@ -70,7 +70,9 @@ func (s *domState) handle() golibvirt.Domain {
 	return s.dom
 }
 
-func (s *domState) agent(d *Driver) qga.Agent { return qga.Agent{Caller: agentCaller{d: d, dom: s}} }
+func (s *domState) agent(d *Driver) qga.Agent {
+	return qga.Agent{Caller: agentCaller{d: d, dom: s}, ChunkBytes: maxFileChunk}
+}
 
 // domainName is what the driver accepts as a VM name: no slash (the server's
 // ids are <backend>/<name>), no spaces or control characters.

@@ -363,7 +363,7 @@ func TestReconnect(t *testing.T) {
 }
 
 // TestFileChunks: file data crosses libvirt in pieces of at most
-// maxFileChunk bytes, and qga's FileWrite/FileRead see one command each.
+// maxFileChunk bytes (the Agent the driver makes has ChunkBytes set).
 func TestFileChunks(t *testing.T) {
 	var mu sync.Mutex
 	var file []byte
@@ -424,10 +424,15 @@ func TestFileChunks(t *testing.T) {
 	if err != nil || string(got.Data) != string(data) || got.Truncated {
 		t.Errorf("FileRead() = %d bytes, truncated %v, %v; want the 300 KiB back", len(got.Data), got.Truncated, err)
 	}
+	largest := 0
 	for _, n := range pieces {
 		if n > maxFileChunk {
 			t.Errorf("a file piece of %d bytes crossed libvirt; want at most %d", n, maxFileChunk)
 		}
+		largest = max(largest, n)
+	}
+	if largest != maxFileChunk {
+		t.Errorf("largest file piece = %d bytes of %d pieces; want full pieces of %d", largest, len(pieces), maxFileChunk)
 	}
 }
 
