@@ -28,10 +28,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,24 +54,11 @@ type APIError struct {
 func (e *APIError) Error() string {
 	msg := fmt.Sprintf("HTTP %d: %s", e.StatusCode, e.Message)
 	if len(e.Errors) > 0 {
-		keys := make([]string, 0, len(e.Errors))
-		for k := range e.Errors {
-			keys = append(keys, k)
-		}
-		sortStrings(keys)
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(e.Errors)) {
 			msg += fmt.Sprintf("; %s: %s", k, strings.TrimSpace(e.Errors[k]))
 		}
 	}
 	return msg
-}
-
-func sortStrings(s []string) {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
 }
 
 // ErrAuth: the API refused the token (HTTP 401) or its permissions (403).

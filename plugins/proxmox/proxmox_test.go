@@ -310,3 +310,18 @@ func itoa(i int) string {
 	}
 	return string(rune('0'+i/10)) + string(rune('0'+i%10))
 }
+
+func TestAPIErrorMessage(t *testing.T) {
+	for _, tc := range []struct {
+		err  APIError
+		want string
+	}{
+		{APIError{StatusCode: 500, Message: "boom"}, "HTTP 500: boom"},
+		{APIError{StatusCode: 400, Message: "bad", Errors: map[string]string{"vmid": " not a number\n", "node": "unknown", "a": "x"}},
+			"HTTP 400: bad; a: x; node: unknown; vmid: not a number"},
+	} {
+		if got := tc.err.Error(); got != tc.want {
+			t.Errorf("(%+v).Error() = %q; want %q", tc.err, got, tc.want)
+		}
+	}
+}
