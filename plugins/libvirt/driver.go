@@ -450,17 +450,12 @@ func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentIn
 	return agentexec.AgentInfo(info), nil
 }
 
-// FileRead reads at most maxBytes of path in the guest.
+// FileRead reads at most maxBytes of path in the guest (qga.Agent validates
+// path and maxBytes before any agent command).
 func (d *Driver) FileRead(ctx context.Context, name string, p string, maxBytes int64) (hypervisor.FileContent, error) {
 	s, err := d.lookup(ctx, "file read", name)
 	if err != nil {
 		return hypervisor.FileContent{}, err
-	}
-	if err := checkPath("file read", p); err != nil {
-		return hypervisor.FileContent{}, err
-	}
-	if maxBytes < 0 {
-		return hypervisor.FileContent{}, fmt.Errorf("libvirt: file read: %w: negative max bytes", hypervisor.ErrInvalidArgument)
 	}
 	data, truncated, err := s.agent(d).FileRead(ctx, p, maxBytes)
 	if err != nil {
@@ -469,30 +464,15 @@ func (d *Driver) FileRead(ctx context.Context, name string, p string, maxBytes i
 	return hypervisor.FileContent{Data: data, Truncated: truncated}, nil
 }
 
-// FileWrite creates or replaces path in the guest.
+// FileWrite creates or replaces path in the guest (qga.Agent validates
+// path and mode before any agent command).
 func (d *Driver) FileWrite(ctx context.Context, name string, p string, data []byte, mode uint32) error {
 	s, err := d.lookup(ctx, "file write", name)
 	if err != nil {
 		return err
 	}
-	if err := checkPath("file write", p); err != nil {
-		return err
-	}
-	if mode > 0o7777 {
-		return fmt.Errorf("libvirt: file write: %w: mode %#o", hypervisor.ErrInvalidArgument, mode)
-	}
 	if err := s.agent(d).FileWrite(ctx, p, data, mode); err != nil {
 		return agentError("file write", err)
-	}
-	return nil
-}
-
-func checkPath(op, p string) error {
-	if p == "" || !path.IsAbs(p) {
-		return fmt.Errorf("libvirt: %s: %w: path %q must be absolute", op, hypervisor.ErrInvalidArgument, p)
-	}
-	if strings.IndexByte(p, 0) >= 0 {
-		return fmt.Errorf("libvirt: %s: %w: path contains NUL", op, hypervisor.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -458,6 +458,11 @@ func TestAgentErrorDesc(t *testing.T) {
 
 func TestHostileNames(t *testing.T) {
 	f := newFake()
+	var agentCalls atomic.Int64
+	f.agent = func(golibvirt.Domain, string, int32) (golibvirt.OptString, error) {
+		agentCalls.Add(1)
+		return nil, errUnset
+	}
 	d, dials := fakeDriver(t, f)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -476,6 +481,17 @@ func TestHostileNames(t *testing.T) {
 	}
 	if err := d.FileWrite(ctx, "vm1", "/tmp/x", []byte("x"), 0o10000); !errors.Is(err, hypervisor.ErrInvalidArgument) {
 		t.Errorf("FileWrite(mode 010000) error %v; want %v", err, hypervisor.ErrInvalidArgument)
+	}
+	for _, tc := range []struct {
+		path string
+		max  int64
+	}{{"", 1}, {"rel/path", 1}, {"/a\x00b", 1}, {"/tmp/x", -1}} {
+		if _, err := d.FileRead(ctx, "vm1", tc.path, tc.max); !errors.Is(err, hypervisor.ErrInvalidArgument) {
+			t.Errorf("FileRead(%q, %d) error %v; want %v", tc.path, tc.max, err, hypervisor.ErrInvalidArgument)
+		}
+	}
+	if n := agentCalls.Load(); n != 0 {
+		t.Errorf("bad file arguments caused %d agent commands; want none", n)
 	}
 	for _, tok := range []string{"!!", base64.RawURLEncoding.EncodeToString([]byte(`{"pid":5,"extra":1}`)),
 		base64.RawURLEncoding.EncodeToString([]byte(`{"pid":6}`))} {
