@@ -106,6 +106,8 @@ type Grant struct {
 	Policy string `yaml:"policy"`
 	// VMs are globs over VM ids ("lab/*"); empty means every VM.
 	VMs []string `yaml:"vms"`
+	// RequestsPerMinute overrides http.requests_per_minute for this grant.
+	RequestsPerMinute int `yaml:"requests_per_minute"`
 }
 
 // HTTP configures `serve --http`.
@@ -115,6 +117,12 @@ type HTTP struct {
 	AllowedHosts   []string `yaml:"allowed_hosts"`
 	TLSCert        string   `yaml:"tls_cert"`
 	TLSKey         string   `yaml:"tls_key"`
+	// RequestsPerMinute is each grant's request budget (0: the default,
+	// 1200); a grant's own requests_per_minute overrides it.
+	RequestsPerMinute int `yaml:"requests_per_minute"`
+	// BodyTimeoutS is how long a client has to send a request body (0: 10).
+	BodyTimeoutS int          `yaml:"body_timeout_s"`
+	Sessions     HTTPSessions `yaml:"sessions"`
 }
 
 // Limits are the server's caps.
@@ -316,6 +324,9 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.Metrics.Addr); err != nil {
 			return fmt.Errorf("metrics.addr: %w", err)
 		}
+	}
+	if err := c.validateHTTPLimits(); err != nil {
+		return err
 	}
 	if (c.HTTP.TLSCert == "") != (c.HTTP.TLSKey == "") {
 		return errors.New("http: tls_cert and tls_key go together")

@@ -95,8 +95,8 @@ func TestHTTPSessionIDsAreIssuedAndBoundToTheirGrant(t *testing.T) {
 		t.Errorf("POST after DELETE = %d; want 404", got)
 	}
 	// Idled out: unknown too.
-	f.advance(HTTPSessionIdle + time.Second)
+	f.advance(DefaultHTTPSessionIdle + time.Second)
 	if got := httpStatus(t, http.MethodPost, url, "other-token", theirs, call); got != http.StatusNotFound {
-		t.Errorf("POST in a session idle for %v = %d; want 404", HTTPSessionIdle+time.Second, got)
+		t.Errorf("POST in a session idle for %v = %d; want 404", DefaultHTTPSessionIdle+time.Second, got)
 	}
 }

@@ -69,6 +69,9 @@ type Grant struct {
 	Policy *policy.Engine
 	// VMs are path.Match globs over VM ids ("lab/*"); empty means every VM.
 	VMs []string
+	// RequestsPerMinute overrides HTTPOptions.RequestsPerMinute for this
+	// grant (0: the server's).
+	RequestsPerMinute int
 }
 
 // Backend is one hypervisor driver and the name its VM ids start with.
@@ -86,6 +89,15 @@ type HTTPOptions struct {
 	// AllowedHosts are the Host header values accepted besides loopback
 	// names (localhost, 127.0.0.1, [::1]) with any port; others get 403.
 	AllowedHosts []string
+	// Sessions bound the HTTP sessions (httpsessions.go).
+	Sessions HTTPSessionLimits
+	// RequestsPerMinute is each grant's request budget (httpbudget.go;
+	// default DefaultHTTPRequestsPerMinute); Grant.RequestsPerMinute
+	// overrides it.
+	RequestsPerMinute int
+	// BodyTimeout bounds how long a client takes to send a request body
+	// (default DefaultBodyTimeout).
+	BodyTimeout time.Duration
 }
 
 // Config is what New needs. Store, Audit and at least one grant are required.

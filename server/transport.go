@@ -239,140 +239,42 @@ func readLines(in io.Reader, max int, lines chan<- []byte, stop <-chan struct{})
 }
 
 // Handler is the streamable HTTP transport at /mcp, behind the bearer
-// token check and the Origin and Host checks.
+// token check and the Origin and Host checks, each grant's request budget
+// (httpbudget.go) and the body read timeout (LimitBodyTime).
 //
 // Mcp-Session-Id values are minted by this handler and bound to the grant
-// whose initialize minted them: an id it did not issue, one that idled out
-// or one of another grant is unknown (404, and the client initializes
-// again), on POST, GET and DELETE alike.
-func (s *Server) Handler() http.Handler {
-	sessions := &httpSessions{now: s.now, owner: map[string]*httpSession{}}
+// whose initialize minted them, within the bounds of httpsessions.go: an
+// id it did not issue, one that was dropped (evicted, idled out,
+// terminated) or one of another grant is unknown (404, and the client
+// initializes again), on POST, GET and DELETE alike. 2026-07-28 clients
+// need no session at all.
+func (s *Server) Handler() *HTTPHandler {
+	o := s.httpOpts.withDefaults()
+	h := &HTTPHandler{s: s, opts: o, sessions: newHTTPSessions(s.now, o.Sessions), budget: newRequestBudget()}
 	inner := mcpserver.NewStreamableHTTPServer(s.mcp, mcpserver.WithEndpointPath("/mcp"),
-		mcpserver.WithSessionIdManagerResolver(sessions))
-	return &httpHandler{s: s, inner: inner, sessions: sessions}
+		mcpserver.WithSessionIdManagerResolver(h.sessions))
+	h.inner = inner
+	h.sessions.release = releaseMCPSessions(inner)
+	h.guarded = LimitBodyTime(http.HandlerFunc(h.serve), o.BodyTimeout)
+	return h
 }
 
-type httpHandler struct {
+// HTTPHandler serves the streamable HTTP transport; Handler makes one.
+type HTTPHandler struct {
 	s        *Server
+	opts     HTTPOptions
 	inner    http.Handler
+	guarded  http.Handler
 	sessions *httpSessions
+	budget   *requestBudget
 }
 
-// HTTPSessionIdle is how long an HTTP session id lives without a request;
-// after that it is unknown and the client initializes again.
-var HTTPSessionIdle = 24 * time.Hour
+var _ http.Handler = (*HTTPHandler)(nil)
 
-// httpSessionPruneAt: the registry drops idle ids when it holds more.
-const httpSessionPruneAt = 1024
+// SessionStats reports the sessions the handler holds and has dropped.
+func (h *HTTPHandler) SessionStats() HTTPSessionStats { return h.sessions.stats() }
 
-// errUnknownHTTPSession: a session id this handler did not issue to the
-// caller's grant (or one that idled out or was terminated).
-var errUnknownHTTPSession = errors.New("unknown session")
-
-// httpSessions is the registry of the session ids the HTTP transport
-// issued; it is mcp-go's session id manager, resolved per request to the
-// caller's grant. mu guards owner and pruned.
-type httpSessions struct {
-	now    func() time.Time
-	mu     sync.Mutex
-	owner  map[string]*httpSession
-	pruned time.Time
-}
-
-type httpSession struct {
-	grant string
-	last  time.Time
-}
-
-// ResolveSessionIdManager returns the registry as the grant of r sees it;
-// without a request (mcp-go's own housekeeping) a view that may terminate
-// any id and validate none.
-func (h *httpSessions) ResolveSessionIdManager(r *http.Request) mcpserver.SessionIdManager {
-	v := grantSessions{reg: h}
-	if r != nil {
-		if c := connFrom(r.Context()); c != nil {
-			v.grant = c.grant.Name
-		}
-	}
-	return v
-}
-
-// owns reports whether id is live and belongs to grant, and marks it used.
-func (h *httpSessions) owns(grant, id string) bool {
-	if grant == "" || id == "" {
-		return false
-	}
-	now := h.now()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	e := h.owner[id]
-	if e == nil || e.grant != grant {
-		return false
-	}
-	if now.Sub(e.last) > HTTPSessionIdle {
-		delete(h.owner, id)
-		return false
-	}
-	e.last = now
-	return true
-}
-
-// addLocked records a new id; it drops idled-out ids once the registry
-// holds more than httpSessionPruneAt, at most once per minute.
-func (h *httpSessions) addLocked(id, grant string, now time.Time) {
-	if len(h.owner) >= httpSessionPruneAt && now.Sub(h.pruned) > time.Minute {
-		h.pruned = now
-		for k, e := range h.owner {
-			if now.Sub(e.last) > HTTPSessionIdle {
-				delete(h.owner, k)
-			}
-		}
-	}
-	h.owner[id] = &httpSession{grant: grant, last: now}
-}
-
-// grantSessions is the registry as one grant sees it; grant "" is
-// mcp-go's housekeeping.
-type grantSessions struct {
-	reg   *httpSessions
-	grant string
-}
-
-var _ mcpserver.SessionIdManager = grantSessions{}
-var _ mcpserver.SessionIdManagerResolver = (*httpSessions)(nil)
-
-func (g grantSessions) Generate() string {
-	if g.grant == "" {
-		return "" // no caller to bind an id to: stateless
-	}
-	id := "mcp-session-" + rand.Text()
-	now := g.reg.now()
-	g.reg.mu.Lock()
-	g.reg.addLocked(id, g.grant, now)
-	g.reg.mu.Unlock()
-	return id
-}
-
-func (g grantSessions) Validate(id string) (isTerminated bool, err error) {
-	if !g.reg.owns(g.grant, id) {
-		return false, fmt.Errorf("server: http session: %w", errUnknownHTTPSession)
-	}
-	return false, nil
-}
-
-func (g grantSessions) Terminate(id string) (isNotAllowed bool, err error) {
-	g.reg.mu.Lock()
-	defer g.reg.mu.Unlock()
-	e := g.reg.owner[id]
-	if e == nil {
-		return false, nil // already gone: idempotent
-	}
-	if g.grant != "" && e.grant != g.grant {
-		return false, fmt.Errorf("server: http session: %w", errUnknownHTTPSession)
-	}
-	delete(g.reg.owner, id)
-	return false, nil
-}
+func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.guarded.ServeHTTP(w, r) }
 
 func httpError(w http.ResponseWriter, code int, msg string) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -381,7 +283,12 @@ func httpError(w http.ResponseWriter, code int, msg string) {
 	fmt.Fprintln(w, msg)
 }
 
-func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// msgSessionGone answers a request in a session this handler does not hold
+// for the caller's grant.
+const msgSessionGone = "session expired or unknown: initialize again (sessions end after an idle time, or when their grant opens more than its cap)"
+
+// serve checks who is calling and how, then hands the request on.
+func (h *HTTPHandler) serve(w http.ResponseWriter, r *http.Request) {
 	s := h.s
 	if !s.hostAllowed(r.Host) {
 		httpError(w, http.StatusForbidden, "forbidden: Host not allowed")
@@ -415,36 +322,76 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method != http.MethodPost {
-		// mcp-go does not check the session of a GET (it would open a
-		// stream on any id, another grant's included) and answers a DELETE
-		// of another grant's id with a 500: both are checked here. A
-		// 2026-07-28 client has no sessions; mcp-go refuses its GET and DELETE.
-		if (r.Method == http.MethodGet || r.Method == http.MethodDelete) && !mcp.IsModernProtocol(r.Header.Get("Mcp-Protocol-Version")) {
-			sid := r.Header.Get("Mcp-Session-Id")
-			if sid == "" {
-				httpError(w, http.StatusBadRequest, "Mcp-Session-Id required; initialize first")
-				return
-			}
-			if !h.sessions.owns(g.Name, sid) {
-				httpError(w, http.StatusNotFound, "unknown session; initialize again")
-				return
-			}
+		if h.admit(w, c, nil) {
+			h.serveOther(w, r, c)
 		}
-		h.inner.ServeHTTP(w, r.WithContext(withConn(r.Context(), c)))
 		return
 	}
+	h.servePost(w, r, c)
+}
+
+// serveOther serves GET (the stream of server messages), DELETE (the end
+// of a session) and anything else mcp-go answers.
+func (h *HTTPHandler) serveOther(w http.ResponseWriter, r *http.Request, c *conn) {
+	ctx := withConn(r.Context(), c)
+	// mcp-go does not check the session of a GET (it would open a stream on
+	// any id, another grant's included) and answers a DELETE of another
+	// grant's id with a 500: both are checked here. A 2026-07-28 client has
+	// no sessions; mcp-go refuses its GET and DELETE.
+	if (r.Method == http.MethodGet || r.Method == http.MethodDelete) && !mcp.IsModernProtocol(r.Header.Get("Mcp-Protocol-Version")) {
+		sid := r.Header.Get("Mcp-Session-Id")
+		if sid == "" {
+			httpError(w, http.StatusBadRequest, "Mcp-Session-Id required; initialize first")
+			return
+		}
+		if r.Method == http.MethodGet {
+			// The stream keeps its session from idling out, and ends
+			// when the session is dropped.
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			done, ok := h.sessions.stream(c.grant.Name, sid, cancel)
+			if !ok {
+				httpError(w, http.StatusNotFound, msgSessionGone)
+				return
+			}
+			defer done()
+		} else if !h.sessions.use(c.grant.Name, sid) {
+			httpError(w, http.StatusNotFound, msgSessionGone)
+			return
+		}
+	}
+	h.inner.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// servePost reads a POST's message, takes it from the grant's budget,
+// checks its session and passes it through the gate to mcp-go.
+func (h *HTTPHandler) servePost(w http.ResponseWriter, r *http.Request, c *conn) {
+	s := h.s
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		httpError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json")
+		if h.admit(w, c, nil) {
+			httpError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json")
+		}
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(4*s.limits.MaxMessageBytes)))
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.As(err, &mbe):
 			httpError(w, http.StatusRequestEntityTooLarge, "message too large")
-			return
+		case bodyTimedOut(err):
+			w.Header().Set("Connection", "close")
+			httpError(w, http.StatusRequestTimeout, fmt.Sprintf("the request body did not arrive within %v", h.opts.BodyTimeout))
+		default:
+			httpError(w, http.StatusBadRequest, "cannot read the request body")
 		}
-		httpError(w, http.StatusBadRequest, "cannot read the request body")
+		return
+	}
+	if !h.admit(w, c, body) {
+		return
+	}
+	if !h.sessionOK(w, r, c, body) {
 		return
 	}
 	v := s.gateMessage(r.Context(), c, body)
@@ -465,6 +412,37 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r2.Body = io.NopCloser(bytes.NewReader(body))
 	r2.ContentLength = int64(len(body))
 	h.inner.ServeHTTP(w, r2)
+}
+
+// sessionOK checks the session of a POST before the gate sees its message:
+// a message of a client older than 2026-07-28, other than initialize, must
+// carry a live session of the caller's grant. (mcp-go checks it again.)
+func (h *HTTPHandler) sessionOK(w http.ResponseWriter, r *http.Request, c *conn, body []byte) bool {
+	if mcp.IsModernProtocol(r.Header.Get("Mcp-Protocol-Version")) {
+		return true
+	}
+	var peek struct {
+		Method string `json:"method"`
+		Params struct {
+			Meta *mcp.Meta `json:"_meta"`
+		} `json:"params"`
+	}
+	if json.Unmarshal(body, &peek) != nil {
+		return true // not a message mcp-go will read: the gate answers it
+	}
+	if peek.Method == string(mcp.MethodInitialize) || mcp.IsModernProtocol(peek.Params.Meta.ProtocolVersion()) {
+		return true
+	}
+	sid := r.Header.Get("Mcp-Session-Id")
+	if sid == "" {
+		httpError(w, http.StatusBadRequest, "Mcp-Session-Id required; initialize first")
+		return false
+	}
+	if !h.sessions.use(c.grant.Name, sid) {
+		httpError(w, http.StatusNotFound, msgSessionGone)
+		return false
+	}
+	return true
 }
 
 // grantForToken finds the grant of the one bearer token in auth. Every

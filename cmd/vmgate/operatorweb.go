@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/vmgate/vmgate/config"
@@ -107,13 +106,15 @@ func (w *operatorWeb) serveMetrics(ctx context.Context) (stop func(), err error)
 }
 
 // handler mounts /ui and (without metrics.addr) /metrics beside the MCP
-// handler of srv on the HTTP listener.
+// handler of srv on the HTTP listener; every request's body must arrive
+// within the configured body timeout.
 func (w *operatorWeb) handler(srv *server.Server, tlsOn bool) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/", srv.Handler())
+	bodyTimeout := httpOptions(w.cfg.HTTP).BodyTimeout
 	if w.cfg.Operator.TokenSHA256 == "" {
 		slog.Info("vmgate: no operator token in the config: the approvals page /ui is off")
-		return mux, nil
+		return server.LimitBodyTime(mux, bodyTimeout), nil
 	}
 	backends := make([]ui.Backend, len(w.backends))
 	for i, b := range w.backends {
@@ -130,21 +131,7 @@ func (w *operatorWeb) handler(srv *server.Server, tlsOn bool) (http.Handler, err
 	mux.Handle(ui.Prefix+"/", page)
 	mux.Handle(ui.Prefix, http.RedirectHandler(ui.Prefix+"/", http.StatusSeeOther))
 	if w.cfg.Metrics.Addr == "" {
-		mux.Handle("/metrics", operatorOnly(page, w.metrics.Handler()))
+		mux.Handle("/metrics", page.OperatorOnly(w.metrics.Handler()))
 	}
-	return mux, nil
-}
-
-// operatorOnly lets a request through when it carries the operator token
-// as "Authorization: Bearer <token>".
-func operatorOnly(page *ui.Handler, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || !page.CheckToken(tok) {
-			rw.Header().Set("WWW-Authenticate", `Bearer realm="vmgate-operator"`)
-			http.Error(rw, "operator token required", http.StatusUnauthorized)
-			return
-		}
-		next.ServeHTTP(rw, r)
-	})
+	return server.LimitBodyTime(mux, bodyTimeout), nil
 }

@@ -92,7 +92,7 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	}
 	grants := make([]server.Grant, 0, len(cfg.Grants))
 	for _, g := range cfg.Grants {
-		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs})
+		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs, RequestsPerMinute: g.RequestsPerMinute})
 	}
 	if o.httpAddr == "" {
 		if !hasGrant(cfg, o.grant) {
@@ -135,7 +135,7 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	srv, err := server.New(server.Config{
 		Grants: grants, Backends: backends, Store: countedStore, Audit: countedLog, StdioGrant: o.grant,
 		Limits: server.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
-		HTTP:   server.HTTPOptions{AllowedOrigins: cfg.HTTP.AllowedOrigins, AllowedHosts: cfg.HTTP.AllowedHosts},
+		HTTP:   httpOptions(cfg.HTTP),
 	})
 	if err != nil {
 		return err

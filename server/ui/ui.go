@@ -13,7 +13,8 @@
 // The page is behind the operator token, which is not a grant: a grant's
 // bearer token does not open it, and the operator token cannot make tool
 // calls. The config holds only the token's SHA-256; the login form's token
-// is compared with it in constant time. A login sets a random session id in
+// is compared with it in constant time, and wrong tokens are throttled per
+// client address and in all (throttle.go). A login sets a random session id in
 // an HttpOnly, SameSite=Strict cookie (Secure when served over TLS) scoped
 // to /ui. Every form carries a CSRF token, the HMAC-SHA256 of the session id
 // under a key made at start (the login form, before any session, uses a
@@ -116,6 +117,8 @@ type Handler struct {
 	log     *slog.Logger
 	now     func() time.Time
 
+	throttle *loginThrottle // wrong operator tokens (throttle.go)
+
 	// mu guards sessions.
 	mu       sync.Mutex
 	sessions map[string]time.Time // session id -> expiry
@@ -171,6 +174,7 @@ func New(cfg Config) (*Handler, error) {
 		cfg: cfg, csrfKey: make([]byte, 32), journal: newJournal(cfg.AuditPath), pages: pages,
 		static: http.StripPrefix(Prefix+"/static/", http.FileServerFS(sub)),
 		log:    cfg.Logger, now: cfg.Now, sessions: map[string]time.Time{},
+		throttle: newLoginThrottle(cfg.Now),
 	}
 	copy(u.token[:], h)
 	rand.Read(u.csrfKey)
@@ -341,7 +345,13 @@ func (u *Handler) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid or missing CSRF token; reload the login page", http.StatusForbidden)
 		return
 	}
+	if wait, blocked := u.throttle.blocked(r.RemoteAddr); blocked {
+		u.log.Warn("ui: operator login throttled", "remote", r.RemoteAddr)
+		refuseThrottled(w, wait)
+		return
+	}
 	if !u.CheckToken(r.PostForm.Get("token")) {
+		u.throttle.fail(r.RemoteAddr)
 		u.log.Warn("ui: failed operator login", "remote", r.RemoteAddr)
 		u.loginForm(w, r, "That is not the operator token.")
 		return
