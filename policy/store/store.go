@@ -81,7 +81,15 @@ type Approval struct {
 	VM      string        `json:"vm,omitempty"`
 	Digest  string        `json:"digest"`         // SHA-256 of the canonical arguments
 	Args    string        `json:"args,omitempty"` // the arguments as the audit log records them (redacted JSON)
-	State   ApprovalState `json:"state"`
+	// FullArgs are the arguments exactly as the call will run with them
+	// (the JSON its digest is computed from: stdin, file content and env
+	// values in full), for the operator who decides. A store keeps them
+	// only while the approval can still let a call run: a denial, the
+	// consuming call and expiry drop them (an ended approval is never
+	// returned with them, and is rewritten without them when approvals
+	// are next listed or created). At most MaxApprovalArgs bytes.
+	FullArgs string        `json:"full_args,omitempty"`
+	State    ApprovalState `json:"state"`
 	Created time.Time     `json:"created"`
 	// Expires: a pending approval expires then; once granted, the grant is
 	// usable until Expires too (reset to decision time + TTL on grant).
@@ -106,6 +114,10 @@ var (
 	// counters, or the approval id already exists.
 	ErrDuplicate = errors.New("duplicate id")
 )
+
+// MaxApprovalArgs bounds Approval.FullArgs (a call's arguments are bounded
+// by the server's message limit, 8 MiB by default, before that).
+const MaxApprovalArgs = 16 << 20
 
 // MaxKeyLen bounds the length in bytes of counter keys, reservation ids and
 // approval ids (bbolt keys are limited to 32 KiB; Redis keys are cheap but

@@ -449,8 +449,46 @@ func (s *Store) CreateApproval(ctx context.Context, a store.Approval) error {
 		if err := purge(b, "approval", func(old store.Approval) bool { return rules.Stale(old, a.Created) }); err != nil {
 			return err
 		}
+		if err := scrub(b, a.Created, nil); err != nil {
+			return err
+		}
 		return putApproval(b, a)
 	})
+}
+
+// scrub rewrites the approvals of b that ended by now without their full
+// arguments (only ids, when given). It runs inside the caller's update
+// transaction.
+func scrub(b *bbolt.Bucket, now time.Time, ids []string) error {
+	var todo []store.Approval
+	check := func(k, v []byte) error {
+		var a store.Approval
+		if err := json.Unmarshal(v, &a); err != nil {
+			return fmt.Errorf("approval %q: decode: %w", k, err)
+		}
+		if kept, changed := rules.Scrubbed(a, now); changed {
+			todo = append(todo, kept)
+		}
+		return nil
+	}
+	if ids == nil {
+		if err := b.ForEach(check); err != nil {
+			return err
+		}
+	}
+	for _, id := range ids {
+		if v := b.Get([]byte(id)); v != nil {
+			if err := check([]byte(id), v); err != nil {
+				return err
+			}
+		}
+	}
+	for _, a := range todo {
+		if err := putApproval(b, a); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // GetApproval implements store.Approvals: the approval as stored.
@@ -468,14 +506,21 @@ func (s *Store) GetApproval(ctx context.Context, id string) (store.Approval, err
 }
 
 // ListApprovals implements store.Approvals: every approval as it stands at
-// now, oldest first.
+// now, oldest first. Approvals that ended with their full arguments still
+// stored are rewritten without them (a write transaction, only then).
 func (s *Store) ListApprovals(ctx context.Context, now time.Time) ([]store.Approval, error) {
-	var out []store.Approval
+	var (
+		out   []store.Approval
+		ended []string
+	)
 	err := s.view(ctx, "list approvals", func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketApprovals).ForEach(func(k, v []byte) error {
 			var a store.Approval
 			if err := json.Unmarshal(v, &a); err != nil {
 				return fmt.Errorf("approval %q: decode: %w", k, err)
+			}
+			if _, changed := rules.Scrubbed(a, now); changed {
+				ended = append(ended, a.ID)
 			}
 			out = append(out, rules.AsOf(a, now))
 			return nil
@@ -483,6 +528,13 @@ func (s *Store) ListApprovals(ctx context.Context, now time.Time) ([]store.Appro
 	})
 	if err != nil {
 		return nil, err
+	}
+	if len(ended) > 0 {
+		if err := s.update(ctx, "scrub approvals", func(tx *bbolt.Tx) error {
+			return scrub(tx.Bucket(bucketApprovals), now, ended)
+		}); err != nil {
+			return nil, err
+		}
 	}
 	rules.Sort(out)
 	return out, nil

@@ -280,6 +280,8 @@ func (s *Store) CreateApproval(ctx context.Context, a store.Approval) error {
 	for id, old := range s.approvals {
 		if rules.Stale(old, a.Created) {
 			delete(s.approvals, id)
+		} else if kept, changed := rules.Scrubbed(old, a.Created); changed {
+			s.approvals[id] = kept
 		}
 	}
 	s.approvals[a.ID] = a
@@ -319,7 +321,10 @@ func (s *Store) ListApprovals(ctx context.Context, now time.Time) ([]store.Appro
 		return nil, fmt.Errorf("memory: list approvals: %w: store is closed", store.ErrUnavailable)
 	}
 	out := make([]store.Approval, 0, len(s.approvals))
-	for _, a := range s.approvals {
+	for id, a := range s.approvals {
+		if kept, changed := rules.Scrubbed(a, now); changed {
+			s.approvals[id] = kept
+		}
 		out = append(out, rules.AsOf(a, now))
 	}
 	rules.Sort(out)

@@ -14,6 +14,8 @@
 //
 // Approvals: JSON strings (Prefix + "a:" + id) that expire Retention after
 // they end, a set of all ids and a set per binding (grant, tool, digest).
+// An approval that ended is rewritten without its full arguments (a
+// compare-and-set script) when approvals are next listed or created.
 // Decide and Consume are optimistic WATCH/MULTI transactions: of two
 // concurrent consumers, the second one's EXEC fails and it re-reads the
 // approval, now consumed.
@@ -262,6 +264,13 @@ func (s *Store) CreateApproval(ctx context.Context, a store.Approval) error {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	keys := []string{s.approvalKey(a.ID), s.idsKey(), s.bindingKey(a.Grant, a.Tool, a.Digest)}
+	// Approvals that ended lose their full arguments now, as the other
+	// stores do on create.
+	if as, raw, err := s.membersRaw(ctx, s.idsKey()); err != nil {
+		return unavailable("create approval", err)
+	} else if err := s.scrub(ctx, as, raw, a.Created); err != nil {
+		return unavailable("create approval", err)
+	}
 	created, err := createScript.Run(ctx, s.client, keys, v, a.ID, keep(a, a.Created).Milliseconds()).Int64()
 	if err != nil {
 		return unavailable("create approval", err)
@@ -316,9 +325,15 @@ func (s *Store) GetApproval(ctx context.Context, id string) (store.Approval, err
 // members reads the approvals whose ids set holds, dropping ids whose
 // approval has expired out of Redis from the set.
 func (s *Store) members(ctx context.Context, set string) ([]store.Approval, error) {
+	as, _, err := s.membersRaw(ctx, set)
+	return as, err
+}
+
+// membersRaw is members with each approval's stored JSON.
+func (s *Store) membersRaw(ctx context.Context, set string) ([]store.Approval, []string, error) {
 	ids, err := s.client.SMembers(ctx, set).Result()
 	if err != nil || len(ids) == 0 {
-		return nil, err
+		return nil, nil, err
 	}
 	keys := make([]string, len(ids))
 	for i, id := range ids {
@@ -326,9 +341,10 @@ func (s *Store) members(ctx context.Context, set string) ([]store.Approval, erro
 	}
 	vs, err := s.client.MGet(ctx, keys...).Result()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := make([]store.Approval, 0, len(ids))
+	raw := make([]string, 0, len(ids))
 	var gone []any
 	for i, v := range vs {
 		str, ok := v.(string)
@@ -338,16 +354,45 @@ func (s *Store) members(ctx context.Context, set string) ([]store.Approval, erro
 		}
 		a, err := decode(ids[i], str)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, a)
+		raw = append(raw, str)
 	}
 	if len(gone) > 0 {
 		if err := s.client.SRem(ctx, set, gone...).Err(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return out, nil
+	return out, raw, nil
+}
+
+// scrubScript: KEYS approval; ARGV the JSON read, the JSON to write. It
+// rewrites the approval (keeping its expiry) only if nobody changed it
+// since it was read.
+var scrubScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+return 1
+`)
+
+// scrub rewrites the approvals (read as raw) that ended by now without
+// their full arguments.
+func (s *Store) scrub(ctx context.Context, as []store.Approval, raw []string, now time.Time) error {
+	for i, a := range as {
+		kept, changed := rules.Scrubbed(a, now)
+		if !changed {
+			continue
+		}
+		v, err := json.Marshal(kept)
+		if err != nil {
+			return err
+		}
+		if err := scrubScript.Run(ctx, s.client, []string{s.approvalKey(a.ID)}, raw[i], v).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ListApprovals implements store.Approvals: every approval as it stands at
@@ -358,8 +403,11 @@ func (s *Store) ListApprovals(ctx context.Context, now time.Time) ([]store.Appro
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	as, err := s.members(ctx, s.idsKey())
+	as, raw, err := s.membersRaw(ctx, s.idsKey())
 	if err != nil {
+		return nil, unavailable("list approvals", err)
+	}
+	if err := s.scrub(ctx, as, raw, now); err != nil {
 		return nil, unavailable("list approvals", err)
 	}
 	for i := range as {

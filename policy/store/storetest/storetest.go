@@ -44,6 +44,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"ApprovalExpiry", testApprovalExpiry},
 		{"ApprovalConcurrentConsume", testApprovalConcurrentConsume},
 		{"BadApprovals", testBadApprovals},
+		{"ApprovalFullArgs", testApprovalFullArgs},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -617,6 +618,7 @@ func testBadApprovals(t *testing.T, s store.Store) {
 		{"zero created", mod(func(a *store.Approval) { a.Created = time.Time{} })},
 		{"expires before created", mod(func(a *store.Approval) { a.Expires = a.Created.Add(-time.Second) })},
 		{"zero ttl", mod(func(a *store.Approval) { a.TTL = 0 })},
+		{"arguments too large", mod(func(a *store.Approval) { a.FullArgs = strings.Repeat("x", store.MaxApprovalArgs+1) })},
 	}
 	for _, tt := range tests {
 		if err := s.CreateApproval(ctx, tt.a); !errors.Is(err, store.ErrInvalid) {
@@ -643,5 +645,80 @@ func testBadApprovals(t *testing.T, s store.Store) {
 	got, err := s.GetApproval(ctx, good.ID)
 	if err != nil || got.State != store.ApprovalPending {
 		t.Errorf("GetApproval(good) after bad decisions = %+v, %v; want pending", got, err)
+	}
+}
+
+// testApprovalFullArgs: the full arguments are there for the operator while
+// the approval can still let a call run, and gone, at rest too, once it
+// cannot (denied, consumed, expired).
+func testApprovalFullArgs(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	full := `{"command":["sh"],"stdin":"echo innocent\nrm -rf /tmp/important\n","vm":"lab/vm1"}`
+	mk := func(id, digest string) store.Approval {
+		a := newApproval(id, at(0))
+		a.Digest, a.FullArgs = digest, full
+		if err := s.CreateApproval(ctx, a); err != nil {
+			t.Fatalf("CreateApproval(%s) = %v", id, err)
+		}
+		return a
+	}
+	args := func(id string, now time.Time) (listed, stored string) {
+		t.Helper()
+		list, err := s.ListApprovals(ctx, now)
+		if err != nil {
+			t.Fatalf("ListApprovals = %v", err)
+		}
+		for _, a := range list {
+			if a.ID == id {
+				listed = a.FullArgs
+			}
+		}
+		got, err := s.GetApproval(ctx, id)
+		if err != nil {
+			t.Fatalf("GetApproval(%s) = %v", id, err)
+		}
+		return listed, got.FullArgs
+	}
+	pending := mk("full-pending", "sha256:p")
+	granted := mk("full-granted", "sha256:g")
+	denied := mk("full-denied", "sha256:d")
+	if l, st := args(pending.ID, at(time.Second)); l != full || st != full {
+		t.Errorf("pending approval: listed %q, stored %q; want the full arguments", l, st)
+	}
+	if _, err := s.DecideApproval(ctx, granted.ID, true, "op", "", at(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := args(granted.ID, at(3*time.Second)); l != full {
+		t.Errorf("granted, unused approval: listed %q; want the full arguments", l)
+	}
+	d, err := s.DecideApproval(ctx, denied.ID, false, "op", "", at(2*time.Second))
+	if err != nil || d.FullArgs != "" {
+		t.Errorf("DecideApproval(deny) = %q, %v; want no full arguments", d.FullArgs, err)
+	}
+	c, ok, err := s.ConsumeApproval(ctx, granted.Grant, granted.Tool, granted.Digest, at(4*time.Second))
+	if !ok || err != nil || c.FullArgs != "" {
+		t.Errorf("ConsumeApproval = %q, %v, %v; want consumed without full arguments", c.FullArgs, ok, err)
+	}
+	for _, id := range []string{granted.ID, denied.ID} {
+		if l, st := args(id, at(5*time.Second)); l != "" || st != "" {
+			t.Errorf("%s: listed %q, stored %q; want none", id, l, st)
+		}
+	}
+	// Expired: not listed with them, and rewritten without them once listed.
+	late := pending.Expires.Add(time.Second)
+	if l, st := args(pending.ID, late); l != "" || st != "" {
+		t.Errorf("expired approval: listed %q, stored %q after a list; want none", l, st)
+	}
+	// Creating an approval scrubs the ended ones too.
+	other := mk("full-other", "sha256:o")
+	if _, st := args(other.ID, at(time.Second)); st != full {
+		t.Errorf("a new approval: stored %q; want the full arguments", st)
+	}
+	n := newApproval("full-new", other.Expires.Add(time.Minute))
+	if err := s.CreateApproval(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetApproval(ctx, other.ID); err != nil || got.FullArgs != "" {
+		t.Errorf("an expired approval after another was created: stored %q, %v; want none", got.FullArgs, err)
 	}
 }

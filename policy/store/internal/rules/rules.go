@@ -72,6 +72,8 @@ func NewApproval(a store.Approval) (store.Approval, error) {
 		return a, fmt.Errorf("%w: approval %q: expires %v is not after created %v", store.ErrInvalid, a.ID, a.Expires, a.Created)
 	case a.TTL <= 0:
 		return a, fmt.Errorf("%w: approval %q: ttl %v is not positive", store.ErrInvalid, a.ID, a.TTL)
+	case len(a.FullArgs) > store.MaxApprovalArgs:
+		return a, fmt.Errorf("%w: approval %q: arguments of %d bytes exceed the limit of %d", store.ErrInvalid, a.ID, len(a.FullArgs), store.MaxApprovalArgs)
 	}
 	a.State = store.ApprovalPending
 	// Strip the monotonic reading and the location so that every store
@@ -82,12 +84,27 @@ func NewApproval(a store.Approval) (store.Approval, error) {
 }
 
 // AsOf returns a as it stands at now: a pending or granted approval past
-// Expires is expired. Nothing else changes.
+// Expires is expired, and an approval that can no longer let a call run
+// (denied, consumed, expired) has no full arguments. Nothing else changes.
 func AsOf(a store.Approval, now time.Time) store.Approval {
 	if (a.State == store.ApprovalPending || a.State == store.ApprovalGranted) && !now.Before(a.Expires) {
 		a.State = store.ApprovalExpired
 	}
+	if a.State != store.ApprovalPending && a.State != store.ApprovalGranted {
+		a.FullArgs = ""
+	}
 	return a
+}
+
+// Scrubbed returns a as a store should keep it at now: without its full
+// arguments once it ended (see AsOf), its state as it was. changed says
+// whether the stored record must be rewritten.
+func Scrubbed(a store.Approval, now time.Time) (store.Approval, bool) {
+	if a.FullArgs == "" || AsOf(a, now).FullArgs != "" {
+		return a, false
+	}
+	a.FullArgs = ""
+	return a, true
 }
 
 // Decide applies an operator's decision to a at now. It returns the new
@@ -109,6 +126,7 @@ func Decide(a store.Approval, grant bool, by, reason string, now time.Time) (sto
 		a.Expires = now.Add(a.TTL)
 	} else {
 		a.State = store.ApprovalDenied
+		a.FullArgs = "" // nothing can run from it any more
 	}
 	return a, true, nil
 }
@@ -120,9 +138,10 @@ func Consumable(a store.Approval, grant, tool, digest string, now time.Time) boo
 		a.Grant == grant && a.Tool == tool && a.Digest == digest
 }
 
-// Consume returns a marked consumed.
+// Consume returns a marked consumed, without its full arguments.
 func Consume(a store.Approval) store.Approval {
 	a.State = store.ApprovalConsumed
+	a.FullArgs = ""
 	return a
 }
 
