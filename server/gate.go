@@ -482,7 +482,8 @@ func (s *Server) park(ctx context.Context, id any, rec audit.Record, d policy.De
 	}
 	// An identical call already waiting reuses its approval; one an operator
 	// denied is refused with the operator's reason until that approval expires.
-	if list, err := s.store.ListApprovals(ctx, now); err == nil {
+	list, listErr := s.store.ListApprovals(ctx, now)
+	if listErr == nil {
 		for _, a := range list {
 			if a.Grant != rec.Grant || a.Tool != tool || a.Digest != digest || !now.Before(a.Expires) {
 				continue
@@ -501,17 +502,7 @@ func (s *Server) park(ctx context.Context, id any, rec audit.Record, d policy.De
 			}
 		}
 	}
-	redacted, _ := json.Marshal(audit.Redact(args))
-	a := store.Approval{
-		ID: rand.Text(), Grant: rec.Grant, Tool: tool, VM: vm, Digest: digest, Args: string(redacted),
-		State: store.ApprovalPending, Created: now, Expires: now.Add(ttl), TTL: ttl,
-	}
-	if err := s.store.CreateApproval(ctx, a); err != nil {
-		rec.Reason = "approval store: " + err.Error()
-		return s.refuseWith(ctx, id, rec, decisionError, TagDenied, "the approval store is unavailable, so the call is refused", nil)
-	}
-	rec.ApprovalID = a.ID
-	return s.approvalRequired(ctx, id, rec, a.ID)
+	return s.parkNew(ctx, id, rec, list, listErr, tool, vm, args, digest, now, ttl) // approvals_full.go
 }
 
 func (s *Server) approvalRequired(ctx context.Context, id any, rec audit.Record, approvalID string) verdict {

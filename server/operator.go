@@ -16,8 +16,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/vmgate/vmgate/policy/store"
 )
 
 // The operator socket is how `vmgate approvals` reaches a running server:
@@ -38,29 +36,36 @@ const operatorLockName = "operator.lock"
 // maxOperatorRequest bounds one request line.
 const maxOperatorRequest = 64 << 10
 
+// maxOperatorResponse bounds one response line (show of an approval with
+// 16 MiB of binary arguments, as a hex dump in JSON, stays below it).
+const maxOperatorResponse = 256 << 20
+
 // operatorTimeout bounds one operator connection.
 const operatorTimeout = 30 * time.Second
 
 // The operator operations.
 const (
 	OpList  = "list"
+	OpShow  = "show"
 	OpGrant = "grant"
 	OpDeny  = "deny"
 )
 
 // OperatorRequest is one request on the operator socket.
 type OperatorRequest struct {
-	Op     string `json:"op"`               // list, grant or deny
-	ID     string `json:"id,omitempty"`     // the approval id (grant, deny)
+	Op     string `json:"op"`               // list, show, grant or deny
+	ID     string `json:"id,omitempty"`     // the approval id (show, grant, deny)
 	Reason string `json:"reason,omitempty"` // why (grant, deny)
 }
 
-// OperatorResponse is the server's answer.
+// OperatorResponse is the server's answer. list carries every approval
+// with its arguments cut to ApprovalPreviewBytes each; show one approval
+// with all of its arguments.
 type OperatorResponse struct {
-	Error     string           `json:"error,omitempty"`
-	Operator  string           `json:"operator,omitempty"` // who the server took the caller to be
-	Approvals []store.Approval `json:"approvals,omitempty"`
-	Approval  *store.Approval  `json:"approval,omitempty"`
+	Error     string         `json:"error,omitempty"`
+	Operator  string         `json:"operator,omitempty"` // who the server took the caller to be
+	Approvals []ApprovalView `json:"approvals,omitempty"`
+	Approval  *ApprovalView  `json:"approval,omitempty"`
 }
 
 // ErrOperatorBusy: another live server owns the operator socket of the state directory.
@@ -233,7 +238,18 @@ func (o *OperatorListener) answer(ctx context.Context, c *net.UnixConn) Operator
 		if err != nil {
 			return OperatorResponse{Operator: who, Error: err.Error()}
 		}
-		return OperatorResponse{Operator: who, Approvals: list}
+		views := make([]ApprovalView, len(list))
+		for i, ap := range list {
+			views[i] = View(ap, ApprovalPreviewBytes)
+		}
+		return OperatorResponse{Operator: who, Approvals: views}
+	case OpShow:
+		ap, err := a.Get(ctx, req.ID)
+		if err != nil {
+			return OperatorResponse{Operator: who, Error: err.Error()}
+		}
+		v := View(ap, 0)
+		return OperatorResponse{Operator: who, Approval: &v}
 	case OpGrant, OpDeny:
 		decide := a.Grant
 		if req.Op == OpDeny {
@@ -244,7 +260,8 @@ func (o *OperatorListener) answer(ctx context.Context, c *net.UnixConn) Operator
 			return OperatorResponse{Operator: who, Error: err.Error()}
 		}
 		o.s.log.Info("server: approval decided", "op", req.Op, "id", req.ID, "operator", who)
-		return OperatorResponse{Operator: who, Approval: &ap}
+		v := View(ap, ApprovalPreviewBytes)
+		return OperatorResponse{Operator: who, Approval: &v}
 	}
 	return OperatorResponse{Operator: who, Error: "unreachable"}
 }
@@ -281,6 +298,10 @@ func decodeOperatorRequest(line []byte) (OperatorRequest, error) {
 		if req.ID != "" || req.Reason != "" {
 			return OperatorRequest{}, errors.New("list takes no id or reason")
 		}
+	case OpShow:
+		if req.ID == "" || req.Reason != "" {
+			return OperatorRequest{}, errors.New("show takes an approval id and no reason")
+		}
 	case OpGrant, OpDeny:
 		if req.ID == "" {
 			return OperatorRequest{}, fmt.Errorf("%s needs an approval id", req.Op)
@@ -294,7 +315,7 @@ func decodeOperatorRequest(line []byte) (OperatorRequest, error) {
 			}
 		}
 	default:
-		return OperatorRequest{}, fmt.Errorf("unknown op %q (want list, grant or deny)", truncate(req.Op, 40))
+		return OperatorRequest{}, fmt.Errorf("unknown op %q (want list, show, grant or deny)", truncate(req.Op, 40))
 	}
 	return req, nil
 }
@@ -361,7 +382,7 @@ func OperatorCall(ctx context.Context, path string, req OperatorRequest) (Operat
 	if _, err := c.Write(append(b, '\n')); err != nil {
 		return OperatorResponse{}, fmt.Errorf("operator: send: %w", err)
 	}
-	line, err := readLine(c, 64<<20)
+	line, err := readLine(c, maxOperatorResponse)
 	if err != nil {
 		return OperatorResponse{}, fmt.Errorf("operator: read: %w", err)
 	}

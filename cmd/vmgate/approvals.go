@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,15 +26,20 @@ func newApprovalsCmd() *cobra.Command {
 	var o approvalsOptions
 	cmd := &cobra.Command{
 		Use:   "approvals",
-		Short: "List, grant or deny parked calls of the running server",
+		Short: "List, show, grant or deny parked calls of the running server",
 		Long: `approvals talks to the running vmgate server through its operator socket
 (operator.sock in the state directory, mode 0600). The server identifies you
 by your local user name (from the socket's peer credentials) and audits every
 grant and deny.
 
 A call that needs an operator's approval returns [APPROVAL REQUIRED] with an
-approval id. After "vmgate approvals grant ID", the same grant's identical
-retry goes through once.`,
+approval id. "list" shows every argument the call will run with (stdin, file
+content and env values included, the first 1024 bytes of each, with their
+length; characters a terminal would not print as themselves are shown as
+escapes, binary content as a hex dump); "show ID" shows all of it. After
+"vmgate approvals grant ID", the same grant's retry with exactly these
+arguments goes through once; a retry that differs in any byte needs an
+approval of its own.`,
 		Args: cobra.NoArgs,
 	}
 	cmd.PersistentFlags().StringVar(&o.config, "config", "", "config file (vmgate.yaml) whose state directory holds the socket; default: embedded defaults")
@@ -50,6 +54,15 @@ retry goes through once.`,
 		},
 	}
 	list.Flags().BoolVar(&o.json, "json", false, "print the approvals as JSON")
+	show := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show one approval with all of its call's arguments",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runApprovalsShow(cmd.Context(), cmd.OutOrStdout(), o, args[0])
+		},
+	}
+	show.Flags().BoolVar(&o.json, "json", false, "print the approval as JSON")
 	decide := func(op, short string) *cobra.Command {
 		var reason string
 		c := &cobra.Command{
@@ -63,7 +76,7 @@ retry goes through once.`,
 		c.Flags().StringVar(&reason, "reason", "", "why (recorded in the audit log)")
 		return c
 	}
-	cmd.AddCommand(list,
+	cmd.AddCommand(list, show,
 		decide(server.OpGrant, "Approve a parked call: its identical retry goes through once"),
 		decide(server.OpDeny, "Refuse a parked call"))
 	return cmd
@@ -101,13 +114,34 @@ func runApprovalsList(ctx context.Context, out io.Writer, o approvalsOptions) er
 		fmt.Fprintln(out, "no approvals")
 		return nil
 	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tGRANT\tTOOL\tVM\tEXPIRES\tARGS")
-	for _, a := range resp.Approvals {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.State, a.Grant, a.Tool, orDash(a.VM),
-			a.Expires.Local().Format(time.DateTime), clip(a.Args, 80))
+	for i, a := range resp.Approvals {
+		if i > 0 {
+			fmt.Fprintln(out)
+		}
+		writeApproval(out, a)
 	}
-	return tw.Flush()
+	return nil
+}
+
+func runApprovalsShow(ctx context.Context, out io.Writer, o approvalsOptions, id string) error {
+	path, err := operatorSocket(o)
+	if err != nil {
+		return err
+	}
+	resp, err := server.OperatorCall(ctx, path, server.OperatorRequest{Op: server.OpShow, ID: id})
+	if err != nil {
+		return fmt.Errorf("approvals show: %w", err)
+	}
+	if resp.Approval == nil {
+		return fmt.Errorf("approvals show: the server sent no approval")
+	}
+	if o.json {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(resp.Approval)
+	}
+	writeApproval(out, *resp.Approval)
+	return nil
 }
 
 func runApprovalsDecide(ctx context.Context, out io.Writer, o approvalsOptions, op, id, reason string) error {
@@ -152,11 +186,4 @@ func startOperator(ctx context.Context, srv *server.Server, stateDir string) (st
 		}
 		<-done
 	}, nil
-}
-
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
 }

@@ -75,12 +75,12 @@ const (
 
 // Approval is one parked call.
 type Approval struct {
-	ID      string        `json:"id"`
-	Grant   string        `json:"grant"`
-	Tool    string        `json:"tool"`
-	VM      string        `json:"vm,omitempty"`
-	Digest  string        `json:"digest"`         // SHA-256 of the canonical arguments
-	Args    string        `json:"args,omitempty"` // the arguments as the audit log records them (redacted JSON)
+	ID     string `json:"id"`
+	Grant  string `json:"grant"`
+	Tool   string `json:"tool"`
+	VM     string `json:"vm,omitempty"`
+	Digest string `json:"digest"`         // SHA-256 of the canonical arguments
+	Args   string `json:"args,omitempty"` // the arguments as the audit log records them (redacted JSON)
 	// FullArgs are the arguments exactly as the call will run with them
 	// (the JSON its digest is computed from: stdin, file content and env
 	// values in full), for the operator who decides. A store keeps them
@@ -90,7 +90,7 @@ type Approval struct {
 	// are next listed or created). At most MaxApprovalArgs bytes.
 	FullArgs string        `json:"full_args,omitempty"`
 	State    ApprovalState `json:"state"`
-	Created time.Time     `json:"created"`
+	Created  time.Time     `json:"created"`
 	// Expires: a pending approval expires then; once granted, the grant is
 	// usable until Expires too (reset to decision time + TTL on grant).
 	Expires   time.Time     `json:"expires"`

@@ -117,7 +117,7 @@ func TestBrowserApproveAndDeny(t *testing.T) {
 	id := f.park(t, `{"vm":"lab/vm1","action":"reboot"}`)
 	row := "#approval-" + id
 	run("reload", chromedp.Navigate(f.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS(row)))
-	if got := text(row); !strings.Contains(got, "vm_power") || !strings.Contains(got, `"action":"reboot"`) || !strings.Contains(got, "agent") {
+	if got := text(row); !strings.Contains(got, "vm_power") || !strings.Contains(got, "action text, 6 bytes\nreboot") || !strings.Contains(got, "agent") {
 		t.Errorf("pending row = %q; want grant, tool and arguments", got)
 	}
 	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))

@@ -218,8 +218,8 @@ func TestPageShowsDecisionsCountersAndVMs(t *testing.T) {
 		"list_rate|grant=5:agent", // the counter key
 		"<td>3</td><td>50</td>",   // used and limit
 		"lab/vm1", "connected (9.2)", "lab/vm2", "not connected",
-		`&#34;action&#34;:&#34;start&#34;`, // the parked call's arguments, escaped
-		`<tr class="d-approve">`,           // the parked call among the decisions
+		`<code>action</code>`, `>start</pre>`, // the parked call's arguments
+		`<tr class="d-approve">`, // the parked call among the decisions
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("GET /ui/ lacks %q", want)

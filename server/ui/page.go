@@ -32,7 +32,7 @@ type pageData struct {
 	CSRF      string
 	Operator  string
 	Msg, Err  string
-	Pending   []store.Approval
+	Pending   []approvalView
 	PendErr   string
 	Decisions []audit.Record
 	Filter    Filter
@@ -45,7 +45,7 @@ type pageData struct {
 	VMErrs    []string
 }
 
-func (u *Handler) pendingList(ctx context.Context) ([]store.Approval, string) {
+func (u *Handler) pendingList(ctx context.Context) ([]approvalView, string) {
 	list, err := u.cfg.Approvals.List(ctx)
 	if err != nil {
 		u.log.Error("ui: list approvals", "err", err)
@@ -56,7 +56,11 @@ func (u *Handler) pendingList(ctx context.Context) ([]store.Approval, string) {
 		return a.State != store.ApprovalPending || !now.Before(a.Expires)
 	})
 	slices.SortFunc(list, func(a, b store.Approval) int { return a.Created.Compare(b.Created) })
-	return list, ""
+	views := make([]approvalView, len(list))
+	for i, a := range list {
+		views[i] = viewOf(a, PreviewBytes)
+	}
+	return views, ""
 }
 
 func (u *Handler) page(w http.ResponseWriter, r *http.Request) {

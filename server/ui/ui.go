@@ -1,5 +1,8 @@
 // Package ui is the operator's approvals page, served at /ui on vmgate's
-// HTTP listener: pending approvals with Approve and Deny, recent decisions
+// HTTP listener: pending approvals with every argument their call will run
+// with (stdin, file content and env values included, rendered by argview;
+// the first bytes of each in the list, all of them on the page of one
+// approval, /ui/approval?id=ID) and Approve and Deny, recent decisions
 // from the audit log with filters, the counters with their limits and when
 // they free up, and the VMs with their state and agent status.
 //
@@ -246,6 +249,13 @@ func (u *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		u.page(w, r)
+	case path == "/approval" && r.Method == http.MethodGet:
+		sid, ok := u.session(r)
+		if !ok {
+			http.Redirect(w, r, Prefix+"/login", http.StatusSeeOther)
+			return
+		}
+		u.approval(w, r, sid)
 	case path == "/pending" && r.Method == http.MethodGet:
 		sid, ok := u.session(r)
 		if !ok {
