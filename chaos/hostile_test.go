@@ -67,7 +67,21 @@ type hostileCase struct {
 	ExpectAlt  []string            `json:"expect_alt"`
 	SameID     bool                `json:"same_id"` // a successful reply carries the request's id byte for byte
 	Stdout     *string             `json:"stdout"`  // "ok" exec: the exact stdout
-	file       string
+	// Approve, when set, makes the case an operator's: its call parks, the
+	// operator reads it with vmgate approvals and decides, then body is
+	// sent (TestHostileApprovals; TestHostile leaves these cases out).
+	Approve *approveStep `json:"approve"`
+	file    string
+}
+
+// approveStep is what an operator is asked to approve, what they must and
+// must not see, and what they decide.
+type approveStep struct {
+	Body      string   `json:"body"`       // a call the gated policy parks
+	Sees      []string `json:"sees"`       // text `vmgate approvals show ID` prints
+	ListSees  []string `json:"list_sees"`  // text `vmgate approvals list` prints
+	NeverSees []string `json:"never_sees"` // text neither prints (raw control characters)
+	Decide    string   `json:"decide"`     // grant or deny
 }
 
 func loadCorpus(t *testing.T) []hostileCase {
@@ -119,6 +133,9 @@ func parseCase(file string, b []byte) (hostileCase, error) {
 	}
 	if c.Generate != "" && !slices.Contains(generators, c.Generate) {
 		return hostileCase{}, fmt.Errorf("%s: unknown generator %q; want one of %v", file, c.Generate, generators)
+	}
+	if a := c.Approve; a != nil && (a.Body == "" || len(a.Sees) == 0 || a.Decide != "grant" && a.Decide != "deny") {
+		return hostileCase{}, fmt.Errorf("%s: approve needs a body, what the operator sees and a decision grant|deny", file)
 	}
 	return c, nil
 }
@@ -308,7 +325,7 @@ func TestHostile(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, c := range cases {
-			if c.Transport == "stdio" {
+			if c.Transport == "stdio" || c.Approve != nil {
 				continue
 			}
 			body := c.body()
@@ -350,7 +367,7 @@ func TestHostile(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, c := range cases {
-			if c.Transport == "http" {
+			if c.Transport == "http" || c.Approve != nil {
 				continue
 			}
 			body := c.body()

@@ -34,11 +34,12 @@ type mode struct {
 	kills      int           // kill -9 rounds
 	killEvery  time.Duration // load between two kills
 	replicaCli int           // clients per replica
+	flood      time.Duration // how long the initialize flood runs (FloodEnv overrides it)
 }
 
 var (
-	shortMode = mode{name: "short", clients: 16, load: 15 * time.Second, kills: 3, killEvery: 3 * time.Second, replicaCli: 4}
-	longMode  = mode{name: "long", clients: 64, load: 60 * time.Second, kills: 10, killEvery: 4 * time.Second, replicaCli: 16}
+	shortMode = mode{name: "short", clients: 16, load: 15 * time.Second, kills: 3, killEvery: 3 * time.Second, replicaCli: 4, flood: 10 * time.Second}
+	longMode  = mode{name: "long", clients: 64, load: 60 * time.Second, kills: 10, killEvery: 4 * time.Second, replicaCli: 16, flood: 60 * time.Second}
 )
 
 func currentMode() mode {

@@ -30,6 +30,8 @@ type grantSpec struct {
 	token  string // "" for a stdio-only grant
 	policy string // the policy document
 	vms    []string
+	// requestsPerMinute overrides the HTTP request budget for this grant.
+	requestsPerMinute int
 }
 
 // setup is a generated vmgate.yaml and where it keeps its state.
@@ -49,6 +51,11 @@ type configOpts struct {
 	grants   []grantSpec
 	vms      []*lab.VM
 	metrics  bool // serve /metrics on a loopback port of its own (metrics.addr)
+	// http is the config's http section (YAML flow mapping); empty: a
+	// request budget far above the default, since the campaign's load is
+	// far above an agent's (the budget and the session caps have their
+	// own test, TestInitializeFlood).
+	http string
 }
 
 // writeConfig writes a config for the lab VMs in o.vms (as backend "lab")
@@ -74,6 +81,10 @@ func writeConfig(t *testing.T, o configOpts) setup {
 	if o.metrics {
 		b.WriteString("metrics: {addr: \"127.0.0.1:0\"}\n")
 	}
+	if o.http == "" {
+		o.http = "{requests_per_minute: 1000000}"
+	}
+	fmt.Fprintf(&b, "http: %s\n", o.http)
 	b.WriteString("limits:\n  max_timeout_s: 120\ngrants:\n")
 	for _, g := range o.grants {
 		pf := filepath.Join(dir, "policy-"+g.name+".json")
@@ -88,6 +99,9 @@ func writeConfig(t *testing.T, o configOpts) setup {
 		if len(g.vms) > 0 {
 			vms, _ := json.Marshal(g.vms)
 			fmt.Fprintf(&b, "    vms: %s\n", vms)
+		}
+		if g.requestsPerMinute > 0 {
+			fmt.Fprintf(&b, "    requests_per_minute: %d\n", g.requestsPerMinute)
 		}
 	}
 	b.WriteString("backends:\n  - name: lab\n    driver: qemu\n    settings:\n      vms:\n")
