@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -229,6 +230,21 @@ type stdioClient struct {
 	err    error         // Wait's result, set before done closes
 	nextID atomic.Int64
 	wmu    sync.Mutex // wmu serialises writes to stdin
+}
+
+// openStdio starts `vmgate serve --config cfg --grant grant` on pipes and
+// initializes it; the test ends it (within 5 s) if it has not closed it.
+func openStdio(t *testing.T, cfg, grant string) *stdioClient {
+	t.Helper()
+	sc, err := startStdio(vmgateBin, cfg, grant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.close(5 * time.Second) })
+	if err := sc.initialize(); err != nil {
+		t.Fatal(err)
+	}
+	return sc
 }
 
 // startStdio starts `vmgate serve --config cfg --grant grant` on pipes.

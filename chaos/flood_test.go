@@ -52,17 +52,12 @@ func floodDuration() time.Duration {
 
 // rssBytes reads the resident set size of pid.
 func rssBytes(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	v, err := procStatus(pid, "VmRSS")
 	if err != nil {
 		return 0, err
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+	kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(v, "kB")), 10, 64)
+	return kb << 10, err
 }
 
 // floodTally is what one grant's flood saw.

@@ -147,14 +147,7 @@ func TestHostileApprovals(t *testing.T) {
 		}
 	})
 	t.Run("stdio", func(t *testing.T) {
-		sc, err := startStdio(vmgateBin, s.cfg, "local")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sc.close(5 * time.Second)
-		if err := sc.initialize(); err != nil {
-			t.Fatal(err)
-		}
+		sc := openStdio(t, s.cfg, "local")
 		n := 0
 		run(t, "stdio", func(body []byte) (reply, error) {
 			n++

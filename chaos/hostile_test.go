@@ -358,14 +358,7 @@ func TestHostile(t *testing.T) {
 	})
 
 	t.Run("stdio", func(t *testing.T) {
-		sc, err := startStdio(vmgateBin, s.cfg, "local")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sc.close(5 * time.Second)
-		if err := sc.initialize(); err != nil {
-			t.Fatal(err)
-		}
+		sc := openStdio(t, s.cfg, "local")
 		for i, c := range cases {
 			if c.Transport == "http" || c.Approve != nil {
 				continue

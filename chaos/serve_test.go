@@ -281,16 +281,25 @@ func fds(pid int) (int, error) {
 
 // threads reads the thread count of pid.
 func threads(pid int) (int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	v, err := procStatus(pid, "Threads")
 	if err != nil {
 		return 0, err
 	}
+	return strconv.Atoi(v)
+}
+
+// procStatus reads the field key of /proc/pid/status.
+func procStatus(pid int, key string) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return "", err
+	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
+		if v, ok := strings.CutPrefix(l, key+":"); ok {
+			return strings.TrimSpace(v), nil
 		}
 	}
-	return 0, fmt.Errorf("no Threads line for pid %d", pid)
+	return "", fmt.Errorf("no %s line for pid %d", key, pid)
 }
 
 // procInfo is one process of /proc.

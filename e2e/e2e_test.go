@@ -59,6 +59,18 @@ const e2ePolicy = `{
 }
 `
 
+// gatedPolicy is the policy of the grant "gated" (approval.test.mjs):
+// every command needs an operator's approval.
+const gatedPolicy = `{
+  "version": "1",
+  "default": "deny",
+  "tools": {
+    "list_vms": {},
+    "vm_agent_exec": { "action": "approve", "approval": { "channel": "operator", "ttl": "10m" } }
+  }
+}
+`
+
 // elicitPolicy is the policy of the grant "elicit" (elicit.test.mjs):
 // vm_status needs the approval of the client's user.
 const elicitPolicy = `{
@@ -101,7 +113,8 @@ func TestNodeSDKEndToEnd(t *testing.T) {
 	bin := buildVMGate(t, dir)
 	state := filepath.Join(dir, "state")
 	token := rand.Text() + rand.Text()
-	cfgPath := writeConfig(t, dir, state, vm, token)
+	gatedToken, operatorToken := rand.Text()+rand.Text(), rand.Text()+rand.Text()
+	cfgPath := writeConfig(t, dir, state, vm, token, gatedToken, operatorToken)
 
 	// Sentinels: nothing the tests send may change them.
 	sentinelFile := "/tmp/vmgate-e2e-sentinel"
@@ -133,6 +146,9 @@ func TestNodeSDKEndToEnd(t *testing.T) {
 		runNode(t, node, append(env, "VMGATE_E2E_URL="+url, "VMGATE_E2E_TOKEN="+token), "http.test.mjs")
 		stop()
 	})
+	t.Run("approval", func(t *testing.T) {
+		testOperatorSeesStdin(t, vm, node, bin, cfgPath, env, gatedToken, operatorToken)
+	})
 
 	// The whole run's audit log verifies.
 	verify := exec.Command(bin, "audit", "verify", filepath.Join(state, "audit.log"))
@@ -160,11 +176,15 @@ func buildVMGate(t *testing.T, dir string) string {
 	return bin
 }
 
-func writeConfig(t *testing.T, dir, state string, vm *lab.VM, token string) string {
+func writeConfig(t *testing.T, dir, state string, vm *lab.VM, token, gatedToken, operatorToken string) string {
 	t.Helper()
 	if err := os.WriteFile(filepath.Join(dir, "policy.json"), []byte(e2ePolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, "gated.json"), []byte(gatedPolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hash := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
 	if err := os.WriteFile(filepath.Join(dir, "elicit.json"), []byte(elicitPolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -185,6 +205,10 @@ grants:
   - name: elicit
     policy: elicit.json
     vms: ["lab/*"]
+  - name: gated
+    token_sha256: %s
+    policy: gated.json
+    vms: ["lab/*"]
   - name: other
     policy: policy.json
     vms: ["other/*"]
@@ -199,8 +223,10 @@ backends:
     settings:
       vms:
         - {name: vm9, qmp: %q, qga: %q}
-`, state, hex.EncodeToString(sum[:]), vmName, vm.QMPSocket, vm.QGASocket,
-		filepath.Join(dir, "nowhere", "qmp.sock"), filepath.Join(dir, "nowhere", "qga.sock"))
+operator:
+  token_sha256: %s
+`, state, hex.EncodeToString(sum[:]), hash(gatedToken), vmName, vm.QMPSocket, vm.QGASocket,
+		filepath.Join(dir, "nowhere", "qmp.sock"), filepath.Join(dir, "nowhere", "qga.sock"), hash(operatorToken))
 	p := filepath.Join(dir, "vmgate.yaml")
 	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -316,4 +342,22 @@ func guestRun(t *testing.T, vm *lab.VM, argv ...string) string {
 		t.Fatalf("guest-exec %q: exit %d (signal %d), output %q (truncated: %v)", argv, st.ExitCode, st.Signal, st.Stdout, st.StdoutTruncated)
 	}
 	return string(st.Stdout)
+}
+
+// testOperatorSeesStdin runs approval.test.mjs against `vmgate serve
+// --http` and checks the guest afterwards: the script the operator
+// approved (and saw) ran once, the one the agent swapped in never ran.
+func testOperatorSeesStdin(t *testing.T, vm *lab.VM, node, bin, cfgPath string, env []string, gatedToken, operatorToken string) {
+	approved, victim := "/tmp/vmgate-e2e-approved", "/tmp/vmgate-e2e-victim"
+	mark := "approved-" + rand.Text()
+	guestRun(t, vm, "/bin/sh", "-c", fmt.Sprintf("rm -f %s; echo victim > %s", approved, victim))
+	url, stop := startHTTPServer(t, bin, cfgPath)
+	runNode(t, node, append(env, "VMGATE_E2E_URL="+url, "VMGATE_E2E_GATED_TOKEN="+gatedToken, "VMGATE_E2E_OPERATOR_TOKEN="+operatorToken,
+		"VMGATE_E2E_APPROVED_FILE="+approved, "VMGATE_E2E_VICTIM_FILE="+victim, "VMGATE_E2E_MARK="+mark), "approval.test.mjs")
+	stop()
+	got := guestRun(t, vm, "/bin/sh", "-c", fmt.Sprintf("cat %s; cat %s", approved, victim))
+	if want := mark + "\nvictim\n"; got != want {
+		t.Errorf("guest after the approval = %q; want %q (the approved script ran, the swapped one did not)", got, want)
+	}
+	guestRun(t, vm, "/bin/sh", "-c", fmt.Sprintf("rm -f %s %s", approved, victim))
 }

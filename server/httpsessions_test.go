@@ -177,15 +177,31 @@ func TestHTTPStatelessClientsNeedNoSession(t *testing.T) {
 	}
 }
 
-// A legacy message other than initialize needs a session: 400 without one.
+// A legacy call without a session goes through the gate (refused and
+// audited when malformed) and runs nowhere; one in a session this handler
+// does not hold is refused before the gate.
 func TestHTTPSessionRequired(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	_, url := sessionServer(t, f, HTTPSessionLimits{})
-	st, _, body := rawHTTP(t, http.MethodPost, url, map[string]string{"Authorization": "Bearer local-token"}, toolCall(1, "list_vms", `{}`))
-	if st != http.StatusBadRequest || !strings.Contains(body, "initialize first") {
-		t.Errorf("tools/call without a session = %d %q; want 400 saying to initialize first", st, body)
+	hdr := map[string]string{"Authorization": "Bearer local-token"}
+	st, _, body := rawHTTP(t, http.MethodPost, url, hdr, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"vm_status","arguments":{"vm":"lab/vm1","vm":"lab/vm2"}}}`)
+	if st != http.StatusOK || !strings.Contains(body, TagInvalid) {
+		t.Errorf("malformed tools/call without a session = %d %q; want the gate's %s", st, body, TagInvalid)
 	}
-	if n := len(f.rec.records()); n != 0 {
-		t.Errorf("%d audit records for a call refused before the gate; want 0", n)
+	st, _, body = rawHTTP(t, http.MethodPost, url, hdr, toolCall(2, "vm_status", `{"vm":"lab/vm1"}`))
+	if st != http.StatusNotFound {
+		t.Errorf("tools/call without a session = %d %q; want 404", st, body)
+	}
+	n := len(f.rec.records())
+	hdr["Mcp-Session-Id"] = "mcp-session-NOTMINE"
+	st, _, body = rawHTTP(t, http.MethodPost, url, hdr, toolCall(3, "vm_status", `{"vm":"lab/vm1"}`))
+	if st != http.StatusNotFound || !strings.Contains(body, "initialize again") {
+		t.Errorf("tools/call in an unknown session = %d %q; want 404 saying to initialize again", st, body)
+	}
+	if got := len(f.rec.records()) - n; got != 0 {
+		t.Errorf("%d audit records for a call in an unknown session; want 0 (refused before the gate)", got)
+	}
+	if c := f.calls.Load(); c != 0 {
+		t.Errorf("%d driver calls; want 0", c)
 	}
 }

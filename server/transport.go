@@ -415,8 +415,12 @@ func (h *HTTPHandler) servePost(w http.ResponseWriter, r *http.Request, c *conn)
 }
 
 // sessionOK checks the session of a POST before the gate sees its message:
-// a message of a client older than 2026-07-28, other than initialize, must
-// carry a live session of the caller's grant. (mcp-go checks it again.)
+// a message of a client older than 2026-07-28, other than initialize, that
+// names a session must name a live session of the caller's grant; it is
+// refused (404) otherwise, without reaching the gate: it is no call of any
+// session this handler holds. A message that names none goes through the
+// gate (a malformed call is refused and audited as always) and mcp-go
+// refuses what passes it.
 func (h *HTTPHandler) sessionOK(w http.ResponseWriter, r *http.Request, c *conn, body []byte) bool {
 	if mcp.IsModernProtocol(r.Header.Get("Mcp-Protocol-Version")) {
 		return true
@@ -435,8 +439,7 @@ func (h *HTTPHandler) sessionOK(w http.ResponseWriter, r *http.Request, c *conn,
 	}
 	sid := r.Header.Get("Mcp-Session-Id")
 	if sid == "" {
-		httpError(w, http.StatusBadRequest, "Mcp-Session-Id required; initialize first")
-		return false
+		return true
 	}
 	if !h.sessions.use(c.grant.Name, sid) {
 		httpError(w, http.StatusNotFound, msgSessionGone)
