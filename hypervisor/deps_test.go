@@ -64,6 +64,8 @@ func within(rel, dir string) bool {
 	return rel == dir || strings.HasPrefix(rel, dir+"/")
 }
 
+const argviewRule = "server/argview imports only the standard library"
+
 var depRules = []depRule{
 	{
 		name:       "policy imports only the standard library (no other package of ours)",
@@ -97,6 +99,12 @@ var depRules = []depRule{
 		applies:    func(pkg string) bool { return pkg == "hypervisor" },
 		transitive: true,
 		forbidden:  func(dep string, ours bool) bool { return ours && !within(dep, "hypervisor") },
+	},
+	{
+		name:       argviewRule,
+		applies:    func(pkg string) bool { return pkg == "server/argview" },
+		transitive: true,
+		forbidden:  func(dep string, ours bool) bool { return ours || !standard(dep) },
 	},
 }
 
@@ -216,6 +224,8 @@ func TestDependencyRulesBite(t *testing.T) {
 		{"guest/qga depends on a third party", listedPackage{ImportPath: m("guest/qga"), Imports: []string{"net"}, Deps: []string{"net", "golang.org/x/sys/unix"}}, depRules[3].name},
 		{"hypervisor imports guest/qga", listedPackage{ImportPath: m("hypervisor"), Imports: []string{m("guest/qga")}, Deps: []string{m("guest/qga")}}, depRules[4].name},
 		{"hypervisor depends on policy through proto", listedPackage{ImportPath: m("hypervisor"), Imports: []string{m("hypervisor/proto")}, Deps: []string{m("hypervisor/proto"), m("policy")}}, depRules[4].name},
+		{"server/argview imports policy/store", listedPackage{ImportPath: m("server/argview"), Imports: []string{m("policy/store")}, Deps: []string{m("policy/store"), m("policy")}}, argviewRule},
+		{"server/argview depends on mcp-go", listedPackage{ImportPath: m("server/argview"), Imports: []string{"strings"}, Deps: []string{"strings", "github.com/mark3labs/mcp-go/mcp"}}, argviewRule},
 	}
 	if found, _ := violations(clean, depRules); len(found) != 0 {
 		t.Fatalf("violations(clean graph) = %q; want none", found)

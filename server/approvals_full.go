@@ -55,15 +55,7 @@ type ApprovalView struct {
 func View(a store.Approval, limit int) ApprovalView {
 	v := ApprovalView{Approval: a}
 	v.FullArgs = ""
-	src := a.FullArgs
-	if src == "" {
-		src, v.Redacted = a.Args, true
-	}
-	if src != "" {
-		if fs, err := argview.Fields(src, limit); err == nil {
-			v.Arguments = fs
-		}
-	}
+	v.Arguments, v.Redacted = argview.Of(a.FullArgs, a.Args, limit)
 	return v
 }
 

@@ -110,6 +110,18 @@ func Fields(args string, limit int) ([]Field, error) {
 	return append(out, env...), nil
 }
 
+// Of renders the arguments of a parked call: full (the call's arguments
+// in full) when they are kept, else redacted (what the audit log records),
+// with usedRedacted set. Arguments that do not decode give no fields.
+func Of(full, redacted string, limit int) (fields []Field, usedRedacted bool) {
+	src := full
+	if src == "" {
+		src, usedRedacted = redacted, true
+	}
+	fields, _ = Fields(src, limit)
+	return fields, usedRedacted
+}
+
 // value renders one JSON value: a string as text (or hex), anything else
 // as its JSON.
 func value(name string, v any, limit int) Field {

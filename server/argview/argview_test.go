@@ -102,3 +102,25 @@ func TestFieldsLimitAndKinds(t *testing.T) {
 		}
 	}
 }
+
+func TestOf(t *testing.T) {
+	tests := []struct {
+		full, redacted string
+		want           string
+		usedRedacted   bool
+	}{
+		{`{"stdin":"echo hi"}`, `{"stdin":"sha256:aa,len:7"}`, "echo hi", false},
+		{"", `{"stdin":"sha256:aa,len:7"}`, "sha256:aa,len:7", true},
+		{"", "", "", true},
+	}
+	for _, tt := range tests {
+		fs, red := Of(tt.full, tt.redacted, 0)
+		got := ""
+		if len(fs) > 0 {
+			got = fs[0].Value
+		}
+		if got != tt.want || red != tt.usedRedacted {
+			t.Errorf("Of(%q, %q) = %q, %v; want %q, %v", tt.full, tt.redacted, got, red, tt.want, tt.usedRedacted)
+		}
+	}
+}

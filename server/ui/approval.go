@@ -26,14 +26,8 @@ type approvalView struct {
 
 func viewOf(a store.Approval, limit int) approvalView {
 	v := approvalView{Approval: a}
-	src := a.FullArgs
-	if src == "" {
-		src, v.Redacted = a.Args, true
-	}
 	v.FullArgs = ""
-	if fs, err := argview.Fields(src, limit); err == nil {
-		v.Fields = fs
-	}
+	v.Fields, v.Redacted = argview.Of(a.FullArgs, a.Args, limit)
 	for _, f := range v.Fields {
 		v.Cut = v.Cut || f.Truncated()
 	}
