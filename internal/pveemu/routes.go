@@ -1,0 +1,205 @@
+package pveemu
+
+import (
+	"fmt"
+	"strings"
+)
+
+// route is one registered API method (PVE::RESTHandler::register_method):
+// its permission check, parameter schema and code.
+type route struct {
+	method  string
+	path    string // relative to /api2/json, with {param} components
+	perm    func(e *Emulator, r *request) *apiError
+	schema  schema
+	proxyto bool // proxyto => 'node'
+	run     func(e *Emulator, r *request) (any, *apiError)
+}
+
+// routeTable lists the emulated methods (built once, by New).
+func (e *Emulator) routeTable() []route {
+	vmProps := func(extra map[string]prop) schema {
+		p := map[string]prop{"node": optNode, "vmid": optVMID}
+		for k, v := range extra {
+			p[k] = v
+		}
+		return schema{props: p}
+	}
+	agent := func(name, method string, run func(e *Emulator, r *request) (any, *apiError), extra map[string]prop) route {
+		return route{method: method, path: "/nodes/{node}/qemu/{vmid}/agent/" + name, perm: e.agentPerm(name),
+			schema: vmProps(extra), proxyto: true, run: run}
+	}
+	return []route{
+		{method: "GET", path: "/version", schema: schema{props: map[string]prop{}}, run: (*Emulator).getVersion},
+		{method: "GET", path: "/cluster/resources", run: (*Emulator).clusterResources,
+			schema: schema{props: map[string]prop{"type": {typ: "string", optional: true, enum: []string{"vm", "storage", "node", "sdn"}}}}},
+		{method: "GET", path: "/access/permissions", run: (*Emulator).accessPermissions,
+			schema: schema{props: map[string]prop{"userid": {typ: "string", optional: true}, "path": {typ: "string", optional: true}}}},
+		{method: "GET", path: "/nodes/{node}/tasks/{upid}/status", proxyto: true, run: (*Emulator).taskStatus,
+			schema: schema{props: map[string]prop{"node": optNode, "upid": {typ: "string"}}}},
+		{method: "GET", path: "/nodes/{node}/tasks/{upid}/log", proxyto: true, run: (*Emulator).taskLog,
+			schema: schema{props: map[string]prop{"node": optNode, "upid": {typ: "string"},
+				"start": {typ: "integer", optional: true, minimum: num(0)}, "limit": {typ: "integer", optional: true, minimum: num(0)}}}},
+		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/status/current", perm: vmPerm("VM.Audit"), proxyto: true,
+			schema: vmProps(nil), run: (*Emulator).vmStatus},
+		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/start", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
+			schema: vmProps(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "timeout": {typ: "integer", optional: true, minimum: num(0)}}),
+			run:    (*Emulator).vmStart},
+		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/stop", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
+			schema: vmProps(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "timeout": {typ: "integer", optional: true, minimum: num(0)},
+				"keepActive": {typ: "boolean", optional: true}, "overrule-shutdown": {typ: "boolean", optional: true}}),
+			run: (*Emulator).vmStop},
+		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/shutdown", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
+			schema: vmProps(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "timeout": {typ: "integer", optional: true, minimum: num(0)},
+				"forceStop": {typ: "boolean", optional: true}, "keepActive": {typ: "boolean", optional: true}}),
+			run: (*Emulator).vmShutdown},
+		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/reboot", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
+			schema: vmProps(map[string]prop{"timeout": {typ: "integer", optional: true, minimum: num(0)}}), run: (*Emulator).vmReboot},
+		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/reset", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
+			schema: vmProps(map[string]prop{"skiplock": {typ: "boolean", optional: true}}), run: (*Emulator).vmReset},
+		agent("ping", "POST", e.agentSimple("ping"), nil),
+		agent("info", "GET", e.agentSimple("info"), nil),
+		agent("network-get-interfaces", "GET", e.agentSimple("network-get-interfaces"), nil),
+		agent("get-osinfo", "GET", e.agentSimple("get-osinfo"), nil),
+		agent("get-host-name", "GET", e.agentSimple("get-host-name"), nil),
+		agent("exec", "POST", (*Emulator).agentExec, map[string]prop{
+			"command":    {typ: "array"},
+			"input-data": {typ: "string", optional: true, maxLength: 64 * 1024}}),
+		agent("exec-status", "GET", (*Emulator).agentExecStatus, map[string]prop{"pid": {typ: "integer"}}),
+		agent("file-read", "GET", (*Emulator).agentFileRead, e.fileReadProps()),
+		agent("file-write", "POST", (*Emulator).agentFileWrite, map[string]prop{
+			"file":    {typ: "string"},
+			"content": {typ: "string", maxLength: 60 * 1024},
+			"encode":  {typ: "boolean", optional: true}}),
+		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/snapshot", perm: vmPerm("VM.Audit"), proxyto: true,
+			schema: vmProps(nil), run: (*Emulator).snapshotList},
+		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/snapshot", perm: vmPerm("VM.Snapshot"), proxyto: true,
+			schema: vmProps(map[string]prop{"snapname": optSnapname, "vmstate": {typ: "boolean", optional: true},
+				"description": {typ: "string", optional: true}}), run: (*Emulator).snapshotCreate},
+		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}/rollback", proxyto: true,
+			perm:   vmPermAny("VM.Snapshot", "VM.Snapshot.Rollback"),
+			schema: vmProps(map[string]prop{"snapname": optSnapname, "start": {typ: "boolean", optional: true}}), run: (*Emulator).snapshotRollback},
+		{method: "DELETE", path: "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}", perm: vmPerm("VM.Snapshot"), proxyto: true,
+			schema: vmProps(map[string]prop{"snapname": optSnapname, "force": {typ: "boolean", optional: true}}), run: (*Emulator).snapshotDelete},
+		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/clone", perm: clonePerm, proxyto: true,
+			schema: vmProps(map[string]prop{"newid": optVMID, "name": {typ: "string", optional: true, format: "dns-name"},
+				"description": {typ: "string", optional: true}, "full": {typ: "boolean", optional: true},
+				"snapname": {typ: "string", optional: true, format: "pve-configid", maxLength: 40},
+				"target":   {typ: "string", optional: true, format: "pve-node"}, "pool": {typ: "string", optional: true}}),
+			run: (*Emulator).vmClone},
+		{method: "DELETE", path: "/nodes/{node}/qemu/{vmid}", perm: vmPerm("VM.Allocate"), proxyto: true,
+			schema: vmProps(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "purge": {typ: "boolean", optional: true},
+				"destroy-unreferenced-disks": {typ: "boolean", optional: true}}), run: (*Emulator).vmDestroy},
+		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/rrddata", perm: vmPerm("VM.Audit"), proxyto: true,
+			schema: vmProps(map[string]prop{"timeframe": {typ: "string", enum: []string{"hour", "day", "week", "month", "year"}},
+				"cf": {typ: "string", optional: true, enum: []string{"AVERAGE", "MAX"}}}), run: (*Emulator).vmRRDData},
+	}
+}
+
+// vmPerm is check => ['perm', '/vms/{vmid}', [PRIVS]].
+func vmPerm(privs ...string) func(e *Emulator, r *request) *apiError {
+	return func(e *Emulator, r *request) *apiError {
+		return e.check(r.token, "/vms/"+scalar(r.params["vmid"]), privs...)
+	}
+}
+
+// vmPermAny is check => ['perm', '/vms/{vmid}', [PRIVS], any => 1].
+func vmPermAny(privs ...string) func(e *Emulator, r *request) *apiError {
+	return func(e *Emulator, r *request) *apiError {
+		return e.checkAny(r.token, "/vms/"+scalar(r.params["vmid"]), privs...)
+	}
+}
+
+// clonePerm is clone_vm's check: VM.Clone on the source and VM.Allocate on
+// the new vmid (qemu-server src/PVE/API2/Qemu.pm, clone_vm).
+func clonePerm(e *Emulator, r *request) *apiError {
+	if err := e.check(r.token, "/vms/"+scalar(r.params["vmid"]), "VM.Clone"); err != nil {
+		return err
+	}
+	return e.check(r.token, "/vms/"+scalar(r.params["newid"]), "VM.Allocate")
+}
+
+// matchRoute is PVE::API2->find_handler: the route and its URI parameters.
+func matchRoute(routes []route, method, rel string) (*route, map[string]string) {
+	parts := strings.Split(strings.Trim(rel, "/"), "/")
+	for i := range routes {
+		rt := &routes[i]
+		if rt.method != method {
+			continue
+		}
+		pat := strings.Split(strings.Trim(rt.path, "/"), "/")
+		if len(pat) != len(parts) {
+			continue
+		}
+		uri := map[string]string{}
+		ok := true
+		for j, p := range pat {
+			if strings.HasPrefix(p, "{") {
+				if parts[j] == "" {
+					ok = false
+					break
+				}
+				uri[strings.Trim(p, "{}")] = parts[j]
+			} else if p != parts[j] {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return rt, uri
+		}
+	}
+	return nil, nil
+}
+
+// restHandler is PVE::HTTPServer::rest_handler: find the method, merge the
+// URI parameters, check permissions, resolve proxyto, validate the
+// parameters (PVE::RESTHandler::handle) and run the code.
+func (e *Emulator) restHandler(r *request) (any, *apiError) {
+	rt, uri := matchRoute(e.routes, r.method, r.relURI)
+	if rt == nil {
+		return nil, &apiError{code: 501, msg: fmt.Sprintf("Method '%s %s' not implemented", r.method, r.relURI)}
+	}
+	for k, v := range r.params {
+		if u, ok := uri[k]; ok && u != scalar(v) {
+			return nil, paramExc(map[string]string{k: "duplicate parameter (already defined in URI) with conflicting values!"})
+		}
+	}
+	for k, v := range uri {
+		r.params[k] = v
+	}
+	if rt.perm != nil {
+		if err := rt.perm(e, r); err != nil {
+			return nil, err
+		}
+	}
+	if rt.proxyto {
+		node := scalar(r.params["node"])
+		if !e.hasNode(node) {
+			// PVE::API2Tools::resolve_proxyto, then remote_node_ip falling
+			// back to PVE::Network::get_ip_from_hostname.
+			return nil, die("hostname lookup '%s' failed - failed to get address info for: %s: Name or service not known", node, node)
+		}
+	}
+	if err := rt.schema.validate(r.params); err != nil {
+		return nil, err
+	}
+	return rt.run(e, r)
+}
+
+// loadVM is PVE::QemuConfig->load_config on the node the request was
+// proxied to: the config must exist there.
+func (e *Emulator) loadVM(r *request) (*vm, *apiError) {
+	vmid := int(intParam(r.params, "vmid", 0))
+	node := scalar(r.params["node"])
+	v := e.vmByID(vmid)
+	if v != nil {
+		v.mu.Lock()
+		same := v.node == node
+		v.mu.Unlock()
+		if same {
+			return v, nil
+		}
+	}
+	return nil, die("Configuration file 'nodes/%s/qemu-server/%d.conf' does not exist", node, vmid)
+}
