@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -79,6 +78,6 @@ func roundTrip(c net.Conn, r *bufio.Reader, command string, args any) (json.RawM
 		case rep.Return != nil:
 			return rep.Return, nil
 		}
-		return nil, errors.New("qmp: reply without return")
+		return nil, fmt.Errorf("qmp: %s: reply without return: %s", command, line)
 	}
 }
