@@ -26,6 +26,11 @@ var (
 	ErrVMNotRunning = errors.New("VM is not running")
 	// ErrInvalidArgument: the request was refused before any side effect.
 	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrBackend: the backend refused or failed the operation and said why.
+	// A driver wraps it only around a message that is the backend's own
+	// reason in plain words, cleaned of secrets (the server shows that
+	// message to the agent; anything else stays in the audit log).
+	ErrBackend = errors.New("backend error")
 	// ErrPluginExited: the driver's plugin process is gone. The server
 	// restarts it; the call that saw this failed.
 	ErrPluginExited = errors.New("driver plugin exited")

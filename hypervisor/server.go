@@ -32,6 +32,7 @@ var errorKinds = []struct {
 	{"timeout", ErrTimeout, codes.DeadlineExceeded},
 	{"not_supported", ErrNotSupported, codes.Unimplemented},
 	{"invalid_argument", ErrInvalidArgument, codes.InvalidArgument},
+	{"backend", ErrBackend, codes.Aborted},
 	{"plugin_exited", ErrPluginExited, codes.Unavailable},
 	{"deadline_exceeded", context.DeadlineExceeded, codes.DeadlineExceeded},
 	{"canceled", context.Canceled, codes.Canceled},

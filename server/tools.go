@@ -108,10 +108,30 @@ func driverFailure(err error) result {
 		}
 	case errors.Is(err, context.Canceled):
 		r.text = "the call was cancelled"
+	case errors.Is(err, hypervisor.ErrBackend):
+		// The driver vouches that the message is the backend's reason,
+		// cleaned of secrets.
+		r.text = backendReason(err.Error())
 	default:
 		r.text = "the backend failed (details in the audit log)"
 	}
 	return r
+}
+
+// maxReason bounds a backend's reason shown to the agent.
+const maxReason = 400
+
+// backendReason cuts a backend's reason to one line of sensible length.
+func backendReason(msg string) string {
+	msg = strings.Join(strings.Fields(msg), " ")
+	if len(msg) > maxReason {
+		cut := maxReason
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "…"
+	}
+	return msg
 }
 
 type vmEntry struct {
