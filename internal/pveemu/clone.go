@@ -79,8 +79,7 @@ func (e *Emulator) vmClone(r *request) (any, *apiError) {
 			if err != nil {
 				return fail(err.Error())
 			}
-			nv.machine.Close()
-			nv.machine = m
+			nv.machine, nv.ownMachine = m, true
 			if sock := m.AgentSocket(); sock != "" {
 				nv.agent = newAgentClient(sock)
 			}

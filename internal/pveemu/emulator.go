@@ -113,7 +113,9 @@ func New(opts Options) (*Emulator, error) {
 	return e, nil
 }
 
-// Close stops the server, waits for running tasks and closes the Machines.
+// Close stops the server, waits for running tasks and closes the guest
+// agent connections and the Machines the emulator made (clones'); Machines
+// handed in through VMSpec stay with their owner.
 func (e *Emulator) Close() error {
 	e.srv.Close()
 	e.cancel()

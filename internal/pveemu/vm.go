@@ -26,7 +26,9 @@ type snapshot struct {
 type vm struct {
 	vmid    int
 	machine Machine
-	agent   *qga.Client // nil when the Machine has no agent socket
+	// ownMachine: the emulator made the machine (a clone's) and closes it.
+	ownMachine bool
+	agent      *qga.Client // nil when the Machine has no agent socket
 
 	// cfgMu is the config lock (PVE::AbstractConfig::lock_config).
 	cfgMu sync.Mutex
@@ -90,7 +92,9 @@ func (v *vm) close() error {
 	if v.agent != nil {
 		errs = append(errs, v.agent.Close())
 	}
-	errs = append(errs, v.machine.Close())
+	if v.ownMachine {
+		errs = append(errs, v.machine.Close())
+	}
 	return errors.Join(errs...)
 }
 

@@ -19,7 +19,6 @@
 package proxmox
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -39,12 +38,15 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/luthermonson/go-proxmox"
+
 	"github.com/vmgate/vmgate/hypervisor"
 )
 
 // APIError is an error answer of the Proxmox API: its HTTP status, the
-// message Proxmox puts in the status line, and per-parameter errors from
-// the body ({"data":null,"errors":{"param":"message"}}).
+// handler's message (the body's "message", which pve-http-server 5.2 and
+// later send in full, else the status line's reason, which is its first
+// line), and per-parameter errors ({"data":null,"errors":{"param":"message"}}).
 type APIError struct {
 	StatusCode int
 	Message    string
@@ -99,10 +101,12 @@ func CheckNode(node string) error {
 	return nil
 }
 
-// api is the HTTP side: base URL, token header, client.
+// api is the HTTP side: a go-proxmox client whose HTTP client turns every
+// answer but 200 into an *APIError (go-proxmox keeps only "not authorized"
+// of a 401 or 403 and only the status line of a 500) and bounds answers.
 type api struct {
 	base   *url.URL // ends in /api2/json
-	auth   string   // the Authorization header value
+	c      *proxmox.Client
 	client *http.Client
 	log    *slog.Logger
 }
@@ -156,84 +160,111 @@ func newAPI(cfg Config, log *slog.Logger) (*api, error) {
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   true,
 	}
-	return &api{
-		base:   u,
-		auth:   "PVEAPIToken=" + cfg.TokenID + "=" + secret,
-		client: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
-		log:    log,
-	}, nil
+	hc := &http.Client{Transport: errorTransport{base: tr}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	c := proxmox.NewClient(u.String(), proxmox.WithHTTPClient(hc), proxmox.WithAPIToken(cfg.TokenID, secret),
+		proxmox.WithUserAgent("vmgate"), proxmox.WithLogger(libLogger{log}))
+	return &api{base: u, c: c, client: hc, log: log}, nil
 }
 
 // maxResponseBytes bounds one API answer (file-read returns up to 16 MiB,
 // which JSON-escaped may take up to six bytes per byte).
 const maxResponseBytes = 128 << 20
 
-// do sends one request. path is relative to /api2/json and already built
-// from validated parts; query and body (JSON) are optional. The answer's
-// "data" is decoded into out (nil: discarded).
+// maxErrorBytes bounds the body of an error answer.
+const maxErrorBytes = 64 << 10
+
+// do sends one request through go-proxmox. path is relative to /api2/json
+// and already built from validated parts; query and body (JSON) are
+// optional. The answer's "data" is decoded into out (nil: discarded).
 func (a *api) do(ctx context.Context, method, path string, query url.Values, body any, out any) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	u := *a.base
-	u.Path += path
-	u.RawQuery = query.Encode()
-	var rd io.Reader
+	if len(query) > 0 {
+		path += "?" + query.Encode()
+	}
+	var data []byte
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return err
 		}
-		rd = bytes.NewReader(b)
+		data = b
 	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
-	if err != nil {
+	return unwrapAPIError(a.c.Req(ctx, method, path, data, out))
+}
+
+// unwrapAPIError takes an *APIError out of the *url.Error net/http wraps it
+// in, adding ErrAuth for a 401 or 403.
+func unwrapAPIError(err error) error {
+	var ae *APIError
+	if err == nil || !errors.As(err, &ae) {
 		return err
 	}
-	req.Header.Set("Authorization", a.auth)
-	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if ae.StatusCode == http.StatusUnauthorized || ae.StatusCode == http.StatusForbidden {
+		return fmt.Errorf("%w: %w", ErrAuth, ae)
 	}
-	resp, err := a.client.Do(req)
+	return ae
+}
+
+// errorTransport turns an answer other than 200 into an *APIError and
+// bounds the body of a 200.
+type errorTransport struct{ base http.RoundTripper }
+
+func (t errorTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(req)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	if resp.StatusCode == http.StatusOK {
+		resp.Body = &limitedBody{rc: resp.Body, left: maxResponseBytes}
+		return resp, nil
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
-	if err != nil {
-		return err
-	}
-	if len(raw) > maxResponseBytes {
-		return fmt.Errorf("answer larger than %d bytes", maxResponseBytes)
-	}
-	if resp.StatusCode != http.StatusOK {
-		e := &APIError{StatusCode: resp.StatusCode, Message: statusMessage(resp)}
-		var env struct {
-			Errors map[string]string `json:"errors"`
-		}
-		if json.Unmarshal(raw, &env) == nil {
-			e.Errors = env.Errors
-		}
-		if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
-			return fmt.Errorf("%w: %w", ErrAuth, e)
-		}
-		return e
-	}
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBytes))
+	e := &APIError{StatusCode: resp.StatusCode, Message: statusMessage(resp)}
 	var env struct {
-		Data json.RawMessage `json:"data"`
+		Message string            `json:"message"`
+		Errors  map[string]string `json:"errors"`
 	}
-	if err := json.Unmarshal(raw, &env); err != nil {
-		return fmt.Errorf("answer is not a {\"data\": …} envelope: %w", err)
+	if json.Unmarshal(raw, &env) == nil {
+		e.Errors = env.Errors
+		if m := strings.TrimSpace(env.Message); m != "" {
+			e.Message = m
+		}
 	}
-	if out == nil {
-		return nil
-	}
-	if len(env.Data) == 0 || string(env.Data) == "null" {
-		return errors.New("answer has no data")
-	}
-	return json.Unmarshal(env.Data, out)
+	return nil, e
 }
+
+// limitedBody fails a read past its limit instead of cutting the answer.
+type limitedBody struct {
+	rc   io.ReadCloser
+	left int64
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, fmt.Errorf("answer larger than %d bytes", maxResponseBytes)
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.rc.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+func (b *limitedBody) Close() error { return b.rc.Close() }
+
+// libLogger gives go-proxmox's log lines to slog. Its debug lines hold
+// request bodies (stdin, file content), so they are dropped; and it must
+// never write to stdout, which carries the plugin handshake.
+type libLogger struct{ log *slog.Logger }
+
+func (libLogger) Debugf(string, ...any)            {}
+func (libLogger) Infof(string, ...any)             {}
+func (l libLogger) Warnf(format string, v ...any)  { l.log.Warn(fmt.Sprintf(format, v...)) }
+func (l libLogger) Errorf(format string, v ...any) { l.log.Warn(fmt.Sprintf(format, v...)) }
 
 // statusMessage is the text Proxmox puts after the code in the status line.
 func statusMessage(resp *http.Response) string {

@@ -24,9 +24,10 @@ type JSONConfig struct {
 }
 
 // NewFromJSON builds a Driver from a JSONConfig, decoded strictly (unknown
-// fields and trailing data are errors). It has the signature of the plugin
-// host's Builtin, so it can be registered as a built-in driver.
-func NewFromJSON(_ context.Context, config []byte) (hypervisor.Driver, error) {
+// fields and trailing data are errors), with Open: the token's privileges
+// are checked at once. It has the signature of the plugin host's Builtin,
+// so it can be registered as a built-in driver.
+func NewFromJSON(ctx context.Context, config []byte) (hypervisor.Driver, error) {
 	var jc JSONConfig
 	dec := json.NewDecoder(bytes.NewReader(config))
 	dec.DisallowUnknownFields()
@@ -44,7 +45,7 @@ func NewFromJSON(_ context.Context, config []byte) (hypervisor.Driver, error) {
 		}
 		cfg.ExecTimeout = d
 	}
-	d, err := New(cfg)
+	d, err := Open(ctx, cfg)
 	if err != nil {
 		return nil, err // a nil interface, not a nil *Driver inside one
 	}

@@ -30,26 +30,43 @@ type agentCaller struct {
 
 var _ qga.Caller = agentCaller{}
 
-// qmpFailure is how Proxmox reports an error reply of the guest agent.
-var qmpFailure = regexp.MustCompile(`qmp command '[^']*' failed - (.*)$`)
+// How Proxmox reports guest agent failures (qemu-server
+// src/PVE/QemuServer/Agent.pm, src/PVE/QMPClient.pm):
+//   - an error reply of the agent: check_agent_error's "Agent error: DESC";
+//   - a failure of the connection or a timeout: QMPClient::cmd's "VM N qmp
+//     command 'X' failed - REASON", "VM N qga command ..." since
+//     qemu-server 9.0.26 (commit 9f619716);
+//   - no agent: assert_agent_available's "No QEMU guest agent configured",
+//     "VM N is not running", "QEMU guest agent is not running", and
+//     QMPClient's "unable to connect to VM N qga socket - ...".
+var (
+	agentErrorRE  = regexp.MustCompile(`^Agent error: (.*)$`)
+	peerFailureRE = regexp.MustCompile(`^VM \d+ (qmp|qga) command '[^']*' failed - (.*)$`)
+)
 
 // agentErr turns a Proxmox error for an agent command into what qga
 // callers expect: a *qga.Error or *qga.DisabledError for an agent error
-// reply, qga.ErrNoAgent when the agent is absent, the error otherwise.
+// reply, qga.ErrNoAgent when the agent is absent, qga.ErrTimeout for a
+// timeout, the error otherwise.
 func agentErr(command string, err error) error {
 	var ae *APIError
-	if !errors.As(err, &ae) {
+	if !errors.As(err, &ae) || ae.StatusCode != 500 {
 		return err
 	}
-	msg := ae.Message
+	msg := strings.TrimSpace(ae.Message)
 	switch {
 	case strings.Contains(msg, "QEMU guest agent is not running"),
 		strings.Contains(msg, "No QEMU guest agent configured"),
-		strings.HasSuffix(msg, "got timeout"),
-		strings.Contains(msg, "is not running"):
+		strings.Contains(msg, "qga socket"):
 		return fmt.Errorf("%w: %w", qga.ErrNoAgent, ae)
 	}
-	m := qmpFailure.FindStringSubmatch(msg)
+	if m := peerFailureRE.FindStringSubmatch(msg); m != nil {
+		if strings.TrimSpace(m[2]) == "got timeout" {
+			return fmt.Errorf("%w: %w", qga.ErrTimeout, ae)
+		}
+		return fmt.Errorf("%w: %w", qga.ErrConnLost, ae)
+	}
+	m := agentErrorRE.FindStringSubmatch(msg)
 	if m == nil {
 		return err
 	}

@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -63,11 +65,17 @@ type Driver struct {
 	// execs tracks the commands ExecStart started and enforces their timeouts.
 	execs *agentexec.Tracker
 
-	// mu guards nodes, nodesAt and infos. Never held across I/O.
+	tokenID string
+
+	// mu guards the fields below. Never held across I/O.
 	mu      sync.Mutex
 	nodes   map[int]resource
 	nodesAt time.Time
 	infos   map[int]cachedInfo
+	// major and minor are the Proxmox VE version CheckAccess read (0: unknown).
+	major, minor int
+	// noCount: file-read refused "count" (qemu-server before 9.1.5).
+	noCount bool
 }
 
 var (
@@ -92,7 +100,7 @@ type resource struct {
 }
 
 // New checks cfg, reads the token secret and CA file, and returns a Driver.
-// Nothing is contacted yet.
+// Nothing is contacted yet (Open also checks the version and privileges).
 func New(cfg Config) (*Driver, error) {
 	if cfg.ExecTimeout < 0 {
 		return nil, fmt.Errorf("proxmox: config: %w: negative exec timeout", hypervisor.ErrInvalidArgument)
@@ -109,7 +117,7 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{api: a, log: log, execTimeout: cfg.ExecTimeout, infos: map[int]cachedInfo{},
+	return &Driver{api: a, log: log, execTimeout: cfg.ExecTimeout, infos: map[int]cachedInfo{}, tokenID: cfg.TokenID,
 		execs: agentexec.New(agentexec.Config{Logger: log})}, nil
 }
 
@@ -118,11 +126,6 @@ func (d *Driver) Close() error {
 	d.execs.Close()
 	d.api.client.CloseIdleConnections()
 	return nil
-}
-
-// apiErr maps an API error to the hypervisor sentinels, with an operation prefix.
-func apiErr(op string, err error) error {
-	return fmt.Errorf("proxmox: %s: %w", op, agentexec.MapError(err))
 }
 
 // resources fetches the VM list.
@@ -167,7 +170,7 @@ func (d *Driver) lookup(ctx context.Context, op, name string) (vmRef, error) {
 		return vmRef{}, fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrUnknownVM, err)
 	}
 	if err := ctx.Err(); err != nil {
-		return vmRef{}, apiErr(op, err)
+		return vmRef{}, d.classify(op, err)
 	}
 	d.mu.Lock()
 	r, ok := d.nodes[vmid]
@@ -175,7 +178,7 @@ func (d *Driver) lookup(ctx context.Context, op, name string) (vmRef, error) {
 	d.mu.Unlock()
 	if !ok || !fresh {
 		if _, err := d.resources(ctx); err != nil {
-			return vmRef{}, apiErr(op, err)
+			return vmRef{}, d.classify(op, err)
 		}
 		d.mu.Lock()
 		r, ok = d.nodes[vmid]
@@ -210,7 +213,7 @@ func stateOf(status, qmpstatus string) hypervisor.State {
 func (d *Driver) ListVMs(ctx context.Context) ([]hypervisor.VM, error) {
 	rs, err := d.resources(ctx)
 	if err != nil {
-		return nil, apiErr("list vms", err)
+		return nil, d.classify("list vms", err)
 	}
 	vms := make([]hypervisor.VM, 0, len(rs))
 	for _, r := range rs {
@@ -234,7 +237,7 @@ func (d *Driver) Status(ctx context.Context, name string) (hypervisor.Status, er
 		QMPStatus string `json:"qmpstatus"`
 	}
 	if err := d.api.do(ctx, "GET", v.path+"/status/current", nil, nil, &cur); err != nil {
-		return hypervisor.Status{}, apiErr("status", err)
+		return hypervisor.Status{}, d.classify("status", err)
 	}
 	st := hypervisor.Status{Name: name, State: stateOf(cur.Status, cur.QMPStatus), Detail: cur.Status}
 	if cur.QMPStatus != "" {
@@ -243,10 +246,15 @@ func (d *Driver) Status(ctx context.Context, name string) (hypervisor.Status, er
 	if st.State == hypervisor.StateRunning {
 		pctx, cancel := context.WithTimeout(ctx, statusPing)
 		defer cancel()
-		if err := d.agentOf(v).Ping(pctx); err == nil {
+		err := d.agentOf(v).Ping(pctx)
+		switch {
+		case err == nil:
 			st.AgentConnected = true
-		} else if ctx.Err() != nil {
-			return hypervisor.Status{}, apiErr("status", ctx.Err())
+		case ctx.Err() != nil:
+			return hypervisor.Status{}, d.classify("status", ctx.Err())
+		case errors.Is(err, ErrAuth):
+			// Without the agent privilege the answer would be a lie.
+			return hypervisor.Status{}, d.classify("status: agent ping", err)
 		}
 	}
 	return st, nil
@@ -277,7 +285,7 @@ func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentIn
 	}
 	info, err := d.info(ctx, v, true)
 	if err != nil {
-		return hypervisor.AgentInfo{}, apiErr("agent info", err)
+		return hypervisor.AgentInfo{}, d.classify("agent info", err)
 	}
 	return agentexec.AgentInfo(info), nil
 }
@@ -285,7 +293,7 @@ func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentIn
 func (d *Driver) preflight(ctx context.Context, op string, v vmRef) error {
 	info, err := d.info(ctx, v, false)
 	if err != nil {
-		return apiErr(op, err)
+		return d.classify(op, err)
 	}
 	if err := agentexec.CheckEnabled(info); err != nil {
 		return fmt.Errorf("proxmox: %s: %w", op, err)
@@ -320,7 +328,7 @@ func (d *Driver) Run(ctx context.Context, name string, req hypervisor.ExecReques
 	}
 	st, err := d.agentOf(v).Exec(ctx, qreq)
 	if err != nil {
-		return hypervisor.ExecResult{}, apiErr("exec", err)
+		return hypervisor.ExecResult{}, d.classify("exec", err)
 	}
 	return agentexec.Result(st), nil
 }
@@ -341,7 +349,7 @@ func (d *Driver) ExecStart(ctx context.Context, name string, req hypervisor.Exec
 	}
 	h, err := d.execs.Start(ctx, strconv.Itoa(v.vmid), d.agentOf(v), qreq)
 	if err != nil {
-		return hypervisor.ExecHandle{}, apiErr("exec start", err)
+		return hypervisor.ExecHandle{}, d.classify("exec start", err)
 	}
 	return h, nil
 }
@@ -354,7 +362,7 @@ func (d *Driver) ExecStatus(ctx context.Context, name string, h hypervisor.ExecH
 	}
 	res, err := d.execs.Status(ctx, strconv.Itoa(v.vmid), d.agentOf(v), h)
 	if err != nil {
-		return hypervisor.ExecResult{}, apiErr("exec status", err)
+		return hypervisor.ExecResult{}, d.classify("exec status", err)
 	}
 	return res, nil
 }
@@ -370,8 +378,10 @@ func checkPath(op, path string) error {
 	return nil
 }
 
-// FileRead reads path with agent/file-read (Proxmox reads at most 16 MiB)
-// and keeps at most maxBytes.
+// FileRead reads path with agent/file-read and keeps at most maxBytes.
+// Since qemu-server 9.1.5 file-read takes count, so only maxBytes+1 bytes
+// are read (the extra byte tells a file of exactly maxBytes from a longer
+// one); before, Proxmox reads the whole file, up to 16 MiB.
 func (d *Driver) FileRead(ctx context.Context, name string, path string, maxBytes int64) (hypervisor.FileContent, error) {
 	v, err := d.lookup(ctx, "file read", name)
 	if err != nil {
@@ -386,12 +396,9 @@ func (d *Driver) FileRead(ctx context.Context, name string, path string, maxByte
 	if maxBytes == 0 || maxBytes > MaxFileRead {
 		maxBytes = MaxFileRead
 	}
-	var r struct {
-		Content   *string  `json:"content"`
-		Truncated flexBool `json:"truncated"`
-	}
-	if err := d.api.do(ctx, "GET", v.path+"/agent/file-read", url.Values{"file": {path}}, nil, &r); err != nil {
-		return hypervisor.FileContent{}, apiErr("file read", agentErr("guest-file-read", err))
+	r, err := d.fileRead(ctx, v, path, maxBytes)
+	if err != nil {
+		return hypervisor.FileContent{}, d.classify("file read", agentErr("guest-file-read", err))
 	}
 	if r.Content == nil {
 		return hypervisor.FileContent{}, fmt.Errorf("proxmox: file read: %w: answer has no content", qga.ErrProtocol)
@@ -424,7 +431,7 @@ func (d *Driver) FileWrite(ctx context.Context, name string, path string, data [
 	write := func(p string, b []byte) error {
 		body := map[string]any{"file": p, "content": base64.StdEncoding.EncodeToString(b), "encode": 0}
 		if err := d.api.do(ctx, "POST", v.path+"/agent/file-write", nil, body, nil); err != nil {
-			return apiErr("file write", agentErr("guest-file-write", err))
+			return d.classify("file write", agentErr("guest-file-write", err))
 		}
 		return nil
 	}
@@ -462,11 +469,42 @@ func (d *Driver) FileWrite(ctx context.Context, name string, path string, data [
 	return nil
 }
 
+// fileReadAnswer is agent/file-read's answer.
+type fileReadAnswer struct {
+	Content   *string  `json:"content"`
+	Truncated flexBool `json:"truncated"`
+}
+
+// fileRead asks for maxBytes+1 bytes with count where Proxmox may take it
+// (PVE 9 and later, until it refuses count once: qemu-server before 9.1.5),
+// else for the whole file.
+func (d *Driver) fileRead(ctx context.Context, v vmRef, path string, maxBytes int64) (fileReadAnswer, error) {
+	d.mu.Lock()
+	useCount := !d.noCount && (d.major == 0 || d.major >= 9)
+	d.mu.Unlock()
+	var r fileReadAnswer
+	q := url.Values{"file": {path}}
+	if useCount {
+		q.Set("count", strconv.FormatInt(min(maxBytes+1, MaxFileRead), 10))
+	}
+	err := d.api.do(ctx, "GET", v.path+"/agent/file-read", q, nil, &r)
+	var ae *APIError
+	if useCount && errors.As(err, &ae) && ae.StatusCode == http.StatusBadRequest && ae.Errors["count"] != "" {
+		d.log.Info("this Proxmox VE reads files whole (no file-read count); reading up to 16 MiB", "vmid", v.vmid)
+		d.mu.Lock()
+		d.noCount = true
+		d.mu.Unlock()
+		q.Del("count")
+		err = d.api.do(ctx, "GET", v.path+"/agent/file-read", q, nil, &r)
+	}
+	return r, err
+}
+
 // guestRun runs argv to completion and wants exit 0.
 func (d *Driver) guestRun(ctx context.Context, v vmRef, argv []string) error {
 	st, err := d.agentOf(v).Exec(ctx, qga.ExecRequest{Path: argv[0], Args: argv[1:], Timeout: time.Minute, MaxOutputBytes: 4096})
 	if err != nil {
-		return apiErr("exec", err)
+		return d.classify("exec", err)
 	}
 	if st.ExitCode != 0 || st.Signal != 0 || st.TimedOut {
 		return fmt.Errorf("%s: exit %d, signal %d: %s", argv[0], st.ExitCode, st.Signal, strings.TrimSpace(string(st.Stderr)))
@@ -482,7 +520,10 @@ func (d *Driver) removeParts(v vmRef, parts []string) {
 	}
 }
 
-// Power posts status/{shutdown,reboot,reset,stop,start}.
+// Power posts status/{shutdown,reboot,reset,stop,start}, a worker task,
+// and waits for it: Proxmox answers the UPID at once, also for an action
+// that will fail (start of a running VM), whose error is only in the
+// task's exit status.
 func (d *Driver) Power(ctx context.Context, name string, action hypervisor.PowerAction) error {
 	if !action.Valid() {
 		return fmt.Errorf("proxmox: power: %w: unknown action %q", hypervisor.ErrInvalidArgument, action)
@@ -491,10 +532,14 @@ func (d *Driver) Power(ctx context.Context, name string, action hypervisor.Power
 	if err != nil {
 		return err
 	}
+	op := "power " + string(action)
 	var upid string
 	if err := d.api.do(ctx, "POST", v.path+"/status/"+string(action), nil, struct{}{}, &upid); err != nil {
-		return apiErr("power "+string(action), err)
+		return d.classify(op, err)
 	}
-	d.log.Info("power action queued", "vmid", v.vmid, "node", v.node, "action", action, "upid", upid)
+	d.log.Info("power task started", "vmid", v.vmid, "node", v.node, "action", action, "upid", upid)
+	if err := d.waitTask(ctx, v, upid); err != nil {
+		return d.classify(op, err)
+	}
 	return nil
 }

@@ -12,7 +12,9 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/internal/pveemu"
 )
 
 func jsonConfig(cfg Config) []byte {
@@ -20,28 +22,52 @@ func jsonConfig(cfg Config) []byte {
 	return b
 }
 
-// TestConformancePlugin runs the suite through the go-plugin boundary: the
-// driver lives in a plugin process (this test binary) started by pluginhost.
-func TestConformancePlugin(t *testing.T) {
-	t1 := labtest.VM(t, "t1")
-	noexec := labtest.VM(t, "noexec")
-	e := newPVEEmulator(t)
-	e.addVM(101, "pve", "t1", "running", t1.QGASocket)
-	e.addVM(103, "pve-2", "noexec", "running", noexec.QGASocket)
+// launchPlugin starts the driver in a plugin process (this test binary)
+// through pluginhost, configured for e.
+func launchPlugin(t *testing.T, cfg Config) hypervisor.Driver {
+	t.Helper()
 	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registry{"proxmox": NewFromJSON}, Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { h.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	d, err := h.Launch(ctx, pluginhost.Spec{Driver: "proxmox", Backend: "pve", Config: jsonConfig(e.config(t))})
+	d, err := h.Launch(ctx, pluginhost.Spec{Driver: "proxmox", Backend: "pve", Config: jsonConfig(cfg)})
 	if err != nil {
 		t.Fatalf("Launch(proxmox) = %v", err)
 	}
-	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: "101", NoExecVM: "103", UnknownVM: "999"})
+	return d
+}
+
+// TestConformancePlugin runs the suite through the go-plugin boundary
+// against every emulated Proxmox VE version, with lab VMs behind it.
+func TestConformancePlugin(t *testing.T) {
+	for _, v := range pveemu.Versions() {
+		t.Run(v.String(), func(t *testing.T) {
+			e := startEmu(t, v, nil, labVMs(t)...)
+			d := launchPlugin(t, e.cfg)
+			hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: "101", NoExecVM: "103", UnknownVM: "999"})
+		})
+	}
+}
+
+// TestConformancePower runs the power suite (reset, stop, start) through the
+// plugin boundary against every emulated version, on a lab VM of its own
+// that the emulator's power tasks really stop and relaunch.
+func TestConformancePower(t *testing.T) {
+	v := labtest.Start(t, lab.Spec{Name: "pvepower"})
+	m := pveemu.NewLabMachine(v)
+	t.Cleanup(func() { m.Close() })
+	for _, ver := range pveemu.Versions() {
+		t.Run(ver.String(), func(t *testing.T) {
+			e := startEmu(t, ver, nil, pveemu.VMSpec{VMID: 110, Node: "pve", Name: "power", Machine: m})
+			d := launchPlugin(t, e.cfg)
+			hypervisortest.RunPower(t, hypervisortest.Harness{Driver: d, VM: "110", UnknownVM: "999"})
+		})
+	}
 }
 
 func TestNewFromJSON(t *testing.T) {
-	e := newPVEEmulator(t)
-	good := jsonConfig(e.config(t))
+	e := startEmu(t, pveemu.PVE92, nil)
+	good := jsonConfig(e.cfg)
 	d, err := NewFromJSON(context.Background(), good)
 	if err != nil {
 		t.Fatalf("NewFromJSON(%s) = %v; want nil", good, err)
