@@ -6,13 +6,14 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
-	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
 	"github.com/vmgate/vmgate/internal/pveemu"
 )
@@ -93,5 +94,24 @@ func TestNewFromJSON(t *testing.T) {
 	}
 	if _, err := NewFromJSON(context.Background(), append(good, []byte(" {}")...)); !errors.Is(err, hypervisor.ErrInvalidArgument) {
 		t.Errorf("NewFromJSON(with trailing data) = %v; want %v", err, hypervisor.ErrInvalidArgument)
+	}
+}
+
+// TestBackendErrorsPlugin: a failed power task and a refused privilege reach
+// the host side of the plugin boundary as hypervisor.ErrBackend with
+// Proxmox's reason (the task's exit status, the privilege).
+func TestBackendErrorsPlugin(t *testing.T) {
+	e := startEmu(t, pveemu.PVE92, []pveemu.ACL{{Path: "/vms", Privs: []string{"VM.Audit", "VM.PowerMgmt"}, Propagate: true}},
+		pveemu.VMSpec{VMID: 102, Node: "pve", Name: "on", Running: true})
+	d := launchPlugin(t, e.cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := d.Power(ctx, "102", hypervisor.PowerStart)
+	if !errors.Is(err, hypervisor.ErrBackend) || !strings.Contains(err.Error(), "qmstart task of VM 102 failed: VM 102 already running") {
+		t.Errorf("Power(102, start) of a running VM through the plugin = %v; want %v naming the task's exit status", err, hypervisor.ErrBackend)
+	}
+	_, err = d.FileRead(ctx, "102", "/etc/hostname", 10)
+	if !errors.Is(err, hypervisor.ErrBackend) || !strings.Contains(err.Error(), "grant VM.GuestAgent.FileRead or VM.GuestAgent.Unrestricted on /vms/102") {
+		t.Errorf("FileRead without the privilege through the plugin = %v; want %v naming the privilege", err, hypervisor.ErrBackend)
 	}
 }
