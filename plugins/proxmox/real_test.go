@@ -1,0 +1,125 @@
+package proxmox
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/luthermonson/go-proxmox"
+
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// realDir holds real Proxmox VE answers from public material (see its README).
+const realDir = "../../testdata/proxmox"
+
+// readReal reads a .response file: the status code and reason, then the body.
+func readReal(t *testing.T, name string) (int, string, []byte) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(realDir, name+".response"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, body, _ := bytes.Cut(raw, []byte("\n"))
+	codeStr, reason, _ := strings.Cut(string(line), " ")
+	code, err := strconv.Atoi(codeStr)
+	if err != nil {
+		t.Fatalf("%s: status line %q", name, line)
+	}
+	return code, reason, body
+}
+
+// replayServer answers every request with exactly that status line and body.
+func replayServer(t *testing.T, code int, reason string, body []byte) Config {
+	t.Helper()
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", code, reason, len(body), body)
+		buf.Flush()
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600)
+	secret := filepath.Join(dir, "secret")
+	os.WriteFile(secret, []byte(emuSecret+"\n"), 0o600)
+	return Config{URL: srv.URL, TokenID: emuTokenID, TokenSecretFile: secret, CAFile: ca}
+}
+
+// TestRealAnswers parses answers real Proxmox VE servers gave into the
+// driver's errors.
+func TestRealAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		file   string
+		msg    string
+		errors map[string]string
+		want   []error
+	}{
+		{"agent-not-running", "QEMU guest agent is not running", nil, []error{hypervisor.ErrAgentUnavailable}},
+		{"exec-status-no-pid", "Parameter verification failed.", map[string]string{"pid": "property is missing and it is not optional"},
+			[]error{hypervisor.ErrBackend}},
+		// Before pve-http-server 5.2 the body had no message: the status
+		// line's reason is all there is.
+		{"permission-no-message", "Permission check failed", nil, []error{hypervisor.ErrBackend, ErrAuth}},
+	} {
+		code, reason, body := readReal(t, tc.file)
+		d := newDriver(t, replayServer(t, code, reason, body))
+		var out map[string]any
+		err := d.api.do(ctxT(t), "GET", "/nodes/pve/qemu/101/agent/exec-status", nil, nil, &out)
+		var ae *APIError
+		if !errors.As(err, &ae) || ae.StatusCode != code || ae.Message != tc.msg || fmt.Sprint(ae.Errors) != fmt.Sprint(tc.errors) {
+			t.Errorf("%s: do() = %v; want an APIError %d %q %v", tc.file, err, code, tc.msg, tc.errors)
+			continue
+		}
+		mapped := d.classify("exec status", agentErr("guest-exec-status", err))
+		for _, w := range tc.want {
+			if !errors.Is(mapped, w) {
+				t.Errorf("%s: classify() = %v; want %v", tc.file, mapped, w)
+			}
+		}
+	}
+}
+
+// TestRealUPIDs: the UPIDs pve-common's own tests decode, and the ones it
+// refuses.
+func TestRealUPIDs(t *testing.T) {
+	for file, valid := range map[string]bool{"upids.valid": true, "upids.invalid": false} {
+		f, err := os.Open(filepath.Join(realDir, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(f)
+		n := 0
+		for sc.Scan() {
+			upid := sc.Text()
+			n++
+			m := upidRE.FindStringSubmatch(upid)
+			if (m != nil) != valid {
+				t.Errorf("upidRE.Match(%q) = %v; want %v", upid, m != nil, valid)
+				continue
+			}
+			if valid {
+				if task := proxmox.NewTask(proxmox.UPID(upid), nil); task.Node != m[1] || task.Type != m[6] || task.ID != m[7] {
+					t.Errorf("NewTask(%q) = node %q type %q id %q; want %q %q %q", upid, task.Node, task.Type, task.ID, m[1], m[6], m[7])
+				}
+			}
+		}
+		f.Close()
+		if n == 0 {
+			t.Errorf("%s holds no UPID", file)
+		}
+	}
+}
