@@ -1,5 +1,9 @@
 // Package proxmox is vmgate's Proxmox VE backend: a hypervisor.Driver over
-// the Proxmox VE REST API (api2/json) with an API token.
+// the Proxmox VE REST API (api2/json) with an API token, through
+// github.com/luthermonson/go-proxmox (its client, tasks, VM and cluster
+// types) with an HTTP client of ours that keeps Proxmox's error answers
+// (status, message, parameter errors) instead of go-proxmox's bare "not
+// authorized" and status line.
 //
 // VMs are QEMU guests listed by GET /cluster/resources?type=vm; vmgate
 // names them by vmid ("101", so "pve/101" on the server) and resolves the
@@ -8,6 +12,15 @@
 // exec-status are mapped onto guest/qga's Caller, so timeouts, output caps,
 // env and cwd work exactly as with the QEMU backend; file-read and
 // file-write are used as Proxmox offers them.
+//
+// Power actions are worker tasks: Proxmox answers a UPID at once and the
+// outcome is only in the task's status, which the driver waits for; a
+// failed task is a *TaskError (hypervisor.ErrBackend) with its exit status.
+// Open reads the version (GET /version) and the token's privileges (GET
+// /access/permissions), which differ between PVE 8 and 9 (Privileges).
+// Errors Proxmox words itself (a refused privilege, a failed task) carry
+// that reason as hypervisor.ErrBackend; the token secret never appears in
+// an error.
 //
 // Proxmox returns agent output and file content as JSON strings holding one
 // character per byte (U+0000 to U+00FF); the driver maps them back to bytes,
@@ -191,7 +204,13 @@ func (a *api) do(ctx context.Context, method, path string, query url.Values, bod
 		}
 		data = b
 	}
-	return unwrapAPIError(a.c.Req(ctx, method, path, data, out))
+	err := unwrapAPIError(a.c.Req(ctx, method, path, data, out))
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &se) || errors.As(err, &te) {
+		return fmt.Errorf("%w: the answer to %s %s is not what Proxmox sends: %w", hypervisor.ErrBackend, method, strings.SplitN(path, "?", 2)[0], err)
+	}
+	return err
 }
 
 // unwrapAPIError takes an *APIError out of the *url.Error net/http wraps it

@@ -3,6 +3,7 @@ package proxmox
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/luthermonson/go-proxmox"
 
@@ -121,5 +123,49 @@ func TestRealUPIDs(t *testing.T) {
 		if n == 0 {
 			t.Errorf("%s holds no UPID", file)
 		}
+	}
+}
+
+// hostileServer lists VM 101 on node pve and answers status/start with
+// startData; a task status says running forever.
+func hostileServer(t *testing.T, startData string) Config {
+	t.Helper()
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/cluster/resources"):
+			fmt.Fprint(w, `{"data":[{"id":"qemu/101","vmid":101,"node":"pve","type":"qemu","status":"running"}]}`)
+		case strings.HasSuffix(r.URL.Path, "/status/start"):
+			fmt.Fprintf(w, `{"data":%s}`, startData)
+		case strings.Contains(r.URL.Path, "/tasks/"):
+			fmt.Fprint(w, `{"data":{"status":"running","type":"qmstart","id":"101","node":"pve"}}`)
+		default:
+			http.Error(w, "no", http.StatusNotImplemented)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	cfg := replayServer(t, 200, "OK", nil)
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600)
+	cfg.URL, cfg.CAFile = srv.URL, ca
+	return cfg
+}
+
+// TestHostileTaskAnswers: a power answer that is not a UPID of the VM's
+// node is refused (go-proxmox's NewTask would index past a short one), and
+// a task that never ends ends the wait at the caller's deadline.
+func TestHostileTaskAnswers(t *testing.T) {
+	for _, data := range []string{`"UPID:a:b:c:d:e:f"`, `"UPID:other:00000001:00000002:00000003:qmstart:101:x@pve!t:"`, `"../../etc"`, `42`, `null`, `""`} {
+		d := newDriver(t, hostileServer(t, data))
+		err := d.Power(ctxT(t), "101", hypervisor.PowerStart)
+		if !errors.Is(err, hypervisor.ErrBackend) {
+			t.Errorf("Power(start) answered %s = %v; want %v", data, err, hypervisor.ErrBackend)
+		}
+	}
+	d := newDriver(t, hostileServer(t, `"UPID:pve:00000001:00000002:00000003:qmstart:101:vmgate@pve!ci:"`))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := d.Power(ctx, "101", hypervisor.PowerStart); !errors.Is(err, hypervisor.ErrTimeout) {
+		t.Errorf("Power(start) with a task that never ends = %v; want %v", err, hypervisor.ErrTimeout)
 	}
 }
