@@ -66,22 +66,33 @@ type reply struct {
 
 func (c client) do(method, path string, params url.Values) reply {
 	c.t.Helper()
-	u := c.e.URL() + "/api2/json" + path
-	var body io.Reader
 	if params != nil && (method == "POST" || method == "PUT") {
-		body = strings.NewReader(params.Encode())
-	} else if params != nil {
-		u += "?" + params.Encode()
+		return c.send(method, path, "application/x-www-form-urlencoded", strings.NewReader(params.Encode()))
 	}
-	req, err := http.NewRequest(method, u, body)
+	if params != nil {
+		path += "?" + params.Encode()
+	}
+	return c.send(method, path, "", nil)
+}
+
+func (c client) jsonBody(method, path string, v any) reply {
+	c.t.Helper()
+	b, _ := json.Marshal(v)
+	return c.send(method, path, "application/json", bytes.NewReader(b))
+}
+
+// send makes one request and reads the answer.
+func (c client) send(method, path, ctype string, body io.Reader) reply {
+	c.t.Helper()
+	req, err := http.NewRequest(method, c.e.URL()+"/api2/json"+path, body)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	if c.auth != "" {
 		req.Header.Set("Authorization", c.auth)
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -95,23 +106,6 @@ func (c client) do(method, path string, params url.Values) reply {
 			c.t.Fatalf("%s %s: body %q is not JSON: %v", method, path, raw, err)
 		}
 	}
-	return r
-}
-
-func (c client) jsonBody(method, path string, v any) reply {
-	c.t.Helper()
-	b, _ := json.Marshal(v)
-	req, _ := http.NewRequest(method, c.e.URL()+"/api2/json"+path, bytes.NewReader(b))
-	req.Header.Set("Authorization", c.auth)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		c.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	r := reply{code: resp.StatusCode, reason: strings.TrimSpace(strings.TrimPrefix(resp.Status, fmt.Sprint(resp.StatusCode))), raw: string(raw)}
-	json.Unmarshal(raw, &r.body)
 	return r
 }
 
@@ -378,5 +372,52 @@ func TestFileReadCountByVersion(t *testing.T) {
 		if tc.code == 500 && r.reason != "QEMU guest agent is not running" {
 			t.Errorf("%s: file-read with count = %q; want the agent check", tc.v, r.reason)
 		}
+	}
+}
+
+// TestCloneDestroy: clone and destroy are tasks with their early checks
+// answered at once.
+func TestCloneDestroy(t *testing.T) {
+	_, c := emu(t, PVE92, allVMPrivs(PVE92), VMSpec{VMID: 101, Node: "pve", Name: "tmpl", Running: true})
+	task := func(r reply) map[string]any {
+		t.Helper()
+		var upid string
+		r.data(t, &upid)
+		if r.code != 200 {
+			t.Fatalf("%d %s", r.code, r.raw)
+		}
+		return c.waitTask("pve", upid)
+	}
+	if st := task(c.do("POST", "/nodes/pve/qemu/101/clone", url.Values{"newid": {"150"}})); st["exitstatus"] != "OK" || st["type"] != "qmclone" || st["id"] != "101" {
+		t.Fatalf("clone task = %v; want a qmclone task of 101 ending OK", st)
+	}
+	var cur map[string]any
+	c.do("GET", "/nodes/pve/qemu/150/status/current", nil).data(t, &cur)
+	if cur["name"] != "Copy-of-VM-tmpl" || cur["status"] != "stopped" {
+		t.Errorf("clone's status/current = %v; want Copy-of-VM-tmpl, stopped", cur)
+	}
+	for _, tc := range []struct {
+		method, path string
+		params       url.Values
+		reason       string
+	}{
+		{"POST", "/nodes/pve/qemu/101/clone", url.Values{"newid": {"150"}}, "unable to create VM 150: config file already exists"},
+		{"POST", "/nodes/pve/qemu/101/clone", url.Values{"newid": {"151"}, "snapname": {"nope"}}, "snapshot 'nope' does not exist"},
+		{"DELETE", "/nodes/pve/qemu/101", nil, "VM 101 is running - destroy failed"},
+	} {
+		if r := c.do(tc.method, tc.path, tc.params); r.code != 500 || r.reason != tc.reason {
+			t.Errorf("%s %s = %d %q; want 500 %q", tc.method, tc.path, r.code, r.reason, tc.reason)
+		}
+	}
+	if st := task(c.do("DELETE", "/nodes/pve/qemu/150", nil)); st["exitstatus"] != "OK" || st["type"] != "qmdestroy" {
+		t.Fatalf("destroy task = %v; want qmdestroy OK", st)
+	}
+	if r := c.do("GET", "/nodes/pve/qemu/150/status/current", nil); r.code != 500 || r.reason != "Configuration file 'nodes/pve/qemu-server/150.conf' does not exist" {
+		t.Errorf("status/current of a destroyed VM = %d %q; want its config gone", r.code, r.reason)
+	}
+	var rrd []map[string]any
+	c.do("GET", "/nodes/pve/qemu/101/rrddata", url.Values{"timeframe": {"hour"}}).data(t, &rrd)
+	if len(rrd) != 70 || rrd[69]["maxmem"] == nil || rrd[0]["time"] == nil {
+		t.Errorf("rrddata = %d points, last %v; want 70 with the current values last", len(rrd), rrd[len(rrd)-1])
 	}
 }

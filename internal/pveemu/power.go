@@ -110,6 +110,11 @@ func (e *Emulator) startVM(v *vm) *apiError {
 	if v.machine.PID() != 0 {
 		return die("VM %d already running", v.vmid)
 	}
+	return e.launch(v)
+}
+
+// launch is vm_start_nolock's start of QEMU (config lock held).
+func (e *Emulator) launch(v *vm) *apiError {
 	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
 	defer cancel()
 	if err := v.machine.Launch(ctx); err != nil {

@@ -196,14 +196,9 @@ func (e *Emulator) rollback(t *task, v *vm, name string) *apiError {
 	if !snap.vmstate {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
-	defer cancel()
-	if err := v.machine.Launch(ctx); err != nil {
-		return die("start failed: %v", err)
+	if err := e.launch(v); err != nil {
+		return err
 	}
-	v.mu.Lock()
-	v.started = time.Now()
-	v.mu.Unlock()
 	return e.withSnapshotter(v, func(ctx context.Context, s Snapshotter) error { return s.LoadState(ctx, name) })
 }
 
