@@ -88,8 +88,11 @@ const (
 var (
 	nodeRE = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$`)
 	vmidRE = regexp.MustCompile(`^[1-9][0-9]{2,8}$`)
-	// tokenIDRE is USER@REALM!TOKENID.
-	tokenIDRE = regexp.MustCompile(`^[^\s@!:=]+@[A-Za-z][A-Za-z0-9._-]*![A-Za-z][A-Za-z0-9._-]*$`)
+	// tokenIDRE is USER@REALM!TOKENID as pve-access-control's
+	// $token_full_regex takes it (user [^\s:/]+, realm and token id a letter
+	// and at least one more character), without '@', '!' or '=' in the
+	// user so the header splits one way.
+	tokenIDRE = regexp.MustCompile(`^[^\s@!:=/]+@[A-Za-z][A-Za-z0-9._-]+![A-Za-z][A-Za-z0-9._-]+$`)
 )
 
 // ParseVMID checks that name is a Proxmox vmid (100 to 999999999, decimal,
