@@ -421,3 +421,39 @@ func TestCloneDestroy(t *testing.T) {
 		t.Errorf("rrddata = %d points, last %v; want 70 with the current values last", len(rrd), rrd[len(rrd)-1])
 	}
 }
+
+// TestHostileRequests: what pve-http-server refuses before any handler runs
+// (AnyEvent.pm: body size, a body on GET, the format) and a body that is not
+// JSON.
+func TestHostileRequests(t *testing.T) {
+	e, c := emu(t, PVE92, allVMPrivs(PVE92), VMSpec{VMID: 101, Node: "pve", Running: true})
+	for _, tc := range []struct {
+		method, path, ctype, body string
+		code                      int
+		reason                    string
+	}{
+		{"POST", "/api2/json/nodes/pve/qemu/101/status/stop", "application/json", strings.Repeat(" ", maxPost+1), 501, "for data too large"},
+		{"GET", "/api2/json/version", "application/json", "{}", 501, "Unexpected content for method 'GET'"},
+		{"GET", "/api2/xml/version", "", "", 501, "no formatter for uri /version, xml"},
+		{"GET", "/nothing", "", "", 501, "no such uri"},
+		{"POST", "/api2/json/nodes/pve/qemu/101/status/stop", "application/json", "{not json", 500, "malformed JSON string: invalid character 'n' looking for beginning of object key string"},
+	} {
+		req, _ := http.NewRequest(tc.method, e.URL()+tc.path, strings.NewReader(tc.body))
+		req.Header.Set("Authorization", tokenAuth(tokID, tokSecret))
+		if tc.ctype != "" {
+			req.Header.Set("Content-Type", tc.ctype)
+		}
+		resp, err := c.hc.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", tc.method, tc.path, err)
+		}
+		resp.Body.Close()
+		reason := strings.TrimSpace(strings.TrimPrefix(resp.Status, fmt.Sprint(resp.StatusCode)))
+		if resp.StatusCode != tc.code || reason != tc.reason {
+			t.Errorf("%s %s (%d bytes) = %d %q; want %d %q", tc.method, tc.path, len(tc.body), resp.StatusCode, reason, tc.code, tc.reason)
+		}
+	}
+	if !e.Running(101) {
+		t.Errorf("VM 101 stopped by a refused request")
+	}
+}
