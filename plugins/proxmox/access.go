@@ -58,8 +58,9 @@ const accessTimeout = 30 * time.Second
 // Proxmox VE version (GET /version) and the token's privileges (GET
 // /access/permissions). A refused token, or one without VM.Audit on any VM
 // (it would see no VM), is an error; other missing privileges are logged,
-// named with the calls that will fail. An API that does not answer is
-// logged too: the checks then happen call by call.
+// named with the calls that will fail. An API that does not answer, or
+// answers the checks otherwise, is logged too: the checks then happen call
+// by call.
 func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	d, err := New(cfg)
 	if err != nil {
@@ -68,12 +69,11 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	ctx, cancel := context.WithTimeout(ctx, accessTimeout)
 	defer cancel()
 	if err := d.CheckAccess(ctx); err != nil {
-		var ae *APIError
-		if errors.Is(err, hypervisor.ErrBackend) || errors.As(err, &ae) {
+		if errors.Is(err, ErrAuth) {
 			d.Close()
 			return nil, err
 		}
-		d.log.Warn("cannot reach the Proxmox API to check the token's privileges now", "err", err)
+		d.log.Warn("cannot check the Proxmox API token's privileges now; calls will tell", "err", err)
 	}
 	return d, nil
 }

@@ -169,3 +169,29 @@ func TestHostileTaskAnswers(t *testing.T) {
 		t.Errorf("Power(start) with a task that never ends = %v; want %v", err, hypervisor.ErrTimeout)
 	}
 }
+
+// TestOpenWithoutPermissionsAPI: a server that cannot answer the privilege
+// check (here 501 for /access/permissions) still gives a driver; only a
+// refused token or one that sees no VM stops Open.
+func TestOpenWithoutPermissionsAPI(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/version") {
+			fmt.Fprint(w, `{"data":{"version":"9.2.11","release":"9.2","repoid":"f6997e698c7933ea"}}`)
+			return
+		}
+		w.WriteHeader(http.StatusNotImplemented)
+	}))
+	t.Cleanup(srv.Close)
+	cfg := replayServer(t, 200, "OK", nil)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600)
+	cfg.URL, cfg.CAFile, cfg.Logger = srv.URL, ca, quietLogger()
+	d, err := Open(ctxT(t), cfg)
+	if err != nil {
+		t.Fatalf("Open() against a server without /access/permissions = %v; want a driver", err)
+	}
+	defer d.Close()
+	if d.pveMajor() != 9 {
+		t.Errorf("Open() read major version %d; want 9", d.pveMajor())
+	}
+}
