@@ -117,6 +117,17 @@ func (r reply) data(t testing.TB, v any) {
 	}
 }
 
+// taskOf waits for the task a method answered (200 and a UPID).
+func (c client) taskOf(node string, r reply) map[string]any {
+	c.t.Helper()
+	var upid string
+	r.data(c.t, &upid)
+	if r.code != 200 {
+		c.t.Fatalf("%d %s", r.code, r.raw)
+	}
+	return c.waitTask(node, upid)
+}
+
 // waitTask polls a task until it stops and returns its status.
 func (c client) waitTask(node, upid string) map[string]any {
 	c.t.Helper()
@@ -379,15 +390,7 @@ func TestFileReadCountByVersion(t *testing.T) {
 // answered at once.
 func TestCloneDestroy(t *testing.T) {
 	_, c := emu(t, PVE92, allVMPrivs(PVE92), VMSpec{VMID: 101, Node: "pve", Name: "tmpl", Running: true})
-	task := func(r reply) map[string]any {
-		t.Helper()
-		var upid string
-		r.data(t, &upid)
-		if r.code != 200 {
-			t.Fatalf("%d %s", r.code, r.raw)
-		}
-		return c.waitTask("pve", upid)
-	}
+	task := func(r reply) map[string]any { t.Helper(); return c.taskOf("pve", r) }
 	if st := task(c.do("POST", "/nodes/pve/qemu/101/clone", url.Values{"newid": {"150"}})); st["exitstatus"] != "OK" || st["type"] != "qmclone" || st["id"] != "101" {
 		t.Fatalf("clone task = %v; want a qmclone task of 101 ending OK", st)
 	}

@@ -193,15 +193,7 @@ func TestSnapshotLab(t *testing.T) {
 	m := NewLabMachine(v)
 	t.Cleanup(func() { m.Close() })
 	_, c := emu(t, PVE92, allVMPrivs(PVE92), VMSpec{VMID: 120, Node: "pve", Name: "snap", Machine: m})
-	task := func(r reply) map[string]any {
-		t.Helper()
-		var upid string
-		r.data(t, &upid)
-		if r.code != 200 {
-			t.Fatalf("%d %s", r.code, r.raw)
-		}
-		return c.waitTask("pve", upid)
-	}
+	task := func(r reply) map[string]any { t.Helper(); return c.taskOf("pve", r) }
 	write := func(s string) {
 		c.execWait("pve", 120, []string{"/bin/sh", "-c", "echo " + s + " > /tmp/snapfile"}, "")
 	}
