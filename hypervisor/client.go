@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -19,6 +20,9 @@ import (
 type client struct {
 	name string
 	rpc  pb.DriverClient
+	// caps are the plugin driver's capabilities, from Configure's reply (or
+	// the Capabilities RPC); nil until known. See client_caps.go.
+	caps atomic.Pointer[Capabilities]
 }
 
 var (
@@ -86,9 +90,11 @@ func (c *client) fromStatus(ctx context.Context, op string, err error) error {
 
 // Configure sends the plugin its settings.
 func (c *client) Configure(ctx context.Context, config []byte) error {
-	if _, err := c.rpc.Configure(ctx, &pb.ConfigureRequest{Config: config}); err != nil {
+	resp, err := c.rpc.Configure(ctx, &pb.ConfigureRequest{Config: config})
+	if err != nil {
 		return c.fromStatus(ctx, "configure", err)
 	}
+	c.setCaps(capabilitiesFromPB(resp.GetCapabilities()))
 	return nil
 }
 

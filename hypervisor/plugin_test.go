@@ -44,6 +44,7 @@ func TestSentinelsSurviveTheBoundary(t *testing.T) {
 		hypervisor.ErrTimeout, hypervisor.ErrNotSupported, hypervisor.ErrUnknownExec,
 		hypervisor.ErrVMNotRunning, hypervisor.ErrInvalidArgument, hypervisor.ErrNotConfigured,
 		hypervisor.ErrPluginExited, context.DeadlineExceeded, context.Canceled,
+		hypervisor.ErrSnapshotNotFound, hypervisor.ErrSnapshotExists, hypervisor.ErrSnapshotMemory, hypervisor.ErrSnapshotDiskOnly,
 	}
 	tests := []struct {
 		name string
@@ -61,6 +62,10 @@ func TestSentinelsSurviveTheBoundary(t *testing.T) {
 		{"two sentinels", errors.Join(hypervisor.ErrVMNotRunning, hypervisor.ErrAgentUnavailable), []error{hypervisor.ErrVMNotRunning, hypervisor.ErrAgentUnavailable}},
 		{"canceled", fmt.Errorf("qemu: %w", context.Canceled), []error{context.Canceled}},
 		{"plain error", errors.New("qemu: something odd"), nil},
+		{"snapshot not found", fmt.Errorf("qemu: snapshot revert: %w", hypervisor.ErrSnapshotNotFound), []error{hypervisor.ErrSnapshotNotFound}},
+		{"snapshot exists", fmt.Errorf("qemu: snapshot create: %w", hypervisor.ErrSnapshotExists), []error{hypervisor.ErrSnapshotExists}},
+		{"snapshot memory", fmt.Errorf("qemu: snapshot create: %w", hypervisor.ErrSnapshotMemory), []error{hypervisor.ErrSnapshotMemory, hypervisor.ErrNotSupported}},
+		{"snapshot disk only", fmt.Errorf("qemu: snapshot create: %w", hypervisor.ErrSnapshotDiskOnly), []error{hypervisor.ErrSnapshotDiskOnly, hypervisor.ErrNotSupported}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

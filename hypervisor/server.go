@@ -25,6 +25,10 @@ var errorKinds = []struct {
 }{
 	{"unknown_vm", ErrUnknownVM, codes.NotFound},
 	{"unknown_exec", ErrUnknownExec, codes.NotFound},
+	{"snapshot_not_found", ErrSnapshotNotFound, codes.NotFound},
+	{"snapshot_exists", ErrSnapshotExists, codes.AlreadyExists},
+	{"snapshot_memory", ErrSnapshotMemory, codes.Unimplemented},
+	{"snapshot_disk_only", ErrSnapshotDiskOnly, codes.Unimplemented},
 	{"command_disabled", ErrCommandDisabled, codes.PermissionDenied},
 	{"agent_unavailable", ErrAgentUnavailable, codes.FailedPrecondition},
 	{"vm_not_running", ErrVMNotRunning, codes.FailedPrecondition},
@@ -79,14 +83,14 @@ func (s *server) Configure(ctx context.Context, req *pb.ConfigureRequest) (*pb.C
 	c, ok := s.d.(Configurer)
 	if !ok {
 		if len(req.GetConfig()) == 0 {
-			return &pb.ConfigureResponse{}, nil
+			return &pb.ConfigureResponse{Capabilities: capabilitiesToPB(CapabilitiesOf(s.d))}, nil
 		}
 		return nil, toStatus(fmt.Errorf("configure: %w: this driver takes no configuration", ErrNotSupported))
 	}
 	if err := c.Configure(ctx, req.GetConfig()); err != nil {
 		return nil, toStatus(err)
 	}
-	return &pb.ConfigureResponse{}, nil
+	return &pb.ConfigureResponse{Capabilities: capabilitiesToPB(CapabilitiesOf(s.d))}, nil
 }
 
 func (s *server) ListVMs(ctx context.Context, _ *pb.ListVMsRequest) (*pb.ListVMsResponse, error) {

@@ -54,6 +54,10 @@ func TestErrorStatusGolden(t *testing.T) {
 		{"plugin_exited", &ExitedError{Driver: "libvirt"}},
 		{"canceled", fmt.Errorf("qemu: %w", context.Canceled)},
 		{"plain", errors.New("qemu: something odd")},
+		{"snapshot_not_found", fmt.Errorf("qemu: snapshot revert: %w: \"before\"", ErrSnapshotNotFound)},
+		{"snapshot_exists", fmt.Errorf("libvirt: snapshot create: %w: \"before\"", ErrSnapshotExists)},
+		{"snapshot_memory", fmt.Errorf("virtualbox: snapshot create: %w", ErrSnapshotMemory)},
+		{"snapshot_disk_only", fmt.Errorf("qemu: snapshot create: %w", ErrSnapshotDiskOnly)},
 	}
 	var b strings.Builder
 	b.WriteString("Wire form of driver errors (go test ./hypervisor -run TestErrorStatusGolden -update rewrites it).\n")

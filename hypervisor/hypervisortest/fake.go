@@ -24,6 +24,17 @@ type Fake struct {
 	FileReadFunc   func(ctx context.Context, vm, path string, maxBytes int64) (hypervisor.FileContent, error)
 	FileWriteFunc  func(ctx context.Context, vm, path string, data []byte, mode uint32) error
 	PowerFunc      func(ctx context.Context, vm string, action hypervisor.PowerAction) error
+
+	// The optional capabilities (fake_caps.go): Fake reports a capability
+	// when one of its functions is set.
+	SnapshotCreateFunc func(ctx context.Context, vm string, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, error)
+	SnapshotListFunc   func(ctx context.Context, vm string) ([]hypervisor.Snapshot, error)
+	SnapshotRevertFunc func(ctx context.Context, vm, name string) error
+	SnapshotDeleteFunc func(ctx context.Context, vm, name string) error
+	// Modes is what SnapshotModes reports.
+	Modes            hypervisor.SnapshotModes
+	GuestNetworkFunc func(ctx context.Context, vm string) ([]hypervisor.NetInterface, error)
+	VMMetricsFunc    func(ctx context.Context, vm string) (hypervisor.VMMetrics, error)
 }
 
 var _ hypervisor.Driver = (*Fake)(nil)

@@ -1,8 +1,13 @@
 // The gRPC service behind vmgate's driver plugins: one RPC per method of
-// hypervisor.Driver, plus Run (the Runner capability) and Configure (the
-// plugin's settings as JSON, sent once right after the handshake).
+// hypervisor.Driver, plus Run (the Runner capability), Configure (the
+// plugin's settings as JSON, sent once right after the handshake; its reply
+// says which optional capabilities the plugin's driver has), Capabilities
+// (the same answer, for a host that did not configure), and one RPC per
+// method of the optional capabilities (Snapshotter, GuestNetworker,
+// MetricsReader). A plugin whose driver lacks a capability answers its RPCs
+// with ErrNotSupported; the host does not send them at all.
 //
-// Only hypervisor/client.go and hypervisor/server.go use these messages;
+// Only package hypervisor's plugin glue (client*.go, server*.go) uses these messages;
 // everything else sees the Go types of package hypervisor.
 //
 // Errors travel as gRPC status errors whose details hold one ErrorDetail
@@ -131,7 +136,10 @@ func (x *ConfigureRequest) GetConfig() []byte {
 }
 
 type ConfigureResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// capabilities are the configured driver's; a plugin built before they
+	// existed sends none, which the host reads as "no optional capability".
+	Capabilities  *CapabilitySet `protobuf:"bytes,1,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -164,6 +172,13 @@ func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ConfigureResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureResponse) Descriptor() ([]byte, []int) {
 	return file_proto_driver_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ConfigureResponse) GetCapabilities() *CapabilitySet {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
 }
 
 type ListVMsRequest struct {
@@ -1163,6 +1178,869 @@ func (*PowerResponse) Descriptor() ([]byte, []int) {
 	return file_proto_driver_proto_rawDescGZIP(), []int{19}
 }
 
+type CapabilitiesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CapabilitiesRequest) Reset() {
+	*x = CapabilitiesRequest{}
+	mi := &file_proto_driver_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapabilitiesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapabilitiesRequest) ProtoMessage() {}
+
+func (x *CapabilitiesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapabilitiesRequest.ProtoReflect.Descriptor instead.
+func (*CapabilitiesRequest) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{20}
+}
+
+type CapabilitySet struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Snapshots        bool                   `protobuf:"varint,1,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
+	SnapshotMemory   bool                   `protobuf:"varint,2,opt,name=snapshot_memory,json=snapshotMemory,proto3" json:"snapshot_memory,omitempty"`
+	SnapshotDiskOnly bool                   `protobuf:"varint,3,opt,name=snapshot_disk_only,json=snapshotDiskOnly,proto3" json:"snapshot_disk_only,omitempty"`
+	GuestNetwork     bool                   `protobuf:"varint,4,opt,name=guest_network,json=guestNetwork,proto3" json:"guest_network,omitempty"`
+	Metrics          bool                   `protobuf:"varint,5,opt,name=metrics,proto3" json:"metrics,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *CapabilitySet) Reset() {
+	*x = CapabilitySet{}
+	mi := &file_proto_driver_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapabilitySet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapabilitySet) ProtoMessage() {}
+
+func (x *CapabilitySet) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapabilitySet.ProtoReflect.Descriptor instead.
+func (*CapabilitySet) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CapabilitySet) GetSnapshots() bool {
+	if x != nil {
+		return x.Snapshots
+	}
+	return false
+}
+
+func (x *CapabilitySet) GetSnapshotMemory() bool {
+	if x != nil {
+		return x.SnapshotMemory
+	}
+	return false
+}
+
+func (x *CapabilitySet) GetSnapshotDiskOnly() bool {
+	if x != nil {
+		return x.SnapshotDiskOnly
+	}
+	return false
+}
+
+func (x *CapabilitySet) GetGuestNetwork() bool {
+	if x != nil {
+		return x.GuestNetwork
+	}
+	return false
+}
+
+func (x *CapabilitySet) GetMetrics() bool {
+	if x != nil {
+		return x.Metrics
+	}
+	return false
+}
+
+type SnapshotCreateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vm            string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Description   string                 `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	Memory        bool                   `protobuf:"varint,4,opt,name=memory,proto3" json:"memory,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotCreateRequest) Reset() {
+	*x = SnapshotCreateRequest{}
+	mi := &file_proto_driver_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotCreateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotCreateRequest) ProtoMessage() {}
+
+func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotCreateRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotCreateRequest) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *SnapshotCreateRequest) GetVm() string {
+	if x != nil {
+		return x.Vm
+	}
+	return ""
+}
+
+func (x *SnapshotCreateRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SnapshotCreateRequest) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *SnapshotCreateRequest) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
+}
+
+type Snapshot struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Description string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// created_at is Unix nanoseconds; has_created_at false means the zero time.
+	CreatedAtUnixNs int64  `protobuf:"varint,3,opt,name=created_at_unix_ns,json=createdAtUnixNs,proto3" json:"created_at_unix_ns,omitempty"`
+	HasCreatedAt    bool   `protobuf:"varint,4,opt,name=has_created_at,json=hasCreatedAt,proto3" json:"has_created_at,omitempty"`
+	Memory          bool   `protobuf:"varint,5,opt,name=memory,proto3" json:"memory,omitempty"`
+	SizeBytes       int64  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	Parent          string `protobuf:"bytes,7,opt,name=parent,proto3" json:"parent,omitempty"`
+	Current         bool   `protobuf:"varint,8,opt,name=current,proto3" json:"current,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Snapshot) Reset() {
+	*x = Snapshot{}
+	mi := &file_proto_driver_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Snapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Snapshot) ProtoMessage() {}
+
+func (x *Snapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
+func (*Snapshot) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *Snapshot) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Snapshot) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *Snapshot) GetCreatedAtUnixNs() int64 {
+	if x != nil {
+		return x.CreatedAtUnixNs
+	}
+	return 0
+}
+
+func (x *Snapshot) GetHasCreatedAt() bool {
+	if x != nil {
+		return x.HasCreatedAt
+	}
+	return false
+}
+
+func (x *Snapshot) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
+}
+
+func (x *Snapshot) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *Snapshot) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *Snapshot) GetCurrent() bool {
+	if x != nil {
+		return x.Current
+	}
+	return false
+}
+
+type SnapshotListResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshots     []*Snapshot            `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotListResponse) Reset() {
+	*x = SnapshotListResponse{}
+	mi := &file_proto_driver_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotListResponse) ProtoMessage() {}
+
+func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotListResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotListResponse) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *SnapshotListResponse) GetSnapshots() []*Snapshot {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+type SnapshotNameRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vm            string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotNameRequest) Reset() {
+	*x = SnapshotNameRequest{}
+	mi := &file_proto_driver_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotNameRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotNameRequest) ProtoMessage() {}
+
+func (x *SnapshotNameRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotNameRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotNameRequest) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SnapshotNameRequest) GetVm() string {
+	if x != nil {
+		return x.Vm
+	}
+	return ""
+}
+
+func (x *SnapshotNameRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type SnapshotRevertResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotRevertResponse) Reset() {
+	*x = SnapshotRevertResponse{}
+	mi := &file_proto_driver_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotRevertResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotRevertResponse) ProtoMessage() {}
+
+func (x *SnapshotRevertResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotRevertResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotRevertResponse) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{26}
+}
+
+type SnapshotDeleteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotDeleteResponse) Reset() {
+	*x = SnapshotDeleteResponse{}
+	mi := &file_proto_driver_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotDeleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotDeleteResponse) ProtoMessage() {}
+
+func (x *SnapshotDeleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotDeleteResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotDeleteResponse) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{27}
+}
+
+type IPAddress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Family        string                 `protobuf:"bytes,1,opt,name=family,proto3" json:"family,omitempty"`
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Prefix        int32                  `protobuf:"varint,3,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IPAddress) Reset() {
+	*x = IPAddress{}
+	mi := &file_proto_driver_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IPAddress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IPAddress) ProtoMessage() {}
+
+func (x *IPAddress) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IPAddress.ProtoReflect.Descriptor instead.
+func (*IPAddress) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *IPAddress) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
+func (x *IPAddress) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *IPAddress) GetPrefix() int32 {
+	if x != nil {
+		return x.Prefix
+	}
+	return 0
+}
+
+type NetStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RxBytes       uint64                 `protobuf:"varint,1,opt,name=rx_bytes,json=rxBytes,proto3" json:"rx_bytes,omitempty"`
+	RxPackets     uint64                 `protobuf:"varint,2,opt,name=rx_packets,json=rxPackets,proto3" json:"rx_packets,omitempty"`
+	RxErrors      uint64                 `protobuf:"varint,3,opt,name=rx_errors,json=rxErrors,proto3" json:"rx_errors,omitempty"`
+	RxDropped     uint64                 `protobuf:"varint,4,opt,name=rx_dropped,json=rxDropped,proto3" json:"rx_dropped,omitempty"`
+	TxBytes       uint64                 `protobuf:"varint,5,opt,name=tx_bytes,json=txBytes,proto3" json:"tx_bytes,omitempty"`
+	TxPackets     uint64                 `protobuf:"varint,6,opt,name=tx_packets,json=txPackets,proto3" json:"tx_packets,omitempty"`
+	TxErrors      uint64                 `protobuf:"varint,7,opt,name=tx_errors,json=txErrors,proto3" json:"tx_errors,omitempty"`
+	TxDropped     uint64                 `protobuf:"varint,8,opt,name=tx_dropped,json=txDropped,proto3" json:"tx_dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetStats) Reset() {
+	*x = NetStats{}
+	mi := &file_proto_driver_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetStats) ProtoMessage() {}
+
+func (x *NetStats) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetStats.ProtoReflect.Descriptor instead.
+func (*NetStats) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *NetStats) GetRxBytes() uint64 {
+	if x != nil {
+		return x.RxBytes
+	}
+	return 0
+}
+
+func (x *NetStats) GetRxPackets() uint64 {
+	if x != nil {
+		return x.RxPackets
+	}
+	return 0
+}
+
+func (x *NetStats) GetRxErrors() uint64 {
+	if x != nil {
+		return x.RxErrors
+	}
+	return 0
+}
+
+func (x *NetStats) GetRxDropped() uint64 {
+	if x != nil {
+		return x.RxDropped
+	}
+	return 0
+}
+
+func (x *NetStats) GetTxBytes() uint64 {
+	if x != nil {
+		return x.TxBytes
+	}
+	return 0
+}
+
+func (x *NetStats) GetTxPackets() uint64 {
+	if x != nil {
+		return x.TxPackets
+	}
+	return 0
+}
+
+func (x *NetStats) GetTxErrors() uint64 {
+	if x != nil {
+		return x.TxErrors
+	}
+	return 0
+}
+
+func (x *NetStats) GetTxDropped() uint64 {
+	if x != nil {
+		return x.TxDropped
+	}
+	return 0
+}
+
+type NetInterface struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Mac           string                 `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	Addresses     []*IPAddress           `protobuf:"bytes,3,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	Stats         *NetStats              `protobuf:"bytes,4,opt,name=stats,proto3" json:"stats,omitempty"` // absent when the guest reports none
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetInterface) Reset() {
+	*x = NetInterface{}
+	mi := &file_proto_driver_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetInterface) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetInterface) ProtoMessage() {}
+
+func (x *NetInterface) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
+func (*NetInterface) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *NetInterface) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NetInterface) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *NetInterface) GetAddresses() []*IPAddress {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+func (x *NetInterface) GetStats() *NetStats {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
+type GuestNetworkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Interfaces    []*NetInterface        `protobuf:"bytes,1,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GuestNetworkResponse) Reset() {
+	*x = GuestNetworkResponse{}
+	mi := &file_proto_driver_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuestNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestNetworkResponse) ProtoMessage() {}
+
+func (x *GuestNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestNetworkResponse.ProtoReflect.Descriptor instead.
+func (*GuestNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *GuestNetworkResponse) GetInterfaces() []*NetInterface {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
+// VMMetricsResponse mirrors hypervisor.VMMetrics: an optional field the
+// backend does not report is absent.
+type VMMetricsResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	TimeUnixNs     int64                  `protobuf:"varint,1,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	Source         string                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Vcpus          int64                  `protobuf:"varint,3,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	CpuTimeNs      *uint64                `protobuf:"varint,4,opt,name=cpu_time_ns,json=cpuTimeNs,proto3,oneof" json:"cpu_time_ns,omitempty"`
+	MemoryBytes    *uint64                `protobuf:"varint,5,opt,name=memory_bytes,json=memoryBytes,proto3,oneof" json:"memory_bytes,omitempty"`
+	BalloonBytes   *uint64                `protobuf:"varint,6,opt,name=balloon_bytes,json=balloonBytes,proto3,oneof" json:"balloon_bytes,omitempty"`
+	HostRssBytes   *uint64                `protobuf:"varint,7,opt,name=host_rss_bytes,json=hostRssBytes,proto3,oneof" json:"host_rss_bytes,omitempty"`
+	DiskReadBytes  *uint64                `protobuf:"varint,8,opt,name=disk_read_bytes,json=diskReadBytes,proto3,oneof" json:"disk_read_bytes,omitempty"`
+	DiskWriteBytes *uint64                `protobuf:"varint,9,opt,name=disk_write_bytes,json=diskWriteBytes,proto3,oneof" json:"disk_write_bytes,omitempty"`
+	DiskReadOps    *uint64                `protobuf:"varint,10,opt,name=disk_read_ops,json=diskReadOps,proto3,oneof" json:"disk_read_ops,omitempty"`
+	DiskWriteOps   *uint64                `protobuf:"varint,11,opt,name=disk_write_ops,json=diskWriteOps,proto3,oneof" json:"disk_write_ops,omitempty"`
+	NetRxBytes     *uint64                `protobuf:"varint,12,opt,name=net_rx_bytes,json=netRxBytes,proto3,oneof" json:"net_rx_bytes,omitempty"`
+	NetTxBytes     *uint64                `protobuf:"varint,13,opt,name=net_tx_bytes,json=netTxBytes,proto3,oneof" json:"net_tx_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *VMMetricsResponse) Reset() {
+	*x = VMMetricsResponse{}
+	mi := &file_proto_driver_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VMMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VMMetricsResponse) ProtoMessage() {}
+
+func (x *VMMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VMMetricsResponse.ProtoReflect.Descriptor instead.
+func (*VMMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *VMMetricsResponse) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
+func (x *VMMetricsResponse) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *VMMetricsResponse) GetVcpus() int64 {
+	if x != nil {
+		return x.Vcpus
+	}
+	return 0
+}
+
+func (x *VMMetricsResponse) GetCpuTimeNs() uint64 {
+	if x != nil && x.CpuTimeNs != nil {
+		return *x.CpuTimeNs
+	}
+	return 0
+}
+
+func (x *VMMetricsResponse) GetMemoryBytes() uint64 {
+	if x != nil && x.MemoryBytes != nil {
+		return *x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *VMMetricsResponse) GetBalloonBytes() uint64 {
+	if x != nil && x.BalloonBytes != nil {
+		return *x.BalloonBytes
+	}
+	return 0
+}
+
+func (x *VMMetricsResponse) GetHostRssBytes() uint64 {
+	if x != nil && x.HostRssBytes != nil {
+		return *x.HostRssBytes
+	}
+	return 0
+}
+
+func (x *VMMetricsResponse) GetDiskReadBytes() uint64 {
+	if x != nil && x.DiskReadBytes != nil {
+		return *x.DiskReadBytes
+	}
+	return 0
+}
+
+func (x *VMMetricsResponse) GetDiskWriteBytes() uint64 {
+	if x != nil && x.DiskWriteBytes != nil {
+		return *x.DiskWriteBytes
+	}
+	return 0
+}
+
+func (x *VMMetricsResponse) GetDiskReadOps() uint64 {
+	if x != nil && x.DiskReadOps != nil {
+		return *x.DiskReadOps
+	}
+	return 0
+}
+
+func (x *VMMetricsResponse) GetDiskWriteOps() uint64 {
+	if x != nil && x.DiskWriteOps != nil {
+		return *x.DiskWriteOps
+	}
+	return 0
+}
+
+func (x *VMMetricsResponse) GetNetRxBytes() uint64 {
+	if x != nil && x.NetRxBytes != nil {
+		return *x.NetRxBytes
+	}
+	return 0
+}
+
+func (x *VMMetricsResponse) GetNetTxBytes() uint64 {
+	if x != nil && x.NetTxBytes != nil {
+		return *x.NetTxBytes
+	}
+	return 0
+}
+
 var File_proto_driver_proto protoreflect.FileDescriptor
 
 const file_proto_driver_proto_rawDesc = "" +
@@ -1172,8 +2050,9 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x05kinds\x18\x01 \x03(\tR\x05kinds\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\"*\n" +
 	"\x10ConfigureRequest\x12\x16\n" +
-	"\x06config\x18\x01 \x01(\fR\x06config\"\x13\n" +
-	"\x11ConfigureResponse\"\x10\n" +
+	"\x06config\x18\x01 \x01(\fR\x06config\"\\\n" +
+	"\x11ConfigureResponse\x12G\n" +
+	"\fcapabilities\x18\x01 \x01(\v2#.vmgate.hypervisor.v1.CapabilitySetR\fcapabilities\"\x10\n" +
 	"\x0eListVMsRequest\"=\n" +
 	"\x0fListVMsResponse\x12*\n" +
 	"\x03vms\x18\x01 \x03(\v2\x18.vmgate.hypervisor.v1.VMR\x03vms\"X\n" +
@@ -1241,7 +2120,90 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\fPowerRequest\x12\x0e\n" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\x0f\n" +
-	"\rPowerResponse2\xe3\x06\n" +
+	"\rPowerResponse\"\x15\n" +
+	"\x13CapabilitiesRequest\"\xc3\x01\n" +
+	"\rCapabilitySet\x12\x1c\n" +
+	"\tsnapshots\x18\x01 \x01(\bR\tsnapshots\x12'\n" +
+	"\x0fsnapshot_memory\x18\x02 \x01(\bR\x0esnapshotMemory\x12,\n" +
+	"\x12snapshot_disk_only\x18\x03 \x01(\bR\x10snapshotDiskOnly\x12#\n" +
+	"\rguest_network\x18\x04 \x01(\bR\fguestNetwork\x12\x18\n" +
+	"\ametrics\x18\x05 \x01(\bR\ametrics\"u\n" +
+	"\x15SnapshotCreateRequest\x12\x0e\n" +
+	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x16\n" +
+	"\x06memory\x18\x04 \x01(\bR\x06memory\"\xfc\x01\n" +
+	"\bSnapshot\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12+\n" +
+	"\x12created_at_unix_ns\x18\x03 \x01(\x03R\x0fcreatedAtUnixNs\x12$\n" +
+	"\x0ehas_created_at\x18\x04 \x01(\bR\fhasCreatedAt\x12\x16\n" +
+	"\x06memory\x18\x05 \x01(\bR\x06memory\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\x12\x16\n" +
+	"\x06parent\x18\a \x01(\tR\x06parent\x12\x18\n" +
+	"\acurrent\x18\b \x01(\bR\acurrent\"T\n" +
+	"\x14SnapshotListResponse\x12<\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1e.vmgate.hypervisor.v1.SnapshotR\tsnapshots\"9\n" +
+	"\x13SnapshotNameRequest\x12\x0e\n" +
+	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x18\n" +
+	"\x16SnapshotRevertResponse\"\x18\n" +
+	"\x16SnapshotDeleteResponse\"U\n" +
+	"\tIPAddress\x12\x16\n" +
+	"\x06family\x18\x01 \x01(\tR\x06family\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x16\n" +
+	"\x06prefix\x18\x03 \x01(\x05R\x06prefix\"\xf6\x01\n" +
+	"\bNetStats\x12\x19\n" +
+	"\brx_bytes\x18\x01 \x01(\x04R\arxBytes\x12\x1d\n" +
+	"\n" +
+	"rx_packets\x18\x02 \x01(\x04R\trxPackets\x12\x1b\n" +
+	"\trx_errors\x18\x03 \x01(\x04R\brxErrors\x12\x1d\n" +
+	"\n" +
+	"rx_dropped\x18\x04 \x01(\x04R\trxDropped\x12\x19\n" +
+	"\btx_bytes\x18\x05 \x01(\x04R\atxBytes\x12\x1d\n" +
+	"\n" +
+	"tx_packets\x18\x06 \x01(\x04R\ttxPackets\x12\x1b\n" +
+	"\ttx_errors\x18\a \x01(\x04R\btxErrors\x12\x1d\n" +
+	"\n" +
+	"tx_dropped\x18\b \x01(\x04R\ttxDropped\"\xa9\x01\n" +
+	"\fNetInterface\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\tR\x03mac\x12=\n" +
+	"\taddresses\x18\x03 \x03(\v2\x1f.vmgate.hypervisor.v1.IPAddressR\taddresses\x124\n" +
+	"\x05stats\x18\x04 \x01(\v2\x1e.vmgate.hypervisor.v1.NetStatsR\x05stats\"Z\n" +
+	"\x14GuestNetworkResponse\x12B\n" +
+	"\n" +
+	"interfaces\x18\x01 \x03(\v2\".vmgate.hypervisor.v1.NetInterfaceR\n" +
+	"interfaces\"\xb9\x05\n" +
+	"\x11VMMetricsResponse\x12 \n" +
+	"\ftime_unix_ns\x18\x01 \x01(\x03R\n" +
+	"timeUnixNs\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
+	"\x05vcpus\x18\x03 \x01(\x03R\x05vcpus\x12#\n" +
+	"\vcpu_time_ns\x18\x04 \x01(\x04H\x00R\tcpuTimeNs\x88\x01\x01\x12&\n" +
+	"\fmemory_bytes\x18\x05 \x01(\x04H\x01R\vmemoryBytes\x88\x01\x01\x12(\n" +
+	"\rballoon_bytes\x18\x06 \x01(\x04H\x02R\fballoonBytes\x88\x01\x01\x12)\n" +
+	"\x0ehost_rss_bytes\x18\a \x01(\x04H\x03R\fhostRssBytes\x88\x01\x01\x12+\n" +
+	"\x0fdisk_read_bytes\x18\b \x01(\x04H\x04R\rdiskReadBytes\x88\x01\x01\x12-\n" +
+	"\x10disk_write_bytes\x18\t \x01(\x04H\x05R\x0ediskWriteBytes\x88\x01\x01\x12'\n" +
+	"\rdisk_read_ops\x18\n" +
+	" \x01(\x04H\x06R\vdiskReadOps\x88\x01\x01\x12)\n" +
+	"\x0edisk_write_ops\x18\v \x01(\x04H\aR\fdiskWriteOps\x88\x01\x01\x12%\n" +
+	"\fnet_rx_bytes\x18\f \x01(\x04H\bR\n" +
+	"netRxBytes\x88\x01\x01\x12%\n" +
+	"\fnet_tx_bytes\x18\r \x01(\x04H\tR\n" +
+	"netTxBytes\x88\x01\x01B\x0e\n" +
+	"\f_cpu_time_nsB\x0f\n" +
+	"\r_memory_bytesB\x10\n" +
+	"\x0e_balloon_bytesB\x11\n" +
+	"\x0f_host_rss_bytesB\x12\n" +
+	"\x10_disk_read_bytesB\x13\n" +
+	"\x11_disk_write_bytesB\x10\n" +
+	"\x0e_disk_read_opsB\x11\n" +
+	"\x0f_disk_write_opsB\x0f\n" +
+	"\r_net_rx_bytesB\x0f\n" +
+	"\r_net_tx_bytes2\x89\f\n" +
 	"\x06Driver\x12\\\n" +
 	"\tConfigure\x12&.vmgate.hypervisor.v1.ConfigureRequest\x1a'.vmgate.hypervisor.v1.ConfigureResponse\x12V\n" +
 	"\aListVMs\x12$.vmgate.hypervisor.v1.ListVMsRequest\x1a%.vmgate.hypervisor.v1.ListVMsResponse\x12O\n" +
@@ -1253,7 +2215,14 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x03Run\x12!.vmgate.hypervisor.v1.ExecRequest\x1a .vmgate.hypervisor.v1.ExecResult\x12T\n" +
 	"\bFileRead\x12%.vmgate.hypervisor.v1.FileReadRequest\x1a!.vmgate.hypervisor.v1.FileContent\x12\\\n" +
 	"\tFileWrite\x12&.vmgate.hypervisor.v1.FileWriteRequest\x1a'.vmgate.hypervisor.v1.FileWriteResponse\x12P\n" +
-	"\x05Power\x12\".vmgate.hypervisor.v1.PowerRequest\x1a#.vmgate.hypervisor.v1.PowerResponseB+Z)github.com/vmgate/vmgate/hypervisor/protob\x06proto3"
+	"\x05Power\x12\".vmgate.hypervisor.v1.PowerRequest\x1a#.vmgate.hypervisor.v1.PowerResponse\x12^\n" +
+	"\fCapabilities\x12).vmgate.hypervisor.v1.CapabilitiesRequest\x1a#.vmgate.hypervisor.v1.CapabilitySet\x12]\n" +
+	"\x0eSnapshotCreate\x12+.vmgate.hypervisor.v1.SnapshotCreateRequest\x1a\x1e.vmgate.hypervisor.v1.Snapshot\x12[\n" +
+	"\fSnapshotList\x12\x1f.vmgate.hypervisor.v1.VMRequest\x1a*.vmgate.hypervisor.v1.SnapshotListResponse\x12i\n" +
+	"\x0eSnapshotRevert\x12).vmgate.hypervisor.v1.SnapshotNameRequest\x1a,.vmgate.hypervisor.v1.SnapshotRevertResponse\x12i\n" +
+	"\x0eSnapshotDelete\x12).vmgate.hypervisor.v1.SnapshotNameRequest\x1a,.vmgate.hypervisor.v1.SnapshotDeleteResponse\x12[\n" +
+	"\fGuestNetwork\x12\x1f.vmgate.hypervisor.v1.VMRequest\x1a*.vmgate.hypervisor.v1.GuestNetworkResponse\x12U\n" +
+	"\tVMMetrics\x12\x1f.vmgate.hypervisor.v1.VMRequest\x1a'.vmgate.hypervisor.v1.VMMetricsResponseB+Z)github.com/vmgate/vmgate/hypervisor/protob\x06proto3"
 
 var (
 	file_proto_driver_proto_rawDescOnce sync.Once
@@ -1267,58 +2236,90 @@ func file_proto_driver_proto_rawDescGZIP() []byte {
 	return file_proto_driver_proto_rawDescData
 }
 
-var file_proto_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_proto_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_proto_driver_proto_goTypes = []any{
-	(*ErrorDetail)(nil),       // 0: vmgate.hypervisor.v1.ErrorDetail
-	(*ConfigureRequest)(nil),  // 1: vmgate.hypervisor.v1.ConfigureRequest
-	(*ConfigureResponse)(nil), // 2: vmgate.hypervisor.v1.ConfigureResponse
-	(*ListVMsRequest)(nil),    // 3: vmgate.hypervisor.v1.ListVMsRequest
-	(*ListVMsResponse)(nil),   // 4: vmgate.hypervisor.v1.ListVMsResponse
-	(*VM)(nil),                // 5: vmgate.hypervisor.v1.VM
-	(*VMRequest)(nil),         // 6: vmgate.hypervisor.v1.VMRequest
-	(*StatusResponse)(nil),    // 7: vmgate.hypervisor.v1.StatusResponse
-	(*AgentCommand)(nil),      // 8: vmgate.hypervisor.v1.AgentCommand
-	(*AgentInfoResponse)(nil), // 9: vmgate.hypervisor.v1.AgentInfoResponse
-	(*ExecRequest)(nil),       // 10: vmgate.hypervisor.v1.ExecRequest
-	(*ExecHandle)(nil),        // 11: vmgate.hypervisor.v1.ExecHandle
-	(*ExecStatusRequest)(nil), // 12: vmgate.hypervisor.v1.ExecStatusRequest
-	(*ExecResult)(nil),        // 13: vmgate.hypervisor.v1.ExecResult
-	(*FileReadRequest)(nil),   // 14: vmgate.hypervisor.v1.FileReadRequest
-	(*FileContent)(nil),       // 15: vmgate.hypervisor.v1.FileContent
-	(*FileWriteRequest)(nil),  // 16: vmgate.hypervisor.v1.FileWriteRequest
-	(*FileWriteResponse)(nil), // 17: vmgate.hypervisor.v1.FileWriteResponse
-	(*PowerRequest)(nil),      // 18: vmgate.hypervisor.v1.PowerRequest
-	(*PowerResponse)(nil),     // 19: vmgate.hypervisor.v1.PowerResponse
+	(*ErrorDetail)(nil),            // 0: vmgate.hypervisor.v1.ErrorDetail
+	(*ConfigureRequest)(nil),       // 1: vmgate.hypervisor.v1.ConfigureRequest
+	(*ConfigureResponse)(nil),      // 2: vmgate.hypervisor.v1.ConfigureResponse
+	(*ListVMsRequest)(nil),         // 3: vmgate.hypervisor.v1.ListVMsRequest
+	(*ListVMsResponse)(nil),        // 4: vmgate.hypervisor.v1.ListVMsResponse
+	(*VM)(nil),                     // 5: vmgate.hypervisor.v1.VM
+	(*VMRequest)(nil),              // 6: vmgate.hypervisor.v1.VMRequest
+	(*StatusResponse)(nil),         // 7: vmgate.hypervisor.v1.StatusResponse
+	(*AgentCommand)(nil),           // 8: vmgate.hypervisor.v1.AgentCommand
+	(*AgentInfoResponse)(nil),      // 9: vmgate.hypervisor.v1.AgentInfoResponse
+	(*ExecRequest)(nil),            // 10: vmgate.hypervisor.v1.ExecRequest
+	(*ExecHandle)(nil),             // 11: vmgate.hypervisor.v1.ExecHandle
+	(*ExecStatusRequest)(nil),      // 12: vmgate.hypervisor.v1.ExecStatusRequest
+	(*ExecResult)(nil),             // 13: vmgate.hypervisor.v1.ExecResult
+	(*FileReadRequest)(nil),        // 14: vmgate.hypervisor.v1.FileReadRequest
+	(*FileContent)(nil),            // 15: vmgate.hypervisor.v1.FileContent
+	(*FileWriteRequest)(nil),       // 16: vmgate.hypervisor.v1.FileWriteRequest
+	(*FileWriteResponse)(nil),      // 17: vmgate.hypervisor.v1.FileWriteResponse
+	(*PowerRequest)(nil),           // 18: vmgate.hypervisor.v1.PowerRequest
+	(*PowerResponse)(nil),          // 19: vmgate.hypervisor.v1.PowerResponse
+	(*CapabilitiesRequest)(nil),    // 20: vmgate.hypervisor.v1.CapabilitiesRequest
+	(*CapabilitySet)(nil),          // 21: vmgate.hypervisor.v1.CapabilitySet
+	(*SnapshotCreateRequest)(nil),  // 22: vmgate.hypervisor.v1.SnapshotCreateRequest
+	(*Snapshot)(nil),               // 23: vmgate.hypervisor.v1.Snapshot
+	(*SnapshotListResponse)(nil),   // 24: vmgate.hypervisor.v1.SnapshotListResponse
+	(*SnapshotNameRequest)(nil),    // 25: vmgate.hypervisor.v1.SnapshotNameRequest
+	(*SnapshotRevertResponse)(nil), // 26: vmgate.hypervisor.v1.SnapshotRevertResponse
+	(*SnapshotDeleteResponse)(nil), // 27: vmgate.hypervisor.v1.SnapshotDeleteResponse
+	(*IPAddress)(nil),              // 28: vmgate.hypervisor.v1.IPAddress
+	(*NetStats)(nil),               // 29: vmgate.hypervisor.v1.NetStats
+	(*NetInterface)(nil),           // 30: vmgate.hypervisor.v1.NetInterface
+	(*GuestNetworkResponse)(nil),   // 31: vmgate.hypervisor.v1.GuestNetworkResponse
+	(*VMMetricsResponse)(nil),      // 32: vmgate.hypervisor.v1.VMMetricsResponse
 }
 var file_proto_driver_proto_depIdxs = []int32{
-	5,  // 0: vmgate.hypervisor.v1.ListVMsResponse.vms:type_name -> vmgate.hypervisor.v1.VM
-	8,  // 1: vmgate.hypervisor.v1.AgentInfoResponse.commands:type_name -> vmgate.hypervisor.v1.AgentCommand
-	11, // 2: vmgate.hypervisor.v1.ExecStatusRequest.handle:type_name -> vmgate.hypervisor.v1.ExecHandle
-	1,  // 3: vmgate.hypervisor.v1.Driver.Configure:input_type -> vmgate.hypervisor.v1.ConfigureRequest
-	3,  // 4: vmgate.hypervisor.v1.Driver.ListVMs:input_type -> vmgate.hypervisor.v1.ListVMsRequest
-	6,  // 5: vmgate.hypervisor.v1.Driver.Status:input_type -> vmgate.hypervisor.v1.VMRequest
-	6,  // 6: vmgate.hypervisor.v1.Driver.AgentInfo:input_type -> vmgate.hypervisor.v1.VMRequest
-	10, // 7: vmgate.hypervisor.v1.Driver.ExecStart:input_type -> vmgate.hypervisor.v1.ExecRequest
-	12, // 8: vmgate.hypervisor.v1.Driver.ExecStatus:input_type -> vmgate.hypervisor.v1.ExecStatusRequest
-	10, // 9: vmgate.hypervisor.v1.Driver.Run:input_type -> vmgate.hypervisor.v1.ExecRequest
-	14, // 10: vmgate.hypervisor.v1.Driver.FileRead:input_type -> vmgate.hypervisor.v1.FileReadRequest
-	16, // 11: vmgate.hypervisor.v1.Driver.FileWrite:input_type -> vmgate.hypervisor.v1.FileWriteRequest
-	18, // 12: vmgate.hypervisor.v1.Driver.Power:input_type -> vmgate.hypervisor.v1.PowerRequest
-	2,  // 13: vmgate.hypervisor.v1.Driver.Configure:output_type -> vmgate.hypervisor.v1.ConfigureResponse
-	4,  // 14: vmgate.hypervisor.v1.Driver.ListVMs:output_type -> vmgate.hypervisor.v1.ListVMsResponse
-	7,  // 15: vmgate.hypervisor.v1.Driver.Status:output_type -> vmgate.hypervisor.v1.StatusResponse
-	9,  // 16: vmgate.hypervisor.v1.Driver.AgentInfo:output_type -> vmgate.hypervisor.v1.AgentInfoResponse
-	11, // 17: vmgate.hypervisor.v1.Driver.ExecStart:output_type -> vmgate.hypervisor.v1.ExecHandle
-	13, // 18: vmgate.hypervisor.v1.Driver.ExecStatus:output_type -> vmgate.hypervisor.v1.ExecResult
-	13, // 19: vmgate.hypervisor.v1.Driver.Run:output_type -> vmgate.hypervisor.v1.ExecResult
-	15, // 20: vmgate.hypervisor.v1.Driver.FileRead:output_type -> vmgate.hypervisor.v1.FileContent
-	17, // 21: vmgate.hypervisor.v1.Driver.FileWrite:output_type -> vmgate.hypervisor.v1.FileWriteResponse
-	19, // 22: vmgate.hypervisor.v1.Driver.Power:output_type -> vmgate.hypervisor.v1.PowerResponse
-	13, // [13:23] is the sub-list for method output_type
-	3,  // [3:13] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	21, // 0: vmgate.hypervisor.v1.ConfigureResponse.capabilities:type_name -> vmgate.hypervisor.v1.CapabilitySet
+	5,  // 1: vmgate.hypervisor.v1.ListVMsResponse.vms:type_name -> vmgate.hypervisor.v1.VM
+	8,  // 2: vmgate.hypervisor.v1.AgentInfoResponse.commands:type_name -> vmgate.hypervisor.v1.AgentCommand
+	11, // 3: vmgate.hypervisor.v1.ExecStatusRequest.handle:type_name -> vmgate.hypervisor.v1.ExecHandle
+	23, // 4: vmgate.hypervisor.v1.SnapshotListResponse.snapshots:type_name -> vmgate.hypervisor.v1.Snapshot
+	28, // 5: vmgate.hypervisor.v1.NetInterface.addresses:type_name -> vmgate.hypervisor.v1.IPAddress
+	29, // 6: vmgate.hypervisor.v1.NetInterface.stats:type_name -> vmgate.hypervisor.v1.NetStats
+	30, // 7: vmgate.hypervisor.v1.GuestNetworkResponse.interfaces:type_name -> vmgate.hypervisor.v1.NetInterface
+	1,  // 8: vmgate.hypervisor.v1.Driver.Configure:input_type -> vmgate.hypervisor.v1.ConfigureRequest
+	3,  // 9: vmgate.hypervisor.v1.Driver.ListVMs:input_type -> vmgate.hypervisor.v1.ListVMsRequest
+	6,  // 10: vmgate.hypervisor.v1.Driver.Status:input_type -> vmgate.hypervisor.v1.VMRequest
+	6,  // 11: vmgate.hypervisor.v1.Driver.AgentInfo:input_type -> vmgate.hypervisor.v1.VMRequest
+	10, // 12: vmgate.hypervisor.v1.Driver.ExecStart:input_type -> vmgate.hypervisor.v1.ExecRequest
+	12, // 13: vmgate.hypervisor.v1.Driver.ExecStatus:input_type -> vmgate.hypervisor.v1.ExecStatusRequest
+	10, // 14: vmgate.hypervisor.v1.Driver.Run:input_type -> vmgate.hypervisor.v1.ExecRequest
+	14, // 15: vmgate.hypervisor.v1.Driver.FileRead:input_type -> vmgate.hypervisor.v1.FileReadRequest
+	16, // 16: vmgate.hypervisor.v1.Driver.FileWrite:input_type -> vmgate.hypervisor.v1.FileWriteRequest
+	18, // 17: vmgate.hypervisor.v1.Driver.Power:input_type -> vmgate.hypervisor.v1.PowerRequest
+	20, // 18: vmgate.hypervisor.v1.Driver.Capabilities:input_type -> vmgate.hypervisor.v1.CapabilitiesRequest
+	22, // 19: vmgate.hypervisor.v1.Driver.SnapshotCreate:input_type -> vmgate.hypervisor.v1.SnapshotCreateRequest
+	6,  // 20: vmgate.hypervisor.v1.Driver.SnapshotList:input_type -> vmgate.hypervisor.v1.VMRequest
+	25, // 21: vmgate.hypervisor.v1.Driver.SnapshotRevert:input_type -> vmgate.hypervisor.v1.SnapshotNameRequest
+	25, // 22: vmgate.hypervisor.v1.Driver.SnapshotDelete:input_type -> vmgate.hypervisor.v1.SnapshotNameRequest
+	6,  // 23: vmgate.hypervisor.v1.Driver.GuestNetwork:input_type -> vmgate.hypervisor.v1.VMRequest
+	6,  // 24: vmgate.hypervisor.v1.Driver.VMMetrics:input_type -> vmgate.hypervisor.v1.VMRequest
+	2,  // 25: vmgate.hypervisor.v1.Driver.Configure:output_type -> vmgate.hypervisor.v1.ConfigureResponse
+	4,  // 26: vmgate.hypervisor.v1.Driver.ListVMs:output_type -> vmgate.hypervisor.v1.ListVMsResponse
+	7,  // 27: vmgate.hypervisor.v1.Driver.Status:output_type -> vmgate.hypervisor.v1.StatusResponse
+	9,  // 28: vmgate.hypervisor.v1.Driver.AgentInfo:output_type -> vmgate.hypervisor.v1.AgentInfoResponse
+	11, // 29: vmgate.hypervisor.v1.Driver.ExecStart:output_type -> vmgate.hypervisor.v1.ExecHandle
+	13, // 30: vmgate.hypervisor.v1.Driver.ExecStatus:output_type -> vmgate.hypervisor.v1.ExecResult
+	13, // 31: vmgate.hypervisor.v1.Driver.Run:output_type -> vmgate.hypervisor.v1.ExecResult
+	15, // 32: vmgate.hypervisor.v1.Driver.FileRead:output_type -> vmgate.hypervisor.v1.FileContent
+	17, // 33: vmgate.hypervisor.v1.Driver.FileWrite:output_type -> vmgate.hypervisor.v1.FileWriteResponse
+	19, // 34: vmgate.hypervisor.v1.Driver.Power:output_type -> vmgate.hypervisor.v1.PowerResponse
+	21, // 35: vmgate.hypervisor.v1.Driver.Capabilities:output_type -> vmgate.hypervisor.v1.CapabilitySet
+	23, // 36: vmgate.hypervisor.v1.Driver.SnapshotCreate:output_type -> vmgate.hypervisor.v1.Snapshot
+	24, // 37: vmgate.hypervisor.v1.Driver.SnapshotList:output_type -> vmgate.hypervisor.v1.SnapshotListResponse
+	26, // 38: vmgate.hypervisor.v1.Driver.SnapshotRevert:output_type -> vmgate.hypervisor.v1.SnapshotRevertResponse
+	27, // 39: vmgate.hypervisor.v1.Driver.SnapshotDelete:output_type -> vmgate.hypervisor.v1.SnapshotDeleteResponse
+	31, // 40: vmgate.hypervisor.v1.Driver.GuestNetwork:output_type -> vmgate.hypervisor.v1.GuestNetworkResponse
+	32, // 41: vmgate.hypervisor.v1.Driver.VMMetrics:output_type -> vmgate.hypervisor.v1.VMMetricsResponse
+	25, // [25:42] is the sub-list for method output_type
+	8,  // [8:25] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_proto_driver_proto_init() }
@@ -1326,13 +2327,14 @@ func file_proto_driver_proto_init() {
 	if File_proto_driver_proto != nil {
 		return
 	}
+	file_proto_driver_proto_msgTypes[32].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_driver_proto_rawDesc), len(file_proto_driver_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,8 +1,13 @@
 // The gRPC service behind vmgate's driver plugins: one RPC per method of
-// hypervisor.Driver, plus Run (the Runner capability) and Configure (the
-// plugin's settings as JSON, sent once right after the handshake).
+// hypervisor.Driver, plus Run (the Runner capability), Configure (the
+// plugin's settings as JSON, sent once right after the handshake; its reply
+// says which optional capabilities the plugin's driver has), Capabilities
+// (the same answer, for a host that did not configure), and one RPC per
+// method of the optional capabilities (Snapshotter, GuestNetworker,
+// MetricsReader). A plugin whose driver lacks a capability answers its RPCs
+// with ErrNotSupported; the host does not send them at all.
 //
-// Only hypervisor/client.go and hypervisor/server.go use these messages;
+// Only package hypervisor's plugin glue (client*.go, server*.go) uses these messages;
 // everything else sees the Go types of package hypervisor.
 //
 // Errors travel as gRPC status errors whose details hold one ErrorDetail
@@ -29,16 +34,23 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Driver_Configure_FullMethodName  = "/vmgate.hypervisor.v1.Driver/Configure"
-	Driver_ListVMs_FullMethodName    = "/vmgate.hypervisor.v1.Driver/ListVMs"
-	Driver_Status_FullMethodName     = "/vmgate.hypervisor.v1.Driver/Status"
-	Driver_AgentInfo_FullMethodName  = "/vmgate.hypervisor.v1.Driver/AgentInfo"
-	Driver_ExecStart_FullMethodName  = "/vmgate.hypervisor.v1.Driver/ExecStart"
-	Driver_ExecStatus_FullMethodName = "/vmgate.hypervisor.v1.Driver/ExecStatus"
-	Driver_Run_FullMethodName        = "/vmgate.hypervisor.v1.Driver/Run"
-	Driver_FileRead_FullMethodName   = "/vmgate.hypervisor.v1.Driver/FileRead"
-	Driver_FileWrite_FullMethodName  = "/vmgate.hypervisor.v1.Driver/FileWrite"
-	Driver_Power_FullMethodName      = "/vmgate.hypervisor.v1.Driver/Power"
+	Driver_Configure_FullMethodName      = "/vmgate.hypervisor.v1.Driver/Configure"
+	Driver_ListVMs_FullMethodName        = "/vmgate.hypervisor.v1.Driver/ListVMs"
+	Driver_Status_FullMethodName         = "/vmgate.hypervisor.v1.Driver/Status"
+	Driver_AgentInfo_FullMethodName      = "/vmgate.hypervisor.v1.Driver/AgentInfo"
+	Driver_ExecStart_FullMethodName      = "/vmgate.hypervisor.v1.Driver/ExecStart"
+	Driver_ExecStatus_FullMethodName     = "/vmgate.hypervisor.v1.Driver/ExecStatus"
+	Driver_Run_FullMethodName            = "/vmgate.hypervisor.v1.Driver/Run"
+	Driver_FileRead_FullMethodName       = "/vmgate.hypervisor.v1.Driver/FileRead"
+	Driver_FileWrite_FullMethodName      = "/vmgate.hypervisor.v1.Driver/FileWrite"
+	Driver_Power_FullMethodName          = "/vmgate.hypervisor.v1.Driver/Power"
+	Driver_Capabilities_FullMethodName   = "/vmgate.hypervisor.v1.Driver/Capabilities"
+	Driver_SnapshotCreate_FullMethodName = "/vmgate.hypervisor.v1.Driver/SnapshotCreate"
+	Driver_SnapshotList_FullMethodName   = "/vmgate.hypervisor.v1.Driver/SnapshotList"
+	Driver_SnapshotRevert_FullMethodName = "/vmgate.hypervisor.v1.Driver/SnapshotRevert"
+	Driver_SnapshotDelete_FullMethodName = "/vmgate.hypervisor.v1.Driver/SnapshotDelete"
+	Driver_GuestNetwork_FullMethodName   = "/vmgate.hypervisor.v1.Driver/GuestNetwork"
+	Driver_VMMetrics_FullMethodName      = "/vmgate.hypervisor.v1.Driver/VMMetrics"
 )
 
 // DriverClient is the client API for Driver service.
@@ -55,6 +67,13 @@ type DriverClient interface {
 	FileRead(ctx context.Context, in *FileReadRequest, opts ...grpc.CallOption) (*FileContent, error)
 	FileWrite(ctx context.Context, in *FileWriteRequest, opts ...grpc.CallOption) (*FileWriteResponse, error)
 	Power(ctx context.Context, in *PowerRequest, opts ...grpc.CallOption) (*PowerResponse, error)
+	Capabilities(ctx context.Context, in *CapabilitiesRequest, opts ...grpc.CallOption) (*CapabilitySet, error)
+	SnapshotCreate(ctx context.Context, in *SnapshotCreateRequest, opts ...grpc.CallOption) (*Snapshot, error)
+	SnapshotList(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*SnapshotListResponse, error)
+	SnapshotRevert(ctx context.Context, in *SnapshotNameRequest, opts ...grpc.CallOption) (*SnapshotRevertResponse, error)
+	SnapshotDelete(ctx context.Context, in *SnapshotNameRequest, opts ...grpc.CallOption) (*SnapshotDeleteResponse, error)
+	GuestNetwork(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*GuestNetworkResponse, error)
+	VMMetrics(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*VMMetricsResponse, error)
 }
 
 type driverClient struct {
@@ -165,6 +184,76 @@ func (c *driverClient) Power(ctx context.Context, in *PowerRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *driverClient) Capabilities(ctx context.Context, in *CapabilitiesRequest, opts ...grpc.CallOption) (*CapabilitySet, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CapabilitySet)
+	err := c.cc.Invoke(ctx, Driver_Capabilities_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *driverClient) SnapshotCreate(ctx context.Context, in *SnapshotCreateRequest, opts ...grpc.CallOption) (*Snapshot, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Snapshot)
+	err := c.cc.Invoke(ctx, Driver_SnapshotCreate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *driverClient) SnapshotList(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*SnapshotListResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SnapshotListResponse)
+	err := c.cc.Invoke(ctx, Driver_SnapshotList_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *driverClient) SnapshotRevert(ctx context.Context, in *SnapshotNameRequest, opts ...grpc.CallOption) (*SnapshotRevertResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SnapshotRevertResponse)
+	err := c.cc.Invoke(ctx, Driver_SnapshotRevert_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *driverClient) SnapshotDelete(ctx context.Context, in *SnapshotNameRequest, opts ...grpc.CallOption) (*SnapshotDeleteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SnapshotDeleteResponse)
+	err := c.cc.Invoke(ctx, Driver_SnapshotDelete_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *driverClient) GuestNetwork(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*GuestNetworkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GuestNetworkResponse)
+	err := c.cc.Invoke(ctx, Driver_GuestNetwork_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *driverClient) VMMetrics(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*VMMetricsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VMMetricsResponse)
+	err := c.cc.Invoke(ctx, Driver_VMMetrics_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DriverServer is the server API for Driver service.
 // All implementations must embed UnimplementedDriverServer
 // for forward compatibility.
@@ -179,6 +268,13 @@ type DriverServer interface {
 	FileRead(context.Context, *FileReadRequest) (*FileContent, error)
 	FileWrite(context.Context, *FileWriteRequest) (*FileWriteResponse, error)
 	Power(context.Context, *PowerRequest) (*PowerResponse, error)
+	Capabilities(context.Context, *CapabilitiesRequest) (*CapabilitySet, error)
+	SnapshotCreate(context.Context, *SnapshotCreateRequest) (*Snapshot, error)
+	SnapshotList(context.Context, *VMRequest) (*SnapshotListResponse, error)
+	SnapshotRevert(context.Context, *SnapshotNameRequest) (*SnapshotRevertResponse, error)
+	SnapshotDelete(context.Context, *SnapshotNameRequest) (*SnapshotDeleteResponse, error)
+	GuestNetwork(context.Context, *VMRequest) (*GuestNetworkResponse, error)
+	VMMetrics(context.Context, *VMRequest) (*VMMetricsResponse, error)
 	mustEmbedUnimplementedDriverServer()
 }
 
@@ -218,6 +314,27 @@ func (UnimplementedDriverServer) FileWrite(context.Context, *FileWriteRequest) (
 }
 func (UnimplementedDriverServer) Power(context.Context, *PowerRequest) (*PowerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Power not implemented")
+}
+func (UnimplementedDriverServer) Capabilities(context.Context, *CapabilitiesRequest) (*CapabilitySet, error) {
+	return nil, status.Error(codes.Unimplemented, "method Capabilities not implemented")
+}
+func (UnimplementedDriverServer) SnapshotCreate(context.Context, *SnapshotCreateRequest) (*Snapshot, error) {
+	return nil, status.Error(codes.Unimplemented, "method SnapshotCreate not implemented")
+}
+func (UnimplementedDriverServer) SnapshotList(context.Context, *VMRequest) (*SnapshotListResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SnapshotList not implemented")
+}
+func (UnimplementedDriverServer) SnapshotRevert(context.Context, *SnapshotNameRequest) (*SnapshotRevertResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SnapshotRevert not implemented")
+}
+func (UnimplementedDriverServer) SnapshotDelete(context.Context, *SnapshotNameRequest) (*SnapshotDeleteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SnapshotDelete not implemented")
+}
+func (UnimplementedDriverServer) GuestNetwork(context.Context, *VMRequest) (*GuestNetworkResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GuestNetwork not implemented")
+}
+func (UnimplementedDriverServer) VMMetrics(context.Context, *VMRequest) (*VMMetricsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method VMMetrics not implemented")
 }
 func (UnimplementedDriverServer) mustEmbedUnimplementedDriverServer() {}
 func (UnimplementedDriverServer) testEmbeddedByValue()                {}
@@ -420,6 +537,132 @@ func _Driver_Power_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Driver_Capabilities_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CapabilitiesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).Capabilities(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_Capabilities_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).Capabilities(ctx, req.(*CapabilitiesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Driver_SnapshotCreate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SnapshotCreateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).SnapshotCreate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_SnapshotCreate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).SnapshotCreate(ctx, req.(*SnapshotCreateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Driver_SnapshotList_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).SnapshotList(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_SnapshotList_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).SnapshotList(ctx, req.(*VMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Driver_SnapshotRevert_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SnapshotNameRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).SnapshotRevert(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_SnapshotRevert_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).SnapshotRevert(ctx, req.(*SnapshotNameRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Driver_SnapshotDelete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SnapshotNameRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).SnapshotDelete(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_SnapshotDelete_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).SnapshotDelete(ctx, req.(*SnapshotNameRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Driver_GuestNetwork_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).GuestNetwork(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_GuestNetwork_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).GuestNetwork(ctx, req.(*VMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Driver_VMMetrics_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).VMMetrics(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_VMMetrics_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).VMMetrics(ctx, req.(*VMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Driver_ServiceDesc is the grpc.ServiceDesc for Driver service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -466,6 +709,34 @@ var Driver_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Power",
 			Handler:    _Driver_Power_Handler,
+		},
+		{
+			MethodName: "Capabilities",
+			Handler:    _Driver_Capabilities_Handler,
+		},
+		{
+			MethodName: "SnapshotCreate",
+			Handler:    _Driver_SnapshotCreate_Handler,
+		},
+		{
+			MethodName: "SnapshotList",
+			Handler:    _Driver_SnapshotList_Handler,
+		},
+		{
+			MethodName: "SnapshotRevert",
+			Handler:    _Driver_SnapshotRevert_Handler,
+		},
+		{
+			MethodName: "SnapshotDelete",
+			Handler:    _Driver_SnapshotDelete_Handler,
+		},
+		{
+			MethodName: "GuestNetwork",
+			Handler:    _Driver_GuestNetwork_Handler,
+		},
+		{
+			MethodName: "VMMetrics",
+			Handler:    _Driver_VMMetrics_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,56 @@
+package hypervisor
+
+// Capabilities says which optional capabilities a driver has, so a caller
+// can tell "this backend cannot snapshot" without making a call that fails.
+type Capabilities struct {
+	// Snapshots: the driver is a Snapshotter; SnapshotModes says which kinds.
+	Snapshots     bool          `json:"snapshots"`
+	SnapshotModes SnapshotModes `json:"snapshot_modes"`
+	// GuestNetwork: the driver is a GuestNetworker.
+	GuestNetwork bool `json:"guest_network"`
+	// Metrics: the driver is a MetricsReader.
+	Metrics bool `json:"metrics"`
+}
+
+// CapabilityReporter is implemented by drivers that implement the
+// capability interfaces on behalf of another driver (the plugin client,
+// Deferred, the plugin host's supervisor): their methods exist whatever
+// the driver behind them can do, so their type says nothing, and
+// Capabilities says what the driver behind them has.
+type CapabilityReporter interface {
+	Capabilities() Capabilities
+}
+
+// CapabilitiesOf returns d's capabilities: what d reports when it is a
+// CapabilityReporter, otherwise the capability interfaces d implements.
+// It does no I/O.
+func CapabilitiesOf(d Driver) Capabilities {
+	if r, ok := d.(CapabilityReporter); ok {
+		return r.Capabilities()
+	}
+	var c Capabilities
+	if s, ok := d.(Snapshotter); ok {
+		c.Snapshots, c.SnapshotModes = true, s.SnapshotModes()
+	}
+	_, c.GuestNetwork = d.(GuestNetworker)
+	_, c.Metrics = d.(MetricsReader)
+	return c
+}
+
+// AsSnapshotter returns d as a Snapshotter when d has the capability.
+func AsSnapshotter(d Driver) (Snapshotter, bool) {
+	s, ok := d.(Snapshotter)
+	return s, ok && CapabilitiesOf(d).Snapshots
+}
+
+// AsGuestNetworker returns d as a GuestNetworker when d has the capability.
+func AsGuestNetworker(d Driver) (GuestNetworker, bool) {
+	n, ok := d.(GuestNetworker)
+	return n, ok && CapabilitiesOf(d).GuestNetwork
+}
+
+// AsMetricsReader returns d as a MetricsReader when d has the capability.
+func AsMetricsReader(d Driver) (MetricsReader, bool) {
+	m, ok := d.(MetricsReader)
+	return m, ok && CapabilitiesOf(d).Metrics
+}
