@@ -18,7 +18,7 @@ func TestValidateSnapshotName(t *testing.T) {
 		{"", false},
 		{"a", false}, // Proxmox wants at least 2
 		{"a" + strings.Repeat("b", 40), false},
-		{"1", false},   // QEMU would take it for a snapshot id
+		{"1", false},    // QEMU would take it for a snapshot id
 		{"1abc", false}, // a letter first
 		{"-x", false},
 		{"_x", false},
