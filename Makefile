@@ -5,7 +5,7 @@ VMGATE  := $(BIN)/vmgate
 PKGS    := ./...
 
 # Debian packages the lab VM and the tests need (also installed by .ci/run).
-DEB_PKGS := qemu-system-x86 qemu-guest-agent busybox-static cpio redis-server libvirt-daemon-system libvirt-clients
+DEB_PKGS := qemu-system-x86 qemu-utils qemu-guest-agent busybox-static cpio redis-server libvirt-daemon-system libvirt-clients
 
 .PHONY: all build test lint demo deps clean bench bench-profile chaos chaos-long
 

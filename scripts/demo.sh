@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
 ADDR=${VMGATE_DEMO_ADDR:-127.0.0.1:8707}
-DEB_PKGS=(qemu-system-x86 qemu-guest-agent busybox-static cpio)
+DEB_PKGS=(qemu-system-x86 qemu-utils qemu-guest-agent busybox-static cpio)
 
 missing=()
 for p in "${DEB_PKGS[@]}"; do

@@ -22,7 +22,8 @@ const KernelMetaPackage = "linux-image-cloud-amd64"
 
 // Modules are the kernel modules /init loads, in this order: the cloud
 // kernel builds virtio as modules and its .deb carries no modules.dep.
-var Modules = []string{"virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci", "virtio_console"}
+var Modules = []string{"virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci", "virtio_console",
+	"virtio_blk", "failover", "net_failover", "virtio_net"}
 
 // resolveKernelPackage asks apt which versioned package the meta package
 // depends on (linux-image-6.1.0-57-cloud-amd64, say).

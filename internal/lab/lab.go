@@ -8,6 +8,7 @@
 //	qemu.log    QEMU's own stderr
 //	serial.log  the guest console
 //	vm.json     name, pid, argv, sockets, start time, image hash
+//	disk.qcow2  the VM's disk, an overlay made at Start (see disk.go)
 //
 // Ownership: a VM started in the foreground (Spec.Daemonize false, as in
 // tests) is a child of this process; its *VM waits for it in a goroutine
@@ -111,6 +112,8 @@ type Spec struct {
 	Extra []image.File
 	// Progress, when set, receives one line per step.
 	Progress func(step string)
+	// DiskMB is the virtual size of the VM's disk; 0 means DefaultDiskMB.
+	DiskMB int
 }
 
 // State is what List reports about a VM.
@@ -170,6 +173,9 @@ func (s Spec) Validate() error {
 	}
 	if s.MemoryMB != 0 && (s.MemoryMB < 128 || s.MemoryMB > 65536) {
 		return fmt.Errorf("%w: memory %d MiB: want 128..65536", ErrInvalidSpec, s.MemoryMB)
+	}
+	if s.DiskMB != 0 && (s.DiskMB < 16 || s.DiskMB > 1<<20) {
+		return fmt.Errorf("%w: disk %d MiB: want 16..1048576", ErrInvalidSpec, s.DiskMB)
 	}
 	for k, v := range s.Cmdline {
 		if !keyRE.MatchString(k) || reserved[k] {
@@ -241,6 +247,11 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 			return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
 		}
 	}
+	progress("making the disk")
+	disk, err := prepareDisk(ctx, spec, dir)
+	if err != nil {
+		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+	}
 	v := &VM{
 		Name:       spec.Name,
 		Dir:        dir,
@@ -250,7 +261,7 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 		ImageHash:  img.Hash,
 		Daemonized: spec.Daemonize,
 	}
-	v.Argv = qemuArgv(qemu, v, spec, img)
+	v.Argv = append(qemuArgv(qemu, v, spec, img), diskArgv(disk)...)
 
 	logf, err := os.OpenFile(filepath.Join(dir, QEMULogName), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -441,7 +452,7 @@ func (v *VM) Stop(ctx context.Context) error {
 		}
 	}
 	var errs []error
-	for _, f := range []string{QMPSocketName, QGASocketName, PIDFileName, StateFileName} {
+	for _, f := range []string{QMPSocketName, QGASocketName, PIDFileName, StateFileName, DiskName} {
 		if err := os.Remove(filepath.Join(v.Dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}

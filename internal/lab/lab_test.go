@@ -232,7 +232,7 @@ func TestStopLeavesNoProcess(t *testing.T) {
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d", vm.PID)); !os.IsNotExist(err) {
 		t.Errorf("after Stop, /proc/%d: %v; want not exist", vm.PID, err)
 	}
-	for _, f := range []string{vm.QMPSocket, vm.QGASocket, filepath.Join(vm.Dir, lab.PIDFileName)} {
+	for _, f := range []string{vm.QMPSocket, vm.QGASocket, filepath.Join(vm.Dir, lab.PIDFileName), filepath.Join(vm.Dir, lab.DiskName)} {
 		if _, err := os.Stat(f); !os.IsNotExist(err) {
 			t.Errorf("after Stop, %s: %v; want removed", f, err)
 		}

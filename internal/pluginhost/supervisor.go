@@ -67,6 +67,8 @@ type Supervisor struct {
 
 	startSem chan struct{}
 	restarts atomic.Int64
+	// caps are the last started plugin's capabilities (capabilities.go).
+	caps atomic.Pointer[hypervisor.Capabilities]
 
 	mu         sync.Mutex // mu guards the fields below
 	cur        *instance  // the running plugin; nil when none

@@ -93,6 +93,9 @@ func Available() (bool, string) {
 	if _, err := exec.LookPath(lab.QEMUBinary); err != nil {
 		return false, lab.QEMUBinary + " is not on PATH"
 	}
+	if _, err := exec.LookPath(lab.QEMUImgBinary); err != nil {
+		return false, lab.QEMUImgBinary + " is not on PATH (Debian package qemu-utils)"
+	}
 	return true, ""
 }
 
