@@ -89,6 +89,21 @@ type NetworkInterface struct {
 	Name            string      `json:"name"`
 	HardwareAddress string      `json:"hardware-address"`
 	IPAddresses     []IPAddress `json:"ip-addresses"`
+	// Statistics are the interface's counters (qemu-ga 2.11 and later); nil
+	// when the agent sends none.
+	Statistics *NetworkStats `json:"statistics,omitempty"`
+}
+
+// NetworkStats are an interface's counters as qemu-ga reports them.
+type NetworkStats struct {
+	RxBytes   uint64 `json:"rx-bytes"`
+	RxPackets uint64 `json:"rx-packets"`
+	RxErrs    uint64 `json:"rx-errs"`
+	RxDropped uint64 `json:"rx-dropped"`
+	TxBytes   uint64 `json:"tx-bytes"`
+	TxPackets uint64 `json:"tx-packets"`
+	TxErrs    uint64 `json:"tx-errs"`
+	TxDropped uint64 `json:"tx-dropped"`
 }
 
 // IPAddress is one address of a NetworkInterface.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -297,8 +298,19 @@ func TestRealInfo(t *testing.T) {
 		t.Errorf("OSInfo() error %v", err)
 	}
 	ifs, err := c.NetworkInterfaces(ctx)
-	if err != nil || len(ifs) == 0 {
-		t.Errorf("NetworkInterfaces() = %d interfaces, %v; want at least lo", len(ifs), err)
+	if err != nil {
+		t.Fatalf("NetworkInterfaces() error %v", err)
+	}
+	var lo *NetworkInterface
+	for i := range ifs {
+		if ifs[i].Name == "lo" {
+			lo = &ifs[i]
+		}
+	}
+	if lo == nil || lo.Statistics == nil || !slices.ContainsFunc(lo.IPAddresses, func(a IPAddress) bool {
+		return a.Type == "ipv4" && a.Address == "127.0.0.1" && a.Prefix == 8
+	}) {
+		t.Errorf("NetworkInterfaces() = %+v; want lo with 127.0.0.1/8 and statistics", ifs)
 	}
 }
 

@@ -32,6 +32,11 @@ type localDriver struct {
 	execs  map[string]*localExec
 	next   int
 	groups []int // process groups started, killed again by Close
+
+	// dir is the harness's scratch directory; snaps are snapshots of it
+	// (local_caps_test.go).
+	dir   string
+	snaps localSnapshots
 }
 
 type localExec struct {
@@ -49,7 +54,8 @@ func newLocalDriver(t *testing.T) *localDriver {
 }
 
 func (d *localDriver) harness(t *testing.T) Harness {
-	return Harness{Driver: d, VM: d.vm, NoExecVM: d.noExecVM, Dir: t.TempDir(), CallTimeout: 30 * time.Second}
+	d.dir = t.TempDir()
+	return Harness{Driver: d, VM: d.vm, NoExecVM: d.noExecVM, Dir: d.dir, CallTimeout: 30 * time.Second}
 }
 
 // Close kills every process group the driver started that still has members

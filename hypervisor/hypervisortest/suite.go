@@ -52,6 +52,15 @@ type Harness struct {
 	// PowerTimeout bounds each wait for a power transition in RunPower; zero
 	// means 5 minutes.
 	PowerTimeout time.Duration
+	// Capabilities are the optional capabilities Driver must have: a group
+	// of checks for a capability listed here fails when the driver lacks
+	// it; one for a capability neither listed nor present is skipped with
+	// the reason (caps.go).
+	Capabilities hypervisor.Capabilities
+	// DiskDir, when set, is a writable directory inside VM on a disk the
+	// VM's snapshots cover (the lab guest's /data); RunSnapshots then also
+	// checks that files there are reverted.
+	DiskDir string
 }
 
 func (h Harness) unknownVM() string {
@@ -160,12 +169,22 @@ var suite = []checkGroup{
 		{"Run", checkNoExecRun},
 		{"AgentInfo", checkNoExecAgentInfo},
 	}},
+	{"Network", []check{
+		{"Interfaces", checkGuestNetwork},
+		{"UnknownVM", checkGuestNetworkUnknownVM},
+	}},
+	{"Metrics", []check{
+		{"Figures", checkMetrics},
+		{"UnknownVM", checkMetricsUnknownVM},
+	}},
 }
 
 // Run runs the conformance suite against h, one subtest per requirement,
-// grouped as Inventory, Exec, Files, Errors and NoExec. It does not change
-// the VM's power state (see RunPower), so it is safe on a shared VM; its
-// subtests run one after another.
+// grouped as Inventory, Exec, Files, Errors, NoExec, Network and Metrics
+// (the last two when the driver has the capability, see
+// Harness.Capabilities). It does not change the VM's power state (see
+// RunPower) nor revert it (see RunSnapshots), so it is safe on a shared
+// VM; its subtests run one after another.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	h.validate(t)

@@ -95,7 +95,7 @@ func TestEveryCheckPassesOnLocalDriver(t *testing.T) {
 // delegate returns a Fake whose every function calls d: the base a broken
 // driver is made from by replacing one function.
 func delegate(d hypervisor.Driver) *Fake {
-	return &Fake{
+	f := &Fake{
 		ListVMsFunc:    d.ListVMs,
 		StatusFunc:     d.Status,
 		AgentInfoFunc:  d.AgentInfo,
@@ -105,6 +105,18 @@ func delegate(d hypervisor.Driver) *Fake {
 		FileWriteFunc:  d.FileWrite,
 		PowerFunc:      d.Power,
 	}
+	if sn, ok := hypervisor.AsSnapshotter(d); ok {
+		f.Modes = sn.SnapshotModes()
+		f.SnapshotCreateFunc, f.SnapshotListFunc = sn.SnapshotCreate, sn.SnapshotList
+		f.SnapshotRevertFunc, f.SnapshotDeleteFunc = sn.SnapshotRevert, sn.SnapshotDelete
+	}
+	if n, ok := hypervisor.AsGuestNetworker(d); ok {
+		f.GuestNetworkFunc = n.GuestNetwork
+	}
+	if m, ok := hypervisor.AsMetricsReader(d); ok {
+		f.VMMetricsFunc = m.VMMetrics
+	}
+	return f
 }
 
 // onResult returns an ExecStatus function that passes final results of d

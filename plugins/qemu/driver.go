@@ -123,6 +123,8 @@ type vmState struct {
 	agent  agent
 	info   qga.Info
 	infoAt time.Time // zero: no cached info
+	// snap serialises snapshot operations (snapshot.go).
+	snap snapState
 }
 
 var vmName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
