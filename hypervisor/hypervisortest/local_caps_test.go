@@ -378,7 +378,9 @@ func TestCapabilityChecksFailOnBrokenDrivers(t *testing.T) {
 			}
 		}},
 		{"NetworkUnknownVM/answers", checkGuestNetworkUnknownVM, func(f *Fake, d *localDriver) {
-			f.GuestNetworkFunc = func(ctx context.Context, _ string) ([]hypervisor.NetInterface, error) { return d.GuestNetwork(ctx, d.vm) }
+			f.GuestNetworkFunc = func(ctx context.Context, _ string) ([]hypervisor.NetInterface, error) {
+				return d.GuestNetwork(ctx, d.vm)
+			}
 		}},
 		{"Metrics/CPU time frozen", checkMetrics, func(f *Fake, d *localDriver) {
 			f.VMMetricsFunc = func(ctx context.Context, vm string) (hypervisor.VMMetrics, error) {
