@@ -119,9 +119,10 @@ func prepareDisk(ctx context.Context, spec Spec, dir string) (string, error) {
 	return disk, nil
 }
 
-// diskArgv attaches disk as a virtio disk (node DiskNodeName) and gives the
-// guest a NIC on QEMU's user network with restrict=on: the guest has an
-// address but no way out of the VM.
+// diskArgv attaches disk as a virtio disk (node DiskNodeName), gives the
+// guest a NIC on QEMU's user network with restrict=on (the guest has an
+// address but no way out of the VM) and a balloon device (so QMP's
+// query-balloon reports the guest's memory).
 func diskArgv(disk string) []string {
 	// JSON syntax: a path with a comma needs no escaping.
 	blockdev, _ := json.Marshal(map[string]any{
@@ -132,5 +133,6 @@ func diskArgv(disk string) []string {
 		"-blockdev", string(blockdev),
 		"-device", "virtio-blk-pci,drive=" + DiskNodeName + ",id=vda",
 		"-nic", "user,model=virtio-net-pci,restrict=on",
+		"-device", "virtio-balloon-pci",
 	}
 }

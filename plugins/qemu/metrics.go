@@ -91,12 +91,14 @@ func (d *Driver) VMMetrics(ctx context.Context, name string) (hypervisor.VMMetri
 	return m, nil
 }
 
-// vcpuComm is the name QEMU gives a vCPU thread: "CPU <n>/<accelerator>".
+// vcpuComm is the name QEMU gives a vCPU thread with -name debug-threads=on:
+// "CPU <n>/<accelerator>"; without it the thread has the process's name.
 var vcpuComm = regexp.MustCompile(`^CPU [0-9]+/[A-Za-z]+$`)
 
 // vcpuHostFigures sums the vCPU threads' CPU time (schedstat's first field,
 // in nanoseconds) and reads their process's VmRSS. ok is false unless
-// every tid is a QEMU vCPU thread of one process visible in procDir.
+// every tid is a thread of one QEMU process (its name starts with "qemu")
+// visible in procDir, named as QEMU names vCPU threads or as the process.
 func vcpuHostFigures(procDir string, tids []int) (cpuNS, rssBytes uint64, ok bool) {
 	if len(tids) == 0 {
 		return 0, 0, false
@@ -104,15 +106,18 @@ func vcpuHostFigures(procDir string, tids []int) (cpuNS, rssBytes uint64, ok boo
 	tgid := 0
 	for _, tid := range tids {
 		dir := filepath.Join(procDir, strconv.Itoa(tid))
-		comm, err := os.ReadFile(filepath.Join(dir, "comm"))
-		if err != nil || !vcpuComm.Match(bytes.TrimSpace(comm)) {
-			return 0, 0, false
-		}
 		g, ok := statusField(filepath.Join(dir, "status"), "Tgid:")
 		if !ok || (tgid != 0 && int(g) != tgid) {
 			return 0, 0, false
 		}
 		tgid = int(g)
+		comm, err := os.ReadFile(filepath.Join(dir, "comm"))
+		pcomm, perr := os.ReadFile(filepath.Join(procDir, strconv.Itoa(tgid), "comm"))
+		comm, pcomm = bytes.TrimSpace(comm), bytes.TrimSpace(pcomm)
+		if err != nil || perr != nil || !bytes.HasPrefix(pcomm, []byte("qemu")) ||
+			!(vcpuComm.Match(comm) || bytes.Equal(comm, pcomm)) {
+			return 0, 0, false
+		}
 		// The thread must really belong to that process (not a reused tid).
 		if _, err := os.Stat(filepath.Join(procDir, strconv.Itoa(tgid), "task", strconv.Itoa(tid))); err != nil {
 			return 0, 0, false
