@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -41,6 +42,32 @@ type Spec struct {
 	MetadataURI string
 	// MemoryMiB is the guest's memory; 0 means 256.
 	MemoryMiB int
+	// Disk gives the domain a qcow2 disk of DiskMiB (vda; the lab guest
+	// mounts it at /data), which internal snapshots need.
+	Disk bool
+	// NIC gives the domain a virtio NIC on QEMU's user network (the lab
+	// guest sets 10.0.2.15/24 on it).
+	NIC bool
+}
+
+// DiskMiB is the virtual size of a Spec.Disk disk.
+const DiskMiB = 64
+
+// devicesXML is the optional devices of s; disk is the qcow2 file.
+func (s Spec) devicesXML(disk string) string {
+	var b strings.Builder
+	if s.Disk {
+		fmt.Fprintf(&b, `    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/>
+      <source file='%s'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+`, esc(disk))
+	}
+	if s.NIC {
+		b.WriteString("    <interface type='user'><model type='virtio'/></interface>\n")
+	}
+	return b.String()
 }
 
 // MetadataElement is the local name of the element Spec.Metadata creates.
@@ -113,8 +140,9 @@ func esc(s string) string {
 
 // DomainXML is the domain definition of s booting kernel and initrd: type
 // qemu (TCG), direct kernel boot, ACPI, the serial console to serialLog and
-// the guest agent channel org.qemu.guest_agent.0.
-func (s Spec) DomainXML(kernel, initrd, serialLog string) string {
+// the guest agent channel org.qemu.guest_agent.0; with Spec.Disk, disk is
+// its qcow2 disk.
+func (s Spec) DomainXML(kernel, initrd, serialLog, disk string) string {
 	mem := s.MemoryMiB
 	if mem == 0 {
 		mem = 256
@@ -141,10 +169,10 @@ func (s Spec) DomainXML(kernel, initrd, serialLog string) string {
   <devices>
     <serial type='file'><source path='%s'/><target port='0'/></serial>
     <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>
-    <memballoon model='none'/>
+%s    <memballoon model='none'/>
   </devices>
 </domain>
-`, esc(s.Name), meta, mem, esc(kernel), esc(initrd), esc(s.cmdline()), esc(serialLog))
+`, esc(s.Name), meta, mem, esc(kernel), esc(initrd), esc(s.cmdline()), esc(serialLog), s.devicesXML(disk))
 }
 
 // Boot copies kernel and initrd, starts spec as a domain and waits until
@@ -181,7 +209,14 @@ func (d *Daemons) Boot(ctx context.Context, spec Spec, kernel, initrd string) (_
 		}
 	}
 	dom.SerialLog = filepath.Join(bootDir, "serial.log")
-	domXML := spec.DomainXML(k, i, dom.SerialLog)
+	disk := filepath.Join(bootDir, "disk.qcow2")
+	if spec.Disk {
+		out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", disk, strconv.Itoa(DiskMiB)+"M").CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("libvirttest: boot %s: qemu-img create: %w: %s", spec.Name, err, out)
+		}
+	}
+	domXML := spec.DomainXML(k, i, dom.SerialLog, disk)
 
 	l, err := d.connect()
 	if err != nil {
@@ -257,7 +292,8 @@ func (dom *Domain) destroy(l *golibvirt.Libvirt) error {
 		return fmt.Errorf("libvirttest: destroy %s: %w", dom.Name, err)
 	}
 	if dom.Persistent {
-		if err := l.DomainUndefine(dom.handle); err != nil && !golibvirt.IsNotFound(err) {
+		// With its snapshots' metadata: a test that failed midway may leave some.
+		if err := l.DomainUndefineFlags(dom.handle, golibvirt.DomainUndefineSnapshotsMetadata); err != nil && !golibvirt.IsNotFound(err) {
 			return fmt.Errorf("libvirttest: undefine %s: %w", dom.Name, err)
 		}
 	}

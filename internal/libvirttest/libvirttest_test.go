@@ -48,7 +48,7 @@ func TestSpecValidate(t *testing.T) {
 func TestDomainXML(t *testing.T) {
 	s := Spec{Name: "noexec", Cmdline: map[string]string{"QGA_BLOCK": "guest-exec", "A": "1"},
 		Metadata: "a&b", MetadataURI: "https://example.org/vmgate"}
-	got := s.DomainXML("/k/vm&linuz", "/k/initrd.img", "/k/serial.log")
+	got := s.DomainXML("/k/vm&linuz", "/k/initrd.img", "/k/serial.log", "/k/disk.qcow2")
 	var dom struct {
 		Type string `xml:"type,attr"`
 		Name string `xml:"name"`
@@ -79,6 +79,50 @@ func TestDomainXML(t *testing.T) {
 		{"metadata namespace", dom.Metadata.VM.XMLName.Space, "https://example.org/vmgate"},
 		{"metadata text", dom.Metadata.VM.Text, "a&b"},
 		{"agent channel", dom.Channel.Target.Name, "org.qemu.guest_agent.0"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("DomainXML() %s = %q; want %q", c.what, c.got, c.want)
+		}
+	}
+	if strings.Contains(got, "<disk") || strings.Contains(got, "<interface") {
+		t.Errorf("DomainXML() without Disk and NIC has a disk or an interface:\n%s", got)
+	}
+}
+
+func TestDomainXMLDevices(t *testing.T) {
+	s := Spec{Name: "snap", Disk: true, NIC: true}
+	got := s.DomainXML("/k/vmlinuz", "/k/initrd.img", "/k/serial.log", "/k/it's & disk.qcow2")
+	var dom struct {
+		Disk struct {
+			Device string `xml:"device,attr"`
+			Driver struct {
+				Type string `xml:"type,attr"`
+			} `xml:"driver"`
+			Source struct {
+				File string `xml:"file,attr"`
+			} `xml:"source"`
+			Target struct {
+				Dev string `xml:"dev,attr"`
+				Bus string `xml:"bus,attr"`
+			} `xml:"target"`
+		} `xml:"devices>disk"`
+		Interface struct {
+			Type  string `xml:"type,attr"`
+			Model struct {
+				Type string `xml:"type,attr"`
+			} `xml:"model"`
+		} `xml:"devices>interface"`
+	}
+	if err := xml.Unmarshal([]byte(got), &dom); err != nil {
+		t.Fatalf("DomainXML() is not XML: %v\n%s", err, got)
+	}
+	checks := []struct{ what, got, want string }{
+		{"disk device", dom.Disk.Device, "disk"},
+		{"disk format", dom.Disk.Driver.Type, "qcow2"},
+		{"disk file", dom.Disk.Source.File, "/k/it's & disk.qcow2"},
+		{"disk target", dom.Disk.Target.Dev + " " + dom.Disk.Target.Bus, "vda virtio"},
+		{"interface", dom.Interface.Type + " " + dom.Interface.Model.Type, "user virtio"},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	libvirttest.Register(
-		libvirttest.Spec{Name: vmT1, Persistent: true, Metadata: "lab", MetadataURI: testNS},
+		libvirttest.Spec{Name: vmT1, Persistent: true, Metadata: "lab", MetadataURI: testNS, Disk: true, NIC: true},
 		libvirttest.Spec{Name: vmNoExec, Cmdline: map[string]string{"QGA_BLOCK": "guest-exec"}},
 		libvirttest.Spec{Name: vmOther, Metadata: "other", MetadataURI: testNS},
 	)
@@ -94,7 +94,8 @@ func envDriver(t testing.TB, cfg Config) (*libvirttest.Daemons, *Driver) {
 
 func TestConformance(t *testing.T) {
 	_, d := envDriver(t, Config{})
-	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: vmT1, NoExecVM: vmNoExec})
+	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: vmT1, NoExecVM: vmNoExec,
+		Capabilities: libvirtCapabilities, DiskDir: "/data"})
 }
 
 func TestFilters(t *testing.T) {
