@@ -8,6 +8,7 @@
 //	vmgate-guest kill --pid P [--signal TERM] [--started-at MS]
 //	vmgate-guest session create --id ID [--ttl-s N] [--idle-s N] [--memory-mb N] [--pids N] [--cpu-percent N]
 //	vmgate-guest session list | destroy --id ID | reap
+//	vmgate-guest metrics [--sample-ms N]
 //
 // Build it static: CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags='-s -w'.
 package main

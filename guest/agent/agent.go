@@ -150,7 +150,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 
 func (a *Agent) dispatch(ctx context.Context, args []string, stdin io.Reader) (any, error) {
 	if len(args) == 0 {
-		return nil, invalidf("usage: vmgate-guest version|ps|run|kill|session ...")
+		return nil, invalidf("usage: vmgate-guest version|ps|run|kill|session|metrics ...")
 	}
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "version":
@@ -192,6 +192,16 @@ func (a *Agent) dispatch(ctx context.Context, args []string, stdin io.Reader) (a
 		return a.Kill(ctx, *pid, *sig, *started)
 	case "session":
 		return a.sessionCommand(ctx, rest)
+	case "metrics":
+		fs := newFlags("metrics")
+		sample := fs.Int64("sample-ms", wire.DefaultMetricsSampleMS, "CPU sample, ms")
+		if err := parseFlags(fs, rest); err != nil {
+			return nil, err
+		}
+		if *sample < 0 || *sample > wire.MaxMetricsSampleMS {
+			return nil, invalidf("metrics: --sample-ms %d: want 0..%d", *sample, wire.MaxMetricsSampleMS)
+		}
+		return a.Metrics(ctx, time.Duration(*sample)*time.Millisecond)
 	}
 	return nil, invalidf("unknown command %q", args[0])
 }

@@ -27,5 +27,9 @@
 // start times to the millisecond, so both must use the same btime, and
 // gopsutil switches to /proc/uptime (which drifts) inside containers.
 //
+// metrics (metrics.go) reads the guest's CPU, memory, load, filesystems,
+// block devices and interfaces with gopsutil v4's cpu, mem, load, disk and
+// net packages, so every backend reports the same figures.
+//
 // Everything but this comment is Linux-only.
 package agent
