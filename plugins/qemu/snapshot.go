@@ -168,21 +168,42 @@ func cmpInt(a, b int64) int {
 	return 0
 }
 
-// snapshotOp is the common start of every snapshot operation: the VM, its
-// snapshot lock held, and QEMU running. unlock releases the lock.
-func (d *Driver) snapshotOp(ctx context.Context, op, name string) (vm *vmState, unlock func(), err error) {
-	vm, err = d.lookup(op, name)
+// prepared is a snapshot operation ready to run its job: the VM with its
+// snapshot slot held (unlock releases it) and its disks.
+type prepared struct {
+	vm     *vmState
+	disks  snapDisks
+	unlock func()
+}
+
+// prepare is the common start of the operations that run a job: it takes
+// the VM's snapshot slot, reads its disks and, on the same QMP connection,
+// runs check on them and dismisses stale jobs. On error nothing is held.
+func (d *Driver) prepare(ctx context.Context, op, name string, check func(s qmpSession, disks snapDisks) error) (prepared, error) {
+	vm, err := d.lookup(op, name)
 	if err != nil {
-		return nil, nil, err
+		return prepared{}, err
 	}
 	if err := vm.snap.lock(ctx); err != nil {
-		return nil, nil, fmt.Errorf("qemu: %s: %w", op, err)
+		return prepared{}, fmt.Errorf("qemu: %s: %w", op, err)
 	}
-	if _, err := vm.queryStatus(ctx); err != nil {
-		vm.snap.unlock()
-		return nil, nil, vmError(op, err)
+	p := prepared{vm: vm, unlock: vm.snap.unlock}
+	err = vm.withQMP(ctx, func(s qmpSession) error {
+		var err error
+		if p.disks, err = readDisks(s); err != nil {
+			return err
+		}
+		if err := check(s, p.disks); err != nil {
+			return err
+		}
+		dismissStaleJobs(s, d)
+		return nil
+	})
+	if err != nil {
+		p.unlock()
+		return prepared{}, snapError(op, err)
 	}
-	return vm, vm.snap.unlock, nil
+	return p, nil
 }
 
 // SnapshotCreate takes a snapshot with memory (see the comment above).
@@ -194,25 +215,17 @@ func (d *Driver) SnapshotCreate(ctx context.Context, name string, req hypervisor
 	if err := hypervisor.CheckSnapshotMode(d.SnapshotModes(), req); err != nil {
 		return hypervisor.Snapshot{}, fmt.Errorf("qemu: %s: %w: QEMU's snapshot-save always saves the VM's memory and device state with its disks; ask for a snapshot with memory", op, err)
 	}
-	vm, unlock, err := d.snapshotOp(ctx, op, name)
-	if err != nil {
-		return hypervisor.Snapshot{}, err
-	}
-	defer unlock()
-	var disks snapDisks
-	err = vm.withQMP(ctx, func(s qmpSession) error {
-		if disks, err = readDisks(s); err != nil {
-			return err
-		}
+	p, err := d.prepare(ctx, op, name, func(_ qmpSession, disks snapDisks) error {
 		if _, ok := disks.find(req.Name); ok {
 			return fmt.Errorf("%w: %q", hypervisor.ErrSnapshotExists, req.Name)
 		}
-		dismissStaleJobs(s, d)
 		return nil
 	})
 	if err != nil {
-		return hypervisor.Snapshot{}, snapError(op, err)
+		return hypervisor.Snapshot{}, err
 	}
+	defer p.unlock()
+	vm, disks := p.vm, p.disks
 	args := map[string]any{"tag": req.Name, "vmstate": disks.nodes[0], "devices": disks.nodes}
 	if err := d.runJob(ctx, vm, "snapshot-save", args); err != nil {
 		return hypervisor.Snapshot{}, snapError(op, err)
@@ -271,17 +284,8 @@ func (d *Driver) SnapshotRevert(ctx context.Context, name, snap string) error {
 	if err := hypervisor.ValidateSnapshotName(snap); err != nil {
 		return fmt.Errorf("qemu: %s: %w", op, err)
 	}
-	vm, unlock, err := d.snapshotOp(ctx, op, name)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	var disks snapDisks
 	var wasRunning bool
-	err = vm.withQMP(ctx, func(s qmpSession) error {
-		if disks, err = readDisks(s); err != nil {
-			return err
-		}
+	p, err := d.prepare(ctx, op, name, func(s qmpSession, disks snapDisks) error {
 		sn, ok := disks.find(snap)
 		switch {
 		case !ok:
@@ -293,12 +297,13 @@ func (d *Driver) SnapshotRevert(ctx context.Context, name, snap string) error {
 		}
 		st, err := s.Raw.QueryStatus()
 		wasRunning = err == nil && st.Running
-		dismissStaleJobs(s, d)
 		return err
 	})
 	if err != nil {
-		return snapError(op, err)
+		return err
 	}
+	defer p.unlock()
+	vm, disks := p.vm, p.disks
 	defer func() {
 		d.closeVM(vm) // the guest agent is back in the snapshot's state: resynchronise
 		vm.forgetInfo()
@@ -338,26 +343,18 @@ func (d *Driver) SnapshotDelete(ctx context.Context, name, snap string) error {
 	if err := hypervisor.ValidateSnapshotName(snap); err != nil {
 		return fmt.Errorf("qemu: %s: %w", op, err)
 	}
-	vm, unlock, err := d.snapshotOp(ctx, op, name)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	var disks snapDisks
-	err = vm.withQMP(ctx, func(s qmpSession) error {
-		if disks, err = readDisks(s); err != nil {
-			return err
-		}
+	p, err := d.prepare(ctx, op, name, func(_ qmpSession, disks snapDisks) error {
 		// QEMU's snapshot-delete succeeds for a name no disk has.
 		if _, ok := disks.find(snap); !ok {
 			return fmt.Errorf("%w: %q", hypervisor.ErrSnapshotNotFound, snap)
 		}
-		dismissStaleJobs(s, d)
 		return nil
 	})
 	if err != nil {
-		return snapError(op, err)
+		return err
 	}
+	defer p.unlock()
+	vm, disks := p.vm, p.disks
 	if err := d.runJob(ctx, vm, "snapshot-delete", map[string]any{"tag": snap, "devices": disks.nodes}); err != nil {
 		return snapError(op, err)
 	}
