@@ -76,12 +76,20 @@ func storeMetas(vm *vmState, m []snapMeta) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(vm.labDir, SnapshotMetaName)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+	// A fresh temporary file (O_EXCL: never one planted in its place).
+	f, err := os.CreateTemp(vm.labDir, ".snapshots-*.json")
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	defer os.Remove(f.Name()) // after a successful rename there is nothing to remove
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), filepath.Join(vm.labDir, SnapshotMetaName))
 }
 
 // currentMetas reads the descriptions while the caller holds the VM's snapshot slot.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -338,5 +340,45 @@ func TestSnapshotLockHonoursContext(t *testing.T) {
 	s.unlock()
 	if err := s.lock(context.Background()); err != nil {
 		t.Errorf("lock() after unlock = %v", err)
+	}
+}
+
+// A lab VM's descriptions live in its directory; a damaged file is read as
+// none and replaced, and an entry of the same name but another time (a
+// snapshot remade outside vmgate) is not shown.
+func TestSnapshotDescriptionsOfALabVM(t *testing.T) {
+	labDir := t.TempDir()
+	dir := filepath.Join(labDir, "vm1")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "vm.json"), []byte(`{"name":"vm1"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	meta := filepath.Join(dir, SnapshotMetaName)
+	if err := os.WriteFile(meta, []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := &qmpSnapFake{status: "running", disks: []fakeDisk{{node: "disk0", drv: "qcow2"}}}
+	d := newFakeDriver(t, Config{LabDir: labDir}, nil, map[string]*fakeMonitor{"vm1": {run: f.run}})
+	ctx := context.Background()
+	if _, err := d.SnapshotCreate(ctx, "vm1", hypervisor.SnapshotRequest{Name: "s1", Description: "kept", Memory: true}); err != nil {
+		t.Fatalf("SnapshotCreate() = %v", err)
+	}
+	b, err := os.ReadFile(meta)
+	var metas []snapMeta
+	if err != nil || json.Unmarshal(b, &metas) != nil || len(metas) != 1 || metas[0].Description != "kept" {
+		t.Fatalf("%s = %s, %v; want the one description", meta, b, err)
+	}
+	// The snapshot is remade outside vmgate: same name, another time.
+	f.mu.Lock()
+	f.snaps[0].sec++
+	f.mu.Unlock()
+	list, err := d.SnapshotList(ctx, "vm1")
+	if err != nil || len(list) != 1 || list[0].Description != "" {
+		t.Errorf("SnapshotList() = %+v, %v; want s1 without the description of the older s1", list, err)
+	}
+	if ents, _ := filepath.Glob(filepath.Join(dir, ".snapshots-*")); len(ents) != 0 {
+		t.Errorf("temporary files left: %q", ents)
 	}
 }
