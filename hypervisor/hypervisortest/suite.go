@@ -4,7 +4,10 @@
 // Run is the conformance suite every driver passes against a live VM (the
 // QEMU driver on a lab VM; libvirt, VirtualBox and Proxmox drivers through
 // their emulators; and each of them again through the go-plugin boundary).
-// RunPower is the separate power suite, for a VM the calling test owns.
+// RunPower is the separate power suite, and RunSnapshots the snapshot
+// suite, each for a VM the calling test owns. Run checks the optional
+// capabilities that only read (guest network, metrics) when the driver has
+// them; Harness.Capabilities makes a missing one a failure.
 //
 // The suite talks to the guest only through the driver under test. It
 // assumes a Linux guest with a POSIX userland: /bin/sh, /bin/echo, cat,
