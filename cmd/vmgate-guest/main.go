@@ -6,7 +6,7 @@
 //	vmgate-guest ps [--session ID]
 //	vmgate-guest run < request.json
 //	vmgate-guest kill --pid P [--signal TERM] [--started-at MS]
-//	vmgate-guest session create --id ID [--ttl-s N] [--idle-s N] [--memory-mb N] [--pids N] [--cpu-percent N]
+//	vmgate-guest session create --id ID [--ttl-s N] [--idle-s N] [--memory-mb N] [--pids N] [--cpu-percent N] [--sandbox JSON]
 //	vmgate-guest session list | destroy --id ID | reap
 //	vmgate-guest metrics [--sample-ms N]
 //
@@ -25,6 +25,9 @@ import (
 
 func main() {
 	args := os.Args[1:]
+	if len(args) > 0 && args[0] == agent.SandboxCommand {
+		os.Exit(agent.SandboxMain(args[1:]))
+	}
 	if len(args) > 0 && args[0] == agent.ShimCommand {
 		err := agent.RlimitExec(args[1:])
 		fmt.Fprintln(os.Stderr, "vmgate-guest:", err)

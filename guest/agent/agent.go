@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
@@ -31,7 +32,9 @@ const cgroupParent = "vmgate"
 // Config says where the agent's state lives. The zero value is not valid;
 // use DefaultConfig.
 type Config struct {
-	// Root holds sessions/<id> (workdirs), meta/<id>.json and the lock file.
+	// Root holds sessions/<id> (workdirs), meta/<id>.json, tmp/<id> (the
+	// sandboxes' private temporary directories), netns/<id> (their network
+	// namespaces) and the lock file.
 	Root string
 	// CgroupRoot is the cgroup v2 mount; "" disables cgroup tracking.
 	CgroupRoot string
@@ -39,6 +42,9 @@ type Config struct {
 	ProcDir string
 	// Self is the path of this binary (for the rlimit shim); "" means /proc/self/exe.
 	Self string
+	// UIDBase and UIDCount are the range sandboxed sessions' uids and gids
+	// come from; 0 means DefaultUIDBase and DefaultUIDCount.
+	UIDBase, UIDCount int
 	// Grace is how long a tree kill waits after SIGTERM before SIGKILL.
 	Grace time.Duration
 	// Logger receives diagnostics; never stdout.
@@ -73,6 +79,12 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Self == "" {
 		cfg.Self = "/proc/self/exe"
 	}
+	if cfg.UIDBase <= 0 || cfg.UIDCount <= 0 {
+		cfg.UIDBase, cfg.UIDCount = DefaultUIDBase, DefaultUIDCount
+	}
+	if cfg.UIDBase+cfg.UIDCount > 1<<31-1 {
+		return nil, fmt.Errorf("agent: uid range %d+%d goes past 2^31-1", cfg.UIDBase, cfg.UIDCount)
+	}
 	if cfg.Grace <= 0 {
 		cfg.Grace = 300 * time.Millisecond
 	}
@@ -84,6 +96,8 @@ func New(cfg Config) (*Agent, error) {
 
 func (a *Agent) sessionsDir() string { return filepath.Join(a.cfg.Root, "sessions") }
 func (a *Agent) metaDir() string     { return filepath.Join(a.cfg.Root, "meta") }
+func (a *Agent) tmpDir() string      { return filepath.Join(a.cfg.Root, "tmp") }
+func (a *Agent) netnsDir() string    { return filepath.Join(a.cfg.Root, "netns") }
 
 // Error constructors: the reply's code says what kind of failure it was.
 func invalidf(format string, args ...any) error {
@@ -144,6 +158,19 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return invalidf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
+
+// decodeStrict decodes exactly one JSON value with no unknown fields.
+func decodeStrict(s string, v any) error {
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("trailing data")
 	}
 	return nil
 }
@@ -220,8 +247,15 @@ func (a *Agent) sessionCommand(ctx context.Context, args []string) (any, error) 
 		fs.Int64Var(&req.Limits.MemoryMB, "memory-mb", 0, "memory limit")
 		fs.Int64Var(&req.Limits.Pids, "pids", 0, "process limit")
 		fs.Int64Var(&req.Limits.CPUPercent, "cpu-percent", 0, "CPU limit, 100 = one CPU")
+		sandbox := fs.String("sandbox", "", "the sandbox, as wire.Sandbox JSON (none: unconfined)")
 		if err := parseFlags(fs, rest); err != nil {
 			return nil, err
+		}
+		if *sandbox != "" {
+			req.Sandbox = new(wire.Sandbox)
+			if err := decodeStrict(*sandbox, req.Sandbox); err != nil {
+				return nil, invalidf("session create: --sandbox: %v", err)
+			}
 		}
 		return a.SessionCreate(ctx, req)
 	case "list":

@@ -70,8 +70,23 @@ func fixtureAgent(t *testing.T) *Agent {
 	return a
 }
 
+// fixtureToken is the secret in the marker of fixture process 4242.
+const fixtureToken = "00112233445566778899aabbccddeeff"
+
+// withSession writes metadata for a session id with token, as create would.
+func withSession(t *testing.T, a *Agent, id, token string) {
+	t.Helper()
+	if err := os.MkdirAll(a.metaDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.writeMetaLocked(meta{Session: wire.Session{ID: id}, Token: token}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestPSFixture(t *testing.T) {
 	a := fixtureAgent(t)
+	withSession(t, a, "0123456789abcdef", fixtureToken)
 	ps, err := a.PS(context.Background(), "")
 	if err != nil {
 		t.Fatalf("PS() = %v; want nil", err)
@@ -105,6 +120,47 @@ func TestPSFixture(t *testing.T) {
 	}
 	if _, err := a.PS(context.Background(), "../etc"); !isCode(err, wire.CodeInvalid) {
 		t.Errorf("PS(../etc) = %v; want invalid_argument", err)
+	}
+}
+
+// TestMarkerNeedsTheSecret: a process's VMGATE_SESSION marker makes it a
+// member only with the session's secret; an id alone (what any exec can
+// set) or another secret proves nothing. A session from before secrets
+// (metadata without a token) still finds its bare-id processes.
+func TestMarkerNeedsTheSecret(t *testing.T) {
+	tests := []struct {
+		name  string
+		token string // the session's token in its metadata; "-" for no metadata
+		want  string
+	}{
+		{"the secret", fixtureToken, "0123456789abcdef"},
+		{"another secret", "ffeeddccbbaa99887766554433221100", ""},
+		{"a prefix of it", fixtureToken[:31], ""},
+		{"no such session", "-", ""},
+		{"legacy session", "", ""}, // its processes carry the bare id, not this marker
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := fixtureAgent(t)
+			if tt.token != "-" {
+				withSession(t, a, "0123456789abcdef", tt.token)
+			}
+			ps, err := a.PS(context.Background(), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range ps {
+				if p.PID == 4242 && p.Session != tt.want {
+					t.Errorf("PS()[4242].Session = %q; want %q", p.Session, tt.want)
+				}
+			}
+		})
+	}
+	ix := &sessionIndex{markers: map[string]string{"0123456789abcdef": "0123456789abcdef"}}
+	for v, want := range map[string]string{"0123456789abcdef": "0123456789abcdef", "0123456789abcdef.x": "", "": "", ".": ""} {
+		if got := ix.markerSession(v); got != want {
+			t.Errorf("legacy markerSession(%q) = %q; want %q", v, got, want)
+		}
 	}
 }
 
@@ -245,7 +301,10 @@ func procsWith(t *testing.T, a *Agent, s string) []int {
 }
 
 func TestMain(m *testing.M) {
-	// The test binary doubles as vmgate-guest's rlimit shim.
+	// The test binary doubles as vmgate-guest's shims.
+	if len(os.Args) > 1 && os.Args[1] == SandboxCommand {
+		os.Exit(SandboxMain(os.Args[2:]))
+	}
 	if len(os.Args) > 1 && os.Args[1] == ShimCommand {
 		err := RlimitExec(os.Args[2:])
 		os.Stderr.WriteString(err.Error() + "\n")

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -69,21 +70,28 @@ func (a *Agent) ensureCgroupParent() (map[string]bool, error) {
 	return enabled, nil
 }
 
-// createSessionCgroup makes the session's group and writes its limits.
-func (a *Agent) createSessionCgroup(id string, l wire.Limits) error {
+// createSessionCgroup makes the session's group (root's, so that an
+// unprivileged member cannot move itself out) and writes its limits. It
+// returns the controllers enabled for the group, sorted.
+func (a *Agent) createSessionCgroup(id string, l wire.Limits) ([]string, error) {
 	enabled, err := a.ensureCgroupParent()
 	if err != nil {
-		return fmt.Errorf("cgroup parent: %w", err)
+		return nil, fmt.Errorf("cgroup parent: %w", err)
 	}
 	need := map[string]bool{"memory": l.MemoryMB > 0, "pids": l.Pids > 0, "cpu": l.CPUPercent > 0}
 	for c, n := range need {
 		if n && !enabled[c] {
-			return refused(wire.ReasonNoCgroupLimit, "cgroup controller %q is not available for the limit", c)
+			return nil, refused(wire.ReasonNoCgroupLimit, "cgroup controller %q is not available for the limit", c)
 		}
 	}
+	controllers := make([]string, 0, len(enabled))
+	for c := range enabled {
+		controllers = append(controllers, c)
+	}
+	slices.Sort(controllers)
 	dir := a.sessionCgroup(id)
 	if err := os.Mkdir(dir, 0o755); err != nil {
-		return fmt.Errorf("cgroup: %w", err)
+		return nil, fmt.Errorf("cgroup: %w", err)
 	}
 	writes := []struct{ file, val string }{}
 	if l.MemoryMB > 0 {
@@ -103,10 +111,10 @@ func (a *Agent) createSessionCgroup(id string, l wire.Limits) error {
 		}
 		if err != nil {
 			_ = os.Remove(dir)
-			return fmt.Errorf("cgroup: %s: %w", w.file, err)
+			return nil, fmt.Errorf("cgroup: %s: %w", w.file, err)
 		}
 	}
-	return nil
+	return controllers, nil
 }
 
 // newRunCgroup makes a leaf for one run inside the session's group and

@@ -377,14 +377,3 @@ func sessionOfCgroup(path string) string {
 	}
 	return id
 }
-
-// sessionOf returns P's session: from its cgroup, else from its marker.
-func (p procFS) sessionOf(pid int) string {
-	if id := sessionOfCgroup(p.cgroupPath(pid)); id != "" {
-		return id
-	}
-	if id, ok := p.envValue(pid, SessionEnv); ok && wire.ValidateSessionID(id) == nil {
-		return id
-	}
-	return ""
-}

@@ -53,7 +53,7 @@ func (a *Agent) PS(ctx context.Context, session string) ([]wire.Process, error) 
 	if err != nil {
 		return nil, fmt.Errorf("ps: %w", err)
 	}
-	sc := psScan{proc: a.proc, btime: btime, nowMS: time.Now().UnixMilli(), users: userNames{file: passwdFile}}
+	sc := psScan{proc: a.proc, btime: btime, nowMS: time.Now().UnixMilli(), users: userNames{file: passwdFile}, members: a.memberScan()}
 	out := make([]wire.Process, 0, len(pids))
 	for _, pid := range pids {
 		if err := ctx.Err(); err != nil {
@@ -68,11 +68,12 @@ func (a *Agent) PS(ctx context.Context, session string) ([]wire.Process, error) 
 
 // psScan is the state of one ps scan. It is not safe for concurrent use.
 type psScan struct {
-	proc  procFS
-	btime int64 // boot time, s since the epoch
-	nowMS int64
-	buf   []byte // reused by every read
-	users userNames
+	proc    procFS
+	btime   int64 // boot time, s since the epoch
+	nowMS   int64
+	buf     []byte // reused by every read
+	users   userNames
+	members memberScan
 }
 
 // read reads name from d into the scan's buffer; the bytes are valid until
@@ -107,8 +108,9 @@ func (s *psScan) row(pid int, want string) (wire.Process, bool) {
 		StartedAt: startMS(s.btime, st.StartTime),
 		State:     st.State,
 		RSSBytes:  uint64(max(st.RSSPages, 0) * pageSize),
-		Session:   s.session(d, kthread),
 	}
+	m := s.members.of(d, &s.buf, kthread)
+	row.Session = m.session
 	if want != "" && row.Session != want {
 		return wire.Process{}, false
 	}
@@ -117,36 +119,14 @@ func (s *psScan) row(pid int, want string) (wire.Process, bool) {
 			row.Cmdline = cmdlineString(b)
 		}
 	}
-	if b, err := s.read(d, "status"); err == nil {
-		if uid, ok := statusUID(b); ok {
-			row.User = s.users.name(uid)
-		}
+	if m.haveUID {
+		row.User = s.users.name(m.uid)
 	}
 	if age := s.nowMS - row.StartedAt; age > 0 {
 		cpuMS := int64(st.UTime+st.STime) * 1000 / userHZ
 		row.CPUPercent = float64(cpuMS) * 100 / float64(age)
 	}
 	return row, true
-}
-
-// session is procFS.sessionOf through an open directory.
-func (s *psScan) session(d pidDir, kthread bool) string {
-	if b, err := s.read(d, "cgroup"); err == nil {
-		if id := sessionOfCgroup(cgroupV2Path(b)); id != "" {
-			return id
-		}
-	}
-	if kthread {
-		return "" // no memory map: an empty environ
-	}
-	b, err := s.read(d, "environ")
-	if err != nil {
-		return ""
-	}
-	if id, ok := environValue(b, SessionEnv); ok && wire.ValidateSessionID(id) == nil {
-		return id
-	}
-	return ""
 }
 
 // cmdlineString joins /proc/P/cmdline's NUL-separated arguments with
@@ -165,26 +145,11 @@ func cmdlineString(b []byte) string {
 // statusUID returns the real uid: the first number of the "Uid:" line of
 // /proc/P/status. false when the line is missing or malformed.
 func statusUID(b []byte) (uint32, bool) {
-	var line []byte
-	if rest, ok := bytes.CutPrefix(b, []byte("Uid:")); ok {
-		line = rest
-	} else if i := bytes.Index(b, []byte("\nUid:")); i >= 0 {
-		line = b[i+len("\nUid:"):]
-	} else {
+	ids := statusIDs(b, "Uid:")
+	if len(ids) == 0 {
 		return 0, false
 	}
-	if i := bytes.IndexByte(line, '\n'); i >= 0 {
-		line = line[:i]
-	}
-	f := bytes.Fields(line)
-	if len(f) == 0 {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(string(f[0]), 10, 32)
-	if err != nil {
-		return 0, false
-	}
-	return uint32(v), true
+	return ids[0], true
 }
 
 // userNames maps uids to names for one scan. The passwd file is read once,

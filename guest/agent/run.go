@@ -7,8 +7,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,10 +126,12 @@ func randomHex(n int) string {
 
 // Run runs req in a new process group (and, in a cgroup-tracked session, a
 // run cgroup inside the session's group), with the session's marker in its
-// environment. When the timeout fires (or ctx ends) the whole tree is killed:
-// SIGTERM, then after Config.Grace SIGKILL to the process group, the run's
-// cgroup, and every process carrying the run's marker or descending from it,
-// in rounds until none is left; the result has TimedOut and the output so far.
+// environment and, in a sandboxed session, confined by the sandbox shim
+// from its first instruction. When the timeout fires (or ctx ends) the
+// whole tree is killed: SIGTERM, then after Config.Grace SIGKILL to the
+// process group, the run's cgroup, and every process carrying the run's
+// marker or descending from it, in rounds until none is left; the result
+// has TimedOut and the output so far.
 func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, error) {
 	if err := validateRun(req); err != nil {
 		return wire.RunResult{}, err
@@ -140,75 +144,164 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 	if maxOut == 0 {
 		maxOut = wire.DefaultMaxOutputBytes
 	}
-	argv := req.Argv
+	r := &runSetup{runID: randomHex(12), cwd: req.Cwd, argv: req.Argv,
+		attr: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}}
 	if req.Shell != "" {
-		argv = []string{"/bin/sh", "-c", req.Shell}
+		r.argv = []string{"/bin/sh", "-c", req.Shell}
 	}
-	runID := randomHex(12)
-	env := childEnv(os.Environ(), req.Env)
-	env = append(env, RunEnv+"="+runID)
-	cwd := req.Cwd
-	if cwd == "" {
-		cwd = "/"
+	r.env = append(childEnv(os.Environ(), req.Env), RunEnv+"="+r.runID)
+	if r.cwd == "" {
+		r.cwd = "/"
 	}
-	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	var runCgroup string
+	defer r.close()
 	unlock := func() {}
 	if req.Session != "" {
 		var err error
-		if unlock, err = a.lock(); err != nil {
-			return wire.RunResult{}, fmt.Errorf("run: %w", err)
+		if unlock, err = a.joinSession(r, req); err != nil {
+			return wire.RunResult{}, err
 		}
-		s, err := a.readMetaLocked(req.Session)
-		if err != nil {
-			unlock()
-			return wire.RunResult{}, fmt.Errorf("run: %w", err)
-		}
-		if req.Cwd == "" {
-			cwd = s.Workdir
-		}
-		env = append(env, SessionEnv+"="+s.ID)
-		switch s.Tracking {
-		case wire.TrackCgroup:
-			dir, f, err := a.newRunCgroup(s.ID, runID)
-			if err != nil {
-				unlock()
-				return wire.RunResult{}, fmt.Errorf("run: %w", err)
-			}
-			defer f.Close()
-			runCgroup = dir
-			attr.UseCgroupFD, attr.CgroupFD = true, int(f.Fd())
-		default:
-			if s.Limits.MemoryMB > 0 || s.Limits.Pids > 0 {
-				argv = append([]string{a.cfg.Self, shimCommand,
-					"--as", strconv.FormatInt(s.Limits.MemoryMB<<20, 10),
-					"--nproc", strconv.FormatInt(s.Limits.Pids, 10), "--"}, argv...)
-			}
-		}
-		if err := a.touchLocked(s); err != nil {
-			a.cfg.Logger.Warn("run: recording last use", "session", s.ID, "err", err)
-		}
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env, cmd.Dir, cmd.SysProcAttr = env, cwd, attr
-	if req.Stdin != nil {
-		cmd.Stdin = bytes.NewReader(req.Stdin)
 	}
 	stdout, stderr := &capped{max: maxOut}, &capped{max: maxOut}
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.WaitDelay = waitDelay
-	start := time.Now()
-	err := cmd.Start()
+	cmd, err := r.start(req.Stdin, stdout, stderr)
 	unlock()
 	if err != nil {
-		if runCgroup != "" {
-			_ = removeCgroupTree(runCgroup)
+		return wire.RunResult{}, err
+	}
+	res, err := a.wait(ctx, cmd, r, timeout)
+	if err != nil {
+		return res, err
+	}
+	res.Stdout, res.StdoutTruncated = stdout.result()
+	res.Stderr, res.StderrTruncated = stderr.result()
+	return res, nil
+}
+
+// runSetup is one run's process before it starts.
+type runSetup struct {
+	runID     string
+	argv      []string
+	env       []string
+	cwd       string
+	attr      *syscall.SysProcAttr
+	runCgroup string   // the run's cgroup, "" without one
+	cgroupFD  *os.File // open on runCgroup for CLONE_INTO_CGROUP
+	sandboxed bool     // argv starts with the sandbox shim
+}
+
+func (r *runSetup) close() {
+	if r.cgroupFD != nil {
+		r.cgroupFD.Close()
+	}
+}
+
+// joinSession points r at the session's workdir, marker, cgroup and
+// confinement, under the lock, which the caller releases once the process
+// has started (so a destroy cannot run between the check and the start).
+func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (_ func(), err error) {
+	unlock, err := a.lock()
+	if err != nil {
+		return nil, fmt.Errorf("run: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			unlock()
+		}
+	}()
+	m, err := a.readMetaLocked(req.Session)
+	if err != nil {
+		return nil, fmt.Errorf("run: %w", err)
+	}
+	if req.Cwd == "" {
+		r.cwd = m.Workdir
+	}
+	r.env = append(r.env, SessionEnv+"="+m.marker())
+	if m.Tracking == wire.TrackCgroup {
+		dir, f, err := a.newRunCgroup(m.ID, r.runID)
+		if err != nil {
+			return nil, fmt.Errorf("run: %w", err)
+		}
+		r.runCgroup, r.cgroupFD = dir, f
+		r.attr.UseCgroupFD, r.attr.CgroupFD = true, int(f.Fd())
+	}
+	switch {
+	case m.Sandbox != nil:
+		spec, err := json.Marshal(m.confinement())
+		if err != nil {
+			return nil, fmt.Errorf("run: %w", err)
+		}
+		r.env = sandboxEnv(r.env, m, req.Env)
+		r.argv = append([]string{a.cfg.Self, SandboxCommand, string(spec), "--"}, r.argv...)
+		r.sandboxed = true
+	case m.Tracking != wire.TrackCgroup && (m.Limits.MemoryMB > 0 || m.Limits.Pids > 0):
+		r.argv = append([]string{a.cfg.Self, shimCommand,
+			"--as", strconv.FormatInt(m.Limits.MemoryMB<<20, 10),
+			"--nproc", strconv.FormatInt(m.Limits.Pids, 10), "--"}, r.argv...)
+	}
+	if err := a.touchLocked(m); err != nil {
+		a.cfg.Logger.Warn("run: recording last use", "session", m.ID, "err", err)
+	}
+	return unlock, nil
+}
+
+// start starts the process. For a sandboxed run it waits for the shim's
+// verdict on the status pipe: nothing before the pipe closes means the
+// shim exec'd the command confined; a reason means it did not, and the
+// run fails without the command having run.
+func (r *runSetup) start(stdin []byte, stdout, stderr io.Writer) (*exec.Cmd, error) {
+	cmd := exec.Command(r.argv[0], r.argv[1:]...)
+	cmd.Env, cmd.Dir, cmd.SysProcAttr = r.env, r.cwd, r.attr
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.WaitDelay = waitDelay
+	var status *os.File
+	if r.sandboxed {
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("run: status pipe: %w", err)
+		}
+		defer pr.Close()
+		cmd.ExtraFiles = []*os.File{pw}
+		status = pr
+		defer pw.Close()
+	}
+	err := cmd.Start()
+	if len(cmd.ExtraFiles) > 0 {
+		cmd.ExtraFiles[0].Close() // the child holds its own copy
+	}
+	if err != nil {
+		if r.runCgroup != "" {
+			_ = removeCgroupTree(r.runCgroup)
 		}
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return wire.RunResult{}, notFoundf("run: %v", err)
+			return nil, notFoundf("run: %v", err)
 		}
-		return wire.RunResult{}, fmt.Errorf("run: start: %w", err)
+		return nil, fmt.Errorf("run: start: %w", err)
 	}
+	if status == nil {
+		return cmd, nil
+	}
+	msg, _ := io.ReadAll(io.LimitReader(status, 64<<10))
+	if len(msg) == 0 {
+		return cmd, nil
+	}
+	_ = cmd.Wait()
+	if r.runCgroup != "" && len(cgroupPIDs(r.runCgroup)) == 0 {
+		_ = removeCgroupTree(r.runCgroup)
+	}
+	var we wire.Error
+	if err := json.Unmarshal(msg, &we); err != nil || we.Code == "" {
+		return nil, fmt.Errorf("run: sandbox: unreadable status %q", msg)
+	}
+	we.Message = "run: " + we.Message
+	return nil, &we
+}
+
+// wait waits for cmd until it exits or timeout (or ctx) ends it, and kills
+// the run's whole tree then. Stdout and Stderr are left to the caller.
+func (a *Agent) wait(ctx context.Context, cmd *exec.Cmd, r *runSetup, timeout time.Duration) (wire.RunResult, error) {
+	start := time.Now()
 	pid := cmd.Process.Pid
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -224,7 +317,7 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 		res.TimedOut = true
 	}
 	if res.TimedOut {
-		t := tree{cgroup: runCgroup, pgid: pid, root: pid, markerKey: RunEnv, markerVal: runID}
+		t := tree{cgroup: r.runCgroup, pgid: pid, root: pid, markerKey: RunEnv, markerVal: r.runID}
 		killed, _, kerr := a.killUntilGone(context.WithoutCancel(ctx), t, a.cfg.Grace, killTimeout)
 		res.Killed = killed
 		waitErr = <-done
@@ -234,8 +327,6 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 		}
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
-	res.Stdout, res.StdoutTruncated = stdout.result()
-	res.Stderr, res.StderrTruncated = stderr.result()
 	if ps := cmd.ProcessState; ps != nil {
 		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			res.Signal, res.ExitCode = int(ws.Signal()), -1
@@ -247,8 +338,8 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 	}
 	// A run cgroup that emptied is removed; one with background members stays
 	// until the session is destroyed.
-	if runCgroup != "" && len(cgroupPIDs(runCgroup)) == 0 {
-		_ = removeCgroupTree(runCgroup)
+	if r.runCgroup != "" && len(cgroupPIDs(r.runCgroup)) == 0 {
+		_ = removeCgroupTree(r.runCgroup)
 	}
 	return res, nil
 }
@@ -284,14 +375,16 @@ func childEnv(base []string, extra map[string]string) []string {
 }
 
 // tree names the processes a kill must reach: a cgroup subtree, a process
-// group, the descendants of a root pid, and every process whose environment
-// has markerKey=markerVal.
+// group, the descendants of a root pid, every process whose environment
+// has markerKey=markerVal, and every process running as uid (any of its
+// uids; 0 or less for none).
 type tree struct {
 	cgroup    string
 	pgid      int
 	root      int
 	markerKey string
 	markerVal string
+	uid       int
 }
 
 // members lists the tree's live processes (zombies excluded), never this
@@ -321,6 +414,13 @@ func (a *Agent) members(t tree) []int {
 				set[pid] = true
 			}
 		}
+		if t.uid > 0 && !set[pid] {
+			_ = a.proc.readFile(pid, "status", func(b []byte) {
+				if slices.Contains(statusIDs(b, "Uid:"), uint32(t.uid)) {
+					set[pid] = true
+				}
+			})
+		}
 	}
 	if t.root > 1 {
 		queue := []int{t.root}
@@ -345,11 +445,6 @@ func (a *Agent) members(t tree) []int {
 	}
 	slices.Sort(out)
 	return out
-}
-
-// markerPIDs lists live processes carrying key=val.
-func (a *Agent) markerPIDs(key, val string) []int {
-	return a.members(tree{markerKey: key, markerVal: val})
 }
 
 // killUntilGone ends every member of t: with grace > 0 it sends SIGTERM

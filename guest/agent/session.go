@@ -45,32 +45,32 @@ func (a *Agent) lock() (unlock func(), err error) {
 func (a *Agent) metaPath(id string) string { return filepath.Join(a.metaDir(), id+".json") }
 
 // readMetaLocked reads a session's metadata; notFound when there is none.
-func (a *Agent) readMetaLocked(id string) (wire.Session, error) {
-	var s wire.Session
+func (a *Agent) readMetaLocked(id string) (meta, error) {
+	var m meta
 	b, err := os.ReadFile(a.metaPath(id))
 	if errors.Is(err, os.ErrNotExist) {
-		return s, notFoundf("unknown session %s", id)
+		return m, notFoundf("unknown session %s", id)
 	}
 	if err != nil {
-		return s, err
+		return m, err
 	}
-	if err := json.Unmarshal(b, &s); err != nil {
-		return s, fmt.Errorf("session %s: metadata: %w", id, err)
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("session %s: metadata: %w", id, err)
 	}
-	if s.ID != id {
-		return s, fmt.Errorf("session %s: metadata names %q", id, s.ID)
+	if m.ID != id {
+		return m, fmt.Errorf("session %s: metadata names %q", id, m.ID)
 	}
-	return s, nil
+	return m, nil
 }
 
 // writeMetaLocked writes the metadata atomically (temp file, fsync, rename).
-func (a *Agent) writeMetaLocked(s wire.Session) error {
-	s.Processes, s.Expired = 0, false
-	b, err := json.Marshal(s)
+func (a *Agent) writeMetaLocked(m meta) error {
+	m.Processes, m.Expired = 0, false
+	b, err := json.Marshal(m)
 	if err != nil {
 		return err
 	}
-	tmp := a.metaPath(s.ID) + ".tmp"
+	tmp := a.metaPath(m.ID) + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
@@ -83,7 +83,7 @@ func (a *Agent) writeMetaLocked(s wire.Session) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, a.metaPath(s.ID))
+		err = os.Rename(tmp, a.metaPath(m.ID))
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
@@ -92,17 +92,14 @@ func (a *Agent) writeMetaLocked(s wire.Session) error {
 }
 
 // SessionCreate creates a session: its workdir, its tracking (a cgroup v2
-// group with the limits, else the environment marker with rlimits) and its
-// metadata. An existing id is CodeExists. On failure nothing is left behind.
+// group with the limits, else its uid or its secret marker, with rlimits),
+// its metadata and, with a Sandbox, its confinement (see creation). An
+// existing id is CodeExists; a sandbox this kernel cannot give is
+// CodeRefused naming what is missing. On failure nothing is left behind.
 func (a *Agent) SessionCreate(ctx context.Context, req wire.SessionCreate) (wire.Session, error) {
-	if err := wire.ValidateSessionID(req.ID); err != nil {
-		return wire.Session{}, invalidf("session create: %v", err)
-	}
-	if req.TTLS < 0 || req.TTLS > maxSessionSeconds || req.IdleS < 0 || req.IdleS > maxSessionSeconds {
-		return wire.Session{}, invalidf("session create: ttl_s %d / idle_s %d out of range 0..%d", req.TTLS, req.IdleS, maxSessionSeconds)
-	}
-	if err := req.Limits.Validate(); err != nil {
-		return wire.Session{}, invalidf("session create: limits: %v", err)
+	sb, err := a.validateCreate(req)
+	if err != nil {
+		return wire.Session{}, err
 	}
 	unlock, err := a.lock()
 	if err != nil {
@@ -112,38 +109,65 @@ func (a *Agent) SessionCreate(ctx context.Context, req wire.SessionCreate) (wire
 	if _, err := os.Lstat(a.metaPath(req.ID)); err == nil {
 		return wire.Session{}, &wire.Error{Code: wire.CodeExists, Message: "session create: session " + req.ID + " exists"}
 	}
-	for _, d := range []string{a.sessionsDir(), a.metaDir()} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return wire.Session{}, fmt.Errorf("session create: %w", err)
-		}
-	}
 	now := time.Now().UnixMilli()
-	s := wire.Session{
+	c := &creation{a: a, k: a.probeKernel(), m: meta{Token: randomHex(16), Session: wire.Session{
 		ID: req.ID, Workdir: filepath.Join(a.sessionsDir(), req.ID), Tracking: wire.TrackMarker,
-		CreatedMS: now, LastUsedMS: now, TTLS: req.TTLS, IdleS: req.IdleS, Limits: req.Limits,
-	}
-	if err := os.Mkdir(s.Workdir, 0o755); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return wire.Session{}, &wire.Error{Code: wire.CodeExists, Message: "session create: workdir of " + req.ID + " exists (destroy it first)"}
-		}
+		CreatedMS: now, LastUsedMS: now, TTLS: req.TTLS, IdleS: req.IdleS, Limits: req.Limits, Sandbox: sb,
+	}}}
+	if err := c.run(); err != nil {
+		c.undo()
 		return wire.Session{}, fmt.Errorf("session create: %w", err)
 	}
-	if a.cgroupUsable() {
-		if err := a.createSessionCgroup(req.ID, req.Limits); err != nil {
-			_ = os.Remove(s.Workdir)
-			return wire.Session{}, fmt.Errorf("session create: %w", err)
+	return c.m.Session, nil
+}
+
+// validateCreate checks a create request without side effects and returns
+// its sandbox normalized (nil when none was asked for).
+func (a *Agent) validateCreate(req wire.SessionCreate) (*wire.Sandbox, error) {
+	if err := wire.ValidateSessionID(req.ID); err != nil {
+		return nil, invalidf("session create: %v", err)
+	}
+	if req.TTLS < 0 || req.TTLS > maxSessionSeconds || req.IdleS < 0 || req.IdleS > maxSessionSeconds {
+		return nil, invalidf("session create: ttl_s %d / idle_s %d out of range 0..%d", req.TTLS, req.IdleS, maxSessionSeconds)
+	}
+	if err := req.Limits.Validate(); err != nil {
+		return nil, invalidf("session create: limits: %v", err)
+	}
+	if req.Sandbox == nil {
+		return nil, nil
+	}
+	if err := req.Sandbox.Validate(); err != nil {
+		return nil, invalidf("session create: %v", err)
+	}
+	sb := req.Sandbox.Normalized()
+	for _, l := range []struct {
+		name  string
+		paths []string
+	}{{"fs.read", sb.FS.Read}, {"fs.write", sb.FS.Write}} {
+		for _, p := range l.paths {
+			if err := a.checkSandboxPath(p); err != nil {
+				return nil, invalidf("session create: sandbox %s: %v", l.name, err)
+			}
 		}
-		s.Tracking = wire.TrackCgroup
-	} else if req.Limits.CPUPercent > 0 {
-		_ = os.Remove(s.Workdir)
-		return wire.Session{}, refused(wire.ReasonNoCgroupLimit, "session create: cpu_percent needs cgroup v2, which this guest does not have")
 	}
-	if err := a.writeMetaLocked(s); err != nil {
-		_ = removeCgroupTree(a.sessionCgroup(req.ID))
-		_ = os.Remove(s.Workdir)
-		return wire.Session{}, fmt.Errorf("session create: metadata: %w", err)
+	return &sb, nil
+}
+
+// checkSandboxPath refuses an extra path that does not exist, that goes
+// through a symlink (the rule would land on the target, which the policy
+// did not name), or that lies inside vmgate-guest's state.
+func (a *Agent) checkSandboxPath(p string) error {
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p, err)
 	}
-	return s, nil
+	if real != p {
+		return fmt.Errorf("%s resolves through a symlink to %s; give the real path", p, real)
+	}
+	if p == a.cfg.Root || strings.HasPrefix(p, a.cfg.Root+"/") {
+		return fmt.Errorf("%s is inside vmgate-guest's state (%s)", p, a.cfg.Root)
+	}
+	return nil
 }
 
 // SessionList lists the sessions with their member counts, sorted by id.
@@ -163,27 +187,38 @@ func (a *Agent) SessionList(ctx context.Context) ([]wire.Session, error) {
 		if !ok || wire.ValidateSessionID(id) != nil {
 			continue
 		}
-		s, err := a.readMetaLocked(id) // a torn read is impossible: writes are renames
+		m, err := a.readMetaLocked(id) // a torn read is impossible: writes are renames
 		if err != nil {
 			a.cfg.Logger.Warn("session list: skipping", "id", id, "err", err)
 			continue
 		}
-		s.Processes = members[id]
-		s.Expired = s.ExpiredAt(now)
-		out = append(out, s)
+		m.Processes = members[id]
+		m.Expired = m.ExpiredAt(now)
+		out = append(out, m.Session)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
 }
 
-// allMembers counts live processes per session id (cgroup or marker).
+// allMembers counts live processes per session id (see membership.go).
 func (a *Agent) allMembers() map[string]int {
 	out := map[string]int{}
 	pids, _ := a.proc.pids()
+	ms := a.memberScan()
+	var buf []byte
 	for _, pid := range pids {
-		if id := a.proc.sessionOf(pid); id != "" {
-			out[id]++
+		d, err := a.proc.openPID(pid)
+		if err != nil {
+			continue
 		}
+		b, err := d.read("stat", buf)
+		buf = b[:0]
+		if st, perr := parseStat(b); err == nil && perr == nil && st.State != "Z" && st.State != "X" {
+			if m := ms.of(d, &buf, st.KernelThread()); m.session != "" {
+				out[m.session]++
+			}
+		}
+		d.close()
 	}
 	return out
 }
@@ -208,31 +243,42 @@ func (a *Agent) SessionDestroy(ctx context.Context, id string) (wire.DestroyResu
 func (a *Agent) destroyLocked(ctx context.Context, id string) (wire.DestroyResult, error) {
 	start := time.Now()
 	res := wire.DestroyResult{ID: id}
-	_, err := a.readMetaLocked(id)
+	// What to kill: the session's cgroup, its uid and its marker. With
+	// unreadable metadata the uid and the marker's secret are unknown: only
+	// the cgroup (and the files the id names) can still be found.
+	t := tree{}
+	m, err := a.readMetaLocked(id)
 	var we *wire.Error
 	switch {
 	case err == nil:
 		res.Existed = true
+		t.markerKey, t.markerVal, t.uid = SessionEnv, m.marker(), m.uid()
 	case errors.As(err, &we) && we.Code == wire.CodeNotFound:
 	default:
-		// Unreadable metadata: still destroy everything the id names.
 		a.cfg.Logger.Warn("session destroy: metadata", "id", id, "err", err)
 		res.Existed = true
 	}
-	cg := ""
 	if a.cfg.CgroupRoot != "" {
-		cg = a.sessionCgroup(id)
-		if _, err := os.Stat(cg); err != nil {
-			cg = ""
-		} else {
-			res.Existed = true
+		if cg := a.sessionCgroup(id); exists(cg) {
+			t.cgroup, res.Existed = cg, true
 		}
 	}
-	killed, rounds, err := a.killUntilGone(ctx, tree{cgroup: cg, markerKey: SessionEnv, markerVal: id}, 0, DestroyTimeout)
+	killed, rounds, err := a.killUntilGone(ctx, t, 0, DestroyTimeout)
 	res.Killed, res.Rounds = killed, rounds
 	if err != nil {
 		return res, fmt.Errorf("session destroy: %w", err)
 	}
+	if err := a.removeSessionFiles(id, t.cgroup, &res); err != nil {
+		return res, fmt.Errorf("session destroy: %w", err)
+	}
+	res.TookMS = time.Since(start).Milliseconds()
+	return res, nil
+}
+
+// removeSessionFiles removes what a session leaves once its processes are
+// gone: its cgroup, network namespace, temporary directory, workdir and
+// metadata, each only if there.
+func (a *Agent) removeSessionFiles(id, cg string, res *wire.DestroyResult) error {
 	if cg != "" {
 		// The kernel may report a killed group busy for a moment.
 		var err error
@@ -243,23 +289,32 @@ func (a *Agent) destroyLocked(ctx context.Context, id string) (wire.DestroyResul
 			time.Sleep(10 * time.Millisecond)
 		}
 		if err != nil {
-			return res, fmt.Errorf("session destroy: cgroup: %w", err)
+			return fmt.Errorf("cgroup: %w", err)
 		}
 	}
-	wd := filepath.Join(a.sessionsDir(), id)
-	if _, err := os.Lstat(wd); err == nil {
-		res.Existed = true
+	if err := removeNetNS(filepath.Join(a.netnsDir(), id)); err != nil {
+		return fmt.Errorf("network namespace: %w", err)
 	}
-	// os.RemoveAll walks with openat/unlinkat and O_NOFOLLOW: a symlink is
-	// unlinked, never followed (TestDestroyDoesNotFollowSymlinks checks it).
-	if err := os.RemoveAll(wd); err != nil {
-		return res, fmt.Errorf("session destroy: workdir: %w", err)
+	for _, dir := range []string{filepath.Join(a.tmpDir(), id), filepath.Join(a.sessionsDir(), id)} {
+		if exists(dir) {
+			res.Existed = true
+		}
+		// os.RemoveAll walks with openat/unlinkat and O_NOFOLLOW: a symlink is
+		// unlinked, never followed (TestDestroyDoesNotFollowSymlinks checks it).
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("%s: %w", dir, err)
+		}
 	}
 	if err := os.Remove(a.metaPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return res, fmt.Errorf("session destroy: metadata: %w", err)
+		return fmt.Errorf("metadata: %w", err)
 	}
-	res.TookMS = time.Since(start).Milliseconds()
-	return res, nil
+	return nil
+}
+
+// exists reports whether p names anything (a symlink counts).
+func exists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
 }
 
 // SessionReap destroys every session past its ttl or idle time.
@@ -302,7 +357,7 @@ func (a *Agent) SessionReap(ctx context.Context) (wire.ReapResult, error) {
 }
 
 // touchLocked records a use of the session (for the idle limit).
-func (a *Agent) touchLocked(s wire.Session) error {
-	s.LastUsedMS = time.Now().UnixMilli()
-	return a.writeMetaLocked(s)
+func (a *Agent) touchLocked(m meta) error {
+	m.LastUsedMS = time.Now().UnixMilli()
+	return a.writeMetaLocked(m)
 }

@@ -150,8 +150,10 @@ type Tracking string
 const (
 	// TrackCgroup: a cgroup v2 group /sys/fs/cgroup/vmgate/<id>.
 	TrackCgroup Tracking = "cgroup"
-	// TrackMarker: the VMGATE_SESSION=<id> environment marker found through
-	// /proc/*/environ, each run in its own process group.
+	// TrackMarker: no cgroup: a sandboxed session's processes are found by
+	// their uid, others by the VMGATE_SESSION=<id>.<secret> environment
+	// marker found through /proc/*/environ (Enforced.Membership says which),
+	// each run in its own process group.
 	TrackMarker Tracking = "marker"
 )
 
@@ -161,6 +163,9 @@ type SessionCreate struct {
 	TTLS   int64  `json:"ttl_s,omitempty"`  // 0: no ttl
 	IdleS  int64  `json:"idle_s,omitempty"` // 0: no idle limit
 	Limits Limits `json:"limits"`
+	// Sandbox confines the session's processes; nil runs them as root,
+	// unconfined (tracked and limited only).
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
 }
 
 // Session is a session's metadata as stored and listed.
@@ -173,6 +178,10 @@ type Session struct {
 	TTLS       int64    `json:"ttl_s,omitempty"`
 	IdleS      int64    `json:"idle_s,omitempty"`
 	Limits     Limits   `json:"limits"`
+	// Sandbox is what was asked for (normalized); nil when nothing was.
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+	// Enforced is what holds on this guest.
+	Enforced Enforced `json:"enforced"`
 	// Processes is the member count when listed (not stored).
 	Processes int `json:"processes"`
 	// Expired is set when listed and past ttl or idle (not stored).

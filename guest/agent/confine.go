@@ -1,0 +1,357 @@
+//go:build linux
+
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/landlock-lsm/go-landlock/landlock"
+	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/guest/agent/wire"
+)
+
+// SandboxCommand is the argv[1] that selects SandboxMain in
+// cmd/vmgate-guest: the shim every process of a sandboxed session starts
+// as. `vmgate-guest __sandbox SPEC -- argv...` confines itself as SPEC (a
+// confinement in JSON) says, then replaces itself with argv, so the
+// confinement holds from the command's first instruction.
+const SandboxCommand = "__sandbox"
+
+// statusFD is the shim's status pipe (the run's ExtraFiles[0]): the shim
+// writes why it failed there; a successful exec closes it (close-on-exec)
+// with nothing written.
+const statusFD = 3
+
+// confinement is what the shim applies (see apply for the order).
+type confinement struct {
+	// UID and GID to run as; -1 keeps root (and its capabilities).
+	UID int `json:"uid"`
+	GID int `json:"gid"`
+	// NetNS is the session's network namespace (a bind-mounted nsfs file); "" keeps the guest's.
+	NetNS string `json:"netns,omitempty"`
+	// Tmp is bind-mounted on /tmp in a mount namespace of the run's own when PrivateTmp.
+	Tmp        string `json:"tmp,omitempty"`
+	PrivateTmp bool   `json:"private_tmp,omitempty"`
+	// LandlockABI is the kernel's ABI when Landlock holds; 0 for no Landlock.
+	LandlockABI int `json:"landlock_abi,omitempty"`
+	// Read and Write are the paths beyond the system's the rules allow.
+	Read  []string `json:"read,omitempty"`
+	Write []string `json:"write,omitempty"`
+	// TCP limits TCP bind and connect to its ports (Landlock ABI 4+).
+	TCP *wire.TCPPorts `json:"tcp,omitempty"`
+	// Scoped restricts signals and abstract sockets to the domain (ABI 6+).
+	Scoped bool `json:"scoped,omitempty"`
+	// RlimitAS and RlimitNPROC are set when not 0 (sessions without cgroup).
+	RlimitAS    uint64 `json:"rlimit_as,omitempty"`
+	RlimitNPROC uint64 `json:"rlimit_nproc,omitempty"`
+}
+
+// SandboxMain runs the shim: args are SPEC, "--", argv. It returns only on
+// failure, with the exit status (127) after writing the reason to the
+// status pipe (and stderr, when there is no pipe).
+func SandboxMain(args []string) int {
+	syscall.CloseOnExec(statusFD)
+	err := sandboxExec(args)
+	we := &wire.Error{Code: wire.CodeFailed, Message: "sandbox: " + err.Error()}
+	errors.As(err, &we)
+	msg, _ := json.Marshal(we)
+	if _, werr := unix.Write(statusFD, msg); werr != nil {
+		fmt.Fprintln(os.Stderr, "vmgate-guest:", we.Message)
+	}
+	return 127
+}
+
+func sandboxExec(args []string) error {
+	if len(args) < 3 || args[1] != "--" || args[2] == "" {
+		return errors.New("usage: " + SandboxCommand + " SPEC -- argv...")
+	}
+	var c confinement
+	dec := json.NewDecoder(strings.NewReader(args[0]))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return fmt.Errorf("spec: %w", err)
+	}
+	argv := args[2:]
+	// Namespaces and credentials below are per thread: everything up to
+	// the exec runs on this one.
+	runtime.LockOSThread()
+	parent := os.Getppid()
+	if err := c.apply(); err != nil {
+		return err
+	}
+	if c.UID >= 0 {
+		// A change of uid clears the parent-death signal: set it again, and
+		// give up if the parent went away meanwhile.
+		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0, 0, 0); err != nil {
+			return fmt.Errorf("pdeathsig: %w", err)
+		}
+		if os.Getppid() != parent {
+			return errors.New("vmgate-guest went away")
+		}
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return notFoundf("%v", err)
+	}
+	err = syscall.Exec(path, argv, os.Environ())
+	if errors.Is(err, syscall.ENOENT) {
+		return notFoundf("exec %s: %v", path, err)
+	}
+	return fmt.Errorf("exec %s: %w", path, err)
+}
+
+// confinement is what every run of the sandboxed session m applies.
+func (m meta) confinement() confinement {
+	e := m.Enforced
+	c := confinement{UID: -1, GID: -1, NetNS: m.NetNS, Tmp: e.Tmp, PrivateTmp: e.PrivateTmp,
+		Read: m.Sandbox.FS.Read, Write: append([]string{m.Workdir, e.Tmp}, m.Sandbox.FS.Write...),
+		Scoped: len(e.Landlock.Scoped) > 0}
+	if e.User == wire.UserSession {
+		c.UID, c.GID = e.UID, e.GID
+	}
+	if e.Landlock.FS {
+		c.LandlockABI = e.Landlock.ABI
+	}
+	if e.Landlock.TCP {
+		c.TCP = m.Sandbox.TCP
+	}
+	if m.Tracking != wire.TrackCgroup {
+		c.RlimitAS, c.RlimitNPROC = uint64(m.Limits.MemoryMB<<20), uint64(m.Limits.Pids)
+	}
+	return c
+}
+
+// sandboxEnv sets HOME to the workdir and TMPDIR to the private temporary
+// directory (as /tmp when that is mounted there), unless the request set them.
+func sandboxEnv(env []string, m meta, asked map[string]string) []string {
+	tmp := m.Enforced.Tmp
+	if m.Enforced.PrivateTmp {
+		tmp = "/tmp"
+	}
+	for _, kv := range [][2]string{{"HOME", m.Workdir}, {"TMPDIR", tmp}} {
+		if _, ok := asked[kv[0]]; ok {
+			continue
+		}
+		env = slices.DeleteFunc(env, func(s string) bool { return strings.HasPrefix(s, kv[0]+"=") })
+		env = append(env, kv[0]+"="+kv[1])
+	}
+	return env
+}
+
+// apply confines the calling thread, which must stay locked to the
+// goroutine until the exec. The Landlock ruleset is built first, while
+// every path still names what it names in the guest (the private /tmp
+// hides what was under /tmp), and enforced last before the ids change.
+func (c confinement) apply() error {
+	ruleset := -1
+	var flags uint32
+	steps := []struct {
+		name string
+		run  func() error
+	}{
+		{"landlock ruleset", func() (err error) { ruleset, flags, err = c.landlockRuleset(); return err }},
+		{"network namespace", c.enterNetNS},
+		{"private /tmp", c.privateTmp},
+		{"rlimits", c.rlimits},
+		{"no_new_privs", noNewPrivs},
+		{"landlock", func() error { return restrictSelf(ruleset, flags) }},
+		{"credentials", c.dropPrivileges},
+	}
+	defer func() {
+		if ruleset >= 0 {
+			unix.Close(ruleset)
+		}
+	}()
+	for _, s := range steps {
+		if err := s.run(); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+func (c confinement) enterNetNS() error {
+	if c.NetNS == "" {
+		return nil
+	}
+	fd, err := unix.Open(c.NetNS, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Setns(fd, unix.CLONE_NEWNET)
+}
+
+// privateTmp gives the thread a mount namespace of its own in which no
+// mount propagates back to the guest, with Tmp on /tmp (nosuid, nodev).
+func (c confinement) privateTmp() error {
+	if !c.PrivateTmp {
+		return nil
+	}
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return err
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making / private: %w", err)
+	}
+	if err := unix.Mount(c.Tmp, "/tmp", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on /tmp: %w", c.Tmp, err)
+	}
+	return unix.Mount("", "/tmp", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV, "")
+}
+
+func (c confinement) rlimits() error {
+	for _, l := range []struct {
+		res int
+		val uint64
+	}{{unix.RLIMIT_AS, c.RlimitAS}, {unix.RLIMIT_NPROC, c.RlimitNPROC}} {
+		if l.val == 0 {
+			continue
+		}
+		if err := unix.Setrlimit(l.res, &unix.Rlimit{Cur: l.val, Max: l.val}); err != nil {
+			return fmt.Errorf("setrlimit %d: %w", l.res, err)
+		}
+	}
+	return nil
+}
+
+// landlockRuleset builds the session's Landlock ruleset: read and execute
+// the system directories and /etc without its secrets, read and write the
+// usual device files, read the extra Read paths, read and write (and move
+// files within and between) the Write paths, and, with TCP, bind and
+// connect only its ports. It returns -1 without Landlock.
+func (c confinement) landlockRuleset() (int, uint32, error) {
+	if c.LandlockABI == 0 {
+		return -1, 0, nil
+	}
+	cfg := landlockConfig(c.LandlockABI, c.TCP != nil && c.LandlockABI >= 4, c.Scoped)
+	if c.LandlockABI >= 7 {
+		cfg = cfg.EnableLoggingForSubprocesses() // denials after the exec reach the audit log
+	}
+	rules := []landlock.Rule{
+		landlock.RODirs(systemRead...).IgnoreIfMissing(),
+		landlock.RWFiles(systemDevices...).IgnoreIfMissing(),
+	}
+	for _, p := range append(readableBelow("/etc", etcSecrets), c.Read...) {
+		rules = append(rules, readRule(p))
+	}
+	for _, p := range c.Write {
+		rules = append(rules, writeRule(p, c.LandlockABI >= 2))
+	}
+	if cfg.HandledAccessNet != 0 {
+		for _, p := range c.TCP.Bind {
+			rules = append(rules, landlock.BindTCP(p))
+		}
+		for _, p := range c.TCP.Connect {
+			rules = append(rules, landlock.ConnectTCP(p))
+		}
+	}
+	fd, flags, err := cfg.NewRulesetFD(rules...)
+	if err == nil && fd < 0 {
+		err = errors.New("nothing to restrict") // cannot happen: every ABI handles file rights
+	}
+	return fd, flags, err
+}
+
+// restrictSelf enforces the ruleset on the calling thread (the one that
+// execs; no_new_privs is set); -1 does nothing.
+func restrictSelf(ruleset int, flags uint32) error {
+	if ruleset < 0 {
+		return nil
+	}
+	return ll.LandlockRestrictSelf(ruleset, flags)
+}
+
+// readRule allows reading p: a directory's tree, or a file.
+func readRule(p string) landlock.Rule {
+	if st, err := os.Stat(p); err == nil && !st.IsDir() {
+		return landlock.ROFiles(p).IgnoreIfMissing()
+	}
+	return landlock.RODirs(p).IgnoreIfMissing()
+}
+
+// writeRule allows reading and writing p (and moving files within and
+// between write paths, with refer).
+func writeRule(p string, refer bool) landlock.Rule {
+	if st, err := os.Stat(p); err == nil && !st.IsDir() {
+		return landlock.RWFiles(p).IgnoreIfMissing()
+	}
+	r := landlock.RWDirs(p).IgnoreIfMissing()
+	if refer {
+		r = r.WithRefer()
+	}
+	return r
+}
+
+// noNewPrivs sets no_new_privs on the calling thread.
+func noNewPrivs() error {
+	return unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+}
+
+// dropPrivileges switches to UID and GID with no supplementary groups and
+// no capabilities in any set (bounding, ambient, inheritable, permitted,
+// effective), and checks that it holds.
+func (c confinement) dropPrivileges() error {
+	if c.UID < 0 {
+		return nil
+	}
+	if c.UID == 0 || c.GID <= 0 {
+		return fmt.Errorf("uid %d / gid %d: want an unprivileged uid and gid", c.UID, c.GID)
+	}
+	for i := 0; i <= capLastCap(); i++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(i), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("dropping capability %d from the bounding set: %w", i, err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("clearing ambient capabilities: %w", err)
+	}
+	if err := syscall.Setgroups([]int{}); err != nil {
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	if err := syscall.Setresgid(c.GID, c.GID, c.GID); err != nil {
+		return fmt.Errorf("setresgid %d: %w", c.GID, err)
+	}
+	if err := syscall.Setresuid(c.UID, c.UID, c.UID); err != nil {
+		return fmt.Errorf("setresuid %d: %w", c.UID, err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capset: %w", err)
+	}
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	for _, d := range data {
+		if d.Effective|d.Permitted|d.Inheritable != 0 {
+			return fmt.Errorf("capabilities left after the switch: %+v", data)
+		}
+	}
+	if r, e, s := unix.Getresuid(); r != c.UID || e != c.UID || s != c.UID {
+		return fmt.Errorf("uids after the switch are %d %d %d, not %d", r, e, s, c.UID)
+	}
+	return nil
+}
+
+// capLastCap is the highest capability number the kernel knows.
+func capLastCap() int {
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 && n < 64 {
+			return n
+		}
+	}
+	return 63 // dropping an unknown one fails with EINVAL, which is skipped
+}

@@ -1,0 +1,270 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/guest/agent/wire"
+)
+
+func TestPlan(t *testing.T) {
+	full := kernel{landlockABI: 7, netns: true, mountns: true, cgroup: true}
+	old := kernel{} // no Landlock, no namespaces, no cgroup v2
+	lab := kernel{landlockABI: 2, netns: true, mountns: true, cgroup: true}
+	all := wire.Sandbox{BestEffort: wire.Features}
+	tcp := &wire.TCPPorts{Connect: []uint16{443}}
+	tests := []struct {
+		name    string
+		sb      wire.Sandbox
+		k       kernel
+		refused []string // features named in the refusal; nil: accepted
+		check   func(t *testing.T, e wire.Enforced)
+	}{
+		{name: "tightest on a full kernel", k: full, check: func(t *testing.T, e wire.Enforced) {
+			if !e.Landlock.FS || e.Landlock.ABI != 7 || !e.Net.Namespace || !e.Net.LoopbackUp || e.Net.GuestLoopback ||
+				!e.PrivateTmp || e.Membership != wire.MemberCgroup || e.Capabilities != "none" || !e.NoNewPrivs || len(e.NotEnforced) != 0 {
+				t.Errorf("plan = %+v; want everything held", e)
+			}
+			if !slices.Contains(e.Landlock.Rights, "truncate") || slices.Contains(e.Landlock.Unhandled, "truncate") || len(e.Landlock.Scoped) != 0 {
+				t.Errorf("rights %v, unhandled %v, scoped %v; want truncate handled, no scopes for a session uid", e.Landlock.Rights, e.Landlock.Unhandled, e.Landlock.Scoped)
+			}
+		}},
+		{name: "lab kernel: ABI 2 lacks truncate", k: lab, check: func(t *testing.T, e wire.Enforced) {
+			if !e.Landlock.FS || !slices.Contains(e.Landlock.Rights, "refer") || !slices.Contains(e.Landlock.Unhandled, "truncate") {
+				t.Errorf("landlock = %+v; want refer handled, truncate unhandled", e.Landlock)
+			}
+		}},
+		{name: "tcp rules on ABI 2 are required", sb: wire.Sandbox{Net: wire.NetHost, TCP: tcp}, k: lab, refused: []string{"landlock_tcp"}},
+		{name: "tcp rules on ABI 2, best effort", sb: wire.Sandbox{Net: wire.NetHost, TCP: tcp, BestEffort: []wire.Feature{wire.FeatureLandlockTCP}}, k: lab,
+			check: func(t *testing.T, e wire.Enforced) {
+				if e.Landlock.TCP || !hasNote(e, "TCP ports are not limited") {
+					t.Errorf("plan = %+v; want tcp not enforced, and said", e)
+				}
+			}},
+		{name: "tcp rules on ABI 7", sb: wire.Sandbox{Net: wire.NetHost, TCP: tcp}, k: full, check: func(t *testing.T, e wire.Enforced) {
+			if !e.Landlock.TCP || e.Net.Namespace || !e.Net.GuestLoopback {
+				t.Errorf("plan = %+v; want tcp enforced in the guest's network", e)
+			}
+		}},
+		{name: "old kernel, everything required", k: old, refused: []string{"landlock", "netns", "mountns", "cgroup"}},
+		{name: "old kernel, best effort", sb: all, k: old, check: func(t *testing.T, e wire.Enforced) {
+			if e.Landlock.FS || e.Net.Namespace || e.PrivateTmp || e.Membership != wire.MemberUID || e.Cgroup.Limits != "rlimit" || len(e.NotEnforced) != 4 {
+				t.Errorf("plan = %+v; want uid membership, rlimits and four things said", e)
+			}
+		}},
+		{name: "old kernel, root, best effort", sb: wire.Sandbox{User: wire.UserRoot, BestEffort: wire.Features}, k: old, check: func(t *testing.T, e wire.Enforced) {
+			if e.Membership != wire.MemberSecret || e.Capabilities != "all" || !hasNote(e, "user root") {
+				t.Errorf("plan = %+v; want secret membership, root's capabilities, said", e)
+			}
+		}},
+		{name: "root scopes signals on ABI 6+", sb: wire.Sandbox{User: wire.UserRoot}, k: full, check: func(t *testing.T, e wire.Enforced) {
+			if !slices.Contains(e.Landlock.Scoped, "signal") {
+				t.Errorf("scoped = %v; want signal", e.Landlock.Scoped)
+			}
+		}},
+		{name: "loopback holds as none", sb: wire.Sandbox{Net: wire.NetLoopback}, k: full, check: func(t *testing.T, e wire.Enforced) {
+			if !e.Net.Namespace || e.Net.GuestLoopback || !hasNote(e, "net loopback") {
+				t.Errorf("net = %+v, notes %q; want a namespace, said", e.Net, e.NotEnforced)
+			}
+		}},
+		{name: "no netns for net host is fine", sb: wire.Sandbox{Net: wire.NetHost}, k: kernel{landlockABI: 1, mountns: true, cgroup: true}, check: func(t *testing.T, e wire.Enforced) {
+			if len(e.NotEnforced) != 0 {
+				t.Errorf("notes = %q; want none", e.NotEnforced)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, err := plan(tt.sb.Normalized(), tt.k)
+			if tt.refused != nil {
+				var we *wire.Error
+				if !errors.As(err, &we) || we.Code != wire.CodeRefused || we.Reason != wire.ReasonSandboxUnavailable {
+					t.Fatalf("plan(%+v) = %v; want refused", tt.sb, err)
+				}
+				for _, f := range wire.Features {
+					if named := strings.Contains(we.Message, string(f)+" ("); named != slices.Contains(tt.refused, string(f)) {
+						t.Errorf("refusal %q names %s: %v; want %v", we.Message, f, named, !named)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("plan(%+v) = %v; want nil", tt.sb, err)
+			}
+			tt.check(t, e)
+		})
+	}
+}
+
+func hasNote(e wire.Enforced, s string) bool {
+	return slices.ContainsFunc(e.NotEnforced, func(n string) bool { return strings.Contains(n, s) })
+}
+
+func TestSandboxValidate(t *testing.T) {
+	long := "/" + strings.Repeat("a", wire.MaxPathLen)
+	many := make([]string, wire.MaxSandboxPaths+1)
+	for i := range many {
+		many[i] = "/p" + strconv.Itoa(i)
+	}
+	bad := []wire.Sandbox{
+		{Net: "internet"},
+		{Net: "None"},
+		{User: "nobody"},
+		{FS: wire.FSAccess{Read: []string{"relative"}}},
+		{FS: wire.FSAccess{Write: []string{"/srv/../etc"}}},
+		{FS: wire.FSAccess{Write: []string{"/srv/"}}},
+		{FS: wire.FSAccess{Write: []string{""}}},
+		{FS: wire.FSAccess{Read: []string{"/a\x00b"}}},
+		{FS: wire.FSAccess{Read: []string{long}}},
+		{FS: wire.FSAccess{Write: many}},
+		{TCP: &wire.TCPPorts{Connect: []uint16{0}}},
+		{TCP: &wire.TCPPorts{Bind: make([]uint16, wire.MaxPorts+1)}},
+		{BestEffort: []wire.Feature{"seccomp"}},
+	}
+	for _, sb := range bad {
+		if err := sb.Validate(); !errors.Is(err, wire.ErrInvalidSandbox) {
+			t.Errorf("Validate(%+v) = %v; want ErrInvalidSandbox", sb, err)
+		}
+	}
+	good := wire.Sandbox{Net: wire.NetHost, User: wire.UserRoot, FS: wire.FSAccess{Read: []string{"/srv"}, Write: []string{"/"}},
+		TCP: &wire.TCPPorts{Bind: []uint16{0}, Connect: []uint16{443}}, BestEffort: wire.Features}
+	if err := good.Validate(); err != nil {
+		t.Errorf("Validate(%+v) = %v; want nil", good, err)
+	}
+	n := wire.Sandbox{FS: wire.FSAccess{Read: []string{"/b", "/a", "/b"}}}.Normalized()
+	if n.Net != wire.NetNone || n.User != wire.UserSession || !slices.Equal(n.FS.Read, []string{"/a", "/b"}) {
+		t.Errorf("Normalized() = %+v; want net none, user session, sorted unique paths", n)
+	}
+}
+
+// sandboxAgent is a host agent whose root the session uids can reach.
+func sandboxAgent(t *testing.T) *Agent {
+	t.Helper()
+	a := hostAgent(t)
+	for dir := a.cfg.Root; dir != "/"; dir = filepath.Dir(dir) {
+		st, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(dir, st.Mode().Perm()|0o011); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return a
+}
+
+// TestHostSandboxedSession runs a sandboxed session on the host (root, no
+// cgroup v2): its processes run as the session's uid without capabilities,
+// under no_new_privs and Landlock, in a network namespace of their own with
+// a private /tmp; they write in the workdir and nowhere else; destroy kills
+// them by uid even after they cleared their marker and daemonized.
+func TestHostSandboxedSession(t *testing.T) {
+	k := (&Agent{cfg: DefaultConfig()}).probeKernel()
+	if k.landlockABI == 0 || !k.netns || !k.mountns {
+		t.Skipf("this host kernel lacks Landlock or namespaces (%+v); the lab VM test covers the sandbox", k)
+	}
+	a := sandboxAgent(t)
+	ctx := context.Background()
+	id := "5a4db0c5a4db0c000001"
+	s, err := a.SessionCreate(ctx, wire.SessionCreate{ID: id, Sandbox: &wire.Sandbox{BestEffort: []wire.Feature{wire.FeatureCgroup}}})
+	if err != nil {
+		t.Fatalf("SessionCreate = %v", err)
+	}
+	t.Cleanup(func() { _, _ = a.SessionDestroy(ctx, id) })
+	e := s.Enforced
+	if !e.Sandboxed || e.UID < DefaultUIDBase || e.GID != e.UID || !e.Landlock.FS || !e.Net.Namespace || !e.PrivateTmp || e.Membership != wire.MemberUID {
+		t.Fatalf("Enforced = %+v; want a uid of the range, Landlock, netns, private /tmp, uid membership", e)
+	}
+	if st, err := os.Stat(s.Workdir); err != nil || st.Mode().Perm() != 0o700 || !ownedBy(st, e.UID) {
+		t.Errorf("workdir %s: %v, %v; want 0700 owned by %d", s.Workdir, st, err, e.UID)
+	}
+	run := func(shell string) wire.RunResult {
+		t.Helper()
+		res, err := a.Run(ctx, wire.RunRequest{Session: id, Shell: shell, TimeoutMS: 20000})
+		if err != nil {
+			t.Fatalf("Run(%q) = %v", shell, err)
+		}
+		return res
+	}
+	res := run(`id -u; id -g; id -G; grep -E '^(Cap|NoNewPrivs)' /proc/self/status; echo made > f && cat f; echo tmp > /tmp/t; echo "$HOME $TMPDIR"; cat /proc/self/net/dev | tail -n +3 | cut -d: -f1`)
+	want := strings.Join([]string{strconv.Itoa(e.UID), strconv.Itoa(e.GID), strconv.Itoa(e.GID),
+		"CapInh:\t0000000000000000", "CapPrm:\t0000000000000000", "CapEff:\t0000000000000000",
+		"CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "made", s.Workdir + " /tmp", "lo"}, "\n") + "\n"
+	if got := strings.ReplaceAll(string(res.Stdout), " ", ""); got != strings.ReplaceAll(want, " ", "") || res.ExitCode != 0 {
+		t.Errorf("inside the session: exit %d, stdout\n%s\nstderr %s\nwant\n%s", res.ExitCode, res.Stdout, res.Stderr, want)
+	}
+	if b, err := os.ReadFile(filepath.Join(e.Tmp, "t")); err != nil || string(b) != "tmp\n" {
+		t.Errorf("the session's /tmp/t is %q, %v in %s; want its private directory", b, err, e.Tmp)
+	}
+	if _, err := os.Stat("/tmp/t"); err == nil {
+		t.Errorf("/tmp/t exists on the host: the session's /tmp was not private")
+	}
+	outside := t.TempDir()
+	for _, attempt := range []string{
+		"echo x > " + outside + "/escape",
+		"cat /etc/shadow",
+		"ls /root",
+		"echo x > /var/tmp/escape-" + id,
+		"ls " + a.metaDir(),
+	} {
+		if r := run(attempt); r.ExitCode == 0 {
+			t.Errorf("%q in the session exited 0 (stdout %q); want a failure", attempt, r.Stdout)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(outside, "escape")); err == nil {
+		t.Errorf("the session wrote outside its directories")
+	}
+	// Daemonize, clear the marker: destroy still finds the uid.
+	run(`env -u VMGATE_SESSION -u VMGATE_RUN setsid sh -c 'sleep 10$1 & sleep 10$2' sh 77 78 </dev/null >/dev/null 2>&1 &`)
+	if got := waitFor(t, func() []int { return procsWith(t, a, "sleep 107") }, 2); len(got) != 2 {
+		t.Fatalf("daemonized sleeps = %v; want 2", got)
+	}
+	list, err := a.SessionList(ctx)
+	if err != nil || len(list) != 1 || list[0].Processes < 2 || list[0].Enforced.UID != e.UID {
+		t.Errorf("SessionList = %+v, %v; want the session with its 2 daemonized processes and its report", list, err)
+	}
+	d, err := a.SessionDestroy(ctx, id)
+	if err != nil || d.Killed < 2 {
+		t.Errorf("SessionDestroy = %+v, %v; want 2 killed", d, err)
+	}
+	if got := procsWith(t, a, "sleep 107"); len(got) != 0 {
+		t.Errorf("processes left after destroy: %v", got)
+	}
+	for _, p := range []string{s.Workdir, e.Tmp, filepath.Join(a.netnsDir(), id)} {
+		if exists(p) {
+			t.Errorf("%s left after destroy", p)
+		}
+	}
+}
+
+// waitFor polls list until it has n entries (or 10 s pass) and returns its last value.
+func waitFor(t *testing.T, list func() []int, n int) []int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	step := time.Millisecond
+	for {
+		got := list()
+		if len(got) == n || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(step)
+		step = min(2*step, 100*time.Millisecond)
+	}
+}
+
+func ownedBy(st os.FileInfo, uid int) bool {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	return ok && int(sys.Uid) == uid
+}
