@@ -38,6 +38,8 @@ type (
 	KillResult    = wire.KillResult
 	Limits        = wire.Limits
 	SessionCreate = wire.SessionCreate
+	Sandbox       = wire.Sandbox
+	Enforced      = wire.Enforced
 	Session       = wire.Session
 	DestroyResult = wire.DestroyResult
 	ReapResult    = wire.ReapResult
@@ -427,6 +429,16 @@ func (h *Helper) SessionCreate(ctx context.Context, vm string, req SessionCreate
 		return Session{}, invalid("session create", "ttl_s %d / idle_s %d negative", req.TTLS, req.IdleS)
 	}
 	args := []string{"session", "create", "--id", req.ID}
+	if req.Sandbox != nil {
+		if err := req.Sandbox.Validate(); err != nil {
+			return Session{}, invalid("session create", "%v", err)
+		}
+		b, err := json.Marshal(req.Sandbox)
+		if err != nil {
+			return Session{}, invalid("session create", "sandbox: %v", err)
+		}
+		args = append(args, "--sandbox", string(b))
+	}
 	for _, f := range []struct {
 		flag string
 		v    int64
