@@ -25,7 +25,9 @@ import (
 
 // DefaultPolicy is the built-in policy document: read-only tools allowed,
 // exec and kill rate-limited, destroy_session and vm_power need an
-// operator's approval, file writes denied.
+// operator's approval, file writes denied, sessions sandboxed as tightly as
+// is useful (net none, their own uid, write only their own directories;
+// only cgroup v2 may be missing, membership then goes by the uid).
 //
 //go:embed default_policy.json
 var DefaultPolicy []byte

@@ -75,6 +75,10 @@ type Decision struct {
 	Counters []Counter
 	// Approval is set when Verdict is Approve.
 	Approval *ApprovalSpec
+	// Sandbox is the sandbox a create_session call gets: its sandbox
+	// argument over the policy's (see SandboxTool). On a Deny for a looser
+	// sandbox it is what the call asked for (what a shadow-mode caller runs).
+	Sandbox *Sandbox
 	// Shadow is true when the matched tool runs in shadow mode: Verdict is
 	// what enforcement would have done; the caller audits it and allows.
 	Shadow bool

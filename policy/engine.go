@@ -17,7 +17,8 @@ type Engine struct {
 	hidden      map[string]string // hidden tool → its pointer ("/hide/0")
 	tools       map[string]*toolRule
 	allLimits   []limit
-	names       []string // every tool the document names, sorted
+	sandbox     *sandboxRule // the top-level sandbox block; nil without one
+	names       []string     // every tool the document names, sorted
 }
 
 type toolRule struct {
@@ -32,6 +33,7 @@ type toolRule struct {
 	denyIf     []condition
 	approval   *ApprovalSpec // set exactly when action is Approve
 	limits     []limit
+	sandbox    *sandboxRule // create_session's own sandbox block; nil without one
 }
 
 type limit struct {
@@ -124,6 +126,11 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 			step(tr, "listed", "/default", "pass", "the tool is not listed and the default is allow")
 		}
 		d := Decision{Verdict: Allow, Rule: "/default", Shadow: e.shadow}
+		sb, deny := e.checkSandbox(nil, call, d.Shadow, tr)
+		if deny != nil {
+			return *deny
+		}
+		d.Sandbox = sb
 		return e.withLimits(d, nil, call, tr)
 	}
 	if tr != nil {
@@ -162,6 +169,10 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 			step(tr, "deny_if["+strconv.Itoa(i)+"]", c.ptr, "pass", c.src+": not fired")
 		}
 	}
+	sb, deny := e.checkSandbox(t, call, t.shadow, tr)
+	if deny != nil {
+		return *deny
+	}
 	d := Decision{Verdict: Allow, Rule: t.ptr, Shadow: t.shadow}
 	if t.action == Approve {
 		a := *t.approval
@@ -177,7 +188,39 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 			step(tr, "approval", t.actionPtr, "skip", "no approval needed")
 		}
 	}
+	d.Sandbox = sb
 	return e.withLimits(d, t.limits, call, tr)
+}
+
+// checkSandbox returns the sandbox of a create_session call (nil for other
+// tools), or the Deny of one that asks for a looser sandbox than the
+// policy's: create_session's own block (t), else the top-level one, else
+// the default.
+func (e *Engine) checkSandbox(t *toolRule, call *Call, shadow bool, tr *[]Step) (*Sandbox, *Decision) {
+	if call.Tool != SandboxTool {
+		return nil, nil
+	}
+	r := &defaultSandbox
+	switch {
+	case t != nil && t.sandbox != nil:
+		r = t.sandbox
+	case e.sandbox != nil:
+		r = e.sandbox
+	}
+	sb, why := r.sandboxFor(call.Args)
+	if why == "" {
+		if tr != nil {
+			step(tr, "sandbox", r.ptr, "pass", "within the policy's sandbox")
+		}
+		return &sb, nil
+	}
+	if r.ptr == "" {
+		why += " (the policy has no sandbox block, so the default applies: net none, user session, no extra paths)"
+	}
+	if tr != nil {
+		step(tr, "sandbox", r.ptr, "deny", why)
+	}
+	return nil, &Decision{Verdict: Deny, Rule: r.ptr, Reason: why, Shadow: shadow, Sandbox: &sb}
 }
 
 func (t *toolRule) condReason(c *condition, prefix string) string {

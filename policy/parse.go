@@ -185,7 +185,7 @@ func (b *builder) name(s string, off int, l loc, what string, extra string) bool
 func (b *builder) engine(root *node) *Engine {
 	e := &Engine{tools: map[string]*toolRule{}, hidden: map[string]string{}}
 	top := loc{}
-	m, ok := b.object(root, top, "version", "default", "mode", "hide", "all_tools", "tools")
+	m, ok := b.object(root, top, "version", "default", "mode", "hide", "all_tools", "sandbox", "tools")
 	if !ok {
 		return e
 	}
@@ -232,6 +232,9 @@ func (b *builder) engine(root *node) *Engine {
 			}
 		}
 	}
+	if v, ok := m["sandbox"]; ok {
+		e.sandbox = b.sandbox(v, top.key("sandbox"))
+	}
 	if v, ok := m["tools"]; ok {
 		l := top.key("tools")
 		if v.kind != kindObject {
@@ -276,7 +279,7 @@ func (b *builder) mode(v *node, l loc) (shadow bool) {
 
 func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	t := &toolRule{name: name, ptr: l.ptr, action: Allow, actionPtr: l.ptr, shadow: shadow}
-	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits")
+	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox")
 	if !ok {
 		return t
 	}
@@ -325,6 +328,14 @@ func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	}
 	if v, ok := m["limits"]; ok {
 		t.limits = b.limits(v, l.key("limits"))
+	}
+	if v, ok := m["sandbox"]; ok {
+		ls := l.key("sandbox")
+		if name != SandboxTool {
+			b.errorf(v.off, ls.path, "a sandbox block belongs on %s (or the top level), not on %s", SandboxTool, name)
+		} else {
+			t.sandbox = b.sandbox(v, ls)
+		}
 	}
 	t.denyReason = t.reason
 	if t.denyReason == "" {

@@ -1,0 +1,35 @@
+package config
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/vmgate/vmgate/policy"
+)
+
+// TestDefaultPolicySandbox: the built-in policy gives create_session the
+// tightest useful sandbox and denies a call that asks for more.
+func TestDefaultPolicySandbox(t *testing.T) {
+	e, err := policy.Parse("default_policy.json", DefaultPolicy)
+	if err != nil {
+		t.Fatalf("Parse(DefaultPolicy) = %v", err)
+	}
+	d := e.Decide(policy.Call{Grant: "local", Tool: policy.SandboxTool, VM: "lab/vm1", Args: map[string]any{}})
+	want := &policy.Sandbox{Net: "none", User: "session", BestEffort: []string{"cgroup"}}
+	if d.Verdict != policy.Allow || !reflect.DeepEqual(d.Sandbox, want) {
+		t.Errorf("Decide(create_session) = %v, sandbox %+v; want allow with %+v", d.Verdict, d.Sandbox, want)
+	}
+	for _, sb := range []map[string]any{
+		{"net": "loopback"},
+		{"user": "root"},
+		{"fs": map[string]any{"write": []any{"/tmp"}}},
+		{"fs": map[string]any{"read": []any{"/root"}}},
+		{"best_effort": []any{"landlock"}},
+	} {
+		d := e.Decide(policy.Call{Grant: "local", Tool: policy.SandboxTool, VM: "lab/vm1", Args: map[string]any{"sandbox": sb}})
+		if d.Verdict != policy.Deny || !strings.HasPrefix(d.Reason, "sandbox ") || d.Rule != "/tools/create_session/sandbox" {
+			t.Errorf("Decide(create_session, sandbox %v) = %v %q %q; want a sandbox deny", sb, d.Verdict, d.Rule, d.Reason)
+		}
+	}
+}
