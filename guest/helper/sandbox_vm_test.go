@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
+	"github.com/vmgate/vmgate/hypervisor"
 )
 
 // escapeBin is the guest path of testdata/escape, and escapeSUID of its
@@ -357,4 +358,61 @@ func dead(t *testing.T, l *escapeLab, pid int) string {
 		return fmt.Sprintf("pid %d is gone", pid)
 	}
 	return ""
+}
+
+// TestLabForgedMarker: a process started outside a session (a plain exec,
+// as another grant could) that sets VMGATE_SESSION to the session's id, or
+// to the id with a guessed secret, is not a member: ps does not list it
+// under the session, the session does not count it, and destroying the
+// session leaves it alone. On the guest without cgroup v2 this is the
+// marker tracking the forgery aimed at.
+func TestLabForgedMarker(t *testing.T) {
+	for _, vm := range labVMs {
+		t.Run(vm, func(t *testing.T) {
+			h, _ := labHelper(t, vm)
+			ctx := testCtx(t, 3*time.Minute)
+			s := newSession(t, ctx, h, vm)
+			if s.Enforced.Membership != map[string]wire.Membership{"cg": wire.MemberCgroup, "nocg": wire.MemberSecret}[vm] {
+				t.Errorf("Enforced.Membership = %q", s.Enforced.Membership)
+			}
+			bgPID(t, ctx, h, vm, s.ID, "sleep 1140")
+			var forged []int
+			for i, marker := range []string{s.ID, s.ID + "." + strings.Repeat("0", 32), s.ID + "."} {
+				res, err := hypervisor.Run(ctx, h.d, vm, hypervisor.ExecRequest{
+					Argv: []string{"/bin/sh", "-c", fmt.Sprintf("sleep 114%d </dev/null >/dev/null 2>&1 & echo $!", i+1)},
+					Env:  []string{"VMGATE_SESSION=" + marker}, Timeout: time.Minute})
+				if err != nil || res.ExitCode != 0 {
+					t.Fatalf("plain exec with VMGATE_SESSION=%s = %+v, %v", marker, res, err)
+				}
+				pid, _ := strconv.Atoi(strings.TrimSpace(string(res.Stdout)))
+				forged = append(forged, pid)
+			}
+			t.Cleanup(func() {
+				for _, pid := range forged {
+					sh(t, context.Background(), h, vm, fmt.Sprintf("kill -9 %d 2>/dev/null", pid))
+				}
+			})
+			if got := sh(t, ctx, h, vm, fmt.Sprintf("tr '\\0' '\\n' < /proc/%d/environ | grep VMGATE_SESSION", forged[0])).Stdout; !strings.Contains(string(got), s.ID) {
+				t.Fatalf("the forged process's environment = %q; want the marker (else this test proves nothing)", got)
+			}
+			if got := matching(t, ctx, h, vm, s.ID, "sleep 114"); len(got) != 1 || got[0].Cmdline != "sleep 1140" {
+				t.Errorf("ps --session = %+v; want only the session's own sleep 1140", got)
+			}
+			list, err := h.SessionList(ctx, vm)
+			if err != nil || len(list) == 0 {
+				t.Fatalf("SessionList = %+v, %v", list, err)
+			}
+			for _, l := range list {
+				if l.ID == s.ID && l.Processes != 1 {
+					t.Errorf("the session counts %d processes; want 1", l.Processes)
+				}
+			}
+			if d, err := h.SessionDestroy(ctx, vm, s.ID); err != nil || d.Killed != 1 {
+				t.Errorf("SessionDestroy = %+v, %v; want 1 killed", d, err)
+			}
+			if got := matching(t, ctx, h, vm, "", "sleep 114"); len(got) != len(forged) {
+				t.Errorf("after destroy: %+v; want the %d forged processes alive and the member gone", got, len(forged))
+			}
+		})
+	}
 }
