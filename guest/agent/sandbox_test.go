@@ -178,7 +178,8 @@ func TestHostSandboxedSession(t *testing.T) {
 	a := sandboxAgent(t)
 	ctx := context.Background()
 	id := "5a4db0c5a4db0c000001"
-	s, err := a.SessionCreate(ctx, wire.SessionCreate{ID: id, Sandbox: &wire.Sandbox{BestEffort: []wire.Feature{wire.FeatureCgroup}}})
+	s, err := a.SessionCreate(ctx, wire.SessionCreate{ID: id, Limits: wire.Limits{MemoryMB: 512, Pids: 64},
+		Sandbox: &wire.Sandbox{BestEffort: []wire.Feature{wire.FeatureCgroup}}})
 	if err != nil {
 		t.Fatalf("SessionCreate = %v", err)
 	}
@@ -198,8 +199,8 @@ func TestHostSandboxedSession(t *testing.T) {
 		}
 		return res
 	}
-	res := run(`id -u; id -g; id -G; grep -E '^(Cap|NoNewPrivs)' /proc/self/status; echo made > f && cat f; echo tmp > /tmp/t; echo "$HOME $TMPDIR"; cat /proc/self/net/dev | tail -n +3 | cut -d: -f1`)
-	want := strings.Join([]string{strconv.Itoa(e.UID), strconv.Itoa(e.GID), strconv.Itoa(e.GID),
+	res := run(`awk '/Max processes/{print $3}' /proc/self/limits; ulimit -v; id -u; id -g; id -G; grep -E '^(Cap|NoNewPrivs)' /proc/self/status; echo made > f && cat f; echo tmp > /tmp/t; echo "$HOME $TMPDIR"; cat /proc/self/net/dev | tail -n +3 | cut -d: -f1`)
+	want := strings.Join([]string{"64", "524288", strconv.Itoa(e.UID), strconv.Itoa(e.GID), strconv.Itoa(e.GID),
 		"CapInh:\t0000000000000000", "CapPrm:\t0000000000000000", "CapEff:\t0000000000000000",
 		"CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "made", s.Workdir + " /tmp", "lo"}, "\n") + "\n"
 	if got := strings.ReplaceAll(string(res.Stdout), " ", ""); got != strings.ReplaceAll(want, " ", "") || res.ExitCode != 0 {
@@ -267,4 +268,32 @@ func waitFor(t *testing.T, list func() []int, n int) []int {
 func ownedBy(st os.FileInfo, uid int) bool {
 	sys, ok := st.Sys().(*syscall.Stat_t)
 	return ok && int(sys.Uid) == uid
+}
+
+// TestHostRootSandbox: a user root sandbox keeps root's uid and
+// capabilities, and Landlock still confines it to its directories.
+func TestHostRootSandbox(t *testing.T) {
+	k := (&Agent{cfg: DefaultConfig()}).probeKernel()
+	if k.landlockABI == 0 || !k.netns || !k.mountns {
+		t.Skipf("this host kernel lacks Landlock or namespaces (%+v); the lab VM test covers the sandbox", k)
+	}
+	a := sandboxAgent(t)
+	ctx := context.Background()
+	id := "5a4db0c5a4db0c000002"
+	s, err := a.SessionCreate(ctx, wire.SessionCreate{ID: id, Sandbox: &wire.Sandbox{User: wire.UserRoot, Net: wire.NetHost, BestEffort: wire.Features}})
+	if err != nil {
+		t.Fatalf("SessionCreate = %v", err)
+	}
+	t.Cleanup(func() { _, _ = a.SessionDestroy(ctx, id) })
+	if e := s.Enforced; e.UID != 0 || e.Capabilities != "all" || e.Net.Namespace || e.Membership != wire.MemberSecret {
+		t.Errorf("Enforced = %+v; want root, all capabilities, the host's network, secret membership", e)
+	}
+	outside := t.TempDir()
+	res, err := a.Run(ctx, wire.RunRequest{Session: id, Shell: "id -u; echo in > f && cat f; echo x > " + outside + "/escape || echo denied"})
+	if err != nil || string(res.Stdout) != "0\nin\ndenied\n" {
+		t.Errorf("Run = %q, %q, %v; want root, a write in the workdir, a denied write outside", res.Stdout, res.Stderr, err)
+	}
+	if exists(filepath.Join(outside, "escape")) {
+		t.Errorf("a root sandbox wrote outside its directories")
+	}
 }

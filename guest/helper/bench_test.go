@@ -95,3 +95,45 @@ func BenchmarkLabDestroy50(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLabRunSandboxed measures `run /bin/true` in a sandboxed session
+// against the same in an unsandboxed one, interleaved in one loop; the
+// ratio is the sandbox's cost (the shim's exec, Landlock ruleset,
+// namespaces, uid) as seen from the host.
+//
+//	go test -run '^$' -bench BenchmarkLabRunSandboxed -benchtime 20x ./guest/helper/
+func BenchmarkLabRunSandboxed(b *testing.B) {
+	h, _ := labHelper(b, "cg")
+	ctx := testCtx(b, 10*time.Minute)
+	plain, err := h.SessionCreate(ctx, "cg", SessionCreate{ID: NewSessionID()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.SessionDestroy(context.Background(), "cg", plain.ID)
+	boxed, err := h.SessionCreate(ctx, "cg", SessionCreate{ID: NewSessionID(), Sandbox: &Sandbox{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.SessionDestroy(context.Background(), "cg", boxed.ID)
+	var plainT, boxedT time.Duration
+	var plainGuest, boxedGuest int64
+	run := func(id string, total *time.Duration, guest *int64) {
+		start := time.Now()
+		res, err := h.Run(ctx, "cg", RunRequest{Session: id, Argv: []string{"/bin/true"}})
+		if err != nil || res.ExitCode != 0 {
+			b.Fatalf("Run(/bin/true) = %+v, %v", res, err)
+		}
+		*total += time.Since(start)
+		*guest += res.DurationMS
+	}
+	for b.Loop() {
+		run(plain.ID, &plainT, &plainGuest)
+		run(boxed.ID, &boxedT, &boxedGuest)
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(plainT.Microseconds())/n/1000, "plain-ms/op")
+	b.ReportMetric(float64(boxedT.Microseconds())/n/1000, "sandboxed-ms/op")
+	b.ReportMetric(float64(boxedT)/float64(plainT), "sandboxed/plain")
+	b.ReportMetric(float64(boxedGuest)/n, "sandboxed-guest-ms/op")
+	b.ReportMetric(float64(plainGuest)/n, "plain-guest-ms/op")
+}
