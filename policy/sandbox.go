@@ -140,21 +140,24 @@ func rankedString(v sandboxValue, ranks map[string]int, what, want, old string) 
 	return s
 }
 
-// sandboxPaths reads a list of absolute, clean paths; nil v is the empty list.
-func sandboxPaths(v sandboxValue) []string {
+// boundedList reads a list of at most max elements (what names them in
+// the message); nil v is the empty list.
+func boundedList(v sandboxValue, max int, what string) []sandboxValue {
 	if v == nil {
 		return nil
 	}
 	elems, ok := v.list()
-	if !ok {
+	if ok && len(elems) > max {
+		v.fail("%d %s; the limit is %d", len(elems), what, max)
 		return nil
 	}
-	if len(elems) > maxSandboxPaths {
-		v.fail("%d paths; the limit is %d", len(elems), maxSandboxPaths)
-		return nil
-	}
+	return elems
+}
+
+// sandboxPaths reads a list of absolute, clean paths; nil v is the empty list.
+func sandboxPaths(v sandboxValue) []string {
 	var out []string
-	for _, el := range elems {
+	for _, el := range boundedList(v, maxSandboxPaths, "paths") {
 		p, ok := el.str()
 		if !ok {
 			continue
@@ -178,19 +181,8 @@ func sandboxPaths(v sandboxValue) []string {
 // sandboxPorts reads a list of TCP ports (0 only where zeroOK: binding port 0
 // picks an ephemeral one); nil v is the empty list.
 func sandboxPorts(v sandboxValue, zeroOK bool) []uint16 {
-	if v == nil {
-		return nil
-	}
-	elems, ok := v.list()
-	if !ok {
-		return nil
-	}
-	if len(elems) > maxSandboxPorts {
-		v.fail("%d ports; the limit is %d", len(elems), maxSandboxPorts)
-		return nil
-	}
 	var out []uint16
-	for _, el := range elems {
+	for _, el := range boundedList(v, maxSandboxPorts, "ports") {
 		p, ok := el.port()
 		if ok && p == 0 && !zeroOK {
 			el.fail("port 0 cannot be connected to")

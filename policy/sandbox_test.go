@@ -33,6 +33,9 @@ func TestParseSandboxErrors(t *testing.T) {
 		{"unknown feature", top(`{"best_effort":["cgroup","seccomp"]}`), `"seccomp"`, `sandbox.best_effort[1]: unknown feature "seccomp" (want landlock, landlock_tcp, netns, mountns, cgroup)`},
 		{"on another tool", `{"version":"1","default":"deny","tools":{"vm_agent_exec":{"sandbox":{}}}}`, `{}}`, `tools.vm_agent_exec.sandbox: a sandbox block belongs on create_session (or the top level), not on vm_agent_exec`},
 		{"second line", "{\"version\":\"1\",\"default\":\"deny\",\n\"sandbox\":{\"net\":\"hots\"}}", `"hots"`, `sandbox.net: unknown net "hots"`},
+		{"too many paths", top(`{"fs":{"write":[` + strings.Repeat(`"/a",`, maxSandboxPaths) + `"/a"]}}`), `[`, `sandbox.fs.write: 65 paths; the limit is 64`},
+		{"long path", top(`{"fs":{"read":["/` + strings.Repeat("a", maxSandboxPath) + `"]}}`), `"/aa`, `sandbox.fs.read[0]: path is 4097 bytes; the limit is 4096`},
+		{"NUL in a path", top(`{"fs":{"read":["/a\u0000b"]}}`), `"/a`, `sandbox.fs.read[0]: path contains NUL`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

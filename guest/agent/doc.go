@@ -2,7 +2,19 @@
 // table (gopsutil v4 and /proc), runs with a timeout that kills the whole
 // process tree, guarded kills, and sessions (a workdir plus every process
 // started in it, tracked by a cgroup v2 group or, without one, by the
-// VMGATE_SESSION environment marker found through /proc).
+// session's uid or a secret VMGATE_SESSION marker found through /proc; see
+// membership.go).
+//
+// A session created with a wire.Sandbox is confined, without eBPF: every
+// process started in it begins as the sandbox shim (SandboxMain, a re-exec
+// of vmgate-guest), which enters the session's network namespace, gives
+// itself a mount namespace with the session's private /tmp, enforces a
+// Landlock ruleset (go-landlock; read and execute the system, write the
+// session's directories), sets no_new_privs, switches to the session's own
+// uid and gid without capabilities, and only then execs the command.
+// Session create decides what this kernel can give (plan), refuses what a
+// request requires and the kernel lacks, and reports what holds
+// (wire.Enforced) in create's reply and in list.
 //
 // The host runs one vmgate-guest process per command through the guest
 // agent's exec channel: arguments as flags, the run request as JSON on stdin,

@@ -4,8 +4,6 @@ package agent
 
 import (
 	"crypto/subtle"
-	"errors"
-	"os"
 	"strings"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
@@ -65,26 +63,15 @@ type sessionIndex struct {
 // (their sessions' uids and markers count for nothing).
 func (a *Agent) loadIndex() *sessionIndex {
 	ix := &sessionIndex{byUID: map[uint32]string{}, markers: map[string]string{}}
-	ents, err := os.ReadDir(a.metaDir())
+	metas, err := a.readAllMeta()
 	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			a.cfg.Logger.Warn("session index", "err", err)
-		}
-		return ix
+		a.cfg.Logger.Warn("session index", "err", err)
 	}
-	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || wire.ValidateSessionID(id) != nil {
-			continue
-		}
-		m, err := a.readMetaLocked(id) // a torn read is impossible: writes are renames
-		if err != nil {
-			continue
-		}
+	for _, m := range metas {
 		if uid := m.uid(); uid > 0 {
-			ix.byUID[uint32(uid)] = id
+			ix.byUID[uint32(uid)] = m.ID
 		}
-		ix.markers[id] = m.marker()
+		ix.markers[m.ID] = m.marker()
 	}
 	return ix
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -172,31 +171,45 @@ func (a *Agent) checkSandboxPath(p string) error {
 
 // SessionList lists the sessions with their member counts, sorted by id.
 func (a *Agent) SessionList(ctx context.Context) ([]wire.Session, error) {
-	ents, err := os.ReadDir(a.metaDir())
-	if errors.Is(err, os.ErrNotExist) {
-		return []wire.Session{}, nil
-	}
+	metas, err := a.readAllMeta()
 	if err != nil {
 		return nil, fmt.Errorf("session list: %w", err)
 	}
 	members := a.allMembers()
 	now := time.Now().UnixMilli()
-	out := []wire.Session{}
+	out := make([]wire.Session, 0, len(metas))
+	for _, m := range metas {
+		m.Processes = members[m.ID]
+		m.Expired = m.ExpiredAt(now)
+		out = append(out, m.Session)
+	}
+	return out, nil
+}
+
+// readAllMeta reads every session's metadata, sorted by id. A file that
+// cannot be read is logged and left out (a torn read is impossible: writes
+// are renames).
+func (a *Agent) readAllMeta() ([]meta, error) {
+	ents, err := os.ReadDir(a.metaDir()) // sorted by name, so by id
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []meta
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok || wire.ValidateSessionID(id) != nil {
 			continue
 		}
-		m, err := a.readMetaLocked(id) // a torn read is impossible: writes are renames
+		m, err := a.readMetaLocked(id)
 		if err != nil {
-			a.cfg.Logger.Warn("session list: skipping", "id", id, "err", err)
+			a.cfg.Logger.Warn("session metadata: skipping", "id", id, "err", err)
 			continue
 		}
-		m.Processes = members[id]
-		m.Expired = m.ExpiredAt(now)
-		out = append(out, m.Session)
+		out = append(out, m)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
 }
 
@@ -325,25 +338,17 @@ func (a *Agent) SessionReap(ctx context.Context) (wire.ReapResult, error) {
 	}
 	defer unlock()
 	res := wire.ReapResult{Destroyed: []wire.DestroyResult{}}
-	ents, err := os.ReadDir(a.metaDir())
-	if errors.Is(err, os.ErrNotExist) {
-		return res, nil
-	}
+	metas, err := a.readAllMeta()
 	if err != nil {
 		return res, fmt.Errorf("session reap: %w", err)
 	}
 	now := time.Now().UnixMilli()
 	var errs []error
-	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || wire.ValidateSessionID(id) != nil {
+	for _, m := range metas {
+		if !m.ExpiredAt(now) {
 			continue
 		}
-		s, err := a.readMetaLocked(id)
-		if err != nil || !s.ExpiredAt(now) {
-			continue
-		}
-		d, err := a.destroyLocked(ctx, id)
+		d, err := a.destroyLocked(ctx, m.ID)
 		if err != nil {
 			errs = append(errs, err)
 			continue
