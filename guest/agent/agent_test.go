@@ -246,6 +246,8 @@ func TestValidateRun(t *testing.T) {
 		{Argv: []string{"true"}, Env: map[string]string{"A=B": "x"}},
 		{Argv: []string{"true"}, Env: map[string]string{"1A": "x"}},
 		{Argv: []string{"true"}, Env: map[string]string{"VMGATE_SESSION": "0123456789abcdef"}},
+		{Argv: []string{"true"}, Env: map[string]string{"VMGATE_RUN": "x"}},
+		{Argv: []string{"true"}, Env: map[string]string{"VMGATE_ANYTHING": "x"}},
 		{Argv: []string{"true"}, Env: map[string]string{"A": "x\x00"}},
 		{Argv: []string{"true"}, Session: "../../etc"},
 		{Argv: []string{"true"}, TimeoutMS: -1},

@@ -61,6 +61,7 @@ type confinement struct {
 // failure, with the exit status (127) after writing the reason to the
 // status pipe (and stderr, when there is no pipe).
 func SandboxMain(args []string) int {
+	runtime.MemProfileRate = 0 // no profiling buckets: nothing to map under RLIMIT_AS
 	syscall.CloseOnExec(statusFD)
 	err := sandboxExec(args)
 	we := &wire.Error{Code: wire.CodeFailed, Message: "sandbox: " + err.Error()}
@@ -104,7 +105,13 @@ func sandboxExec(args []string) error {
 	if err != nil {
 		return notFoundf("%v", err)
 	}
-	err = syscall.Exec(path, argv, os.Environ())
+	envv := os.Environ()
+	// The rlimits come last: RLIMIT_AS would leave the Go runtime no room
+	// to map memory for the steps above.
+	if err := c.rlimits(); err != nil {
+		return fmt.Errorf("rlimits: %w", err)
+	}
+	err = syscall.Exec(path, argv, envv)
 	if errors.Is(err, syscall.ENOENT) {
 		return notFoundf("exec %s: %v", path, err)
 	}
@@ -153,6 +160,7 @@ func sandboxEnv(env []string, m meta, asked map[string]string) []string {
 // goroutine until the exec. The Landlock ruleset is built first, while
 // every path still names what it names in the guest (the private /tmp
 // hides what was under /tmp), and enforced last before the ids change.
+// The rlimits are set by sandboxExec just before the exec.
 func (c confinement) apply() error {
 	ruleset := -1
 	var flags uint32
@@ -163,7 +171,6 @@ func (c confinement) apply() error {
 		{"landlock ruleset", func() (err error) { ruleset, flags, err = c.landlockRuleset(); return err }},
 		{"network namespace", c.enterNetNS},
 		{"private /tmp", c.privateTmp},
-		{"rlimits", c.rlimits},
 		{"no_new_privs", noNewPrivs},
 		{"landlock", func() error { return restrictSelf(ruleset, flags) }},
 		{"credentials", c.dropPrivileges},

@@ -33,6 +33,7 @@ func (c *creation) run() error {
 		{"tmp", c.tmp},
 		{"cgroup", c.cgroup},
 		{"netns", c.netns},
+		{"report", c.report},
 		{"metadata", c.metadata},
 	}
 	for _, s := range steps {
@@ -182,6 +183,22 @@ func (c *creation) netns() error {
 	}
 	c.undos = append(c.undos, func() { _ = removeNetNS(p) })
 	c.m.NetNS = p
+	return nil
+}
+
+// report lists the paths the Landlock rules allow.
+func (c *creation) report() error {
+	if !c.sandboxed() || !c.m.Enforced.Landlock.FS {
+		return nil
+	}
+	l := &c.m.Enforced.Landlock
+	for _, p := range systemRead {
+		if exists(p) {
+			l.Read = append(l.Read, p)
+		}
+	}
+	l.Read = append(append(l.Read, "/etc"), c.m.Sandbox.FS.Read...)
+	l.Write = append([]string{c.m.Workdir, c.m.Enforced.Tmp}, c.m.Sandbox.FS.Write...)
 	return nil
 }
 

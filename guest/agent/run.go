@@ -58,8 +58,8 @@ func validateRun(req wire.RunRequest) error {
 		if !validEnvKey(k) {
 			return invalidf("run: env key %q is not [A-Za-z_][A-Za-z0-9_]*", k)
 		}
-		if k == SessionEnv || k == RunEnv {
-			return invalidf("run: env key %s is reserved", k)
+		if strings.HasPrefix(k, "VMGATE_") {
+			return invalidf("run: env key %s is reserved (VMGATE_* variables are set by vmgate)", k)
 		}
 		if strings.IndexByte(v, 0) >= 0 {
 			return invalidf("run: env %s contains NUL", k)

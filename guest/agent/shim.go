@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"syscall"
 )
 
@@ -36,6 +37,14 @@ func RlimitExec(args []string) error {
 	if len(argv) == 0 || argv[0] == "" {
 		return errors.New("rlimit shim: no command")
 	}
+	// Everything that allocates comes before the limits: under RLIMIT_AS
+	// the Go runtime may find no room to map more memory.
+	runtime.MemProfileRate = 0
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return fmt.Errorf("rlimit shim: %w", err)
+	}
+	envv := os.Environ()
 	for _, l := range []struct {
 		res int
 		val uint64
@@ -47,11 +56,7 @@ func RlimitExec(args []string) error {
 			return fmt.Errorf("rlimit shim: setrlimit %d: %w", l.res, err)
 		}
 	}
-	path, err := exec.LookPath(argv[0])
-	if err != nil {
-		return fmt.Errorf("rlimit shim: %w", err)
-	}
-	return fmt.Errorf("rlimit shim: exec %s: %w", path, syscall.Exec(path, argv, os.Environ()))
+	return fmt.Errorf("rlimit shim: exec %s: %w", path, syscall.Exec(path, argv, envv))
 }
 
 // rlimitNPROC is RLIMIT_NPROC on Linux (not exported by package syscall).

@@ -273,8 +273,13 @@ type LandlockReport struct {
 	TCP bool `json:"tcp"`
 	// Scoped are the IPC scopes restricted (ABI 6): signal, abstract_unix_socket.
 	Scoped []string `json:"scoped,omitempty"`
-	// Read and Write are the paths the rules allow, as the guest resolved them.
-	Read  []string `json:"read,omitempty"`
+	// Read are the trees the rules let the session read and execute: the
+	// system directories the guest has, /etc (without its secret files:
+	// shadow, gshadow, sudoers, private keys), and the extra read paths;
+	// the usual device files (/dev/null, /dev/tty, ...) are read-write.
+	Read []string `json:"read,omitempty"`
+	// Write are the trees it may write: its workdir, its temporary
+	// directory and the extra write paths.
 	Write []string `json:"write,omitempty"`
 }
 
