@@ -86,7 +86,7 @@ func plan(sb wire.Sandbox, k kernel) (wire.Enforced, error) {
 	e.Capabilities = "none"
 	if sb.User == wire.UserRoot {
 		e.Capabilities = "all"
-		notes = append(notes, "user root: the session's processes keep root's capabilities, so they can leave its cgroup, signal or trace any process and undo the rest of the sandbox")
+		notes = append(notes, "user root: the session's processes run as root with root's capabilities; only Landlock and the namespaces confine them (they can signal and trace processes outside the session unless Landlock ABI 6 scopes them, and without Landlock leave its cgroup)")
 	}
 	e.Landlock.ABI = k.landlockABI
 	if k.landlockABI >= 1 {

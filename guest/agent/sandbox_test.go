@@ -297,3 +297,48 @@ func TestHostRootSandbox(t *testing.T) {
 		t.Errorf("a root sandbox wrote outside its directories")
 	}
 }
+
+// TestHostSandboxCreateRefusals: a sandbox the guest cannot give, or whose
+// paths are not plain, is refused before anything is made.
+func TestHostSandboxCreateRefusals(t *testing.T) {
+	a := sandboxAgent(t) // CgroupRoot "": no cgroup v2 here
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "real", "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dir, "real"), filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		sb   wire.Sandbox
+		code string
+		msg  string
+	}{
+		{"cgroup required", wire.Sandbox{}, wire.CodeRefused, "cgroup (this guest has no writable cgroup v2)"},
+		{"a symlink", wire.Sandbox{FS: wire.FSAccess{Write: []string{filepath.Join(dir, "link")}}, BestEffort: wire.Features}, wire.CodeInvalid, "resolves through a symlink"},
+		{"below a symlink", wire.Sandbox{FS: wire.FSAccess{Read: []string{filepath.Join(dir, "link", "x")}}, BestEffort: wire.Features}, wire.CodeInvalid, "resolves through a symlink"},
+		{"missing", wire.Sandbox{FS: wire.FSAccess{Read: []string{filepath.Join(dir, "nothing")}}, BestEffort: wire.Features}, wire.CodeInvalid, "no such file"},
+		{"vmgate's state", wire.Sandbox{FS: wire.FSAccess{Read: []string{a.metaDir()}}, BestEffort: wire.Features}, wire.CodeInvalid, "inside vmgate-guest's state"},
+		{"unknown feature", wire.Sandbox{BestEffort: []wire.Feature{"seccomp"}}, wire.CodeInvalid, `best_effort "seccomp"`},
+		{"unknown net", wire.Sandbox{Net: "internet"}, wire.CodeInvalid, `net "internet"`},
+	}
+	if err := os.MkdirAll(a.metaDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sb := tt.sb
+			_, err := a.SessionCreate(context.Background(), wire.SessionCreate{ID: "5a4db0c5a4db0c000003", Sandbox: &sb})
+			var we *wire.Error
+			if !errors.As(err, &we) || we.Code != tt.code || !strings.Contains(we.Message, tt.msg) {
+				t.Fatalf("SessionCreate(%+v) = %v; want %s containing %q", tt.sb, err, tt.code, tt.msg)
+			}
+			for _, d := range []string{a.sessionsDir(), a.tmpDir(), a.netnsDir(), a.metaDir()} {
+				if ents, _ := os.ReadDir(d); len(ents) != 0 {
+					t.Errorf("%s holds %v after a refused create", d, ents)
+				}
+			}
+		})
+	}
+}
