@@ -215,7 +215,7 @@ func (e *Engine) checkSandbox(t *toolRule, call *Call, shadow bool, tr *[]Step) 
 		return &sb, nil
 	}
 	if r.ptr == "" {
-		why += " (the policy has no sandbox block, so the default applies: net none, user session, no extra paths)"
+		why += " (the policy has no sandbox block, so the default applies: net none, user session, no extra paths, cgroup best effort)"
 	}
 	if tr != nil {
 		step(tr, "sandbox", r.ptr, "deny", why)

@@ -22,7 +22,9 @@ import (
 //
 // It sits on the create_session tool entry or at the top level of the
 // document (the grant's); the tool's wins. A policy with neither has the
-// default: net none, user session, no extra paths, every feature required.
+// default: net none, user session, no extra paths, every feature required
+// but cgroup (see defaultSandbox). A field a block leaves out has the
+// default's value.
 //
 // A call's sandbox argument has the same shape. A field it leaves out takes
 // the policy's value (so a call that asks for nothing gets the loosest the
@@ -66,8 +68,11 @@ const (
 	maxSandboxPorts = 64
 )
 
-// defaultSandbox is the ceiling of a policy without a sandbox block.
-var defaultSandbox = sandboxRule{sb: Sandbox{Net: "none", User: "session"}}
+// defaultSandbox is the ceiling of a policy without a sandbox block, and
+// what a block starts from: the built-in policy's (net none, user session,
+// no extra paths, only cgroup v2 may be missing: without it a session's
+// processes are still found by their uid, which they cannot change).
+var defaultSandbox = sandboxRule{sb: Sandbox{Net: "none", User: "session", BestEffort: []string{"cgroup"}}}
 
 // sandboxRule is a compiled sandbox block.
 type sandboxRule struct {
@@ -425,7 +430,7 @@ func (v *nodeValue) port() (uint16, bool) {
 }
 
 // sandbox compiles a sandbox block at l. It starts from the default, so a
-// block that leaves a field out has the default's (the tightest) value.
+// block that leaves a field out has the default's value.
 func (b *builder) sandbox(n *node, l loc) *sandboxRule {
 	r := &sandboxRule{sb: defaultSandbox.sb.clone(), ptr: l.ptr}
 	parseSandbox(&nodeValue{b: b, n: n, l: l}, &r.sb)

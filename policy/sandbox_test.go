@@ -96,8 +96,10 @@ func TestSandboxDecisions(t *testing.T) {
 		{"bad port", loose, `{"sandbox":{"tcp":{"bind":[-1]}}}`, nil, `sandbox.tcp.bind[0]: port -1 is not 0 to 65535`, "/tools/create_session/sandbox"},
 		{"top level block for an unlisted tool", topLevel, `{"sandbox":{"net":"host","user":"root","fs":{"write":["/"]}}}`,
 			nil, `sandbox fs.write "/" is outside the policy's write paths`, "/sandbox"},
-		{"top level block", topLevel, `{"sandbox":{"net":"loopback"}}`, &Sandbox{Net: "loopback", User: "root"}, "", ""},
-		{"no block: the default", none, `{}`, &Sandbox{Net: "none", User: "session"}, "", ""},
+		{"top level block", topLevel, `{"sandbox":{"net":"loopback"}}`, &Sandbox{Net: "loopback", User: "root", BestEffort: []string{"cgroup"}}, "", ""},
+		{"no block: the default", none, `{}`, &Sandbox{Net: "none", User: "session", BestEffort: []string{"cgroup"}}, "", ""},
+		{"no block: cgroup may be missing", none, `{"sandbox":{"best_effort":["cgroup"]}}`, &Sandbox{Net: "none", User: "session", BestEffort: []string{"cgroup"}}, "", ""},
+		{"no block: landlock may not", none, `{"sandbox":{"best_effort":["landlock"]}}`, nil, `best_effort "landlock" is not allowed`, ""},
 		{"no block: looser than the default", none, `{"sandbox":{"net":"host"}}`, nil, `the policy has no sandbox block, so the default applies`, ""},
 	}
 	for _, tc := range cases {
