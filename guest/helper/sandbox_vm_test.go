@@ -96,7 +96,7 @@ type escapeLab struct {
 	a, b     Session // the attacker's session and another one
 	outside  int     // a root process outside every session
 	inB      int     // a process of session b
-	listener int     // testdata/escape listening on the guest's 127.0.0.1:7777
+	listener int     // testdata/escape listening on the guest's port 7777, every address
 }
 
 // alive reports whether pid is a live process in the guest.
@@ -142,13 +142,10 @@ var escapeCases = []escapeCase{
 		held: func(t *testing.T, l *escapeLab, _ string) string {
 			return nonEmpty(l.guest(t, "ls /var/lib/vmgate/meta/x.json 2>/dev/null"), "metadata was written")
 		}},
-	{name: "tcp to the guest with net none", shell: func(*escapeLab) string { return escapeBin + " connect 127.0.0.1:7777" },
-		held: func(t *testing.T, l *escapeLab, _ string) string {
-			if !l.alive(t, l.listener) {
-				return "the listener outside the session got a connection"
-			}
-			return ""
-		}},
+	{name: "tcp to the guest's loopback with net none", shell: func(*escapeLab) string { return escapeBin + " connect 127.0.0.1:7777" },
+		held: listenerUntouched},
+	{name: "tcp over the guest's network with net none", shell: func(*escapeLab) string { return escapeBin + " connect " + labAddr + ":7777" },
+		held: listenerUntouched},
 	{name: "signal a root process", shell: func(l *escapeLab) string { return fmt.Sprintf("%s signal %d", escapeBin, l.outside) },
 		held: func(t *testing.T, l *escapeLab, _ string) string { return dead(t, l, l.outside) }},
 	{name: "signal another session's process", shell: func(l *escapeLab) string { return fmt.Sprintf("kill -TERM %d", l.inB) },
@@ -183,6 +180,18 @@ var escapeCases = []escapeCase{
 			}
 			return ""
 		}},
+}
+
+// labAddr is the lab guest's address on its NIC (QEMU's user network).
+const labAddr = "10.0.2.15"
+
+// listenerUntouched says what is wrong when the listener outside the
+// session got a connection.
+func listenerUntouched(t *testing.T, l *escapeLab, _ string) string {
+	if !l.alive(t, l.listener) {
+		return "the listener outside the session got a connection"
+	}
+	return ""
 }
 
 // waitMatching polls ps (outside any session) until n processes match s, or 30 s pass.
@@ -236,10 +245,10 @@ func TestLabSandboxEscapes(t *testing.T) {
 				})
 			}
 			t.Run("connect works outside net none", func(t *testing.T) {
-				// The control for the net none case: from a net host session
+				// The control for the net none cases: from a net host session
 				// the same connection reaches the listener.
 				c := sandboxSession(t, ctx, h, vm, wire.Sandbox{Net: wire.NetHost, BestEffort: bestEffort(vm)})
-				res, err := h.Run(ctx, vm, RunRequest{Session: c.ID, Argv: []string{escapeBin, "connect", "127.0.0.1:7777"}})
+				res, err := h.Run(ctx, vm, RunRequest{Session: c.ID, Argv: []string{escapeBin, "connect", labAddr + ":7777"}})
 				if err != nil || res.ExitCode != 0 {
 					t.Fatalf("connect from net host = %+v, %v; want exit 0", res, err)
 				}
@@ -281,7 +290,10 @@ func setUpEscapes(t *testing.T, ctx context.Context, h *Helper, vm string) *esca
 	}
 	l.inB = bgPID(t, ctx, h, vm, l.b.ID, "sleep 1090")
 	l.outside = bgPID(t, ctx, h, vm, "", "sleep 1091")
-	l.listener = bgPID(t, ctx, h, vm, "", escapeBin+" listen 127.0.0.1:7777")
+	if out := sh(t, ctx, h, vm, "ip -4 addr show").Stdout; !strings.Contains(string(out), labAddr+"/") {
+		t.Fatalf("the lab guest has no %s (the net none case over its NIC needs it): %s", labAddr, out)
+	}
+	l.listener = bgPID(t, ctx, h, vm, "", escapeBin+" listen 0.0.0.0:7777")
 	t.Cleanup(func() {
 		sh(t, context.Background(), h, vm, fmt.Sprintf("kill -9 %d %d 2>/dev/null; rm -f /root/secret /etc/shadow", l.outside, l.listener))
 	})
