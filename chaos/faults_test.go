@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmgate/vmgate/internal/drivers"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
 	"github.com/vmgate/vmgate/internal/redistest"
+	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
 // faultPolicy allows what the fault scenarios need, shell included (the
@@ -205,9 +205,9 @@ func TestFaults(t *testing.T) {
 	t.Run("plugin-killed", func(t *testing.T) {
 		// vmgate serve runs its drivers in process for now, so the plugin is
 		// launched here through the same host the server will use.
-		h := pluginhost.New(pluginhost.Options{Registry: drivers.Registry(), Executable: vmgateBin, MinBackoff: 50 * time.Millisecond})
+		h := pluginhost.New(pluginhost.Options{Registry: pluginhost.Registered(), Executable: vmgateBin, MinBackoff: 50 * time.Millisecond})
 		defer h.Close()
-		cfg, _ := json.Marshal(pluginhost.QEMUConfig{VMs: []pluginhost.QEMUVM{{Name: vm1, QMPSocket: v1.QMPSocket, QGASocket: v1.QGASocket}}})
+		cfg, _ := json.Marshal(qemu.Settings{VMs: []qemu.VMSettings{{Name: vm1, QMP: v1.QMPSocket, QGA: v1.QGASocket}}})
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		d, err := h.Launch(ctx, pluginhost.Spec{Driver: "qemu", Backend: "lab", Config: cfg})

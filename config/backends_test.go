@@ -53,14 +53,14 @@ backends:
 		t.Errorf("PluginDir = %q; want it resolved against the config dir", c.PluginDir)
 	}
 	want := []map[string]any{
-		{"lab_dir": filepath.Join(dir, "s", "lab"), "exec_timeout": "2m0s",
-			"vms": []any{map[string]any{"name": "v1", "qmp_socket": filepath.Join(dir, "q.sock"), "qga_socket": filepath.Join(dir, "g.sock")}}},
+		{"lab": true, "lab_dir": filepath.Join(dir, "s", "lab"), "exec_timeout": "2m0s",
+			"vms": []any{map[string]any{"name": "v1", "qmp": filepath.Join(dir, "q.sock"), "qga": filepath.Join(dir, "g.sock")}}},
 		{"url": "https://pve.example:8006", "token_id": "vmgate@pve!agent", "token_secret_file": filepath.Join(dir, "pve.secret"), "exec_timeout": "30s"},
 		{"username": "vagrant", "password_file": "/etc/vbox.pw", "guest_temp_dir": "/var/tmp"},
 		{"sockets": []any{"a", "b"}, "depth": float64(3), "nested": map[string]any{"ok": true, "none": nil}},
 		{},
 		{"uri": "qemu:///system?socket=/run/libvirt/libvirt-sock", "name_glob": "vmgate-*", "metadata_uri": "https://vmgate.example/libvirt",
-			"exec_timeout": "5m", "info_ttl": "2s", "dial_timeout": "3s"},
+			"exec_timeout": "5m0s", "info_ttl": "2s", "dial_timeout": "3s"},
 		{},
 	}
 	if len(c.Backends) != len(want) {
@@ -86,7 +86,7 @@ func TestDefaultBackend(t *testing.T) {
 	if err := json.Unmarshal(c.Backends[0].DriverConfig, &got); err != nil {
 		t.Fatalf("Default().Backends[0].DriverConfig = %s: %v", c.Backends[0].DriverConfig, err)
 	}
-	if want := map[string]any{"lab_dir": filepath.Join("/state", "lab")}; !reflect.DeepEqual(got, want) {
+	if want := map[string]any{"lab": true, "lab_dir": filepath.Join("/state", "lab")}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Default().Backends[0].DriverConfig = %v; want %v", got, want)
 	}
 }
@@ -105,7 +105,7 @@ func TestParseBadBackends(t *testing.T) {
 	const okPVE = "url: https://h:8006, token_id: u@pve!t, token_secret_file: s"
 	tests := []struct{ name, doc, want string }{
 		{"proxmox http url", pve("{url: http://h:8006, token_id: u@pve!t, token_secret_file: s}"), "backends[1].settings.url: \"http://h:8006\" must be https"},
-		{"proxmox no url", pve("{token_id: u@pve!t, token_secret_file: s}"), "backends[1].settings.url: required"},
+		{"proxmox no url", pve("{token_id: u@pve!t, token_secret_file: s}"), "backends[1].settings.url: required (https://host:8006) (line 9)"},
 		{"proxmox url with credentials", pve("{url: 'https://root:pw@h', token_id: u@pve!t, token_secret_file: s}"), "backends[1].settings.url:"},
 		{"proxmox unknown setting", pve("{" + okPVE + ", urll: x}"), "backends[1].settings.urll: unknown setting (line 9"},
 		{"proxmox misspelt case", pve("{" + okPVE + ", URL: x}"), "backends[1].settings.URL: unknown setting"},
@@ -115,7 +115,7 @@ func TestParseBadBackends(t *testing.T) {
 		{"proxmox bad token id", pve("{url: https://h, token_id: root, token_secret_file: s}"), "backends[1].settings.token_id: \"root\" must be USER@REALM!TOKENID"},
 		{"proxmox no secret", pve("{url: https://h, token_id: u@pve!t}"), "backends[1].settings.token_secret_file: required"},
 		{"proxmox bad timeout", pve("{" + okPVE + ", exec_timeout: soon}"), "backends[1].settings.exec_timeout:"},
-		{"proxmox negative timeout", pve("{" + okPVE + ", exec_timeout: -1s}"), "backends[1].settings.exec_timeout: \"-1s\" must be positive"},
+		{"proxmox negative timeout", pve("{" + okPVE + ", exec_timeout: -1s}"), "backends[1].settings.exec_timeout: \"-1s\" must be positive (line 9)"},
 		{"proxmox ca and insecure", pve("{" + okPVE + ", ca_file: ca.pem, insecure_skip_verify: true}"), "ca_file and insecure_skip_verify exclude each other"},
 		{"proxmox settings a list", pve("[a, b]"), "backends[1].settings: want a mapping"},
 		{"proxmox no settings", pve("{}"), "backends[1].settings.url: required"},
@@ -128,12 +128,12 @@ func TestParseBadBackends(t *testing.T) {
 		{"libvirt unknown setting", virt("{uri: 'qemu:///system', url: x}"), "backends[0].settings.url: unknown setting"},
 		{"libvirt misspelt glob", virt("{nameglob: 'vm-*'}"), "backends[0].settings.nameglob: unknown setting"},
 		{"libvirt uri as number", virt("{uri: 16509}"), "backends[0].settings.uri: want a string, got int"},
-		{"libvirt ssh uri", virt("{uri: 'qemu+ssh://root@h/system'}"), "backends[0].settings.uri: libvirt: config: uri"},
-		{"libvirt uri bad path", virt("{uri: 'qemu:///root'}"), "backends[0].settings.uri: libvirt: config: uri: invalid argument"},
-		{"libvirt uri relative socket", virt("{uri: 'qemu:///system?socket=sock'}"), "backends[0].settings.uri: libvirt: config: uri: invalid argument"},
+		{"libvirt ssh uri", virt("{uri: 'qemu+ssh://root@h/system'}"), "backends[0].settings.uri: \"qemu+ssh://root@h/system\": not supported by this backend: go-libvirt has no ssh transport"},
+		{"libvirt uri bad path", virt("{uri: 'qemu:///root'}"), "backends[0].settings.uri: invalid argument: \"qemu:///root\": path must be /system or /session (line 3)"},
+		{"libvirt uri relative socket", virt("{uri: 'qemu:///system?socket=sock'}"), "backends[0].settings.uri: invalid argument: \"qemu:///system?socket=sock\": socket must be one absolute path"},
 		{"libvirt uri unknown scheme", virt("{uri: 'xen:///system'}"), "backends[0].settings.uri:"},
-		{"libvirt bad glob", virt("{name_glob: 'vm-['}"), "backends[0].settings.name_glob: libvirt: config: name glob"},
-		{"libvirt metadata uri not a uri", virt("{metadata_uri: vmgate}"), "backends[0].settings.metadata_uri: libvirt: config: metadata uri"},
+		{"libvirt bad glob", virt("{name_glob: 'vm-['}"), "backends[0].settings.name_glob: \"vm-[\": syntax error in pattern (line 3)"},
+		{"libvirt metadata uri not a uri", virt("{metadata_uri: vmgate}"), "backends[0].settings.metadata_uri: \"vmgate\": want an absolute URI"},
 		{"libvirt metadata uri with markup", virt("{metadata_uri: 'urn:x\"/><evil'}"), "backends[0].settings.metadata_uri:"},
 		{"libvirt bad exec timeout", virt("{exec_timeout: soon}"), "backends[0].settings.exec_timeout:"},
 		{"libvirt zero info ttl", virt("{info_ttl: 0s}"), "backends[0].settings.info_ttl: \"0s\" must be positive"},
@@ -143,6 +143,13 @@ func TestParseBadBackends(t *testing.T) {
 		{"libvirt duplicate key", virt("{uri: 'qemu:///system', uri: 'qemu:///system'}"), "backends[0].settings.uri: defined twice"},
 		{"qemu unknown", grantsDoc + "backends: [{name: x, driver: qemu, settings: {lab: true, labs: true}}]\n", "backends[0].settings.labs: unknown setting"},
 		{"qemu vm name type", grantsDoc + "backends: [{name: x, driver: qemu, settings: {vms: [{name: [a], qmp: q, qga: g}]}}]\n", "backends[0].settings.vms[0].name: want a string, got a list"},
+		{"qemu vm named twice", grantsDoc + "backends:\n  - name: x\n    driver: qemu\n    settings:\n      vms:\n        - {name: a, qmp: q, qga: g}\n        - name: a\n          qmp: q2\n          qga: g2\n",
+			"backends[0].settings.vms[1].name: \"a\" defined twice (line 9)"},
+		{"qemu vm without qga", grantsDoc + "backends:\n  - name: x\n    driver: qemu\n    settings:\n      vms:\n        - name: a\n          qmp: q\n",
+			"backends[0].settings.vms[0].qga: required (the VM's guest agent socket) (line 8)"},
+		{"qemu bad vm name", grantsDoc + "backends:\n  - name: x\n    driver: qemu\n    settings:\n      lab: true\n      vms:\n        - {name: '../a', qmp: q, qga: g}\n",
+			"backends[0].settings.vms[0].name: \"../a\" is not a valid VM name"},
+		{"qemu lab_dir as list", grantsDoc + "backends: [{name: x, driver: qemu, settings: {lab_dir: [a]}}]\n", "backends[0].settings.lab_dir: want a string, got a list"},
 		{"qemu nothing", grantsDoc + "backends: [{name: x, driver: qemu}]\n", "backends[0].settings: give vms, lab: true, or both"},
 		{"qemu bad info ttl", grantsDoc + "backends: [{name: x, driver: qemu, settings: {lab: true, info_ttl: 0s}}]\n", "backends[0].settings.info_ttl:"},
 		{"external without plugin_dir", grantsDoc + "backends: [{name: x, driver: hyperv}]\n", "backends[0].driver: unknown driver \"hyperv\": not built in"},

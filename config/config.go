@@ -138,10 +138,17 @@ func Default(stateDir string) *Config {
 	c := &Config{
 		StateDir: stateDir,
 		Grants:   []Grant{{Name: "local", Policy: BuiltinPolicy}},
-		Backends: []Backend{{Name: "lab", Driver: DriverQEMU, QEMU: &QEMUSettings{Lab: true}}},
+		Backends: []Backend{{Name: "lab", Driver: DriverQEMU, Settings: yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{
+			{Kind: yaml.ScalarNode, Tag: "!!str", Value: "lab"},
+			{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"},
+		}}}},
 	}
-	c.fill("")
-	if err := c.buildDriverConfigs(); err != nil {
+	err := c.Backends[0].decodeSettings(0)
+	if err == nil {
+		c.fill("")
+		err = c.buildDriverConfigs()
+	}
+	if err != nil {
 		panic("config: the default backends do not build: " + err.Error()) // a bug, not input
 	}
 	return c
@@ -241,14 +248,13 @@ func (c *Config) fill(dir string) {
 	}
 	c.PluginDir = abs(c.PluginDir)
 	for i := range c.Backends {
-		c.Backends[i].resolvePaths(abs)
+		c.Backends[i].resolve(abs, c.StateDir)
 	}
 	c.HTTP.TLSCert, c.HTTP.TLSKey = abs(c.HTTP.TLSCert), abs(c.HTTP.TLSKey)
 }
 
 var (
 	grantRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$`)
-	vmNameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 	sha256hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 

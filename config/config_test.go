@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vmgate/vmgate/plugins/qemu"
 	"github.com/vmgate/vmgate/policy"
 )
 
@@ -40,8 +41,9 @@ func TestParseGood(t *testing.T) {
 	if c.Audit.Path != filepath.Join(dir, "state", "audit.log") || c.Audit.Fsync != FsyncInterval {
 		t.Errorf("audit = %+v; want path under state and fsync interval", c.Audit)
 	}
-	if q := c.Backends[0].QEMU; q == nil || !q.Lab || len(q.VMs) != 1 || q.VMs[0].QMP != filepath.Join(dir, "q.sock") {
-		t.Errorf("backends[0].QEMU = %+v; want lab and one VM with a resolved socket", q)
+	if q, ok := c.Backends[0].Decoded.(*qemu.Settings); !ok || !q.Lab || q.LabDir != filepath.Join(dir, "state", "lab") ||
+		len(q.VMs) != 1 || q.VMs[0].QMP != filepath.Join(dir, "q.sock") {
+		t.Errorf("backends[0].Decoded = %+v; want qemu settings: the lab under the state dir and one VM with a resolved socket", c.Backends[0].Decoded)
 	}
 	if c.Grants[0].Policy != filepath.Join(dir, "alice.json") {
 		t.Errorf("grants[0].policy = %q; want it resolved against the config dir", c.Grants[0].Policy)
@@ -66,7 +68,7 @@ func TestParseBad(t *testing.T) {
 		{"unknown driver", "state_dir: s\ngrants: [{name: a, policy: p}]\nbackends: [{name: x, driver: vbox}]\n", "unknown driver"},
 		{"unknown setting", "state_dir: s\ngrants: [{name: a, policy: p}]\nbackends: [{name: x, driver: qemu, settings: {lab: true, labs: true}}]\n", "labs"},
 		{"bad backend name", "state_dir: s\ngrants: [{name: a, policy: p}]\nbackends: [{name: 'a/b', driver: qemu, settings: {lab: true}}]\n", "backends[0].name"},
-		{"vm without sockets", "state_dir: s\ngrants: [{name: a, policy: p}]\nbackends: [{name: x, driver: qemu, settings: {vms: [{name: v}]}}]\n", "sockets are required"},
+		{"vm without sockets", "state_dir: s\ngrants: [{name: a, policy: p}]\nbackends: [{name: x, driver: qemu, settings: {vms: [{name: v}]}}]\n", "backends[0].settings.vms[0].qmp: required (the VM's QMP socket) (line 3)"},
 		{"tls half", "state_dir: s\ngrants: [{name: a, policy: p}]\nhttp: {tls_cert: c}\n", "go together"},
 		{"negative limit", "state_dir: s\ngrants: [{name: a, policy: p}]\nlimits: {max_output_bytes: -1}\n", "out of range"},
 		{"two documents", "state_dir: s\ngrants: [{name: a, policy: p}]\n---\nstate_dir: t\n", "more than one"},
@@ -91,7 +93,7 @@ func TestDefault(t *testing.T) {
 	if c.Store.Type != StoreBolt || c.Store.Path != filepath.Join(dir, "store.db") || c.Audit.Path != filepath.Join(dir, "audit.log") {
 		t.Errorf("Default store/audit = %+v/%+v; want bolt and audit under %s", c.Store, c.Audit, dir)
 	}
-	if len(c.Backends) != 1 || c.Backends[0].Name != "lab" || !c.Backends[0].QEMU.Lab {
+	if q, ok := c.Backends[0].Decoded.(*qemu.Settings); len(c.Backends) != 1 || c.Backends[0].Name != "lab" || !ok || !q.Lab {
 		t.Errorf("Default backends = %+v; want the lab", c.Backends)
 	}
 	name, data, err := c.Grants[0].PolicyDocument()

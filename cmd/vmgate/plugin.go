@@ -3,7 +3,6 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/vmgate/vmgate/internal/drivers"
 	"github.com/vmgate/vmgate/internal/pluginhost"
 )
 
@@ -21,7 +20,7 @@ func newPluginCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
-			return pluginhost.ServeBuiltin(drivers.Registry(), args[0])
+			return pluginhost.ServeBuiltin(pluginhost.Registered(), args[0])
 		},
 	}
 }

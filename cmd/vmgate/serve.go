@@ -16,7 +16,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vmgate/vmgate/config"
-	"github.com/vmgate/vmgate/internal/drivers"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/pluginhost"
 	"github.com/vmgate/vmgate/policy"
@@ -327,7 +326,7 @@ func isLoopback(host string) bool {
 // cannot start at boot (bad settings, missing executable, failed handshake)
 // does not heal by itself. The returned function stops every driver.
 func launchBackends(ctx context.Context, cfg *config.Config, inProcess bool) ([]server.Backend, func() error, error) {
-	opts := pluginhost.Options{Logger: slog.Default(), Registry: drivers.Registry(), PluginDir: cfg.PluginDir}
+	opts := pluginhost.Options{Logger: slog.Default(), Registry: pluginhost.Registered(), PluginDir: cfg.PluginDir}
 	plugins := pluginhost.New(opts)
 	opts.InProcess = true
 	local := pluginhost.New(opts)

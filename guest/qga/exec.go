@@ -252,13 +252,33 @@ const (
 // abandonKillTimeout bounds the kill of a command whose caller's context ended.
 const abandonKillTimeout = 5 * time.Second
 
-// Exec runs req to completion: it starts it, polls adaptively (about 1 ms,
-// doubling to 200 ms) and, when req.Timeout fires, kills it and returns the
-// final status with TimedOut set. When ctx ends first the command's tree is
-// killed too, and the error wraps ErrTimeout (or context.Canceled) and names
-// the pid.
+// Starter is what running a command needs of an agent: start it, poll it.
+// Agent and *Client implement it; so can a driver that relays guest-exec
+// its own way (a hypervisor's REST endpoints for the guest agent).
+type Starter interface {
+	ExecStart(ctx context.Context, req ExecRequest) (int64, error)
+	ExecStatus(ctx context.Context, pid int64, maxOutputBytes int64) (ExecStatus, error)
+}
+
+// Execer is a Starter that can also kill a command's process tree (with
+// KillTree over its own Starter, or its own way).
+type Execer interface {
+	Starter
+	KillTree(ctx context.Context, pid int64) error
+}
+
+// Exec runs req to completion: see Agent.Exec.
 func (a Agent) Exec(ctx context.Context, req ExecRequest) (ExecStatus, error) {
-	pid, err := a.ExecStart(ctx, req)
+	return Exec(ctx, a, req)
+}
+
+// Exec runs req to completion through e: it starts it, polls adaptively
+// (about 1 ms, doubling to 200 ms) and, when req.Timeout fires, kills its
+// tree and returns the final status with TimedOut set. When ctx ends first
+// the command's tree is killed too, and the error wraps ErrTimeout (or
+// context.Canceled) and names the pid.
+func Exec(ctx context.Context, e Execer, req ExecRequest) (ExecStatus, error) {
+	pid, err := e.ExecStart(ctx, req)
 	if err != nil {
 		return ExecStatus{}, err
 	}
@@ -268,7 +288,7 @@ func (a Agent) Exec(ctx context.Context, req ExecRequest) (ExecStatus, error) {
 	}
 	wait := pollFirst
 	for {
-		st, err := a.ExecStatus(ctx, pid, req.MaxOutputBytes)
+		st, err := e.ExecStatus(ctx, pid, req.MaxOutputBytes)
 		if err != nil {
 			return ExecStatus{PID: pid}, fmt.Errorf("qga: exec: pid %d: %w", pid, err)
 		}
@@ -280,7 +300,7 @@ func (a Agent) Exec(ctx context.Context, req ExecRequest) (ExecStatus, error) {
 		if !deadline.IsZero() {
 			left := time.Until(deadline)
 			if left <= 0 {
-				return a.killAndCollect(ctx, pid, req.MaxOutputBytes)
+				return killAndCollect(ctx, e, pid, req.MaxOutputBytes)
 			}
 			d = min(d, left)
 		}
@@ -289,7 +309,7 @@ func (a Agent) Exec(ctx context.Context, req ExecRequest) (ExecStatus, error) {
 			// back (wait: false is how a caller keeps a command alive). The
 			// kill gets a short context of its own, since ctx is done.
 			kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonKillTimeout)
-			kerr := a.KillTree(kctx, pid)
+			kerr := e.KillTree(kctx, pid)
 			cancel()
 			if kerr != nil {
 				return st, fmt.Errorf("qga: exec: pid %d abandoned and could not be killed (%v): %w", pid, kerr, err)
@@ -300,11 +320,11 @@ func (a Agent) Exec(ctx context.Context, req ExecRequest) (ExecStatus, error) {
 }
 
 // killAndCollect kills pid after its timeout and returns its final status.
-func (a Agent) killAndCollect(ctx context.Context, pid int64, maxOutputBytes int64) (ExecStatus, error) {
-	if err := a.KillTree(ctx, pid); err != nil {
+func killAndCollect(ctx context.Context, e Execer, pid int64, maxOutputBytes int64) (ExecStatus, error) {
+	if err := e.KillTree(ctx, pid); err != nil {
 		return ExecStatus{PID: pid}, fmt.Errorf("qga: exec: timeout: %w", err)
 	}
-	st, err := a.waitExited(ctx, pid, maxOutputBytes)
+	st, err := waitExited(ctx, e, pid, maxOutputBytes)
 	if err != nil {
 		return ExecStatus{PID: pid}, fmt.Errorf("qga: exec: timeout: pid %d: %w", pid, err)
 	}
@@ -323,14 +343,14 @@ func (a Agent) Kill(ctx context.Context, pid int64) error {
 	if err != nil {
 		return fmt.Errorf("qga: kill %d: %w", pid, err)
 	}
-	if _, err := a.waitExited(ctx, kpid, 4096); err != nil {
+	if _, err := waitExited(ctx, a, kpid, 4096); err != nil {
 		return fmt.Errorf("qga: kill %d: %w", pid, err)
 	}
 	// A failed kill means pid had exited already: not an error here.
 	return nil
 }
 
-// killTreeScript kills the process tree rooted at "$1" with SIGKILL: it
+// KillTreeScript kills the process tree rooted at "$1" with SIGKILL: it
 // stops the root so that it cannot fork any more, then repeatedly scans
 // /proc for processes whose parent is already in the set (stopping each one
 // it adds) until the set stops growing, and also adds every process that
@@ -338,7 +358,7 @@ func (a Agent) Kill(ctx context.Context, pid int64) error {
 // from the tree but would keep the agent waiting for end of output). Then it
 // kills them all. The pid is passed as an argument, never interpolated.
 // It uses only POSIX sh and kill, so it runs on busybox and full distros.
-const killTreeScript = `root=$1
+const KillTreeScript = `root=$1
 case "$root" in ''|*[!0-9]*) exit 2;; esac
 kill -STOP "$root" 2>/dev/null
 out=$(readlink "/proc/$root/fd/1" 2>/dev/null)
@@ -376,28 +396,32 @@ exit 0`
 
 // KillTree sends SIGKILL to pid and every descendant of it in the guest, and
 // to any process still holding its output pipes, through a guest-exec of
-// /bin/sh running killTreeScript (the agent has no kill command). Processes
+// /bin/sh running KillTreeScript (the agent has no kill command). Processes
 // are stopped before they are collected, so a fork loop cannot outrun it.
 // Like Kill, a pid that has already exited is not an error.
-func (a Agent) KillTree(ctx context.Context, pid int64) error {
+func (a Agent) KillTree(ctx context.Context, pid int64) error { return KillTree(ctx, a, pid) }
+
+// KillTree kills pid's process tree (see Agent.KillTree) by starting
+// KillTreeScript through s and waiting for it.
+func KillTree(ctx context.Context, s Starter, pid int64) error {
 	if pid < 2 {
 		return fmt.Errorf("qga: kill tree: %w: pid %d", ErrInvalidArgument, pid)
 	}
-	kpid, err := a.ExecStart(ctx, ExecRequest{Path: "/bin/sh", Args: []string{"-c", killTreeScript, "sh", strconv.FormatInt(pid, 10)}})
+	kpid, err := s.ExecStart(ctx, ExecRequest{Path: "/bin/sh", Args: []string{"-c", KillTreeScript, "sh", strconv.FormatInt(pid, 10)}})
 	if err != nil {
 		return fmt.Errorf("qga: kill tree %d: %w", pid, err)
 	}
-	if _, err := a.waitExited(ctx, kpid, 4096); err != nil {
+	if _, err := waitExited(ctx, s, kpid, 4096); err != nil {
 		return fmt.Errorf("qga: kill tree %d: %w", pid, err)
 	}
 	return nil
 }
 
 // waitExited polls pid until it has exited.
-func (a Agent) waitExited(ctx context.Context, pid int64, maxOutputBytes int64) (ExecStatus, error) {
+func waitExited(ctx context.Context, s Starter, pid int64, maxOutputBytes int64) (ExecStatus, error) {
 	wait := pollFirst
 	for {
-		st, err := a.ExecStatus(ctx, pid, maxOutputBytes)
+		st, err := s.ExecStatus(ctx, pid, maxOutputBytes)
 		if err != nil || st.Exited {
 			return st, err
 		}

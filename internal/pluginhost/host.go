@@ -1,7 +1,7 @@
 // Package pluginhost launches and supervises vmgate's hypervisor drivers as
 // go-plugin processes.
 //
-// A built-in driver (see Registry) runs as the vmgate binary itself
+// A built-in driver (see Registry and Registered) runs as the vmgate binary itself
 // (`vmgate plugin NAME`); an external driver is an executable named
 // vmgate-plugin-NAME in the configured plugin directory. Either way the
 // plugin gets its settings through the Configure RPC right after the
@@ -26,13 +26,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/registry"
 )
 
 // ExternalPrefix starts the file name of an external driver plugin.
@@ -56,15 +56,13 @@ var (
 	ErrHandshake = errors.New("plugin handshake failed")
 )
 
-var driverName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
-
 // Options configure a Host. The zero value runs built-ins as plugins of
 // this executable with default timings.
 type Options struct {
 	// Logger receives the host's records and every plugin's stderr; nil
 	// means slog.Default().
 	Logger *slog.Logger
-	// Registry is the built-in drivers (internal/drivers.Registry in vmgate);
+	// Registry is the built-in drivers (Registered() in vmgate);
 	// nil means none: only external plugins can be launched.
 	Registry Registry
 	// PluginDir holds external plugins (vmgate-plugin-NAME); empty: none.
@@ -139,7 +137,7 @@ type command struct {
 
 // resolve validates spec and finds how to run it. No side effect.
 func (h *Host) resolve(spec Spec) (command, Builtin, error) {
-	if !driverName.MatchString(spec.Driver) {
+	if !registry.ValidName(spec.Driver) {
 		return command{}, nil, fmt.Errorf("%w: bad driver name %q (want 1-32 of [a-z0-9_-])", hypervisor.ErrInvalidArgument, spec.Driver)
 	}
 	if len(spec.Config) > 0 && !json.Valid(spec.Config) {
@@ -200,7 +198,7 @@ func Discover(dir string) ([]string, error) {
 	var names []string
 	for _, e := range entries {
 		name, ok := strings.CutPrefix(e.Name(), ExternalPrefix)
-		if !ok || !driverName.MatchString(name) {
+		if !ok || !registry.ValidName(name) {
 			continue
 		}
 		if checkExecutable(filepath.Join(dir, e.Name())) == nil {

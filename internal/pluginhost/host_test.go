@@ -255,38 +255,6 @@ func TestLaunchRefusesBadSpecs(t *testing.T) {
 	}
 }
 
-func TestQEMUConfigDecoding(t *testing.T) {
-	tests := []struct {
-		config string
-		ok     bool
-	}{
-		{``, true},
-		{`{}`, true},
-		{`{"lab_dir":"lab","exec_timeout":"90s","info_ttl":"5s"}`, true},
-		{`{"vms":[{"name":"vm1","qmp_socket":"q.sock","qga_socket":"g.sock"}]}`, true},
-		{`{"lab_dir":"lab","lab_dir2":"x"}`, false},
-		{`{"exec_timeout":90}`, false},
-		{`{"exec_timeout":"soon"}`, false},
-		{`{"exec_timeout":"-1s"}`, false},
-		{`{} {}`, false},
-		{`[]`, false},
-		{`{"vms":[{"name":"vm1"}]}`, false},
-		{`{"vms":[{"name":"Bad Name!","qmp_socket":"q","qga_socket":"g"}]}`, false},
-	}
-	for _, tt := range tests {
-		d, err := NewQEMU(context.Background(), []byte(tt.config))
-		if (err == nil) != tt.ok {
-			t.Errorf("NewQEMU(%s) = %v; want ok=%v", tt.config, err, tt.ok)
-		}
-		if err != nil && !errors.Is(err, hypervisor.ErrInvalidArgument) {
-			t.Errorf("NewQEMU(%s) = %v; want ErrInvalidArgument", tt.config, err)
-		}
-		if c, ok := d.(hypervisor.Closer); ok {
-			c.Close()
-		}
-	}
-}
-
 func TestBackoff(t *testing.T) {
 	s := newSupervisor(Options{MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, StableAfter: time.Hour},
 		nil, Spec{Driver: "x"}, command{})

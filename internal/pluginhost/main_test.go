@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/hypervisor/registry"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 )
@@ -38,26 +39,28 @@ func TestMain(m *testing.M) {
 		lab.Spec{Name: "noexec", Cmdline: map[string]string{"QGA_BLOCK": "guest-exec"}}))
 }
 
-// testRegistry is the QEMU driver plus "sleepy", a fake driver whose
-// commands are `sleep SECONDS` (run through ExecStart/ExecStatus inside the
-// plugin), whose one VM is named by its config ({"name": "x"}), and whose
-// VM info reports what the plugin process sees of its stdin and environment.
-func testRegistry() Registry {
-	reg := Registry{"qemu": NewQEMU}
-	reg["sleepy"] = newSleepy
-	return reg
+// testRegistry is the registered drivers of this test binary: the QEMU
+// driver plus "sleepy", a fake driver whose commands are `sleep SECONDS`
+// (run through ExecStart/ExecStatus inside the plugin), whose one VM is
+// named by its settings ({"name": "x"}), and whose VM info reports what the
+// plugin process sees of its stdin and environment.
+func testRegistry() Registry { return Registered() }
+
+func init() { registry.Register("sleepy", newSleepy) }
+
+// sleepySettings are the fake driver's settings.
+type sleepySettings struct {
+	Name string `json:"name"`
 }
 
-func newSleepy(_ context.Context, config []byte) (hypervisor.Driver, error) {
-	var c struct {
-		Name string `json:"name"`
+func (s *sleepySettings) Validate() error {
+	if s.Name == "" {
+		return registry.Fieldf("name", "required")
 	}
-	if err := DecodeConfig(config, &c); err != nil {
-		return nil, fmt.Errorf("sleepy: config: %w", err)
-	}
-	if c.Name == "" {
-		return nil, fmt.Errorf("sleepy: config: %w: no name", hypervisor.ErrInvalidArgument)
-	}
+	return nil
+}
+
+func newSleepy(_ context.Context, c *sleepySettings) (hypervisor.Driver, error) {
 	stdin, _ := os.Readlink("/proc/self/fd/0")
 	info := "stdin=" + stdin + " secret=" + os.Getenv("VMGATE_TEST_SECRET")
 	slog.Warn("sleepy configured", "name", c.Name)

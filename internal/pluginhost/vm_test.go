@@ -13,13 +13,14 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
 // launchQEMU runs the built-in qemu driver as a plugin process (this test
 // binary, as `vmgate plugin qemu`) over the lab VMs of this package.
 func launchQEMU(t *testing.T, h *Host, labDir string) *Supervisor {
 	t.Helper()
-	cfg, err := json.Marshal(QEMUConfig{LabDir: labDir})
+	cfg, err := json.Marshal(qemu.Settings{LabDir: labDir})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,7 @@ type endpoint struct {
 // parseURI checks and parses a Config.URI.
 func parseURI(raw string) (endpoint, error) {
 	bad := func(format string, a ...any) (endpoint, error) {
-		return endpoint{}, fmt.Errorf("libvirt: config: uri: %w: "+format, append([]any{hypervisor.ErrInvalidArgument}, a...)...)
+		return endpoint{}, fmt.Errorf("%w: "+format, append([]any{hypervisor.ErrInvalidArgument}, a...)...)
 	}
 	if raw == "" {
 		return endpoint{network: "unix", address: DefaultSocket, name: "qemu:///system"}, nil
@@ -110,7 +110,7 @@ func parseURI(raw string) (endpoint, error) {
 	}
 	switch u.Scheme {
 	case "qemu+ssh", "qemu+libssh", "qemu+libssh2", "qemu+tls", "qemu+ext":
-		return endpoint{}, fmt.Errorf("libvirt: config: uri %q: %w: go-libvirt has no %s transport; tunnel the socket and use qemu:///system?socket=",
+		return endpoint{}, fmt.Errorf("%q: %w: go-libvirt has no %s transport; tunnel the socket and use qemu:///system?socket=",
 			raw, hypervisor.ErrNotSupported, strings.TrimPrefix(u.Scheme, "qemu+"))
 	}
 	if u.User != nil || u.Fragment != "" || u.Opaque != "" {

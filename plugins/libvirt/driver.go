@@ -80,20 +80,9 @@ var domainName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+:@-]{0,127}$`)
 
 // New checks cfg and returns a Driver. Nothing is connected yet.
 func New(cfg Config) (*Driver, error) {
-	ep, err := parseURI(cfg.URI)
+	ep, err := cfg.check()
 	if err != nil {
-		return nil, err
-	}
-	if cfg.NameGlob != "" {
-		if _, err := path.Match(cfg.NameGlob, ""); err != nil {
-			return nil, fmt.Errorf("libvirt: config: name glob %q: %w: %w", cfg.NameGlob, hypervisor.ErrInvalidArgument, err)
-		}
-	}
-	if cfg.MetadataURI != "" && (strings.ContainsAny(cfg.MetadataURI, " \t\n\"'<>&") || !strings.Contains(cfg.MetadataURI, ":")) {
-		return nil, fmt.Errorf("libvirt: config: metadata uri %q: %w: want an absolute URI", cfg.MetadataURI, hypervisor.ErrInvalidArgument)
-	}
-	if cfg.ExecTimeout < 0 || cfg.InfoTTL < 0 || cfg.DialTimeout < 0 {
-		return nil, fmt.Errorf("libvirt: config: %w: negative duration", hypervisor.ErrInvalidArgument)
+		return nil, fmt.Errorf("libvirt: config: %w", err)
 	}
 	if cfg.ExecTimeout == 0 {
 		cfg.ExecTimeout = DefaultExecTimeout

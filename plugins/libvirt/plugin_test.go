@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/hypervisor/registry"
 	"github.com/vmgate/vmgate/internal/libvirttest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
 )
@@ -23,11 +24,11 @@ import (
 // runs the tests of plugin_test.go before those of vm_test.go.
 func TestConformancePlugin(t *testing.T) {
 	env := libvirttest.Env(t)
-	config, err := json.Marshal(JSONConfig{URI: env.URI(), NameGlob: "vmgate-*", ExecTimeout: "5m"})
+	config, err := json.Marshal(Settings{URI: env.URI(), NameGlob: "vmgate-*", ExecTimeout: registry.Duration(5 * time.Minute)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registry{"libvirt": NewFromJSON}, Logger: slog.New(slog.DiscardHandler)})
+	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { h.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -61,10 +62,10 @@ func TestConformancePlugin(t *testing.T) {
 	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: vmT1, NoExecVM: vmNoExec, UnknownVM: vmOther})
 }
 
-// TestNewFromJSON: every setting reaches the Config; bad settings are
+// TestRegisteredSettings: every setting reaches the Config; bad settings are
 // refused with ErrInvalidArgument (or ErrNotSupported for a transport
 // go-libvirt lacks) before anything is dialled.
-func TestNewFromJSON(t *testing.T) {
+func TestRegisteredSettings(t *testing.T) {
 	good := []struct {
 		name   string
 		config string
@@ -87,22 +88,22 @@ func TestNewFromJSON(t *testing.T) {
 	}
 	for _, tc := range good {
 		t.Run(tc.name, func(t *testing.T) {
-			hd, err := NewFromJSON(context.Background(), []byte(tc.config))
+			hd, err := newFromJSON(context.Background(), []byte(tc.config))
 			if err != nil {
-				t.Fatalf("NewFromJSON(%s) = %v; want nil", tc.config, err)
+				t.Fatalf("newFromJSON(%s) = %v; want nil", tc.config, err)
 			}
 			d := hd.(*Driver)
 			defer d.Close()
 			got := d.cfg
 			got.Logger = nil
 			if got != tc.want || d.ep != tc.ep {
-				t.Errorf("NewFromJSON(%s) = %+v at %+v; want %+v at %+v", tc.config, got, d.ep, tc.want, tc.ep)
+				t.Errorf("newFromJSON(%s) = %+v at %+v; want %+v at %+v", tc.config, got, d.ep, tc.want, tc.ep)
 			}
 			d.mu.Lock()
 			connected := d.conn != nil
 			d.mu.Unlock()
 			if connected {
-				t.Errorf("NewFromJSON(%s) connected; want nothing dialled before the first call", tc.config)
+				t.Errorf("newFromJSON(%s) connected; want nothing dialled before the first call", tc.config)
 			}
 		})
 	}
@@ -134,12 +135,12 @@ func TestNewFromJSON(t *testing.T) {
 		{"uri ssh", `{"uri": "qemu+ssh://root@virt/system"}`, hypervisor.ErrNotSupported},
 	}
 	for _, tc := range bad {
-		d, err := NewFromJSON(context.Background(), []byte(tc.config))
+		d, err := newFromJSON(context.Background(), []byte(tc.config))
 		if !errors.Is(err, tc.want) {
-			t.Errorf("NewFromJSON(%s) [%s] = %v, %v; want %v", tc.config, tc.name, d, err, tc.want)
+			t.Errorf("newFromJSON(%s) [%s] = %v, %v; want %v", tc.config, tc.name, d, err, tc.want)
 		}
 		if d != nil {
-			t.Errorf("NewFromJSON(%s) [%s] returned a driver with an error", tc.config, tc.name)
+			t.Errorf("newFromJSON(%s) [%s] returned a driver with an error", tc.config, tc.name)
 		}
 	}
 }

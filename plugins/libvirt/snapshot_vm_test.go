@@ -96,11 +96,11 @@ func TestGuestNetworkAndMetrics(t *testing.T) {
 // plugin process.
 func TestSnapshotsThroughPlugin(t *testing.T) {
 	env := libvirttest.Env(t)
-	config, err := json.Marshal(JSONConfig{URI: env.URI(), NameGlob: "vmgate-*"})
+	config, err := json.Marshal(Settings{URI: env.URI(), NameGlob: "vmgate-*"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registry{"libvirt": NewFromJSON}, Logger: slog.New(slog.DiscardHandler)})
+	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { h.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

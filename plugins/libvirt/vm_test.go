@@ -34,11 +34,11 @@ const (
 )
 
 // TestMain: the test binary is also the plugin: `<test binary> plugin
-// libvirt` serves NewFromJSON over go-plugin, as `vmgate plugin libvirt`
+// libvirt` serves the registered driver over go-plugin, as `vmgate plugin libvirt`
 // would, and boots nothing.
 func TestMain(m *testing.M) {
 	if len(os.Args) >= 3 && os.Args[1] == "plugin" {
-		if err := pluginhost.ServeBuiltin(pluginhost.Registry{"libvirt": NewFromJSON}, os.Args[2]); err != nil {
+		if err := pluginhost.ServeBuiltin(pluginhost.Registered(), os.Args[2]); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}

@@ -131,19 +131,13 @@ func newAPI(cfg Config, log *slog.Logger) (*api, error) {
 	bad := func(format string, args ...any) (*api, error) {
 		return nil, fmt.Errorf("proxmox: config: %w: "+format, append([]any{hypervisor.ErrInvalidArgument}, args...)...)
 	}
-	u, err := url.Parse(cfg.URL)
-	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return bad("url %q must be https://host[:port] without credentials, query or fragment", cfg.URL)
+	u, err := url.Parse(cfg.URL) // checked by New (Config.check)
+	if err != nil {
+		return nil, fmt.Errorf("proxmox: config: url: %w", err)
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	if !strings.HasSuffix(u.Path, "/api2/json") {
 		u.Path += "/api2/json"
-	}
-	if !tokenIDRE.MatchString(cfg.TokenID) {
-		return bad("token id %q must be USER@REALM!TOKENID", cfg.TokenID)
-	}
-	if cfg.TokenSecretFile == "" {
-		return bad("no token secret file")
 	}
 	raw, err := os.ReadFile(cfg.TokenSecretFile)
 	if err != nil {

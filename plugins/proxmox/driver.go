@@ -102,8 +102,8 @@ type resource struct {
 // New checks cfg, reads the token secret and CA file, and returns a Driver.
 // Nothing is contacted yet (Open also checks the version and privileges).
 func New(cfg Config) (*Driver, error) {
-	if cfg.ExecTimeout < 0 {
-		return nil, fmt.Errorf("proxmox: config: %w: negative exec timeout", hypervisor.ErrInvalidArgument)
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("proxmox: config: %w", err)
 	}
 	if cfg.ExecTimeout == 0 {
 		cfg.ExecTimeout = DefaultExecTimeout

@@ -19,7 +19,7 @@ import (
 )
 
 func jsonConfig(cfg Config) []byte {
-	b, _ := json.Marshal(JSONConfig{URL: cfg.URL, TokenID: cfg.TokenID, TokenSecretFile: cfg.TokenSecretFile, CAFile: cfg.CAFile})
+	b, _ := json.Marshal(Settings{URL: cfg.URL, TokenID: cfg.TokenID, TokenSecretFile: cfg.TokenSecretFile, CAFile: cfg.CAFile})
 	return b
 }
 
@@ -27,7 +27,7 @@ func jsonConfig(cfg Config) []byte {
 // through pluginhost, configured for e.
 func launchPlugin(t *testing.T, cfg Config) hypervisor.Driver {
 	t.Helper()
-	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registry{"proxmox": NewFromJSON}, Logger: slog.New(slog.DiscardHandler)})
+	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { h.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -66,12 +66,12 @@ func TestConformancePower(t *testing.T) {
 	}
 }
 
-func TestNewFromJSON(t *testing.T) {
+func TestRegisteredSettings(t *testing.T) {
 	e := startEmu(t, pveemu.PVE92, nil)
 	good := jsonConfig(e.cfg)
-	d, err := NewFromJSON(context.Background(), good)
+	d, err := newFromJSON(context.Background(), good)
 	if err != nil {
-		t.Fatalf("NewFromJSON(%s) = %v; want nil", good, err)
+		t.Fatalf("newFromJSON(%s) = %v; want nil", good, err)
 	}
 	d.(hypervisor.Closer).Close()
 	var m map[string]any
@@ -88,12 +88,12 @@ func TestNewFromJSON(t *testing.T) {
 		}
 		mod(c)
 		b, _ := json.Marshal(c)
-		if _, err := NewFromJSON(context.Background(), b); !errors.Is(err, hypervisor.ErrInvalidArgument) {
-			t.Errorf("NewFromJSON(%s) [%s] = %v; want %v", b, name, err, hypervisor.ErrInvalidArgument)
+		if _, err := newFromJSON(context.Background(), b); !errors.Is(err, hypervisor.ErrInvalidArgument) {
+			t.Errorf("newFromJSON(%s) [%s] = %v; want %v", b, name, err, hypervisor.ErrInvalidArgument)
 		}
 	}
-	if _, err := NewFromJSON(context.Background(), append(good, []byte(" {}")...)); !errors.Is(err, hypervisor.ErrInvalidArgument) {
-		t.Errorf("NewFromJSON(with trailing data) = %v; want %v", err, hypervisor.ErrInvalidArgument)
+	if _, err := newFromJSON(context.Background(), append(good, []byte(" {}")...)); !errors.Is(err, hypervisor.ErrInvalidArgument) {
+		t.Errorf("newFromJSON(with trailing data) = %v; want %v", err, hypervisor.ErrInvalidArgument)
 	}
 }
 

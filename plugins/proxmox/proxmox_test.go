@@ -25,10 +25,10 @@ import (
 var update = flag.Bool("update", false, "rewrite testdata/*.txtar from this run")
 
 // The test binary is also the plugin: `<test binary> plugin proxmox` serves
-// NewFromJSON over go-plugin, as `vmgate plugin proxmox` would.
+// the registered driver over go-plugin, as `vmgate plugin proxmox` would.
 func TestMain(m *testing.M) {
 	if len(os.Args) >= 3 && os.Args[1] == "plugin" {
-		if err := pluginhost.ServeBuiltin(pluginhost.Registry{"proxmox": NewFromJSON}, os.Args[2]); err != nil {
+		if err := pluginhost.ServeBuiltin(pluginhost.Registered(), os.Args[2]); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"sync"
@@ -127,12 +126,10 @@ type vmState struct {
 	snap snapState
 }
 
-var vmName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
-
 // New checks cfg and returns a Driver. Nothing is connected yet.
 func New(cfg Config) (*Driver, error) {
-	if cfg.ExecTimeout < 0 || cfg.InfoTTL < 0 {
-		return nil, fmt.Errorf("qemu: config: %w: negative duration", hypervisor.ErrInvalidArgument)
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("qemu: config: %w", err)
 	}
 	if cfg.ExecTimeout == 0 {
 		cfg.ExecTimeout = DefaultExecTimeout
@@ -141,18 +138,7 @@ func New(cfg Config) (*Driver, error) {
 		cfg.InfoTTL = DefaultInfoTTL
 	}
 	configured := make(map[string]VMConfig, len(cfg.VMs))
-	for i, vm := range cfg.VMs {
-		switch {
-		case !vmName.MatchString(vm.Name):
-			return nil, fmt.Errorf("qemu: config: vms[%d]: %w: bad name %q", i, hypervisor.ErrInvalidArgument, vm.Name)
-		case vm.QMPSocket == "":
-			return nil, fmt.Errorf("qemu: config: vms[%d] (%s): %w: no qmp socket", i, vm.Name, hypervisor.ErrInvalidArgument)
-		case vm.QGASocket == "":
-			return nil, fmt.Errorf("qemu: config: vms[%d] (%s): %w: no qga socket", i, vm.Name, hypervisor.ErrInvalidArgument)
-		}
-		if _, dup := configured[vm.Name]; dup {
-			return nil, fmt.Errorf("qemu: config: vms[%d]: %w: duplicate name %q", i, hypervisor.ErrInvalidArgument, vm.Name)
-		}
+	for _, vm := range cfg.VMs {
 		configured[vm.Name] = vm
 	}
 	log := cfg.Logger

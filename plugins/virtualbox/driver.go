@@ -125,8 +125,8 @@ type probe struct {
 
 // New checks cfg and returns a Driver. VBoxManage is not run yet.
 func New(cfg Config) (*Driver, error) {
-	bad := func(format string, args ...any) (*Driver, error) {
-		return nil, fmt.Errorf("virtualbox: config: %w: "+format, append([]any{hypervisor.ErrInvalidArgument}, args...)...)
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("virtualbox: config: %w", err)
 	}
 	if cfg.VBoxManage == "" {
 		cfg.VBoxManage = DefaultVBoxManage
@@ -134,12 +134,6 @@ func New(cfg Config) (*Driver, error) {
 	bin, err := exec.LookPath(cfg.VBoxManage)
 	if err != nil {
 		return nil, fmt.Errorf("virtualbox: config: vboxmanage: %w", err)
-	}
-	if cfg.Username == "" || strings.ContainsAny(cfg.Username, "\x00\r\n") || strings.HasPrefix(cfg.Username, "-") || !utf8.ValidString(cfg.Username) {
-		return bad("username %q must be non-empty, not begin with '-' and hold no NUL or line break", cfg.Username)
-	}
-	if cfg.PasswordFile == "" || strings.HasPrefix(cfg.PasswordFile, "-") || strings.ContainsAny(cfg.PasswordFile, "\x00\r\n") {
-		return bad("password file %q must be a path", cfg.PasswordFile)
 	}
 	if abs, err := filepath.Abs(cfg.PasswordFile); err == nil {
 		cfg.PasswordFile = abs
@@ -149,12 +143,6 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if cfg.GuestTempDir == "" {
 		cfg.GuestTempDir = DefaultGuestTempDir
-	}
-	if err := checkGuestPath(cfg.GuestTempDir); err != nil {
-		return bad("guest temp dir: %v", err)
-	}
-	if cfg.ExecTimeout < 0 {
-		return bad("negative exec timeout")
 	}
 	if cfg.ExecTimeout == 0 {
 		cfg.ExecTimeout = DefaultExecTimeout

@@ -16,7 +16,7 @@ import (
 )
 
 func (e *emulator) jsonConfig() []byte {
-	b, _ := json.Marshal(JSONConfig{VBoxManage: e.bin, Username: emuUser, PasswordFile: e.passwordFile})
+	b, _ := json.Marshal(Settings{VBoxManage: e.bin, Username: emuUser, PasswordFile: e.passwordFile})
 	return b
 }
 
@@ -30,7 +30,7 @@ func TestConformancePlugin(t *testing.T) {
 		emuVM{Name: "t1", UUID: "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0001", State: "running", QGASocket: t1.QGASocket},
 		emuVM{Name: "noexec", UUID: "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0002", State: "running", QGASocket: noexec.QGASocket},
 	)
-	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registry{"virtualbox": NewFromJSON}, Logger: slog.New(slog.DiscardHandler)})
+	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { h.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -41,12 +41,12 @@ func TestConformancePlugin(t *testing.T) {
 	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: "t1", NoExecVM: "noexec"})
 }
 
-func TestNewFromJSON(t *testing.T) {
+func TestRegisteredSettings(t *testing.T) {
 	e := newEmulator(t)
 	good := e.jsonConfig()
-	d, err := NewFromJSON(context.Background(), good)
+	d, err := newFromJSON(context.Background(), good)
 	if err != nil {
-		t.Fatalf("NewFromJSON(%s) = %v; want nil", good, err)
+		t.Fatalf("newFromJSON(%s) = %v; want nil", good, err)
 	}
 	d.(hypervisor.Closer).Close()
 	for _, bad := range []string{
@@ -56,8 +56,8 @@ func TestNewFromJSON(t *testing.T) {
 		`{"username":7}`,
 		`[]`,
 	} {
-		if _, err := NewFromJSON(context.Background(), []byte(bad)); !errors.Is(err, hypervisor.ErrInvalidArgument) {
-			t.Errorf("NewFromJSON(%s) = %v; want %v", bad, err, hypervisor.ErrInvalidArgument)
+		if _, err := newFromJSON(context.Background(), []byte(bad)); !errors.Is(err, hypervisor.ErrInvalidArgument) {
+			t.Errorf("newFromJSON(%s) = %v; want %v", bad, err, hypervisor.ErrInvalidArgument)
 		}
 	}
 }

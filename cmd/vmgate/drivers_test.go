@@ -1,7 +1,8 @@
-package drivers
+package main
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"os"
 	"path/filepath"
@@ -10,21 +11,40 @@ import (
 
 	"github.com/vmgate/vmgate/config"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/registry"
+	"github.com/vmgate/vmgate/internal/pluginhost"
 )
 
-// TestRegistry: every built-in driver is registered and refuses a bad
-// config rather than starting half-configured.
-func TestRegistry(t *testing.T) {
-	reg := Registry()
-	for _, name := range []string{"qemu", "proxmox", "virtualbox", "libvirt"} {
+// builtins are the drivers the binary ships; drivers.go must link in each.
+var builtins = []string{"libvirt", "proxmox", "qemu", "virtualbox"}
+
+// TestRegisteredDrivers: the binary's blank imports register every
+// built-in driver, the plugin host's table is the registry's, and each
+// driver refuses bad settings rather than starting half-configured.
+func TestRegisteredDrivers(t *testing.T) {
+	if got := registry.Names(); !slices.Equal(got, builtins) {
+		t.Errorf("registry.Names() = %v; want %v", got, builtins)
+	}
+	reg := pluginhost.Registered()
+	if got := slices.Sorted(maps.Keys(reg)); !slices.Equal(got, builtins) {
+		t.Errorf("pluginhost.Registered() has %v; want %v", got, builtins)
+	}
+	for _, name := range builtins {
+		if !config.IsBuiltin(name) {
+			t.Errorf("config.IsBuiltin(%q) = false; want true", name)
+		}
 		build, ok := reg[name]
 		if !ok {
-			t.Errorf("Registry()[%q] missing", name)
 			continue
 		}
-		if d, err := build(context.Background(), []byte(`{"no_such_field": true}`)); err == nil {
-			t.Errorf("Registry()[%q](unknown field) = %v, nil; want an error", name, d)
+		for _, bad := range []string{`{"no_such_field": true}`, `{"exec_timeout": "-1s"}`, `{"exec_timeout": 60}`, `[]`, `{} {}`} {
+			if d, err := build(context.Background(), []byte(bad)); !errors.Is(err, hypervisor.ErrInvalidArgument) {
+				t.Errorf("Registered()[%q](%s) = %v, %v; want %v", name, bad, d, err, hypervisor.ErrInvalidArgument)
+			}
 		}
+	}
+	if config.IsBuiltin("firecracker") {
+		t.Errorf("config.IsBuiltin(firecracker) = true; want false (an external plugin)")
 	}
 }
 
@@ -50,16 +70,16 @@ backends:
 	if err != nil {
 		t.Fatalf("config.Parse() = %v", err)
 	}
-	reg := Registry()
+	reg := pluginhost.Registered()
 	var covered []string
 	for _, b := range cfg.Backends {
 		build, ok := reg[b.Driver]
 		if !ok {
-			t.Fatalf("backend %s: driver %q is not in Registry()", b.Name, b.Driver)
+			t.Fatalf("backend %s: driver %q is not registered", b.Name, b.Driver)
 		}
 		d, err := build(context.Background(), b.DriverConfig)
 		if err != nil {
-			t.Errorf("Registry()[%q](%s) = %v; want the driver", b.Driver, b.DriverConfig, err)
+			t.Errorf("Registered()[%q](%s) = %v; want the driver", b.Driver, b.DriverConfig, err)
 			continue
 		}
 		if c, ok := d.(hypervisor.Closer); ok {
@@ -68,10 +88,6 @@ backends:
 		covered = append(covered, b.Driver)
 	}
 	slices.Sort(covered)
-	builtins := slices.Sorted(maps.Keys(reg))
-	if !slices.Equal(builtins, slices.Sorted(slices.Values(config.BuiltinDrivers))) {
-		t.Errorf("Registry() has %v; config.BuiltinDrivers = %v; want the same drivers", builtins, config.BuiltinDrivers)
-	}
 	if !slices.Equal(covered, builtins) {
 		t.Errorf("drivers built from config = %v; want every built-in %v", covered, builtins)
 	}

@@ -1,0 +1,248 @@
+// Package registry is where hypervisor drivers describe themselves, the way
+// Caddy's modules do: each driver package registers, from its init
+// function, its name, its settings type (which validates itself) and its
+// constructor. The config loader, the plugin host and the binary's plugin
+// command find drivers here by name and import none of them; the binary
+// links the built-in drivers in with blank imports in one place
+// (cmd/vmgate/drivers.go).
+//
+// A driver's settings are one Go struct with json tags, read with the same
+// rules in both places they come from: the "settings" of a backend in
+// vmgate.yaml (package config checks the YAML against the struct's shape,
+// with line numbers, then decodes it with Decode) and the JSON the plugin
+// host sends a plugin through Configure (New). Decode is strict: unknown
+// fields, duplicate keys, wrong types and trailing data are errors, and
+// durations are Duration, the one way driver settings spell a duration.
+// Validate then checks the values, without side effects; its errors name
+// the setting (FieldError), so the config loader can point at its line.
+//
+// Register is meant for init functions and panics on misuse; everything
+// else is safe for concurrent use once the program's init functions ran.
+package registry
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"sync"
+
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// Settings are one driver's settings: a pointer to a struct whose fields
+// carry json tags.
+type Settings interface {
+	// Validate checks every value, without side effects (no file is read,
+	// nothing is dialled). An error about one setting is a *FieldError.
+	Validate() error
+}
+
+// Resolver is an optional capability of Settings read from vmgate.yaml:
+// Resolve completes them before they are validated, making host paths
+// relative to the config file absolute and filling in what depends on the
+// server's state directory. The plugin gets the settings resolved.
+type Resolver interface {
+	Resolve(env Env)
+}
+
+// Env is what Resolve may use.
+type Env struct {
+	// Abs makes a host path absolute against the config file's directory;
+	// an empty path stays empty.
+	Abs func(path string) string
+	// StateDir is the server's state directory.
+	StateDir string
+}
+
+// Driver is one registered driver.
+type Driver struct {
+	name        string
+	newSettings func() Settings
+	build       func(context.Context, Settings) (hypervisor.Driver, error)
+}
+
+// Name is the driver's name, as backends in vmgate.yaml spell it.
+func (d Driver) Name() string { return d.name }
+
+// Settings returns new zero settings of the driver's type.
+func (d Driver) Settings() Settings { return d.newSettings() }
+
+// Decode decodes config (JSON) strictly into new settings: unknown fields,
+// trailing data and values of the wrong type are errors wrapping
+// hypervisor.ErrInvalidArgument. An empty config gives zero settings. The
+// settings are not validated: New and the config loader do that.
+func (d Driver) Decode(config []byte) (Settings, error) {
+	s := d.newSettings()
+	if err := decodeStrict(config, s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// New decodes config, validates it and builds the driver. Errors wrap
+// hypervisor.ErrInvalidArgument when the settings are refused, and start
+// with the driver's name ("qemu: config: ...").
+func (d Driver) New(ctx context.Context, config []byte) (hypervisor.Driver, error) {
+	s, err := d.Decode(config)
+	if err != nil {
+		return nil, fmt.Errorf("%s: config: %w", d.name, err)
+	}
+	if err := s.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: config: %w", d.name, Invalid(err))
+	}
+	drv, err := d.build(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	if drv == nil {
+		return nil, fmt.Errorf("%s: constructor returned no driver", d.name)
+	}
+	return drv, nil
+}
+
+var (
+	mu      sync.RWMutex // mu guards drivers
+	drivers = map[string]Driver{}
+	// nameRE is the rule for driver names (the plugin host's, too).
+	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+)
+
+// ValidName reports whether name is a well-formed driver name: 1-32 of
+// [a-z0-9_-], beginning with a letter or digit.
+func ValidName(name string) bool { return nameRE.MatchString(name) }
+
+// Register adds a driver: its name, its settings type (*S, found from
+// build's signature) and build, which makes the driver from settings that
+// passed Validate and must check whatever Validate cannot (files, programs)
+// before any other side effect. It panics on a bad or taken name: call it
+// from an init function.
+//
+//	func init() { registry.Register("qemu", newFromSettings) } // newFromSettings(ctx, *Settings)
+func Register[S any, P interface {
+	*S
+	Settings
+}](name string, build func(context.Context, P) (hypervisor.Driver, error)) {
+	if !ValidName(name) {
+		panic(fmt.Sprintf("registry: bad driver name %q", name))
+	}
+	if build == nil {
+		panic("registry: driver " + name + " has no constructor")
+	}
+	d := Driver{
+		name:        name,
+		newSettings: func() Settings { return P(new(S)) },
+		build: func(ctx context.Context, s Settings) (hypervisor.Driver, error) {
+			p, ok := s.(P)
+			if !ok {
+				return nil, fmt.Errorf("%s: settings of type %T, want %T", name, s, p)
+			}
+			return build(ctx, p)
+		},
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if _, dup := drivers[name]; dup {
+		panic("registry: driver " + name + " registered twice")
+	}
+	drivers[name] = d
+}
+
+// Lookup returns the driver registered as name.
+func Lookup(name string) (Driver, bool) {
+	mu.RLock()
+	defer mu.RUnlock()
+	d, ok := drivers[name]
+	return d, ok
+}
+
+// Names lists the registered drivers, sorted.
+func Names() []string {
+	mu.RLock()
+	defer mu.RUnlock()
+	names := make([]string, 0, len(drivers))
+	for n := range drivers {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// decodeStrict decodes config into v: one JSON object, unknown fields and
+// trailing data refused. Errors wrap hypervisor.ErrInvalidArgument.
+func decodeStrict(config []byte, v any) error {
+	trimmed := bytes.TrimSpace(config)
+	if len(trimmed) == 0 {
+		return nil
+	}
+	if trimmed[0] != '{' {
+		return fmt.Errorf("%w: want a JSON object", hypervisor.ErrInvalidArgument)
+	}
+	if err := checkNoDuplicateKeys(trimmed); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF // the object ends too soon
+		}
+		return fmt.Errorf("%w: %w", hypervisor.ErrInvalidArgument, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %w", hypervisor.ErrInvalidArgument, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: trailing data after the settings object", hypervisor.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// checkNoDuplicateKeys refuses an object with a key given twice at any
+// depth (encoding/json would keep the last one silently).
+func checkNoDuplicateKeys(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var walk func(path string) error
+	walk = func(path string) error {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		switch tok {
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for dec.More() {
+				k, err := dec.Token()
+				if err != nil {
+					return err
+				}
+				key, _ := k.(string)
+				at := key
+				if path != "" {
+					at = path + "." + key
+				}
+				if seen[key] {
+					return fmt.Errorf("%s: defined twice", at)
+				}
+				seen[key] = true
+				if err := walk(at); err != nil {
+					return err
+				}
+			}
+			_, err = dec.Token()
+			return err
+		case json.Delim('['):
+			for i := 0; dec.More(); i++ {
+				if err := walk(fmt.Sprintf("%s[%d]", path, i)); err != nil {
+					return err
+				}
+			}
+			_, err = dec.Token()
+			return err
+		}
+		return nil
+	}
+	return walk("")
+}

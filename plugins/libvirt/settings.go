@@ -1,0 +1,86 @@
+package libvirt
+
+import (
+	"context"
+	"path"
+	"strings"
+
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/registry"
+)
+
+// The driver registers itself as "libvirt": the binary links it in with a
+// blank import.
+func init() { registry.Register(Name, newFromSettings) }
+
+// Name is the driver's name in vmgate.yaml.
+const Name = "libvirt"
+
+// Settings are the libvirt driver's settings: the "settings" of a libvirt
+// backend in vmgate.yaml and the configuration its plugin gets. Every
+// setting is optional: none means every domain of the local system
+// libvirtd, with the defaults.
+type Settings struct {
+	// URI is libvirtd's URI (see Config.URI); empty means qemu:///system.
+	URI string `json:"uri,omitempty"`
+	// NameGlob lists only the domains whose name matches (path.Match syntax).
+	NameGlob string `json:"name_glob,omitempty"`
+	// MetadataURI lists only the domains with a <metadata> element in this
+	// XML namespace.
+	MetadataURI string `json:"metadata_uri,omitempty"`
+	// ExecTimeout; zero means DefaultExecTimeout.
+	ExecTimeout registry.Duration `json:"exec_timeout,omitempty"`
+	// InfoTTL; zero means DefaultInfoTTL.
+	InfoTTL registry.Duration `json:"info_ttl,omitempty"`
+	// DialTimeout; zero means DefaultDialTimeout.
+	DialTimeout registry.Duration `json:"dial_timeout,omitempty"`
+}
+
+var _ registry.Settings = (*Settings)(nil)
+
+// Validate checks the settings by the driver's own rules (New's), without
+// connecting.
+func (s *Settings) Validate() error {
+	_, err := s.config().check()
+	return err
+}
+
+func (s *Settings) config() Config {
+	return Config{URI: s.URI, NameGlob: s.NameGlob, MetadataURI: s.MetadataURI,
+		ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D(), DialTimeout: s.DialTimeout.D()}
+}
+
+// newFromSettings builds the driver; nothing is connected until the first call.
+func newFromSettings(_ context.Context, s *Settings) (hypervisor.Driver, error) {
+	d, err := New(s.config())
+	if err != nil {
+		return nil, err // not a typed-nil *Driver in the interface
+	}
+	return d, nil
+}
+
+// check validates cfg and parses its URI; errors are *registry.FieldError
+// named after the settings.
+func (cfg Config) check() (endpoint, error) {
+	ep, err := parseURI(cfg.URI)
+	if err != nil {
+		return endpoint{}, registry.Within("uri", err)
+	}
+	if cfg.NameGlob != "" {
+		if _, err := path.Match(cfg.NameGlob, ""); err != nil {
+			return endpoint{}, registry.Fieldf("name_glob", "%q: %w", cfg.NameGlob, err)
+		}
+	}
+	if cfg.MetadataURI != "" && (strings.ContainsAny(cfg.MetadataURI, " \t\n\"'<>&") || !strings.Contains(cfg.MetadataURI, ":")) {
+		return endpoint{}, registry.Fieldf("metadata_uri", "%q: want an absolute URI", cfg.MetadataURI)
+	}
+	for _, d := range []struct {
+		name string
+		neg  bool
+	}{{"exec_timeout", cfg.ExecTimeout < 0}, {"info_ttl", cfg.InfoTTL < 0}, {"dial_timeout", cfg.DialTimeout < 0}} {
+		if d.neg {
+			return endpoint{}, registry.Fieldf(d.name, "negative")
+		}
+	}
+	return ep, nil
+}

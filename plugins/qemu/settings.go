@@ -1,0 +1,121 @@
+package qemu
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"regexp"
+
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/registry"
+)
+
+// The driver registers itself as "qemu": the binary links it in with a
+// blank import.
+func init() { registry.Register(Name, newFromSettings) }
+
+// Name is the driver's name in vmgate.yaml.
+const Name = "qemu"
+
+// Settings are the qemu driver's settings: the "settings" of a qemu
+// backend in vmgate.yaml and the configuration its plugin gets.
+type Settings struct {
+	// VMs are QEMU VMs given by their sockets.
+	VMs []VMSettings `json:"vms,omitempty"`
+	// Lab adds the VMs of `vmgate lab up` (<state_dir>/lab).
+	Lab bool `json:"lab,omitempty"`
+	// LabDir is where the lab VMs are: <state_dir>/lab unless given.
+	// Giving it implies Lab.
+	LabDir string `json:"lab_dir,omitempty"`
+	// ExecTimeout bounds a command whose request has no timeout.
+	ExecTimeout registry.Duration `json:"exec_timeout,omitempty"`
+	// InfoTTL is how long guest-info is cached for the exec preflight.
+	InfoTTL registry.Duration `json:"info_ttl,omitempty"`
+}
+
+// VMSettings are one QEMU VM given by its sockets.
+type VMSettings struct {
+	Name string `json:"name"`
+	QMP  string `json:"qmp"`
+	QGA  string `json:"qga"`
+}
+
+var (
+	_ registry.Settings = (*Settings)(nil)
+	_ registry.Resolver = (*Settings)(nil)
+)
+
+// Resolve makes the socket paths absolute and puts the lab under the state
+// directory.
+func (s *Settings) Resolve(env registry.Env) {
+	for i := range s.VMs {
+		s.VMs[i].QMP, s.VMs[i].QGA = env.Abs(s.VMs[i].QMP), env.Abs(s.VMs[i].QGA)
+	}
+	if s.Lab && s.LabDir == "" && env.StateDir != "" {
+		s.LabDir = filepath.Join(env.StateDir, "lab")
+	}
+	s.LabDir = env.Abs(s.LabDir)
+}
+
+// Validate checks the settings: some VMs or the lab, and every VM named
+// once with both sockets.
+func (s *Settings) Validate() error {
+	if s.Lab && s.LabDir == "" {
+		return registry.Fieldf("lab_dir", "required with lab: true (the config loader sets it to <state_dir>/lab)")
+	}
+	if s.LabDir == "" && len(s.VMs) == 0 {
+		return registry.Fieldf("", "give vms, lab: true, or both")
+	}
+	return s.config().check()
+}
+
+// config is the driver configuration the settings describe.
+func (s *Settings) config() Config {
+	cfg := Config{LabDir: s.LabDir, ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D()}
+	for _, vm := range s.VMs {
+		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA})
+	}
+	return cfg
+}
+
+func newFromSettings(_ context.Context, s *Settings) (hypervisor.Driver, error) {
+	d, err := New(s.config())
+	if err != nil {
+		return nil, err // not a typed nil in a non-nil interface
+	}
+	return d, nil
+}
+
+var vmName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// check validates cfg; errors are *registry.FieldError named after the
+// settings (vms[1].name).
+func (cfg Config) check() error {
+	if cfg.ExecTimeout < 0 {
+		return registry.Fieldf("exec_timeout", "negative")
+	}
+	if cfg.InfoTTL < 0 {
+		return registry.Fieldf("info_ttl", "negative")
+	}
+	seen := make(map[string]bool, len(cfg.VMs))
+	for i, vm := range cfg.VMs {
+		err := func() error {
+			switch {
+			case !vmName.MatchString(vm.Name):
+				return registry.Fieldf("name", "%q is not a valid VM name ([A-Za-z0-9][A-Za-z0-9._-], at most 64)", vm.Name)
+			case seen[vm.Name]:
+				return registry.Fieldf("name", "%q defined twice", vm.Name)
+			case vm.QMPSocket == "":
+				return registry.Fieldf("qmp", "required (the VM's QMP socket)")
+			case vm.QGASocket == "":
+				return registry.Fieldf("qga", "required (the VM's guest agent socket)")
+			}
+			return nil
+		}()
+		if err != nil {
+			return registry.Within(fmt.Sprintf("vms[%d]", i), err)
+		}
+		seen[vm.Name] = true
+	}
+	return nil
+}
