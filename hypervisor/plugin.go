@@ -190,7 +190,8 @@ func hclogLevel(v any) string {
 
 // Deferred is a Driver built only when its configuration arrives: the body
 // of a plugin whose settings come through Configure. Calls before Configure
-// fail with ErrNotConfigured; Configure succeeds at most once.
+// fail with ErrNotConfigured; Configure succeeds at most once. Served as a
+// plugin, its Run RPC goes to the built driver (see Run).
 type Deferred struct {
 	build func(ctx context.Context, config []byte) (Driver, error)
 	mu    sync.Mutex // mu serializes Configure
@@ -199,7 +200,6 @@ type Deferred struct {
 
 var (
 	_ Driver     = (*Deferred)(nil)
-	_ Runner     = (*Deferred)(nil)
 	_ Configurer = (*Deferred)(nil)
 	_ Closer     = (*Deferred)(nil)
 )
@@ -234,6 +234,16 @@ func (f *Deferred) driver() (Driver, error) {
 		return nil, ErrNotConfigured
 	}
 	return *p, nil
+}
+
+// served is the driver behind d: the one a Deferred built (ErrNotConfigured
+// before Configure), else d itself. A Deferred is no Runner: Run asks the
+// built driver, so the question is asked once.
+func served(d Driver) (Driver, error) {
+	if f, ok := d.(*Deferred); ok {
+		return f.driver()
+	}
+	return d, nil
 }
 
 // ListVMs implements Driver.
@@ -279,15 +289,6 @@ func (f *Deferred) ExecStatus(ctx context.Context, vm string, h ExecHandle) (Exe
 		return ExecResult{}, err
 	}
 	return d.ExecStatus(ctx, vm, h)
-}
-
-// Run implements Runner through the built driver (its own Runner if it has one).
-func (f *Deferred) Run(ctx context.Context, vm string, req ExecRequest) (ExecResult, error) {
-	d, err := f.driver()
-	if err != nil {
-		return ExecResult{}, err
-	}
-	return Run(ctx, d, vm, req)
 }
 
 // FileRead implements Driver.

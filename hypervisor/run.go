@@ -11,6 +11,12 @@ import (
 // the first poll after about a millisecond, doubling up to 200 ms, so a
 // short command returns in milliseconds and a long one costs few polls.
 //
+// Run is the one place that decides whether a driver runs commands itself.
+// The layers between the server and a plugin's driver do not decide: the
+// plugin host's Supervisor and the plugin client forward a Run as one RPC,
+// and the plugin's gRPC server calls Run on the driver it serves (the one a
+// Deferred built), so the question is asked once, next to the driver.
+//
 // Run does not enforce req.Timeout itself: the driver does, because only it
 // can kill the command in the guest. ctx bounds the wait.
 func Run(ctx context.Context, d Driver, vm string, req ExecRequest) (ExecResult, error) {

@@ -144,8 +144,14 @@ func (s *server) ExecStatus(ctx context.Context, req *pb.ExecStatusRequest) (*pb
 	return execResultToPB(res), nil
 }
 
+// Run asks Run, the one place that decides whether a driver runs commands
+// itself, about the served driver (the one a Deferred built).
 func (s *server) Run(ctx context.Context, req *pb.ExecRequest) (*pb.ExecResult, error) {
-	res, err := Run(ctx, s.d, req.GetVm(), execRequestFromPB(req))
+	d, err := served(s.d)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	res, err := Run(ctx, d, req.GetVm(), execRequestFromPB(req))
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -53,7 +53,7 @@ func capability[T any](op string, d hypervisor.Driver) (T, error) {
 
 // SnapshotCreate implements hypervisor.Snapshotter.
 func (s *Supervisor) SnapshotCreate(ctx context.Context, vm string, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, error) {
-	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.Snapshot, error) {
+	return call(s, ctx, func(d remote) (hypervisor.Snapshot, error) {
 		sn, err := capability[hypervisor.Snapshotter]("snapshot create", d)
 		if err != nil {
 			return hypervisor.Snapshot{}, err
@@ -64,7 +64,7 @@ func (s *Supervisor) SnapshotCreate(ctx context.Context, vm string, req hypervis
 
 // SnapshotList implements hypervisor.Snapshotter.
 func (s *Supervisor) SnapshotList(ctx context.Context, vm string) ([]hypervisor.Snapshot, error) {
-	return call(s, ctx, func(d hypervisor.Driver) ([]hypervisor.Snapshot, error) {
+	return call(s, ctx, func(d remote) ([]hypervisor.Snapshot, error) {
 		sn, err := capability[hypervisor.Snapshotter]("snapshot list", d)
 		if err != nil {
 			return nil, err
@@ -75,7 +75,7 @@ func (s *Supervisor) SnapshotList(ctx context.Context, vm string) ([]hypervisor.
 
 // SnapshotRevert implements hypervisor.Snapshotter.
 func (s *Supervisor) SnapshotRevert(ctx context.Context, vm, name string) error {
-	_, err := call(s, ctx, func(d hypervisor.Driver) (struct{}, error) {
+	_, err := call(s, ctx, func(d remote) (struct{}, error) {
 		sn, err := capability[hypervisor.Snapshotter]("snapshot revert", d)
 		if err != nil {
 			return struct{}{}, err
@@ -87,7 +87,7 @@ func (s *Supervisor) SnapshotRevert(ctx context.Context, vm, name string) error 
 
 // SnapshotDelete implements hypervisor.Snapshotter.
 func (s *Supervisor) SnapshotDelete(ctx context.Context, vm, name string) error {
-	_, err := call(s, ctx, func(d hypervisor.Driver) (struct{}, error) {
+	_, err := call(s, ctx, func(d remote) (struct{}, error) {
 		sn, err := capability[hypervisor.Snapshotter]("snapshot delete", d)
 		if err != nil {
 			return struct{}{}, err
@@ -99,7 +99,7 @@ func (s *Supervisor) SnapshotDelete(ctx context.Context, vm, name string) error 
 
 // GuestNetwork implements hypervisor.GuestNetworker.
 func (s *Supervisor) GuestNetwork(ctx context.Context, vm string) ([]hypervisor.NetInterface, error) {
-	return call(s, ctx, func(d hypervisor.Driver) ([]hypervisor.NetInterface, error) {
+	return call(s, ctx, func(d remote) ([]hypervisor.NetInterface, error) {
 		n, err := capability[hypervisor.GuestNetworker]("guest network", d)
 		if err != nil {
 			return nil, err
@@ -110,7 +110,7 @@ func (s *Supervisor) GuestNetwork(ctx context.Context, vm string) ([]hypervisor.
 
 // VMMetrics implements hypervisor.MetricsReader.
 func (s *Supervisor) VMMetrics(ctx context.Context, vm string) (hypervisor.VMMetrics, error) {
-	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.VMMetrics, error) {
+	return call(s, ctx, func(d remote) (hypervisor.VMMetrics, error) {
 		m, err := capability[hypervisor.MetricsReader]("metrics", d)
 		if err != nil {
 			return hypervisor.VMMetrics{}, err

@@ -40,10 +40,18 @@ func pluginEnv() []string {
 	return env
 }
 
+// remote is the host side of a plugin's driver (the plugin client): every
+// call, Run included, is one RPC.
+type remote interface {
+	hypervisor.Driver
+	hypervisor.Runner
+	hypervisor.Configurer
+}
+
 // instance is one plugin process and its connection.
 type instance struct {
 	client  *plugin.Client
-	drv     hypervisor.Driver // the gRPC client side; also a Runner
+	drv     remote // the gRPC client side
 	proc    *procRunner
 	started time.Time
 
@@ -227,14 +235,13 @@ func (s *Supervisor) start(ctx context.Context) (*instance, error) {
 	if err != nil {
 		return fail("dispense", err)
 	}
-	drv, ok := raw.(hypervisor.Driver)
-	conf, ok2 := raw.(hypervisor.Configurer)
-	if !ok || !ok2 {
+	drv, ok := raw.(remote)
+	if !ok {
 		return fail("dispense", fmt.Errorf("plugin client %T is not a configurable driver", raw))
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.opts.StartTimeout)
 	defer cancel()
-	if err := conf.Configure(cctx, s.spec.Config); err != nil {
+	if err := drv.Configure(cctx, s.spec.Config); err != nil {
 		s.log.Error("driver plugin refused its configuration", "err", err)
 		return fail("configure", err)
 	}
@@ -359,7 +366,7 @@ func (s *Supervisor) classify(ctx context.Context, inst *instance, err error) er
 	return err
 }
 
-func call[T any](s *Supervisor, ctx context.Context, fn func(hypervisor.Driver) (T, error)) (T, error) {
+func call[T any](s *Supervisor, ctx context.Context, fn func(remote) (T, error)) (T, error) {
 	inst, err := s.get(ctx)
 	if err != nil {
 		var zero T
@@ -374,48 +381,49 @@ func call[T any](s *Supervisor, ctx context.Context, fn func(hypervisor.Driver) 
 
 // ListVMs implements hypervisor.Driver.
 func (s *Supervisor) ListVMs(ctx context.Context) ([]hypervisor.VM, error) {
-	return call(s, ctx, func(d hypervisor.Driver) ([]hypervisor.VM, error) { return d.ListVMs(ctx) })
+	return call(s, ctx, func(d remote) ([]hypervisor.VM, error) { return d.ListVMs(ctx) })
 }
 
 // Status implements hypervisor.Driver.
 func (s *Supervisor) Status(ctx context.Context, vm string) (hypervisor.Status, error) {
-	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.Status, error) { return d.Status(ctx, vm) })
+	return call(s, ctx, func(d remote) (hypervisor.Status, error) { return d.Status(ctx, vm) })
 }
 
 // AgentInfo implements hypervisor.Driver.
 func (s *Supervisor) AgentInfo(ctx context.Context, vm string) (hypervisor.AgentInfo, error) {
-	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.AgentInfo, error) { return d.AgentInfo(ctx, vm) })
+	return call(s, ctx, func(d remote) (hypervisor.AgentInfo, error) { return d.AgentInfo(ctx, vm) })
 }
 
 // ExecStart implements hypervisor.Driver.
 func (s *Supervisor) ExecStart(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
-	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.ExecHandle, error) { return d.ExecStart(ctx, vm, req) })
+	return call(s, ctx, func(d remote) (hypervisor.ExecHandle, error) { return d.ExecStart(ctx, vm, req) })
 }
 
 // ExecStatus implements hypervisor.Driver.
 func (s *Supervisor) ExecStatus(ctx context.Context, vm string, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
-	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.ExecResult, error) { return d.ExecStatus(ctx, vm, h) })
+	return call(s, ctx, func(d remote) (hypervisor.ExecResult, error) { return d.ExecStatus(ctx, vm, h) })
 }
 
-// Run implements hypervisor.Runner: one RPC, the polling happens in the plugin.
+// Run implements hypervisor.Runner: one RPC; the plugin decides how the
+// command runs (see hypervisor.Run) and polls next to the guest.
 func (s *Supervisor) Run(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
-	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.ExecResult, error) { return hypervisor.Run(ctx, d, vm, req) })
+	return call(s, ctx, func(d remote) (hypervisor.ExecResult, error) { return d.Run(ctx, vm, req) })
 }
 
 // FileRead implements hypervisor.Driver.
 func (s *Supervisor) FileRead(ctx context.Context, vm, path string, maxBytes int64) (hypervisor.FileContent, error) {
-	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.FileContent, error) { return d.FileRead(ctx, vm, path, maxBytes) })
+	return call(s, ctx, func(d remote) (hypervisor.FileContent, error) { return d.FileRead(ctx, vm, path, maxBytes) })
 }
 
 // FileWrite implements hypervisor.Driver.
 func (s *Supervisor) FileWrite(ctx context.Context, vm, path string, data []byte, mode uint32) error {
-	_, err := call(s, ctx, func(d hypervisor.Driver) (struct{}, error) { return struct{}{}, d.FileWrite(ctx, vm, path, data, mode) })
+	_, err := call(s, ctx, func(d remote) (struct{}, error) { return struct{}{}, d.FileWrite(ctx, vm, path, data, mode) })
 	return err
 }
 
 // Power implements hypervisor.Driver.
 func (s *Supervisor) Power(ctx context.Context, vm string, action hypervisor.PowerAction) error {
-	_, err := call(s, ctx, func(d hypervisor.Driver) (struct{}, error) { return struct{}{}, d.Power(ctx, vm, action) })
+	_, err := call(s, ctx, func(d remote) (struct{}, error) { return struct{}{}, d.Power(ctx, vm, action) })
 	return err
 }
 

@@ -1,0 +1,79 @@
+package hypervisor_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+)
+
+// runner is a fake driver that runs commands itself.
+type runner struct {
+	*hypervisortest.Fake
+	runs atomic.Int64
+}
+
+func (r *runner) Run(_ context.Context, _ string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
+	r.runs.Add(1)
+	return hypervisor.ExecResult{PID: 7, Exited: true, Stdout: []byte(req.Argv[0])}, nil
+}
+
+// counting is a fake driver without Run whose commands exit on the second
+// poll; it counts the calls that reach it.
+func counting(starts, polls *atomic.Int64) *hypervisortest.Fake {
+	return &hypervisortest.Fake{
+		ExecStartFunc: func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
+			starts.Add(1)
+			return hypervisor.ExecHandle{PID: 9, Token: "t"}, nil
+		},
+		ExecStatusFunc: func(context.Context, string, hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
+			n := polls.Add(1)
+			return hypervisor.ExecResult{PID: 9, Exited: n >= 2, Stdout: []byte("polled")}, nil
+		},
+	}
+}
+
+// TestRunDecidesOnceNextToTheDriver: through a plugin whose driver is built
+// by a Deferred, a Run is one RPC that reaches the built driver's own Run
+// exactly once; a driver without Run is polled inside the plugin. Nothing
+// between decides anything.
+func TestRunDecidesOnceNextToTheDriver(t *testing.T) {
+	ctx := context.Background()
+	req := hypervisor.ExecRequest{Argv: []string{"ran"}}
+
+	inner := &runner{Fake: &hypervisortest.Fake{
+		ExecStartFunc: func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
+			t.Error("ExecStart reached a driver that runs commands itself")
+			return hypervisor.ExecHandle{}, errors.New("unexpected")
+		},
+	}}
+	d := hypervisor.NewDeferred(func(context.Context, []byte) (hypervisor.Driver, error) { return inner, nil })
+	if _, ok := hypervisor.Driver(d).(hypervisor.Runner); ok {
+		t.Errorf("Deferred is a Runner; want it to leave the decision to Run on the built driver")
+	}
+	host := connect(t, "deferred-runner", d)
+	if _, err := hypervisor.Run(ctx, host, "vm1", req); !errors.Is(err, hypervisor.ErrNotConfigured) {
+		t.Errorf("Run() before Configure = %v; want %v", err, hypervisor.ErrNotConfigured)
+	}
+	if err := host.(hypervisor.Configurer).Configure(ctx, nil); err != nil {
+		t.Fatalf("Configure() = %v", err)
+	}
+	res, err := hypervisor.Run(ctx, host, "vm1", req)
+	if err != nil || string(res.Stdout) != "ran" || inner.runs.Load() != 1 {
+		t.Errorf("Run() = %+v, %v with %d driver Runs; want the driver's own Run, once", res, err, inner.runs.Load())
+	}
+
+	var starts, polls atomic.Int64
+	plain := hypervisor.NewDeferred(func(context.Context, []byte) (hypervisor.Driver, error) { return counting(&starts, &polls), nil })
+	host = connect(t, "deferred-plain", plain)
+	if err := host.(hypervisor.Configurer).Configure(ctx, nil); err != nil {
+		t.Fatalf("Configure() = %v", err)
+	}
+	res, err = hypervisor.Run(ctx, host, "vm1", req)
+	if err != nil || !res.Exited || string(res.Stdout) != "polled" || starts.Load() != 1 || polls.Load() != 2 {
+		t.Errorf("Run() = %+v, %v after %d starts and %d polls; want one start polled to exit", res, err, starts.Load(), polls.Load())
+	}
+}
