@@ -22,6 +22,11 @@ import (
 
 // Driver is the libvirt backend. It is safe for concurrent use.
 type Driver struct {
+	// Exec is the exec road shared with the other guest-agent drivers:
+	// AgentInfo, Run, ExecStart and ExecStatus (see agentexec.Core), every
+	// agent command going through libvirt.
+	agentexec.Exec
+
 	cfg Config
 	ep  endpoint
 	log *slog.Logger
@@ -31,8 +36,9 @@ type Driver struct {
 	// dialing is a one-slot semaphore held while a dial runs.
 	dialing chan struct{}
 
-	// execs tracks the commands ExecStart started and enforces their timeouts.
-	execs *agentexec.Tracker
+	// core is the exec road; it tracks the commands ExecStart started and
+	// caches guest-info per domain.
+	core *agentexec.Core
 
 	// mu guards conn, doms, destroyed and closed. It is never held across I/O.
 	mu     sync.Mutex
@@ -56,12 +62,10 @@ type domState struct {
 	// agentSlot is a one-slot semaphore: one agent call in flight per domain.
 	agentSlot chan struct{}
 
-	// mu guards dom, checkedAt, info and infoAt. Never held across I/O.
+	// mu guards dom and checkedAt. Never held across I/O.
 	mu        sync.Mutex
 	dom       golibvirt.Domain
 	checkedAt time.Time // when dom was looked up and found to pass the filters
-	info      qga.Info
-	infoAt    time.Time // zero: no cached info
 }
 
 func (s *domState) handle() golibvirt.Domain {
@@ -105,7 +109,9 @@ func New(cfg Config) (*Driver, error) {
 		doms:      map[string]*domState{},
 		destroyed: map[string]string{},
 	}
-	d.execs = agentexec.New(agentexec.Config{Logger: d.log})
+	d.core = agentexec.NewCore(agentexec.CoreConfig{Driver: "libvirt", Reach: d.reach,
+		ExecTimeout: cfg.ExecTimeout, InfoTTL: cfg.InfoTTL, Logger: d.log})
+	d.Exec = d.core.Exec()
 	d.dial = func() (conn, error) { return dialLibvirt(ep, cfg.DialTimeout) }
 	return d, nil
 }
@@ -118,7 +124,7 @@ func (d *Driver) Close() error {
 	d.conn = nil
 	d.doms = map[string]*domState{}
 	d.mu.Unlock()
-	d.execs.Close()
+	d.core.Close()
 	if c == nil {
 		return nil
 	}
@@ -227,8 +233,7 @@ func (d *Driver) remember(dom golibvirt.Domain) *domState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dom.UUID != dom.UUID {
-		d.execs.Forget(s.name) // another domain of the same name: its pids are not ours
-		s.infoAt = time.Time{}
+		d.core.Forget(s.name) // another domain of the same name: its pids and guest are not ours
 	}
 	s.dom, s.checkedAt = dom, time.Now()
 	return s
@@ -241,7 +246,7 @@ func (d *Driver) forget(s *domState) {
 		delete(d.doms, s.name)
 	}
 	d.mu.Unlock()
-	d.execs.Forget(s.name)
+	d.core.Forget(s.name)
 }
 
 // stateOf maps virDomainState to a hypervisor.State and a word for Detail.
@@ -385,58 +390,40 @@ func (d *Driver) Status(ctx context.Context, name string) (hypervisor.Status, er
 	defer cancel()
 	if err := s.agent(d).Ping(pctx); err != nil {
 		if ctx.Err() != nil {
-			return hypervisor.Status{}, agentError("status", err)
+			return hypervisor.Status{}, d.core.Err(ctx, d.target(s), "status", err)
 		}
 		d.log.Debug("guest-ping failed", "vm", name, "err", err)
 		return st, nil
 	}
 	st.AgentConnected = true
-	if info, err := d.info(pctx, s, false); err == nil {
+	if info, err := d.core.Info(pctx, d.target(s), false); err == nil {
 		st.AgentVersion = info.Version
 	}
 	return st, nil
 }
 
-// info returns guest-info, from the cache unless fresh is set or it is stale.
-func (d *Driver) info(ctx context.Context, s *domState, fresh bool) (qga.Info, error) {
-	s.mu.Lock()
-	if !fresh && !s.infoAt.IsZero() && time.Since(s.infoAt) < d.cfg.InfoTTL {
-		info := s.info
-		s.mu.Unlock()
-		return info, nil
-	}
-	s.mu.Unlock()
-	info, err := s.agent(d).Info(ctx)
+// reach is the core's way to a domain: the domain called name and its
+// agent, through libvirt.
+func (d *Driver) reach(ctx context.Context, op, name string) (agentexec.Target, error) {
+	s, err := d.lookup(ctx, op, name)
 	if err != nil {
-		return qga.Info{}, err
+		return agentexec.Target{}, err
 	}
-	s.mu.Lock()
-	s.info, s.infoAt = info, time.Now()
-	s.mu.Unlock()
-	return info, nil
+	return d.target(s), nil
 }
 
-// agentError maps a guest agent error to the hypervisor sentinels; an agent
-// libvirt refused because the domain is not running is ErrVMNotRunning too.
-func agentError(op string, err error) error {
-	mapped := agentexec.MapError(err)
-	if errors.Is(err, errNotRunning) && errors.Is(mapped, hypervisor.ErrAgentUnavailable) {
-		return fmt.Errorf("libvirt: %s: %w: %w: %w", op, hypervisor.ErrAgentUnavailable, hypervisor.ErrVMNotRunning, err)
-	}
-	return fmt.Errorf("libvirt: %s: %w", op, mapped)
+// target is s as the core reaches it.
+func (d *Driver) target(s *domState) agentexec.Target {
+	return agentexec.Target{Key: s.name, Agent: s.agent(d), Why: notRunning}
 }
 
-// AgentInfo returns guest-info.
-func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentInfo, error) {
-	s, err := d.lookup(ctx, "agent info", name)
-	if err != nil {
-		return hypervisor.AgentInfo{}, err
+// notRunning explains an agent libvirt refused because the domain is not
+// running: the VM is not running either.
+func notRunning(_ context.Context, err error) error {
+	if errors.Is(err, errNotRunning) {
+		return hypervisor.ErrVMNotRunning
 	}
-	info, err := d.info(ctx, s, true)
-	if err != nil {
-		return hypervisor.AgentInfo{}, agentError("agent info", err)
-	}
-	return agentexec.AgentInfo(info), nil
+	return nil
 }
 
 // FileRead reads at most maxBytes of path in the guest (qga.Agent validates
@@ -448,7 +435,7 @@ func (d *Driver) FileRead(ctx context.Context, name string, p string, maxBytes i
 	}
 	data, truncated, err := s.agent(d).FileRead(ctx, p, maxBytes)
 	if err != nil {
-		return hypervisor.FileContent{}, agentError("file read", err)
+		return hypervisor.FileContent{}, d.core.Err(ctx, d.target(s), "file read", err)
 	}
 	return hypervisor.FileContent{Data: data, Truncated: truncated}, nil
 }
@@ -461,7 +448,7 @@ func (d *Driver) FileWrite(ctx context.Context, name string, p string, data []by
 		return err
 	}
 	if err := s.agent(d).FileWrite(ctx, p, data, mode); err != nil {
-		return agentError("file write", err)
+		return d.core.Err(ctx, d.target(s), "file write", err)
 	}
 	return nil
 }
@@ -484,11 +471,7 @@ func (d *Driver) Power(ctx context.Context, name string, action hypervisor.Power
 	if err != nil {
 		return err
 	}
-	defer func() {
-		s.mu.Lock()
-		s.infoAt = time.Time{}
-		s.mu.Unlock()
-	}()
+	defer d.core.ForgetInfo(s.name)
 	h := s.handle()
 	switch action {
 	case hypervisor.PowerShutdown:
@@ -527,7 +510,7 @@ func (d *Driver) stop(ctx context.Context, op string, s *domState) error {
 	if err != nil {
 		return opError(op, err)
 	}
-	d.execs.Forget(s.name)
+	d.core.Forget(s.name)
 	if persistent != 1 {
 		d.mu.Lock()
 		d.destroyed[s.name] = fmt.Sprintf("%x", h.UUID)

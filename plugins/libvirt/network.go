@@ -20,7 +20,7 @@ func (d *Driver) GuestNetwork(ctx context.Context, name string) ([]hypervisor.Ne
 	}
 	ifs, err := s.agent(d).NetworkInterfaces(ctx)
 	if err != nil {
-		return nil, agentError(op, err)
+		return nil, d.core.Err(ctx, d.target(s), op, err)
 	}
 	return guestnet.FromQGA(ifs), nil
 }

@@ -265,10 +265,7 @@ func (d *Driver) SnapshotRevert(ctx context.Context, name, snap string) error {
 		return c.DomainRevertToSnapshot(sn, uint32(golibvirt.DomainSnapshotRevertRunning))
 	})
 	if s != nil {
-		d.execs.Forget(s.name)
-		s.mu.Lock()
-		s.infoAt = time.Time{}
-		s.mu.Unlock()
+		d.core.Forget(s.name)
 	}
 	return err
 }

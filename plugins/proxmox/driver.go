@@ -59,19 +59,22 @@ type Config struct {
 
 // Driver is the Proxmox VE backend. It is safe for concurrent use.
 type Driver struct {
-	api         *api
-	log         *slog.Logger
-	execTimeout time.Duration
-	// execs tracks the commands ExecStart started and enforces their timeouts.
-	execs *agentexec.Tracker
+	// Exec is the exec road shared with the other guest-agent drivers:
+	// AgentInfo, Run, ExecStart and ExecStatus (see agentexec.Core), over
+	// Proxmox's agent endpoints (agentOf).
+	agentexec.Exec
 
+	api     *api
+	log     *slog.Logger
 	tokenID string
+	// core is the exec road; it tracks the commands ExecStart started and
+	// caches agent/info per VM.
+	core *agentexec.Core
 
 	// mu guards the fields below. Never held across I/O.
 	mu      sync.Mutex
 	nodes   map[int]resource
 	nodesAt time.Time
-	infos   map[int]cachedInfo
 	// major and minor are the Proxmox VE version CheckAccess read (0: unknown).
 	major, minor int
 	// noCount: file-read refused "count" (qemu-server before 9.1.5).
@@ -83,11 +86,6 @@ var (
 	_ hypervisor.Runner = (*Driver)(nil)
 	_ hypervisor.Closer = (*Driver)(nil)
 )
-
-type cachedInfo struct {
-	info qga.Info
-	at   time.Time
-}
 
 // resource is one entry of /cluster/resources?type=vm.
 type resource struct {
@@ -117,13 +115,16 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{api: a, log: log, execTimeout: cfg.ExecTimeout, infos: map[int]cachedInfo{}, tokenID: cfg.TokenID,
-		execs: agentexec.New(agentexec.Config{Logger: log})}, nil
+	d := &Driver{api: a, log: log, tokenID: cfg.TokenID}
+	d.core = agentexec.NewCore(agentexec.CoreConfig{Driver: "proxmox", Reach: d.reach, MapErr: d.classify,
+		ExecTimeout: cfg.ExecTimeout, InfoTTL: infoTTL, MaxStdin: MaxInputData, Logger: log})
+	d.Exec = d.core.Exec()
+	return d, nil
 }
 
 // Close stops the exec watchdogs and drops idle connections.
 func (d *Driver) Close() error {
-	d.execs.Close()
+	d.core.Close()
 	d.api.client.CloseIdleConnections()
 	return nil
 }
@@ -193,8 +194,24 @@ func (d *Driver) lookup(ctx context.Context, op, name string) (vmRef, error) {
 	return vmRef{vmid: vmid, node: r.Node, path: "/nodes/" + r.Node + "/qemu/" + strconv.Itoa(vmid)}, nil
 }
 
+// agentOf is how the driver reaches v's guest agent: qga's command logic
+// over Proxmox's agent/* endpoints (agentCaller).
 func (d *Driver) agentOf(v vmRef) qga.Agent {
 	return qga.Agent{Caller: agentCaller{api: d.api, path: v.path + "/agent"}}
+}
+
+// reach is the core's way to a VM: the VM called name and its agent.
+func (d *Driver) reach(ctx context.Context, op, name string) (agentexec.Target, error) {
+	v, err := d.lookup(ctx, op, name)
+	if err != nil {
+		return agentexec.Target{}, err
+	}
+	return d.target(v), nil
+}
+
+// target is v as the core reaches it.
+func (d *Driver) target(v vmRef) agentexec.Target {
+	return agentexec.Target{Key: strconv.Itoa(v.vmid), Agent: d.agentOf(v)}
 }
 
 func stateOf(status, qmpstatus string) hypervisor.State {
@@ -258,113 +275,6 @@ func (d *Driver) Status(ctx context.Context, name string) (hypervisor.Status, er
 		}
 	}
 	return st, nil
-}
-
-func (d *Driver) info(ctx context.Context, v vmRef, fresh bool) (qga.Info, error) {
-	d.mu.Lock()
-	c, ok := d.infos[v.vmid]
-	d.mu.Unlock()
-	if ok && !fresh && time.Since(c.at) < infoTTL {
-		return c.info, nil
-	}
-	info, err := d.agentOf(v).Info(ctx)
-	if err != nil {
-		return qga.Info{}, err
-	}
-	d.mu.Lock()
-	d.infos[v.vmid] = cachedInfo{info: info, at: time.Now()}
-	d.mu.Unlock()
-	return info, nil
-}
-
-// AgentInfo returns agent/info.
-func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentInfo, error) {
-	v, err := d.lookup(ctx, "agent info", name)
-	if err != nil {
-		return hypervisor.AgentInfo{}, err
-	}
-	info, err := d.info(ctx, v, true)
-	if err != nil {
-		return hypervisor.AgentInfo{}, d.classify("agent info", err)
-	}
-	return agentexec.AgentInfo(info), nil
-}
-
-func (d *Driver) preflight(ctx context.Context, op string, v vmRef) error {
-	info, err := d.info(ctx, v, false)
-	if err != nil {
-		return d.classify(op, err)
-	}
-	if err := agentexec.CheckEnabled(info); err != nil {
-		return fmt.Errorf("proxmox: %s: %w", op, err)
-	}
-	return nil
-}
-
-func (d *Driver) execRequest(op string, req hypervisor.ExecRequest) (qga.ExecRequest, error) {
-	if len(req.Stdin) > MaxInputData {
-		return qga.ExecRequest{}, fmt.Errorf("proxmox: %s: %w: stdin of %d bytes is over Proxmox's limit of %d", op, hypervisor.ErrInvalidArgument, len(req.Stdin), MaxInputData)
-	}
-	q, err := agentexec.Request(req, d.execTimeout)
-	if err != nil {
-		return q, fmt.Errorf("proxmox: %s: %w", op, err)
-	}
-	return q, nil
-}
-
-// Run runs req to completion (qga's adaptive polling, timeout and kill,
-// over agent/exec and agent/exec-status).
-func (d *Driver) Run(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
-	v, err := d.lookup(ctx, "exec", name)
-	if err != nil {
-		return hypervisor.ExecResult{}, err
-	}
-	qreq, err := d.execRequest("exec", req)
-	if err != nil {
-		return hypervisor.ExecResult{}, err
-	}
-	if err := d.preflight(ctx, "exec", v); err != nil {
-		return hypervisor.ExecResult{}, err
-	}
-	st, err := d.agentOf(v).Exec(ctx, qreq)
-	if err != nil {
-		return hypervisor.ExecResult{}, d.classify("exec", err)
-	}
-	return agentexec.Result(st), nil
-}
-
-// ExecStart starts req and returns at once. A watchdog kills the command's
-// tree when req.Timeout fires, even if nobody polls.
-func (d *Driver) ExecStart(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
-	v, err := d.lookup(ctx, "exec start", name)
-	if err != nil {
-		return hypervisor.ExecHandle{}, err
-	}
-	qreq, err := d.execRequest("exec start", req)
-	if err != nil {
-		return hypervisor.ExecHandle{}, err
-	}
-	if err := d.preflight(ctx, "exec start", v); err != nil {
-		return hypervisor.ExecHandle{}, err
-	}
-	h, err := d.execs.Start(ctx, strconv.Itoa(v.vmid), d.agentOf(v), qreq)
-	if err != nil {
-		return hypervisor.ExecHandle{}, d.classify("exec start", err)
-	}
-	return h, nil
-}
-
-// ExecStatus polls a command started by ExecStart.
-func (d *Driver) ExecStatus(ctx context.Context, name string, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
-	v, err := d.lookup(ctx, "exec status", name)
-	if err != nil {
-		return hypervisor.ExecResult{}, err
-	}
-	res, err := d.execs.Status(ctx, strconv.Itoa(v.vmid), d.agentOf(v), h)
-	if err != nil {
-		return hypervisor.ExecResult{}, d.classify("exec status", err)
-	}
-	return res, nil
 }
 
 // checkPath refuses a guest path that is not absolute or holds NUL or a newline.
@@ -440,7 +350,7 @@ func (d *Driver) FileWrite(ctx context.Context, name string, path string, data [
 			return err
 		}
 	} else {
-		if err := d.preflight(ctx, "file write", v); err != nil {
+		if err := d.core.Preflight(ctx, d.target(v), "file write"); err != nil {
 			return err
 		}
 		var rb [8]byte

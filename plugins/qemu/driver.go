@@ -78,6 +78,10 @@ type monitor interface {
 // Driver is the QEMU backend. It is safe for concurrent use; every VM has its
 // own agent client, monitor and locks, so a hung VM delays only calls to itself.
 type Driver struct {
+	// Exec is the exec road shared with the other guest-agent drivers:
+	// AgentInfo, Run, ExecStart and ExecStatus (see agentexec.Core).
+	agentexec.Exec
+
 	cfg        Config
 	log        *slog.Logger
 	configured map[string]VMConfig
@@ -89,8 +93,9 @@ type Driver struct {
 	// launcher to exit; tests replace it.
 	startProcess func(ctx context.Context, argv []string) error
 
-	// execs tracks the commands ExecStart started and enforces their timeouts.
-	execs *agentexec.Tracker
+	// core is the exec road; it tracks the commands ExecStart started and
+	// caches guest-info per VM.
+	core *agentexec.Core
 
 	// mu guards vms and closed. It is never held across I/O.
 	mu     sync.Mutex
@@ -117,11 +122,9 @@ type vmState struct {
 	qmpMu sync.Mutex
 	mon   monitor
 
-	// mu guards agent, info and infoAt. Never held across I/O.
-	mu     sync.Mutex
-	agent  agent
-	info   qga.Info
-	infoAt time.Time // zero: no cached info
+	// mu guards agent. Never held across I/O.
+	mu    sync.Mutex
+	agent agent
 	// snap serialises snapshot operations (snapshot.go).
 	snap snapState
 }
@@ -151,8 +154,10 @@ func New(cfg Config) (*Driver, error) {
 		log:        log,
 		configured: configured,
 		vms:        make(map[string]*vmState),
-		execs:      agentexec.New(agentexec.Config{Logger: log}),
 	}
+	d.core = agentexec.NewCore(agentexec.CoreConfig{Driver: "qemu", Reach: d.reach,
+		ExecTimeout: cfg.ExecTimeout, InfoTTL: cfg.InfoTTL, Logger: log})
+	d.Exec = d.core.Exec()
 	d.newAgent = func(p string) agent { return qga.New(p, qga.WithLogger(log)) }
 	d.newMonitor = func(p string) monitor { return NewMonitor("unix", p, MonitorOptions{Logger: log}) }
 	d.startProcess = startDaemonized
@@ -166,7 +171,7 @@ func (d *Driver) Close() error {
 	vms := d.vms
 	d.vms = map[string]*vmState{}
 	d.mu.Unlock()
-	d.execs.Close()
+	d.core.Close()
 	var errs []error
 	for _, vm := range vms {
 		errs = append(errs, d.closeVM(vm))
@@ -176,7 +181,7 @@ func (d *Driver) Close() error {
 
 // closeVM stops vm's exec watchdogs and closes its agent client.
 func (d *Driver) closeVM(vm *vmState) error {
-	d.execs.Forget(vm.name)
+	d.core.Forget(vm.name)
 	vm.mu.Lock()
 	a := vm.agent
 	vm.agent = nil
@@ -232,6 +237,32 @@ func (d *Driver) forget(name string) {
 	if ok {
 		d.closeVM(vm)
 	}
+}
+
+// reach is the core's way to a VM: the VM called name and its agent.
+func (d *Driver) reach(_ context.Context, op, name string) (agentexec.Target, error) {
+	vm, err := d.lookup(op, name)
+	if err != nil {
+		return agentexec.Target{}, err
+	}
+	return d.target(vm), nil
+}
+
+// target is vm as the core reaches it; an unavailable agent is explained
+// by QEMU itself being gone.
+func (d *Driver) target(vm *vmState) agentexec.Target {
+	return agentexec.Target{Key: vm.name, Agent: d.agentOf(vm), Why: vm.gone}
+}
+
+// gone reports (ErrVMNotRunning) when no QEMU listens on vm's QMP socket
+// any more: then its agent is unavailable because the VM is gone.
+func (vm *vmState) gone(ctx context.Context, _ error) error {
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if _, err := vm.queryStatus(qctx); errors.Is(err, hypervisor.ErrVMNotRunning) {
+		return fmt.Errorf("%w: no QEMU listens on %s", hypervisor.ErrVMNotRunning, vm.qmpPath)
+	}
+	return nil
 }
 
 // agentOf returns vm's agent client, creating it on first use.
@@ -307,26 +338,6 @@ func vmError(op string, err error) error {
 		return fmt.Errorf("qemu: %s: %w: %w", op, hypervisor.ErrTimeout, err)
 	}
 	return fmt.Errorf("qemu: %s: %w", op, err)
-}
-
-// agentError maps a guest agent error to the hypervisor sentinels.
-func agentError(op string, err error) error {
-	return fmt.Errorf("qemu: %s: %w", op, agentexec.MapError(err))
-}
-
-// agentError maps err like agentError and, when the agent is unavailable
-// because QEMU itself is gone, says so (errors.Is ErrVMNotRunning too).
-func (d *Driver) agentError(ctx context.Context, vm *vmState, op string, err error) error {
-	mapped := agentError(op, err)
-	if !errors.Is(mapped, hypervisor.ErrAgentUnavailable) {
-		return mapped
-	}
-	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	if _, qerr := vm.queryStatus(qctx); errors.Is(qerr, hypervisor.ErrVMNotRunning) {
-		return fmt.Errorf("%w; %w: no QEMU listens on %s", mapped, hypervisor.ErrVMNotRunning, vm.qmpPath)
-	}
-	return mapped
 }
 
 // ListVMs returns the configured VMs and the lab VMs, sorted by name, each
@@ -413,125 +424,10 @@ func (d *Driver) Status(ctx context.Context, name string) (hypervisor.Status, er
 		return st, nil
 	}
 	st.AgentConnected = true
-	if info, err := d.info(pctx, vm, false); err == nil {
+	if info, err := d.core.Info(pctx, d.target(vm), false); err == nil {
 		st.AgentVersion = info.Version
 	}
 	return st, nil
-}
-
-// info returns guest-info, from the cache unless fresh is set or it is stale.
-func (d *Driver) info(ctx context.Context, vm *vmState, fresh bool) (qga.Info, error) {
-	vm.mu.Lock()
-	if !fresh && !vm.infoAt.IsZero() && time.Since(vm.infoAt) < d.cfg.InfoTTL {
-		info := vm.info
-		vm.mu.Unlock()
-		return info, nil
-	}
-	vm.mu.Unlock()
-	info, err := d.agentOf(vm).Info(ctx)
-	if err != nil {
-		return qga.Info{}, err
-	}
-	vm.mu.Lock()
-	vm.info, vm.infoAt = info, time.Now()
-	vm.mu.Unlock()
-	return info, nil
-}
-
-// forgetInfo drops the cached guest-info (the guest may have changed).
-func (vm *vmState) forgetInfo() {
-	vm.mu.Lock()
-	vm.infoAt = time.Time{}
-	vm.mu.Unlock()
-}
-
-// AgentInfo returns guest-info.
-func (d *Driver) AgentInfo(ctx context.Context, name string) (hypervisor.AgentInfo, error) {
-	vm, err := d.lookup("agent info", name)
-	if err != nil {
-		return hypervisor.AgentInfo{}, err
-	}
-	info, err := d.info(ctx, vm, true)
-	if err != nil {
-		return hypervisor.AgentInfo{}, d.agentError(ctx, vm, "agent info", err)
-	}
-	return agentexec.AgentInfo(info), nil
-}
-
-// preflight checks (from cached guest-info) that the exec commands are enabled.
-func (d *Driver) preflight(ctx context.Context, op string, vm *vmState) error {
-	info, err := d.info(ctx, vm, false)
-	if err != nil {
-		return d.agentError(ctx, vm, op, err)
-	}
-	if err := agentexec.CheckEnabled(info); err != nil {
-		return fmt.Errorf("qemu: %s: %w", op, err)
-	}
-	return nil
-}
-
-// execRequest validates req and converts it.
-func (d *Driver) execRequest(op string, req hypervisor.ExecRequest) (qga.ExecRequest, error) {
-	q, err := agentexec.Request(req, d.cfg.ExecTimeout)
-	if err != nil {
-		return q, fmt.Errorf("qemu: %s: %w", op, err)
-	}
-	return q, nil
-}
-
-// Run runs req to completion next to the agent (qga's adaptive polling,
-// timeout and kill).
-func (d *Driver) Run(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
-	vm, err := d.lookup("exec", name)
-	if err != nil {
-		return hypervisor.ExecResult{}, err
-	}
-	qreq, err := d.execRequest("exec", req)
-	if err != nil {
-		return hypervisor.ExecResult{}, err
-	}
-	if err := d.preflight(ctx, "exec", vm); err != nil {
-		return hypervisor.ExecResult{}, err
-	}
-	st, err := d.agentOf(vm).Exec(ctx, qreq)
-	if err != nil {
-		return hypervisor.ExecResult{}, d.agentError(ctx, vm, "exec", err)
-	}
-	return agentexec.Result(st), nil
-}
-
-// ExecStart starts req and returns at once. The driver enforces req.Timeout:
-// a watchdog kills the command's tree when it fires, even if nobody polls.
-func (d *Driver) ExecStart(ctx context.Context, name string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
-	vm, err := d.lookup("exec start", name)
-	if err != nil {
-		return hypervisor.ExecHandle{}, err
-	}
-	qreq, err := d.execRequest("exec start", req)
-	if err != nil {
-		return hypervisor.ExecHandle{}, err
-	}
-	if err := d.preflight(ctx, "exec start", vm); err != nil {
-		return hypervisor.ExecHandle{}, err
-	}
-	h, err := d.execs.Start(ctx, vm.name, d.agentOf(vm), qreq)
-	if err != nil {
-		return hypervisor.ExecHandle{}, d.agentError(ctx, vm, "exec start", err)
-	}
-	return h, nil
-}
-
-// ExecStatus polls a command started by ExecStart.
-func (d *Driver) ExecStatus(ctx context.Context, name string, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
-	vm, err := d.lookup("exec status", name)
-	if err != nil {
-		return hypervisor.ExecResult{}, err
-	}
-	res, err := d.execs.Status(ctx, vm.name, d.agentOf(vm), h)
-	if err != nil {
-		return hypervisor.ExecResult{}, d.agentError(ctx, vm, "exec status", err)
-	}
-	return res, nil
 }
 
 // FileRead reads at most maxBytes of path in the guest.
@@ -548,7 +444,7 @@ func (d *Driver) FileRead(ctx context.Context, name string, path string, maxByte
 	}
 	data, truncated, err := d.agentOf(vm).FileRead(ctx, path, maxBytes)
 	if err != nil {
-		return hypervisor.FileContent{}, d.agentError(ctx, vm, "file read", err)
+		return hypervisor.FileContent{}, d.core.Err(ctx, d.target(vm), "file read", err)
 	}
 	return hypervisor.FileContent{Data: data, Truncated: truncated}, nil
 }
@@ -566,7 +462,7 @@ func (d *Driver) FileWrite(ctx context.Context, name string, path string, data [
 		return fmt.Errorf("qemu: file write: %w: mode %#o", hypervisor.ErrInvalidArgument, mode)
 	}
 	if err := d.agentOf(vm).FileWrite(ctx, path, data, mode); err != nil {
-		return d.agentError(ctx, vm, "file write", err)
+		return d.core.Err(ctx, d.target(vm), "file write", err)
 	}
 	return nil
 }
@@ -594,7 +490,7 @@ func (d *Driver) Power(ctx context.Context, name string, action hypervisor.Power
 	if err != nil {
 		return err
 	}
-	defer vm.forgetInfo()
+	defer d.core.ForgetInfo(vm.name)
 	switch action {
 	case hypervisor.PowerShutdown:
 		return d.agentThenQMP(ctx, op, vm, "powerdown", "system_powerdown")
@@ -627,7 +523,7 @@ func (d *Driver) agentThenQMP(ctx context.Context, op string, vm *vmState, mode,
 			return nil
 		}
 		if ctx.Err() != nil {
-			return agentError(op, err)
+			return d.core.Err(ctx, agentexec.Target{Key: vm.name}, op, err)
 		}
 		d.log.Info("guest agent did not take the request; using QMP", "vm", vm.name, "op", op, "err", err)
 	}

@@ -31,7 +31,7 @@ func (d *Driver) GuestNetwork(ctx context.Context, name string) ([]hypervisor.Ne
 	}
 	ifs, err := a.NetworkInterfaces(ctx)
 	if err != nil {
-		return nil, d.agentError(ctx, vm, op, err)
+		return nil, d.core.Err(ctx, d.target(vm), op, err)
 	}
 	return guestnet.FromQGA(ifs), nil
 }

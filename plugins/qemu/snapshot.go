@@ -304,10 +304,7 @@ func (d *Driver) SnapshotRevert(ctx context.Context, name, snap string) error {
 	}
 	defer p.unlock()
 	vm, disks := p.vm, p.disks
-	defer func() {
-		d.closeVM(vm) // the guest agent is back in the snapshot's state: resynchronise
-		vm.forgetInfo()
-	}()
+	defer d.closeVM(vm) // the guest agent is back in the snapshot's state: resynchronise, forget its info and commands
 	args := map[string]any{"tag": snap, "vmstate": disks.nodes[0], "devices": disks.nodes}
 	if err := d.runJob(ctx, vm, "snapshot-load", args); err != nil {
 		return snapError(op, d.afterFailedLoad(ctx, vm, wasRunning, err))

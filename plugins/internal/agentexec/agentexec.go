@@ -1,17 +1,22 @@
-// Package agentexec tracks commands started through a QEMU guest agent for
-// the drivers that reach one (qemu, libvirt, proxmox): it turns a started
-// guest-exec into a hypervisor.ExecHandle whose Token carries what a later
-// poll needs, enforces the request's timeout with a watchdog that kills the
+// Package agentexec is the one exec road of vmgate's drivers. Its Tracker
+// is the driver layer's one table of started commands, for every driver
+// (qemu, libvirt and proxmox through a QEMU guest agent, virtualbox through
+// VBoxManage): it turns a started command into a hypervisor.ExecHandle
+// whose Token carries what a later poll needs, enforces the request's timeout with a watchdog that kills the
 // command's process tree at its deadline even when nobody polls, and keeps
 // the watchdog's final result for the caller's next poll for a while.
 //
-// A driver creates one Tracker, passes each call the VM's key (its
-// backend-local name) and the Agent to use, and maps the errors the Tracker
-// returns (agent errors unchanged; ErrInvalidArgument, ErrTooMany and
-// ErrClosed otherwise) with MapError and its own operation prefix. Request
-// validates exec requests, CheckEnabled is the exec preflight and
-// AgentInfo converts guest-info. Per-VM locking and finding the agent stay
-// in the driver.
+// A Tracker is given, per call, the VM's key (its backend-local name) and
+// the agent to use (a qga.Execer); the agent that started a command is kept
+// with it, so an agent may stand for one command only (VirtualBox's, a
+// VBoxManage process per command). Errors are the agent's unchanged, or
+// ErrInvalidArgument, ErrTooMany and ErrClosed; MapError maps them.
+//
+// Core is the whole exec road of the drivers that reach a QEMU guest agent
+// (qemu, libvirt, proxmox) on top of one Tracker: they differ only in how
+// they reach the agent (CoreConfig.Reach). Request validates exec
+// requests, CheckEnabled is the exec preflight and AgentInfo converts
+// guest-info.
 package agentexec
 
 import (
@@ -46,14 +51,25 @@ var (
 	ErrTooMany = errors.New("too many commands tracked")
 	// ErrClosed: the tracker was closed.
 	ErrClosed = errors.New("exec tracker closed")
+	// ErrGone marks an agent error after which the command cannot be polled
+	// again (its host-side process ended in an error): the Tracker forgets
+	// the command, as it does when the agent no longer knows the pid
+	// (qga.ErrUnknownExec). See Gone.
+	ErrGone = errors.New("command gone")
 )
 
-// Agent is what the Tracker needs of a guest agent. qga.Agent and
-// *qga.Client implement it.
-type Agent interface {
-	ExecStart(ctx context.Context, req qga.ExecRequest) (int64, error)
-	ExecStatus(ctx context.Context, pid int64, maxOutputBytes int64) (qga.ExecStatus, error)
-	KillTree(ctx context.Context, pid int64) error
+// goneError is an error marked with ErrGone; its text is the error's own.
+type goneError struct{ err error }
+
+func (e goneError) Error() string   { return e.err.Error() }
+func (e goneError) Unwrap() []error { return []error{ErrGone, e.err} }
+
+// Gone marks err as final for the command it is about (see ErrGone).
+func Gone(err error) error { return goneError{err} }
+
+// isFinal reports whether err ends the tracking of its command.
+func isFinal(err error) bool {
+	return errors.Is(err, ErrGone) || errors.Is(err, qga.ErrUnknownExec)
 }
 
 // Timer is a pending call of Clock.AfterFunc.
@@ -110,14 +126,17 @@ type entryKey struct {
 // entry is a command started by Start whose timeout the Tracker enforces.
 type entry struct {
 	key      entryKey
-	agent    Agent
+	agent    qga.Execer // the agent that started it: polls and the watchdog use it
 	deadline time.Time
 	maxOut   int64
 	timer    Timer // guarded by Tracker.mu
 
-	// mu serialises Status and the watchdog on this command and guards final.
+	// mu serialises Status and the watchdog on this command and guards
+	// final and finalErr.
 	mu    sync.Mutex
 	final *hypervisor.ExecResult // collected by the watchdog, waiting for Status
+	// finalErr is a final error (isFinal) the watchdog met, waiting for Status.
+	finalErr error
 }
 
 // New returns a Tracker configured by cfg.
@@ -187,7 +206,7 @@ func decodeToken(s string) (token, error) {
 // must be positive (the driver applies its default): a watchdog kills the
 // command's process tree when it fires, even if nobody polls. key names the
 // VM; Status must be called with the same key.
-func (t *Tracker) Start(ctx context.Context, key string, a Agent, req qga.ExecRequest) (hypervisor.ExecHandle, error) {
+func (t *Tracker) Start(ctx context.Context, key string, a qga.Execer, req qga.ExecRequest) (hypervisor.ExecHandle, error) {
 	switch {
 	case key == "":
 		return hypervisor.ExecHandle{}, fmt.Errorf("%w: empty VM key", hypervisor.ErrInvalidArgument)
@@ -230,17 +249,21 @@ func (t *Tracker) Start(ctx context.Context, key string, a Agent, req qga.ExecRe
 func (t *Tracker) watchdog(e *entry) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.final != nil || !t.tracked(e) {
+	if e.final != nil || e.finalErr != nil || !t.tracked(e) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), watchdogTimeout)
 	defer cancel()
 	res, err := collect(ctx, e.agent, e.key.pid, e.maxOut, true)
-	if err != nil {
+	switch {
+	case err != nil && !isFinal(err):
 		t.log.Warn("exec timeout watchdog failed", "vm", e.key.vm, "pid", e.key.pid, "err", err)
-		return
+		return // the next Status retries
+	case err != nil:
+		e.finalErr = err // nothing left to kill or to collect: the caller learns why
+	default:
+		e.final = &res
 	}
-	e.final = &res
 	t.mu.Lock()
 	if t.execs[e.key] == e {
 		e.timer = t.clock.AfterFunc(t.resultTTL, func() { t.untrack(e) })
@@ -265,7 +288,7 @@ func (t *Tracker) untrack(e *entry) {
 
 // collect polls pid; when kill is set and it still runs, it kills its tree
 // and waits for the final status (TimedOut set).
-func collect(ctx context.Context, a Agent, pid, maxOut int64, kill bool) (hypervisor.ExecResult, error) {
+func collect(ctx context.Context, a qga.Execer, pid, maxOut int64, kill bool) (hypervisor.ExecResult, error) {
 	st, err := a.ExecStatus(ctx, pid, maxOut)
 	if err != nil {
 		return hypervisor.ExecResult{}, err
@@ -295,11 +318,12 @@ func collect(ctx context.Context, a Agent, pid, maxOut int64, kill bool) (hyperv
 	}
 }
 
-// Status polls a command started by Start on the VM key through a. A final
-// result the watchdog collected is returned once and forgotten; a handle
-// this Tracker does not know (another driver instance started it, or it was
-// collected) is polled through a, and killed first when its deadline passed.
-func (t *Tracker) Status(ctx context.Context, key string, a Agent, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
+// Status polls a command started by Start on the VM key, through the agent
+// that started it. A final result the watchdog collected is returned once
+// and forgotten; a handle this Tracker does not know (another driver
+// instance started it, or it was collected) is polled through a, and killed
+// first when its deadline passed.
+func (t *Tracker) Status(ctx context.Context, key string, a qga.Execer, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
 	if h.PID <= 0 {
 		return hypervisor.ExecResult{}, fmt.Errorf("%w: pid %d", hypervisor.ErrInvalidArgument, h.PID)
 	}
@@ -316,13 +340,18 @@ func (t *Tracker) Status(ctx context.Context, key string, a Agent, h hypervisor.
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.final != nil {
-		res := *e.final
+	if e.final != nil || e.finalErr != nil {
 		t.untrack(e)
-		return res, nil
+		if e.finalErr != nil {
+			return hypervisor.ExecResult{}, e.finalErr
+		}
+		return *e.final, nil
 	}
-	res, err := collect(ctx, a, e.key.pid, e.maxOut, t.clock.Now().After(e.deadline))
+	res, err := collect(ctx, e.agent, e.key.pid, e.maxOut, t.clock.Now().After(e.deadline))
 	if err != nil {
+		if isFinal(err) {
+			t.untrack(e)
+		}
 		return hypervisor.ExecResult{}, err
 	}
 	if res.Exited {

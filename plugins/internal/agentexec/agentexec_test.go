@@ -14,7 +14,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 )
 
-// fakeAgent is an Agent whose methods are function fields; a nil field
+// fakeAgent is a qga.Execer whose methods are function fields; a nil field
 // fails the test when called. It counts every call.
 type fakeAgent struct {
 	t          *testing.T
