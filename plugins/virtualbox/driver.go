@@ -13,9 +13,12 @@
 // wrapper in the guest (/bin/sh; stdin is first copied into the guest with
 // copyto). Files move with copyto/copyfrom through 0600 host temp files.
 //
-// VBoxManage has no asynchronous exec status, so ExecStart runs VBoxManage
-// in a goroutine that owns the process; the handle names an entry of a
-// bounded table whose results expire.
+// VBoxManage has no asynchronous exec status, so a started command is a
+// VBoxManage process the driver owns (a goroutine waits for it), tracked
+// like every driver's commands by agentexec's Tracker: the process is the
+// agent the Tracker polls and kills through, the Tracker's watchdog kills
+// the command's process tree in the guest at its timeout, and its results
+// expire. Run is ExecStart and a wait for the process.
 //
 // Guest credentials come from the config: a user name and a password
 // file, passed with --passwordfile (never a password on the command line).
@@ -39,12 +42,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
 
+	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/agentexec"
 )
 
 // Driver defaults and limits.
@@ -57,10 +61,9 @@ const (
 	DefaultMaxOutputBytes = 1 << 20
 	// DefaultGuestTempDir is where stdin files are staged in the guest.
 	DefaultGuestTempDir = "/tmp"
-	// MaxExecs bounds the table of commands started with ExecStart.
+	// MaxExecs bounds the commands running at once (each is a VBoxManage
+	// process).
 	MaxExecs = 256
-	// ResultTTL is how long a finished command's result waits for ExecStatus.
-	ResultTTL = 10 * time.Minute
 	// DefaultMaxFileBytes caps FileRead when maxBytes is 0.
 	DefaultMaxFileBytes = 16 << 20
 	// probeTTL is how long the guest-exec probe of AgentInfo is trusted.
@@ -105,11 +108,17 @@ type Driver struct {
 	bin string
 	log *slog.Logger
 
-	// mu guards execs and probes. Never held across a VBoxManage call.
+	// execs tracks the commands ExecStart started (each a process).
+	execs *agentexec.Tracker
+	// ctx ends when the driver closes: the VBoxManage processes of started
+	// commands run under it; procs counts their waiting goroutines.
+	ctx    context.Context
+	cancel context.CancelFunc
+	procs  sync.WaitGroup
+
+	// mu guards probes. Never held across a VBoxManage call.
 	mu     sync.Mutex
-	execs  map[string]*execEntry
 	probes map[string]probe
-	closed bool
 }
 
 var (
@@ -151,20 +160,19 @@ func New(cfg Config) (*Driver, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Driver{cfg: cfg, bin: bin, log: log.With("driver", "virtualbox"), execs: map[string]*execEntry{}, probes: map[string]probe{}}, nil
+	log = log.With("driver", "virtualbox")
+	d := &Driver{cfg: cfg, bin: bin, log: log, probes: map[string]probe{},
+		execs: agentexec.New(agentexec.Config{Logger: log, MaxTracked: MaxExecs})}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	return d, nil
 }
 
-// Close cancels every command still running and forgets the table.
+// Close cancels every command still running, waits for their VBoxManage
+// processes and stops the Tracker.
 func (d *Driver) Close() error {
-	d.mu.Lock()
-	d.closed = true
-	execs := d.execs
-	d.execs = map[string]*execEntry{}
-	d.mu.Unlock()
-	for _, e := range execs {
-		e.cancel()
-		<-e.done
-	}
+	d.execs.Close()
+	d.cancel()
+	d.procs.Wait()
 	return nil
 }
 
@@ -490,18 +498,19 @@ type runSpec struct {
 // the shell's message on stderr.
 const wrapperScript = `f=$2; if [ -n "$f" ]; then exec <"$f" || exit 2; rm -f -- "$f"; fi; [ -z "$1" ] || cd -- "$1" || exit 2; shift 2; exec "$@"`
 
-// spec validates req and builds the run.
-func (d *Driver) spec(op string, req hypervisor.ExecRequest, stdinPath string) (runSpec, error) {
-	bad := func(format string, args ...any) (runSpec, error) {
-		return runSpec{}, fmt.Errorf("virtualbox: %s: %w: "+format, append([]any{op, hypervisor.ErrInvalidArgument}, args...)...)
+// request validates req by the rules every driver shares
+// (agentexec.Request: argv, timeout, output cap, absolute cwd; the default
+// timeout applied) and VBoxManage's own: a program that could pass for an
+// option, NUL bytes, env entries that are not KEY=VALUE.
+func (d *Driver) request(op string, req hypervisor.ExecRequest) (qga.ExecRequest, error) {
+	bad := func(format string, args ...any) (qga.ExecRequest, error) {
+		return qga.ExecRequest{}, fmt.Errorf("virtualbox: %s: %w: "+format, append([]any{op, hypervisor.ErrInvalidArgument}, args...)...)
+	}
+	q, err := agentexec.Request(req, d.cfg.ExecTimeout)
+	if err != nil {
+		return qga.ExecRequest{}, fmt.Errorf("virtualbox: %s: %w", op, err)
 	}
 	switch {
-	case len(req.Argv) == 0 || req.Argv[0] == "":
-		return bad("empty argv")
-	case req.Timeout < 0:
-		return bad("negative timeout")
-	case req.MaxOutputBytes < 0:
-		return bad("negative max output bytes")
 	case req.Cwd != "" && checkGuestPath(req.Cwd) != nil:
 		return bad("cwd: %v", checkGuestPath(req.Cwd))
 	case strings.HasPrefix(req.Argv[0], "-") || strings.ContainsAny(req.Argv[0], "\x00\r\n"):
@@ -518,20 +527,23 @@ func (d *Driver) spec(op string, req hypervisor.ExecRequest, stdinPath string) (
 			return bad("env[%d] %q is not KEY=VALUE", i, e)
 		}
 	}
-	timeout := req.Timeout
-	if timeout == 0 {
-		timeout = d.cfg.ExecTimeout
-	}
-	limit := req.MaxOutputBytes
+	return q, nil
+}
+
+// spec builds the run of q, a request checked by request; stdinPath is
+// the guest file holding its stdin ("" for none).
+func (d *Driver) spec(q qga.ExecRequest, stdinPath string) runSpec {
+	limit := q.MaxOutputBytes
 	if limit == 0 {
 		limit = DefaultMaxOutputBytes
 	}
-	s := runSpec{exe: req.Argv[0], argv: req.Argv, env: req.Env, timeout: timeout, limit: limit}
-	if req.Cwd != "" || stdinPath != "" {
+	argv := append([]string{q.Path}, q.Args...)
+	s := runSpec{exe: q.Path, argv: argv, env: q.Env, timeout: q.Timeout, limit: limit}
+	if q.Cwd != "" || stdinPath != "" {
 		s.exe = "/bin/sh"
-		s.argv = append([]string{"sh", "-c", wrapperScript, "vmgate-exec", req.Cwd, stdinPath}, req.Argv...)
+		s.argv = append([]string{"sh", "-c", wrapperScript, "vmgate-exec", q.Cwd, stdinPath}, argv...)
 	}
-	return s, nil
+	return s
 }
 
 // runArgs is the argv of `guestcontrol run` for s.
@@ -554,37 +566,13 @@ type running struct {
 	stderr *capped
 	done   chan struct{} // closed after Wait
 	err    error         // Wait's error, set before done is closed
-	// killed is set when the driver's timeout killed the process tree.
-	killed atomic.Bool
 }
 
 // backstop is how much later than the driver's own timeout VBoxManage's
-// --timeout fires: the driver kills the whole process tree at the timeout
-// (VBoxService would kill only the process); VBoxService's kill is the
-// fallback should that fail.
+// --timeout fires: the Tracker's watchdog kills the whole process tree at
+// the timeout (VBoxService would kill only the process); VBoxService's
+// kill is the fallback should that fail.
 const backstop = 30 * time.Second
-
-// killTreeScript kills the process tree rooted at "$1" with SIGKILL: it
-// stops the root so it cannot fork, adds (and stops) every process whose
-// parent is in the set until the set stops growing, then kills them all.
-// The pid is an argument, never interpolated; POSIX sh and kill only.
-const killTreeScript = `root=$1
-case "$root" in ''|*[!0-9]*) exit 2;; esac
-kill -STOP "$root" 2>/dev/null || exit 0
-all=" $root "
-grown=1
-while [ "$grown" = 1 ]; do
-  grown=0
-  for s in /proc/[0-9]*/stat; do
-    p=${s#/proc/}; p=${p%/stat}
-    case "$all" in *" $p "*) continue;; esac
-    read -r line <"$s" 2>/dev/null || continue
-    set -- ${line##*) }
-    case "$all" in *" $2 "*) kill -STOP "$p" 2>/dev/null; all="$all$p "; grown=1;; esac
-  done
-done
-kill -KILL $all 2>/dev/null
-exit 0`
 
 func (d *Driver) startRun(ctx context.Context, vm string, s runSpec) (*running, error) {
 	vs := s
@@ -599,31 +587,7 @@ func (d *Driver) startRun(ctx context.Context, vm string, s runSpec) (*running, 
 		r.err = cmd.Wait()
 		close(r.done)
 	}()
-	go d.watchdog(vm, r, s.timeout)
 	return r, nil
-}
-
-// watchdog kills the command's process tree in the guest when timeout
-// passes before VBoxManage is done.
-func (d *Driver) watchdog(vm string, r *running, timeout time.Duration) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-r.done:
-		return
-	case <-t.C:
-	}
-	pid := r.stdout.PID()
-	if pid == 0 {
-		return // not started yet: VBoxManage's own --timeout covers it
-	}
-	r.killed.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), backstop)
-	defer cancel()
-	s := runSpec{exe: "/bin/sh", argv: []string{"sh", "-c", killTreeScript, "vmgate-kill", strconv.FormatInt(pid, 10)}, timeout: time.Minute, limit: 4096}
-	if _, err := d.runOnce(ctx, "exec timeout", vm, s); err != nil {
-		d.log.Warn("killing a timed-out command's process tree failed; VBoxService's timeout follows", "vm", vm, "pid", pid, "err", err)
-	}
 }
 
 // waitStarted waits for the pid line or the end of VBoxManage.
@@ -660,8 +624,6 @@ func (r *running) result(op string, limit int64) (hypervisor.ExecResult, error) 
 	switch {
 	case o.timedOut:
 		res.TimedOut, res.Signal, res.ExitCode = true, 9, -1
-	case r.killed.Load() && o.status == statusTerminatedSignal:
-		res.TimedOut, res.Signal, res.ExitCode = true, o.code, -1
 	case o.status == statusTerminatedNormally:
 		res.ExitCode = o.code
 		if want := mappedExit(o.code); code != want {
@@ -715,125 +677,55 @@ func (d *Driver) stage(ctx context.Context, op, vm string, stdin []byte) (string
 	return guest, nil
 }
 
-// prepare validates req, checks the VM name and stages stdin.
-func (d *Driver) prepare(ctx context.Context, op, vm string, req hypervisor.ExecRequest) (runSpec, error) {
-	if err := d.checkName(op, vm); err != nil {
-		return runSpec{}, err
-	}
-	if _, err := d.spec(op, req, ""); err != nil {
-		return runSpec{}, err
-	}
-	stdinPath := ""
-	if len(req.Stdin) > 0 {
-		p, err := d.stage(ctx, op, vm, req.Stdin)
-		if err != nil {
-			return runSpec{}, err
-		}
-		stdinPath = p
-	}
-	return d.spec(op, req, stdinPath)
-}
-
-// Run runs req to completion with one VBoxManage process.
+// Run runs req to completion: ExecStart, then a wait for its VBoxManage
+// process (no polling). When ctx ends first the process is interrupted,
+// which ends the guest process with its guest session.
 func (d *Driver) Run(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
-	s, err := d.prepare(ctx, "exec", vm, req)
+	const op = "exec"
+	h, p, err := d.start(ctx, op, vm, req)
 	if err != nil {
 		return hypervisor.ExecResult{}, err
 	}
-	return d.runOnce(ctx, "exec", vm, s)
-}
-
-// execEntry is a command started by ExecStart: a goroutine owns its
-// VBoxManage process.
-type execEntry struct {
-	vm     string
-	pid    int64
-	limit  int64
-	run    *running
-	cancel context.CancelFunc
-	done   chan struct{} // closed when the result is in
-
-	// res and err are set before done is closed.
-	res hypervisor.ExecResult
-	err error
-	// expires is guarded by Driver.mu.
-	expires time.Time
+	var cerr error
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		cerr = ctxError(op, ctx.Err())
+		p.cancel()
+		<-p.done
+	}
+	res, err := d.execs.Status(context.WithoutCancel(ctx), vm, lost{d, vm}, h)
+	if cerr != nil {
+		return hypervisor.ExecResult{}, cerr
+	}
+	if err != nil {
+		return hypervisor.ExecResult{}, trackerError(op, err)
+	}
+	return res, nil
 }
 
 // ExecStart starts req in a VBoxManage process owned by the driver and
 // returns once the guest reported the pid.
 func (d *Driver) ExecStart(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
-	const op = "exec start"
-	if err := d.checkName(op, vm); err != nil {
-		return hypervisor.ExecHandle{}, err
-	}
-	if _, err := d.spec(op, req, ""); err != nil {
-		return hypervisor.ExecHandle{}, err
-	}
-	d.mu.Lock()
-	d.expireLocked()
-	full, closed := len(d.execs) >= MaxExecs, d.closed
-	d.mu.Unlock()
-	switch {
-	case closed:
-		return hypervisor.ExecHandle{}, fmt.Errorf("virtualbox: %s: driver closed", op)
-	case full:
-		return hypervisor.ExecHandle{}, fmt.Errorf("virtualbox: %s: %d commands already tracked; poll or wait for them", op, MaxExecs)
-	}
-	s, err := d.prepare(ctx, op, vm, req)
-	if err != nil {
-		return hypervisor.ExecHandle{}, err
-	}
-	// The process outlives this call: its context is the driver's, bounded
-	// by the command's own timeout plus a margin.
-	rctx, cancel := context.WithTimeout(context.Background(), s.timeout+time.Minute)
-	started := time.Now()
-	r, err := d.startRun(rctx, vm, s)
-	if err != nil {
-		cancel()
-		return hypervisor.ExecHandle{}, fmt.Errorf("virtualbox: %s: %w", op, err)
-	}
-	e := &execEntry{vm: vm, limit: s.limit, run: r, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		<-r.done
-		e.res, e.err = r.result("exec", s.limit)
-		cancel()
-		d.mu.Lock()
-		e.expires = time.Now().Add(ResultTTL)
-		d.mu.Unlock()
-		close(e.done)
-	}()
-	r.waitStarted(ctx)
-	if ctx.Err() != nil {
-		cancel()
-		<-e.done
-		return hypervisor.ExecHandle{}, ctxError(op, ctx.Err())
-	}
-	e.pid = r.stdout.PID()
-	if e.pid == 0 {
-		<-e.done
-		if e.err != nil {
-			return hypervisor.ExecHandle{}, e.err
-		}
-		return hypervisor.ExecHandle{}, fmt.Errorf("virtualbox: %s: VBoxManage reported no pid", op)
-	}
-	var kb [16]byte
-	rand.Read(kb[:])
-	key := hex.EncodeToString(kb[:])
-	d.mu.Lock()
-	d.execs[key] = e
-	d.mu.Unlock()
-	return hypervisor.ExecHandle{PID: e.pid, Token: key, StartedAt: started}, nil
+	h, _, err := d.start(ctx, "exec start", vm, req)
+	return h, err
 }
 
-// expireLocked drops finished results nobody collected in time.
-func (d *Driver) expireLocked() {
-	now := time.Now()
-	for k, e := range d.execs {
-		if !e.expires.IsZero() && now.After(e.expires) {
-			delete(d.execs, k)
-		}
+// start validates req and starts it through the Tracker.
+func (d *Driver) start(ctx context.Context, op, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, *process, error) {
+	if err := d.checkName(op, vm); err != nil {
+		return hypervisor.ExecHandle{}, nil, err
 	}
+	q, err := d.request(op, req)
+	if err != nil {
+		return hypervisor.ExecHandle{}, nil, err
+	}
+	p := &process{d: d, op: op, vm: vm, done: make(chan struct{})}
+	h, err := d.execs.Start(ctx, vm, p, q)
+	if err != nil {
+		return hypervisor.ExecHandle{}, nil, trackerError(op, err)
+	}
+	return h, p, nil
 }
 
 // ExecStatus reads the state of a command started by ExecStart. Once the
@@ -846,26 +738,159 @@ func (d *Driver) ExecStatus(ctx context.Context, vm string, h hypervisor.ExecHan
 	if err := ctx.Err(); err != nil {
 		return hypervisor.ExecResult{}, ctxError(op, err)
 	}
-	d.mu.Lock()
-	d.expireLocked()
-	e := d.execs[h.Token]
-	d.mu.Unlock()
-	if e == nil || e.vm != vm || e.pid != h.PID {
-		// Tell an unknown VM from an unknown handle.
-		if _, err := d.showVMInfo(ctx, op, vm); err != nil {
-			return hypervisor.ExecResult{}, err
+	res, err := d.execs.Status(ctx, vm, lost{d, vm}, h)
+	if err != nil {
+		var own vboxErr
+		if !errors.As(err, &own) && errors.Is(err, hypervisor.ErrInvalidArgument) {
+			// A malformed handle: tell an unknown VM from it.
+			if _, verr := d.showVMInfo(ctx, op, vm); verr != nil {
+				return hypervisor.ExecResult{}, verr
+			}
 		}
-		return hypervisor.ExecResult{}, fmt.Errorf("virtualbox: %s: %w: pid %d", op, hypervisor.ErrUnknownExec, h.PID)
+		return hypervisor.ExecResult{}, trackerError(op, err)
+	}
+	return res, nil
+}
+
+// vboxErr marks an error of the driver's own (it has the "virtualbox: op:"
+// prefix) on its way through the Tracker.
+type vboxErr struct{ error }
+
+func (e vboxErr) Unwrap() error { return e.error }
+
+// trackerError gives the Tracker's own errors (a full table, a closed
+// driver, a malformed handle) the driver's prefix; the driver's own come
+// back as they were.
+func trackerError(op string, err error) error {
+	var own vboxErr
+	if errors.As(err, &own) {
+		return own.error
+	}
+	return fmt.Errorf("virtualbox: %s: %w", op, err)
+}
+
+// process is one command started through the Tracker: its VBoxManage
+// process, the only handle VirtualBox gives on a guest process. It is the
+// qga.Execer the Tracker keeps with the command, so it answers for that
+// command only.
+type process struct {
+	d      *Driver
+	op, vm string
+	run    *running
+	cancel context.CancelFunc
+	done   chan struct{} // closed once res and err are set
+
+	res hypervisor.ExecResult
+	err error
+}
+
+var _ qga.Execer = (*process)(nil)
+
+// ExecStart stages stdin, starts the VBoxManage process (under the
+// driver's context: it outlives the call) and returns the guest pid once
+// VBoxManage reported it.
+func (p *process) ExecStart(ctx context.Context, req qga.ExecRequest) (int64, error) {
+	pid, err := p.start(ctx, req)
+	if err != nil {
+		return 0, vboxErr{err}
+	}
+	return pid, nil
+}
+
+func (p *process) start(ctx context.Context, req qga.ExecRequest) (int64, error) {
+	d, op := p.d, p.op
+	stdinPath := ""
+	if len(req.Stdin) > 0 {
+		sp, err := d.stage(ctx, op, p.vm, req.Stdin)
+		if err != nil {
+			return 0, err
+		}
+		stdinPath = sp
+	}
+	s := d.spec(req, stdinPath)
+	rctx, cancel := context.WithTimeout(d.ctx, s.timeout+backstop+time.Minute)
+	r, err := d.startRun(rctx, p.vm, s)
+	if err != nil {
+		cancel()
+		return 0, fmt.Errorf("virtualbox: %s: %w", op, err)
+	}
+	p.run, p.cancel = r, cancel
+	d.procs.Add(1)
+	go func() {
+		defer d.procs.Done()
+		<-r.done
+		p.res, p.err = r.result("exec", s.limit)
+		cancel()
+		close(p.done)
+	}()
+	r.waitStarted(ctx)
+	if ctx.Err() != nil {
+		cancel()
+		<-p.done
+		return 0, ctxError(op, ctx.Err())
+	}
+	if pid := r.stdout.PID(); pid != 0 {
+		return pid, nil
+	}
+	<-p.done
+	if p.err != nil {
+		return 0, p.err
+	}
+	return 0, fmt.Errorf("virtualbox: %s: VBoxManage reported no pid", op)
+}
+
+// ExecStatus reports the command: running until its VBoxManage process
+// has ended, then its result. An error of the ended process is final
+// (agentexec.Gone: the Tracker forgets the command).
+func (p *process) ExecStatus(_ context.Context, pid int64, _ int64) (qga.ExecStatus, error) {
+	if p.run == nil || pid != p.run.stdout.PID() {
+		return qga.ExecStatus{}, vboxErr{fmt.Errorf("virtualbox: exec status: %w: pid %d", hypervisor.ErrUnknownExec, pid)}
 	}
 	select {
-	case <-e.done:
+	case <-p.done:
 	default:
-		return hypervisor.ExecResult{PID: e.pid}, nil
+		return qga.ExecStatus{PID: pid}, nil
 	}
-	d.mu.Lock()
-	delete(d.execs, h.Token)
-	d.mu.Unlock()
-	return e.res, e.err
+	if p.err != nil {
+		return qga.ExecStatus{}, agentexec.Gone(vboxErr{p.err})
+	}
+	r := p.res
+	return qga.ExecStatus{PID: r.PID, Exited: r.Exited, ExitCode: r.ExitCode, Signal: r.Signal, Stdout: r.Stdout, Stderr: r.Stderr,
+		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated, TimedOut: r.TimedOut}, nil
+}
+
+// KillTree kills pid's process tree in the guest with qga.KillTreeScript,
+// run by a VBoxManage of its own; the command's process then ends.
+func (p *process) KillTree(ctx context.Context, pid int64) error {
+	s := runSpec{exe: "/bin/sh", argv: []string{"sh", "-c", qga.KillTreeScript, "vmgate-kill", strconv.FormatInt(pid, 10)}, timeout: time.Minute, limit: 4096}
+	if _, err := p.d.runOnce(ctx, "exec timeout", p.vm, s); err != nil {
+		return vboxErr{err}
+	}
+	return nil
+}
+
+// lost is what the Tracker polls a handle through when it does not know
+// the command: a command this driver did not start (or one whose result
+// was collected) has no VBoxManage process here, so it is unknown, once
+// the VM is known.
+type lost struct {
+	d  *Driver
+	vm string
+}
+
+func (l lost) ExecStart(context.Context, qga.ExecRequest) (int64, error) {
+	return 0, vboxErr{fmt.Errorf("virtualbox: exec start: %w: no process", hypervisor.ErrNotSupported)}
+}
+
+func (l lost) ExecStatus(ctx context.Context, pid int64, _ int64) (qga.ExecStatus, error) {
+	if _, err := l.d.showVMInfo(ctx, "exec status", l.vm); err != nil {
+		return qga.ExecStatus{}, vboxErr{err}
+	}
+	return qga.ExecStatus{}, vboxErr{fmt.Errorf("virtualbox: exec status: %w: pid %d", hypervisor.ErrUnknownExec, pid)}
+}
+
+func (l lost) KillTree(context.Context, int64) error {
+	return vboxErr{fmt.Errorf("virtualbox: exec timeout: %w: no process", hypervisor.ErrUnknownExec)}
 }
 
 // copyTo writes data into the guest file dst through a 0600 host temp file.
