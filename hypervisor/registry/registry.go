@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"regexp"
 	"slices"
 	"sync"
@@ -99,7 +100,7 @@ func (d Driver) New(ctx context.Context, config []byte) (hypervisor.Driver, erro
 	if err != nil {
 		return nil, err
 	}
-	if drv == nil {
+	if v := reflect.ValueOf(drv); drv == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
 		return nil, fmt.Errorf("%s: constructor returned no driver", d.name)
 	}
 	return drv, nil
@@ -117,16 +118,19 @@ var (
 func ValidName(name string) bool { return nameRE.MatchString(name) }
 
 // Register adds a driver: its name, its settings type (*S, found from
-// build's signature) and build, which makes the driver from settings that
-// passed Validate and must check whatever Validate cannot (files, programs)
-// before any other side effect. It panics on a bad or taken name: call it
-// from an init function.
+// build's signature) and build, which makes the driver (any type D
+// implementing hypervisor.Driver, typically the package's *Driver) from
+// settings that passed Validate, and must check whatever Validate cannot
+// (files, programs) before any other side effect. It panics on a bad or
+// taken name: call it from an init function.
 //
-//	func init() { registry.Register("qemu", newFromSettings) } // newFromSettings(ctx, *Settings)
+//	func init() {
+//		registry.Register("qemu", func(_ context.Context, s *Settings) (*Driver, error) { return New(s.config()) })
+//	}
 func Register[S any, P interface {
 	*S
 	Settings
-}](name string, build func(context.Context, P) (hypervisor.Driver, error)) {
+}, D hypervisor.Driver](name string, build func(context.Context, P) (D, error)) {
 	if !ValidName(name) {
 		panic(fmt.Sprintf("registry: bad driver name %q", name))
 	}
@@ -141,7 +145,11 @@ func Register[S any, P interface {
 			if !ok {
 				return nil, fmt.Errorf("%s: settings of type %T, want %T", name, s, p)
 			}
-			return build(ctx, p)
+			drv, err := build(ctx, p)
+			if err != nil {
+				return nil, err // a nil interface, never a typed nil inside one
+			}
+			return drv, nil
 		},
 	}
 	mu.Lock()

@@ -69,7 +69,7 @@ func TestRegisterPanics(t *testing.T) {
 		{"taken name", func() { Register("fake-reg", build) }},
 		{"bad name", func() { Register("Bad/Name", build) }},
 		{"empty name", func() { Register("", build) }},
-		{"no constructor", func() { Register[testSettings]("fake-nil", nil) }},
+		{"no constructor", func() { Register[testSettings, *testSettings, *hypervisortest.Fake]("fake-nil", nil) }},
 	} {
 		func() {
 			defer func() {
@@ -82,6 +82,19 @@ func TestRegisterPanics(t *testing.T) {
 	}
 	if _, ok := Lookup("fake-nil"); ok {
 		t.Errorf("a refused Register left driver fake-nil registered")
+	}
+}
+
+func init() {
+	Register("fake-typed-nil", func(context.Context, *testSettings) (*hypervisortest.Fake, error) { return nil, nil })
+}
+
+// TestTypedNilConstructor: a constructor returning a nil *T without an
+// error is refused, not served as a driver.
+func TestTypedNilConstructor(t *testing.T) {
+	d, _ := Lookup("fake-typed-nil")
+	if drv, err := d.New(context.Background(), []byte(`{"name":"a"}`)); err == nil || drv != nil {
+		t.Errorf("New() = %#v, %v; want no driver and an error", drv, err)
 	}
 }
 

@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/agentexec"
 )
 
 // Driver defaults.
@@ -45,9 +46,9 @@ const (
 	// DefaultTCPPort is libvirtd's unencrypted TCP port.
 	DefaultTCPPort = "16509"
 	// DefaultExecTimeout bounds a command whose request sets no Timeout.
-	DefaultExecTimeout = 10 * time.Minute
+	DefaultExecTimeout = agentexec.DefaultExecTimeout
 	// DefaultInfoTTL is how long a guest-info answer is trusted for the exec preflight.
-	DefaultInfoTTL = 5 * time.Second
+	DefaultInfoTTL = agentexec.DefaultInfoTTL
 	// DefaultAgentTimeout is the agent timeout given to libvirt when the
 	// call's context has no deadline.
 	DefaultAgentTimeout = 30 * time.Second

@@ -5,13 +5,14 @@ import (
 	"path"
 	"strings"
 
-	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/registry"
 )
 
 // The driver registers itself as "libvirt": the binary links it in with a
 // blank import.
-func init() { registry.Register(Name, newFromSettings) }
+func init() {
+	registry.Register(Name, func(_ context.Context, s *Settings) (*Driver, error) { return New(s.config()) })
+}
 
 // Name is the driver's name in vmgate.yaml.
 const Name = "libvirt"
@@ -48,15 +49,6 @@ func (s *Settings) Validate() error {
 func (s *Settings) config() Config {
 	return Config{URI: s.URI, NameGlob: s.NameGlob, MetadataURI: s.MetadataURI,
 		ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D(), DialTimeout: s.DialTimeout.D()}
-}
-
-// newFromSettings builds the driver; nothing is connected until the first call.
-func newFromSettings(_ context.Context, s *Settings) (hypervisor.Driver, error) {
-	d, err := New(s.config())
-	if err != nil {
-		return nil, err // not a typed-nil *Driver in the interface
-	}
-	return d, nil
 }
 
 // check validates cfg and parses its URI; errors are *registry.FieldError

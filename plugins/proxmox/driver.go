@@ -24,7 +24,7 @@ import (
 // Driver defaults.
 const (
 	// DefaultExecTimeout bounds a command whose request sets no Timeout.
-	DefaultExecTimeout = 10 * time.Minute
+	DefaultExecTimeout = agentexec.DefaultExecTimeout
 	// nodeTTL is how long a vmid's node from cluster/resources is trusted.
 	nodeTTL = 5 * time.Second
 	// infoTTL is how long agent/info is trusted for the exec preflight.

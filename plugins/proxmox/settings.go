@@ -4,13 +4,15 @@ import (
 	"context"
 	"net/url"
 
-	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/registry"
 )
 
 // The driver registers itself as "proxmox": the binary links it in with a
 // blank import.
-func init() { registry.Register(Name, newFromSettings) }
+func init() {
+	// Open checks the token's privileges at once.
+	registry.Register(Name, func(ctx context.Context, s *Settings) (*Driver, error) { return Open(ctx, s.config()) })
+}
 
 // Name is the driver's name in vmgate.yaml.
 const Name = "proxmox"
@@ -43,16 +45,6 @@ func (s *Settings) Validate() error { return s.config().check() }
 func (s *Settings) config() Config {
 	return Config{URL: s.URL, TokenID: s.TokenID, TokenSecretFile: s.TokenSecretFile, CAFile: s.CAFile,
 		InsecureSkipVerify: s.InsecureSkipVerify, ExecTimeout: s.ExecTimeout.D()}
-}
-
-// newFromSettings opens the driver: the token's privileges are checked at
-// once (see Open).
-func newFromSettings(ctx context.Context, s *Settings) (hypervisor.Driver, error) {
-	d, err := Open(ctx, s.config())
-	if err != nil {
-		return nil, err // a nil interface, not a nil *Driver inside one
-	}
-	return d, nil
 }
 
 // check validates cfg without reading any file; errors are

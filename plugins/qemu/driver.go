@@ -21,9 +21,9 @@ import (
 // Driver defaults.
 const (
 	// DefaultExecTimeout bounds a command whose request sets no Timeout.
-	DefaultExecTimeout = 10 * time.Minute
+	DefaultExecTimeout = agentexec.DefaultExecTimeout
 	// DefaultInfoTTL is how long a guest-info answer is trusted for the exec preflight.
-	DefaultInfoTTL = 5 * time.Second
+	DefaultInfoTTL = agentexec.DefaultInfoTTL
 	// statusPing bounds the guest-ping of Status and the QMP query of ListVMs.
 	statusPing = 2 * time.Second
 	// agentFirst bounds the agent's attempt at shutdown or reboot before the QMP fallback.

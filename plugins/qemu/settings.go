@@ -6,13 +6,14 @@ import (
 	"path/filepath"
 	"regexp"
 
-	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/registry"
 )
 
 // The driver registers itself as "qemu": the binary links it in with a
 // blank import.
-func init() { registry.Register(Name, newFromSettings) }
+func init() {
+	registry.Register(Name, func(_ context.Context, s *Settings) (*Driver, error) { return New(s.config()) })
+}
 
 // Name is the driver's name in vmgate.yaml.
 const Name = "qemu"
@@ -76,14 +77,6 @@ func (s *Settings) config() Config {
 		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA})
 	}
 	return cfg
-}
-
-func newFromSettings(_ context.Context, s *Settings) (hypervisor.Driver, error) {
-	d, err := New(s.config())
-	if err != nil {
-		return nil, err // not a typed nil in a non-nil interface
-	}
-	return d, nil
 }
 
 var vmName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)

@@ -56,7 +56,7 @@ const (
 	// DefaultVBoxManage is the program looked up on PATH when Config.VBoxManage is empty.
 	DefaultVBoxManage = "VBoxManage"
 	// DefaultExecTimeout bounds a command whose request sets no Timeout.
-	DefaultExecTimeout = 10 * time.Minute
+	DefaultExecTimeout = agentexec.DefaultExecTimeout
 	// DefaultMaxOutputBytes caps each output stream when a request sets no cap.
 	DefaultMaxOutputBytes = 1 << 20
 	// DefaultGuestTempDir is where stdin files are staged in the guest.

@@ -5,13 +5,14 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/registry"
 )
 
 // The driver registers itself as "virtualbox": the binary links it in with
 // a blank import.
-func init() { registry.Register(Name, newFromSettings) }
+func init() {
+	registry.Register(Name, func(_ context.Context, s *Settings) (*Driver, error) { return New(s.config()) })
+}
 
 // Name is the driver's name in vmgate.yaml.
 const Name = "virtualbox"
@@ -50,14 +51,6 @@ func (s *Settings) Validate() error { return s.config().check() }
 func (s *Settings) config() Config {
 	return Config{VBoxManage: s.VBoxManage, Username: s.Username, PasswordFile: s.PasswordFile,
 		GuestTempDir: s.GuestTempDir, ExecTimeout: s.ExecTimeout.D()}
-}
-
-func newFromSettings(_ context.Context, s *Settings) (hypervisor.Driver, error) {
-	d, err := New(s.config())
-	if err != nil {
-		return nil, err // a nil interface, not a nil *Driver inside one
-	}
-	return d, nil
 }
 
 // check validates cfg without touching any file; errors are

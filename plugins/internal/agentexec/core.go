@@ -12,9 +12,15 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 )
 
-// DefaultInfoTTL is how long guest-info is trusted for the exec preflight
-// when CoreConfig.InfoTTL is zero.
-const DefaultInfoTTL = 5 * time.Second
+// The drivers' defaults.
+const (
+	// DefaultExecTimeout bounds a command whose request sets no timeout,
+	// on every driver unless its settings say otherwise.
+	DefaultExecTimeout = 10 * time.Minute
+	// DefaultInfoTTL is how long guest-info is trusted for the exec
+	// preflight when CoreConfig.InfoTTL is zero.
+	DefaultInfoTTL = 5 * time.Second
+)
 
 // Agent is how the core reaches one VM's guest agent. qga.Agent (over any
 // qga.Caller: the agent's socket, libvirt's agent command, a REST relay)
