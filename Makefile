@@ -4,9 +4,6 @@ BIN     ?= bin
 VMGATE  := $(BIN)/vmgate
 PKGS    := ./...
 
-# Debian packages the lab VM and the tests need (also installed by .ci/run).
-DEB_PKGS := qemu-system-x86 qemu-utils qemu-guest-agent busybox-static cpio redis-server libvirt-daemon-system libvirt-clients
-
 .PHONY: all build test lint demo deps clean bench bench-profile chaos chaos-long
 
 all: build
@@ -18,9 +15,11 @@ build:
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/vmgate-guest-linux-amd64 ./cmd/vmgate-guest
 	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/vmgate-guest-linux-arm64 ./cmd/vmgate-guest
 
-# Runs vet and every test. Tests that need a VM boot their own lab VMs; with
-# VMGATE_REQUIRE_VM=1 (CI) they fail rather than skip when QEMU is missing.
-test:
+# Installs what the tests need (deps), then runs vet, the go.mod check and
+# every test. Tests that need a VM boot their own lab VMs; with
+# VMGATE_REQUIRE_VM=1 (CI) they fail rather than skip when QEMU is missing,
+# and any skipped test not on scripts/test-skips.allow fails the run.
+test: deps
 	scripts/test.sh
 
 lint:
@@ -28,14 +27,10 @@ lint:
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-# Installs the Debian packages if any is missing (needs root or sudo).
+# Installs what the tests need and is missing: the Debian packages (root or
+# sudo), node and npm, the end-to-end tests' npm packages (scripts/deps.sh).
 deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
-	  if [ -n "$$missing" ]; then \
-	    echo "installing:" $$missing; \
-	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	    $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends $$missing; \
-	  fi
+	scripts/deps.sh
 
 # The main job on embedded defaults: installs what is missing, builds, boots
 # the lab VM and serves vmgate over HTTP on 127.0.0.1:8707, printing how to

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Runs vet and the whole test suite, keeps the verbose log, and prints a
-# summary that shows which tests ran on a real VM (and that none was skipped
-# when VMGATE_REQUIRE_VM=1).
+# Runs vet, checks that go.mod says which requirements are direct (go mod
+# tidy -diff), runs the whole test suite, keeps the verbose log, and prints
+# a summary. With VMGATE_REQUIRE_VM=1 (CI) a skipped test fails the run
+# unless scripts/test-skips.allow lists it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 go vet ./...
+if ! go mod tidy -diff >/dev/null; then
+	echo "go.mod or go.sum is not tidy (run go mod tidy):"
+	go mod tidy -diff || true
+	exit 1
+fi
 
 log=$(mktemp -t vmgate-test.XXXXXX.log)
 status=0
@@ -21,8 +27,28 @@ skips=$(grep -cE '^\s*--- SKIP' "$log" || true)
 echo "skipped tests (any level): $skips"
 grep -E -B2 -A12 '^\s*--- FAIL' "$log" | head -n 300 || true
 grep -E '^(ok|FAIL|\?)\s' "$log" || true
+
+# Skipped tests as "PACKAGE TEST" (go test prints each package's output
+# together, ending with its ok/FAIL line), and node test runs that skipped.
+skipped=$(awk -v mod="github.com/vmgate/vmgate" '
+	$1 == "---" && $2 == "SKIP:" { pending[n++] = $3; next }
+	/ℹ skipped [1-9]/ { pending[n++] = "(node tests: " $NF " skipped)"; next }
+	/^(ok|FAIL|\?)[[:space:]]/ {
+		pkg = $2
+		if (pkg == mod) pkg = "."; else sub("^" mod "/", "", pkg)
+		for (i = 0; i < n; i++) print pkg " " pending[i]
+		n = 0
+	}' "$log")
+if [ -n "${VMGATE_REQUIRE_VM:-}" ] && [ -n "$skipped" ]; then
+	unlisted=$(grep -vxF -f <(grep -vE '^\s*(#|$)' scripts/test-skips.allow) <<<"$skipped" || true)
+	if [ -n "$unlisted" ]; then
+		echo "VMGATE_REQUIRE_VM is set and these tests skipped (not on scripts/test-skips.allow):"
+		echo "$unlisted"
+		[ "$status" -ne 0 ] || status=1
+	fi
+fi
 if [ "$status" -ne 0 ]; then
-	echo "go test failed (exit $status); full log: $log"
+	echo "tests failed (status $status); full log: $log"
 	tail -n 60 "$log"
 fi
 exit "$status"

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a Debian machine, and nothing that is
+# already there: the Debian packages below (with sudo unless root), node and
+# npm when missing, and the end-to-end tests' npm packages (npm ci, pinned
+# by e2e/package-lock.json) when e2e/node_modules is missing or older than
+# the lock file. `make test` runs it first; .ci/run too.
+#
+# The libvirt packages socket-activate a system libvirtd and virtlogd on a
+# host with systemd; the libvirt tests start daemons of their own and refuse
+# to run while a system one answers. So when this script installs libvirt
+# it stops those units, and --stop-system-libvirt (CI) stops them always.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The lab VM (qemu, the guest agent, busybox and cpio for the initramfs),
+# qemu-img for snapshots and overlays, Redis for the replica store, libvirt
+# for the libvirt driver, chromium for the approvals page.
+pkgs=(qemu-system-x86 qemu-utils qemu-guest-agent busybox-static cpio redis-server
+	libvirt-daemon-system libvirt-clients chromium)
+
+stop_libvirt=0
+[ "${1:-}" = "--stop-system-libvirt" ] && stop_libvirt=1
+
+sudo=""
+[ "$(id -u)" = 0 ] || sudo=sudo
+
+missing=()
+for p in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
+if [ "${#missing[@]}" -gt 0 ]; then
+	echo "deps: installing ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	$sudo apt-get update
+	$sudo apt-get install -y --no-install-recommends "${missing[@]}"
+	case " ${missing[*]} " in *" libvirt-daemon-system "*) stop_libvirt=1 ;; esac
+fi
+
+if [ "$stop_libvirt" = 1 ] && [ -d /run/systemd/system ]; then
+	echo "deps: stopping the system libvirtd and virtlogd units (the libvirt tests run their own)"
+	$sudo systemctl stop libvirtd.service libvirtd.socket libvirtd-ro.socket libvirtd-admin.socket \
+		virtlogd.service virtlogd.socket virtlogd-admin.socket || true
+fi
+
+# The end-to-end tests drive vmgate with the official MCP TypeScript SDK.
+if [ ! -e e2e/node_modules/.package-lock.json ] || [ e2e/package-lock.json -nt e2e/node_modules/.package-lock.json ]; then
+	echo "deps: npm ci in e2e"
+	npm ci --prefix e2e --no-audit --no-fund
+fi
