@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,8 +46,9 @@ type realAgent struct {
 	done chan struct{}
 }
 
-// startAgent starts qemu-ga on sock with the dangerous RPCs and extra blocked.
-// The test's cleanup kills it by pid and waits for it.
+// startAgent starts qemu-ga on sock with the dangerous RPCs and extra
+// blocked, and returns once it accepts connections. The test's cleanup
+// kills it by pid and waits for it.
 func startAgent(t testing.TB, dir, sock string, extraBlocked ...string) *realAgent {
 	t.Helper()
 	bin := qemuGA(t)
@@ -61,18 +64,46 @@ func startAgent(t testing.TB, dir, sock string, extraBlocked ...string) *realAge
 	a := &realAgent{sock: sock, cmd: cmd, done: make(chan struct{})}
 	go func() { cmd.Wait(); close(a.done) }()
 	t.Cleanup(a.stop)
-	for i := 0; ; i++ {
-		if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			return a
+	a.waitListening(t)
+	return a
+}
+
+// agentStartTimeout bounds qemu-ga's start: a limit on a condition, not a
+// pause (the wait ends as soon as the agent accepts).
+const agentStartTimeout = time.Minute
+
+// waitListening waits until the agent accepts a connection: its socket file
+// exists, then a connect succeeds (qemu-ga creates the file when it binds,
+// before it listens, so a connect in between is refused). It fails the test
+// when qemu-ga exits first or does not listen within agentStartTimeout.
+func (a *realAgent) waitListening(t testing.TB) {
+	t.Helper()
+	deadline := time.NewTimer(agentStartTimeout)
+	defer deadline.Stop()
+	wait := time.Millisecond
+	var last error
+	for {
+		if fi, err := os.Stat(a.sock); err != nil {
+			last = err
+		} else if fi.Mode()&os.ModeSocket == 0 {
+			last = fmt.Errorf("%s is not a socket", a.sock)
+		} else if conn, err := net.Dial("unix", a.sock); err != nil {
+			last = err
+		} else {
+			conn.Close()
+			return
 		}
+		retry := time.NewTimer(wait)
 		select {
 		case <-a.done:
-			t.Fatalf("qemu-ga exited at start: %s", cmd.Stderr)
-		case <-time.After(5 * time.Millisecond):
+			retry.Stop()
+			t.Fatalf("qemu-ga exited at start: %s", a.cmd.Stderr)
+		case <-deadline.C:
+			retry.Stop()
+			t.Fatalf("qemu-ga does not accept connections on %s after %v: %v", a.sock, agentStartTimeout, last)
+		case <-retry.C:
 		}
-		if i > 2000 {
-			t.Fatalf("qemu-ga socket %s did not appear", sock)
-		}
+		wait = min(2*wait, 50*time.Millisecond)
 	}
 }
 

@@ -168,6 +168,16 @@ func Lookup(name string) (Driver, bool) {
 	return d, ok
 }
 
+// New builds the driver registered as name from its JSON settings (see
+// Driver.New). An unknown name wraps hypervisor.ErrInvalidArgument.
+func New(ctx context.Context, name string, config []byte) (hypervisor.Driver, error) {
+	d, ok := Lookup(name)
+	if !ok {
+		return nil, fmt.Errorf("registry: %w: no driver %q is registered", hypervisor.ErrInvalidArgument, name)
+	}
+	return d.New(ctx, config)
+}
+
 // Names lists the registered drivers, sorted.
 func Names() []string {
 	mu.RLock()

@@ -55,6 +55,12 @@ func TestLookupAndNames(t *testing.T) {
 	if _, ok := Lookup("nope"); ok {
 		t.Errorf("Lookup(nope) found a driver")
 	}
+	if drv, err := New(context.Background(), "nope", nil); drv != nil || !errors.Is(err, hypervisor.ErrInvalidArgument) {
+		t.Errorf("New(nope) = %v, %v; want no driver and %v", drv, err, hypervisor.ErrInvalidArgument)
+	}
+	if drv, err := New(context.Background(), "fake-reg", []byte(`{"name":"x"}`)); drv == nil || err != nil {
+		t.Errorf("New(fake-reg) = %v, %v; want the driver", drv, err)
+	}
 	if !slices.Contains(Names(), "fake-reg") || !slices.IsSorted(Names()) {
 		t.Errorf("Names() = %v; want it sorted, with fake-reg", Names())
 	}

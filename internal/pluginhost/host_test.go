@@ -90,7 +90,8 @@ func TestPluginKilledMidCallFailsThatCallAndRestarts(t *testing.T) {
 		_, err := hypervisor.Run(ctx, s, "vm1", hypervisor.ExecRequest{Argv: []string{"sleep", "5"}})
 		done <- result{err, time.Since(start)}
 	}()
-	time.Sleep(300 * time.Millisecond) // let the Run RPC reach the plugin
+	// Kill the plugin once the command started inside it (it says so in the log).
+	waitLog(t, logs, "sleepy exec started")
 	if err := syscall.Kill(oldPID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill(%d) = %v", oldPID, err)
 	}

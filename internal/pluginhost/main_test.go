@@ -93,6 +93,7 @@ func newSleepy(_ context.Context, c *sleepySettings) (hypervisor.Driver, error) 
 			if err != nil {
 				return hypervisor.ExecHandle{}, fmt.Errorf("sleepy: %w: %w", hypervisor.ErrInvalidArgument, err)
 			}
+			slog.Warn("sleepy exec started", "argv", req.Argv) // tests wait for this line in the host's log
 			mu.Lock()
 			defer mu.Unlock()
 			tok := strconv.Itoa(len(ends) + 1)
@@ -180,6 +181,20 @@ func alive(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z'
+}
+
+// waitLog waits until the host's log holds want (a plugin's stderr reaches
+// it), bounded by a minute; it fails the test otherwise.
+func waitLog(t *testing.T, logs *logBuffer, want string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	var b hypervisor.Backoff
+	for !strings.Contains(logs.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the host log never said %q:\n%s", want, logs.String())
+		}
+		time.Sleep(b.Next())
+	}
 }
 
 // waitGone waits up to d for pid to be gone.

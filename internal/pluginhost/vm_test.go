@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -56,11 +57,22 @@ func TestQEMUPluginKilledDuringExec(t *testing.T) {
 	}
 	pid := s.PID()
 	errc := make(chan error, 1)
+	marker := fmt.Sprintf("/tmp/vmgate-killed-during-exec-%d", time.Now().UnixNano())
 	go func() {
-		_, err := hypervisor.Run(ctx, s, "t1", hypervisor.ExecRequest{Argv: []string{"sleep", "5"}})
+		_, err := hypervisor.Run(ctx, s, "t1", hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", `: >"$1"; exec sleep 5`, "sh", marker}})
 		errc <- err
 	}()
-	time.Sleep(time.Second) // the exec is running in the guest
+	// The exec runs in the guest once its marker file exists (read through
+	// the same plugin, between the Run's polls).
+	var b hypervisor.Backoff
+	for {
+		if _, err := s.FileRead(ctx, "t1", marker, 1); err == nil {
+			break
+		} else if ctx.Err() != nil {
+			t.Fatalf("the exec's marker %s never appeared: %v", marker, err)
+		}
+		time.Sleep(b.Next())
+	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill(%d) = %v", pid, err)
 	}

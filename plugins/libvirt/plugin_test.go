@@ -88,22 +88,22 @@ func TestRegisteredSettings(t *testing.T) {
 	}
 	for _, tc := range good {
 		t.Run(tc.name, func(t *testing.T) {
-			hd, err := newFromJSON(context.Background(), []byte(tc.config))
+			hd, err := registry.New(context.Background(), Name, []byte(tc.config))
 			if err != nil {
-				t.Fatalf("newFromJSON(%s) = %v; want nil", tc.config, err)
+				t.Fatalf("registry.New(Name, %s) = %v; want nil", tc.config, err)
 			}
 			d := hd.(*Driver)
 			defer d.Close()
 			got := d.cfg
 			got.Logger = nil
 			if got != tc.want || d.ep != tc.ep {
-				t.Errorf("newFromJSON(%s) = %+v at %+v; want %+v at %+v", tc.config, got, d.ep, tc.want, tc.ep)
+				t.Errorf("registry.New(Name, %s) = %+v at %+v; want %+v at %+v", tc.config, got, d.ep, tc.want, tc.ep)
 			}
 			d.mu.Lock()
 			connected := d.conn != nil
 			d.mu.Unlock()
 			if connected {
-				t.Errorf("newFromJSON(%s) connected; want nothing dialled before the first call", tc.config)
+				t.Errorf("registry.New(Name, %s) connected; want nothing dialled before the first call", tc.config)
 			}
 		})
 	}
@@ -135,12 +135,12 @@ func TestRegisteredSettings(t *testing.T) {
 		{"uri ssh", `{"uri": "qemu+ssh://root@virt/system"}`, hypervisor.ErrNotSupported},
 	}
 	for _, tc := range bad {
-		d, err := newFromJSON(context.Background(), []byte(tc.config))
+		d, err := registry.New(context.Background(), Name, []byte(tc.config))
 		if !errors.Is(err, tc.want) {
-			t.Errorf("newFromJSON(%s) [%s] = %v, %v; want %v", tc.config, tc.name, d, err, tc.want)
+			t.Errorf("registry.New(Name, %s) [%s] = %v, %v; want %v", tc.config, tc.name, d, err, tc.want)
 		}
 		if d != nil {
-			t.Errorf("newFromJSON(%s) [%s] returned a driver with an error", tc.config, tc.name)
+			t.Errorf("registry.New(Name, %s) [%s] returned a driver with an error", tc.config, tc.name)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -170,6 +171,35 @@ func otherAnswers(d *Driver, deadline time.Duration) (time.Time, error) {
 	return time.Now(), err
 }
 
+// waitConsole waits until the guest console log at path holds marker.
+func waitConsole(ctx context.Context, t *testing.T, path, marker string) {
+	t.Helper()
+	var b hypervisor.Backoff
+	for {
+		log, err := os.ReadFile(path)
+		if err == nil && strings.Contains(string(log), marker) {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the guest console %s never said %q (%v)", path, marker, err)
+		}
+		time.Sleep(b.Next())
+	}
+}
+
+// waitSlot waits until a domain's agent slot is held (an agent call is in
+// libvirt) or free.
+func waitSlot(ctx context.Context, t *testing.T, slot chan struct{}, held bool) {
+	t.Helper()
+	var b hypervisor.Backoff
+	for (len(slot) == 1) != held {
+		if ctx.Err() != nil {
+			t.Fatalf("agent slot held = %v; want %v", len(slot) == 1, held)
+		}
+		time.Sleep(b.Next())
+	}
+}
+
 // TestAgentIsolation: a suspended domain's agent calls fail at once (libvirt
 // refuses them), and an agent that never answers (qemu-ga stopped in the
 // guest) times out within the caller's deadline while another domain
@@ -210,11 +240,16 @@ func TestAgentIsolation(t *testing.T) {
 	t.Run("AgentNeverAnswers", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		// The shell's parent is qemu-ga: stop it once guest-exec has answered.
-		if _, err := d.ExecStart(ctx, vmOther, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", "sleep 1; kill -STOP $PPID"}}); err != nil {
+		// The shell's parent is qemu-ga: stop it once guest-exec has answered,
+		// then say so on the console (no agent call may probe it: libvirt
+		// would mark the agent unresponsive and fail later calls at once).
+		marker := fmt.Sprintf("vmgate-agent-stopped-%d", time.Now().UnixNano())
+		script := `sleep 1; kill -STOP $PPID && echo "$1" >/dev/console`
+		if _, err := d.ExecStart(ctx, vmOther, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", script, "sh", marker}}); err != nil {
 			t.Fatalf("ExecStart(%s, kill -STOP qemu-ga) = %v", vmOther, err)
 		}
-		time.Sleep(3 * time.Second)
+		waitConsole(ctx, t, env.Domain(vmOther).SerialLog, marker)
+		slot := mustLookup(t, d, vmOther).agentSlot
 
 		const hungDeadline = 6 * time.Second
 		type outcome struct {
@@ -234,7 +269,8 @@ func TestAgentIsolation(t *testing.T) {
 				hung <- outcome{err, time.Since(start), time.Now(), dl}
 			}()
 		}
-		time.Sleep(500 * time.Millisecond)
+		// Both hung calls are under way once one holds the domain's agent slot.
+		waitSlot(ctx, t, slot, true)
 		answered, err := otherAnswers(d, time.Minute)
 		if err != nil {
 			t.Errorf("Run(%s) while %s's agent hangs: %v", vmT1, vmOther, err)

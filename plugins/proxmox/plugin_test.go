@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/hypervisor/registry"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
@@ -69,9 +70,9 @@ func TestConformancePower(t *testing.T) {
 func TestRegisteredSettings(t *testing.T) {
 	e := startEmu(t, pveemu.PVE92, nil)
 	good := jsonConfig(e.cfg)
-	d, err := newFromJSON(context.Background(), good)
+	d, err := registry.New(context.Background(), Name, good)
 	if err != nil {
-		t.Fatalf("newFromJSON(%s) = %v; want nil", good, err)
+		t.Fatalf("registry.New(Name, %s) = %v; want nil", good, err)
 	}
 	d.(hypervisor.Closer).Close()
 	var m map[string]any
@@ -88,12 +89,12 @@ func TestRegisteredSettings(t *testing.T) {
 		}
 		mod(c)
 		b, _ := json.Marshal(c)
-		if _, err := newFromJSON(context.Background(), b); !errors.Is(err, hypervisor.ErrInvalidArgument) {
-			t.Errorf("newFromJSON(%s) [%s] = %v; want %v", b, name, err, hypervisor.ErrInvalidArgument)
+		if _, err := registry.New(context.Background(), Name, b); !errors.Is(err, hypervisor.ErrInvalidArgument) {
+			t.Errorf("registry.New(Name, %s) [%s] = %v; want %v", b, name, err, hypervisor.ErrInvalidArgument)
 		}
 	}
-	if _, err := newFromJSON(context.Background(), append(good, []byte(" {}")...)); !errors.Is(err, hypervisor.ErrInvalidArgument) {
-		t.Errorf("newFromJSON(with trailing data) = %v; want %v", err, hypervisor.ErrInvalidArgument)
+	if _, err := registry.New(context.Background(), Name, append(good, []byte(" {}")...)); !errors.Is(err, hypervisor.ErrInvalidArgument) {
+		t.Errorf("registry.New(Name, with trailing data) = %v; want %v", err, hypervisor.ErrInvalidArgument)
 	}
 }
 

@@ -40,12 +40,12 @@ func TestRegisteredSettings(t *testing.T) {
 		{`{"vms":[{"name":"vm1","qmp_socket":"q","qga_socket":"g"}]}`, false},
 	}
 	for _, tt := range tests {
-		d, err := newFromJSON(context.Background(), []byte(tt.config))
+		d, err := registry.New(context.Background(), Name, []byte(tt.config))
 		if (err == nil) != tt.ok {
-			t.Errorf("newFromJSON(%s) = %v; want ok=%v", tt.config, err, tt.ok)
+			t.Errorf("registry.New(Name, %s) = %v; want ok=%v", tt.config, err, tt.ok)
 		}
 		if err != nil && !errors.Is(err, hypervisor.ErrInvalidArgument) {
-			t.Errorf("newFromJSON(%s) = %v; want ErrInvalidArgument", tt.config, err)
+			t.Errorf("registry.New(Name, %s) = %v; want ErrInvalidArgument", tt.config, err)
 		}
 		if c, ok := d.(hypervisor.Closer); ok {
 			c.Close()
@@ -55,10 +55,10 @@ func TestRegisteredSettings(t *testing.T) {
 
 // TestSettingsReachTheConfig: every setting ends up in the driver's Config.
 func TestSettingsReachTheConfig(t *testing.T) {
-	d, err := newFromJSON(context.Background(),
+	d, err := registry.New(context.Background(), Name,
 		[]byte(`{"lab_dir":"/s/lab","exec_timeout":"90s","info_ttl":"2s","vms":[{"name":"vm1","qmp":"/q.sock","qga":"/g.sock"}]}`))
 	if err != nil {
-		t.Fatalf("newFromJSON() = %v", err)
+		t.Fatalf("registry.New(Name, ) = %v", err)
 	}
 	drv := d.(*Driver)
 	defer drv.Close()

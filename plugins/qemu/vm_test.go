@@ -173,9 +173,12 @@ func TestLabKilledMidExec(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ExecStart(sleep 60) = %v; want nil", err)
 	}
+	// The command runs and is polled: the kill lands mid-exec.
+	if res, err := d.ExecStatus(ctx, "victim", h); err != nil || res.Exited {
+		t.Fatalf("ExecStatus(sleep 60) = %+v, %v; want it running", res, err)
+	}
 	done := make(chan error, 1)
 	go func() { _, err := hypervisor.Wait(ctx, d, "victim", h); done <- err }()
-	time.Sleep(200 * time.Millisecond) // let the polling start
 	if err := syscall.Kill(v.PID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill qemu pid %d: %v", v.PID, err)
 	}

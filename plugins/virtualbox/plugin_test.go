@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/hypervisor/registry"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
 )
@@ -44,9 +45,9 @@ func TestConformancePlugin(t *testing.T) {
 func TestRegisteredSettings(t *testing.T) {
 	e := newEmulator(t)
 	good := e.jsonConfig()
-	d, err := newFromJSON(context.Background(), good)
+	d, err := registry.New(context.Background(), Name, good)
 	if err != nil {
-		t.Fatalf("newFromJSON(%s) = %v; want nil", good, err)
+		t.Fatalf("registry.New(Name, %s) = %v; want nil", good, err)
 	}
 	d.(hypervisor.Closer).Close()
 	for _, bad := range []string{
@@ -56,8 +57,8 @@ func TestRegisteredSettings(t *testing.T) {
 		`{"username":7}`,
 		`[]`,
 	} {
-		if _, err := newFromJSON(context.Background(), []byte(bad)); !errors.Is(err, hypervisor.ErrInvalidArgument) {
-			t.Errorf("newFromJSON(%s) = %v; want %v", bad, err, hypervisor.ErrInvalidArgument)
+		if _, err := registry.New(context.Background(), Name, []byte(bad)); !errors.Is(err, hypervisor.ErrInvalidArgument) {
+			t.Errorf("registry.New(Name, %s) = %v; want %v", bad, err, hypervisor.ErrInvalidArgument)
 		}
 	}
 }
