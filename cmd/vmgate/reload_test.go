@@ -45,11 +45,17 @@ func (s *swaps) count() int {
 
 func writePolicy(t *testing.T, path, doc string, mod time.Time) {
 	t.Helper()
-	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+	// Written aside and renamed into place, so a poll never sees the file
+	// between the write and the Chtimes (with the write's own mtime).
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// A distinct mtime per write, so the change is seen even within one clock tick.
-	if err := os.Chtimes(path, mod, mod); err != nil {
+	if err := os.Chtimes(tmp, mod, mod); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
 }
