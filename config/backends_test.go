@@ -102,18 +102,20 @@ func TestParseBadBackends(t *testing.T) {
 	virt := func(settings string) string {
 		return grantsDoc + "backends: [{name: virt, driver: libvirt, settings: " + settings + "}]\n"
 	}
-	const okPVE = "url: https://h:8006, token_id: u@pve!t, token_secret_file: s"
+	const okPVE = "url: https://h:8006, token_id: u@pve!tk, token_secret_file: s"
 	tests := []struct{ name, doc, want string }{
-		{"proxmox http url", pve("{url: http://h:8006, token_id: u@pve!t, token_secret_file: s}"), "backends[1].settings.url: \"http://h:8006\" must be https"},
-		{"proxmox no url", pve("{token_id: u@pve!t, token_secret_file: s}"), "backends[1].settings.url: required (https://host:8006) (line 9)"},
-		{"proxmox url with credentials", pve("{url: 'https://root:pw@h', token_id: u@pve!t, token_secret_file: s}"), "backends[1].settings.url:"},
+		{"proxmox http url", pve("{url: http://h:8006, token_id: u@pve!tk, token_secret_file: s}"), "backends[1].settings.url: \"http://h:8006\" must be https"},
+		{"proxmox no url", pve("{token_id: u@pve!tk, token_secret_file: s}"), "backends[1].settings.url: required (https://host:8006) (line 9)"},
+		{"proxmox url with credentials", pve("{url: 'https://root:pw@h', token_id: u@pve!tk, token_secret_file: s}"), "backends[1].settings.url:"},
 		{"proxmox unknown setting", pve("{" + okPVE + ", urll: x}"), "backends[1].settings.urll: unknown setting (line 9"},
 		{"proxmox misspelt case", pve("{" + okPVE + ", URL: x}"), "backends[1].settings.URL: unknown setting"},
 		{"proxmox duplicate key", pve("{" + okPVE + ", url: https://other}"), "backends[1].settings.url: defined twice"},
 		{"proxmox bool as string", pve("{" + okPVE + ", insecure_skip_verify: 'yes'}"), "backends[1].settings.insecure_skip_verify: want true or false"},
-		{"proxmox url as number", pve("{url: 8006, token_id: u@pve!t, token_secret_file: s}"), "backends[1].settings.url: want a string, got int \"8006\""},
+		{"proxmox url as number", pve("{url: 8006, token_id: u@pve!tk, token_secret_file: s}"), "backends[1].settings.url: want a string, got int \"8006\""},
 		{"proxmox bad token id", pve("{url: https://h, token_id: root, token_secret_file: s}"), "backends[1].settings.token_id: \"root\" must be USER@REALM!TOKENID"},
-		{"proxmox no secret", pve("{url: https://h, token_id: u@pve!t}"), "backends[1].settings.token_secret_file: required"},
+		// The driver's own rule (pve-access-control's): a token id of one character is refused at load time.
+		{"proxmox one-character token id", pve("{url: https://h, token_id: u@pve!t, token_secret_file: s}"), "backends[1].settings.token_id: \"u@pve!t\" must be USER@REALM!TOKENID (line 9)"},
+		{"proxmox no secret", pve("{url: https://h, token_id: u@pve!tk}"), "backends[1].settings.token_secret_file: required"},
 		{"proxmox bad timeout", pve("{" + okPVE + ", exec_timeout: soon}"), "backends[1].settings.exec_timeout:"},
 		{"proxmox negative timeout", pve("{" + okPVE + ", exec_timeout: -1s}"), "backends[1].settings.exec_timeout: \"-1s\" must be positive (line 9)"},
 		{"proxmox ca and insecure", pve("{" + okPVE + ", ca_file: ca.pem, insecure_skip_verify: true}"), "ca_file and insecure_skip_verify exclude each other"},
