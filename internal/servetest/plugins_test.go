@@ -268,7 +268,7 @@ func TestServeRefusesBadBackends(t *testing.T) {
 	// want is the message's start (after "vmgate: ") and what it says further on.
 	tests := []struct{ name, backends, want, says string }{
 		{"proxmox over http",
-			"backends:\n  - {name: lab, driver: qemu, settings: {lab: true}}\n  - {name: pve, driver: proxmox, settings: {url: 'http://pve:8006', token_id: 'a@pve!t', token_secret_file: s}}\n",
+			"backends:\n  - {name: lab, driver: qemu, settings: {lab: true}}\n  - {name: pve, driver: proxmox, settings: {url: 'http://pve:8006', token_id: 'a@pve!tk', token_secret_file: s}}\n",
 			"config: " + filepath.Join(dir, "vmgate-0.yaml") + ": ", `backends[1].settings.url: "http://pve:8006" must be https`},
 		{"virtualbox unknown setting",
 			"backends: [{name: vb, driver: virtualbox, settings: {username: u, password_file: p, password: hunter2}}]\n",
@@ -289,7 +289,7 @@ func TestServeRefusesBadBackends(t *testing.T) {
 			"backends: [{name: ext, driver: fake, settings: {vms: [a], surprise: 1}}]\n",
 			"serve: backend ext (driver fake): ", `fakeplugin: config: invalid argument: json: unknown field "surprise"`},
 		{"proxmox plugin refusing a missing secret file",
-			fmt.Sprintf("backends: [{name: pve, driver: proxmox, settings: {url: 'https://pve:8006', token_id: 'a@pve!t', token_secret_file: %q}}]\n", secret+".missing"),
+			fmt.Sprintf("backends: [{name: pve, driver: proxmox, settings: {url: 'https://pve:8006', token_id: 'a@pve!tk', token_secret_file: %q}}]\n", secret+".missing"),
 			"serve: backend pve (driver proxmox): ", "proxmox: config: token secret file: open " + secret + ".missing"},
 		{"virtualbox plugin without VBoxManage",
 			fmt.Sprintf("backends: [{name: vb, driver: virtualbox, settings: {vboxmanage: no-such-vboxmanage, username: u, password_file: %q}}]\n", secret),
