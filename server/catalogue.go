@@ -15,15 +15,6 @@ import (
 // JSON Schema that tools/list publishes and the strict validator the gate
 // runs are both generated from that description, so they cannot disagree.
 
-// MaxPID is the largest pid a Linux guest can have (PID_MAX_LIMIT).
-const MaxPID = 4194304
-
-// Signals are the signals kill_process accepts.
-var Signals = []string{"TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT"}
-
-// PowerActions are the actions vm_power accepts.
-var PowerActions = []string{"shutdown", "reboot", "reset", "stop", "start"}
-
 type fieldKind uint8
 
 const (
@@ -58,7 +49,10 @@ type toolSpec struct {
 	readOnly    bool
 	destructive bool
 	idempotent  bool
-	run         func(s *Server, c *call) result
+	// plan and run are set by newTool from the tool's argument struct and
+	// handler (see args.go).
+	plan *argPlan
+	run  func(s *Server, c *call) result
 }
 
 func (t *toolSpec) field(name string) *field {
@@ -118,128 +112,33 @@ func sessionField() field {
 	return field{name: "session", kind: kindString, desc: "Session id from create_session.", maxLen: 128}
 }
 
-// catalogue returns the tool specs for limits, in tools/list order.
+// catalogue returns the tool specs for limits, in tools/list order. Each
+// tool is defined in the file of its family, with its argument struct and
+// handler:
+//
+//	tool_vms.go        list_vms, vm_status
+//	tool_exec.go       vm_agent_exec, vm_agent_exec_status
+//	tool_processes.go  list_processes, kill_process
+//	tool_sessions.go   create_session, list_sessions, destroy_session
+//	tool_files.go      vm_file_read, vm_file_write
+//	tool_power.go      vm_power
+//
+// A new family (snapshots, VM lifecycle) gets its own tool_<family>.go and
+// its entries here.
 func catalogue(l Limits) []*toolSpec {
 	return []*toolSpec{
-		{
-			name: "list_vms", title: "List VMs", readOnly: true, idempotent: true,
-			desc: "List the VMs you can use, with their power state. Use the returned ids as the vm argument of the other tools.",
-			run:  (*Server).runListVMs,
-		},
-		{
-			name: "vm_status", title: "VM status", readOnly: true, idempotent: true,
-			desc:   "Report a VM's power state and whether its guest agent answers (needed by exec, file and process tools).",
-			fields: []field{vmField(true)},
-			run:    (*Server).runStatus,
-		},
-		{
-			name: "list_processes", title: "List processes", readOnly: true, idempotent: true,
-			desc:   "List the processes in a VM (pid, name, user, start time), optionally only those of one session. vmgate installs its vmgate-guest helper in the VM on first use.",
-			fields: []field{vmField(true), sessionField()},
-			run:    (*Server).runListProcesses,
-		},
-		{
-			name: "list_sessions", title: "List sessions", readOnly: true, idempotent: true,
-			desc:   "List your sessions, in one VM or in all. vmgate installs its vmgate-guest helper in the VM on first use.",
-			fields: []field{vmField(false)},
-			run:    (*Server).runListSessions,
-		},
-		{
-			name: "vm_agent_exec", title: "Run a command in a VM",
-			desc: "Run a command in a VM through its guest agent and return exit code, stdout and stderr. " +
-				"Give exactly one of command (an argv array, run without a shell) or shell (a string run by /bin/sh -c). " +
-				"The command is killed after timeout_s seconds (timed_out: true, partial output kept). " +
-				"Output is capped per stream (stdout_truncated/stderr_truncated say so). " +
-				"With wait: false it returns an exec_id at once; poll it with vm_agent_exec_status.",
-			fields: []field{
-				vmField(true),
-				{name: "command", kind: kindStringArray, desc: "Program and arguments, e.g. [\"ls\", \"-l\", \"/tmp\"]. No shell is involved.", maxLen: 4096},
-				{name: "shell", kind: kindString, desc: "A shell command line, run as /bin/sh -c SHELL.", maxLen: 1 << 16},
-				{name: "stdin", kind: kindString, desc: "Text written to the command's standard input, which is then closed.", allowNUL: true},
-				{name: "env", kind: kindStringMap, desc: "Environment variables to add, name → value.", maxLen: 256},
-				{name: "cwd", kind: kindString, desc: "Absolute working directory in the guest.", maxLen: 4096},
-				sessionField(),
-				{name: "timeout_s", kind: kindInteger, desc: fmt.Sprintf("Seconds before the command is killed (default %d).", l.DefaultTimeoutS), min: 1, max: l.MaxTimeoutS},
-				{name: "max_output_bytes", kind: kindInteger, desc: fmt.Sprintf("Cap for each of stdout and stderr; the server caps it at %d.", l.MaxOutputBytes), min: 1, max: math.MaxInt64},
-				{name: "wait", kind: kindBoolean, desc: "Wait for the command to finish (default true). false returns an exec_id to poll."},
-			},
-			exactlyOne: [][]string{{"command", "shell"}},
-			run:        (*Server).runExec,
-		},
-		{
-			name: "vm_agent_exec_status", title: "Poll a command", readOnly: true,
-			desc: "Poll a command started with vm_agent_exec wait: false. Returns exited: false while it runs, " +
-				"then the final exit code and output (after which the exec_id is forgotten).",
-			fields: []field{vmField(true), {name: "exec_id", kind: kindString, desc: "The exec_id vm_agent_exec returned.", required: true, maxLen: 128}},
-			run:    (*Server).runExecStatus,
-		},
-		{
-			name: "create_session", title: "Create a session",
-			desc: "Create a session in a VM: a work directory whose processes are tracked together and can be limited " +
-				"and destroyed as one. vmgate installs its vmgate-guest helper in the VM on first use.",
-			fields: []field{
-				vmField(true),
-				{name: "ttl_s", kind: kindInteger, desc: "Seconds until the session is destroyed.", min: 1, max: 7 * 86400},
-				{name: "idle_s", kind: kindInteger, desc: "Seconds without activity until the session is destroyed.", min: 1, max: 7 * 86400},
-				{name: "limits", kind: kindObject, desc: "Resource limits for the session's processes.", fields: []field{
-					{name: "memory_mb", kind: kindInteger, desc: "Memory cap in MiB.", min: 1, max: 1 << 20},
-					{name: "pids", kind: kindInteger, desc: "Cap on the number of processes.", min: 1, max: MaxPID},
-					{name: "cpu_percent", kind: kindInteger, desc: "CPU cap in percent of one CPU.", min: 1, max: 100000},
-				}},
-			},
-			run: (*Server).runCreateSession,
-		},
-		{
-			name: "kill_process", title: "Signal a process", destructive: true,
-			desc: "Send a signal (default TERM) to a process in a VM and report whether it exited. " +
-				"pid 1, kernel threads, the guest agent and vmgate-guest are refused ([INVALID ARGUMENT] refused: <reason>), " +
-				"and so is a pid that no longer has the given started_at.",
-			fields: []field{
-				vmField(true),
-				{name: "pid", kind: kindInteger, desc: "Process id in the guest (from list_processes or vm_agent_exec).", required: true, min: 1, max: MaxPID},
-				{name: "signal", kind: kindString, desc: "Signal name without SIG (default TERM).", enum: Signals},
-				{name: "started_at", kind: kindInteger, desc: "The process start time from list_processes (ms since the Unix epoch); the kill is refused when the pid now belongs to another process.", min: 1, max: math.MaxInt64},
-			},
-			run: (*Server).runKillProcess,
-		},
-		{
-			name: "destroy_session", title: "Destroy a session", destructive: true, idempotent: true,
-			desc:   "Kill every process of a session and remove its work directory. Destroying a session twice is harmless. vmgate installs its vmgate-guest helper in the VM on first use.",
-			fields: []field{vmField(true), {name: "session", kind: kindString, desc: "Session id from create_session.", required: true, maxLen: 128}},
-			run:    (*Server).runDestroySession,
-		},
-		{
-			name: "vm_file_read", title: "Read a file", readOnly: true, idempotent: true,
-			desc: "Read a file in a VM. Text comes back as content, anything else as content_base64; truncated says whether the file was longer than max_bytes.",
-			fields: []field{
-				vmField(true),
-				{name: "path", kind: kindString, desc: "Absolute path in the guest.", required: true, maxLen: 4096},
-				{name: "max_bytes", kind: kindInteger, desc: fmt.Sprintf("Read at most this many bytes; the server caps it at %d.", l.MaxOutputBytes), min: 1, max: math.MaxInt64},
-			},
-			run: (*Server).runFileRead,
-		},
-		{
-			name: "vm_file_write", title: "Write a file", destructive: true, idempotent: true,
-			desc: "Create or replace a file in a VM. Give exactly one of content (text) or content_base64 (bytes).",
-			fields: []field{
-				vmField(true),
-				{name: "path", kind: kindString, desc: "Absolute path in the guest.", required: true, maxLen: 4096},
-				{name: "content", kind: kindString, desc: "The new content as text.", allowNUL: true},
-				{name: "content_base64", kind: kindString, desc: "The new content, base64 encoded."},
-				{name: "mode", kind: kindInteger, desc: "Permission bits as a number (420 = 0644); default: the guest's.", min: 0, max: 0o7777},
-			},
-			exactlyOne: [][]string{{"content", "content_base64"}},
-			run:        (*Server).runFileWrite,
-		},
-		{
-			name: "vm_power", title: "Power a VM", destructive: true,
-			desc: "Change a VM's power state: shutdown (ACPI, guest may refuse), reboot, reset (hard), stop (hard off), start.",
-			fields: []field{
-				vmField(true),
-				{name: "action", kind: kindString, desc: "shutdown, reboot, reset, stop or start.", required: true, enum: PowerActions},
-			},
-			run: (*Server).runPower,
-		},
+		listVMsTool(),
+		vmStatusTool(),
+		listProcessesTool(),
+		listSessionsTool(),
+		execTool(l),
+		execStatusTool(),
+		createSessionTool(),
+		killProcessTool(),
+		destroySessionTool(),
+		fileReadTool(l),
+		fileWriteTool(),
+		powerTool(),
 	}
 }
 

@@ -58,6 +58,9 @@ func FuzzDecodeArguments(f *testing.F) {
 					t.Fatalf("%s.validate(%q) kept unknown argument %q", spec.name, data, k)
 				}
 			}
+			if _, err := spec.decode(valid); err != nil {
+				t.Fatalf("%s.validate(%q) = %#v, which does not decode: %v", spec.name, data, valid, err)
+			}
 			b, err := json.Marshal(valid)
 			if err != nil {
 				t.Fatalf("%s.validate(%q) = %#v; does not encode: %v", spec.name, data, valid, err)

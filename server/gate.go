@@ -76,8 +76,8 @@ type call struct {
 	grant     *Grant
 	transport string
 	spec      *toolSpec
-	args      map[string]any // validated; integers are int64
-	vm        string         // full id, "" for tools without one
+	args      any    // the tool's argument struct (*execArgs, …), decoded once by the gate
+	vm        string // full id, "" for tools without one
 	backend   string
 	name      string // backend-local VM name
 	driver    hypervisor.Driver
@@ -192,7 +192,11 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, err.Error(), "")
 	}
 	rec.Args = valid
-	cl := &call{id: callID, grant: c.grant, transport: c.transport, spec: spec, args: valid}
+	typed, err := spec.decode(valid)
+	if err != nil {
+		return s.refuse(ctx, id, hasID, rec, decisionError, TagInvalid, "the server could not read these arguments", err.Error())
+	}
+	cl := &call{id: callID, grant: c.grant, transport: c.transport, spec: spec, args: typed}
 	if vm, ok := valid["vm"].(string); ok {
 		rec.VM = truncate(vm, 512)
 		backend, vmName, d, ok := s.resolveVM(c.grant, vm)
@@ -288,7 +292,7 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	// The deadline bounds the driver's work only (cl.ctx): the context
 	// mcp-go gets must outlive it, or mcp-go drops the [TIMED OUT] result
 	// the handler answers with at the deadline (over HTTP, an empty 200).
-	callCtx, cancel := context.WithTimeout(ctx, spec.deadline(s.limits, valid))
+	callCtx, cancel := context.WithTimeout(ctx, spec.deadline(s.limits, typed))
 	t := &ticket{server: s, call: cl, claimed: make(chan struct{}), start: start, counters: counters, cancel: cancel, elicit: elicit}
 	cl.ctx = callCtx
 	return verdict{ctx: context.WithValue(ctx, ticketKey, t), t: t}
@@ -543,15 +547,17 @@ var (
 	execGrace = 15 * time.Second
 )
 
-// deadline bounds a call's run time: a command's own timeout plus room to
-// collect its output, or a fixed bound for everything else.
-func (t *toolSpec) deadline(l Limits, args map[string]any) time.Duration {
-	if t.name == "vm_agent_exec" {
-		secs := l.DefaultTimeoutS
-		if v, ok := args["timeout_s"].(int64); ok {
-			secs = v
-		}
-		return time.Duration(secs)*time.Second + execGrace
+// deadliner is an argument struct that sets its call's deadline
+// (vm_agent_exec: its command's timeout plus execGrace).
+type deadliner interface {
+	deadline(l Limits) time.Duration
+}
+
+// deadline bounds a call's run time: what its arguments say (a command's
+// own timeout plus room to collect its output), or a fixed bound.
+func (t *toolSpec) deadline(l Limits, args any) time.Duration {
+	if d, ok := args.(deadliner); ok {
+		return d.deadline(l)
 	}
 	return callDeadline
 }

@@ -113,7 +113,7 @@ type Config struct {
 	Logger     *slog.Logger     // default slog.Default()
 	Now        func() time.Time // default time.Now
 	// Sessions, GuestBinaries and ReapEvery configure the session and
-	// process tools (see session.go).
+	// process tools (see guest.go and tool_sessions.go).
 	Sessions      store.Sessions
 	GuestBinaries helper.Binaries
 	ReapEvery     time.Duration

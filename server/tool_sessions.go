@@ -5,20 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/guest/helper"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/policy/store"
-	"github.com/vmgate/vmgate/policy/store/memory"
 )
 
-// Sessions and processes (create_session, list_sessions, destroy_session,
-// list_processes, kill_process, vm_agent_exec with session) run through
-// the vmgate-guest helper (guest/helper), which pushes itself into a guest
-// that lacks it.
+// Sessions: create_session, list_sessions and destroy_session, through
+// vmgate-guest (guest.go); the reaper that ends them is in reaper.go.
 //
 // A session id is minted here (helper.NewSessionID: 128 random bits) and
 // stored with the grant that created it and its VM in Config.Sessions (the
@@ -29,94 +25,55 @@ import (
 // (exec in the session, list_processes of it) touches it, and the reaper
 // destroys sessions past their ttl or idle time. The guest gets the ttl
 // only, as a backstop the reaper's SessionReap applies.
-//
-// Guard refusals of kill_process (pid 1, kernel threads, the guest agent,
-// vmgate-guest itself, a reused pid) are not policy decisions: they are
-// "[INVALID ARGUMENT] refused: <reason>", with the reason in the structured
-// result's "refused" field.
 
-// DefaultReapEvery is how often the reaper runs when Config.ReapEvery is 0.
-// A negative Config.ReapEvery disables it.
-const DefaultReapEvery = 30 * time.Second
-
-// errNoHelper is the message of the session tools on a host without
-// vmgate-guest builds.
-const errNoHelper = "the vmgate-guest helper is not available on this host (build it with make build)"
-
-// guestTools is the server's session and helper state. The helpers and the
-// session store are fixed after New; cancel and done belong to the reaper.
-type guestTools struct {
-	s        *Server
-	sessions store.Sessions
-	bins     helper.Binaries
-	helpers  map[string]*helper.Helper // backend name -> helper over its driver
-	every    time.Duration
-
-	stopOnce sync.Once
-	cancel   context.CancelFunc
-	done     chan struct{}
+func createSessionTool() *toolSpec {
+	return newTool(toolSpec{
+		name: "create_session", title: "Create a session",
+		desc: "Create a session in a VM: a work directory whose processes are tracked together and can be limited " +
+			"and destroyed as one. vmgate installs its vmgate-guest helper in the VM on first use.",
+		fields: []field{
+			vmField(true),
+			{name: "ttl_s", kind: kindInteger, desc: "Seconds until the session is destroyed.", min: 1, max: 7 * 86400},
+			{name: "idle_s", kind: kindInteger, desc: "Seconds without activity until the session is destroyed.", min: 1, max: 7 * 86400},
+			{name: "limits", kind: kindObject, desc: "Resource limits for the session's processes.", fields: []field{
+				{name: "memory_mb", kind: kindInteger, desc: "Memory cap in MiB.", min: 1, max: 1 << 20},
+				{name: "pids", kind: kindInteger, desc: "Cap on the number of processes.", min: 1, max: MaxPID},
+				{name: "cpu_percent", kind: kindInteger, desc: "CPU cap in percent of one CPU.", min: 1, max: 100000},
+			}},
+		},
+	}, (*Server).runCreateSession)
 }
 
-func newGuestTools(s *Server, cfg Config) *guestTools {
-	g := &guestTools{s: s, sessions: cfg.Sessions, bins: cfg.GuestBinaries, every: cfg.ReapEvery, helpers: map[string]*helper.Helper{}}
-	if g.sessions == nil {
-		if ss, ok := cfg.Store.(store.Sessions); ok {
-			g.sessions = ss
-		} else {
-			s.log.Warn("server: the store keeps no sessions; they are kept in memory and a restart forgets them")
-			g.sessions = memory.NewSessions()
-		}
-	}
-	if g.bins == nil {
-		g.bins = helper.DefaultBinaries()
-	}
-	for name, d := range s.backends {
-		g.helpers[name] = helper.New(d, g.bins)
-	}
-	if g.every == 0 {
-		g.every = DefaultReapEvery
-	}
-	if g.every > 0 {
-		ctx, cancel := context.WithCancel(context.Background())
-		g.cancel, g.done = cancel, make(chan struct{})
-		go g.reapLoop(ctx)
-	}
-	return g
+func listSessionsTool() *toolSpec {
+	return newTool(toolSpec{
+		name: "list_sessions", title: "List sessions", readOnly: true, idempotent: true,
+		desc:   "List your sessions, in one VM or in all. vmgate installs its vmgate-guest helper in the VM on first use.",
+		fields: []field{vmField(false)},
+	}, (*Server).runListSessions)
 }
 
-// stop ends the reaper and waits for it.
-func (g *guestTools) stop() {
-	g.stopOnce.Do(func() {
-		if g.cancel != nil {
-			g.cancel()
-			<-g.done
-		}
-	})
+func destroySessionTool() *toolSpec {
+	return newTool(toolSpec{
+		name: "destroy_session", title: "Destroy a session", destructive: true, idempotent: true,
+		desc:   "Kill every process of a session and remove its work directory. Destroying a session twice is harmless. vmgate installs its vmgate-guest helper in the VM on first use.",
+		fields: []field{vmField(true), {name: "session", kind: kindString, desc: "Session id from create_session.", required: true, maxLen: 128}},
+	}, (*Server).runDestroySession)
 }
 
-// available reports whether the host has a vmgate-guest build at all.
-func (g *guestTools) available() bool {
-	for _, arch := range []string{"amd64", "arm64"} {
-		if _, err := g.bins.Binary(arch); err == nil {
-			return true
-		}
-	}
-	return false
+// createSessionArgs are create_session's arguments; 0 is "not given".
+type createSessionArgs struct {
+	TTLS   int64 `arg:"ttl_s"`
+	IdleS  int64 `arg:"idle_s"`
+	Limits struct {
+		MemoryMB   int64 `arg:"memory_mb"`
+		Pids       int64 `arg:"pids"`
+		CPUPercent int64 `arg:"cpu_percent"`
+	} `arg:"limits"`
 }
 
-// helperFor returns c's helper, or a result to return when the host has
-// no vmgate-guest build.
-func (g *guestTools) helperFor(c *call) (*helper.Helper, *result) {
-	if !g.available() {
-		r := failure(TagBackend, errNoHelper, true)
-		return nil, &r
-	}
-	h := g.helpers[c.backend]
-	if h == nil { // resolveVM found the backend, so this cannot happen
-		r := failure(TagBackend, "no helper for backend "+c.backend, true)
-		return nil, &r
-	}
-	return h, nil
+// destroySessionArgs are destroy_session's arguments.
+type destroySessionArgs struct {
+	Session string `arg:"session"`
 }
 
 // unknownSession is the one answer for every session a grant may not use.
@@ -176,38 +133,6 @@ func storeFailure(err error) result {
 	return r
 }
 
-// helperFailure maps a helper error to a tagged result; details go to the
-// audit log.
-func helperFailure(err error) result {
-	var he *helper.Error
-	var re *helper.ReplyError
-	switch {
-	case errors.Is(err, helper.ErrNoBinary):
-		r := failure(TagBackend, "no vmgate-guest build for this guest's architecture (build it with make build)", true)
-		r.detail = err.Error()
-		return r
-	case errors.As(err, &he):
-		r := result{tag: TagInvalid, text: he.Message, detail: err.Error()}
-		switch he.Code {
-		case wire.CodeRefused:
-			r.text, r.noEffect = "refused: "+he.Reason, true
-			r.structured = map[string]any{"error": strings.Trim(TagInvalid, "[]"), "message": r.text, "refused": he.Reason}
-		case wire.CodeNotFound, wire.CodeInvalid:
-			r.noEffect = true
-		case wire.CodeExists:
-			r.tag, r.noEffect = TagBackend, true
-		default:
-			r.tag, r.text = TagBackend, "the guest helper failed: "+truncate(he.Message, 300)
-		}
-		return r
-	case errors.As(err, &re):
-		r := failure(TagBackend, "vmgate-guest gave a reply that is not its JSON (details in the audit log)", false)
-		r.detail = err.Error()
-		return r
-	}
-	return driverFailure(err)
-}
-
 // sessionView is a session as the tools show it.
 func sessionView(sess store.Session) map[string]any {
 	out := map[string]any{
@@ -226,20 +151,14 @@ func sessionView(sess store.Session) map[string]any {
 	return out
 }
 
-func (s *Server) runCreateSession(c *call) result {
+func (s *Server) runCreateSession(c *call, a *createSessionArgs) result {
 	g := s.guest
 	h, r := g.helperFor(c)
 	if r != nil {
 		return *r
 	}
-	var limits store.SessionLimits
-	if m, ok := c.args["limits"].(map[string]any); ok {
-		limits.MemoryMB, _ = m["memory_mb"].(int64)
-		limits.Pids, _ = m["pids"].(int64)
-		limits.CPUPercent, _ = m["cpu_percent"].(int64)
-	}
-	ttl, _ := c.args["ttl_s"].(int64)
-	idle, _ := c.args["idle_s"].(int64)
+	limits := store.SessionLimits{MemoryMB: a.Limits.MemoryMB, Pids: a.Limits.Pids, CPUPercent: a.Limits.CPUPercent}
+	ttl, idle := a.TTLS, a.IdleS
 	wl := wire.Limits{MemoryMB: limits.MemoryMB, Pids: limits.Pids, CPUPercent: limits.CPUPercent}
 	if err := wl.Validate(); err != nil {
 		return failure(TagInvalid, "limits: "+err.Error(), true)
@@ -271,7 +190,7 @@ func (s *Server) runCreateSession(c *call) result {
 	return success(out, text)
 }
 
-func (s *Server) runListSessions(c *call) result {
+func (s *Server) runListSessions(c *call, _ *noArgs) result {
 	// A named VM must exist: sessions are listed from the store, which
 	// would answer "none" for any name. Only the backend's "no such VM"
 	// refuses; a backend that cannot answer leaves the store's answer.
@@ -345,13 +264,13 @@ func (s *Server) runListSessions(c *call) result {
 	return r
 }
 
-func (s *Server) runDestroySession(c *call) result {
+func (s *Server) runDestroySession(c *call, a *destroySessionArgs) result {
 	g := s.guest
 	h, r := g.helperFor(c)
 	if r != nil {
 		return *r
 	}
-	id := c.args["session"].(string)
+	id := a.Session
 	sess, r := g.ownedSession(c, id)
 	if r != nil {
 		return *r
@@ -374,95 +293,4 @@ func (s *Server) runDestroySession(c *call) result {
 		return success(out, fmt.Sprintf("session %s was already gone in the guest", id))
 	}
 	return success(out, fmt.Sprintf("destroyed session %s: killed %d process(es), removed its files", id, dr.Killed))
-}
-
-func (g *guestTools) reapLoop(ctx context.Context) {
-	defer close(g.done)
-	t := time.NewTicker(g.every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			g.reap(ctx)
-		}
-	}
-}
-
-// reapReport says what one reaper pass did.
-type reapReport struct {
-	Destroyed []string // expired in the store, destroyed in the guest and forgotten
-	Reaped    []string // destroyed by the guest's own reap and forgotten
-	Errors    []error
-}
-
-// reap destroys the sessions the store says have expired and forgets them,
-// then runs the guest's own reap on every VM that still has live sessions
-// and forgets what it destroyed.
-func (g *guestTools) reap(ctx context.Context) reapReport {
-	var rep reapReport
-	now := g.s.now()
-	list, err := g.sessions.ListSessions(ctx, "", "")
-	if err != nil {
-		rep.Errors = append(rep.Errors, fmt.Errorf("server: reap: %w", err))
-		g.s.log.Warn("server: reap: list sessions", "err", err)
-		return rep
-	}
-	live := map[string]map[string]bool{} // vm -> live session ids
-	for _, sess := range list {
-		backend, name, _ := strings.Cut(sess.VM, "/")
-		h := g.helpers[backend]
-		if !sess.Expired(now) {
-			if h != nil {
-				if live[sess.VM] == nil {
-					live[sess.VM] = map[string]bool{}
-				}
-				live[sess.VM][sess.ID] = true
-			}
-			continue
-		}
-		if h == nil {
-			// The backend is gone from the config: nothing to destroy with.
-			g.forget(ctx, sess.ID, now, &rep)
-			rep.Destroyed = append(rep.Destroyed, sess.ID)
-			continue
-		}
-		cctx, cancel := context.WithTimeout(ctx, helper.CommandTimeout)
-		_, err := h.SessionDestroy(cctx, name, sess.ID)
-		cancel()
-		if err != nil && !errors.Is(err, hypervisor.ErrUnknownVM) {
-			rep.Errors = append(rep.Errors, fmt.Errorf("server: reap %s %s: %w", sess.VM, sess.ID, err))
-			g.s.log.Warn("server: reap: destroy", "vm", sess.VM, "session", sess.ID, "err", err)
-			continue
-		}
-		g.forget(ctx, sess.ID, now, &rep)
-		rep.Destroyed = append(rep.Destroyed, sess.ID)
-		g.s.log.Info("server: reaped an expired session", "vm", sess.VM, "session", sess.ID)
-	}
-	for vm, ids := range live {
-		backend, name, _ := strings.Cut(vm, "/")
-		cctx, cancel := context.WithTimeout(ctx, helper.CommandTimeout)
-		res, err := g.helpers[backend].SessionReap(cctx, name)
-		cancel()
-		if err != nil {
-			rep.Errors = append(rep.Errors, fmt.Errorf("server: reap %s: %w", vm, err))
-			g.s.log.Warn("server: reap: guest reap", "vm", vm, "err", err)
-			continue
-		}
-		for _, d := range res.Destroyed {
-			if ids[d.ID] {
-				g.forget(ctx, d.ID, now, &rep)
-				rep.Reaped = append(rep.Reaped, d.ID)
-			}
-		}
-	}
-	return rep
-}
-
-func (g *guestTools) forget(ctx context.Context, id string, now time.Time, rep *reapReport) {
-	if _, err := g.sessions.DeleteSession(ctx, id, now); err != nil {
-		rep.Errors = append(rep.Errors, fmt.Errorf("server: reap: forget %s: %w", id, err))
-		g.s.log.Warn("server: reap: forget", "session", id, "err", err)
-	}
 }

@@ -1,0 +1,355 @@
+package server
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/vmgate/vmgate/guest/agent/wire"
+	"github.com/vmgate/vmgate/guest/helper"
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// Commands: vm_agent_exec (through the driver's guest exec, or through
+// vmgate-guest when it runs in a session) and vm_agent_exec_status (polling
+// a command started with wait: false).
+
+func execTool(l Limits) *toolSpec {
+	return newTool(toolSpec{
+		name: "vm_agent_exec", title: "Run a command in a VM",
+		desc: "Run a command in a VM through its guest agent and return exit code, stdout and stderr. " +
+			"Give exactly one of command (an argv array, run without a shell) or shell (a string run by /bin/sh -c). " +
+			"The command is killed after timeout_s seconds (timed_out: true, partial output kept). " +
+			"Output is capped per stream (stdout_truncated/stderr_truncated say so). " +
+			"With wait: false it returns an exec_id at once; poll it with vm_agent_exec_status.",
+		fields: []field{
+			vmField(true),
+			{name: "command", kind: kindStringArray, desc: "Program and arguments, e.g. [\"ls\", \"-l\", \"/tmp\"]. No shell is involved.", maxLen: 4096},
+			{name: "shell", kind: kindString, desc: "A shell command line, run as /bin/sh -c SHELL.", maxLen: 1 << 16},
+			{name: "stdin", kind: kindString, desc: "Text written to the command's standard input, which is then closed.", allowNUL: true},
+			{name: "env", kind: kindStringMap, desc: "Environment variables to add, name → value.", maxLen: 256},
+			{name: "cwd", kind: kindString, desc: "Absolute working directory in the guest.", maxLen: 4096},
+			sessionField(),
+			{name: "timeout_s", kind: kindInteger, desc: fmt.Sprintf("Seconds before the command is killed (default %d).", l.DefaultTimeoutS), min: 1, max: l.MaxTimeoutS},
+			{name: "max_output_bytes", kind: kindInteger, desc: fmt.Sprintf("Cap for each of stdout and stderr; the server caps it at %d.", l.MaxOutputBytes), min: 1, max: math.MaxInt64},
+			{name: "wait", kind: kindBoolean, desc: "Wait for the command to finish (default true). false returns an exec_id to poll."},
+		},
+		exactlyOne: [][]string{{"command", "shell"}},
+	}, (*Server).runExec)
+}
+
+func execStatusTool() *toolSpec {
+	return newTool(toolSpec{
+		name: "vm_agent_exec_status", title: "Poll a command", readOnly: true,
+		desc: "Poll a command started with vm_agent_exec wait: false. Returns exited: false while it runs, " +
+			"then the final exit code and output (after which the exec_id is forgotten).",
+		fields: []field{vmField(true), {name: "exec_id", kind: kindString, desc: "The exec_id vm_agent_exec returned.", required: true, maxLen: 128}},
+	}, (*Server).runExecStatus)
+}
+
+// execArgs are vm_agent_exec's arguments, read once for both of its roads:
+// the driver's own exec, and vmgate-guest's run when session is given.
+// Exactly one of Command and Shell is set (the catalogue says so).
+type execArgs struct {
+	Command        []string          `arg:"command"`
+	Shell          *string           `arg:"shell"`
+	Stdin          *string           `arg:"stdin"`
+	Env            map[string]string `arg:"env"`
+	Cwd            *string           `arg:"cwd"`
+	Session        *string           `arg:"session"` // given, even "": the command runs in that session or not at all
+	TimeoutS       int64             `arg:"timeout_s"`
+	MaxOutputBytes int64             `arg:"max_output_bytes"`
+	Wait           *bool             `arg:"wait"`
+}
+
+// timeoutS is the command's timeout: timeout_s, or the server's default.
+func (a *execArgs) timeoutS(l Limits) int64 {
+	if a.TimeoutS > 0 {
+		return a.TimeoutS
+	}
+	return l.DefaultTimeoutS
+}
+
+// deadline bounds the call: the command's own timeout plus room to collect
+// its output (see toolSpec.deadline).
+func (a *execArgs) deadline(l Limits) time.Duration {
+	return time.Duration(a.timeoutS(l))*time.Second + execGrace
+}
+
+// noWait reports whether the caller asked for an exec_id instead of the result.
+func (a *execArgs) noWait() bool { return a.Wait != nil && !*a.Wait }
+
+// invalid is the first problem of a the catalogue's validator cannot see,
+// or "".
+func (a *execArgs) invalid() string {
+	if a.Session != nil && a.noWait() {
+		return "wait: false cannot be combined with session (commands in a session run to completion)"
+	}
+	if a.Cwd != nil && !strings.HasPrefix(*a.Cwd, "/") {
+		return "cwd must be an absolute path"
+	}
+	if _, ok := a.Env["VMGATE_SESSION"]; ok && a.Session != nil {
+		return "env: VMGATE_SESSION is set by vmgate"
+	}
+	return ""
+}
+
+// request is a as the driver's exec takes it: a shell runs as /bin/sh -c,
+// the environment as sorted NAME=value pairs.
+func (a *execArgs) request(s *Server) hypervisor.ExecRequest {
+	req := hypervisor.ExecRequest{
+		Argv:           a.Command,
+		MaxOutputBytes: s.outputCap(a.MaxOutputBytes),
+		Timeout:        time.Duration(a.timeoutS(s.limits)) * time.Second,
+	}
+	if a.Shell != nil {
+		req.Argv = []string{"/bin/sh", "-c", *a.Shell}
+	}
+	if a.Cwd != nil {
+		req.Cwd = *a.Cwd
+	}
+	for k, v := range a.Env {
+		req.Env = append(req.Env, k+"="+v)
+	}
+	slices.Sort(req.Env)
+	if a.Stdin != nil {
+		req.Stdin = []byte(*a.Stdin)
+	}
+	return req
+}
+
+// runRequest is a as vmgate-guest's run takes it, in session id.
+func (a *execArgs) runRequest(s *Server, id string) helper.RunRequest {
+	req := helper.RunRequest{
+		Session:        id,
+		Argv:           a.Command,
+		MaxOutputBytes: min(s.outputCap(a.MaxOutputBytes), wire.MaxOutputBytesLimit),
+		TimeoutMS:      a.timeoutS(s.limits) * 1000,
+	}
+	if a.Shell != nil {
+		req.Shell = *a.Shell
+	}
+	if a.Cwd != nil {
+		req.Cwd = *a.Cwd
+	}
+	if a.Env != nil {
+		req.Env = a.Env
+	}
+	if a.Stdin != nil {
+		req.Stdin = []byte(*a.Stdin)
+	}
+	return req
+}
+
+func (s *Server) runExec(c *call, a *execArgs) result {
+	if a.Session != nil {
+		return s.runSessionExec(c, a)
+	}
+	if msg := a.invalid(); msg != "" {
+		return failure(TagInvalid, msg, true)
+	}
+	req := a.request(s)
+	secs := a.timeoutS(s.limits)
+	if a.noWait() {
+		h, err := c.driver.ExecStart(c.ctx, c.name, req)
+		if err != nil {
+			return driverFailure(err)
+		}
+		id, err := s.execs.add(c.grant.Name, c.vm, h, s.now())
+		if err != nil {
+			// The command runs but cannot be tracked; say so rather than hide it.
+			return failure(TagBackend, fmt.Sprintf("command started as pid %d but cannot be tracked: %v", h.PID, err), false)
+		}
+		out := map[string]any{"exec_id": id, "pid": h.PID, "started_at": h.StartedAt}
+		return success(out, fmt.Sprintf("started pid %d; poll vm_agent_exec_status with exec_id %s", h.PID, id))
+	}
+	res, err := hypervisor.Run(c.ctx, c.driver, c.name, req)
+	if err != nil {
+		r := driverFailure(err)
+		if r.tag == TagTimedOut {
+			r.text = fmt.Sprintf("no result from the guest within %d s", secs)
+		}
+		return r
+	}
+	return execResult(res, fmt.Sprintf("command killed after %d s", secs))
+}
+
+// runSessionExec is vm_agent_exec with a session: vmgate-guest runs the
+// command in the session's workdir and cgroup (or process group and
+// marker), kills the whole tree on timeout and caps the output.
+func (s *Server) runSessionExec(c *call, a *execArgs) result {
+	g := s.guest
+	h, r := g.helperFor(c)
+	if r != nil {
+		return *r
+	}
+	if msg := a.invalid(); msg != "" {
+		return failure(TagInvalid, msg, true)
+	}
+	id := *a.Session
+	req := a.runRequest(s, id)
+	secs := a.timeoutS(s.limits)
+	if _, r := g.liveSession(c, id); r != nil {
+		return *r
+	}
+	res, err := h.Run(c.ctx, c.name, req)
+	if err != nil {
+		r := helperFailure(err)
+		if r.tag == TagTimedOut {
+			r.text = fmt.Sprintf("no result from the guest within %d s", secs)
+		}
+		return r
+	}
+	er := hypervisor.ExecResult{
+		PID: int64(res.PID), Exited: true, ExitCode: res.ExitCode, Signal: res.Signal,
+		Stdout: res.Stdout, Stderr: res.Stderr, StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
+		TimedOut: res.TimedOut,
+	}
+	out := execResult(er, fmt.Sprintf("command killed after %d s (with every process it started)", secs))
+	if m, ok := out.structured.(map[string]any); ok {
+		m["session"] = id
+		m["duration_ms"] = res.DurationMS
+		if res.Killed > 0 {
+			m["killed"] = res.Killed
+		}
+	}
+	return out
+}
+
+func execResult(res hypervisor.ExecResult, timeoutMsg string) result {
+	out := map[string]any{
+		"pid": res.PID, "exited": res.Exited, "exit_code": res.ExitCode,
+		"stdout_truncated": res.StdoutTruncated, "stderr_truncated": res.StderrTruncated,
+		"timed_out": res.TimedOut,
+	}
+	if res.Signal != 0 {
+		out["signal"] = res.Signal
+	}
+	putBytes(out, "stdout", res.Stdout)
+	putBytes(out, "stderr", res.Stderr)
+	var b strings.Builder
+	switch {
+	case !res.Exited:
+		fmt.Fprintf(&b, "running (pid %d)", res.PID)
+	case res.Signal != 0:
+		fmt.Fprintf(&b, "killed by signal %d", res.Signal)
+	default:
+		fmt.Fprintf(&b, "exit %d", res.ExitCode)
+	}
+	section(&b, "stdout", res.Stdout, res.StdoutTruncated)
+	section(&b, "stderr", res.Stderr, res.StderrTruncated)
+	if res.TimedOut {
+		return result{tag: TagTimedOut, text: timeoutMsg + "; partial output: " + b.String(), structured: out, detail: timeoutMsg}
+	}
+	return success(out, b.String())
+}
+
+func putBytes(m map[string]any, key string, data []byte) {
+	if utf8.Valid(data) {
+		m[key] = string(data)
+	} else {
+		m[key+"_base64"] = base64.StdEncoding.EncodeToString(data)
+	}
+}
+
+func section(b *strings.Builder, name string, data []byte, truncated bool) {
+	if len(data) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\n--- %s", name)
+	if truncated {
+		b.WriteString(" (truncated)")
+	}
+	b.WriteString(" ---\n")
+	if utf8.Valid(data) {
+		b.Write(data)
+	} else {
+		fmt.Fprintf(b, "(%d bytes of binary data, see %s_base64)", len(data), name)
+	}
+}
+
+// execStatusArgs are vm_agent_exec_status's arguments.
+type execStatusArgs struct {
+	ExecID string `arg:"exec_id"`
+}
+
+func (s *Server) runExecStatus(c *call, a *execStatusArgs) result {
+	e, ok := s.execs.get(a.ExecID, c.grant.Name, c.vm)
+	if !ok {
+		return failure(TagInvalid, "unknown exec_id (finished results are returned once)", true)
+	}
+	res, err := c.driver.ExecStatus(c.ctx, c.name, e.handle)
+	if err != nil {
+		if errors.Is(err, hypervisor.ErrUnknownExec) {
+			s.execs.remove(a.ExecID)
+		}
+		return driverFailure(err)
+	}
+	if res.Exited {
+		s.execs.remove(a.ExecID)
+	}
+	return execResult(res, "command killed after its timeout")
+}
+
+// execTable remembers commands started with wait: false. Ids are minted
+// here (random) and bound to the grant and VM that started the command.
+type execTable struct {
+	mu sync.Mutex // guards m
+	m  map[string]execEntry
+}
+
+type execEntry struct {
+	grant, vm string
+	handle    hypervisor.ExecHandle
+	created   time.Time
+}
+
+const (
+	maxExecs   = 4096
+	execMaxAge = 24 * time.Hour
+)
+
+func (t *execTable) add(grant, vm string, h hypervisor.ExecHandle, now time.Time) (string, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = make(map[string]execEntry)
+	}
+	if len(t.m) >= maxExecs {
+		for id, e := range t.m {
+			if now.Sub(e.created) > execMaxAge {
+				delete(t.m, id)
+			}
+		}
+		if len(t.m) >= maxExecs {
+			return "", errors.New("too many commands nobody polled")
+		}
+	}
+	id := "x" + rand.Text()
+	t.m[id] = execEntry{grant: grant, vm: vm, handle: h, created: now}
+	return id, nil
+}
+
+// get finds id for grant and vm; another grant's id does not exist.
+func (t *execTable) get(id, grant, vm string) (execEntry, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[id]
+	if !ok || e.grant != grant || e.vm != vm {
+		return execEntry{}, false
+	}
+	return e, true
+}
+
+func (t *execTable) remove(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.m, id)
+}

@@ -1,0 +1,98 @@
+package server
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// The VM inventory: list_vms and vm_status, straight to the driver.
+
+func listVMsTool() *toolSpec {
+	return newTool(toolSpec{
+		name: "list_vms", title: "List VMs", readOnly: true, idempotent: true,
+		desc: "List the VMs you can use, with their power state. Use the returned ids as the vm argument of the other tools.",
+	}, (*Server).runListVMs)
+}
+
+func vmStatusTool() *toolSpec {
+	return newTool(toolSpec{
+		name: "vm_status", title: "VM status", readOnly: true, idempotent: true,
+		desc:   "Report a VM's power state and whether its guest agent answers (needed by exec, file and process tools).",
+		fields: []field{vmField(true)},
+	}, (*Server).runStatus)
+}
+
+type vmEntry struct {
+	ID    string           `json:"id"`
+	State hypervisor.State `json:"state"`
+	Info  string           `json:"info,omitempty"`
+	Agent bool             `json:"agent,omitempty"`
+}
+
+func (s *Server) runListVMs(c *call, _ *noArgs) result {
+	names := make([]string, 0, len(s.backends))
+	for n := range s.backends {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	vms := []vmEntry{}
+	var errs []map[string]string
+	var details []string
+	for _, b := range names {
+		list, err := s.backends[b].ListVMs(c.ctx)
+		if err != nil {
+			errs = append(errs, map[string]string{"backend": b, "error": driverFailure(err).text})
+			details = append(details, b+": "+err.Error())
+			continue
+		}
+		for _, vm := range list {
+			id := b + "/" + vm.Name
+			if !validVMID(id) {
+				s.log.Warn("server: list_vms leaves out a VM whose name vmgate refuses", "backend", b, "name", truncate(vm.Name, 128))
+				continue
+			}
+			if c.grant.vmVisible(id) {
+				vms = append(vms, vmEntry{ID: id, State: vm.State, Info: vm.Info, Agent: vm.Agent})
+			}
+		}
+	}
+	if len(errs) > 0 && len(errs) == len(names) {
+		r := failure(TagBackend, "no backend answered", false)
+		r.detail = strings.Join(details, "; ")
+		return r
+	}
+	out := map[string]any{"vms": vms}
+	if errs != nil {
+		out["errors"] = errs
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d VM(s)", len(vms))
+	for _, vm := range vms {
+		fmt.Fprintf(&b, "\n%s %s", vm.ID, vm.State)
+	}
+	for _, e := range errs {
+		fmt.Fprintf(&b, "\nbackend %s: %s", e["backend"], e["error"])
+	}
+	r := success(out, b.String())
+	r.detail = strings.Join(details, "; ")
+	return r
+}
+
+func (s *Server) runStatus(c *call, _ *noArgs) result {
+	st, err := c.driver.Status(c.ctx, c.name)
+	if err != nil {
+		return driverFailure(err)
+	}
+	out := map[string]any{
+		"vm": c.vm, "state": st.State, "agent_connected": st.AgentConnected,
+		"agent_version": st.AgentVersion, "detail": st.Detail,
+	}
+	agent := "agent not answering"
+	if st.AgentConnected {
+		agent = "agent connected"
+	}
+	return success(out, fmt.Sprintf("%s: %s, %s", c.vm, st.State, agent))
+}
