@@ -109,193 +109,319 @@ var envelopeKeys = map[string]bool{"jsonrpc": true, "id": true, "method": true, 
 var callParamKeys = map[string]bool{"name": true, "arguments": true, "_meta": true, paramRequestState: true, paramInputResponses: true}
 
 // gateMessage is the one chokepoint: every message of every transport goes
-// through it before mcp-go sees anything.
+// through it before mcp-go sees anything. Every message is read strictly
+// (readEnvelope); a tools/call then goes through gateSteps in order, and only
+// one that passes them all reaches mcp-go, with its ticket.
 func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	ctx = withConn(ctx, c)
-	if len(raw) > s.limits.MaxMessageBytes {
-		return s.refuseMalformed(ctx, c, raw, fmt.Errorf("message of %d bytes exceeds the limit of %d", len(raw), s.limits.MaxMessageBytes))
-	}
-	v, err := decodeStrict(raw)
-	if err != nil {
-		return s.refuseMalformed(ctx, c, raw, err)
-	}
-	m, ok := v.(map[string]any)
+	e, v, ok := s.readEnvelope(ctx, c, raw)
 	if !ok {
-		if _, batch := v.([]any); batch {
-			return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "batches are not supported")}
+		return v
+	}
+	if method, _ := e.m["method"].(string); method != string(mcp.MethodToolsCall) {
+		return verdict{ctx: ctx}
+	}
+	g := &gating{s: s, ctx: ctx, conn: c, raw: raw, envelope: e, start: s.now()}
+	// The decision record carries the reservation time, so the log alone
+	// can check every limit window exactly.
+	g.rec = audit.Record{Kind: audit.KindDecision, Time: g.start, CallID: rand.Text(), Grant: c.grant.Name, Transport: c.transport}
+	for _, step := range gateSteps {
+		if v, done := step.run(g); done {
+			return v
 		}
-		return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "a message must be a JSON object")}
+	}
+	return g.pass()
+}
+
+// gateSteps are what a tools/call passes, in order. A step either lets
+// the call go on or ends it with the verdict to answer (after recording
+// why in the audit log).
+var gateSteps = [...]struct {
+	name string
+	run  func(g *gating) (v verdict, done bool)
+}{
+	{"decode", (*gating).decode},     // params, tool name and arguments
+	{"validate", (*gating).validate}, // against the catalogue, into the typed arguments
+	{"resolve", (*gating).resolve},   // the vm argument to a backend the grant sees
+	{"decide", (*gating).decide},     // the grant's policy
+	{"approve", (*gating).approve},   // an approval an operator or the client's user gave
+	{"reserve", (*gating).reserve},   // every counter the decision names, atomically
+	{"record", (*gating).record},     // the durable decision record
+}
+
+// gating is one tools/call on its way through the gate.
+type gating struct {
+	s    *Server
+	ctx  context.Context
+	conn *conn
+	raw  []byte
+	envelope
+	start time.Time    // the decision and reservation time
+	rec   audit.Record // the decision record, filled in step by step
+
+	params   map[string]any
+	spec     *toolSpec
+	args     map[string]any // as sent, then as validated
+	call     *call
+	decision policy.Decision
+	counters []policy.Counter // reserved
+	elicit   *clientAsk       // set: the handler asks the client first
+}
+
+// refuse ends the call with a tagged tool error (or, for a notification,
+// no reply), recorded with decision.
+func (g *gating) refuse(decision, tag, msg string) (verdict, bool) {
+	return g.s.refuse(g.ctx, g.id, g.hasID, g.rec, decision, tag, msg, ""), true
+}
+
+func (g *gating) invalid(msg string) (verdict, bool) {
+	return g.refuse(decisionInvalid, TagInvalid, msg)
+}
+
+// envelope is a message that passed the checks every message gets.
+type envelope struct {
+	m     map[string]any
+	id    any // the request id; hasID says whether there was one
+	hasID bool
+}
+
+// readEnvelope decodes raw strictly and checks the JSON-RPC envelope every
+// message shares. ok false: answer with v.
+func (s *Server) readEnvelope(ctx context.Context, c *conn, raw []byte) (e envelope, v verdict, ok bool) {
+	reply := func(id any, msg string) (envelope, verdict, bool) {
+		return envelope{}, verdict{reply: rpcError(id, mcp.INVALID_REQUEST, msg)}, false
+	}
+	if len(raw) > s.limits.MaxMessageBytes {
+		return envelope{}, s.refuseMalformed(ctx, c, raw, fmt.Errorf("message of %d bytes exceeds the limit of %d", len(raw), s.limits.MaxMessageBytes)), false
+	}
+	val, err := decodeStrict(raw)
+	if err != nil {
+		return envelope{}, s.refuseMalformed(ctx, c, raw, err), false
+	}
+	m, isObject := val.(map[string]any)
+	if !isObject {
+		if _, batch := val.([]any); batch {
+			return reply(nil, "batches are not supported")
+		}
+		return reply(nil, "a message must be a JSON object")
 	}
 	for k := range m {
 		if !envelopeKeys[k] {
-			return s.refuseMalformed(ctx, c, raw, fmt.Errorf("unknown member %q in the message", k))
+			return envelope{}, s.refuseMalformed(ctx, c, raw, fmt.Errorf("unknown member %q in the message", k)), false
 		}
 	}
 	// The id first: a reply must carry it byte for byte, and mcp-go reads
 	// numbers through float64, so only integers it holds exactly pass.
 	id, hasID := m["id"]
 	if hasID {
-		switch id := id.(type) {
+		switch n := id.(type) {
 		case string:
 		case json.Number:
-			if !exactIntegerID(id) {
-				return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "a number id must be an integer between -(2^53-1) and 2^53-1")}
+			if !exactIntegerID(n) {
+				return reply(nil, "a number id must be an integer between -(2^53-1) and 2^53-1")
 			}
 		default:
-			return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "id must be a string or a number")}
+			return reply(nil, "id must be a string or a number")
 		}
 	}
 	if m["jsonrpc"] != "2.0" {
-		return verdict{reply: rpcError(id, mcp.INVALID_REQUEST, "jsonrpc must be \"2.0\"")}
+		return reply(id, "jsonrpc must be \"2.0\"")
 	}
-	method, _ := m["method"].(string)
-	if method != string(mcp.MethodToolsCall) {
-		return verdict{ctx: ctx}
-	}
-	start := s.now()
-	callID := rand.Text()
-	// The decision record carries the reservation time, so the log alone
-	// can check every limit window exactly.
-	rec := audit.Record{Kind: audit.KindDecision, Time: start, CallID: callID, Grant: c.grant.Name, Transport: c.transport}
-	params, ok := m["params"].(map[string]any)
+	return envelope{m: m, id: id, hasID: hasID}, verdict{}, true
+}
+
+// decode reads params: a known tool's name and its arguments object.
+func (g *gating) decode() (verdict, bool) {
+	params, ok := g.m["params"].(map[string]any)
 	if !ok {
-		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "params must be an object with name and arguments", "")
+		return g.invalid("params must be an object with name and arguments")
 	}
 	for k := range params {
 		if !callParamKeys[k] {
-			return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, fmt.Sprintf("unknown member %q in params", truncate(k, 40)), "")
+			return g.invalid(fmt.Sprintf("unknown member %q in params", truncate(k, 40)))
 		}
 	}
+	g.params = params
 	name, ok := params["name"].(string)
 	if !ok {
-		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "params.name must be a string", "")
+		return g.invalid("params.name must be a string")
 	}
-	rec.Tool = truncate(name, 128)
-	spec := s.tools[name]
-	if spec == nil {
-		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, fmt.Sprintf("unknown tool %q", truncate(name, 64)), "")
+	g.rec.Tool = truncate(name, 128)
+	if g.spec = g.s.tools[name]; g.spec == nil {
+		return g.invalid(fmt.Sprintf("unknown tool %q", truncate(name, 64)))
 	}
-	args := map[string]any{}
+	g.args = map[string]any{}
 	if a, present := params["arguments"]; present {
-		if args, ok = a.(map[string]any); !ok {
-			return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "arguments must be an object", "")
+		if g.args, ok = a.(map[string]any); !ok {
+			return g.invalid("arguments must be an object")
 		}
 	}
-	if len(raw) <= maxAuditArgsBytes {
-		rec.Args = args
+	if len(g.raw) <= maxAuditArgsBytes {
+		g.rec.Args = g.args
 	}
-	if !hasID {
-		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "tools/call sent as a notification", "")
+	if !g.hasID {
+		return g.invalid("tools/call sent as a notification")
 	}
-	valid, err := spec.validate(args)
+	return verdict{}, false
+}
+
+// validate checks the arguments against the catalogue and decodes them
+// into the tool's argument struct.
+func (g *gating) validate() (verdict, bool) {
+	valid, err := g.spec.validate(g.args)
 	if err != nil {
-		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, err.Error(), "")
+		return g.invalid(err.Error())
 	}
-	rec.Args = valid
-	typed, err := spec.decode(valid)
+	g.args, g.rec.Args = valid, valid
+	typed, err := g.spec.decode(valid)
 	if err != nil {
-		return s.refuse(ctx, id, hasID, rec, decisionError, TagInvalid, "the server could not read these arguments", err.Error())
+		return g.s.refuse(g.ctx, g.id, g.hasID, g.rec, decisionError, TagInvalid, "the server could not read these arguments", err.Error()), true
 	}
-	cl := &call{id: callID, grant: c.grant, transport: c.transport, spec: spec, args: typed}
-	if vm, ok := valid["vm"].(string); ok {
-		rec.VM = truncate(vm, 512)
-		backend, vmName, d, ok := s.resolveVM(c.grant, vm)
-		if !ok {
-			return s.refuse(ctx, id, hasID, rec, decisionUnknownVM, TagUnknownVM, fmt.Sprintf("no VM %q (list_vms shows the VMs you can use)", truncate(vm, 64)), "")
-		}
-		cl.vm, cl.backend, cl.name, cl.driver = vm, backend, vmName, d
+	c := g.conn
+	g.call = &call{id: g.rec.CallID, grant: c.grant, transport: c.transport, spec: g.spec, args: typed}
+	return verdict{}, false
+}
+
+// resolve finds the backend of the vm argument, as the grant sees it.
+func (g *gating) resolve() (verdict, bool) {
+	vm, ok := g.args["vm"].(string)
+	if !ok {
+		return verdict{}, false
 	}
-	eng := s.policyOf(c.grant)
+	g.rec.VM = truncate(vm, 512)
+	backend, name, d, ok := g.s.resolveVM(g.conn.grant, vm)
+	if !ok {
+		return g.refuse(decisionUnknownVM, TagUnknownVM, fmt.Sprintf("no VM %q (list_vms shows the VMs you can use)", truncate(vm, 64)))
+	}
+	cl := g.call
+	cl.vm, cl.backend, cl.name, cl.driver = vm, backend, name, d
+	return verdict{}, false
+}
+
+// decide asks the grant's policy. A denial ends the call; in shadow mode
+// the decision is recorded and the call goes on.
+func (g *gating) decide() (verdict, bool) {
+	eng := g.s.policyOf(g.conn.grant)
 	if eng == nil {
-		rec.Reason = "grant has no policy"
-		return s.refuse(ctx, id, hasID, rec, policy.Deny.String(), TagDenied, "this grant has no policy, so it can do nothing", "")
+		g.rec.Reason = "grant has no policy"
+		return g.refuse(policy.Deny.String(), TagDenied, "this grant has no policy, so it can do nothing")
 	}
-	session, _ := valid["session"].(string)
-	d := eng.Decide(policy.Call{Grant: c.grant.Name, Transport: c.transport, Tool: name, VM: cl.vm, Session: session, Args: valid})
-	rec.Rule, rec.Reason, rec.Shadow = d.Rule, d.Reason, d.Shadow
-	var elicit *clientAsk // set: the handler asks the client first
-	if hasRoundTrip(params) && !isClientChannel(d) {
-		return s.refuse(ctx, id, hasID, rec, decisionInvalid, TagInvalid, "requestState and inputResponses answer a client approval, and this call asks for none", "")
+	session, _ := g.args["session"].(string)
+	name := g.spec.name
+	d := eng.Decide(policy.Call{Grant: g.conn.grant.Name, Transport: g.conn.transport, Tool: name, VM: g.call.vm, Session: session, Args: g.args})
+	g.decision = d
+	g.rec.Rule, g.rec.Reason, g.rec.Shadow = d.Rule, d.Reason, d.Shadow
+	if hasRoundTrip(g.params) && !isClientChannel(d) {
+		return g.invalid("requestState and inputResponses answer a client approval, and this call asks for none")
 	}
 	switch {
 	case d.Shadow && d.Verdict != policy.Allow:
 		// Shadow mode: audit what enforcement would have done, then allow.
-		rec.Decision = d.Verdict.String()
+		g.rec.Decision = d.Verdict.String()
 	case d.Verdict == policy.Deny:
 		msg := d.Reason
 		if msg == "" {
 			msg = "the policy does not allow " + name
 		}
-		return s.refuse(ctx, id, hasID, rec, policy.Deny.String(), TagDenied, msg, "")
+		return g.refuse(policy.Deny.String(), TagDenied, msg)
 	case d.Verdict == policy.Approve:
-		rec.Decision = policy.Approve.String()
-		if isClientChannel(d) { // server/elicit.go
-			v, ask, done := s.approveByClient(ctx, id, &rec, d, name, cl.vm, valid, params, start)
-			if done {
-				return v
-			}
-			elicit = ask
-			break
-		}
-		digest := argsDigest(name, valid)
-		a, ok, err := s.store.ConsumeApproval(ctx, c.grant.Name, name, digest, start)
-		if err != nil {
-			rec.Reason = "approval store: " + err.Error()
-			return s.refuse(ctx, id, hasID, rec, decisionError, TagDenied, "the approval store is unavailable, so the call is refused", "")
-		}
-		if !ok {
-			return s.park(ctx, id, rec, d, name, cl.vm, valid, digest, start)
-		}
-		rec.ApprovalID = a.ID
+		g.rec.Decision = policy.Approve.String()
 	case d.Verdict != policy.Allow:
-		return s.refuse(ctx, id, hasID, rec, decisionError, TagDenied, "the policy gave no usable decision", "")
+		return g.refuse(decisionError, TagDenied, "the policy gave no usable decision")
 	}
-	if rec.Decision == "" {
-		rec.Decision = policy.Allow.String()
-	}
-	counters := d.Counters
-	if len(counters) > 0 {
-		err := s.store.ReserveAll(ctx, callID, start, counters)
-		var le *store.LimitedError
-		switch {
-		case err == nil:
-			rec.Counters = auditCounters(counters)
-		case errors.As(err, &le) && d.Shadow:
-			rec.Decision, rec.Rule, rec.Reason = policy.RateLimited.String(), le.Counter.Rule, "rate limit "+le.Counter.Name+" exceeded"
-			counters = nil
-		case errors.As(err, &le):
-			lim := d.Limited(le.Counter, le.RetryAfter)
-			rec.Rule, rec.Reason = lim.Rule, lim.Reason
-			secs := int64(math.Ceil(le.RetryAfter.Seconds()))
-			secs = max(secs, 1)
-			msg := fmt.Sprintf("%s: retry in %d s", lim.Reason, secs)
-			return s.refuseWith(ctx, id, rec, policy.RateLimited.String(), TagRateLimited, msg, map[string]any{"retry_after_s": secs})
-		default:
-			rec.Reason = "store: " + err.Error()
-			return s.refuse(ctx, id, hasID, rec, decisionError, TagDenied, "the policy store is unavailable, so the call is refused", "")
+	return verdict{}, false
+}
+
+// approve lets a call the policy wants approved go on only with its
+// approval: one an operator granted (consumed now; else the call is
+// parked), or the client's user's (server/elicit.go).
+func (g *gating) approve() (verdict, bool) {
+	d := g.decision
+	if d.Verdict != policy.Approve || d.Shadow {
+		if g.rec.Decision == "" {
+			g.rec.Decision = policy.Allow.String()
 		}
+		return verdict{}, false
 	}
-	if _, err := s.audit.Append(ctx, rec); err != nil {
-		s.log.Error("server: audit decision record failed; call refused", "call", callID, "tool", name, "err", err)
-		if len(counters) > 0 {
-			s.refund(callID, start, counters)
+	s, name := g.s, g.spec.name
+	if isClientChannel(d) {
+		v, ask, done := s.approveByClient(g.ctx, g.id, &g.rec, d, name, g.call.vm, g.args, g.params, g.start)
+		g.elicit = ask
+		return v, done
+	}
+	digest := argsDigest(name, g.args)
+	a, ok, err := s.store.ConsumeApproval(g.ctx, g.conn.grant.Name, name, digest, g.start)
+	if err != nil {
+		g.rec.Reason = "approval store: " + err.Error()
+		return g.refuse(decisionError, TagDenied, "the approval store is unavailable, so the call is refused")
+	}
+	if !ok {
+		return s.park(g.ctx, g.id, g.rec, d, name, g.call.vm, g.args, digest, g.start), true
+	}
+	g.rec.ApprovalID = a.ID
+	return verdict{}, false
+}
+
+// reserve reserves every counter the decision names, all or none. A limit
+// that is full ends the call with its retry time (shadow mode: recorded
+// only).
+func (g *gating) reserve() (verdict, bool) {
+	d := g.decision
+	if len(d.Counters) == 0 {
+		return verdict{}, false
+	}
+	err := g.s.store.ReserveAll(g.ctx, g.rec.CallID, g.start, d.Counters)
+	var le *store.LimitedError
+	switch {
+	case err == nil:
+		g.counters = d.Counters
+		g.rec.Counters = auditCounters(d.Counters)
+	case errors.As(err, &le) && d.Shadow:
+		g.rec.Decision, g.rec.Rule, g.rec.Reason = policy.RateLimited.String(), le.Counter.Rule, "rate limit "+le.Counter.Name+" exceeded"
+	case errors.As(err, &le):
+		lim := d.Limited(le.Counter, le.RetryAfter)
+		g.rec.Rule, g.rec.Reason = lim.Rule, lim.Reason
+		secs := max(int64(math.Ceil(le.RetryAfter.Seconds())), 1)
+		msg := fmt.Sprintf("%s: retry in %d s", lim.Reason, secs)
+		return g.s.refuseWith(g.ctx, g.id, g.rec, policy.RateLimited.String(), TagRateLimited, msg, map[string]any{"retry_after_s": secs}), true
+	default:
+		g.rec.Reason = "store: " + err.Error()
+		return g.refuse(decisionError, TagDenied, "the policy store is unavailable, so the call is refused")
+	}
+	return verdict{}, false
+}
+
+// record makes the decision record durable and registers the call in
+// flight; either failing refunds the reservations and refuses the call.
+func (g *gating) record() (verdict, bool) {
+	s, callID := g.s, g.rec.CallID
+	if _, err := s.audit.Append(g.ctx, g.rec); err != nil {
+		s.log.Error("server: audit decision record failed; call refused", "call", callID, "tool", g.spec.name, "err", err)
+		if len(g.counters) > 0 {
+			s.refund(callID, g.start, g.counters)
 		}
-		return verdict{reply: rpcResult(id, errorResult(TagDenied, "the audit log is unavailable, so the call is refused", nil))}
+		return verdict{reply: rpcResult(g.id, errorResult(TagDenied, "the audit log is unavailable, so the call is refused", nil))}, true
 	}
 	if !s.begin() {
-		if len(counters) > 0 {
-			s.refund(callID, start, counters)
+		if len(g.counters) > 0 {
+			s.refund(callID, g.start, g.counters)
 		}
-		s.outcome(rec, "not_run", "server shutting down", start, len(counters) > 0)
-		return verdict{reply: rpcResult(id, errorResult(TagBackend, "the server is shutting down", nil))}
+		s.outcome(g.rec, "not_run", "server shutting down", g.start, len(g.counters) > 0)
+		return verdict{reply: rpcResult(g.id, errorResult(TagBackend, "the server is shutting down", nil))}, true
 	}
-	// The deadline bounds the driver's work only (cl.ctx): the context
+	return verdict{}, false
+}
+
+// pass hands the call to mcp-go with its single-use ticket.
+func (g *gating) pass() verdict {
+	// The deadline bounds the driver's work only (call.ctx): the context
 	// mcp-go gets must outlive it, or mcp-go drops the [TIMED OUT] result
 	// the handler answers with at the deadline (over HTTP, an empty 200).
-	callCtx, cancel := context.WithTimeout(ctx, spec.deadline(s.limits, typed))
-	t := &ticket{server: s, call: cl, claimed: make(chan struct{}), start: start, counters: counters, cancel: cancel, elicit: elicit}
+	cl := g.call
+	callCtx, cancel := context.WithTimeout(g.ctx, g.spec.deadline(g.s.limits, cl.args))
+	t := &ticket{server: g.s, call: cl, claimed: make(chan struct{}), start: g.start, counters: g.counters, cancel: cancel, elicit: g.elicit}
 	cl.ctx = callCtx
-	return verdict{ctx: context.WithValue(ctx, ticketKey, t), t: t}
+	return verdict{ctx: context.WithValue(g.ctx, ticketKey, t), t: t}
 }
 
 // maxExactInteger is 2^53-1, the largest integer a float64 holds exactly

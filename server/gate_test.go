@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -367,5 +368,20 @@ func TestListVMsHonoursVisibility(t *testing.T) {
 	vms, _ := r.Result.StructuredContent["vms"].([]any)
 	if len(vms) != 1 || vms[0].(map[string]any)["id"] != "lab/vm1" {
 		t.Errorf("list_vms = %v; want only lab/vm1", r.Result.StructuredContent)
+	}
+}
+
+// TestGateStepsOrder pins the order of the gate's steps: the flow of
+// DESIGN.md (arguments are valid before a policy sees them; counters are
+// reserved only for a call that is allowed and approved; the decision
+// record is written last, before dispatch).
+func TestGateStepsOrder(t *testing.T) {
+	var got []string
+	for _, st := range gateSteps {
+		got = append(got, st.name)
+	}
+	want := []string{"decode", "validate", "resolve", "decide", "approve", "reserve", "record"}
+	if !slices.Equal(got, want) {
+		t.Errorf("gateSteps = %v; want %v", got, want)
 	}
 }
