@@ -130,19 +130,7 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 		return writeErr
 	}
 	notifyDone := make(chan struct{})
-	go func() {
-		defer close(notifyDone)
-		for {
-			select {
-			case n := <-sess.notifications:
-				if b, err := json.Marshal(n); err == nil {
-					write(b)
-				}
-			case <-callCtx.Done():
-				return
-			}
-		}
-	}()
+	go forwardNotifications(callCtx, sess, write, notifyDone)
 
 	lines := make(chan []byte)
 	readErr := make(chan error, 1)
@@ -182,21 +170,43 @@ loop:
 		}
 	}
 	sess.requests.close() // requests to the client get no answer now
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(ShutdownGrace):
-		s.log.Warn("server: stdio: cancelling calls still running after the grace period")
-		cancelCalls()
-		<-done
-	}
+	s.drainStdio(&wg, cancelCalls)
 	cancelCalls()
 	<-notifyDone
 	if errors.Is(err, io.EOF) {
 		err = nil
 	}
 	return err
+}
+
+// forwardNotifications writes sess's notifications with write until ctx
+// is done, then closes done.
+func forwardNotifications(ctx context.Context, sess *stdioSession, write func([]byte), done chan<- struct{}) {
+	defer close(done)
+	for {
+		select {
+		case n := <-sess.notifications:
+			if b, err := json.Marshal(n); err == nil {
+				write(b)
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// drainStdio waits for the calls in flight (wg), cancelling them
+// ShutdownGrace later.
+func (s *Server) drainStdio(wg *sync.WaitGroup, cancel context.CancelFunc) {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(ShutdownGrace):
+		s.log.Warn("server: stdio: cancelling calls still running after the grace period")
+		cancel()
+		<-done
+	}
 }
 
 // readLines sends every non-empty line of in to lines (a line longer than
