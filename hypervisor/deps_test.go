@@ -64,14 +64,19 @@ func within(rel, dir string) bool {
 	return rel == dir || strings.HasPrefix(rel, dir+"/")
 }
 
-const argviewRule = "server/argview imports only the standard library"
+const (
+	argviewRule    = "server/argview imports only the standard library"
+	strictjsonRule = "internal/strictjson (the leaf policy may import) imports only the standard library"
+)
 
 var depRules = []depRule{
 	{
-		name:       "policy imports only the standard library (no other package of ours)",
+		name:       "policy imports only the standard library and, of ours, the strict JSON lexer",
 		applies:    func(pkg string) bool { return pkg == "policy" },
 		transitive: true,
-		forbidden:  func(dep string, ours bool) bool { return ours || !standard(dep) },
+		forbidden: func(dep string, ours bool) bool {
+			return ours && dep != "internal/strictjson" || !ours && !standard(dep)
+		},
 	},
 	{
 		name:    "no package but server (and its subpackages) and cmd/vmgate imports mcp-go",
@@ -103,6 +108,12 @@ var depRules = []depRule{
 	{
 		name:       argviewRule,
 		applies:    func(pkg string) bool { return pkg == "server/argview" },
+		transitive: true,
+		forbidden:  func(dep string, ours bool) bool { return ours || !standard(dep) },
+	},
+	{
+		name:       strictjsonRule,
+		applies:    func(pkg string) bool { return pkg == "internal/strictjson" },
 		transitive: true,
 		forbidden:  func(dep string, ours bool) bool { return ours || !standard(dep) },
 	},
@@ -194,7 +205,8 @@ func TestDependencyArrows(t *testing.T) {
 func TestDependencyRulesBite(t *testing.T) {
 	m := func(rel string) string { return module + "/" + rel }
 	clean := []listedPackage{
-		{ImportPath: m("policy"), Imports: []string{"encoding/json"}, Deps: []string{"encoding/json"}},
+		{ImportPath: m("policy"), Imports: []string{"encoding/json", m("internal/strictjson")}, Deps: []string{"encoding/json", m("internal/strictjson")}},
+		{ImportPath: m("internal/strictjson"), Imports: []string{"unicode/utf8"}, Deps: []string{"unicode/utf8"}},
 		{ImportPath: m("policy/store"), Imports: []string{m("policy"), "go.etcd.io/bbolt"}, Deps: []string{m("policy"), "go.etcd.io/bbolt"}},
 		{ImportPath: m("guest/qga"), Imports: []string{"net"}, Deps: []string{"net", "syscall"}},
 		{ImportPath: m("hypervisor"), Imports: []string{"context", m("hypervisor/proto")}, Deps: []string{"context", m("hypervisor/proto"), "google.golang.org/grpc"}},
@@ -213,6 +225,11 @@ func TestDependencyRulesBite(t *testing.T) {
 		{"policy imports policy/store", listedPackage{ImportPath: m("policy"), Imports: []string{m("policy/store")}, Deps: []string{m("policy/store")}}, depRules[0].name},
 		{"policy depends on a third party transitively", listedPackage{ImportPath: m("policy"), Imports: []string{"fmt"}, Deps: []string{"fmt", "gopkg.in/yaml.v3"}}, depRules[0].name},
 		{"policy/store may import policy", listedPackage{ImportPath: m("policy/store"), Imports: []string{m("policy")}, Deps: []string{m("policy")}}, ""},
+		{"policy may import the strict JSON lexer", listedPackage{ImportPath: m("policy"), Imports: []string{m("internal/strictjson")}, Deps: []string{m("internal/strictjson"), "strings"}}, ""},
+		{"policy imports another internal package", listedPackage{ImportPath: m("policy"), Imports: []string{m("internal/strictjsonx")}, Deps: []string{m("internal/strictjsonx")}}, depRules[0].name},
+		{"policy reaches a third party through the lexer", listedPackage{ImportPath: m("policy"), Imports: []string{m("internal/strictjson")}, Deps: []string{m("internal/strictjson"), "github.com/x/y"}}, depRules[0].name},
+		{"the strict JSON lexer imports policy", listedPackage{ImportPath: m("internal/strictjson"), Imports: []string{m("policy")}, Deps: []string{m("policy")}}, strictjsonRule},
+		{"the strict JSON lexer depends on a third party", listedPackage{ImportPath: m("internal/strictjson"), Imports: []string{"strings"}, Deps: []string{"strings", "golang.org/x/text"}}, strictjsonRule},
 		{"plugin imports mcp-go", listedPackage{ImportPath: m("plugins/proxmox"), Imports: []string{"github.com/mark3labs/mcp-go/mcp"}}, depRules[1].name},
 		{"policy/audit imports mcp-go", listedPackage{ImportPath: m("policy/audit"), Imports: []string{"github.com/mark3labs/mcp-go"}}, depRules[1].name},
 		{"a package named like server imports mcp-go", listedPackage{ImportPath: m("serverless"), Imports: []string{"github.com/mark3labs/mcp-go/server"}}, depRules[1].name},

@@ -642,11 +642,7 @@ func (b *builder) condition(n *node, l loc) (condition, bool) {
 // valueEnd finds where the JSON value n ends in data, for quoting it in
 // messages (values are short: patterns and lists are capped).
 func valueEnd(data []byte, n *node) int {
-	r := &reader{data: data, pos: n.off}
-	if _, err := r.value(0); err != nil {
-		return n.off
-	}
-	end := r.pos
+	end := n.end
 	if end-n.off > 200 {
 		end = n.off + 200
 		for end > n.off && !utf8.RuneStart(data[end]) {

@@ -23,9 +23,9 @@ func TestParseErrors(t *testing.T) {
 		at   string // the error is at the first occurrence of at in doc ("" is 1:1)
 		want string // "path: message" (a prefix of it)
 	}{
-		{"empty", ``, "", `unexpected end of document`},
+		{"empty", ``, "", `unexpected end of input`},
 		{"not an object", `[]`, "", `want an object, got array`},
-		{"trailing data", `{"version":"1","default":"deny"} x`, "x", `unexpected 'x' after the document`},
+		{"trailing data", `{"version":"1","default":"deny"} x`, "x", `unexpected 'x' after the value`},
 		{"duplicate key", `{"version":"1","version":"1","default":"deny"}`, `"version":"1","default"`, `duplicate key "version"`},
 		{"case-variant key", `{"version":"1","default":"deny","Tools":{}}`, `"Tools"`, `Tools: unknown field "Tools" (field names are case-sensitive: did you mean "tools"?)`},
 		{"case-duplicate tool", wrap(`{},"T":{}`), `"T"`, `key "T" differs from key "t" only in case`},

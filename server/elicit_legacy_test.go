@@ -148,7 +148,7 @@ func TestLegacyClientApprovalStdio(t *testing.T) {
 		{"result not an object", initElicit, respond(`"accept"`), true, false, "client approval: elicitation/create: stdio: malformed result: no action"},
 		{"duplicate keys", initElicit, func(req map[string]any) string {
 			return `{"jsonrpc":"2.0","id":` + rawID(req) + `,"result":{"action":"decline","action":"accept","content":{"approve":true}}}`
-		}, true, false, "client approval: elicitation/create: stdio: malformed response: malformed JSON: duplicate key"},
+		}, true, false, "client approval: elicitation/create: stdio: malformed response: malformed JSON at byte 62: duplicate key \"action\""},
 		{"error response", initElicit, func(req map[string]any) string {
 			return `{"jsonrpc":"2.0","id":` + rawID(req) + `,"error":{"code":-32601,"message":"no"}}`
 		}, true, false, "client approval: elicitation/create: stdio: the client answered with an error"},
