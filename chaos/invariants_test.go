@@ -64,7 +64,7 @@ func checkLimits(recs []audit.Record) limitReport {
 			continue
 		}
 		for _, c := range r.Counters {
-			k := key{c.Key, time.Duration(c.WindowMS) * time.Millisecond, c.Max}
+			k := key{c.Key, c.Window, c.Max}
 			byKey[k] = append(byKey[k], reservation{r.Time, r.CallID})
 		}
 	}

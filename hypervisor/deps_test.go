@@ -67,6 +67,7 @@ func within(rel, dir string) bool {
 const (
 	argviewRule    = "server/argview imports only the standard library"
 	strictjsonRule = "internal/strictjson (the leaf policy may import) imports only the standard library"
+	auditRule      = "policy/audit imports only the standard library and policy (its counters are the policy's)"
 )
 
 var depRules = []depRule{
@@ -116,6 +117,14 @@ var depRules = []depRule{
 		applies:    func(pkg string) bool { return pkg == "internal/strictjson" },
 		transitive: true,
 		forbidden:  func(dep string, ours bool) bool { return ours || !standard(dep) },
+	},
+	{
+		name:       auditRule,
+		applies:    func(pkg string) bool { return pkg == "policy/audit" },
+		transitive: true,
+		forbidden: func(dep string, ours bool) bool {
+			return ours && dep != "policy" && dep != "internal/strictjson" || !ours && !standard(dep)
+		},
 	},
 }
 
@@ -229,6 +238,8 @@ func TestDependencyRulesBite(t *testing.T) {
 		{"policy imports another internal package", listedPackage{ImportPath: m("policy"), Imports: []string{m("internal/strictjsonx")}, Deps: []string{m("internal/strictjsonx")}}, depRules[0].name},
 		{"policy reaches a third party through the lexer", listedPackage{ImportPath: m("policy"), Imports: []string{m("internal/strictjson")}, Deps: []string{m("internal/strictjson"), "github.com/x/y"}}, depRules[0].name},
 		{"the strict JSON lexer imports policy", listedPackage{ImportPath: m("internal/strictjson"), Imports: []string{m("policy")}, Deps: []string{m("policy")}}, strictjsonRule},
+		{"policy/audit imports policy", listedPackage{ImportPath: m("policy/audit"), Imports: []string{m("policy")}, Deps: []string{m("policy"), m("internal/strictjson")}}, ""},
+		{"policy/audit imports policy/store", listedPackage{ImportPath: m("policy/audit"), Imports: []string{m("policy/store")}, Deps: []string{m("policy/store"), m("policy")}}, auditRule},
 		{"the strict JSON lexer depends on a third party", listedPackage{ImportPath: m("internal/strictjson"), Imports: []string{"strings"}, Deps: []string{"strings", "golang.org/x/text"}}, strictjsonRule},
 		{"plugin imports mcp-go", listedPackage{ImportPath: m("plugins/proxmox"), Imports: []string{"github.com/mark3labs/mcp-go/mcp"}}, depRules[1].name},
 		{"policy/audit imports mcp-go", listedPackage{ImportPath: m("policy/audit"), Imports: []string{"github.com/mark3labs/mcp-go"}}, depRules[1].name},

@@ -375,7 +375,7 @@ func (g *gating) reserve() (verdict, bool) {
 	switch {
 	case err == nil:
 		g.counters = d.Counters
-		g.rec.Counters = auditCounters(d.Counters)
+		g.rec.Counters = d.Counters
 	case errors.As(err, &le) && d.Shadow:
 		g.rec.Decision, g.rec.Rule, g.rec.Reason = policy.RateLimited.String(), le.Counter.Rule, "rate limit "+le.Counter.Name+" exceeded"
 	case errors.As(err, &le):
@@ -654,14 +654,6 @@ func argsDigest(tool string, args map[string]any) string {
 	}
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:])
-}
-
-func auditCounters(cs []policy.Counter) []audit.Counter {
-	out := make([]audit.Counter, len(cs))
-	for i, c := range cs {
-		out[i] = audit.Counter{Key: c.Key, WindowMS: c.Window.Milliseconds(), Max: c.Max}
-	}
-	return out
 }
 
 // Call deadlines: vars so that tests can shorten them.

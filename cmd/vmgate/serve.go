@@ -230,9 +230,8 @@ func restoreCounters(ctx context.Context, path string, restore func(context.Cont
 		case r.Kind == audit.KindDecision && len(r.Counters) > 0:
 			var cs []policy.Counter
 			for _, c := range r.Counters {
-				w := time.Duration(c.WindowMS) * time.Millisecond
-				if r.Time.Add(w).After(now) {
-					cs = append(cs, policy.Counter{Key: c.Key, Window: w, Max: c.Max})
+				if r.Time.Add(c.Window).After(now) {
+					cs = append(cs, c)
 				}
 			}
 			if len(cs) > 0 {

@@ -29,7 +29,7 @@ func TestOpenStoreRebuildsCountersFromTheAuditLog(t *testing.T) {
 	const key = "all_calls|grant=local"
 	decision := func(id string, at time.Time, window time.Duration) {
 		rec := audit.Record{Time: at, Kind: audit.KindDecision, CallID: id, Decision: "allow",
-			Counters: []audit.Counter{{Key: key, WindowMS: window.Milliseconds(), Max: 3}}}
+			Counters: audit.Counters{{Key: key, Window: window, Max: 3}}}
 		if _, err := l.Append(context.Background(), rec); err != nil {
 			t.Fatal(err)
 		}

@@ -65,8 +65,11 @@
 package audit
 
 import (
+	"encoding/json"
 	"errors"
 	"time"
+
+	"github.com/vmgate/vmgate/policy"
 )
 
 // Kind is a record's kind.
@@ -81,13 +84,49 @@ const (
 	KindOutcome Kind = "outcome"
 )
 
-// Counter is one counter reservation carried by a decision record, so the
+// Counters are the counter reservations a decision record carries, so the
 // server can rebuild its sliding-window counters from the log after a crash:
-// the reservation was made at the record's time.
-type Counter struct {
+// each was made at the record's time. They are the policy's own counters
+// (policy.Counter, the type the store reserves); a record keeps what a
+// rebuild needs of each, as {"key":…,"window_ms":…,"max":…}, so Name and
+// Rule read back empty and Window in whole milliseconds.
+type Counters []policy.Counter
+
+// counterJSON is one counter as a record holds it.
+type counterJSON struct {
 	Key      string `json:"key"`
 	WindowMS int64  `json:"window_ms"`
 	Max      int64  `json:"max"`
+}
+
+// MarshalJSON writes cs as a record holds them (what Append writes).
+func (cs Counters) MarshalJSON() ([]byte, error) {
+	if cs == nil {
+		return []byte("null"), nil
+	}
+	out := make([]counterJSON, len(cs))
+	for i, c := range cs {
+		out[i] = counterJSON{Key: c.Key, WindowMS: c.Window.Milliseconds(), Max: c.Max}
+	}
+	return json.Marshal(out)
+}
+
+// UnmarshalJSON reads the counters of a record.
+func (cs *Counters) UnmarshalJSON(b []byte) error {
+	var in []counterJSON
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	if in == nil {
+		*cs = nil
+		return nil
+	}
+	out := make(Counters, len(in))
+	for i, c := range in {
+		out[i] = policy.Counter{Key: c.Key, Window: time.Duration(c.WindowMS) * time.Millisecond, Max: c.Max}
+	}
+	*cs = out
+	return nil
 }
 
 // Record is one line of the log. Seq, PrevHash and Hash are set by the log
@@ -115,7 +154,7 @@ type Record struct {
 	// the decoded arguments as they came, not an already redacted copy.
 	Args map[string]any `json:"args,omitempty"`
 	// Counters are the reservations made for this call (decision records).
-	Counters []Counter `json:"counters,omitempty"`
+	Counters Counters `json:"counters,omitempty"`
 	// Refunded is set on an outcome record whose call's reservations were
 	// refunded (the call failed before any side effect).
 	Refunded bool   `json:"refunded,omitempty"`

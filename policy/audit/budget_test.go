@@ -17,7 +17,7 @@ func outcomeFor(callID string) Record {
 
 func decisionFor(callID string) Record {
 	return Record{Kind: KindDecision, CallID: callID, Decision: "allow", Tool: "t",
-		Counters: []Counter{{Key: "k", WindowMS: 1000, Max: 10}}}
+		Counters: Counters{{Key: "k", Window: time.Second, Max: 10}}}
 }
 
 func TestSequentialCallCostsOneFsyncAndOneWrite(t *testing.T) {

@@ -73,7 +73,7 @@ func appendBody(b []byte, rec *Record) ([]byte, error) {
 			b = append(b, `{"key":`...)
 			b = appendString(b, c.Key)
 			b = append(b, `,"window_ms":`...)
-			b = strconv.AppendInt(b, c.WindowMS, 10)
+			b = strconv.AppendInt(b, c.Window.Milliseconds(), 10)
 			b = append(b, `,"max":`...)
 			b = strconv.AppendInt(b, c.Max, 10)
 			b = append(b, '}')

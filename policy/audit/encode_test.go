@@ -40,7 +40,7 @@ func encodeCases() []Record {
 	add(func(r *Record) {
 		r.Grant, r.Transport, r.Tool, r.VM, r.Rule, r.Reason, r.ApprovalID = "alice", "http", "vm_agent_exec", "lab/vm1", "/tools/x", "why <not> & \"so\"", "ap1"
 		r.Shadow = true
-		r.Counters = []Counter{{Key: "k|grant=a", WindowMS: 60000, Max: 30}, {Key: "\x00\xff", WindowMS: 1, Max: 0}}
+		r.Counters = Counters{{Key: "k|grant=a", Window: time.Minute, Max: 30}, {Key: "\x00\xff", Window: time.Millisecond, Max: 0}}
 	})
 	add(func(r *Record) {
 		r.Kind, r.Decision, r.Outcome, r.Refunded = KindOutcome, "", "ok", true

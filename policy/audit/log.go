@@ -502,7 +502,7 @@ func encodeBody(rec *Record) ([]byte, error) {
 		return nil, fmt.Errorf("duration_ms %v: want a finite number >= 0: %w", rec.DurationMS, ErrInvalid)
 	}
 	for i, c := range rec.Counters {
-		if c.Key == "" || c.WindowMS <= 0 || c.Max < 0 {
+		if c.Key == "" || c.Window < time.Millisecond || c.Max < 0 {
 			return nil, fmt.Errorf("counters[%d]: need a key, window_ms > 0 and max >= 0: %w", i, ErrInvalid)
 		}
 	}

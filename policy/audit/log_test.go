@@ -190,8 +190,9 @@ func TestAppendBadRecords(t *testing.T) {
 		{"prev_hash set by caller", mod(func(r *Record) { r.PrevHash = "00" }), ErrInvalid},
 		{"hash set by caller", mod(func(r *Record) { r.Hash = "00" }), ErrInvalid},
 		{"negative duration", mod(func(r *Record) { r.DurationMS = -1 }), ErrInvalid},
-		{"counter without key", mod(func(r *Record) { r.Counters = []Counter{{WindowMS: 1, Max: 1}} }), ErrInvalid},
-		{"counter zero window", mod(func(r *Record) { r.Counters = []Counter{{Key: "k", Max: 1}} }), ErrInvalid},
+		{"counter without key", mod(func(r *Record) { r.Counters = Counters{{Window: time.Millisecond, Max: 1}} }), ErrInvalid},
+		{"counter zero window", mod(func(r *Record) { r.Counters = Counters{{Key: "k", Max: 1}} }), ErrInvalid},
+		{"counter window under a millisecond", mod(func(r *Record) { r.Counters = Counters{{Key: "k", Window: time.Microsecond, Max: 1}} }), ErrInvalid},
 		{"unencodable argument", mod(func(r *Record) { r.Args = map[string]any{"x": make(chan int)} }), ErrInvalid},
 		{"too large", mod(func(r *Record) { r.Args = map[string]any{"command": strings.Repeat("x", MaxRecordBytes)} }), ErrTooLarge},
 	}

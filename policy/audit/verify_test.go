@@ -53,7 +53,7 @@ func testRecord(i int) Record {
 	}
 	if i%2 == 1 {
 		r.Kind, r.Decision, r.Rule = KindDecision, "allow", "/tools/vm_agent_exec"
-		r.Counters = []Counter{{Key: "exec_per_vm|grant=alice|vm=lab/vm1", WindowMS: 60000, Max: 30}}
+		r.Counters = Counters{{Key: "exec_per_vm|grant=alice|vm=lab/vm1", Window: time.Minute, Max: 30}}
 	} else {
 		r.Kind, r.Outcome, r.DurationMS = KindOutcome, "ok", 1.5
 	}
@@ -106,7 +106,7 @@ func TestVerifyRoundTrip(t *testing.T) {
 	if got[0].PrevHash != "" {
 		t.Errorf("first prev_hash = %q; want empty", got[0].PrevHash)
 	}
-	if len(got[0].Counters) != 1 || got[0].Counters[0].WindowMS != 60000 {
+	if len(got[0].Counters) != 1 || got[0].Counters[0].Window != time.Minute {
 		t.Errorf("decision counters = %+v; want the reservation", got[0].Counters)
 	}
 	// The time is RFC 3339 with nanoseconds in UTC.

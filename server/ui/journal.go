@@ -134,7 +134,7 @@ func (j *journal) applyLocked(rec audit.Record) {
 		}
 		cr := callRes{}
 		for _, c := range rec.Counters {
-			w := time.Duration(c.WindowMS) * time.Millisecond
+			w := c.Window
 			st := j.keys[c.Key]
 			if st == nil {
 				st = &counterState{}

@@ -131,10 +131,6 @@ func crashChild(dir string) error {
 	if err != nil {
 		return err
 	}
-	ac := make([]audit.Counter, len(crashCounters))
-	for i, c := range crashCounters {
-		ac[i] = audit.Counter{Key: c.Key, WindowMS: c.Window.Milliseconds(), Max: c.Max}
-	}
 	out := bufio.NewWriter(os.Stdout)
 	for i := 0; ; i++ {
 		id := fmt.Sprintf("call-%d", i)
@@ -143,7 +139,7 @@ func crashChild(dir string) error {
 			return err
 		}
 		rec := audit.Record{Time: now, Kind: audit.KindDecision, CallID: id, Grant: "a", Tool: "kill_process",
-			VM: "lab/vm1", Decision: "allow", Rule: "/tools/kill_process", Counters: ac}
+			VM: "lab/vm1", Decision: "allow", Rule: "/tools/kill_process", Counters: crashCounters}
 		if _, err := log.Append(context.Background(), rec); err != nil {
 			return err
 		}
@@ -242,12 +238,8 @@ func TestKillDuringReservations(t *testing.T) {
 		if r.Kind != audit.KindDecision {
 			return nil
 		}
-		cs := make([]policy.Counter, len(r.Counters))
-		for i, c := range r.Counters {
-			cs[i] = policy.Counter{Key: c.Key, Window: time.Duration(c.WindowMS) * time.Millisecond, Max: c.Max}
-		}
 		restored++
-		return fresh.Restore(ctx, r.CallID, r.Time, cs)
+		return fresh.Restore(ctx, r.CallID, r.Time, r.Counters)
 	})
 	if err != nil {
 		t.Fatalf("audit.Read + Restore = %v", err)
