@@ -68,6 +68,7 @@ const (
 	argviewRule    = "server/argview imports only the standard library"
 	strictjsonRule = "internal/strictjson (the leaf policy may import) imports only the standard library"
 	auditRule      = "policy/audit imports only the standard library and policy (its counters are the policy's)"
+	guestRule      = "nothing under guest/ imports hypervisor (host-side code such as internal/guestctl lives on the host side)"
 )
 
 var depRules = []depRule{
@@ -125,6 +126,12 @@ var depRules = []depRule{
 		forbidden: func(dep string, ours bool) bool {
 			return ours && dep != "policy" && dep != "internal/strictjson" || !ours && !standard(dep)
 		},
+	},
+	{
+		name:       guestRule,
+		applies:    func(pkg string) bool { return within(pkg, "guest") },
+		transitive: true,
+		forbidden:  func(dep string, ours bool) bool { return ours && within(dep, "hypervisor") },
 	},
 }
 
@@ -218,6 +225,7 @@ func TestDependencyRulesBite(t *testing.T) {
 		{ImportPath: m("internal/strictjson"), Imports: []string{"unicode/utf8"}, Deps: []string{"unicode/utf8"}},
 		{ImportPath: m("policy/store"), Imports: []string{m("policy"), "go.etcd.io/bbolt"}, Deps: []string{m("policy"), "go.etcd.io/bbolt"}},
 		{ImportPath: m("guest/qga"), Imports: []string{"net"}, Deps: []string{"net", "syscall"}},
+		{ImportPath: m("guest/agent"), Imports: []string{m("guest/agent/wire")}, Deps: []string{m("guest/agent/wire"), "golang.org/x/sys/unix"}},
 		{ImportPath: m("hypervisor"), Imports: []string{"context", m("hypervisor/proto")}, Deps: []string{"context", m("hypervisor/proto"), "google.golang.org/grpc"}},
 		{ImportPath: m("plugins/qemu"), Imports: []string{m("hypervisor"), m("guest/qga")}, Deps: []string{m("hypervisor"), m("guest/qga"), "context"}},
 		{ImportPath: m("server"), Imports: []string{"github.com/mark3labs/mcp-go/server", m("policy")}, Deps: []string{"github.com/mark3labs/mcp-go/server", m("policy")}},
@@ -240,6 +248,9 @@ func TestDependencyRulesBite(t *testing.T) {
 		{"the strict JSON lexer imports policy", listedPackage{ImportPath: m("internal/strictjson"), Imports: []string{m("policy")}, Deps: []string{m("policy")}}, strictjsonRule},
 		{"policy/audit imports policy", listedPackage{ImportPath: m("policy/audit"), Imports: []string{m("policy")}, Deps: []string{m("policy"), m("internal/strictjson")}}, ""},
 		{"policy/audit imports policy/store", listedPackage{ImportPath: m("policy/audit"), Imports: []string{m("policy/store")}, Deps: []string{m("policy/store"), m("policy")}}, auditRule},
+		{"guest code imports hypervisor", listedPackage{ImportPath: m("guest/helper"), Imports: []string{m("hypervisor")}, Deps: []string{m("hypervisor")}}, guestRule},
+		{"the guest agent reaches hypervisor transitively", listedPackage{ImportPath: m("guest/agent"), Imports: []string{m("guest/agent/wire")}, Deps: []string{m("guest/agent/wire"), m("hypervisor/proto")}}, guestRule},
+		{"host-side guest control imports hypervisor", listedPackage{ImportPath: m("internal/guestctl"), Imports: []string{m("hypervisor"), m("guest/agent/wire")}, Deps: []string{m("hypervisor"), m("guest/agent/wire")}}, ""},
 		{"the strict JSON lexer depends on a third party", listedPackage{ImportPath: m("internal/strictjson"), Imports: []string{"strings"}, Deps: []string{"strings", "golang.org/x/text"}}, strictjsonRule},
 		{"plugin imports mcp-go", listedPackage{ImportPath: m("plugins/proxmox"), Imports: []string{"github.com/mark3labs/mcp-go/mcp"}}, depRules[1].name},
 		{"policy/audit imports mcp-go", listedPackage{ImportPath: m("policy/audit"), Imports: []string{"github.com/mark3labs/mcp-go"}}, depRules[1].name},
@@ -248,7 +259,7 @@ func TestDependencyRulesBite(t *testing.T) {
 		{"mcp-go through server is not a direct import", listedPackage{ImportPath: m("e2e"), Imports: []string{m("server")}, Deps: []string{m("server"), "github.com/mark3labs/mcp-go/mcp"}}, ""},
 		{"plugin imports server", listedPackage{ImportPath: m("plugins/libvirt"), Imports: []string{m("server")}, Deps: []string{m("server")}}, depRules[2].name},
 		{"plugin depends on policy/store transitively", listedPackage{ImportPath: m("plugins/virtualbox"), Imports: []string{m("internal/util")}, Deps: []string{m("internal/util"), m("policy/store")}}, depRules[2].name},
-		{"guest/qga imports hypervisor", listedPackage{ImportPath: m("guest/qga"), Imports: []string{m("hypervisor")}, Deps: []string{m("hypervisor")}}, depRules[3].name},
+		{"guest/qga imports another package of ours", listedPackage{ImportPath: m("guest/qga"), Imports: []string{m("guest/agent/wire")}, Deps: []string{m("guest/agent/wire")}}, depRules[3].name},
 		{"guest/qga depends on a third party", listedPackage{ImportPath: m("guest/qga"), Imports: []string{"net"}, Deps: []string{"net", "golang.org/x/sys/unix"}}, depRules[3].name},
 		{"hypervisor imports guest/qga", listedPackage{ImportPath: m("hypervisor"), Imports: []string{m("guest/qga")}, Deps: []string{m("guest/qga")}}, depRules[4].name},
 		{"hypervisor depends on policy through proto", listedPackage{ImportPath: m("hypervisor"), Imports: []string{m("hypervisor/proto")}, Deps: []string{m("hypervisor/proto"), m("policy")}}, depRules[4].name},

@@ -8,14 +8,14 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
-	"github.com/vmgate/vmgate/guest/helper"
+	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
 )
 
 // The vmgate-guest helper as the server uses it: the session and process
 // tools (tool_sessions.go, tool_processes.go, and vm_agent_exec with a
-// session in tool_exec.go) run through guest/helper, which pushes
+// session in tool_exec.go) run through internal/guestctl, which pushes
 // vmgate-guest into a guest that lacks it.
 
 // errNoHelper is the message of the session tools on a host without
@@ -27,9 +27,9 @@ const errNoHelper = "the vmgate-guest helper is not available on this host (buil
 type guestTools struct {
 	s        *Server
 	sessions store.Sessions
-	bins     helper.Binaries
-	helpers  map[string]*helper.Helper // backend name -> helper over its driver
-	every    time.Duration             // the reaper's period (reaper.go)
+	bins     guestctl.Binaries
+	helpers  map[string]*guestctl.Helper // backend name -> helper over its driver
+	every    time.Duration               // the reaper's period (reaper.go)
 
 	stopOnce sync.Once
 	cancel   context.CancelFunc
@@ -37,7 +37,7 @@ type guestTools struct {
 }
 
 func newGuestTools(s *Server, cfg Config) *guestTools {
-	g := &guestTools{s: s, sessions: cfg.Sessions, bins: cfg.GuestBinaries, every: cfg.ReapEvery, helpers: map[string]*helper.Helper{}}
+	g := &guestTools{s: s, sessions: cfg.Sessions, bins: cfg.GuestBinaries, every: cfg.ReapEvery, helpers: map[string]*guestctl.Helper{}}
 	if g.sessions == nil {
 		if ss, ok := cfg.Store.(store.Sessions); ok {
 			g.sessions = ss
@@ -47,10 +47,10 @@ func newGuestTools(s *Server, cfg Config) *guestTools {
 		}
 	}
 	if g.bins == nil {
-		g.bins = helper.DefaultBinaries()
+		g.bins = guestctl.DefaultBinaries()
 	}
 	for name, d := range s.backends {
-		g.helpers[name] = helper.New(d, g.bins)
+		g.helpers[name] = guestctl.New(d, g.bins)
 	}
 	if g.every == 0 {
 		g.every = DefaultReapEvery
@@ -85,7 +85,7 @@ func (g *guestTools) available() bool {
 
 // helperFor returns c's helper, or a result to return when the host has
 // no vmgate-guest build.
-func (g *guestTools) helperFor(c *call) (*helper.Helper, *result) {
+func (g *guestTools) helperFor(c *call) (*guestctl.Helper, *result) {
 	if !g.available() {
 		r := failure(TagBackend, errNoHelper, true)
 		return nil, &r
@@ -101,10 +101,10 @@ func (g *guestTools) helperFor(c *call) (*helper.Helper, *result) {
 // helperFailure maps a helper error to a tagged result; details go to the
 // audit log.
 func helperFailure(err error) result {
-	var he *helper.Error
-	var re *helper.ReplyError
+	var he *guestctl.Error
+	var re *guestctl.ReplyError
 	switch {
-	case errors.Is(err, helper.ErrNoBinary):
+	case errors.Is(err, guestctl.ErrNoBinary):
 		r := failure(TagBackend, "no vmgate-guest build for this guest's architecture (build it with make build)", true)
 		r.detail = err.Error()
 		return r

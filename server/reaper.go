@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vmgate/vmgate/guest/helper"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/guestctl"
 )
 
 // The session reaper: destroys sessions past their ttl or idle time (the
@@ -70,7 +70,7 @@ func (g *guestTools) reap(ctx context.Context) reapReport {
 			rep.Destroyed = append(rep.Destroyed, sess.ID)
 			continue
 		}
-		cctx, cancel := context.WithTimeout(ctx, helper.CommandTimeout)
+		cctx, cancel := context.WithTimeout(ctx, guestctl.CommandTimeout)
 		_, err := h.SessionDestroy(cctx, name, sess.ID)
 		cancel()
 		if err != nil && !errors.Is(err, hypervisor.ErrUnknownVM) {
@@ -84,7 +84,7 @@ func (g *guestTools) reap(ctx context.Context) reapReport {
 	}
 	for vm, ids := range live {
 		backend, name, _ := strings.Cut(vm, "/")
-		cctx, cancel := context.WithTimeout(ctx, helper.CommandTimeout)
+		cctx, cancel := context.WithTimeout(ctx, guestctl.CommandTimeout)
 		res, err := g.helpers[backend].SessionReap(cctx, name)
 		cancel()
 		if err != nil {

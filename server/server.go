@@ -38,8 +38,8 @@ import (
 
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
-	"github.com/vmgate/vmgate/guest/helper"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
@@ -115,7 +115,7 @@ type Config struct {
 	// Sessions, GuestBinaries and ReapEvery configure the session and
 	// process tools (see guest.go and tool_sessions.go).
 	Sessions      store.Sessions
-	GuestBinaries helper.Binaries
+	GuestBinaries guestctl.Binaries
 	ReapEvery     time.Duration
 }
 

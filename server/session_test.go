@@ -15,20 +15,20 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
-	"github.com/vmgate/vmgate/guest/helper"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
 )
 
-// fakeBins is a helper.Binaries made of a function field.
+// fakeBins is a guestctl.Binaries made of a function field.
 type fakeBins struct {
-	BinaryFunc func(arch string) (helper.Binary, error)
+	BinaryFunc func(arch string) (guestctl.Binary, error)
 }
 
-func (b fakeBins) Binary(arch string) (helper.Binary, error) { return b.BinaryFunc(arch) }
+func (b fakeBins) Binary(arch string) (guestctl.Binary, error) { return b.BinaryFunc(arch) }
 
 var fakeBuild = []byte("\x7fELF fake vmgate-guest")
 
@@ -38,14 +38,14 @@ func fakeBuildSum() string {
 }
 
 func haveBins() fakeBins {
-	return fakeBins{BinaryFunc: func(arch string) (helper.Binary, error) {
-		return helper.Binary{Data: fakeBuild, SHA256: fakeBuildSum(), Source: "test"}, nil
+	return fakeBins{BinaryFunc: func(arch string) (guestctl.Binary, error) {
+		return guestctl.Binary{Data: fakeBuild, SHA256: fakeBuildSum(), Source: "test"}, nil
 	}}
 }
 
 func noBins() fakeBins {
-	return fakeBins{BinaryFunc: func(arch string) (helper.Binary, error) {
-		return helper.Binary{}, fmt.Errorf("test: %w", helper.ErrNoBinary)
+	return fakeBins{BinaryFunc: func(arch string) (guestctl.Binary, error) {
+		return guestctl.Binary{}, fmt.Errorf("test: %w", guestctl.ErrNoBinary)
 	}}
 }
 
@@ -129,7 +129,7 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		return hypervisor.ExecResult{Exited: true}
 	case a[0] == "/bin/sh": // the kill script without the helper
 		return hypervisor.ExecResult{Exited: true, Stdout: []byte("exited\n")}
-	case a[0] != helper.GuestPath:
+	case a[0] != guestctl.GuestPath:
 		return hypervisor.ExecResult{Exited: true, ExitCode: 127}
 	}
 	switch strings.Join(a[1:min(3, len(a))], " ") {
@@ -210,7 +210,7 @@ type sessFixture struct {
 
 // newSessFixture is a server with grants alice and bob, both seeing lab/*,
 // over a fake guest; alice's policy is alicePolicy (allow all when "").
-func newSessFixture(t *testing.T, bins helper.Binaries, alicePolicy string) *sessFixture {
+func newSessFixture(t *testing.T, bins guestctl.Binaries, alicePolicy string) *sessFixture {
 	t.Helper()
 	if alicePolicy == "" {
 		alicePolicy = allowAll
@@ -323,7 +323,7 @@ func TestSessionGrantBinding(t *testing.T) {
 	if got := f.as(t, "bob", "destroy_session", fmt.Sprintf(`{"vm":"lab/vm1","session":%q}`, id)).text(); got != unknown {
 		t.Errorf("bob destroying alice's destroyed session = %q; want %q", got, unknown)
 	}
-	if n := f.guest.count(helper.GuestPath, "session", "destroy"); n != 1 {
+	if n := f.guest.count(guestctl.GuestPath, "session", "destroy"); n != 1 {
 		t.Errorf("guest saw %d session destroy commands; want 1", n)
 	}
 	r = f.as(t, "alice", "vm_agent_exec", fmt.Sprintf(`{"vm":"lab/vm1","session":%q,"shell":"true"}`, id))
@@ -391,7 +391,7 @@ func TestKillProcessMapping(t *testing.T) {
 			t.Errorf("kill_process(%s) structured refused = %v; want %q", tt.args, r.Result.StructuredContent["refused"], tt.refused)
 		}
 	}
-	if n := f.guest.count(helper.GuestPath, "kill", "--pid", "1"); n != 0 {
+	if n := f.guest.count(guestctl.GuestPath, "kill", "--pid", "1"); n != 0 {
 		t.Errorf("pid 1 reached the guest %d times; want 0", n)
 	}
 }
@@ -405,7 +405,7 @@ func TestCreateSessionLimitsPolicy(t *testing.T) {
 			t.Errorf("create_session(%s) = %q; want %s", args, r.text(), TagDenied)
 		}
 	}
-	if n := f.guest.count(helper.GuestPath, "session", "create"); n != 0 {
+	if n := f.guest.count(guestctl.GuestPath, "session", "create"); n != 0 {
 		t.Errorf("denied creates reached the guest %d times; want 0", n)
 	}
 	id := f.createSession(t, "alice", `{"vm":"lab/vm1","limits":{"memory_mb":256}}`)
@@ -480,7 +480,7 @@ func TestSessionStoreDown(t *testing.T) {
 			t.Errorf("%s with the store down = %q; want %s ... session store", tt.tool, r.text(), TagBackend)
 		}
 	}
-	if n := f.guest.count(helper.GuestPath, "session"); n != 0 {
+	if n := f.guest.count(guestctl.GuestPath, "session"); n != 0 {
 		t.Errorf("with the store down %d session commands reached the guest; want 0", n)
 	}
 }

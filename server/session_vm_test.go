@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmgate/vmgate/guest/helper"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/plugins/qemu"
@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 func buildGuest(t *testing.T) {
 	t.Helper()
 	guestBuild.Do(func() {
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(guestDir, helper.FileName("amd64")), "github.com/vmgate/vmgate/cmd/vmgate-guest")
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(guestDir, guestctl.FileName("amd64")), "github.com/vmgate/vmgate/cmd/vmgate-guest")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			guestBuildErr = fmt.Errorf("building vmgate-guest: %v\n%s", err, out)
@@ -55,7 +55,7 @@ func buildGuest(t *testing.T) {
 	if guestBuildErr != nil {
 		t.Fatal(guestBuildErr)
 	}
-	t.Setenv(helper.GuestDirEnv, guestDir)
+	t.Setenv(guestctl.GuestDirEnv, guestDir)
 }
 
 // labServer is a Server over the QEMU driver and the lab VM "srv" (as
@@ -131,15 +131,15 @@ func sleepers(t *testing.T, f *fixture, args string) []map[string]any {
 func TestLabSessionTools(t *testing.T) {
 	f, d := labServer(t)
 	// A VM without the helper gets it pushed on first use.
-	guestSh(t, d, "rm -f "+helper.GuestPath)
+	guestSh(t, d, "rm -f "+guestctl.GuestPath)
 	r := okCall(t, f, "alice", "create_session", `{"vm":"lab/srv","ttl_s":3600}`)
 	id := r.Result.StructuredContent["session"].(string)
 	workdir := r.Result.StructuredContent["workdir"].(string)
-	bin, err := helper.DefaultBinaries().Binary("amd64")
+	bin, err := guestctl.DefaultBinaries().Binary("amd64")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Fields(guestSh(t, d, "sha256sum "+helper.GuestPath)); len(got) == 0 || got[0] != bin.SHA256 {
+	if got := strings.Fields(guestSh(t, d, "sha256sum "+guestctl.GuestPath)); len(got) == 0 || got[0] != bin.SHA256 {
 		t.Fatalf("guest helper sha256 after first use = %v; want the pushed build's %s", got, bin.SHA256)
 	}
 	t.Cleanup(func() {

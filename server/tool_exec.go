@@ -13,8 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
-	"github.com/vmgate/vmgate/guest/helper"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/guestctl"
 )
 
 // Commands: vm_agent_exec (through the driver's guest exec, or through
@@ -126,8 +126,8 @@ func (a *execArgs) request(s *Server) hypervisor.ExecRequest {
 }
 
 // runRequest is a as vmgate-guest's run takes it, in session id.
-func (a *execArgs) runRequest(s *Server, id string) helper.RunRequest {
-	req := helper.RunRequest{
+func (a *execArgs) runRequest(s *Server, id string) guestctl.RunRequest {
+	req := guestctl.RunRequest{
 		Session:        id,
 		Argv:           a.Command,
 		MaxOutputBytes: min(s.outputCap(a.MaxOutputBytes), wire.MaxOutputBytesLimit),

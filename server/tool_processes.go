@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
-	"github.com/vmgate/vmgate/guest/helper"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/guestctl"
 )
 
 // Processes: list_processes and kill_process, through vmgate-guest, whose
@@ -74,7 +74,7 @@ func (s *Server) runListProcesses(c *call, a *listProcessesArgs) result {
 		return helperFailure(err)
 	}
 	if procs == nil {
-		procs = []helper.Process{}
+		procs = []guestctl.Process{}
 	}
 	out := map[string]any{"vm": c.vm, "processes": procs}
 	if session != "" {
@@ -135,7 +135,7 @@ func (s *Server) runKillProcess(c *call, a *killArgs) result {
 	kr, err := h.Kill(c.ctx, c.name, int(pid), sig, startedAt)
 	if err != nil {
 		r := helperFailure(err)
-		if errors.Is(err, helper.ErrNotFound) {
+		if errors.Is(err, guestctl.ErrNotFound) {
 			r.text = fmt.Sprintf("no process %d in %s", pid, c.vm)
 		}
 		if m, ok := r.structured.(map[string]any); ok {

@@ -8,15 +8,15 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
-	"github.com/vmgate/vmgate/guest/helper"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/policy/store"
 )
 
 // Sessions: create_session, list_sessions and destroy_session, through
 // vmgate-guest (guest.go); the reaper that ends them is in reaper.go.
 //
-// A session id is minted here (helper.NewSessionID: 128 random bits) and
+// A session id is minted here (guestctl.NewSessionID: 128 random bits) and
 // stored with the grant that created it and its VM in Config.Sessions (the
 // store, when it keeps sessions; otherwise in memory, and a restart forgets
 // them). A session of another grant, on another VM, or one that never
@@ -164,19 +164,19 @@ func (s *Server) runCreateSession(c *call, a *createSessionArgs) result {
 		return failure(TagInvalid, "limits: "+err.Error(), true)
 	}
 	sess := store.Session{
-		ID: helper.NewSessionID(), Grant: c.grant.Name, VM: c.vm, Created: s.now(),
+		ID: guestctl.NewSessionID(), Grant: c.grant.Name, VM: c.vm, Created: s.now(),
 		TTL: time.Duration(ttl) * time.Second, Idle: time.Duration(idle) * time.Second, Limits: limits,
 	}
 	// The store first: a session the guest has is always one the server knows.
 	if err := g.sessions.CreateSession(c.ctx, sess); err != nil {
 		return storeFailure(err)
 	}
-	gs, err := h.SessionCreate(c.ctx, c.name, helper.SessionCreate{ID: sess.ID, TTLS: ttl, Limits: wl})
+	gs, err := h.SessionCreate(c.ctx, c.name, guestctl.SessionCreate{ID: sess.ID, TTLS: ttl, Limits: wl})
 	if err != nil {
 		if _, derr := g.sessions.DeleteSession(context.WithoutCancel(c.ctx), sess.ID, s.now()); derr != nil {
 			s.log.Error("server: forget a session the guest did not create", "session", sess.ID, "err", derr)
 		}
-		if !errors.Is(err, helper.ErrRefused) && !errors.Is(err, hypervisor.ErrInvalidArgument) {
+		if !errors.Is(err, guestctl.ErrRefused) && !errors.Is(err, hypervisor.ErrInvalidArgument) {
 			// The guest may have made part of it: clean up what is there.
 			if _, derr := h.SessionDestroy(context.WithoutCancel(c.ctx), c.name, sess.ID); derr != nil {
 				s.log.Warn("server: clean up a failed session", "vm", c.vm, "session", sess.ID, "err", derr)

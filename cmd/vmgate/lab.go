@@ -12,8 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/vmgate/vmgate/guest/helper"
 	"github.com/vmgate/vmgate/guest/image"
+	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/internal/lab"
 )
 
@@ -232,7 +232,7 @@ func newLabDownCmd(stateDir func() (string, error)) *cobra.Command {
 // binary (make build puts it there). Without one the image has no helper,
 // and the session tools say so.
 func guestHelperExtra(step func(string)) []image.File {
-	bin, err := helper.DefaultBinaries().Binary("amd64")
+	bin, err := guestctl.DefaultBinaries().Binary("amd64")
 	if err != nil {
 		step("no vmgate-guest build to ship (" + err.Error() + ")")
 		return nil
@@ -242,6 +242,6 @@ func guestHelperExtra(step func(string)) []image.File {
 		step("no vmgate-guest build to ship (" + err.Error() + ")")
 		return nil
 	}
-	step("shipping " + src + " as " + helper.GuestPath)
-	return []image.File{{Src: src, Dst: helper.GuestPath, Mode: 0o755}}
+	step("shipping " + src + " as " + guestctl.GuestPath)
+	return []image.File{{Src: src, Dst: guestctl.GuestPath, Mode: 0o755}}
 }

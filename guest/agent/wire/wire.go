@@ -1,5 +1,5 @@
 // Package wire is the JSON contract between vmgate-guest (guest/agent) and
-// the host (guest/helper): the request and result types, the reply envelope,
+// the host (internal/guestctl): the request and result types, the reply envelope,
 // and the pure validators both sides share (session ids, signal names).
 // It imports only the standard library, so the host side builds anywhere.
 package wire

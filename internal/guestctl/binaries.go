@@ -1,4 +1,4 @@
-package helper
+package guestctl
 
 import (
 	"bytes"

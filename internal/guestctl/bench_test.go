@@ -1,4 +1,4 @@
-package helper
+package guestctl
 
 import (
 	"context"
@@ -24,7 +24,7 @@ func startSleeps(b *testing.B, ctx context.Context, h *Helper, vm, session strin
 // back) with 1,000 extra processes in the guest, against a baseline helper
 // round trip (`version`) in the same process.
 //
-//	go test -run '^$' -bench BenchmarkLabPS -benchtime 5x ./guest/helper/
+//	go test -run '^$' -bench BenchmarkLabPS -benchtime 5x ./internal/guestctl/
 func BenchmarkLabPS(b *testing.B) {
 	h, _ := labHelper(b, "cg")
 	ctx := testCtx(b, 10*time.Minute)
@@ -101,7 +101,7 @@ func BenchmarkLabDestroy50(b *testing.B) {
 // ratio is the sandbox's cost (the shim's exec, Landlock ruleset,
 // namespaces, uid) as seen from the host.
 //
-//	go test -run '^$' -bench BenchmarkLabRunSandboxed -benchtime 20x ./guest/helper/
+//	go test -run '^$' -bench BenchmarkLabRunSandboxed -benchtime 20x ./internal/guestctl/
 func BenchmarkLabRunSandboxed(b *testing.B) {
 	h, _ := labHelper(b, "cg")
 	ctx := testCtx(b, 10*time.Minute)

@@ -1,7 +1,9 @@
-// Package helper is the host side of vmgate-guest: it makes sure the helper
-// binary is in the guest (pushing it through the driver's file channel when
-// it is missing or its SHA-256 differs, cached per VM) and runs its commands
-// through the driver's exec channel with typed results and typed errors.
+// Package guestctl is the host side of vmgate-guest, the in-guest helper:
+// it makes sure the helper binary is in the guest (pushing it through the
+// driver's file channel when it is missing or its SHA-256 differs, cached
+// per VM) and runs its commands through the driver's exec channel with
+// typed results and typed errors. It lives on the host side because it
+// drives a hypervisor.Driver; nothing under guest/ imports hypervisor.
 //
 // A guard's refusal is a *Error with Code "refused" (errors.Is(err,
 // ErrRefused)) and a Reason (wire.ReasonInit, ReasonKernelThread,
@@ -9,7 +11,7 @@
 // hypervisor.ErrInvalidArgument and is found before anything reaches the
 // guest; driver failures come back as the driver returned them (wrapped),
 // and a reply that is not vmgate-guest's JSON is a *ReplyError.
-package helper
+package guestctl
 
 import (
 	"context"
