@@ -164,14 +164,27 @@ func TestNodeSDKEndToEnd(t *testing.T) {
 	guestRun(t, vm, "/bin/sh", "-c", fmt.Sprintf("kill %d; rm -f %s", sentinelPID, sentinelFile))
 }
 
-// buildVMGate builds the vmgate binary into dir.
+// buildVMGate builds the vmgate binary into dir, with the amd64 build of
+// vmgate-guest beside it (where the server finds it and pushes it into the
+// lab guest: the process and session tools, kill_process included, run
+// through it).
 func buildVMGate(t *testing.T, dir string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "vmgate")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/vmgate/vmgate/cmd/vmgate")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build vmgate: %v\n%s", err, b)
+	for _, b := range []struct {
+		args []string
+		env  []string
+	}{
+		{[]string{"-o", bin, "github.com/vmgate/vmgate/cmd/vmgate"}, nil},
+		{[]string{"-trimpath", "-ldflags=-s -w", "-o", filepath.Join(dir, "vmgate-guest-linux-amd64"), "github.com/vmgate/vmgate/cmd/vmgate-guest"},
+			[]string{"CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64"}},
+	} {
+		cmd := exec.Command("go", append([]string{"build"}, b.args...)...)
+		cmd.Env = append(os.Environ(), b.env...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", strings.Join(b.args, " "), err, out)
+		}
 	}
 	return bin
 }

@@ -136,7 +136,7 @@ func TestHostileInputs(t *testing.T) {
 		{"timeout above the maximum", toolCall(1, "vm_agent_exec", `{"vm":"lab/vm1","command":["ls"],"timeout_s":100000}`), TagInvalid, "invalid"},
 		{"unknown params member", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"vm_status","arguments":{"vm":"lab/vm1"},"extra":1}}`, TagInvalid, "invalid"},
 		{"invalid UTF-8", "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"vm_file_read\",\"arguments\":{\"vm\":\"lab/vm1\",\"path\":\"/\xff\"}}}", TagInvalid, "invalid"},
-		{"pid 1 refused by the tool", toolCall(1, "kill_process", `{"vm":"lab/vm1","pid":1}`), TagInvalid, "allow"},
+		{"kill_process needs the helper", toolCall(1, "kill_process", `{"vm":"lab/vm1","pid":1}`), TagBackend, "allow"},
 		{"session tools need the helper", toolCall(1, "destroy_session", `{"vm":"lab/vm1","session":"s1"}`), TagBackend, "allow"},
 	}
 	for _, tt := range tests {
@@ -242,21 +242,22 @@ func TestExecWaitFalseIsBoundToGrant(t *testing.T) {
 const killLimited = `{"version":"1","default":"deny","tools":{"kill_process":{"limits":[{"counter":"kill_process_rate","window":"minute","max":10,"scope":"grant"}]}}}`
 
 func TestRateLimit(t *testing.T) {
-	f := newFixture(t, fixtureOpts{policy: killLimited})
-	// Refused before any side effect: refunded, so they cost no budget.
+	f := newSessFixture(t, haveBins(), killLimited)
+	// Refused by the guest's guard before any side effect: refunded, so
+	// they cost no budget.
 	for range 3 {
-		if r := f.call(t, "kill_process", `{"vm":"lab/vm1","pid":1}`); !hasTag(r, TagInvalid) {
+		if r := f.as(t, "alice", "kill_process", `{"vm":"lab/vm1","pid":1}`); !hasTag(r, TagInvalid) {
 			t.Fatalf("kill pid 1 = %q; want %s", r.text(), TagInvalid)
 		}
 	}
 	for i := range 10 {
 		f.advance(time.Second)
-		r := f.call(t, "kill_process", `{"vm":"lab/vm1","pid":4242}`)
+		r := f.as(t, "alice", "kill_process", `{"vm":"lab/vm1","pid":4242}`)
 		if r.Result == nil || r.Result.IsError {
 			t.Fatalf("kill %d = %q; want success", i+1, r.text())
 		}
 	}
-	r := f.call(t, "kill_process", `{"vm":"lab/vm1","pid":4242}`)
+	r := f.as(t, "alice", "kill_process", `{"vm":"lab/vm1","pid":4242}`)
 	if !hasTag(r, TagRateLimited) {
 		t.Fatalf("11th kill = %q; want %s", r.text(), TagRateLimited)
 	}
@@ -265,11 +266,11 @@ func TestRateLimit(t *testing.T) {
 		t.Errorf("11th kill text = %q; want retry in 51 s", r.text())
 	}
 	f.advance(52 * time.Second)
-	if r := f.call(t, "kill_process", `{"vm":"lab/vm1","pid":4242}`); r.Result == nil || r.Result.IsError {
+	if r := f.as(t, "alice", "kill_process", `{"vm":"lab/vm1","pid":4242}`); r.Result == nil || r.Result.IsError {
 		t.Errorf("kill after the window moved = %q; want success", r.text())
 	}
 	// Not in the policy: denied by default.
-	if r := f.call(t, "vm_status", `{"vm":"lab/vm1"}`); !hasTag(r, TagDenied) {
+	if r := f.as(t, "alice", "vm_status", `{"vm":"lab/vm1"}`); !hasTag(r, TagDenied) {
 		t.Errorf("vm_status under default deny = %q; want %s", r.text(), TagDenied)
 	}
 }

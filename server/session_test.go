@@ -176,6 +176,8 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 	case "kill":
 		pid, _ := strconv.Atoi(flag(a, "--pid"))
 		switch {
+		case pid == 1: // the agent's guard, as guest/agent/kill.go answers
+			return replyErr(wire.CodeRefused, wire.ReasonInit, "kill: refused: pid 1 is init")
 		case pid == 2:
 			return replyErr(wire.CodeRefused, wire.ReasonKernelThread, "refused: pid 2 is a kernel thread")
 		case pid == 99:
@@ -344,6 +346,7 @@ func TestHelperNotAvailable(t *testing.T) {
 		{"destroy_session", `{"vm":"lab/vm1","session":"0123456789abcdef0123456789abcdef"}`},
 		{"vm_agent_exec", `{"vm":"lab/vm1","session":"0123456789abcdef0123456789abcdef","command":["id"]}`},
 		{"kill_process", `{"vm":"lab/vm1","pid":42,"started_at":1700000000000}`},
+		{"kill_process", `{"vm":"lab/vm1","pid":42}`},
 	}
 	for _, tt := range tests {
 		r := f.as(t, "alice", tt.tool, tt.args)
@@ -351,16 +354,10 @@ func TestHelperNotAvailable(t *testing.T) {
 			t.Errorf("%s(%s) = %q; want %s ... not available on this host", tt.tool, tt.args, r.text(), TagBackend)
 		}
 	}
+	// kill_process has no fallback without the helper (the guards live in
+	// vmgate-guest): nothing at all reaches the guest.
 	if n := len(f.guest.argvs); n != 0 {
 		t.Errorf("without the helper the tools ran %d guest commands; want 0", n)
-	}
-	// kill_process falls back to the guarded shell script.
-	r := f.as(t, "alice", "kill_process", `{"vm":"lab/vm1","pid":42}`)
-	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["exited"] != true {
-		t.Errorf("kill_process without the helper = %q; want the shell fallback's success", r.text())
-	}
-	if n := f.guest.count("/bin/sh", "-c", killScript); n != 1 {
-		t.Errorf("kill fallback ran the kill script %d times; want 1", n)
 	}
 }
 
@@ -391,8 +388,13 @@ func TestKillProcessMapping(t *testing.T) {
 			t.Errorf("kill_process(%s) structured refused = %v; want %q", tt.args, r.Result.StructuredContent["refused"], tt.refused)
 		}
 	}
-	if n := f.guest.count(guestctl.GuestPath, "kill", "--pid", "1"); n != 0 {
-		t.Errorf("pid 1 reached the guest %d times; want 0", n)
+	// The guards are the guest's: the host sends every valid pid, pid 1
+	// included, and maps the guest's refusal.
+	if n := f.guest.count(guestctl.GuestPath, "kill", "--pid", "1"); n != 1 {
+		t.Errorf("pid 1 reached the guest %d times; want 1 (the guard is the guest's)", n)
+	}
+	if n := f.guest.count(guestctl.GuestPath, "kill", "--pid", "42", "--signal", "TERM", "--started-at", "1"); n != 1 {
+		t.Errorf("kill of 42 with started_at 1 reached the guest %d times as kill --pid 42 --signal TERM --started-at 1; want 1", n)
 	}
 }
 

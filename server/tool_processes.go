@@ -4,20 +4,19 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
-	"github.com/vmgate/vmgate/guest/agent/wire"
-	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/guestctl"
 )
 
-// Processes: list_processes and kill_process, through vmgate-guest, whose
-// kill guards (pid 1, kernel threads, the guest agent, vmgate-guest itself,
-// a reused pid) answer "[INVALID ARGUMENT] refused: <reason>" with the
-// reason in the structured result's "refused" field.
+// Processes: list_processes and kill_process, through vmgate-guest. The
+// kill guards (pid 1, kernel threads, the guest agent, vmgate-guest itself
+// and its ancestors, a reused pid) live in the guest agent only
+// (guest/agent/kill.go), which knows what a process is; their refusals are
+// not policy decisions but "[INVALID ARGUMENT] refused: <reason>", with the
+// reason in the structured result's "refused" field. Without vmgate-guest
+// there is no kill_process: it says what is needed.
 
 // MaxPID is the largest pid a Linux guest can have (PID_MAX_LIMIT).
 const MaxPID = 4194304
@@ -118,28 +117,22 @@ func (a *killArgs) signal() string {
 	return a.Signal
 }
 
+// runKillProcess asks vmgate-guest to signal the process. The guards are
+// the guest's (guest/agent/kill.go): the host only validated the arguments
+// (pid range, signal name, started_at), and maps a refusal to its tag.
 func (s *Server) runKillProcess(c *call, a *killArgs) result {
-	pid, sig, startedAt := a.PID, a.signal(), a.StartedAt
-	if pid < 2 {
-		return refused(pid, wire.ReasonInit)
+	h, r := s.guest.helperFor(c)
+	if r != nil {
+		return *r
 	}
-	if !s.guest.available() {
-		// Without the helper the guarded shell script is the fallback; it
-		// cannot check a start time.
-		if startedAt != 0 {
-			return failure(TagBackend, "started_at checks need the vmgate-guest helper: "+errNoHelper, true)
-		}
-		return s.runKill(c, pid, sig)
-	}
-	h := s.guest.helpers[c.backend]
-	kr, err := h.Kill(c.ctx, c.name, int(pid), sig, startedAt)
+	kr, err := h.Kill(c.ctx, c.name, int(a.PID), a.signal(), a.StartedAt)
 	if err != nil {
 		r := helperFailure(err)
 		if errors.Is(err, guestctl.ErrNotFound) {
-			r.text = fmt.Sprintf("no process %d in %s", pid, c.vm)
+			r.text = fmt.Sprintf("no process %d in %s", a.PID, c.vm)
 		}
 		if m, ok := r.structured.(map[string]any); ok {
-			m["pid"] = pid
+			m["pid"] = a.PID
 		}
 		return r
 	}
@@ -151,72 +144,4 @@ func (s *Server) runKillProcess(c *call, a *killArgs) result {
 		return success(out, fmt.Sprintf("sent SIG%s to %d; it exited", kr.Signal, kr.PID))
 	}
 	return success(out, fmt.Sprintf("sent SIG%s to %d; it is still running (state %s)", kr.Signal, kr.PID, kr.State))
-}
-
-// refused is a guard's refusal found on the host.
-func refused(pid int64, reason string) result {
-	r := failure(TagInvalid, "refused: "+reason, true)
-	r.structured = map[string]any{"error": strings.Trim(TagInvalid, "[]"), "message": r.text, "refused": reason, "pid": pid}
-	return r
-}
-
-// killScript runs in the guest as /bin/sh -c killScript vmgate-kill PID SIG
-// WAIT: the pid and signal are positional parameters, never spliced into
-// the script. It refuses kernel threads (PF_KTHREAD in /proc/PID/stat) and
-// the guest agents, sends the signal, then polls up to WAIT tenths of a
-// second for the process to go (or become a zombie).
-const killScript = `pid=$1 sig=$2 tries=$3
-st=$(cat /proc/$pid/stat 2>/dev/null) || { echo nosuch; exit 0; }
-set -- ${st##*) }
-if [ $(( $7 & 2097152 )) -ne 0 ]; then echo kthread; exit 0; fi
-case "$(cat /proc/$pid/comm 2>/dev/null)" in qemu-ga|vmgate-guest) echo agent; exit 0;; esac
-kill -"$sig" "$pid" 2>/dev/null || { echo killfail; exit 0; }
-i=0
-while :; do
-  st=$(cat /proc/$pid/stat 2>/dev/null) || { echo exited; exit 0; }
-  set -- ${st##*) }
-  [ "$1" = Z ] && { echo exited; exit 0; }
-  [ $i -ge $tries ] && { echo running; exit 0; }
-  sleep 0.1 2>/dev/null || sleep 1
-  i=$((i+1))
-done`
-
-// runKill is kill_process without the helper: runKillProcess falls back
-// to it on a host without vmgate-guest builds, with pid (already checked
-// to be above 1) and sig (defaulted) taken from the call's arguments.
-func (s *Server) runKill(c *call, pid int64, sig string) result {
-	tries := "30"
-	if sig == "STOP" || sig == "CONT" {
-		tries = "0"
-	}
-	req := hypervisor.ExecRequest{
-		Argv:           []string{"/bin/sh", "-c", killScript, "vmgate-kill", strconv.FormatInt(pid, 10), sig, tries},
-		Timeout:        20 * time.Second,
-		MaxOutputBytes: 4096,
-	}
-	res, err := hypervisor.Run(c.ctx, c.driver, c.name, req)
-	if err != nil {
-		return driverFailure(err)
-	}
-	word := strings.TrimSpace(string(res.Stdout))
-	out := map[string]any{"pid": pid, "signal": sig}
-	switch word {
-	case "nosuch":
-		return failure(TagInvalid, fmt.Sprintf("no process %d in %s", pid, c.vm), true)
-	case "kthread":
-		return refused(pid, wire.ReasonKernelThread)
-	case "agent":
-		return refused(pid, wire.ReasonGuestAgent)
-	case "killfail":
-		return failure(TagBackend, fmt.Sprintf("kill -%s %d failed in the guest", sig, pid), true)
-	case "exited":
-		out["exited"] = true
-		return success(out, fmt.Sprintf("sent SIG%s to %d; it exited", sig, pid))
-	case "running":
-		out["exited"] = false
-		return success(out, fmt.Sprintf("sent SIG%s to %d; it is still running", sig, pid))
-	}
-	r := failure(TagBackend, "unexpected answer from the guest", false)
-	r.detail = fmt.Sprintf("kill script: exit %d stdout %q stderr %q", res.ExitCode, truncate(string(res.Stdout), 200), truncate(string(res.Stderr), 200))
-	return r
 }
