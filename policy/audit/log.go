@@ -205,26 +205,9 @@ func Open(path string, opts Options) (*Log, error) {
 		return nil, fmt.Errorf("audit: open: %s: %w", path, err)
 	}
 	l.seq, l.prevHash, l.torn = rep.LastSeq, rep.LastHash, rep.Torn
-	end, err := f.Seek(0, 2)
+	end, err := terminateLastLine(f)
 	if err != nil {
 		return nil, fmt.Errorf("audit: open: %w", err)
-	}
-	if end > 0 {
-		var last [1]byte
-		if _, err := f.ReadAt(last[:], end-1); err != nil {
-			return nil, fmt.Errorf("audit: open: %w", err)
-		}
-		if last[0] != '\n' {
-			// A torn tail (or a complete record whose newline was lost):
-			// terminate it so the next record starts on its own line.
-			if _, err := f.Write([]byte{'\n'}); err != nil {
-				return nil, fmt.Errorf("audit: open: terminate torn line: %w", err)
-			}
-			if err := f.Sync(); err != nil {
-				return nil, fmt.Errorf("audit: open: terminate torn line: %w", err)
-			}
-			end++
-		}
 	}
 	for _, t := range l.torn {
 		l.logger.Warn("audit: torn line in log (incomplete write, e.g. a crash); the chain continues after it",
@@ -243,6 +226,30 @@ func Open(path string, opts Options) (*Log, error) {
 	go l.writer()
 	ok = true
 	return l, nil
+}
+
+// terminateLastLine ends f with a newline if it does not end with one (a
+// torn tail, or a complete record whose newline was lost), so the next
+// record starts on its own line, and returns f's size.
+func terminateLastLine(f *os.File) (int64, error) {
+	end, err := f.Seek(0, 2)
+	if err != nil || end == 0 {
+		return end, err
+	}
+	var last [1]byte
+	if _, err := f.ReadAt(last[:], end-1); err != nil {
+		return 0, err
+	}
+	if last[0] == '\n' {
+		return end, nil
+	}
+	if _, err := f.Write([]byte{'\n'}); err != nil {
+		return 0, fmt.Errorf("terminate torn line: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		return 0, fmt.Errorf("terminate torn line: %w", err)
+	}
+	return end + 1, nil
 }
 
 // Torn returns the torn lines Open found (nil when none).
