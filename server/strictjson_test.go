@@ -3,53 +3,27 @@ package server
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 )
 
-// manyKeys is an object of n distinct keys k0…k(n-1) followed by extra
-// members: past 16 keys the reader checks case variants through foldKey.
-func manyKeys(n int, extra string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i := range n {
-		fmt.Fprintf(&b, `"k%d":%d,`, i, i)
-	}
-	b.WriteString(extra)
-	b.WriteByte('}')
-	return b.String()
-}
-
 func TestDecodeStrictRefuses(t *testing.T) {
+	// The grammar is the lexer's (internal/strictjson tests every refusal);
+	// these check that decodeStrict reports each kind as errJSON.
 	tests := []struct {
 		name string
 		in   string
 	}{
 		{"duplicate key", `{"a":1,"a":2}`},
 		{"case-variant key", `{"vm":"x","VM":"y"}`},
-		{"Kelvin sign folds to k", "{\"k\":1,\"\u212a\":2}"},
-		{"case-variant key past 16 keys", manyKeys(20, `"K3":0`)},
-		{"Kelvin sign past 16 keys", manyKeys(20, "\"\u212a3\":0")},
-		{"duplicate key past 16 keys", manyKeys(20, `"k19":0`)},
 		{"nesting too deep", strings.Repeat("[", maxJSONDepth+1) + strings.Repeat("]", maxJSONDepth+1)},
 		{"trailing data", `{} {}`},
 		{"lone high surrogate", `"\ud800"`},
-		{"lone low surrogate", `"\udc00x"`},
 		{"invalid UTF-8", "\"\xff\""},
 		{"control character", "\"a\nb\""},
-		{"invalid escape", `"\x41"`},
-		{"truncated \\u", `"\u12"`},
 		{"leading zero", `01`},
-		{"bare minus", `-`},
-		{"fraction without digits", `1.`},
-		{"exponent without digits", `1e+`},
-		{"bad literal", `nul`},
-		{"unterminated string", `"abc`},
 		{"unterminated object", `{"a":1`},
-		{"missing colon", `{"a" 1}`},
-		{"trailing comma", `[1,]`},
 		{"empty input", ``},
 	}
 	for _, tt := range tests {
@@ -67,7 +41,7 @@ func TestDecodeStrictAccepts(t *testing.T) {
 		in   string
 	}{
 		{"call", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"vm_status","arguments":{"vm":"lab/vm1"}}}`},
-		{"20 distinct keys", manyKeys(20, `"other":true`)},
+		{"20 distinct keys", `{"k0":0,"k1":1,"k2":2,"k3":3,"k4":4,"k5":5,"k6":6,"k7":7,"k8":8,"k9":9,"k10":10,"k11":11,"k12":12,"k13":13,"k14":14,"k15":15,"k16":16,"k17":17,"k18":18,"other":true}`},
 		{"escapes", `"a\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00"`},
 		{"numbers stay as written", `[0,-0,1.5e-3,99999999999999999999]`},
 		{"literals", `[true,false,null]`},
