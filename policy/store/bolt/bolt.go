@@ -36,7 +36,6 @@ package bolt
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -115,8 +114,9 @@ func (s *Store) Close() error {
 }
 
 // update runs fn in a write transaction. Errors fn returns on purpose
-// (*LimitedError, ErrDuplicate, ErrNotPending, ErrUnknownApproval) pass
-// through; every other failure wraps store.ErrUnavailable.
+// (*LimitedError, ErrDuplicate, ErrNotPending, ErrUnknownApproval,
+// ErrUnknownSession) pass through; every other failure wraps
+// store.ErrUnavailable.
 func (s *Store) update(ctx context.Context, op string, fn func(tx *bbolt.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("bolt: %s: %w: %w", op, store.ErrUnavailable, err)
@@ -151,7 +151,7 @@ func (s *Store) wrap(op string, err, mine error) error {
 	}
 	var le *store.LimitedError
 	if mine != nil && errors.Is(err, mine) && (errors.As(mine, &le) || errors.Is(mine, store.ErrDuplicate) ||
-		errors.Is(mine, store.ErrNotPending) || errors.Is(mine, store.ErrUnknownApproval)) {
+		errors.Is(mine, store.ErrNotPending) || errors.Is(mine, store.ErrUnknownApproval) || errors.Is(mine, store.ErrUnknownSession)) {
 		if le != nil {
 			return le
 		}
@@ -414,26 +414,6 @@ func (s *Store) Reservations(ctx context.Context, key string) ([]Reservation, er
 	return out, err
 }
 
-func getApproval(b *bbolt.Bucket, id string) (store.Approval, error) {
-	v := b.Get([]byte(id))
-	if v == nil {
-		return store.Approval{}, fmt.Errorf("approval %q: %w", id, store.ErrUnknownApproval)
-	}
-	var a store.Approval
-	if err := json.Unmarshal(v, &a); err != nil {
-		return store.Approval{}, fmt.Errorf("approval %q: decode: %w", id, err)
-	}
-	return a, nil
-}
-
-func putApproval(b *bbolt.Bucket, a store.Approval) error {
-	v, err := json.Marshal(a)
-	if err != nil {
-		return err
-	}
-	return b.Put([]byte(a.ID), v)
-}
-
 // CreateApproval implements store.Approvals. It also deletes approvals that
 // ended more than rules.Retention before a.Created.
 func (s *Store) CreateApproval(ctx context.Context, a store.Approval) error {
@@ -441,18 +421,12 @@ func (s *Store) CreateApproval(ctx context.Context, a store.Approval) error {
 	if err != nil {
 		return fmt.Errorf("bolt: create approval: %w", err)
 	}
-	return s.update(ctx, "create approval", func(tx *bbolt.Tx) error {
-		b := tx.Bucket(bucketApprovals)
-		if b.Get([]byte(a.ID)) != nil {
-			return fmt.Errorf("%w: approval %q", store.ErrDuplicate, a.ID)
-		}
-		if err := purge(b, "approval", func(old store.Approval) bool { return rules.Stale(old, a.Created) }); err != nil {
-			return err
-		}
+	return s.updateRecords(ctx, "create approval", approvalRecords, func(b *bbolt.Bucket) error {
+		// One transaction: a duplicate id undoes the scrub too.
 		if err := scrub(b, a.Created, nil); err != nil {
 			return err
 		}
-		return putApproval(b, a)
+		return createRecord(approvalRecords, b, a.ID, a, func(old store.Approval) bool { return rules.Stale(old, a.Created) })
 	})
 }
 
@@ -461,30 +435,29 @@ func (s *Store) CreateApproval(ctx context.Context, a store.Approval) error {
 // transaction.
 func scrub(b *bbolt.Bucket, now time.Time, ids []string) error {
 	var todo []store.Approval
-	check := func(k, v []byte) error {
-		var a store.Approval
-		if err := json.Unmarshal(v, &a); err != nil {
-			return fmt.Errorf("approval %q: decode: %w", k, err)
-		}
+	check := func(_ []byte, a store.Approval) error {
 		if kept, changed := rules.Scrubbed(a, now); changed {
 			todo = append(todo, kept)
 		}
 		return nil
 	}
 	if ids == nil {
-		if err := b.ForEach(check); err != nil {
+		if err := eachRecord(approvalRecords, b, check); err != nil {
 			return err
 		}
 	}
 	for _, id := range ids {
-		if v := b.Get([]byte(id)); v != nil {
-			if err := check([]byte(id), v); err != nil {
-				return err
-			}
+		a, err := getRecord[store.Approval](approvalRecords, b, id)
+		if errors.Is(err, store.ErrUnknownApproval) {
+			continue
 		}
+		if err != nil {
+			return err
+		}
+		_ = check(nil, a)
 	}
 	for _, a := range todo {
-		if err := putApproval(b, a); err != nil {
+		if err := putRecord(b, a.ID, a); err != nil {
 			return err
 		}
 	}
@@ -496,13 +469,7 @@ func (s *Store) GetApproval(ctx context.Context, id string) (store.Approval, err
 	if err := rules.ID(id); err != nil {
 		return store.Approval{}, fmt.Errorf("bolt: get approval: %w", err)
 	}
-	var a store.Approval
-	err := s.view(ctx, "get approval", func(tx *bbolt.Tx) error {
-		var err error
-		a, err = getApproval(tx.Bucket(bucketApprovals), id)
-		return err
-	})
-	return a, err
+	return readRecord[store.Approval](ctx, s, "get approval", approvalRecords, id)
 }
 
 // ListApprovals implements store.Approvals: every approval as it stands at
@@ -513,12 +480,8 @@ func (s *Store) ListApprovals(ctx context.Context, now time.Time) ([]store.Appro
 		out   []store.Approval
 		ended []string
 	)
-	err := s.view(ctx, "list approvals", func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketApprovals).ForEach(func(k, v []byte) error {
-			var a store.Approval
-			if err := json.Unmarshal(v, &a); err != nil {
-				return fmt.Errorf("approval %q: decode: %w", k, err)
-			}
+	err := s.viewRecords(ctx, "list approvals", approvalRecords, func(b *bbolt.Bucket) error {
+		return eachRecord(approvalRecords, b, func(_ []byte, a store.Approval) error {
 			if _, changed := rules.Scrubbed(a, now); changed {
 				ended = append(ended, a.ID)
 			}
@@ -530,8 +493,8 @@ func (s *Store) ListApprovals(ctx context.Context, now time.Time) ([]store.Appro
 		return nil, err
 	}
 	if len(ended) > 0 {
-		if err := s.update(ctx, "scrub approvals", func(tx *bbolt.Tx) error {
-			return scrub(tx.Bucket(bucketApprovals), now, ended)
+		if err := s.updateRecords(ctx, "scrub approvals", approvalRecords, func(b *bbolt.Bucket) error {
+			return scrub(b, now, ended)
 		}); err != nil {
 			return nil, err
 		}
@@ -551,16 +514,15 @@ func (s *Store) DecideApproval(ctx context.Context, id string, grant bool, by, r
 	}
 	var out store.Approval
 	var notPending error
-	err := s.update(ctx, "decide approval", func(tx *bbolt.Tx) error {
-		b := tx.Bucket(bucketApprovals)
-		a, err := getApproval(b, id)
+	err := s.updateRecords(ctx, "decide approval", approvalRecords, func(b *bbolt.Bucket) error {
+		a, err := getRecord[store.Approval](approvalRecords, b, id)
 		if err != nil {
 			return err
 		}
 		a, changed, derr := rules.Decide(a, grant, by, reason, now)
 		out = a
 		if changed {
-			if err := putApproval(b, a); err != nil {
+			if err := putRecord(b, a.ID, a); err != nil {
 				return err
 			}
 		}
@@ -588,14 +550,9 @@ func (s *Store) ConsumeApproval(ctx context.Context, grant, tool, digest string,
 		best  store.Approval
 		found bool
 	)
-	err := s.update(ctx, "consume approval", func(tx *bbolt.Tx) error {
+	err := s.updateRecords(ctx, "consume approval", approvalRecords, func(b *bbolt.Bucket) error {
 		found = false
-		b := tx.Bucket(bucketApprovals)
-		err := b.ForEach(func(k, v []byte) error {
-			var a store.Approval
-			if err := json.Unmarshal(v, &a); err != nil {
-				return fmt.Errorf("approval %q: decode: %w", k, err)
-			}
+		err := eachRecord(approvalRecords, b, func(_ []byte, a store.Approval) error {
 			if rules.Consumable(a, grant, tool, digest, now) && (!found || rules.Less(a, best)) {
 				best, found = a, true
 			}
@@ -605,36 +562,10 @@ func (s *Store) ConsumeApproval(ctx context.Context, grant, tool, digest string,
 			return err
 		}
 		best = rules.Consume(best)
-		return putApproval(b, best)
+		return putRecord(b, best.ID, best)
 	})
 	if err != nil || !found {
 		return store.Approval{}, false, err
 	}
 	return best, true, nil
-}
-
-// purge deletes the records of b (JSON values of type T) for which stale
-// is true. what names the record kind in errors. It runs inside the
-// caller's update transaction.
-func purge[T any](b *bbolt.Bucket, what string, stale func(T) bool) error {
-	var keys [][]byte
-	err := b.ForEach(func(k, v []byte) error {
-		var old T
-		if err := json.Unmarshal(v, &old); err != nil {
-			return fmt.Errorf("%s %q: decode: %w", what, k, err)
-		}
-		if stale(old) {
-			keys = append(keys, k)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for _, k := range keys {
-		if err := b.Delete(k); err != nil {
-			return err
-		}
-	}
-	return nil
 }

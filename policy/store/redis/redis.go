@@ -218,9 +218,6 @@ func (s *Store) Refund(ctx context.Context, id string, now time.Time, counters [
 	return nil
 }
 
-func (s *Store) approvalKey(id string) string { return s.prefix + "a:" + id }
-func (s *Store) idsKey() string               { return s.prefix + "ai" }
-
 // bindingKey names the set of approval ids bound to grant, tool, digest.
 func (s *Store) bindingKey(grant, tool, digest string) string {
 	h := sha256.New()
@@ -239,70 +236,21 @@ func keep(a store.Approval, now time.Time) time.Duration {
 	return d
 }
 
-// createScript: KEYS approval, ids set, binding set; ARGV json, id, ttl ms.
-var createScript = goredis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
-redis.call('SADD', KEYS[2], ARGV[2])
-redis.call('SADD', KEYS[3], ARGV[2])
-return 1
-`)
-
-// CreateApproval implements store.Approvals.
+// CreateApproval implements store.Approvals. Approvals that ended lose
+// their full arguments first, as the other stores do on create.
 func (s *Store) CreateApproval(ctx context.Context, a store.Approval) error {
 	a, err := rules.NewApproval(a)
 	if err != nil {
 		return fmt.Errorf("redis: create approval: %w", err)
 	}
-	if err := ctx.Err(); err != nil {
-		return unavailable("create approval", err)
+	scrubEnded := func(ctx context.Context) error {
+		as, raw, err := members[store.Approval](ctx, s, approvalRecords, s.idsKey(approvalRecords))
+		if err != nil {
+			return err
+		}
+		return s.scrub(ctx, as, raw, a.Created)
 	}
-	v, err := json.Marshal(a)
-	if err != nil {
-		return fmt.Errorf("redis: create approval: %w", err)
-	}
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	keys := []string{s.approvalKey(a.ID), s.idsKey(), s.bindingKey(a.Grant, a.Tool, a.Digest)}
-	// Approvals that ended lose their full arguments now, as the other
-	// stores do on create.
-	if as, raw, err := s.membersRaw(ctx, s.idsKey()); err != nil {
-		return unavailable("create approval", err)
-	} else if err := s.scrub(ctx, as, raw, a.Created); err != nil {
-		return unavailable("create approval", err)
-	}
-	created, err := createScript.Run(ctx, s.client, keys, v, a.ID, keep(a, a.Created).Milliseconds()).Int64()
-	if err != nil {
-		return unavailable("create approval", err)
-	}
-	if created == 0 {
-		return fmt.Errorf("redis: create approval: %w: %q", store.ErrDuplicate, a.ID)
-	}
-	return nil
-}
-
-func decode(id string, v string) (store.Approval, error) {
-	var a store.Approval
-	if err := json.Unmarshal([]byte(v), &a); err != nil {
-		return a, fmt.Errorf("approval %q: decode: %w", id, err)
-	}
-	return a, nil
-}
-
-// get reads approval id with c (a client or a transaction).
-func (s *Store) get(ctx context.Context, c goredis.Cmdable, id string) (store.Approval, error) {
-	v, err := c.Get(ctx, s.approvalKey(id)).Result()
-	if errors.Is(err, goredis.Nil) {
-		return store.Approval{}, fmt.Errorf("approval %q: %w", id, store.ErrUnknownApproval)
-	}
-	if err != nil {
-		return store.Approval{}, fmt.Errorf("%w: %w", store.ErrUnavailable, err)
-	}
-	a, err := decode(id, v)
-	if err != nil {
-		return a, fmt.Errorf("%w: %w", store.ErrUnavailable, err)
-	}
-	return a, nil
+	return s.createRecord(ctx, "create approval", approvalRecords, a.ID, a, keep(a, a.Created), scrubEnded, s.bindingKey(a.Grant, a.Tool, a.Digest))
 }
 
 // GetApproval implements store.Approvals: the approval as stored.
@@ -310,61 +258,7 @@ func (s *Store) GetApproval(ctx context.Context, id string) (store.Approval, err
 	if err := rules.ID(id); err != nil {
 		return store.Approval{}, fmt.Errorf("redis: get approval: %w", err)
 	}
-	if err := ctx.Err(); err != nil {
-		return store.Approval{}, unavailable("get approval", err)
-	}
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	a, err := s.get(ctx, s.client, id)
-	if err != nil {
-		return a, fmt.Errorf("redis: get approval: %w", err)
-	}
-	return a, nil
-}
-
-// members reads the approvals whose ids set holds, dropping ids whose
-// approval has expired out of Redis from the set.
-func (s *Store) members(ctx context.Context, set string) ([]store.Approval, error) {
-	as, _, err := s.membersRaw(ctx, set)
-	return as, err
-}
-
-// membersRaw is members with each approval's stored JSON.
-func (s *Store) membersRaw(ctx context.Context, set string) ([]store.Approval, []string, error) {
-	ids, err := s.client.SMembers(ctx, set).Result()
-	if err != nil || len(ids) == 0 {
-		return nil, nil, err
-	}
-	keys := make([]string, len(ids))
-	for i, id := range ids {
-		keys[i] = s.approvalKey(id)
-	}
-	vs, err := s.client.MGet(ctx, keys...).Result()
-	if err != nil {
-		return nil, nil, err
-	}
-	out := make([]store.Approval, 0, len(ids))
-	raw := make([]string, 0, len(ids))
-	var gone []any
-	for i, v := range vs {
-		str, ok := v.(string)
-		if !ok {
-			gone = append(gone, ids[i])
-			continue
-		}
-		a, err := decode(ids[i], str)
-		if err != nil {
-			return nil, nil, err
-		}
-		out = append(out, a)
-		raw = append(raw, str)
-	}
-	if len(gone) > 0 {
-		if err := s.client.SRem(ctx, set, gone...).Err(); err != nil {
-			return nil, nil, err
-		}
-	}
-	return out, raw, nil
+	return readRecord[store.Approval](ctx, s, "get approval", approvalRecords, id)
 }
 
 // scrubScript: KEYS approval; ARGV the JSON read, the JSON to write. It
@@ -388,7 +282,7 @@ func (s *Store) scrub(ctx context.Context, as []store.Approval, raw []string, no
 		if err != nil {
 			return err
 		}
-		if err := scrubScript.Run(ctx, s.client, []string{s.approvalKey(a.ID)}, raw[i], v).Err(); err != nil {
+		if err := scrubScript.Run(ctx, s.client, []string{s.recordKey(approvalRecords, a.ID)}, raw[i], v).Err(); err != nil {
 			return err
 		}
 	}
@@ -403,7 +297,7 @@ func (s *Store) ListApprovals(ctx context.Context, now time.Time) ([]store.Appro
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	as, raw, err := s.membersRaw(ctx, s.idsKey())
+	as, raw, err := members[store.Approval](ctx, s, approvalRecords, s.idsKey(approvalRecords))
 	if err != nil {
 		return nil, unavailable("list approvals", err)
 	}
@@ -420,9 +314,6 @@ func (s *Store) ListApprovals(ctx context.Context, now time.Time) ([]store.Appro
 	return as, nil
 }
 
-// maxTxAttempts bounds optimistic transaction retries under contention.
-const maxTxAttempts = 50
-
 // DecideApproval implements store.Approvals with WATCH/MULTI.
 func (s *Store) DecideApproval(ctx context.Context, id string, grant bool, by, reason string, now time.Time) (store.Approval, error) {
 	if err := rules.ID(id); err != nil {
@@ -432,52 +323,22 @@ func (s *Store) DecideApproval(ctx context.Context, id string, grant bool, by, r
 		_, _, err := rules.Decide(store.Approval{ID: id}, grant, by, reason, now)
 		return store.Approval{}, fmt.Errorf("redis: decide approval: %w", err)
 	}
-	if err := ctx.Err(); err != nil {
-		return store.Approval{}, unavailable("decide approval", err)
+	var (
+		out  store.Approval
+		derr error
+	)
+	err := updateRecord(ctx, s, "decide approval", approvalRecords, id, func(a store.Approval) (store.Approval, bool, time.Duration, error) {
+		var changed bool
+		out, changed, derr = rules.Decide(a, grant, by, reason, now)
+		return out, changed, keep(out, now), nil
+	})
+	if err != nil {
+		return store.Approval{}, err
 	}
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	key := s.approvalKey(id)
-	for range maxTxAttempts {
-		var (
-			out  store.Approval
-			derr error
-		)
-		err := s.client.Watch(ctx, func(tx *goredis.Tx) error {
-			a, err := s.get(ctx, tx, id)
-			if err != nil {
-				return err
-			}
-			var changed bool
-			out, changed, derr = rules.Decide(a, grant, by, reason, now)
-			if !changed {
-				return nil
-			}
-			v, err := json.Marshal(out)
-			if err != nil {
-				return err
-			}
-			_, err = tx.TxPipelined(ctx, func(p goredis.Pipeliner) error {
-				p.Set(ctx, key, v, keep(out, now))
-				return nil
-			})
-			return err
-		}, key)
-		switch {
-		case errors.Is(err, goredis.TxFailedErr):
-			continue
-		case errors.Is(err, store.ErrUnknownApproval):
-			return store.Approval{}, fmt.Errorf("redis: decide approval: %w", err)
-		case errors.Is(err, store.ErrUnavailable):
-			return store.Approval{}, fmt.Errorf("redis: decide approval: %w", err)
-		case err != nil:
-			return store.Approval{}, unavailable("decide approval", err)
-		case derr != nil:
-			return out, fmt.Errorf("redis: decide approval: %w", derr)
-		}
-		return out, nil
+	if derr != nil {
+		return out, fmt.Errorf("redis: decide approval: %w", derr)
 	}
-	return store.Approval{}, unavailable("decide approval", fmt.Errorf("%d conflicting transactions on %q", maxTxAttempts, id))
+	return out, nil
 }
 
 // ConsumeApproval implements store.Approvals: the oldest matching approval
@@ -492,7 +353,7 @@ func (s *Store) ConsumeApproval(ctx context.Context, grant, tool, digest string,
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	for range maxTxAttempts {
-		as, err := s.members(ctx, s.bindingKey(grant, tool, digest))
+		as, _, err := members[store.Approval](ctx, s, approvalRecords, s.bindingKey(grant, tool, digest))
 		if err != nil {
 			return store.Approval{}, false, unavailable("consume approval", err)
 		}
@@ -507,13 +368,14 @@ func (s *Store) ConsumeApproval(ctx context.Context, grant, tool, digest string,
 		if pick == nil {
 			return store.Approval{}, false, nil
 		}
-		key := s.approvalKey(pick.ID)
+		key := s.recordKey(approvalRecords, pick.ID)
 		var (
 			out store.Approval
 			won bool
 		)
-		err = s.client.Watch(ctx, func(tx *goredis.Tx) error {
-			a, err := s.get(ctx, tx, pick.ID)
+		err = s.watch(ctx, key, func(tx *goredis.Tx) error {
+			won = false
+			a, err := getRecord[store.Approval](ctx, s, tx, approvalRecords, pick.ID)
 			if errors.Is(err, store.ErrUnknownApproval) {
 				return nil // expired out of Redis meanwhile: look again
 			}
@@ -524,29 +386,18 @@ func (s *Store) ConsumeApproval(ctx context.Context, grant, tool, digest string,
 				return nil // taken meanwhile: look again
 			}
 			out = rules.Consume(a)
-			v, err := json.Marshal(out)
-			if err != nil {
+			if err := setRecord(ctx, tx, key, out, 0); err != nil {
 				return err
 			}
-			_, err = tx.TxPipelined(ctx, func(p goredis.Pipeliner) error {
-				p.Set(ctx, key, v, goredis.KeepTTL)
-				return nil
-			})
-			if err == nil {
-				won = true
-			}
-			return err
-		}, key)
+			won = true
+			return nil
+		})
 		switch {
-		case errors.Is(err, goredis.TxFailedErr):
-			continue
-		case errors.Is(err, store.ErrUnavailable):
-			return store.Approval{}, false, fmt.Errorf("redis: consume approval: %w", err)
 		case err != nil:
-			return store.Approval{}, false, unavailable("consume approval", err)
+			return store.Approval{}, false, txError("consume approval", err)
 		case won:
 			return out, true, nil
 		}
 	}
-	return store.Approval{}, false, unavailable("consume approval", fmt.Errorf("%d conflicting transactions", maxTxAttempts))
+	return store.Approval{}, false, unavailable("consume approval", fmt.Errorf("%w: %d", errConflicts, maxTxAttempts))
 }
