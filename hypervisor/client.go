@@ -50,7 +50,8 @@ func (e *remoteError) Unwrap() []error { return e.errs }
 
 // fromStatus maps an RPC error back to the driver's error. A status with an
 // ErrorDetail is the driver's own error; anything else is the transport's:
-// the call's context ending (ErrTimeout / context error), the plugin being
+// the call's context ending or gRPC's deadline (ErrTimeout / context
+// error), the plugin being
 // unreachable (ExitedError), or a TransportError.
 func (c *client) fromStatus(ctx context.Context, op string, err error) error {
 	st, ok := status.FromError(err)
@@ -81,6 +82,10 @@ func (c *client) fromStatus(ctx context.Context, op string, err error) error {
 			return fmt.Errorf("driver %s: %s: %w: %w", c.name, op, ErrTimeout, cerr)
 		}
 		return fmt.Errorf("driver %s: %s: %w", c.name, op, cerr)
+	}
+	if ok && st.Code() == codes.DeadlineExceeded {
+		// gRPC's own deadline can fire a moment before ctx.Err() is set.
+		return fmt.Errorf("driver %s: %s: %w: %w", c.name, op, ErrTimeout, context.DeadlineExceeded)
 	}
 	if ok && st.Code() == codes.Unavailable {
 		return &ExitedError{Driver: c.name, Err: err}
