@@ -12,9 +12,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
-	"net"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +20,8 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
+
+	"github.com/vmgate/vmgate/internal/hostguard"
 )
 
 // ShutdownGrace is how long ServeStdio lets calls in flight finish after
@@ -484,18 +484,5 @@ func (s *Server) grantForToken(auth []string) *Grant {
 
 // hostAllowed accepts loopback hosts (with any port) and the configured ones.
 func (s *Server) hostAllowed(host string) bool {
-	h, _, err := net.SplitHostPort(host)
-	if err != nil {
-		h = host
-	}
-	h = strings.Trim(h, "[]")
-	if strings.EqualFold(h, "localhost") {
-		return true
-	}
-	if ip, err := netip.ParseAddr(h); err == nil && ip.IsLoopback() {
-		return true
-	}
-	return slices.ContainsFunc(s.httpOpts.AllowedHosts, func(a string) bool {
-		return strings.EqualFold(a, host) || strings.EqualFold(a, h)
-	})
+	return hostguard.Allowed(host, s.httpOpts.AllowedHosts)
 }

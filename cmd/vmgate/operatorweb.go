@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/config"
+	"github.com/vmgate/vmgate/internal/hostguard"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/server"
 	"github.com/vmgate/vmgate/server/metrics"
@@ -87,7 +88,7 @@ func (w *operatorWeb) serveMetrics(ctx context.Context) (stop func(), err error)
 		return nil, fmt.Errorf("serve: metrics: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", w.metrics.Handler())
+	mux.Handle("/metrics", metricsHostGuard(w.cfg.HTTP.AllowedHosts, w.metrics.Handler()))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(slog.Default().Handler(), slog.LevelWarn)}
 	done := make(chan struct{})
 	go func() {
@@ -134,4 +135,18 @@ func (w *operatorWeb) handler(srv *server.Server, tlsOn bool) (http.Handler, err
 		mux.Handle("/metrics", page.OperatorOnly(w.metrics.Handler()))
 	}
 	return server.LimitBodyTime(mux, bodyTimeout), nil
+}
+
+// metricsHostGuard refuses a /metrics request on metrics.addr whose Host is
+// a name other than localhost or http.allowed_hosts (DNS rebinding from a
+// browser on the host); an address literal passes, so a scraper on another
+// machine reaching a non-loopback metrics.addr by its address works.
+func metricsHostGuard(allowed []string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !hostguard.AllowedOrAddress(r.Host, allowed) {
+			http.Error(w, "forbidden host", http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }

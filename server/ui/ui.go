@@ -46,7 +46,6 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -56,6 +55,7 @@ import (
 	"unicode"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/hostguard"
 	"github.com/vmgate/vmgate/policy/store"
 )
 
@@ -273,15 +273,7 @@ func (u *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (u *Handler) hostAllowed(host string) bool {
-	h := host
-	if hh, _, err := net.SplitHostPort(host); err == nil {
-		h = hh
-	}
-	h = strings.Trim(h, "[]")
-	if h == "localhost" || h == "127.0.0.1" || h == "::1" {
-		return true
-	}
-	return slices.Contains(u.cfg.AllowedHosts, host) || slices.Contains(u.cfg.AllowedHosts, h)
+	return hostguard.Allowed(host, u.cfg.AllowedHosts)
 }
 
 // originAllowed: a POST's Origin (when the browser sends one) must be the
