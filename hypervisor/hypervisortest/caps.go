@@ -16,18 +16,34 @@ import (
 // The checks of the optional capabilities that read (Network, Metrics);
 // RunSnapshots (snapshot.go) has the snapshot checks.
 
-// requireCapability skips t when the driver lacks a capability the harness
-// does not ask for, and fails it when the harness asks for one the driver
-// lacks.
+// requireCapability fails t unless the harness declares the capability
+// and the driver has it.
 func requireCapability(t testing.TB, h Harness, what string, has func(hypervisor.Capabilities) bool) {
 	t.Helper()
 	got := hypervisor.CapabilitiesOf(h.Driver)
 	switch {
-	case has(got):
-	case has(h.Capabilities):
-		t.Fatalf("the driver has no %s capability (CapabilitiesOf = %+v); the harness requires it", what, got)
-	default:
-		t.Skipf("the driver has no %s capability (CapabilitiesOf = %+v)", what, got)
+	case !has(h.Capabilities):
+		t.Fatalf("the harness does not declare the %s capability (Harness.Capabilities = %+v)", what, h.Capabilities)
+	case !has(got):
+		t.Fatalf("the driver has no %s capability (CapabilitiesOf = %+v); the harness declares it", what, got)
+	}
+}
+
+// checkDeclaredCapabilities: the driver reports exactly the optional
+// capabilities the harness declares.
+func checkDeclaredCapabilities(t testing.TB, h Harness) {
+	got := hypervisor.CapabilitiesOf(h.Driver)
+	for _, c := range []struct {
+		what      string
+		has, want bool
+	}{
+		{"snapshots", got.Snapshots, h.Capabilities.Snapshots},
+		{"guest network", got.GuestNetwork, h.Capabilities.GuestNetwork},
+		{"metrics", got.Metrics, h.Capabilities.Metrics},
+	} {
+		if c.has != c.want {
+			t.Errorf("CapabilitiesOf(driver) %s = %v; the harness declares %v", c.what, c.has, c.want)
+		}
 	}
 }
 

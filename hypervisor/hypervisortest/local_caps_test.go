@@ -275,7 +275,7 @@ func TestEverySnapshotCheckPassesOnLocalDriver(t *testing.T) {
 	}
 }
 
-func TestCapabilityChecksSkipOrFailWithoutTheCapability(t *testing.T) {
+func TestCapabilityChecksFailWithoutTheCapability(t *testing.T) {
 	checks := map[string]func(testing.TB, Harness){
 		"Network": checkGuestNetwork, "Metrics": checkMetrics, "Snapshots": checkSnapshotRevert,
 	}
@@ -283,12 +283,36 @@ func TestCapabilityChecksSkipOrFailWithoutTheCapability(t *testing.T) {
 		d := newLocalDriver(t)
 		h := d.harness(t)
 		h.Driver = &Fake{StatusFunc: d.Status} // no optional capability
-		if r := record(check, h); !r.Skipped() || r.Failed() {
-			t.Errorf("%s on a driver without it, not required: skipped %v, failed %v; want skipped", name, r.Skipped(), r.Failed())
+		h.Capabilities = hypervisor.Capabilities{}
+		if r := record(check, h); !r.Failed() || r.Skipped() {
+			t.Errorf("%s on a driver without it, not declared: failed %v, skipped %v; want a failure (never a skip)", name, r.Failed(), r.Skipped())
 		}
 		h.Capabilities = hypervisor.Capabilities{Snapshots: true, GuestNetwork: true, Metrics: true}
 		if r := record(check, h); !r.Failed() {
-			t.Errorf("%s on a driver without it, required by the harness: failed %v; want a failure", name, r.Failed())
+			t.Errorf("%s on a driver without it, declared by the harness: failed %v; want a failure", name, r.Failed())
+		}
+	}
+}
+
+func TestDeclaredCapabilities(t *testing.T) {
+	d := newLocalDriver(t)
+	all := hypervisor.Capabilities{Snapshots: true, GuestNetwork: true, Metrics: true}
+	tests := []struct {
+		name     string
+		driver   hypervisor.Driver
+		declared hypervisor.Capabilities
+		fail     bool
+	}{
+		{"all, all declared", d, all, false},
+		{"all, none declared", d, hypervisor.Capabilities{}, true},
+		{"all, metrics left out", d, hypervisor.Capabilities{Snapshots: true, GuestNetwork: true}, true},
+		{"none, none declared", &Fake{StatusFunc: d.Status}, hypervisor.Capabilities{}, false},
+		{"none, network declared", &Fake{StatusFunc: d.Status}, hypervisor.Capabilities{GuestNetwork: true}, true},
+	}
+	for _, tt := range tests {
+		h := Harness{Driver: tt.driver, VM: d.vm, Capabilities: tt.declared}
+		if r := record(checkDeclaredCapabilities, h); r.Failed() != tt.fail || r.Skipped() {
+			t.Errorf("checkDeclaredCapabilities(%s) failed %v, skipped %v; want failed %v", tt.name, r.Failed(), r.Skipped(), tt.fail)
 		}
 	}
 }

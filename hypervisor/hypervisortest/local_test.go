@@ -55,7 +55,8 @@ func newLocalDriver(t *testing.T) *localDriver {
 
 func (d *localDriver) harness(t *testing.T) Harness {
 	d.dir = t.TempDir()
-	return Harness{Driver: d, VM: d.vm, NoExecVM: d.noExecVM, Dir: d.dir, CallTimeout: 30 * time.Second}
+	return Harness{Driver: d, VM: d.vm, NoExecVM: d.noExecVM, Dir: d.dir, CallTimeout: 30 * time.Second,
+		Capabilities: hypervisor.CapabilitiesOf(d)}
 }
 
 // Close kills every process group the driver started that still has members

@@ -20,9 +20,9 @@ import (
 // file changed has its old content: in h.Dir, and in h.DiskDir when set),
 // that list, delete, a taken name, a missing name, a mode the backend
 // cannot take, bad names and an unknown VM behave as the contract says.
-// Snapshots it makes are deleted when it ends. When the driver has no
-// snapshot capability the suite is skipped (or fails, when
-// h.Capabilities.Snapshots asks for it). The VM is left running.
+// Snapshots it makes are deleted when it ends. It fails unless
+// h.Capabilities declares Snapshots and the driver has them. The VM is
+// left running.
 func RunSnapshots(t *testing.T, h Harness) {
 	t.Helper()
 	h.validate(t)

@@ -5,9 +5,9 @@
 // QEMU driver on a lab VM; libvirt, VirtualBox and Proxmox drivers through
 // their emulators; and each of them again through the go-plugin boundary).
 // RunPower is the separate power suite, and RunSnapshots the snapshot
-// suite, each for a VM the calling test owns. Run checks the optional
-// capabilities that only read (guest network, metrics) when the driver has
-// them; Harness.Capabilities makes a missing one a failure.
+// suite, each for a VM the calling test owns. Harness.Capabilities declares
+// the driver's optional capabilities exactly; Run checks the declaration
+// and the capabilities that only read (guest network, metrics) it lists.
 //
 // The suite talks to the guest only through the driver under test. It
 // assumes a Linux guest with a POSIX userland: /bin/sh, /bin/echo, cat,
@@ -55,10 +55,12 @@ type Harness struct {
 	// PowerTimeout bounds each wait for a power transition in RunPower; zero
 	// means 5 minutes.
 	PowerTimeout time.Duration
-	// Capabilities are the optional capabilities Driver must have: a group
-	// of checks for a capability listed here fails when the driver lacks
-	// it; one for a capability neither listed nor present is skipped with
-	// the reason (caps.go).
+	// Capabilities are the optional capabilities Driver has, exactly
+	// (Snapshots, GuestNetwork, Metrics): Run's Capabilities/Declared check
+	// fails when CapabilitiesOf(Driver) says otherwise, Run has the Network
+	// and Metrics groups only for the capabilities declared here, and
+	// RunSnapshots fails unless Snapshots is declared (caps.go). A missing
+	// capability is a declared fact checked every run, never a skip.
 	Capabilities hypervisor.Capabilities
 	// DiskDir, when set, is a writable directory inside VM on a disk the
 	// VM's snapshots cover (the lab guest's /data); RunSnapshots then also
@@ -183,15 +185,21 @@ var suite = []checkGroup{
 }
 
 // Run runs the conformance suite against h, one subtest per requirement,
-// grouped as Inventory, Exec, Files, Errors, NoExec, Network and Metrics
-// (the last two when the driver has the capability, see
-// Harness.Capabilities). It does not change the VM's power state (see
+// grouped as Capabilities, Inventory, Exec, Files, Errors, NoExec, Network
+// and Metrics (the last two when Harness.Capabilities declares them, which
+// Capabilities/Declared holds the driver to). It does not change the VM's power state (see
 // RunPower) nor revert it (see RunSnapshots), so it is safe on a shared
 // VM; its subtests run one after another.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	h.validate(t)
+	t.Run("Capabilities", func(t *testing.T) {
+		t.Run("Declared", func(t *testing.T) { checkDeclaredCapabilities(t, h) })
+	})
 	for _, g := range suite {
+		if (g.name == "Network" && !h.Capabilities.GuestNetwork) || (g.name == "Metrics" && !h.Capabilities.Metrics) {
+			continue // the driver has not got it, as Capabilities/Declared checks
+		}
 		t.Run(g.name, func(t *testing.T) {
 			for _, c := range g.checks {
 				t.Run(c.name, func(t *testing.T) { c.run(t, h) })

@@ -39,7 +39,7 @@ func TestConformanceThroughThePluginBoundary(t *testing.T) {
 	labtest.VM(t, "noexec")
 	h, _ := newTestHost(t, Options{})
 	s := launchQEMU(t, h, filepath.Dir(vm.Dir))
-	hypervisortest.Run(t, hypervisortest.Harness{Driver: s, VM: "t1", NoExecVM: "noexec"})
+	hypervisortest.Run(t, hypervisortest.Harness{Driver: s, VM: "t1", NoExecVM: "noexec", Capabilities: qemuCapabilities})
 	if s.Restarts() != 0 {
 		t.Errorf("Restarts() = %d during the suite; want 0", s.Restarts())
 	}
