@@ -12,7 +12,16 @@ import (
 // TestMain lets the test binary stand in for a main-module test binary:
 // with BENCH_FAKE_TESTBIN set it prints benchmark output for the
 // arguments it got, as `go test -c` binaries do, and exits.
+// With the bareStdioArg argument it is the bare baseline server, as
+// vmgate-bench is.
 func TestMain(m *testing.M) {
+	if len(os.Args) == 2 && os.Args[1] == bareStdioArg {
+		if err := serveBare(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv("BENCH_FAKE_TESTBIN") != "" {
 		os.Exit(fakeTestBinary(os.Args[1:]))
 	}

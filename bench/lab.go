@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,90 +107,13 @@ func (l *labEnv) writeConfig() (string, error) {
 	return p, os.WriteFile(p, []byte(cfg), 0o600)
 }
 
-// serveProc is a running `vmgate serve` and an MCP client on its stdio.
-type serveProc struct {
-	cmd    *exec.Cmd
-	client *mcpClient
-	stderr *tailBuffer
-	waited chan error
-}
-
-// tailBuffer keeps the last max bytes written to it. mu guards buf.
-type tailBuffer struct {
-	mu  sync.Mutex
-	buf []byte
-	max int
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if len(t.buf) > t.max {
-		t.buf = append(t.buf[:0], t.buf[len(t.buf)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
-}
-
 // serve starts `vmgate serve --config cfg` and completes the MCP handshake.
-func (l *labEnv) serve(ctx context.Context, cfg string) (*serveProc, error) {
+func (l *labEnv) serve(ctx context.Context, cfg string) (*stdioProc, error) {
 	// Not CommandContext: the process is stopped by closing its input, and
 	// killed by pid only if it does not exit.
 	cmd := exec.Command(l.vmgate, "serve", "--config", cfg)
 	cmd.Env = append(os.Environ(), "VMGATE_STATE_DIR="+l.stateDir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	p := &serveProc{cmd: cmd, stderr: &tailBuffer{max: 4000}, waited: make(chan error, 1)}
-	cmd.Stderr = p.stderr
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("vmgate serve: %w", err)
-	}
-	go func() { p.waited <- cmd.Wait() }()
-	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	p.client, err = newMCPClient(hctx, stdin, stdout)
-	if err != nil {
-		stdin.Close()
-		p.kill()
-		return nil, fmt.Errorf("vmgate serve: %w: %s", err, p.stderr.String())
-	}
-	return p, nil
-}
-
-// kill ends the process by its pid and waits for it.
-func (p *serveProc) kill() {
-	p.cmd.Process.Kill()
-	<-p.waited
-}
-
-// stop closes the server's input, which ends it, and waits; a server that
-// does not exit within the timeout is killed and reported.
-func (p *serveProc) stop() error {
-	p.client.Close()
-	select {
-	case err := <-p.waited:
-		if err != nil {
-			return fmt.Errorf("vmgate serve: %w: %s", err, p.stderr.String())
-		}
-		return nil
-	case <-time.After(20 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.waited
-		return fmt.Errorf("vmgate serve did not exit 20s after end of input; killed")
-	}
+	return startStdio(ctx, cmd)
 }
 
 // treeRSS returns the summed resident set of pid and all its descendants
@@ -464,5 +386,3 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	mem.Note = fmt.Sprintf("processes: serve + %d plugin", procs-1)
 	return rows
 }
-
-var _ io.Writer = (*tailBuffer)(nil)

@@ -19,6 +19,10 @@
 //	        polled back to back and once a second
 //	2a, 2b  gate cost: the whole gate against a bare mcp-go server, stdio
 //	        sequential (p50) and HTTP with 32 clients (calls/s)
+//	2c–2h   the shipped binary: `vmgate serve` (driver plugin, fsync always;
+//	        a rate-limited call and one with no counter; and --in-process
+//	        with fsync interval) against a bare mcp-go stdio server process,
+//	        sequential (p50) and 8 in flight (calls/s)
 //	3       decision: policy.Engine.Decide against OPA
 //	4       plugin boundary: a no-op driver call through go-plugin against in process
 //	5       audit: appends/s at 64 writers, group commit against one fsync per record
@@ -45,7 +49,7 @@ import (
 )
 
 // groups are the names -only accepts, in the order they run.
-var groups = []string{"decide", "scale", "audit", "plugin", "gate", "lab"}
+var groups = []string{"decide", "scale", "audit", "plugin", "gate", "shipped", "lab"}
 
 // options are the command's flags, validated.
 type options struct {
@@ -94,7 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	}
-	return o, errors.Join(needs("vmgate", o.vmgate, "lab"),
+	return o, errors.Join(needs("vmgate", o.vmgate, "lab", "shipped"),
 		needs("tests", o.tests, "audit", "plugin", "gate"), needs("src", o.src, "audit", "plugin", "gate"))
 }
 
@@ -117,6 +121,13 @@ func machine() string {
 }
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == bareStdioArg {
+		if err := serveBare(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	o, err := parseFlags(os.Args[1:], os.Stderr)
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
@@ -146,6 +157,8 @@ func main() {
 			rows = append(rows, pluginRow(ctx, m, o.warmup, o.pairs))
 		case "gate":
 			rows = append(rows, gateRows(ctx, m, o.warmup, o.pairs)...)
+		case "shipped":
+			rows = append(rows, shippedRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "lab":
 			rows = append(rows, labRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestShippedServersAgree starts the bare baseline and vmgate serve as
+// shipped and checks that both answer list_vms alike (an empty list with the
+// same text), that the gate is on (a tool the policy does not list is
+// refused) and that the measurements produce figures.
+func TestShippedServersAgree(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	vmgate := buildVMGate(t)
+	bare, err := startBare(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.stop()
+	dir := t.TempDir()
+	subs := []subject{
+		{name: "shipped", policy: limitedPolicy, fsync: "always"},
+		{name: "in process", policy: openPolicy, fsync: "interval", inProcess: true},
+	}
+	var texts []string
+	var structured []string
+	for _, c := range []*mcpClient{bare.client} {
+		res, err := c.callTool(ctx, "list_vms", "{}")
+		if err != nil {
+			t.Fatalf("bare list_vms = %v", err)
+		}
+		texts = append(texts, res.Content[0].Text)
+		structured = append(structured, string(res.StructuredContent))
+	}
+	for _, s := range subs {
+		p, state, err := startShipped(ctx, vmgate, dir, s)
+		if err != nil {
+			t.Fatalf("startShipped(%s) = %v", s.name, err)
+		}
+		res, err := p.client.callTool(ctx, "list_vms", "{}")
+		if err != nil {
+			t.Fatalf("%s: list_vms = %v", s.name, err)
+		}
+		if err := noVMs(res); err != nil {
+			t.Errorf("%s: %v", s.name, err)
+		}
+		texts = append(texts, res.Content[0].Text)
+		structured = append(structured, string(res.StructuredContent))
+		if _, err := p.client.callTool(ctx, "vm_status", `{"vm":"lab/vm1"}`); err == nil || !strings.Contains(err.Error(), "[POLICY DENIED]") {
+			t.Errorf("%s: vm_status = %v; want [POLICY DENIED]", s.name, err)
+		}
+		if p50, rate, err := measure(ctx, p.client); err != nil || p50 <= 0 || rate <= 0 {
+			t.Errorf("%s: measure = %v µs, %v calls/s, %v; want figures", s.name, p50, rate, err)
+		}
+		if err := p.stop(); err != nil {
+			t.Errorf("%s: stop = %v", s.name, err)
+		}
+		// The audit log holds a decision and an outcome per list_vms call
+		// (the first one and the measured ones) and the refused vm_status.
+		log, err := os.ReadFile(filepath.Join(state, "audit.log"))
+		if err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		want := 2*(1+shippedCalls+parallelCalls) + 1
+		if n := strings.Count(string(log), "\n"); n != want {
+			t.Errorf("%s: audit log has %d records; want %d", s.name, n, want)
+		}
+	}
+	for i := range texts {
+		if texts[i] != texts[0] || !reflect.DeepEqual(structured[i], structured[0]) {
+			t.Errorf("list_vms answers differ: texts %q, structured %q; want the same", texts, structured)
+			break
+		}
+	}
+	if _, err := bare.client.callTool(ctx, "list_vms", `{}`); err != nil {
+		t.Errorf("bare list_vms after the others = %v", err)
+	}
+	if rate, err := callsPerSecond(ctx, bare.client, 20, 4); err != nil || rate <= 0 {
+		t.Errorf("callsPerSecond(bare) = %v, %v; want a rate", rate, err)
+	}
+}
