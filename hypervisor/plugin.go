@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
@@ -85,11 +87,29 @@ func (e *TransportError) Unwrap() error { return e.Err }
 // side Impl is the driver served; on the host side Name is the driver's name
 // used in errors ("driver qemu exited"). The dispensed value implements
 // Driver, Runner and Configurer.
+//
+// The plugin side also serves the driver on its call socket (see
+// callsocket.go) in the socket directory go-plugin gave it; the host side
+// makes its calls there when SocketDir is set and the plugin offers one,
+// and over gRPC otherwise. A GRPCPlugin serves or dispenses once.
 type GRPCPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
 	Impl Driver
 	Name string
+	// SocketDir (host side) is the plugin process's socket directory: the
+	// directory go-plugin passes a ClientConfig.RunnerFunc.
+	SocketDir string
+	// GRPCOnly (plugin side) offers no call socket, as a plugin built before
+	// it existed (for tests of the gRPC fallback).
+	GRPCOnly bool
+
+	calls     *callServer // plugin side: the call socket served, if any
+	transport string      // host side: what the dispensed driver calls through
 }
+
+// Transport names what the dispensed driver's calls go through: "call
+// socket" or "grpc" (empty before GRPCClient).
+func (p *GRPCPlugin) Transport() string { return p.transport }
 
 var _ plugin.GRPCPlugin = (*GRPCPlugin)(nil)
 
@@ -99,13 +119,47 @@ func (p *GRPCPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 		return errors.New("hypervisor: plugin: no driver to serve")
 	}
 	registerServer(s, p.Impl)
+	dir := os.Getenv(plugin.EnvUnixSocketDir)
+	if dir == "" || p.GRPCOnly || !callSocketSupported {
+		return nil
+	}
+	cs, err := listenCallSocket(dir, slog.Default())
+	if err != nil {
+		slog.Warn("no call socket: driver calls go over gRPC", "err", err)
+		return nil
+	}
+	registerServer(cs, p.Impl)
+	cs.start()
+	p.calls = cs
 	return nil
 }
 
-// GRPCClient returns the host-side Driver speaking to the plugin over c.
-func (p *GRPCPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
-	return newClient(p.Name, c), nil
+// GRPCClient returns the host-side Driver speaking to the plugin: through
+// its call socket in SocketDir when it offers one, else over c. A call
+// socket that is there but not private or not answering fails the start.
+// The call socket's connections are closed when ctx (go-plugin's: it ends
+// with the plugin process) ends.
+func (p *GRPCPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	p.transport = "grpc"
+	if p.SocketDir == "" {
+		return newClient(p.Name, c), nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, callDialTimeout)
+	cc, err := dialCallSocket(dctx, p.SocketDir)
+	cancel()
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return newClient(p.Name, c), nil
+	case err != nil:
+		return nil, fmt.Errorf("driver %s: %w", p.Name, err)
+	}
+	context.AfterFunc(ctx, func() { cc.Close() })
+	p.transport = "call socket"
+	return newClient(p.Name, cc), nil
 }
+
+// callDialTimeout bounds connecting to a new plugin's call socket.
+const callDialTimeout = 10 * time.Second
 
 // PluginSet is the host-side plugin set for a driver called name.
 func PluginSet(name string) plugin.PluginSet {
@@ -129,9 +183,10 @@ func GRPCDialOptions() []grpc.DialOption {
 // belongs to the handshake: nothing else may write there.
 func Serve(d Driver) {
 	slog.SetDefault(slog.New(NewPluginLogHandler(os.Stderr, slog.LevelDebug)))
+	gp := &GRPCPlugin{Impl: d}
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: Handshake,
-		Plugins:         plugin.PluginSet{PluginName: &GRPCPlugin{Impl: d}},
+		Plugins:         plugin.PluginSet{PluginName: gp},
 		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
 			opts = append(opts, grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))
 			return grpc.NewServer(opts...)
@@ -140,6 +195,9 @@ func Serve(d Driver) {
 			Name: "plugin", Level: hclog.Info, Output: os.Stderr, JSONFormat: true,
 		}),
 	})
+	if gp.calls != nil {
+		gp.calls.Close()
+	}
 	if c, ok := d.(Closer); ok {
 		if err := c.Close(); err != nil {
 			slog.Warn("driver close", "err", err)

@@ -75,7 +75,7 @@ type server struct {
 	d Driver
 }
 
-func registerServer(s *grpc.Server, d Driver) {
+func registerServer(s grpc.ServiceRegistrar, d Driver) {
 	pb.RegisterDriverServer(s, &server{d: d})
 }
 

@@ -37,7 +37,7 @@ func buildFakePlugin(t *testing.T, names ...string) string {
 }
 
 func TestExternalPlugins(t *testing.T) {
-	dir := buildFakePlugin(t, "fake", "badcookie", "badversion")
+	dir := buildFakePlugin(t, "fake", "badcookie", "badversion", "grpconly")
 	// Not plugins: a non-executable file and a file without the prefix.
 	for name, mode := range map[string]os.FileMode{ExternalPrefix + "readme": 0o644, "fake": 0o755} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"), mode); err != nil {
@@ -45,7 +45,7 @@ func TestExternalPlugins(t *testing.T) {
 		}
 	}
 	names, err := Discover(dir)
-	if want := []string{"badcookie", "badversion", "fake"}; err != nil || !reflect.DeepEqual(names, want) {
+	if want := []string{"badcookie", "badversion", "fake", "grpconly"}; err != nil || !reflect.DeepEqual(names, want) {
 		t.Errorf("Discover() = %v, %v; want %v", names, err, want)
 	}
 
@@ -70,6 +70,26 @@ func TestExternalPlugins(t *testing.T) {
 			t.Errorf("Status() on a fake without StatusFunc = %v; want ErrNotSupported", err)
 		}
 	})
+	// Both transports: the call socket, and gRPC for a plugin without one.
+	for _, tt := range []struct{ driver, transport string }{{"fake", `transport="call socket"`}, {"grpconly", `transport=grpc`}} {
+		t.Run("transport "+tt.driver, func(t *testing.T) {
+			d, err := h.Launch(ctx, Spec{Driver: tt.driver, Config: []byte(`{"vms":["x"]}`)})
+			if err != nil {
+				t.Fatalf("Launch(%s) = %v", tt.driver, err)
+			}
+			if vms, err := d.ListVMs(ctx); err != nil || len(vms) != 1 || vms[0].Name != "x" {
+				t.Errorf("ListVMs() = %+v, %v; want [x]", vms, err)
+			}
+			want := `msg="driver plugin started" driver=` + tt.driver
+			found := false
+			for _, line := range strings.Split(logs.String(), "\n") {
+				found = found || strings.Contains(line, want) && strings.Contains(line, tt.transport)
+			}
+			if !found {
+				t.Errorf("no log line says %s started with %s:\n%s", tt.driver, tt.transport, logs.String())
+			}
+		})
+	}
 	t.Run("config refused", func(t *testing.T) {
 		_, err := h.Launch(ctx, Spec{Driver: "fake", Config: []byte(`{"vms":["a"],"surprise":true}`)})
 		if !errors.Is(err, hypervisor.ErrInvalidArgument) {

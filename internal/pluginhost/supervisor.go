@@ -190,16 +190,20 @@ func (s *Supervisor) current() (*instance, error) {
 // start launches one plugin process, completes the handshake and configures it.
 func (s *Supervisor) start(ctx context.Context) (*instance, error) {
 	var proc *procRunner
+	// No AutoMTLS: the plugin's sockets live in a directory go-plugin makes
+	// for it (os.MkdirTemp, 0700), which both sides check is private to
+	// this user before using the call socket there (hypervisor/callsocket.go).
+	gp := &hypervisor.GRPCPlugin{Name: s.spec.Driver}
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  hypervisor.Handshake,
-		Plugins:          hypervisor.PluginSet(s.spec.Driver),
+		Plugins:          plugin.PluginSet{hypervisor.PluginName: gp},
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
-		AutoMTLS:         true,
 		SkipHostEnv:      true,
 		StartTimeout:     s.opts.StartTimeout,
 		Logger:           newHCLogAdapter(s.log),
 		GRPCDialOptions:  hypervisor.GRPCDialOptions(),
-		RunnerFunc: func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
+		RunnerFunc: func(_ hclog.Logger, spec *exec.Cmd, socketDir string) (runner.Runner, error) {
+			gp.SocketDir = socketDir
 			env := append(pluginEnv(), spec.Env...) // spec.Env: go-plugin's handshake variables
 			var err error
 			proc, err = newProcRunner(s.cmd.path, s.cmd.args, env)
@@ -245,7 +249,7 @@ func (s *Supervisor) start(ctx context.Context) (*instance, error) {
 		s.log.Error("driver plugin refused its configuration", "err", err)
 		return fail("configure", err)
 	}
-	s.log.Info("driver plugin started", "pid", proc.PID(), "path", s.cmd.path)
+	s.log.Info("driver plugin started", "pid", proc.PID(), "path", s.cmd.path, "transport", gp.Transport())
 	return &instance{client: client, drv: drv, proc: proc, started: time.Now()}, nil
 }
 

@@ -1,8 +1,9 @@
 // Command fakeplugin is an external vmgate driver plugin for the pluginhost
 // tests. Its file name picks its behaviour: vmgate-plugin-badcookie and
-// vmgate-plugin-badversion get the handshake wrong; any other name serves a
-// fake driver whose VMs are the names listed in its configuration
-// ({"vms": ["a", "b"]}).
+// vmgate-plugin-badversion get the handshake wrong; vmgate-plugin-grpconly
+// offers no call socket (as a plugin built before it existed); any other
+// name serves a fake driver whose VMs are the names listed in its
+// configuration ({"vms": ["a", "b"]}).
 package main
 
 import (
@@ -47,13 +48,14 @@ func main() {
 		hs.MagicCookieValue = "not-the-vmgate-cookie"
 	case strings.HasSuffix(name, "-badversion"):
 		hs.ProtocolVersion = hypervisor.ProtocolVersion + 1
+	case strings.HasSuffix(name, "-grpconly"):
 	default:
 		hypervisor.Serve(d)
 		return
 	}
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: hs,
-		Plugins:         plugin.PluginSet{hypervisor.PluginName: &hypervisor.GRPCPlugin{Impl: d}},
+		Plugins:         plugin.PluginSet{hypervisor.PluginName: &hypervisor.GRPCPlugin{Impl: d, GRPCOnly: true}},
 		GRPCServer:      plugin.DefaultGRPCServer,
 	})
 }
