@@ -391,11 +391,12 @@ func (g *gating) reserve() (verdict, bool) {
 	return verdict{}, false
 }
 
-// record makes the decision record durable and registers the call in
+// record writes the decision record (durable before dispatch when the call
+// counts or can change something: durability.go) and registers the call in
 // flight; either failing refunds the reservations and refuses the call.
 func (g *gating) record() (verdict, bool) {
 	s, callID := g.s, g.rec.CallID
-	if _, err := s.audit.Append(g.ctx, g.rec); err != nil {
+	if err := s.appendDecision(g.ctx, g.spec, g.rec); err != nil {
 		s.log.Error("server: audit decision record failed; call refused", "call", callID, "tool", g.spec.name, "err", err)
 		if len(g.counters) > 0 {
 			s.refund(callID, g.start, g.counters)

@@ -33,14 +33,19 @@
 // prev_hash (so chain order is file order), writes them with one write(2)
 // and, with Fsync "always", calls fsync once for the whole batch before
 // releasing every waiter (group commit). With Fsync "interval", Append returns after the write and the file
-// is fsynced at most Options.Interval later. AppendLazy (outcome records,
+// is fsynced at most Options.Interval later. AppendWritten (the decision of
+// a call that reserves nothing and changes nothing) is Append answered after
+// the write, never starting an fsync: the record rides the next group
+// commit, or the writer fsyncs it Options.Interval later; a crash of the
+// process cannot lose it, a power loss within the interval can. AppendLazy (outcome records,
 // records of refused calls) never waits and costs no write(2) or fsync of
 // its own: the encoded record is held in memory and goes out with the next
 // batch, so the next group commit makes it durable; when no commit comes,
 // the writer writes and fsyncs it Options.Interval after it was appended.
 // So a sequential stream of calls costs one write(2) and one fsync per call
 // (Stats counts them), and concurrent calls share both. A crash can lose an
-// outcome, never an acknowledged decision.
+// outcome, never an acknowledged decision (an AppendWritten one: not to a
+// crash of the process).
 //
 // Records are encoded by hand (encode.go), arguments redacted as they are
 // written, to the bytes encoding/json wrote before: about 2 µs and 2

@@ -121,6 +121,9 @@ var requestPool = sync.Pool{New: func() any { return &request{wait: make(chan re
 type request struct {
 	body []byte     // the record marshalled without seq, prev_hash and hash
 	wait chan reply // nil for a lazy append
+	// written: answer once written; the fsync comes with the next group
+	// commit or the timed flush (AppendWritten).
+	written bool
 }
 
 type reply struct {
@@ -265,12 +268,28 @@ func (l *Log) Path() string { return l.path }
 // If ctx ends first, Append returns ctx.Err(); the record may still be
 // written later (a decision without an outcome).
 func (l *Log) Append(ctx context.Context, rec Record) (uint64, error) {
+	return l.append(ctx, rec, false)
+}
+
+// AppendWritten is Append without the wait for an fsync of its own, for a
+// decision that reserves nothing and changes nothing (a read-only call): it
+// returns once the record is written to the file, so a crash of the process
+// loses nothing, and the record is fsynced with the next group commit or,
+// when none comes, Options.Interval after it was written (only a power loss
+// within that time can lose it). With Fsync interval it is Append. It never
+// starts an fsync, but it may wait for one that is running when it arrives
+// (commits are serial).
+func (l *Log) AppendWritten(ctx context.Context, rec Record) (uint64, error) {
+	return l.append(ctx, rec, true)
+}
+
+func (l *Log) append(ctx context.Context, rec Record, written bool) (uint64, error) {
 	body, err := encodeBody(&rec)
 	if err != nil {
 		return 0, fmt.Errorf("audit: append: %w", err)
 	}
 	req := requestPool.Get().(*request)
-	req.body = body
+	req.body, req.written = body, written
 	if err := l.commitOrEnqueue(ctx, req); err != nil {
 		req.body = nil
 		requestPool.Put(req)
@@ -617,9 +636,20 @@ func (l *Log) syncLocked() {
 	l.dirty = false
 }
 
+// needsSync reports whether a request of batch waits for durability.
+func needsSync(batch []*request) bool {
+	for _, r := range batch {
+		if !r.written {
+			return true
+		}
+	}
+	return false
+}
+
 // commitLocked writes the lazy bodies, then batch, with one write(2), and
 // answers batch's waiters after one fsync when any of them waits for
-// durability (Fsync always). writeMu held.
+// durability (Fsync always, and not every one an AppendWritten). writeMu
+// held.
 func (l *Log) commitLocked(lazy [][]byte, batch []*request) {
 	defer l.recycleLazy(lazy)
 	if len(lazy) == 0 && len(batch) == 0 {
@@ -697,7 +727,7 @@ func (l *Log) commitLocked(lazy [][]byte, batch []*request) {
 	l.seq, l.prevHash = seq, last
 	l.size += int64(len(buf))
 	l.dirty = true
-	if len(batch) > 0 && l.always {
+	if l.always && needsSync(batch) {
 		l.syncLocked()
 		if l.broken != nil {
 			answer(l.broken)
