@@ -15,6 +15,8 @@ type writtenAppender interface {
 	AppendWritten(ctx context.Context, rec audit.Record) (uint64, error)
 }
 
+var _ writtenAppender = (*audit.Log)(nil)
+
 // appendDecision records the decision of a call about to be dispatched. It
 // waits for exactly one (shared) fsync when the call reserved a counter,
 // consumed an approval or can change a guest: after a crash or a power loss

@@ -265,8 +265,26 @@ type auditor struct {
 }
 
 func (a *auditor) Append(ctx context.Context, rec audit.Record) (uint64, error) {
+	return a.count(rec, func() (uint64, error) { return a.next.Append(ctx, rec) })
+}
+
+// AppendWritten forwards to the wrapped log's AppendWritten (the decision
+// of a read-only call that need not wait for an fsync; see server's
+// appendDecision), or to its Append when it has none, counting like Append.
+func (a *auditor) AppendWritten(ctx context.Context, rec audit.Record) (uint64, error) {
+	w, ok := a.next.(interface {
+		AppendWritten(ctx context.Context, rec audit.Record) (uint64, error)
+	})
+	if !ok {
+		return a.Append(ctx, rec)
+	}
+	return a.count(rec, func() (uint64, error) { return w.AppendWritten(ctx, rec) })
+}
+
+// count runs one synchronous append and counts its record.
+func (a *auditor) count(rec audit.Record, appendFn func() (uint64, error)) (uint64, error) {
 	start := time.Now()
-	seq, err := a.next.Append(ctx, rec)
+	seq, err := appendFn()
 	if err != nil {
 		a.m.auditErrors[string(audit.KindDecision)].Inc()
 		return seq, err
