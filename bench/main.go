@@ -24,7 +24,8 @@
 //	        with fsync interval) against a bare mcp-go stdio server process,
 //	        sequential (p50) and 8 in flight (calls/s)
 //	3       decision: policy.Engine.Decide against OPA
-//	4       plugin boundary: a no-op driver call through go-plugin against in process
+//	4       plugin boundary: a no-op driver call through a plugin process
+//	        (its call socket) against in process
 //	5       audit: appends/s at 64 writers, group commit against one fsync per record
 //	6a, 6b  scale: list_vms of 500 VMs; exec throughput of 4 lab VMs against 1
 //	7       memory: RSS of vmgate serve and its plugins after the load against idle

@@ -85,13 +85,13 @@ func gateRows(ctx context.Context, m mainTests, warmup, pairs int) []*Row {
 	return []*Row{stdio, http}
 }
 
-// pluginRow is a no-op driver call (Status) through go-plugin (gRPC over a
-// Unix socket, AutoMTLS) against the same driver in process:
+// pluginRow is a no-op driver call (Status) through a plugin process (its
+// call socket, no state cache) against the same driver in process:
 // internal/pluginhost's BenchmarkCall, one sub-benchmark per run,
 // alternating.
 func pluginRow(ctx context.Context, m mainTests, warmup, pairs int) *Row {
 	ph := m.bin("pluginhost", "internal/pluginhost")
-	r := &Row{ID: "4", Unit: "µs", What: "plugin boundary: p50 of a no-op driver call, through go-plugin / in process"}
+	r := &Row{ID: "4", Unit: "µs", What: "plugin boundary: p50 of a no-op driver call, through the plugin's call socket / in process"}
 	side := func(sub string) func(ctx context.Context) (float64, error) {
 		return func(ctx context.Context) (float64, error) {
 			return ph.Metric(ctx, "^BenchmarkCall$/^"+sub+"$", "3000x", "BenchmarkCall/"+sub, "p50-µs")

@@ -10,7 +10,9 @@ import (
 // The Supervisor's optional capabilities: it forwards each to the running
 // plugin (starting one when none runs), whose client answers
 // ErrNotSupported without a round trip when the plugin's driver lacks the
-// capability.
+// capability. A snapshot's create, revert and delete can change the VM's
+// state (a revert powers it to the snapshot's), so they empty the state
+// cache as Power does (cache.go).
 
 var (
 	_ hypervisor.CapabilityReporter = (*Supervisor)(nil)
@@ -53,7 +55,7 @@ func capability[T any](op string, d hypervisor.Driver) (T, error) {
 
 // SnapshotCreate implements hypervisor.Snapshotter.
 func (s *Supervisor) SnapshotCreate(ctx context.Context, vm string, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, error) {
-	return call(s, ctx, func(d remote) (hypervisor.Snapshot, error) {
+	return changing(s, ctx, func(d remote) (hypervisor.Snapshot, error) {
 		sn, err := capability[hypervisor.Snapshotter]("snapshot create", d)
 		if err != nil {
 			return hypervisor.Snapshot{}, err
@@ -75,7 +77,7 @@ func (s *Supervisor) SnapshotList(ctx context.Context, vm string) ([]hypervisor.
 
 // SnapshotRevert implements hypervisor.Snapshotter.
 func (s *Supervisor) SnapshotRevert(ctx context.Context, vm, name string) error {
-	_, err := call(s, ctx, func(d remote) (struct{}, error) {
+	_, err := changing(s, ctx, func(d remote) (struct{}, error) {
 		sn, err := capability[hypervisor.Snapshotter]("snapshot revert", d)
 		if err != nil {
 			return struct{}{}, err
@@ -87,7 +89,7 @@ func (s *Supervisor) SnapshotRevert(ctx context.Context, vm, name string) error 
 
 // SnapshotDelete implements hypervisor.Snapshotter.
 func (s *Supervisor) SnapshotDelete(ctx context.Context, vm, name string) error {
-	_, err := call(s, ctx, func(d remote) (struct{}, error) {
+	_, err := changing(s, ctx, func(d remote) (struct{}, error) {
 		sn, err := capability[hypervisor.Snapshotter]("snapshot delete", d)
 		if err != nil {
 			return struct{}{}, err

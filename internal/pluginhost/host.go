@@ -14,8 +14,10 @@
 // A Supervisor stands in for a plugin as a hypervisor.Driver: a call in
 // flight when the plugin dies fails with hypervisor.ErrPluginExited ("driver
 // NAME exited"), the plugin is restarted with backoff (in the background and
-// on the next call), and the next call works. Host.Close stops every plugin
-// and waits for it.
+// on the next call), and the next call works. Its calls go through the
+// plugin's call socket (hypervisor/callsocket.go) and its ListVMs and Status
+// answers are reused for Options.StateTTL (cache.go). Host.Close stops every
+// plugin and waits for it.
 package pluginhost
 
 import (
@@ -80,6 +82,9 @@ type Options struct {
 	// MinBackoff, MaxBackoff: restart delays double from Min to Max; they are
 	// reset once a plugin has stayed up for StableAfter.
 	MinBackoff, MaxBackoff, StableAfter time.Duration
+	// StateTTL is how long a plugin's ListVMs and Status answers are reused
+	// (cache.go); 0 means DefaultStateTTL, negative never.
+	StateTTL time.Duration
 }
 
 // Spec is a driver to launch.
@@ -125,6 +130,9 @@ func New(opts Options) *Host {
 	}
 	if opts.StableAfter <= 0 {
 		opts.StableAfter = DefaultStableAfter
+	}
+	if opts.StateTTL == 0 {
+		opts.StateTTL = DefaultStateTTL
 	}
 	return &Host{opts: opts, log: opts.Logger}
 }

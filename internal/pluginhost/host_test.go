@@ -284,8 +284,9 @@ func TestBackoff(t *testing.T) {
 }
 
 // BenchmarkCall measures one no-op driver call (Status on the sleepy fake)
-// with the driver in process and through a real plugin process (gRPC over a
-// Unix socket with AutoMTLS): the per-call cost of the plugin boundary.
+// with the driver in process and through a real plugin process (its call
+// socket; the state cache is off, so every call crosses): the per-call cost
+// of the plugin boundary.
 func BenchmarkCall(b *testing.B) {
 	for _, bc := range []struct {
 		name      string
@@ -293,7 +294,7 @@ func BenchmarkCall(b *testing.B) {
 	}{{"in-process", true}, {"plugin", false}} {
 		b.Run(bc.name, func(b *testing.B) {
 			h := New(Options{Executable: os.Args[0], Registry: testRegistry(), InProcess: bc.inProcess,
-				Logger: slog.New(slog.DiscardHandler)})
+				Logger: slog.New(slog.DiscardHandler), StateTTL: -1})
 			defer h.Close()
 			ctx := context.Background()
 			d, err := h.Launch(ctx, Spec{Driver: "sleepy", Config: []byte(`{"name":"vm1"}`)})

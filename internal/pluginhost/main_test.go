@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,7 +47,41 @@ func TestMain(m *testing.M) {
 // plugin process sees of its stdin and environment.
 func testRegistry() Registry { return Registered() }
 
-func init() { registry.Register("sleepy", newSleepy) }
+func init() {
+	registry.Register("sleepy", newSleepy)
+	registry.Register("counting", newCounting)
+}
+
+// countingSettings are the counting fake driver's settings: none.
+type countingSettings struct{}
+
+func (*countingSettings) Validate() error { return nil }
+
+// newCounting is a fake driver with one VM, vm1, that numbers the calls
+// that reach it: Status's Detail and ListVMs's Info are "pid:n" for the
+// n-th call to reach this plugin process. Power, FileWrite and FileRead
+// succeed (and count too).
+func newCounting(context.Context, *countingSettings) (hypervisor.Driver, error) {
+	var n atomic.Int64
+	next := func() string { return strconv.Itoa(os.Getpid()) + ":" + strconv.FormatInt(n.Add(1), 10) }
+	return &hypervisortest.Fake{
+		ListVMsFunc: func(context.Context) ([]hypervisor.VM, error) {
+			return []hypervisor.VM{{Name: "vm1", State: hypervisor.StateRunning, Info: next()}}, nil
+		},
+		StatusFunc: func(_ context.Context, vm string) (hypervisor.Status, error) {
+			if vm != "vm1" {
+				next()
+				return hypervisor.Status{}, fmt.Errorf("counting: %w: %q", hypervisor.ErrUnknownVM, vm)
+			}
+			return hypervisor.Status{Name: vm, State: hypervisor.StateRunning, Detail: next()}, nil
+		},
+		PowerFunc:     func(context.Context, string, hypervisor.PowerAction) error { next(); return nil },
+		FileWriteFunc: func(context.Context, string, string, []byte, uint32) error { next(); return nil },
+		FileReadFunc: func(context.Context, string, string, int64) (hypervisor.FileContent, error) {
+			return hypervisor.FileContent{Data: []byte(next())}, nil
+		},
+	}, nil
+}
 
 // sleepySettings are the fake driver's settings.
 type sleepySettings struct {

@@ -76,7 +76,8 @@ type Supervisor struct {
 	startSem chan struct{}
 	restarts atomic.Int64
 	// caps are the last started plugin's capabilities (capabilities.go).
-	caps atomic.Pointer[hypervisor.Capabilities]
+	caps  atomic.Pointer[hypervisor.Capabilities]
+	cache *stateCache // recent ListVMs and Status answers (cache.go)
 
 	mu         sync.Mutex // mu guards the fields below
 	cur        *instance  // the running plugin; nil when none
@@ -94,7 +95,8 @@ var (
 )
 
 func newSupervisor(opts Options, log *slog.Logger, spec Spec, cmd command) *Supervisor {
-	return &Supervisor{opts: opts, log: log, spec: spec, cmd: cmd, startSem: make(chan struct{}, 1), backoff: opts.MinBackoff}
+	return &Supervisor{opts: opts, log: log, spec: spec, cmd: cmd, startSem: make(chan struct{}, 1), backoff: opts.MinBackoff,
+		cache: newStateCache(opts.StateTTL)}
 }
 
 // Restarts counts the plugin starts after the first (for metrics).
@@ -383,14 +385,16 @@ func call[T any](s *Supervisor, ctx context.Context, fn func(remote) (T, error))
 	return v, nil
 }
 
-// ListVMs implements hypervisor.Driver.
+// ListVMs implements hypervisor.Driver; a fresh answer comes from the
+// state cache (cache.go).
 func (s *Supervisor) ListVMs(ctx context.Context) ([]hypervisor.VM, error) {
-	return call(s, ctx, func(d remote) ([]hypervisor.VM, error) { return d.ListVMs(ctx) })
+	return cachedCall(s, ctx, "list", cloneVMs, func(d remote) ([]hypervisor.VM, error) { return d.ListVMs(ctx) })
 }
 
-// Status implements hypervisor.Driver.
+// Status implements hypervisor.Driver; a fresh answer comes from the state
+// cache (cache.go).
 func (s *Supervisor) Status(ctx context.Context, vm string) (hypervisor.Status, error) {
-	return call(s, ctx, func(d remote) (hypervisor.Status, error) { return d.Status(ctx, vm) })
+	return cachedCall(s, ctx, "status\x00"+vm, sameStatus, func(d remote) (hypervisor.Status, error) { return d.Status(ctx, vm) })
 }
 
 // AgentInfo implements hypervisor.Driver.
@@ -400,7 +404,7 @@ func (s *Supervisor) AgentInfo(ctx context.Context, vm string) (hypervisor.Agent
 
 // ExecStart implements hypervisor.Driver.
 func (s *Supervisor) ExecStart(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
-	return call(s, ctx, func(d remote) (hypervisor.ExecHandle, error) { return d.ExecStart(ctx, vm, req) })
+	return changing(s, ctx, func(d remote) (hypervisor.ExecHandle, error) { return d.ExecStart(ctx, vm, req) })
 }
 
 // ExecStatus implements hypervisor.Driver.
@@ -411,7 +415,7 @@ func (s *Supervisor) ExecStatus(ctx context.Context, vm string, h hypervisor.Exe
 // Run implements hypervisor.Runner: one RPC; the plugin decides how the
 // command runs (see hypervisor.Run) and polls next to the guest.
 func (s *Supervisor) Run(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
-	return call(s, ctx, func(d remote) (hypervisor.ExecResult, error) { return d.Run(ctx, vm, req) })
+	return changing(s, ctx, func(d remote) (hypervisor.ExecResult, error) { return d.Run(ctx, vm, req) })
 }
 
 // FileRead implements hypervisor.Driver.
@@ -421,13 +425,13 @@ func (s *Supervisor) FileRead(ctx context.Context, vm, path string, maxBytes int
 
 // FileWrite implements hypervisor.Driver.
 func (s *Supervisor) FileWrite(ctx context.Context, vm, path string, data []byte, mode uint32) error {
-	_, err := call(s, ctx, func(d remote) (struct{}, error) { return struct{}{}, d.FileWrite(ctx, vm, path, data, mode) })
+	_, err := changing(s, ctx, func(d remote) (struct{}, error) { return struct{}{}, d.FileWrite(ctx, vm, path, data, mode) })
 	return err
 }
 
 // Power implements hypervisor.Driver.
 func (s *Supervisor) Power(ctx context.Context, vm string, action hypervisor.PowerAction) error {
-	_, err := call(s, ctx, func(d remote) (struct{}, error) { return struct{}{}, d.Power(ctx, vm, action) })
+	_, err := changing(s, ctx, func(d remote) (struct{}, error) { return struct{}{}, d.Power(ctx, vm, action) })
 	return err
 }
 

@@ -1,0 +1,176 @@
+package pluginhost
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// launchCounting runs the counting driver as a plugin with the given state
+// TTL.
+func launchCounting(t *testing.T, ttl time.Duration) *Supervisor {
+	t.Helper()
+	h, _ := newTestHost(t, Options{StateTTL: ttl})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := h.Launch(ctx, Spec{Driver: "counting"})
+	if err != nil {
+		t.Fatalf("Launch(counting) = %v", err)
+	}
+	return d.(*Supervisor)
+}
+
+func status(t *testing.T, s *Supervisor) string {
+	t.Helper()
+	st, err := s.Status(context.Background(), "vm1")
+	if err != nil {
+		t.Fatalf("Status(vm1) = %v", err)
+	}
+	return st.Detail
+}
+
+func listInfo(t *testing.T, s *Supervisor) string {
+	t.Helper()
+	vms, err := s.ListVMs(context.Background())
+	if err != nil || len(vms) != 1 {
+		t.Fatalf("ListVMs() = %+v, %v", vms, err)
+	}
+	return vms[0].Info
+}
+
+// TestStateCache: within the TTL, Status and ListVMs are answered without
+// reaching the plugin; a call that can change a guest, a plugin restart and
+// errors are never served from it.
+func TestStateCache(t *testing.T) {
+	s := launchCounting(t, time.Hour)
+	ctx := context.Background()
+	first, list := status(t, s), listInfo(t, s)
+	if again := status(t, s); again != first {
+		t.Errorf("Status within the TTL = %q, then %q; want the cached answer", first, again)
+	}
+	if again := listInfo(t, s); again != list {
+		t.Errorf("ListVMs within the TTL = %q, then %q; want the cached answer", list, again)
+	}
+	// A read does not invalidate; a change does.
+	if _, err := s.FileRead(ctx, "vm1", "/x", 10); err != nil {
+		t.Fatal(err)
+	}
+	if again := status(t, s); again != first {
+		t.Errorf("Status after FileRead = %q; want the cached %q", again, first)
+	}
+	for _, change := range []struct {
+		name string
+		do   func() error
+	}{
+		{"Power", func() error { return s.Power(ctx, "vm1", hypervisor.PowerReset) }},
+		{"FileWrite", func() error { return s.FileWrite(ctx, "vm1", "/x", []byte("x"), 0o644) }},
+	} {
+		before, beforeList := status(t, s), listInfo(t, s)
+		if err := change.do(); err != nil {
+			t.Fatalf("%s = %v", change.name, err)
+		}
+		if after := status(t, s); after == before {
+			t.Errorf("Status after %s = %q; want a fresh answer", change.name, after)
+		}
+		if after := listInfo(t, s); after == beforeList {
+			t.Errorf("ListVMs after %s = %q; want a fresh answer", change.name, after)
+		}
+	}
+	// Errors are not kept: each one reaches the plugin. Between two fresh
+	// answers n1 and n2: two errors, a Power and the Status itself.
+	num := func(detail string) int {
+		n, _ := strconv.Atoi(detail[strings.IndexByte(detail, ':')+1:])
+		return n
+	}
+	if err := s.Power(ctx, "vm1", hypervisor.PowerReset); err != nil {
+		t.Fatal(err)
+	}
+	n1 := num(status(t, s))
+	for range 2 {
+		if _, err := s.Status(ctx, "nope"); !errors.Is(err, hypervisor.ErrUnknownVM) {
+			t.Fatalf("Status(nope) = %v; want ErrUnknownVM", err)
+		}
+	}
+	if err := s.Power(ctx, "vm1", hypervisor.PowerReset); err != nil {
+		t.Fatal(err)
+	}
+	if n2 := num(status(t, s)); n2 != n1+4 {
+		t.Errorf("calls reaching the plugin: %d then %d; want %d (errors are not cached)", n1, n2, n1+4)
+	}
+	// A restarted plugin answers afresh.
+	oldPID := s.PID()
+	if err := syscall.Kill(oldPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var after string
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		st, err := s.Status(ctx, "vm1")
+		if err == nil && !strings.HasPrefix(st.Detail, strconv.Itoa(oldPID)+":") {
+			after = st.Detail
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if after == "" || strings.HasPrefix(after, strconv.Itoa(oldPID)+":") {
+		t.Errorf("Status after the plugin restarted = %q; want an answer of the new process (old pid %d)", after, oldPID)
+	}
+}
+
+// TestStateCacheExpires: past the TTL the plugin is asked again; with a
+// negative TTL always.
+func TestStateCacheExpires(t *testing.T) {
+	s := launchCounting(t, 20*time.Millisecond)
+	first := status(t, s)
+	deadline := time.Now().Add(10 * time.Second)
+	for status(t, s) == first && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if status(t, s) == first {
+		t.Errorf("Status still %q 10s later with a 20ms TTL; want it to expire", first)
+	}
+	off := launchCounting(t, -1)
+	if a, b := status(t, off), status(t, off); a == b {
+		t.Errorf("Status with the cache off = %q twice; want each call to reach the plugin", a)
+	}
+}
+
+// TestStateCacheRefusesAnswersFetchedAcrossAChange: an answer that was in
+// flight when a change ran is not stored.
+func TestStateCacheRefusesAnswersFetchedAcrossAChange(t *testing.T) {
+	c := newStateCache(time.Hour)
+	inst := &instance{}
+	_, ok, gen := c.lookup(inst, "k")
+	if ok {
+		t.Fatal("lookup in an empty cache hit")
+	}
+	c.invalidate() // a Power ran while the answer was fetched
+	c.store(inst, "k", gen, "stale", time.Now())
+	if v, ok, _ := c.lookup(inst, "k"); ok {
+		t.Errorf("lookup after a store across an invalidation = %v; want a miss", v)
+	}
+	_, _, gen = c.lookup(inst, "k")
+	c.store(inst, "k", gen, "fresh", time.Now())
+	if v, ok, _ := c.lookup(inst, "k"); !ok || v != "fresh" {
+		t.Errorf("lookup = %v, %v; want the fresh answer", v, ok)
+	}
+	if v, ok, _ := c.lookup(&instance{}, "k"); ok {
+		t.Errorf("lookup for another plugin process = %v; want a miss", v)
+	}
+	for i := range maxStateEntries + 1 {
+		_, _, gen := c.lookup(inst, strconv.Itoa(i))
+		c.store(inst, strconv.Itoa(i), gen, i, time.Now())
+	}
+	c.mu.Lock()
+	n := len(c.entries)
+	c.mu.Unlock()
+	if n > maxStateEntries {
+		t.Errorf("cache holds %d entries; want at most %d", n, maxStateEntries)
+	}
+}
