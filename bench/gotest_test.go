@@ -15,8 +15,8 @@ import (
 // With the bareStdioArg argument it is the bare baseline server, as
 // vmgate-bench is.
 func TestMain(m *testing.M) {
-	if len(os.Args) == 2 && os.Args[1] == bareStdioArg {
-		if err := serveBare(); err != nil {
+	if len(os.Args) == 3 && os.Args[1] == bareStdioArg {
+		if err := serveBare(os.Args[2]); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

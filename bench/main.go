@@ -122,8 +122,8 @@ func machine() string {
 }
 
 func main() {
-	if len(os.Args) == 2 && os.Args[1] == bareStdioArg {
-		if err := serveBare(); err != nil {
+	if len(os.Args) == 3 && os.Args[1] == bareStdioArg {
+		if err := serveBare(os.Args[2]); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

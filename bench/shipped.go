@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +16,7 @@ import (
 
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
-	"github.com/vmgate/vmgate/hypervisor"
-	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
 // The shipped rows (2c–2h) run the real `vmgate serve` binary the way a
@@ -29,15 +29,17 @@ import (
 // calls within a second of the last one that reached it, from the plugin
 // host's state cache, which is what a polling agent gets too (row 4
 // measures the plugin boundary itself). The bare server answers the same
-// list_vms with the same (empty) list from a driver in process. So the
-// ratio is what vmgate costs in front of a driver that answers at once.
+// list_vms with the same (empty) list from the same QEMU driver in process
+// (reading an absent lab directory too). So the ratio is what vmgate costs
+// in front of a driver that answers at once.
 //
 // Every server starts once and keeps running; each round measures the bare
 // server and one subject back to back, for every subject, so each pair of
 // figures shares the machine's load.
 
 // bareStdioArg makes this binary (or its test binary) the bare baseline: an
-// mcp-go stdio server with list_vms over an empty driver.
+// mcp-go stdio server with list_vms over the QEMU driver, in process, whose
+// lab directory is the next argument (one that does not exist: no VMs).
 const bareStdioArg = "bare-stdio"
 
 // shippedCalls are the sequential calls behind one p50; parallelCalls the
@@ -48,9 +50,14 @@ const (
 	inFlight      = 8
 )
 
-// serveBare is the body of the bare baseline process.
-func serveBare() error {
-	drv := &hypervisortest.Fake{ListVMsFunc: func(context.Context) ([]hypervisor.VM, error) { return nil, nil }}
+// serveBare is the body of the bare baseline process: the same driver
+// vmgate serve runs, doing the same work (reading an absent lab
+// directory), with no gate in front of it.
+func serveBare(labDir string) error {
+	drv, err := qemu.New(qemu.Config{LabDir: labDir, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
 	return mcpserver.NewStdioServer(bareListVMs(drv)).Listen(context.Background(), os.Stdin, os.Stdout)
 }
 
@@ -161,13 +168,14 @@ func startShipped(ctx context.Context, vmgate, dir string, sub subject) (*stdioP
 	return p, state, err
 }
 
-// startBare starts this binary as the bare baseline server.
-func startBare(ctx context.Context) (*stdioProc, error) {
+// startBare starts this binary as the bare baseline server with the lab
+// directory labDir.
+func startBare(ctx context.Context, labDir string) (*stdioProc, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	return startStdio(ctx, exec.Command(self, bareStdioArg))
+	return startStdio(ctx, exec.Command(self, bareStdioArg, labDir))
 }
 
 // noVMs checks a list_vms result of the shipped rows: an empty list.
@@ -260,7 +268,7 @@ func shippedRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 			}
 		}
 	}()
-	bare, err := startBare(ctx)
+	bare, err := startBare(ctx, filepath.Join(dir, "no-lab"))
 	if err != nil {
 		return fail(fmt.Errorf("bare server: %w", err))
 	}

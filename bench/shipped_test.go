@@ -18,12 +18,12 @@ func TestShippedServersAgree(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	vmgate := buildVMGate(t)
-	bare, err := startBare(ctx)
+	dir := t.TempDir()
+	bare, err := startBare(ctx, filepath.Join(dir, "no-lab"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer bare.stop()
-	dir := t.TempDir()
 	subs := []subject{
 		{name: "shipped", policy: limitedPolicy, fsync: "always"},
 		{name: "in process", policy: openPolicy, fsync: "interval", inProcess: true},

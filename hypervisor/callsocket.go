@@ -16,17 +16,17 @@ import (
 // with one connection per call in flight (connections are pooled and kept
 // open, so a call costs one write and one read on each side).
 //
-// Why not gRPC: a gRPC unary call over go-plugin's socket cost 140–220 µs
-// p50 on the 2-core reference machine (make bench, row 4) against 33 µs for
-// a bare write/read ping-pong between two processes. AutoMTLS was a small
-// part of it (10–30 µs); most of it was gRPC's own hand-offs between
-// goroutines (the caller, the transport's writer goroutine and reader
-// goroutine on each side, the server's handler goroutine; each a wake-up of
-// another thread on a busy 2-core machine) and its extra frames (a flow
-// control ping and window update per call). The call socket does what a
-// call needs and nothing else: the caller writes its request and reads the
-// answer itself, and the plugin runs the method in one goroutine that
-// writes the answer itself.
+// Why not gRPC: a gRPC unary call over go-plugin's socket cost 150–330 µs
+// p50 on the 2-core reference machine while other work ran, against 35–70
+// µs for a bare write/read ping-pong between two processes and 60–130 µs
+// for the call socket (docs/performance.md). AutoMTLS was lost in the
+// noise; static flow-control windows (no BDP ping per call) saved about a
+// third; the rest is gRPC's hand-offs between goroutines (the caller, the
+// transport's writer and reader goroutines on each side, the server's
+// handler goroutine; each a wake-up of another thread on a busy machine).
+// The call socket does what a call needs and nothing else: the caller
+// writes its request and reads the answer itself, and the plugin runs the
+// method in the goroutine that read the request, which writes the answer.
 //
 // gRPC stays for everything else go-plugin does (handshake, plugin stderr,
 // shutdown) and carries the driver calls when a plugin offers no call
