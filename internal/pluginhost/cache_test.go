@@ -70,6 +70,12 @@ func TestStateCache(t *testing.T) {
 	}{
 		{"Power", func() error { return s.Power(ctx, "vm1", hypervisor.PowerReset) }},
 		{"FileWrite", func() error { return s.FileWrite(ctx, "vm1", "/x", []byte("x"), 0o644) }},
+		{"SnapshotCreate", func() error {
+			_, err := s.SnapshotCreate(ctx, "vm1", hypervisor.SnapshotRequest{Name: "s1"})
+			return err
+		}},
+		{"SnapshotRevert", func() error { return s.SnapshotRevert(ctx, "vm1", "s1") }},
+		{"SnapshotDelete", func() error { return s.SnapshotDelete(ctx, "vm1", "s1") }},
 	} {
 		before, beforeList := status(t, s), listInfo(t, s)
 		if err := change.do(); err != nil {

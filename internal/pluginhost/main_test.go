@@ -59,8 +59,8 @@ func (*countingSettings) Validate() error { return nil }
 
 // newCounting is a fake driver with one VM, vm1, that numbers the calls
 // that reach it: Status's Detail and ListVMs's Info are "pid:n" for the
-// n-th call to reach this plugin process. Power, FileWrite and FileRead
-// succeed (and count too).
+// n-th call to reach this plugin process. Power, FileWrite, FileRead and
+// a disk-only snapshot's create, revert and delete succeed (and count too).
 func newCounting(context.Context, *countingSettings) (hypervisor.Driver, error) {
 	var n atomic.Int64
 	next := func() string { return strconv.Itoa(os.Getpid()) + ":" + strconv.FormatInt(n.Add(1), 10) }
@@ -80,6 +80,13 @@ func newCounting(context.Context, *countingSettings) (hypervisor.Driver, error) 
 		FileReadFunc: func(context.Context, string, string, int64) (hypervisor.FileContent, error) {
 			return hypervisor.FileContent{Data: []byte(next())}, nil
 		},
+		SnapshotCreateFunc: func(_ context.Context, _ string, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, error) {
+			next()
+			return hypervisor.Snapshot{Name: req.Name}, nil
+		},
+		SnapshotRevertFunc: func(context.Context, string, string) error { next(); return nil },
+		SnapshotDeleteFunc: func(context.Context, string, string) error { next(); return nil },
+		Modes:              hypervisor.SnapshotModes{DiskOnly: true},
 	}, nil
 }
 
