@@ -259,11 +259,7 @@ func execRate(ctx context.Context, c *mcpClient, vms []string, perVM int) (float
 		})
 	}
 	wg.Wait()
-	took := time.Since(start)
-	if err := errors.Join(errs...); err != nil {
-		return 0, err
-	}
-	return float64(len(vms)*perVM) / took.Seconds(), nil
+	return perSecond(len(vms)*perVM, start, errs)
 }
 
 // labRows measures exec latency (1a, 1b), parallel exec throughput over 4

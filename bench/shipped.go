@@ -211,6 +211,12 @@ func callsPerSecond(ctx context.Context, c *mcpClient, n, k int) (float64, error
 		})
 	}
 	wg.Wait()
+	return perSecond(n, start, errs)
+}
+
+// perSecond is n completed operations since start, per second; any error
+// in errs fails it.
+func perSecond(n int, start time.Time, errs []error) (float64, error) {
 	took := time.Since(start)
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
