@@ -120,7 +120,7 @@ func (s Spec) Validate() error {
 
 // cmdline is the kernel command line, keys sorted.
 func (s Spec) cmdline() string {
-	words := []string{"console=ttyS0", "quiet", "panic=-1", "LAB_NAME=" + s.Name}
+	words := []string{"console=ttyS0", "quiet", "panic=-1", "no_timer_check", "LAB_NAME=" + s.Name} // as internal/lab's
 	keys := make([]string, 0, len(s.Cmdline))
 	for k := range s.Cmdline {
 		keys = append(keys, k)

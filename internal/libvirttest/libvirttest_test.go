@@ -75,7 +75,7 @@ func TestDomainXML(t *testing.T) {
 		{"type", dom.Type, "qemu"},
 		{"name", dom.Name, "noexec"},
 		{"kernel", dom.OS.Kernel, "/k/vm&linuz"},
-		{"cmdline", dom.OS.Cmdline, "console=ttyS0 quiet panic=-1 LAB_NAME=noexec A=1 QGA_BLOCK=guest-exec"},
+		{"cmdline", dom.OS.Cmdline, "console=ttyS0 quiet panic=-1 no_timer_check LAB_NAME=noexec A=1 QGA_BLOCK=guest-exec"},
 		{"metadata namespace", dom.Metadata.VM.XMLName.Space, "https://example.org/vmgate"},
 		{"metadata text", dom.Metadata.VM.Text, "a&b"},
 		{"agent channel", dom.Channel.Target.Name, "org.qemu.guest_agent.0"},
