@@ -79,6 +79,10 @@ type Decision struct {
 	// argument over the policy's (see SandboxTool). On a Deny for a looser
 	// sandbox it is what the call asked for (what a shadow-mode caller runs).
 	Sandbox *Sandbox
+	// Files is what a vm_file_read or vm_file_write call may do with the
+	// file its path names (the tool's files block, or DefaultFileRules);
+	// nil for other tools. See FileRules.
+	Files *FileRules
 	// Shadow is true when the matched tool runs in shadow mode: Verdict is
 	// what enforcement would have done; the caller audits it and allows.
 	Shadow bool

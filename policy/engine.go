@@ -34,6 +34,7 @@ type toolRule struct {
 	approval   *ApprovalSpec // set exactly when action is Approve
 	limits     []limit
 	sandbox    *sandboxRule // create_session's own sandbox block; nil without one
+	files      *FileRules   // a file tool's own files block; nil without one
 }
 
 type limit struct {
@@ -131,6 +132,7 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 			return *deny
 		}
 		d.Sandbox = sb
+		d.Files = fileRulesFor(nil, call.Tool)
 		return e.withLimits(d, nil, call, tr)
 	}
 	if tr != nil {
@@ -189,6 +191,7 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 		}
 	}
 	d.Sandbox = sb
+	d.Files = fileRulesFor(t, call.Tool)
 	return e.withLimits(d, t.limits, call, tr)
 }
 

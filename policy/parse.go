@@ -279,7 +279,7 @@ func (b *builder) mode(v *node, l loc) (shadow bool) {
 
 func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	t := &toolRule{name: name, ptr: l.ptr, action: Allow, actionPtr: l.ptr, shadow: shadow}
-	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox")
+	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox", "files")
 	if !ok {
 		return t
 	}
@@ -335,6 +335,14 @@ func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 			b.errorf(v.off, ls.path, "a sandbox block belongs on %s (or the top level), not on %s", SandboxTool, name)
 		} else {
 			t.sandbox = b.sandbox(v, ls)
+		}
+	}
+	if v, ok := m["files"]; ok {
+		lf := l.key("files")
+		if !isFileTool(name) {
+			b.errorf(v.off, lf.path, "a files block belongs on %v, not on %s", FileTools, name)
+		} else {
+			t.files = b.files(v, lf)
 		}
 	}
 	t.denyReason = t.reason

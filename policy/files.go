@@ -1,0 +1,109 @@
+package policy
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// The files block says what vm_file_read and vm_file_write may do with the
+// file a path names, beyond the path rules (which see the path's text):
+//
+//	"vm_file_write": {
+//	  "require": [{"path": "args.path", "op": "glob", "value": "/srv/out/*"}],
+//	  "files": {
+//	    "follow_symlinks": false, // default: a symlink anywhere in the path is refused
+//	    "default_mode": "0644",   // vm_file_write: the mode of a new file when the call gives none
+//	    "special_bits": false     // vm_file_write: setuid, setgid and sticky bits refused
+//	  }
+//	}
+//
+// It sits on a file tool's entry only. With follow_symlinks the guest
+// resolves the path first and the policy decides again on the real path,
+// so a symlink leads only where the path rules would let a plain path go;
+// even then the last component of a write is never followed. Without a
+// block (or for an unlisted tool under "default": "allow") the defaults
+// apply: no symlinks, 0644, no special bits.
+
+// FileTools are the tools a files block may sit on.
+var FileTools = []string{"vm_file_read", "vm_file_write"}
+
+// FileRules is what a file tool's call may do (Decision.Files).
+type FileRules struct {
+	FollowSymlinks bool
+	DefaultMode    uint32 // permission bits of a new file the call gives no mode for
+	SpecialBits    bool   // setuid, setgid and sticky allowed
+}
+
+// DefaultFileRules are the rules without a files block.
+var DefaultFileRules = FileRules{DefaultMode: 0o644}
+
+// SpecialModeBits are setuid, setgid and sticky.
+const SpecialModeBits = 0o7000
+
+func isFileTool(name string) bool {
+	for _, t := range FileTools {
+		if t == name {
+			return true
+		}
+	}
+	return false
+}
+
+// fileRules is the Decision.Files of a call of tool t (nil when not a file tool).
+func fileRulesFor(t *toolRule, tool string) *FileRules {
+	if !isFileTool(tool) {
+		return nil
+	}
+	r := DefaultFileRules
+	if t != nil && t.files != nil {
+		r = *t.files
+	}
+	return &r
+}
+
+func (b *builder) files(n *node, l loc) *FileRules {
+	r := DefaultFileRules
+	m, ok := b.object(n, l, "follow_symlinks", "default_mode", "special_bits")
+	if !ok {
+		return &r
+	}
+	boolean := func(k string) bool {
+		v, ok := m[k]
+		if !ok {
+			return false
+		}
+		if v.kind != kindBool {
+			b.errorf(v.off, l.key(k).path, "want true or false, got %s", v.kind)
+			return false
+		}
+		return v.b
+	}
+	r.FollowSymlinks = boolean("follow_symlinks")
+	r.SpecialBits = boolean("special_bits")
+	if v, ok := m["default_mode"]; ok {
+		lm := l.key("default_mode")
+		if s, ok := b.str(v, lm); ok {
+			mode, err := ParseFileMode(s)
+			switch {
+			case err != nil:
+				b.errorf(v.off, lm.path, "%v", err)
+			case mode&SpecialModeBits != 0 && !r.SpecialBits:
+				b.errorf(v.off, lm.path, "default mode %s has setuid, setgid or sticky bits and special_bits is not true", s)
+			}
+			r.DefaultMode = mode
+		}
+	}
+	return &r
+}
+
+// ParseFileMode reads an octal mode of three or four digits ("0644", "755").
+func ParseFileMode(s string) (uint32, error) {
+	if len(s) < 3 || len(s) > 4 {
+		return 0, fmt.Errorf("mode %q: want three or four octal digits, such as \"0644\"", s)
+	}
+	v, err := strconv.ParseUint(s, 8, 32)
+	if err != nil {
+		return 0, fmt.Errorf("mode %q: want three or four octal digits, such as \"0644\"", s)
+	}
+	return uint32(v), nil
+}

@@ -1,0 +1,64 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestFileRules(t *testing.T) {
+	doc := func(tool, files string) string {
+		return `{"version":"1","default":"allow","tools":{"` + tool + `":{"files":` + files + `}}}`
+	}
+	cases := []struct {
+		name, doc, tool string
+		want            *FileRules
+	}{
+		{"unlisted read: defaults", `{"version":"1","default":"allow"}`, "vm_file_read", &FileRules{DefaultMode: 0o644}},
+		{"listed without a block: defaults", `{"version":"1","default":"deny","tools":{"vm_file_write":{}}}`, "vm_file_write", &FileRules{DefaultMode: 0o644}},
+		{"not a file tool", `{"version":"1","default":"allow"}`, "vm_agent_exec", nil},
+		{"follow", doc("vm_file_read", `{"follow_symlinks":true}`), "vm_file_read", &FileRules{FollowSymlinks: true, DefaultMode: 0o644}},
+		{"mode", doc("vm_file_write", `{"default_mode":"0600"}`), "vm_file_write", &FileRules{DefaultMode: 0o600}},
+		{"three digits", doc("vm_file_write", `{"default_mode":"750"}`), "vm_file_write", &FileRules{DefaultMode: 0o750}},
+		{"special", doc("vm_file_write", `{"special_bits":true,"default_mode":"1777"}`), "vm_file_write", &FileRules{SpecialBits: true, DefaultMode: 0o1777}},
+	}
+	for _, tc := range cases {
+		d := mustParse(t, tc.doc).Decide(Call{Grant: "g", Tool: tc.tool, VM: "lab/vm1", Args: map[string]any{"path": "/tmp/x"}})
+		if d.Verdict != Allow {
+			t.Errorf("%s: Decide = %v (%s); want allow", tc.name, d.Verdict, d.Reason)
+		}
+		switch {
+		case tc.want == nil && d.Files != nil:
+			t.Errorf("%s: Files = %+v; want nil", tc.name, *d.Files)
+		case tc.want != nil && (d.Files == nil || *d.Files != *tc.want):
+			t.Errorf("%s: Files = %+v; want %+v", tc.name, d.Files, *tc.want)
+		}
+	}
+	// An approval carries the rules too: the handler needs them after the approval.
+	d := mustParse(t, `{"version":"1","default":"deny","tools":{"vm_file_write":{"action":"approve","files":{"default_mode":"0640"}}}}`).
+		Decide(Call{Grant: "g", Tool: "vm_file_write", Args: map[string]any{}})
+	if d.Verdict != Approve || d.Files == nil || d.Files.DefaultMode != 0o640 {
+		t.Errorf("approve: Decide = %v, Files %+v; want approve with mode 0640", d.Verdict, d.Files)
+	}
+}
+
+func TestParseFileRulesErrors(t *testing.T) {
+	doc := func(tool, files string) string {
+		return `{"version":"1","default":"allow","tools":{"` + tool + `":{"files":` + files + `}}}`
+	}
+	cases := []struct{ name, doc, want string }{
+		{"on another tool", doc("vm_agent_exec", `{}`), `tools.vm_agent_exec.files: a files block belongs on [vm_file_read vm_file_write], not on vm_agent_exec`},
+		{"unknown field", doc("vm_file_read", `{"follow":true}`), `tools.vm_file_read.files.follow: unknown field "follow"`},
+		{"follow not a bool", doc("vm_file_read", `{"follow_symlinks":"yes"}`), `tools.vm_file_read.files.follow_symlinks: want true or false, got string`},
+		{"mode a number", doc("vm_file_write", `{"default_mode":420}`), `tools.vm_file_write.files.default_mode: want a string, got number`},
+		{"mode not octal", doc("vm_file_write", `{"default_mode":"0648"}`), `want three or four octal digits`},
+		{"mode too long", doc("vm_file_write", `{"default_mode":"00644"}`), `want three or four octal digits`},
+		{"setuid default without special_bits", doc("vm_file_write", `{"default_mode":"4755"}`), `default mode 4755 has setuid, setgid or sticky bits and special_bits is not true`},
+		{"not an object", doc("vm_file_write", `true`), `tools.vm_file_write.files: want an object, got bool`},
+	}
+	for _, tc := range cases {
+		_, err := Parse("p.json", []byte(tc.doc))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Parse = %v; want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+}
