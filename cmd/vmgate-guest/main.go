@@ -9,6 +9,9 @@
 //	vmgate-guest session create --id ID [--ttl-s N] [--idle-s N] [--memory-mb N] [--pids N] [--cpu-percent N] [--sandbox JSON]
 //	vmgate-guest session list | destroy --id ID | reap
 //	vmgate-guest metrics [--sample-ms N]
+//	vmgate-guest file stat --path P [--follow-symlinks] [--write]
+//	vmgate-guest file read --path P [--max-bytes N]
+//	vmgate-guest file write --path P --size N [--mode M] [--create-mode M] [--special-bits] < data
 //
 // Build it static: CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags='-s -w'.
 package main

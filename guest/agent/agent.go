@@ -177,7 +177,7 @@ func decodeStrict(s string, v any) error {
 
 func (a *Agent) dispatch(ctx context.Context, args []string, stdin io.Reader) (any, error) {
 	if len(args) == 0 {
-		return nil, invalidf("usage: vmgate-guest version|ps|run|kill|session|metrics ...")
+		return nil, invalidf("usage: vmgate-guest version|ps|run|kill|session|file|metrics ...")
 	}
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "version":
@@ -219,6 +219,8 @@ func (a *Agent) dispatch(ctx context.Context, args []string, stdin io.Reader) (a
 		return a.Kill(ctx, *pid, *sig, *started)
 	case "session":
 		return a.sessionCommand(ctx, rest)
+	case "file":
+		return a.fileCommand(ctx, rest, stdin)
 	case "metrics":
 		fs := newFlags("metrics")
 		sample := fs.Int64("sample-ms", wire.DefaultMetricsSampleMS, "CPU sample, ms")

@@ -34,6 +34,11 @@ const (
 	ReasonAncestor      = "ancestor of vmgate-guest"
 	ReasonNotInSession  = "process is not in the session"
 	ReasonNoCgroupLimit = "limit needs cgroup v2"
+	// File refusals (file read, write, stat).
+	ReasonSymlink     = "symlink in the path"
+	ReasonNotRegular  = "not a regular file"
+	ReasonSpecialBits = "setuid, setgid or sticky bits"
+	ReasonHardlink    = "file has other hard links"
 )
 
 // Reply is the one JSON object vmgate-guest writes to stdout.
@@ -274,4 +279,33 @@ func ParseSignal(s string) (string, int, error) {
 		}
 	}
 	return "", 0, fmt.Errorf("%w: %q (want one of TERM KILL INT HUP QUIT USR1 USR2 STOP CONT)", ErrInvalidSignal, s)
+}
+
+// MaxFileReadBytes caps what one file read returns.
+const MaxFileReadBytes = 16 << 20
+
+// FileInfo is a file as the guest resolved it (file stat, and part of the
+// read and write replies).
+type FileInfo struct {
+	// Path is the real path: absolute, clean, no symlink in it.
+	Path   string `json:"path"`
+	Exists bool   `json:"exists"`
+	Type   string `json:"type,omitempty"` // "file", "dir", "symlink", "other"
+	Mode   uint32 `json:"mode"`           // permission bits with setuid, setgid and sticky (07777)
+	Size   int64  `json:"size"`
+	Nlink  uint64 `json:"nlink,omitempty"`
+}
+
+// FileRead is the reply of file read: at most the bytes asked for.
+type FileRead struct {
+	FileInfo
+	Data      []byte `json:"data"`
+	Truncated bool   `json:"truncated"`
+}
+
+// FileWritten is the reply of file write.
+type FileWritten struct {
+	FileInfo
+	Bytes   int64 `json:"bytes"`
+	Created bool  `json:"created"`
 }
