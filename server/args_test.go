@@ -85,6 +85,7 @@ func TestDecodeArgs(t *testing.T) {
 		specs[s.name] = s
 	}
 	str := func(s string) *string { return &s }
+	i64 := func(n int64) *int64 { return &n }
 	no := false
 	tests := []struct {
 		tool, args string
@@ -100,7 +101,7 @@ func TestDecodeArgs(t *testing.T) {
 			a.Limits.Pids = 10
 			return a
 		}()},
-		{"vm_file_write", `{"vm":"lab/vm1","path":"/f","content_base64":"","mode":0}`, &fileWriteArgs{Path: "/f", ContentBase64: str("")}},
+		{"vm_file_write", `{"vm":"lab/vm1","path":"/f","content_base64":"","mode":0}`, &fileWriteArgs{Path: "/f", ContentBase64: str(""), Mode: i64(0)}},
 		{"vm_power", `{"vm":"lab/vm1","action":"reset"}`, &powerArgs{Action: "reset"}},
 		{"list_vms", `{}`, &noArgs{}},
 	}

@@ -81,6 +81,8 @@ type call struct {
 	backend   string
 	name      string // backend-local VM name
 	driver    hypervisor.Driver
+	argMap    map[string]any    // the validated arguments, as the policy saw them
+	files     *policy.FileRules // the decision's, for the file tools (tool_files.go)
 }
 
 // ticket is the gate's single-use permission for one call. Only the gate
@@ -419,6 +421,7 @@ func (g *gating) pass() verdict {
 	// mcp-go gets must outlive it, or mcp-go drops the [TIMED OUT] result
 	// the handler answers with at the deadline (over HTTP, an empty 200).
 	cl := g.call
+	cl.argMap, cl.files = g.args, g.decision.Files
 	callCtx, cancel := context.WithTimeout(g.ctx, g.spec.deadline(g.s.limits, cl.args))
 	t := &ticket{server: g.s, call: cl, claimed: make(chan struct{}), start: g.start, counters: g.counters, cancel: cancel, elicit: g.elicit}
 	cl.ctx = callCtx

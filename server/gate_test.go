@@ -316,8 +316,8 @@ func TestApprovalRoundTrip(t *testing.T) {
 }
 
 func TestShadowModeAllowsAndAudits(t *testing.T) {
-	f := newFixture(t, fixtureOpts{policy: `{"version":"1","default":"deny","tools":{"vm_file_write":{"action":"deny","mode":"shadow"}}}`})
-	r := f.call(t, "vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"secret"}`)
+	f := newFixture(t, fixtureOpts{policy: `{"version":"1","default":"deny","tools":{"vm_power":{"action":"deny","mode":"shadow"}}}`})
+	r := f.call(t, "vm_power", `{"vm":"lab/vm1","action":"reboot"}`)
 	if r.Result == nil || r.Result.IsError {
 		t.Fatalf("shadowed write = %q; want success", r.text())
 	}

@@ -57,8 +57,9 @@ type fakeGuest struct {
 	sessions map[string]wire.Session
 	results  map[int64]hypervisor.ExecResult
 	next     int64
-	argvs    [][]string // every command run, in order
-	reaped   []string   // what the next reap of reapVM destroys
+	argvs    [][]string                                              // every command run, in order
+	file     func(argv []string, stdin []byte) hypervisor.ExecResult // vmgate-guest file …
+	reaped   []string                                                // what the next reap of reapVM destroys
 	reapVM   string
 }
 
@@ -165,6 +166,10 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		return reply(res)
 	}
 	switch a[1] {
+	case "file":
+		if g.file != nil {
+			return g.file(a, req.Stdin)
+		}
 	case "ps":
 		return reply([]wire.Process{{PID: 7, PPID: 1, User: "root", Name: "sleep", Cmdline: "sleep 1000", StartedAt: 1700000000000, State: "S", Session: flag(a, "--session")}})
 	case "run":
