@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/vmgate/vmgate/internal/guestctl"
 )
 
 // The tool catalogue. Each tool is described once, as a list of fields; the
@@ -36,7 +38,10 @@ type field struct {
 	min, max int64 // integers: inclusive range
 	maxLen   int   // strings: bytes; arrays: items; maps: entries (0: the server's argument cap only)
 	allowNUL bool  // strings that may carry NUL (stdin, file content)
-	fields   []field
+	// guestPath: a string that must be an absolute, clean path, so the
+	// policy's path rules see the path the guest opens (tool_files.go).
+	guestPath bool
+	fields    []field
 }
 
 // toolSpec is one tool of the catalogue.
@@ -364,6 +369,11 @@ func (f *field) checkString(s, path string) error {
 	}
 	if f.maxLen > 0 && f.kind == kindString && len(s) > f.maxLen {
 		return &argError{path, fmt.Sprintf("longer than %d bytes", f.maxLen)}
+	}
+	if f.guestPath {
+		if err := guestctl.CheckPath("", s); err != nil {
+			return &argError{path, pathProblem(err)}
+		}
 	}
 	if f.enum != nil && !slices.Contains(f.enum, s) {
 		return &argError{path, fmt.Sprintf("%q is not one of %s", truncate(s, 40), strings.Join(f.enum, ", "))}

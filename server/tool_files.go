@@ -30,7 +30,7 @@ func fileReadTool(l Limits) *toolSpec {
 		desc: "Read a regular file in a VM. Text comes back as content, anything else as content_base64; truncated says whether the file was longer than max_bytes. A symlink anywhere in the path is refused unless the policy allows following symlinks; then path is the real path read.",
 		fields: []field{
 			vmField(true),
-			{name: "path", kind: kindString, desc: "Absolute, clean path in the guest (no \".\", \"..\", \"//\" or trailing \"/\").", required: true, maxLen: 4096},
+			{name: "path", kind: kindString, desc: "Absolute, clean path in the guest (no \".\", \"..\", \"//\" or trailing \"/\").", required: true, maxLen: 4096, guestPath: true},
 			{name: "max_bytes", kind: kindInteger, desc: fmt.Sprintf("Read at most this many bytes; the server caps it at %d.", l.MaxOutputBytes), min: 1, max: math.MaxInt64},
 		},
 	}, (*Server).runFileRead)
@@ -42,7 +42,7 @@ func fileWriteTool() *toolSpec {
 		desc: "Create or replace a regular file in a VM. Give exactly one of content (text) or content_base64 (bytes). The last path component is never followed if it is a symlink, nor any other symlink unless the policy allows it; a new file gets mode 0644 (or the policy's default) unless mode is given; setuid, setgid and sticky bits need the policy's leave.",
 		fields: []field{
 			vmField(true),
-			{name: "path", kind: kindString, desc: "Absolute, clean path in the guest (no \".\", \"..\", \"//\" or trailing \"/\").", required: true, maxLen: 4096},
+			{name: "path", kind: kindString, desc: "Absolute, clean path in the guest (no \".\", \"..\", \"//\" or trailing \"/\").", required: true, maxLen: 4096, guestPath: true},
 			{name: "content", kind: kindString, desc: "The new content as text.", allowNUL: true},
 			{name: "content_base64", kind: kindString, desc: "The new content, base64 encoded."},
 			{name: "mode", kind: kindInteger, desc: "Permission bits as a number (420 = 0644). Default: an existing file keeps its mode, a new one gets 0644 or the policy's default.", min: 0, max: 0o7777},
@@ -67,7 +67,7 @@ func (c *call) fileRules() policy.FileRules {
 
 func (s *Server) runFileRead(c *call, a *fileReadArgs) result {
 	if err := guestctl.CheckPath("vm_file_read", a.Path); err != nil {
-		return failure(TagInvalid, pathProblem(err), true)
+		return failure(TagInvalid, "path "+pathProblem(err), true)
 	}
 	h, r := s.guest.helperFor(c)
 	if r != nil {
@@ -115,7 +115,7 @@ func (a *fileWriteArgs) data() ([]byte, error) {
 
 func (s *Server) runFileWrite(c *call, a *fileWriteArgs) result {
 	if err := guestctl.CheckPath("vm_file_write", a.Path); err != nil {
-		return failure(TagInvalid, pathProblem(err), true)
+		return failure(TagInvalid, "path "+pathProblem(err), true)
 	}
 	data, err := a.data()
 	if err != nil {

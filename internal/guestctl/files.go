@@ -38,13 +38,13 @@ func fileTimeout(n int64) time.Duration { return CommandTimeout + time.Duration(
 func CheckPath(op, p string) error {
 	switch {
 	case !strings.HasPrefix(p, "/"):
-		return invalid(op, "path %q must be absolute", p)
+		return invalid(op, "%q is not absolute", p)
 	case strings.IndexByte(p, 0) >= 0:
-		return invalid(op, "path contains NUL")
+		return invalid(op, "contains a NUL byte")
 	case len(p) > 4096:
-		return invalid(op, "path is %d bytes; the limit is 4096", len(p))
+		return invalid(op, "is %d bytes; the limit is 4096", len(p))
 	case path.Clean(p) != p:
-		return invalid(op, "path %q is not clean (want %q): no \".\", \"..\", \"//\" or trailing \"/\"", p, path.Clean(p))
+		return invalid(op, "%q is not clean (want %q): no \".\", \"..\", \"//\" or trailing \"/\"", p, path.Clean(p))
 	}
 	return nil
 }
