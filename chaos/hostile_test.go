@@ -71,7 +71,11 @@ type hostileCase struct {
 	// operator reads it with vmgate approvals and decides, then body is
 	// sent (TestHostileApprovals; TestHostile leaves these cases out).
 	Approve *approveStep `json:"approve"`
-	file    string
+	// Files, when set, makes the case a file case: TestHostileFiles runs
+	// it against filesPolicy over the planted file fixture (TestHostile
+	// leaves these cases out) and checks the guest file it names afterwards.
+	Files *filesCheck `json:"files"`
+	file  string
 }
 
 // approveStep is what an operator is asked to approve, what they must and
@@ -325,7 +329,7 @@ func TestHostile(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, c := range cases {
-			if c.Transport == "stdio" || c.Approve != nil {
+			if c.Transport == "stdio" || c.Approve != nil || c.Files != nil {
 				continue
 			}
 			body := c.body()
@@ -360,7 +364,7 @@ func TestHostile(t *testing.T) {
 	t.Run("stdio", func(t *testing.T) {
 		sc := openStdio(t, s.cfg, "local")
 		for i, c := range cases {
-			if c.Transport == "http" || c.Approve != nil {
+			if c.Transport == "http" || c.Approve != nil || c.Files != nil {
 				continue
 			}
 			body := c.body()
