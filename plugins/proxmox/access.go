@@ -39,9 +39,9 @@ func Privileges(major int) []Privilege {
 	}
 	return append(p,
 		Privilege{Name: "VM.GuestAgent.Audit", Or: []string{"VM.GuestAgent.Unrestricted"}, For: "the guest agent's status"},
-		Privilege{Name: "VM.GuestAgent.Unrestricted", For: "exec (and file writes over 45 KiB or with a mode)"},
-		Privilege{Name: "VM.GuestAgent.FileRead", Or: []string{"VM.GuestAgent.Unrestricted"}, For: "vm_file_read"},
-		Privilege{Name: "VM.GuestAgent.FileWrite", Or: []string{"VM.GuestAgent.Unrestricted"}, For: "vm_file_write"},
+		Privilege{Name: "VM.GuestAgent.Unrestricted", For: "exec, vm_file_read and vm_file_write (both run through vmgate-guest), pushing vmgate-guest"},
+		Privilege{Name: "VM.GuestAgent.FileRead", Or: []string{"VM.GuestAgent.Unrestricted"}, For: "the guest agent's file-read (no tool needs it alone since the file tools run through vmgate-guest)"},
+		Privilege{Name: "VM.GuestAgent.FileWrite", Or: []string{"VM.GuestAgent.Unrestricted"}, For: "the guest agent's file-write (no tool needs it alone since the file tools run through vmgate-guest)"},
 	)
 }
 
