@@ -11,7 +11,8 @@
 //	vmgate-guest metrics [--sample-ms N]
 //	vmgate-guest file stat --path P [--follow-symlinks] [--write]
 //	vmgate-guest file read --path P [--max-bytes N]
-//	vmgate-guest file write --path P --size N [--mode M] [--create-mode M] [--special-bits] < data
+//	vmgate-guest file write --path P --size N [--mode M] [--create-mode M] [--special-bits] [--from STAGED] < data
+//	vmgate-guest file stage
 //
 // Build it static: CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags='-s -w'.
 package main

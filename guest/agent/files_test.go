@@ -296,3 +296,53 @@ func TestFileCommandLine(t *testing.T) {
 		}
 	}
 }
+
+// TestFileStagedWrite: data too large for stdin goes to a staging file of
+// file stage; write --from copies it with the checks of any write and
+// removes it, and takes nothing but a staging file.
+func TestFileStagedWrite(t *testing.T) {
+	ft := newFileTree(t)
+	a := newFileAgent(t)
+	ctx := context.Background()
+	st, err := a.FileStage(ctx)
+	if err != nil || filepath.Dir(st.Path) != a.xferDir() {
+		t.Fatalf("FileStage = %+v, %v; want a file in %s", st, err, a.xferDir())
+	}
+	if fi, err := os.Stat(a.xferDir()); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("staging directory: %v, %v; want mode 0700", fi, err)
+	}
+	data := bytes.Repeat([]byte("staged "), 20000)
+	if err := os.WriteFile(st.Path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	dest := filepath.Join(ft.ok, "staged")
+	args := []string{"file", "write", "--path", dest, "--size", "140000", "--from", st.Path}
+	if code := a.Main(ctx, args, strings.NewReader(""), &out); code != 0 {
+		t.Fatalf("file write --from: exit %d, %s", code, out.Bytes())
+	}
+	if got, err := os.ReadFile(dest); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("destination holds %d bytes, %v; want the staged %d", len(got), err, len(data))
+	}
+	if _, err := os.Lstat(st.Path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("staging file after the write: %v; want it removed", err)
+	}
+	// Staged data over a symlink is refused like any write, and the staging file still goes.
+	st2, _ := a.FileStage(ctx)
+	os.WriteFile(st2.Path, []byte("pwned"), 0o600)
+	out.Reset()
+	if code := a.Main(ctx, []string{"file", "write", "--path", filepath.Join(ft.ok, "link"), "--size", "5", "--from", st2.Path}, strings.NewReader(""), &out); code != 1 || !strings.Contains(out.String(), wire.ReasonSymlink) {
+		t.Errorf("staged write over a symlink: exit %d, %s; want a symlink refusal", code, out.Bytes())
+	}
+	ft.secretIntact(t)
+	if _, err := os.Lstat(st2.Path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("staging file after a refused write: %v; want it removed", err)
+	}
+	for _, from := range []string{ft.secret, filepath.Join(a.xferDir(), "x-notastagingname"), a.xferDir() + "/../xfer/x-00000000000000000000000000000000"} {
+		out.Reset()
+		if code := a.Main(ctx, []string{"file", "write", "--path", filepath.Join(ft.ok, "y"), "--size", "10", "--from", from}, strings.NewReader(""), &out); code != 1 || !strings.Contains(out.String(), "not a staging file") {
+			t.Errorf("write --from %s: exit %d, %s; want it refused as not a staging file", from, code, out.Bytes())
+		}
+	}
+	ft.secretIntact(t)
+}

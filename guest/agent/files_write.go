@@ -170,6 +170,7 @@ func (a *Agent) fileCommand(ctx context.Context, args []string, stdin io.Reader)
 		createMode := fs.Uint("create-mode", 0o644, "permission bits of a new file without --mode (decimal)")
 		fs.BoolVar(&o.SpecialBits, "special-bits", false, "allow setuid, setgid and sticky bits")
 		fs.Int64Var(&o.Size, "size", -1, "the exact number of bytes on stdin")
+		from := fs.String("from", "", "a staging file of file stage to take the data from, instead of stdin")
 		if err := parseFlags(fs, rest); err != nil {
 			return nil, err
 		}
@@ -177,7 +178,20 @@ func (a *Agent) fileCommand(ctx context.Context, args []string, stdin io.Reader)
 			return nil, invalidf("file write: --create-mode %d / --size %d out of range", *createMode, o.Size)
 		}
 		o.CreateMode = uint32(*createMode)
+		if *from != "" {
+			f, err := a.openStaged("file write", *from, o.Size)
+			if err != nil {
+				return nil, err
+			}
+			defer f.Close()
+			stdin = f
+		}
 		return a.FileWrite(ctx, *path, o, stdin)
+	case "stage":
+		if err := parseFlags(fs, rest); err != nil {
+			return nil, err
+		}
+		return a.FileStage(ctx)
 	}
 	return nil, invalidf("unknown file command %q", fmt.Sprint(sub))
 }

@@ -2,7 +2,9 @@ package guestctl
 
 import (
 	"context"
+	"fmt"
 	"path"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -107,7 +109,39 @@ func (h *Helper) FileWrite(ctx context.Context, vm, p string, data []byte, o Wri
 	if o.SpecialBits {
 		args = append(args, "--special-bits")
 	}
+	if len(data) > StdinMax {
+		return h.fileWriteStaged(ctx, vm, args, data)
+	}
 	var out FileWritten
 	err := h.call(ctx, vm, "file write", args, data, fileTimeout(int64(len(data))), 1<<16, &out)
 	return out, err
 }
+
+// StdinMax is the most data FileWrite sends as the command's stdin; more
+// goes through the driver's file channel into a staging file of the
+// helper's (Proxmox relays at most 64 KiB of stdin, and the file channel
+// moves large data in chunks).
+const StdinMax = 48 << 10
+
+// fileWriteStaged writes data to a staging file vmgate-guest made (its
+// own private directory, not the agent's path), then has it copied to the
+// destination with every check of a write.
+func (h *Helper) fileWriteStaged(ctx context.Context, vm string, args []string, data []byte) (FileWritten, error) {
+	var st FileInfo
+	if err := h.call(ctx, vm, "file stage", []string{"file", "stage"}, nil, 0, 1<<16, &st); err != nil {
+		return FileWritten{}, err
+	}
+	if !stagePath.MatchString(st.Path) {
+		return FileWritten{}, &ReplyError{Op: "file stage", Cause: fmt.Errorf("staging path %q is not one of vmgate-guest's", st.Path)}
+	}
+	if err := h.d.FileWrite(ctx, vm, st.Path, data, 0o600); err != nil {
+		_ = h.mustRun(context.WithoutCancel(ctx), vm, "file stage", []string{"rm", "-f", st.Path})
+		return FileWritten{}, fmt.Errorf("helper: file write: staging %d bytes: %w", len(data), err)
+	}
+	var out FileWritten
+	err := h.call(ctx, vm, "file write", append(args, "--from", st.Path), nil, fileTimeout(int64(len(data))), 1<<16, &out)
+	return out, err
+}
+
+// stagePath is what file stage answers: <root>/xfer/x-<32 hex digits>.
+var stagePath = regexp.MustCompile(`^/[^\x00]*/xfer/x-[0-9a-f]{32}$`)
