@@ -86,7 +86,7 @@ func (a *Agent) removeStale() {
 // openStaged opens a staging file file stage made, for reading, and removes
 // its name (the open descriptor keeps the data).
 func (a *Agent) openStaged(op, p string, size int64) (*os.File, error) {
-	if filepath.Dir(p) != a.xferDir() || !stageName.MatchString(filepath.Base(p)) {
+	if filepath.Clean(p) != p || filepath.Dir(p) != a.xferDir() || !stageName.MatchString(filepath.Base(p)) {
 		return nil, invalidf("%s: --from %q is not a staging file of file stage", op, p)
 	}
 	if err := a.checkXferDir(op); err != nil {
