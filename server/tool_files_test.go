@@ -1,12 +1,14 @@
 package server
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/guestctl"
 )
 
 // guestFiles answers vmgate-guest's file commands for a guest with
@@ -127,4 +129,29 @@ func TestFileToolsWithoutHelperFailClosed(t *testing.T) {
 
 func fmtPolicy(doc, read, write string) string {
 	return strings.Replace(strings.Replace(doc, "%s", read, 1), "%s", write, 1)
+}
+
+// TestFollowedPathNeedsItsOwnApproval: an approval is for the path as the
+// operator saw it; when it leads through a symlink elsewhere, the call is
+// refused and names the real path to ask for.
+func TestFollowedPathNeedsItsOwnApproval(t *testing.T) {
+	f := newSessFixture(t, haveBins(), `{"version":"1","default":"deny","tools":{
+	  "vm_file_read":{"action":"approve","files":{"follow_symlinks":true}}}}`)
+	f.guest.file = guestFiles
+	args := `{"vm":"lab/vm1","path":"/tmp/inside"}`
+	r := f.as(t, "alice", "vm_file_read", args)
+	id, _ := r.Result.StructuredContent["approval_id"].(string)
+	if !hasTag(r, TagApproval) || id == "" {
+		t.Fatalf("first call = %q; want %s with an approval id", r.text(), TagApproval)
+	}
+	if _, err := f.s.Approvals().Grant(context.Background(), id, "alice", "ok"); err != nil {
+		t.Fatal(err)
+	}
+	r = f.as(t, "alice", "vm_file_read", args)
+	if !hasTag(r, TagDenied) || !strings.Contains(r.text(), `needs an approval of its own: call again with path "/tmp/ok"`) {
+		t.Errorf("approved call through a symlink = %q; want %s naming /tmp/ok", r.text(), TagDenied)
+	}
+	if n := f.guest.count(guestctl.GuestPath, "file", "read"); n != 0 {
+		t.Errorf("the guest read %d times; want none", n)
+	}
 }
