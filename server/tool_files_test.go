@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -34,7 +35,11 @@ func guestFiles(argv []string, stdin []byte) hypervisor.ExecResult {
 		if _, ok := links[p]; ok {
 			return replyErr(wire.CodeRefused, wire.ReasonSymlink, "file read: refused: "+p+" is a symlink (to \""+links[p]+"\"), its last component of "+p)
 		}
-		return reply(wire.FileRead{FileInfo: wire.FileInfo{Path: p, Exists: true, Type: "file", Mode: 0o644, Size: 7}, Data: []byte("content")})
+		n, _ := strconv.Atoi(flag(argv, "--max-bytes"))
+		data := "content"[:min(n, 7)]
+		r := reply(wire.FileRead{FileInfo: wire.FileInfo{Path: p, Exists: true, Type: "file", Mode: 0o644, Size: 7}, Bytes: int64(len(data)), Truncated: n < 7})
+		r.Stdout = append(append(r.Stdout, '\n'), data...) // --raw: the data after the reply's line
+		return r
 	case "write":
 		if _, ok := links[p]; ok {
 			return replyErr(wire.CodeRefused, wire.ReasonSymlink, "file write: refused: "+p+" is a symlink")
@@ -55,13 +60,13 @@ func TestFileToolsResolveInTheGuest(t *testing.T) {
 		argv                     []string // the last file command the guest ran ("" none)
 	}{
 		{"symlink to a root file refused", fmtPolicy(tmpOnly, "", ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/link"}`,
-			TagDenied, "/tmp/link is a symlink", []string{"file", "read", "--path", "/tmp/link", "--max-bytes", "1048576"}},
+			TagDenied, "/tmp/link is a symlink", []string{"file", "read", "--path", "/tmp/link", "--max-bytes", "1048576", "--raw"}},
 		{"followed symlink re-decided on the real path", fmtPolicy(tmpOnly, follow, ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/link"}`,
 			TagDenied, "leads through symlinks to /root/secret, which the policy does not allow", []string{"file", "stat", "--path", "/tmp/link", "--follow-symlinks"}},
 		{"followed symlink inside the rules", fmtPolicy(tmpOnly, follow, ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/inside"}`,
-			"", "content", []string{"file", "read", "--path", "/tmp/ok", "--max-bytes", "1048576"}},
+			"", "content", []string{"file", "read", "--path", "/tmp/ok", "--max-bytes", "1048576", "--raw"}},
 		{"plain read", fmtPolicy(tmpOnly, "", ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/ok","max_bytes":5}`,
-			"", "content", []string{"file", "read", "--path", "/tmp/ok", "--max-bytes", "5"}},
+			"", "conte\n(truncated)", []string{"file", "read", "--path", "/tmp/ok", "--max-bytes", "5", "--raw"}},
 		{"dotdot", fmtPolicy(tmpOnly, "", ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/x/../../root/secret"}`,
 			TagInvalid, `"/tmp/x/../../root/secret" is not clean (want "/root/secret")`, nil}, // before the policy sees it
 		{"dotdot inside the glob", `{"version":"1","default":"allow"}`, "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/link/../secret"}`,

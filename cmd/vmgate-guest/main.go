@@ -10,7 +10,7 @@
 //	vmgate-guest session list | destroy --id ID | reap
 //	vmgate-guest metrics [--sample-ms N]
 //	vmgate-guest file stat --path P [--follow-symlinks] [--write]
-//	vmgate-guest file read --path P [--max-bytes N]
+//	vmgate-guest file read --path P [--max-bytes N] [--raw]
 //	vmgate-guest file write --path P --size N [--mode M] [--create-mode M] [--special-bits] [--from STAGED] < data
 //	vmgate-guest file stage
 //

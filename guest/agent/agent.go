@@ -121,8 +121,15 @@ func VersionInfo() wire.Version {
 	return wire.Version{Version: v, GOOS: runtime.GOOS, GOARCH: runtime.GOARCH}
 }
 
+// rawData is a result whose bytes follow the JSON reply's line on stdout
+// as they are (file read --raw), instead of base64 inside it.
+type rawData struct {
+	reply any
+	data  []byte
+}
+
 // Main runs one command line (without the program name) and writes one
-// wire.Reply to stdout. It returns the process exit status: 0 ok, 1 when
+// wire.Reply to stdout (for file read --raw, followed by the data). It returns the process exit status: 0 ok, 1 when
 // the reply is an error, 2 when the reply could not be written.
 func (a *Agent) Main(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) int {
 	res, err := a.dispatch(ctx, args, stdin)
@@ -136,8 +143,16 @@ func (a *Agent) Main(ctx context.Context, args []string, stdin io.Reader, stdout
 		}
 		reply.Result, reply.Error = nil, we
 	}
+	var tail []byte
+	if raw, ok := res.(rawData); ok && err == nil {
+		reply.Result, tail = raw.reply, raw.data
+	}
 	if werr := json.NewEncoder(stdout).Encode(reply); werr != nil {
 		a.cfg.Logger.Error("writing reply", "err", werr)
+		return 2
+	}
+	if _, werr := stdout.Write(tail); werr != nil {
+		a.cfg.Logger.Error("writing reply data", "err", werr)
 		return 2
 	}
 	if err != nil {

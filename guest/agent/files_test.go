@@ -284,6 +284,17 @@ func TestFileCommandLine(t *testing.T) {
 	if code != 0 || json.Unmarshal(out.Bytes(), &r) != nil || !bytes.Equal(r.Result.Data, data) || r.Result.Truncated {
 		t.Fatalf("file read: exit %d, %d bytes back, truncated %v; want the data whole", code, len(r.Result.Data), r.Result.Truncated)
 	}
+	// --raw: the reply's line, then the data as it is.
+	out.Reset()
+	code = a.Main(context.Background(), []string{"file", "read", "--path", p, "--max-bytes", "1000000", "--raw"}, strings.NewReader(""), &out)
+	line, rest, _ := bytes.Cut(out.Bytes(), []byte("\n"))
+	var rr struct {
+		OK     bool          `json:"ok"`
+		Result wire.FileRead `json:"result"`
+	}
+	if code != 0 || json.Unmarshal(line, &rr) != nil || !rr.OK || rr.Result.Bytes != 1000000 || !rr.Result.Truncated || len(rr.Result.Data) != 0 || !bytes.Equal(rest, data[:1000000]) {
+		t.Fatalf("file read --raw: exit %d, reply %s, %d bytes after it; want 1000000 bytes of the data, truncated", code, line, len(rest))
+	}
 	for _, args := range [][]string{
 		{"file", "write", "--path", p},                    // no --size
 		{"file", "read", "--path", p, "--max-bytes", "0"}, // out of range

@@ -160,10 +160,17 @@ func (a *Agent) fileCommand(ctx context.Context, args []string, stdin io.Reader)
 		return a.FileStat(ctx, *path, *follow, *forWrite)
 	case "read":
 		maxBytes := fs.Int64("max-bytes", 1<<20, "read at most this many bytes")
+		raw := fs.Bool("raw", false, "the data after the reply's line, as it is, not base64 in it")
 		if err := parseFlags(fs, rest); err != nil {
 			return nil, err
 		}
-		return a.FileRead(ctx, *path, *maxBytes)
+		fr, err := a.FileRead(ctx, *path, *maxBytes)
+		if err != nil || !*raw {
+			return fr, err
+		}
+		data := fr.Data
+		fr.Data = nil
+		return rawData{reply: wire.FileRead{FileInfo: fr.FileInfo, Truncated: fr.Truncated, Bytes: int64(len(data))}, data: data}, nil
 	case "write":
 		var o FileWriteOptions
 		fs.Int64Var(&o.Mode, "mode", -1, "permission bits (decimal); -1 keeps an existing file's")

@@ -1,6 +1,7 @@
 package guestctl
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"path"
@@ -79,10 +80,23 @@ func (h *Helper) FileRead(ctx context.Context, vm, p string, maxBytes int64) (Fi
 	if maxBytes < 1 || maxBytes > wire.MaxFileReadBytes {
 		return FileRead{}, invalid("file read", "max_bytes %d out of range 1..%d", maxBytes, wire.MaxFileReadBytes)
 	}
-	args := []string{"file", "read", "--path", p, "--max-bytes", strconv.FormatInt(maxBytes, 10)}
+	args := []string{"file", "read", "--path", p, "--max-bytes", strconv.FormatInt(maxBytes, 10), "--raw"}
+	res, err := h.run(ctx, vm, "file read", args, nil, fileTimeout(maxBytes), maxBytes+1<<20)
+	if err != nil {
+		return FileRead{}, err
+	}
+	// The reply's line, then (on success) exactly Bytes bytes of data.
+	line, data, _ := bytes.Cut(res.Stdout, []byte("\n"))
 	var out FileRead
-	err := h.call(ctx, vm, "file read", args, nil, fileTimeout(maxBytes), replyCap(maxBytes), &out)
-	return out, err
+	if err := decodeReply("file read", res, line, &out); err != nil {
+		return FileRead{}, err
+	}
+	if int64(len(data)) != out.Bytes || out.Bytes > maxBytes || len(out.Data) != 0 {
+		return FileRead{}, &ReplyError{Op: "file read", ExitCode: res.ExitCode, Stdout: line, Stderr: res.Stderr,
+			Cause: fmt.Errorf("%d bytes of data after the reply, which says %d (at most %d asked)", len(data), out.Bytes, maxBytes)}
+	}
+	out.Data, out.Bytes = data, 0
+	return out, nil
 }
 
 // FileWrite creates or replaces the file p names with data, following no

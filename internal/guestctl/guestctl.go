@@ -299,8 +299,17 @@ func (h *Helper) mustRun(ctx context.Context, vm, op string, argv []string) erro
 // reply's result into out. An exec failure drops the cached check; when the
 // re-check pushed a new helper the call is tried once more.
 func (h *Helper) call(ctx context.Context, vm, op string, args []string, stdin []byte, timeout time.Duration, maxOut int64, out any) error {
-	if err := h.Ensure(ctx, vm); err != nil {
+	res, err := h.run(ctx, vm, op, args, stdin, timeout, maxOut)
+	if err != nil {
 		return err
+	}
+	return decodeReply(op, res, res.Stdout, out)
+}
+
+// run ensures the helper and runs it with args (and stdin).
+func (h *Helper) run(ctx context.Context, vm, op string, args []string, stdin []byte, timeout time.Duration, maxOut int64) (hypervisor.ExecResult, error) {
+	if err := h.Ensure(ctx, vm); err != nil {
+		return hypervisor.ExecResult{}, err
 	}
 	req := hypervisor.ExecRequest{Argv: append([]string{GuestPath}, args...), Stdin: stdin, Timeout: timeout, MaxOutputBytes: maxOut}
 	res, err := h.exec(ctx, vm, req)
@@ -308,33 +317,38 @@ func (h *Helper) call(ctx context.Context, vm, op string, args []string, stdin [
 		h.Forget(vm)
 		pushed, eerr := h.ensure(ctx, vm)
 		if eerr != nil {
-			return fmt.Errorf("helper: %s: %w (and re-checking the helper: %w)", op, err, eerr)
+			return res, fmt.Errorf("helper: %s: %w (and re-checking the helper: %w)", op, err, eerr)
 		}
 		if pushed {
 			res, err = h.exec(ctx, vm, req)
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("helper: %s: %w", op, err)
+		return res, fmt.Errorf("helper: %s: %w", op, err)
 	}
-	var reply struct {
+	if res.StdoutTruncated {
+		return res, &ReplyError{Op: op, ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Cause: errors.New("reply truncated")}
+	}
+	return res, nil
+}
+
+// decodeReply decodes reply, vmgate-guest's JSON reply in res, into out.
+func decodeReply(op string, res hypervisor.ExecResult, reply []byte, out any) error {
+	var r struct {
 		OK     bool            `json:"ok"`
 		Result json.RawMessage `json:"result"`
 		Error  *wire.Error     `json:"error"`
 	}
-	if err := json.Unmarshal(res.Stdout, &reply); err != nil {
+	if err := json.Unmarshal(reply, &r); err != nil {
 		return &ReplyError{Op: op, ExitCode: res.ExitCode, Signal: res.Signal, Stdout: res.Stdout, Stderr: res.Stderr, Cause: err}
 	}
-	if res.StdoutTruncated {
-		return &ReplyError{Op: op, ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Cause: errors.New("reply truncated")}
-	}
-	if !reply.OK {
-		if reply.Error == nil {
+	if !r.OK {
+		if r.Error == nil {
 			return &ReplyError{Op: op, ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Cause: errors.New("ok false without error")}
 		}
-		return &Error{Op: op, Code: reply.Error.Code, Reason: reply.Error.Reason, Message: reply.Error.Message}
+		return &Error{Op: op, Code: r.Error.Code, Reason: r.Error.Reason, Message: r.Error.Message}
 	}
-	if err := json.Unmarshal(reply.Result, out); err != nil {
+	if err := json.Unmarshal(r.Result, out); err != nil {
 		return &ReplyError{Op: op, ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Cause: err}
 	}
 	return nil

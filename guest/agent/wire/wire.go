@@ -299,8 +299,11 @@ type FileInfo struct {
 // FileRead is the reply of file read: at most the bytes asked for.
 type FileRead struct {
 	FileInfo
-	Data      []byte `json:"data"`
+	Data      []byte `json:"data,omitempty"`
 	Truncated bool   `json:"truncated"`
+	// Bytes is the length of the data that follows the reply's line on
+	// stdout (file read --raw), where Data is empty.
+	Bytes int64 `json:"bytes,omitempty"`
 }
 
 // FileWritten is the reply of file write.
