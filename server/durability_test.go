@@ -36,11 +36,17 @@ func TestDecisionDurabilityByToolClass(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls atomic.Int64
+	// The file tools run through vmgate-guest: its commands are the fake guest's.
+	d, g := countingFake(&calls), newFakeGuest()
+	g.file = guestFiles
+	gd := g.driver()
+	d.ExecStartFunc, d.ExecStatusFunc, d.FileWriteFunc = gd.ExecStartFunc, gd.ExecStatusFunc, gd.FileWriteFunc
 	s, err := New(Config{
 		Grants:   []Grant{{Name: "local", Policy: eng}},
-		Backends: []Backend{{Name: "lab", Driver: countingFake(&calls)}},
+		Backends: []Backend{{Name: "lab", Driver: d}},
 		Store:    memory.New(), Audit: log,
-		Logger: slog.New(slog.DiscardHandler),
+		Logger:        slog.New(slog.DiscardHandler),
+		GuestBinaries: haveBins(),
 	})
 	if err != nil {
 		t.Fatal(err)
