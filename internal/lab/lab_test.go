@@ -1,10 +1,12 @@
 package lab_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -243,19 +245,26 @@ func TestStopLeavesNoProcess(t *testing.T) {
 }
 
 // sendNoReply writes a guest-agent command that has no reply
-// (guest-shutdown) and returns the connection: the caller closes it once
-// what the command does has been seen, so QEMU never sees the hang-up first.
-func sendNoReply(t *testing.T, vm *lab.VM, msg string) net.Conn {
+// (guest-shutdown) followed by a guest-ping on the same connection, and
+// hangs up once the ping is answered (or the agent went away first): the
+// agent handles commands in order, so the first one has then been taken.
+// (The socket serves one client at a time, so the connection cannot stay
+// open while the test waits.)
+func sendNoReply(t *testing.T, vm *lab.VM, msg string) {
 	t.Helper()
 	c, err := net.Dial("unix", vm.QGASocket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Write([]byte(msg)); err != nil {
-		c.Close()
+	defer c.Close()
+	if _, err := c.Write([]byte(msg + `{"execute":"guest-ping"}` + "\n")); err != nil {
 		t.Fatal(err)
 	}
-	return c
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		t.Fatalf("guest-ping after %s: %q, %v", msg, line, err)
+	}
 }
 
 // bootID is the guest kernel's boot id, new on every boot.
@@ -279,7 +288,7 @@ func TestGuestShutdown(t *testing.T) {
 	}
 
 	// Reboot: the same QEMU process boots the guest again, with a new boot id.
-	conn := sendNoReply(t, vm, `{"execute":"guest-shutdown","arguments":{"mode":"reboot"}}`)
+	sendNoReply(t, vm, `{"execute":"guest-shutdown","arguments":{"mode":"reboot"}}`)
 	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
 		select {
 		case <-vm.Done():
@@ -288,18 +297,19 @@ func TestGuestShutdown(t *testing.T) {
 			t.Fatalf("the guest did not come back with a new boot id (was %s)", before)
 		case <-time.After(delay):
 		}
-		if err := vm.Ping(ctx); err != nil {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second) // an agent going down may never answer
+		err := vm.Ping(pctx)
+		cancel()
+		if err != nil {
 			continue // rebooting: the agent is not back yet
 		}
 		if id, err := bootID(t, vm); err == nil && id != before {
 			break
 		}
 	}
-	conn.Close()
 
 	// Power off: QEMU exits.
-	conn = sendNoReply(t, vm, `{"execute":"guest-shutdown"}`)
-	defer conn.Close()
+	sendNoReply(t, vm, `{"execute":"guest-shutdown"}`)
 	select {
 	case <-vm.Done():
 	case <-ctx.Done():
