@@ -41,7 +41,12 @@ type field struct {
 	// guestPath: a string that must be an absolute, clean path, so the
 	// policy's path rules see the path the guest opens (tool_files.go).
 	guestPath bool
-	fields    []field
+	// allowEmpty: a string array may be empty (a list of extra paths).
+	allowEmpty bool
+	// valid, when set, checks each string (of a string or an array of
+	// them) beyond maxLen and enum: a sandbox path must be absolute and clean.
+	valid  func(s string) error
+	fields []field
 }
 
 // toolSpec is one tool of the catalogue.
@@ -183,7 +188,10 @@ func (f field) schema() map[string]any {
 	case kindBoolean:
 		s = map[string]any{"type": "boolean"}
 	case kindStringArray:
-		s = map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "minItems": 1}
+		s = map[string]any{"type": "array", "items": map[string]any{"type": "string"}}
+		if !f.allowEmpty {
+			s["minItems"] = 1
+		}
 		if f.maxLen > 0 {
 			s["maxItems"] = f.maxLen
 		}
@@ -314,7 +322,7 @@ func (f *field) check(v any, path string) (any, error) {
 		if !ok {
 			return nil, &argError{path, "want an array of strings, got " + jsonType(v)}
 		}
-		if len(a) == 0 {
+		if len(a) == 0 && !f.allowEmpty {
 			return nil, &argError{path, "must not be empty"}
 		}
 		if f.maxLen > 0 && len(a) > f.maxLen {
@@ -343,6 +351,9 @@ func (f *field) check(v any, path string) (any, error) {
 		for k, e := range m {
 			if !envName(k) {
 				return nil, &argError{path + "." + k, "not a valid environment variable name"}
+			}
+			if reservedEnv(k) {
+				return nil, &argError{path + "." + k, "VMGATE_* variables are reserved: vmgate sets them itself (a session's membership), so a call may not name one; leave it out"}
 			}
 			s, ok := e.(string)
 			if !ok {
@@ -378,6 +389,11 @@ func (f *field) checkString(s, path string) error {
 	if f.enum != nil && !slices.Contains(f.enum, s) {
 		return &argError{path, fmt.Sprintf("%q is not one of %s", truncate(s, 40), strings.Join(f.enum, ", "))}
 	}
+	if f.valid != nil {
+		if err := f.valid(s); err != nil {
+			return &argError{path, err.Error()}
+		}
+	}
 	return nil
 }
 
@@ -410,6 +426,16 @@ func envName(k string) bool {
 	}
 	return true
 }
+
+// reservedEnv reports whether k is a VMGATE_* name, in any case: vmgate
+// sets these itself (VMGATE_SESSION proves a session's membership where
+// there is no cgroup), so no call may set one, on any exec road. The case
+// is ignored so that no spelling of the prefix reaches a guest.
+func reservedEnv(k string) bool {
+	return len(k) >= len(reservedEnvPrefix) && strings.EqualFold(k[:len(reservedEnvPrefix)], reservedEnvPrefix)
+}
+
+const reservedEnvPrefix = "VMGATE_"
 
 func jsonType(v any) string {
 	switch v.(type) {

@@ -83,6 +83,9 @@ type call struct {
 	driver    hypervisor.Driver
 	argMap    map[string]any    // the validated arguments, as the policy saw them
 	files     *policy.FileRules // the decision's, for the file tools (tool_files.go)
+	// sandbox is the policy's sandbox for a create_session call
+	// (policy.Decision.Sandbox); nil for every other tool.
+	sandbox *policy.Sandbox
 }
 
 // ticket is the gate's single-use permission for one call. Only the gate
@@ -312,6 +315,7 @@ func (g *gating) decide() (verdict, bool) {
 	name := g.spec.name
 	d := eng.Decide(policy.Call{Grant: g.conn.grant.Name, Transport: g.conn.transport, Tool: name, VM: g.call.vm, Session: session, Args: g.args})
 	g.decision = d
+	g.call.sandbox = d.Sandbox
 	g.rec.Rule, g.rec.Reason, g.rec.Shadow = d.Rule, d.Reason, d.Shadow
 	if hasRoundTrip(g.params) && !isClientChannel(d) {
 		return g.invalid("requestState and inputResponses answer a client approval, and this call asks for none")

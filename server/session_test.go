@@ -61,6 +61,7 @@ type fakeGuest struct {
 	file     func(argv []string, stdin []byte) hypervisor.ExecResult // vmgate-guest file …
 	reaped   []string                                                // what the next reap of reapVM destroys
 	reapVM   string
+	lacks    []wire.Feature // what the fake kernel lacks (session create refuses a sandbox requiring one)
 }
 
 func newFakeGuest() *fakeGuest {
@@ -139,6 +140,21 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		ttl, _ := strconv.ParseInt(flag(a, "--ttl-s"), 10, 64)
 		mem, _ := strconv.ParseInt(flag(a, "--memory-mb"), 10, 64)
 		s := wire.Session{ID: id, Workdir: "/var/lib/vmgate/sessions/" + id, Tracking: wire.TrackCgroup, TTLS: ttl, Limits: wire.Limits{MemoryMB: mem}}
+		if raw := flag(a, "--sandbox"); raw != "" {
+			var sb wire.Sandbox
+			if err := json.Unmarshal([]byte(raw), &sb); err != nil {
+				return replyErr(wire.CodeInvalid, "", "sandbox: "+err.Error())
+			}
+			for _, f := range g.lacks {
+				if !sb.Allows(f) {
+					return replyErr(wire.CodeRefused, wire.ReasonSandboxUnavailable,
+						"this guest lacks what the sandbox requires: "+string(f)+" (not in this kernel); list the feature in best_effort to go without it")
+				}
+			}
+			sb = sb.Normalized()
+			s.Sandbox = &sb
+			s.Enforced = fakeEnforced(id, sb)
+		}
 		g.sessions[id] = s
 		return reply(s)
 	case "session destroy":

@@ -34,7 +34,7 @@ func execTool(l Limits) *toolSpec {
 			{name: "command", kind: kindStringArray, desc: "Program and arguments, e.g. [\"ls\", \"-l\", \"/tmp\"]. No shell is involved.", maxLen: 4096},
 			{name: "shell", kind: kindString, desc: "A shell command line, run as /bin/sh -c SHELL.", maxLen: 1 << 16},
 			{name: "stdin", kind: kindString, desc: "Text written to the command's standard input, which is then closed.", allowNUL: true},
-			{name: "env", kind: kindStringMap, desc: "Environment variables to add, name → value.", maxLen: 256},
+			{name: "env", kind: kindStringMap, desc: "Environment variables to add, name → value. VMGATE_* names are reserved.", maxLen: 256},
 			{name: "cwd", kind: kindString, desc: "Absolute working directory in the guest.", maxLen: 4096},
 			sessionField(),
 			{name: "timeout_s", kind: kindInteger, desc: fmt.Sprintf("Seconds before the command is killed (default %d).", l.DefaultTimeoutS), min: 1, max: l.MaxTimeoutS},
@@ -94,9 +94,6 @@ func (a *execArgs) invalid() string {
 	}
 	if a.Cwd != nil && !strings.HasPrefix(*a.Cwd, "/") {
 		return "cwd must be an absolute path"
-	}
-	if _, ok := a.Env["VMGATE_SESSION"]; ok && a.Session != nil {
-		return "env: VMGATE_SESSION is set by vmgate"
 	}
 	return ""
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/guestctl"
+	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/store"
 )
 
@@ -30,7 +32,9 @@ func createSessionTool() *toolSpec {
 	return newTool(toolSpec{
 		name: "create_session", title: "Create a session",
 		desc: "Create a session in a VM: a work directory whose processes are tracked together and can be limited " +
-			"and destroyed as one. vmgate installs its vmgate-guest helper in the VM on first use.",
+			"and destroyed as one. Its processes are confined (sandbox): by default an unprivileged user of their own, " +
+			"writes only in the session's directories, no network; the policy sets the loosest sandbox a call may ask for. " +
+			"The result says what this guest enforces. vmgate installs its vmgate-guest helper in the VM on first use.",
 		fields: []field{
 			vmField(true),
 			{name: "ttl_s", kind: kindInteger, desc: "Seconds until the session is destroyed.", min: 1, max: 7 * 86400},
@@ -40,6 +44,7 @@ func createSessionTool() *toolSpec {
 				{name: "pids", kind: kindInteger, desc: "Cap on the number of processes.", min: 1, max: MaxPID},
 				{name: "cpu_percent", kind: kindInteger, desc: "CPU cap in percent of one CPU.", min: 1, max: 100000},
 			}},
+			sandboxField(),
 		},
 	}, (*Server).runCreateSession)
 }
@@ -60,6 +65,31 @@ func destroySessionTool() *toolSpec {
 	}, (*Server).runDestroySession)
 }
 
+// sandboxField is create_session's sandbox argument. Only its shape is
+// checked here (known fields, modes, absolute clean paths, at most
+// wire.MaxSandboxPaths of them); whether it is within the policy's is the
+// policy's decision (policy/sandbox.go), and whether a path is a symlink
+// the guest's (it refuses one).
+func sandboxField() field {
+	paths := func(name, desc string) field {
+		return field{name: name, kind: kindStringArray, desc: desc, maxLen: wire.MaxSandboxPaths, allowEmpty: true, valid: wire.ValidateSandboxPath}
+	}
+	return field{name: "sandbox", kind: kindObject,
+		desc: "How the session's processes are confined; a field left out gets the loosest value the policy allows. " +
+			"Asking for more than the policy allows is denied, naming what was too loose.",
+		fields: []field{
+			{name: "net", kind: kindString, enum: []string{"none", "loopback", "host"},
+				desc: "none: a network namespace with only its own loopback; loopback is enforced as none (a stock kernel cannot share the guest's loopback alone); host: the guest's network."},
+			{name: "user", kind: kindString, enum: []string{"session", "root"},
+				desc: "session: an unprivileged uid and gid of the session's own, no capabilities; root: root, unconfined by uid."},
+			{name: "fs", kind: kindObject, desc: "Extra paths beyond the system directories (read) and the session's own directories (write).",
+				fields: []field{
+					paths("read", "Absolute paths the session may also read and execute (no symlinks)."),
+					paths("write", "Absolute paths the session may also write (no symlinks)."),
+				}},
+		}}
+}
+
 // createSessionArgs are create_session's arguments; 0 is "not given".
 type createSessionArgs struct {
 	TTLS   int64 `arg:"ttl_s"`
@@ -69,6 +99,16 @@ type createSessionArgs struct {
 		Pids       int64 `arg:"pids"`
 		CPUPercent int64 `arg:"cpu_percent"`
 	} `arg:"limits"`
+	// Sandbox is what the call asked for; the handler runs the policy's
+	// answer to it (call.sandbox), never this.
+	Sandbox *struct {
+		Net  *string `arg:"net"`
+		User *string `arg:"user"`
+		FS   *struct {
+			Read  []string `arg:"read"`
+			Write []string `arg:"write"`
+		} `arg:"fs"`
+	} `arg:"sandbox"`
 }
 
 // destroySessionArgs are destroy_session's arguments.
@@ -163,6 +203,10 @@ func (s *Server) runCreateSession(c *call, a *createSessionArgs) result {
 	if err := wl.Validate(); err != nil {
 		return failure(TagInvalid, "limits: "+err.Error(), true)
 	}
+	sb, r := wireSandbox(c.sandbox)
+	if r != nil {
+		return *r
+	}
 	sess := store.Session{
 		ID: guestctl.NewSessionID(), Grant: c.grant.Name, VM: c.vm, Created: s.now(),
 		TTL: time.Duration(ttl) * time.Second, Idle: time.Duration(idle) * time.Second, Limits: limits,
@@ -171,23 +215,119 @@ func (s *Server) runCreateSession(c *call, a *createSessionArgs) result {
 	if err := g.sessions.CreateSession(c.ctx, sess); err != nil {
 		return storeFailure(err)
 	}
-	gs, err := h.SessionCreate(c.ctx, c.name, guestctl.SessionCreate{ID: sess.ID, TTLS: ttl, Limits: wl})
+	gs, err := h.SessionCreate(c.ctx, c.name, guestctl.SessionCreate{ID: sess.ID, TTLS: ttl, Limits: wl, Sandbox: sb})
 	if err != nil {
-		if _, derr := g.sessions.DeleteSession(context.WithoutCancel(c.ctx), sess.ID, s.now()); derr != nil {
-			s.log.Error("server: forget a session the guest did not create", "session", sess.ID, "err", derr)
-		}
-		if !errors.Is(err, guestctl.ErrRefused) && !errors.Is(err, hypervisor.ErrInvalidArgument) {
-			// The guest may have made part of it: clean up what is there.
-			if _, derr := h.SessionDestroy(context.WithoutCancel(c.ctx), c.name, sess.ID); derr != nil {
-				s.log.Warn("server: clean up a failed session", "vm", c.vm, "session", sess.ID, "err", derr)
-			}
-		}
-		return helperFailure(err)
+		s.forgetFailedSession(c, h, sess.ID, err)
+		return sessionCreateFailure(err)
 	}
 	sess.Workdir, sess.Tracking = gs.Workdir, string(gs.Tracking)
 	out := sessionView(sess)
-	text := fmt.Sprintf("session %s in %s (workdir %s, tracked by %s)", sess.ID, c.vm, gs.Workdir, gs.Tracking)
+	addEnforced(out, gs)
+	text := fmt.Sprintf("session %s in %s (workdir %s, tracked by %s)\n%s", sess.ID, c.vm, gs.Workdir, gs.Tracking, enforcedText(gs.Enforced))
 	return success(out, text)
+}
+
+// forgetFailedSession undoes what a failed create left: the store's
+// record, and whatever part of the session the guest made (unless it
+// refused before making anything).
+func (s *Server) forgetFailedSession(c *call, h *guestctl.Helper, id string, err error) {
+	g := s.guest
+	if _, derr := g.sessions.DeleteSession(context.WithoutCancel(c.ctx), id, s.now()); derr != nil {
+		s.log.Error("server: forget a session the guest did not create", "session", id, "err", derr)
+	}
+	if errors.Is(err, guestctl.ErrRefused) || errors.Is(err, hypervisor.ErrInvalidArgument) {
+		return
+	}
+	if _, derr := h.SessionDestroy(context.WithoutCancel(c.ctx), c.name, id); derr != nil {
+		s.log.Warn("server: clean up a failed session", "vm", c.vm, "session", id, "err", derr)
+	}
+}
+
+// wireSandbox is the policy's sandbox for the call as vmgate-guest takes
+// it. Every create_session has one (the policy's default at least): a
+// call without one is refused, never run unconfined.
+func wireSandbox(sb *policy.Sandbox) (*wire.Sandbox, *result) {
+	if sb == nil {
+		r := failure(TagDenied, "the policy gave no sandbox for this session, so it is not created", true)
+		return nil, &r
+	}
+	ws := wire.Sandbox{
+		Net: wire.NetMode(sb.Net), User: wire.UserMode(sb.User),
+		FS: wire.FSAccess{Read: slices.Clone(sb.Read), Write: slices.Clone(sb.Write)},
+	}
+	if sb.TCP != nil {
+		ws.TCP = &wire.TCPPorts{Bind: slices.Clone(sb.TCP.Bind), Connect: slices.Clone(sb.TCP.Connect)}
+	}
+	for _, f := range sb.BestEffort {
+		ws.BestEffort = append(ws.BestEffort, wire.Feature(f))
+	}
+	if err := ws.Validate(); err != nil {
+		r := failure(TagDenied, "the policy's sandbox cannot be sent to the guest: "+err.Error(), true)
+		return nil, &r
+	}
+	return &ws, nil
+}
+
+// sessionCreateFailure is helperFailure, but a guest whose kernel lacks
+// a feature the policy's sandbox requires is a [BACKEND ERROR] (the call
+// was fine; the guest cannot confine it) that says who can change that.
+func sessionCreateFailure(err error) result {
+	var he *guestctl.Error
+	if errors.As(err, &he) && he.Code == wire.CodeRefused && he.Reason == wire.ReasonSandboxUnavailable {
+		r := failure(TagBackend, he.Message+" (best_effort is the grant's policy's to set, in its sandbox block; "+
+			"or use a guest whose kernel has the feature)", true)
+		r.detail = err.Error()
+		r.structured = map[string]any{"error": strings.Trim(TagBackend, "[]"), "message": r.text, "refused": he.Reason}
+		return r
+	}
+	return helperFailure(err)
+}
+
+// addEnforced adds to a session's view what it asked the guest for and
+// what the guest enforces.
+func addEnforced(v map[string]any, gs wire.Session) {
+	if gs.Sandbox != nil {
+		v["sandbox"] = *gs.Sandbox
+	}
+	v["enforced"] = gs.Enforced
+}
+
+// enforcedText is what holds for a session, in one short paragraph.
+func enforcedText(e wire.Enforced) string {
+	if !e.Sandboxed {
+		return "not confined: its processes run as root (tracked and limited only)"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "confined: user %s (uid %d, gid %d)", e.User, e.UID, e.GID)
+	if e.NoNewPrivs {
+		b.WriteString(", no_new_privs")
+	}
+	fmt.Fprintf(&b, ", capabilities %s", e.Capabilities)
+	switch {
+	case e.Landlock.FS:
+		fmt.Fprintf(&b, "; Landlock ABI %d: %s", e.Landlock.ABI, strings.Join(e.Landlock.Rights, ", "))
+		fmt.Fprintf(&b, "; writes only in %s", strings.Join(e.Landlock.Write, ", "))
+		if e.Landlock.TCP {
+			b.WriteString("; TCP ports limited")
+		}
+	default:
+		b.WriteString("; no Landlock")
+	}
+	fmt.Fprintf(&b, "; net %s", e.Net.Mode)
+	if e.Net.Namespace {
+		b.WriteString(" (own network namespace)")
+	}
+	if e.PrivateTmp {
+		b.WriteString("; private /tmp")
+	}
+	if e.Cgroup.Path != "" {
+		fmt.Fprintf(&b, "; cgroup %s (%s)", e.Cgroup.Path, strings.Join(e.Cgroup.Controllers, ", "))
+	}
+	fmt.Fprintf(&b, "; membership by %s", e.Membership)
+	if len(e.NotEnforced) > 0 {
+		b.WriteString("\nnot enforced on this guest: " + strings.Join(e.NotEnforced, "; "))
+	}
+	return b.String()
 }
 
 func (s *Server) runListSessions(c *call, _ *noArgs) result {
@@ -234,14 +374,17 @@ func (s *Server) runListSessions(c *call, _ *noArgs) result {
 			details = append(details, vm+": "+err.Error())
 			continue
 		}
-		counts := make(map[string]int, len(gl))
+		inGuest := make(map[string]wire.Session, len(gl))
 		for _, gs := range gl {
-			counts[gs.ID] = gs.Processes
+			inGuest[gs.ID] = gs
 		}
 		for _, v := range vs {
-			n, ok := counts[v["session"].(string)]
-			v["processes"] = n
+			gs, ok := inGuest[v["session"].(string)]
+			v["processes"] = gs.Processes
 			v["in_guest"] = ok
+			if ok {
+				addEnforced(v, gs)
+			}
 		}
 	}
 	out := map[string]any{"sessions": views}
@@ -254,6 +397,9 @@ func (s *Server) runListSessions(c *call, _ *noArgs) result {
 		fmt.Fprintf(&b, "\n%s %s", v["session"], v["vm"])
 		if n, ok := v["processes"]; ok {
 			fmt.Fprintf(&b, " %d process(es)", n)
+		}
+		if e, ok := v["enforced"].(wire.Enforced); ok {
+			fmt.Fprintf(&b, "\n  %s", strings.ReplaceAll(enforcedText(e), "\n", "\n  "))
 		}
 	}
 	for _, e := range errs {
