@@ -3,8 +3,10 @@ package hypervisor_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
@@ -75,5 +77,35 @@ func TestRunDecidesOnceNextToTheDriver(t *testing.T) {
 	res, err = hypervisor.Run(ctx, host, "vm1", req)
 	if err != nil || !res.Exited || string(res.Stdout) != "polled" || starts.Load() != 1 || polls.Load() != 2 {
 		t.Errorf("Run() = %+v, %v after %d starts and %d polls; want one start polled to exit", res, err, starts.Load(), polls.Load())
+	}
+}
+
+// TestBackoffLateness: a command that exits at any time t between 1 ms and
+// 10 s is seen (the first poll at or after t, polls not counting their own
+// time) by 1.3 t + 1 ms, and reaching the 200 ms cap takes fewer than 30 polls.
+func TestBackoffLateness(t *testing.T) {
+	var polls []time.Duration
+	var b hypervisor.Backoff
+	at := time.Duration(0)
+	for at < 10*time.Second {
+		at += b.Next()
+		polls = append(polls, at)
+	}
+	for exit := time.Millisecond; exit <= 10*time.Second; exit += exit / 16 {
+		i, _ := slices.BinarySearch(polls, exit)
+		if seen := polls[i]; seen > time.Duration(1.3*float64(exit))+time.Millisecond {
+			t.Errorf("a command exiting at %v is seen at %v; want by %v", exit, seen, time.Duration(1.3*float64(exit))+time.Millisecond)
+		}
+	}
+	var c hypervisor.Backoff
+	n := 1
+	for c.Next() < hypervisor.PollCeiling {
+		n++
+	}
+	if n >= 30 {
+		t.Errorf("Backoff reaches %v after %d polls; want fewer than 30", hypervisor.PollCeiling, n)
+	}
+	if d := c.Next(); d != hypervisor.PollCeiling {
+		t.Errorf("Backoff after the cap = %v; want %v", d, hypervisor.PollCeiling)
 	}
 }

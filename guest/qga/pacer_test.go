@@ -1,6 +1,7 @@
 package qga
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -14,13 +15,16 @@ func TestPacer(t *testing.T) {
 	}
 	p.start = time.Now().Add(-backToBack) // the window has passed
 	var got []time.Duration
-	for range 10 {
+	for range 30 {
 		got = append(got, p.next())
 	}
-	want := []time.Duration{1, 2, 4, 8, 16, 32, 64, 128, 200, 200}
-	for i := range want {
-		if got[i] != want[i]*time.Millisecond {
-			t.Fatalf("next() after the window = %v; want %v ms", got, want)
-		}
+	// From 1 ms, each a quarter longer, capped at 200 ms: 1, 1.25, 1.5625, …
+	want := []time.Duration{time.Millisecond}
+	for len(want) < len(got) {
+		w := want[len(want)-1]
+		want = append(want, min(w+w/4, pollCeiling))
+	}
+	if !slices.Equal(got, want) || got[len(got)-1] != pollCeiling {
+		t.Fatalf("next() after the window = %v; want %v, ending at %v", got, want, pollCeiling)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/hypervisor"
 )
 
 // startSleeps starts n sleeps in session s and checks they are all there.
@@ -126,11 +128,19 @@ func BenchmarkLabRunSandboxed(b *testing.B) {
 		*total += time.Since(start)
 		*guest += res.DurationMS
 	}
+	var outsideT time.Duration
 	for b.Loop() {
 		run(plain.ID, &plainT, &plainGuest)
 		run(boxed.ID, &boxedT, &boxedGuest)
+		start := time.Now()
+		if res, err := hypervisor.Run(ctx, h.d, "cg", hypervisor.ExecRequest{Argv: []string{"/bin/true"}}); err != nil || res.ExitCode != 0 {
+			b.Fatalf("driver Run(/bin/true) = %+v, %v", res, err)
+		}
+		outsideT += time.Since(start)
 	}
 	n := float64(b.N)
+	b.ReportMetric(float64(outsideT.Microseconds())/n/1000, "outside-ms/op")
+	b.ReportMetric(float64(boxedT)/float64(outsideT), "sandboxed/outside")
 	b.ReportMetric(float64(plainT.Microseconds())/n/1000, "plain-ms/op")
 	b.ReportMetric(float64(boxedT.Microseconds())/n/1000, "sandboxed-ms/op")
 	b.ReportMetric(float64(boxedT)/float64(plainT), "sandboxed/plain")
