@@ -23,7 +23,9 @@ import (
 const hostileDir = "../testdata/hostile"
 
 // hostilePolicy: read-only tools, argv commands that run echo and nothing
-// that could run a shell, every destructive tool denied or guarded.
+// that could run a shell, every destructive tool denied or guarded;
+// create_session only with a sandbox argument, within a tight ceiling (so
+// a looser ask is refused by the sandbox check, naming what was too loose).
 const hostilePolicy = `{
   "version": "1",
   "default": "deny",
@@ -45,6 +47,10 @@ const hostilePolicy = `{
     "vm_agent_exec_status": {},
     "kill_process": {},
     "destroy_session": {},
+    "create_session": {
+      "require": [ { "path": "args.sandbox", "op": "exists" } ],
+      "sandbox": { "net": "none", "user": "session", "fs": { "read": ["/srv"], "write": ["/srv/out"] } }
+    },
     "vm_file_read": {},
     "vm_file_write": { "action": "deny", "reason": "file writes are off for hostile input" },
     "vm_power": { "action": "deny", "reason": "power is off for hostile input" }
@@ -67,6 +73,7 @@ type hostileCase struct {
 	ExpectAlt  []string            `json:"expect_alt"`
 	SameID     bool                `json:"same_id"` // a successful reply carries the request's id byte for byte
 	Stdout     *string             `json:"stdout"`  // "ok" exec: the exact stdout
+	Says       []string            `json:"says"`    // a tool result's text holds each of these
 	// Approve, when set, makes the case an operator's: its call parks, the
 	// operator reads it with vmgate approvals and decides, then body is
 	// sent (TestHostileApprovals; TestHostile leaves these cases out).
@@ -236,6 +243,11 @@ func (c hostileCase) check(r reply, sent []byte) error {
 		}
 		if !bytes.Equal(compact(req.ID), compact(r.ID)) {
 			return fmt.Errorf("reply id %.80s; want the request's id %.80s byte for byte", r.ID, req.ID)
+		}
+	}
+	for _, s := range c.Says {
+		if r.Result == nil || !strings.Contains(r.Result.text(), s) {
+			return fmt.Errorf("reply %.300s; want its text to say %q", r.Body, s)
 		}
 	}
 	if c.Stdout != nil {
