@@ -88,7 +88,7 @@ func (l *labEnv) stop() error {
 // the reservation path runs as it does under a real policy.
 const benchPolicy = `{"version":"1","default":"deny",
   "all_tools":{"limits":[{"counter":"all_calls","window":"minute","max":100000000,"scope":"grant"}]},
-  "tools":{"list_vms":{},"vm_status":{},
+  "tools":{"list_vms":{},"vm_status":{},"create_session":{},"destroy_session":{},
     "vm_agent_exec":{"limits":[{"counter":"exec_per_vm","window":"minute","max":100000000,"scope":["grant","vm"]}]}}}`
 
 // writeConfig writes vmgate.yaml and its policy: bbolt store and audit log
@@ -184,8 +184,17 @@ func vmRSSKiB(pid int) (int64, error) {
 
 // execTrue runs /bin/true on vm through vm_agent_exec and returns its latency.
 func execTrue(ctx context.Context, c *mcpClient, vm string) (time.Duration, error) {
+	return execTrueIn(ctx, c, vm, "")
+}
+
+// execTrueIn is execTrue in session (none when "").
+func execTrueIn(ctx context.Context, c *mcpClient, vm, session string) (time.Duration, error) {
+	args := `{"vm":"lab/` + vm + `","command":["/bin/true"]`
+	if session != "" {
+		args += `,"session":"` + session + `"`
+	}
 	t0 := time.Now()
-	res, err := c.callTool(ctx, "vm_agent_exec", `{"vm":"lab/`+vm+`","command":["/bin/true"]}`)
+	res, err := c.callTool(ctx, "vm_agent_exec", args+"}")
 	took := time.Since(t0)
 	if err != nil {
 		return 0, err
@@ -228,6 +237,51 @@ func rawExec(ctx context.Context, c *qga.Client, interval time.Duration) (time.D
 	}
 }
 
+// sandboxedExec creates a session on vm with the policy's default sandbox,
+// checks that the guest confines it, and returns the median latency in ms
+// of /bin/true in it and outside any session, n of each, interleaved.
+func sandboxedExec(ctx context.Context, c *mcpClient, vm string, n int) (in, out float64, err error) {
+	res, err := c.callTool(ctx, "create_session", `{"vm":"lab/`+vm+`"}`)
+	if err != nil {
+		return 0, 0, err
+	}
+	var sess struct {
+		Session  string `json:"session"`
+		Enforced struct {
+			Sandboxed bool `json:"sandboxed"`
+			UID       int  `json:"uid"`
+			Landlock  struct {
+				FS bool `json:"fs"`
+			} `json:"landlock"`
+		} `json:"enforced"`
+	}
+	if err := json.Unmarshal(res.StructuredContent, &sess); err != nil {
+		return 0, 0, fmt.Errorf("create_session: %w", err)
+	}
+	if e := sess.Enforced; sess.Session == "" || !e.Sandboxed || e.UID == 0 || !e.Landlock.FS {
+		return 0, 0, fmt.Errorf("create_session on %s = %s; want a session confined by its own uid and Landlock", vm, res.StructuredContent)
+	}
+	defer func() {
+		_, derr := c.callTool(context.WithoutCancel(ctx), "destroy_session", `{"vm":"lab/`+vm+`","session":"`+sess.Session+`"}`)
+		err = errors.Join(err, derr)
+	}()
+	ins, outs := make([]float64, 0, n), make([]float64, 0, n)
+	for range n {
+		a, err := execTrueIn(ctx, c, vm, sess.Session)
+		if err != nil {
+			return 0, 0, err
+		}
+		b, err := execTrue(ctx, c, vm)
+		if err != nil {
+			return 0, 0, err
+		}
+		ins, outs = append(ins, float64(a.Nanoseconds())/1e6), append(outs, float64(b.Nanoseconds())/1e6)
+	}
+	in, _ = medianSpread(ins)
+	out, _ = medianSpread(outs)
+	return in, out, nil
+}
+
 // medianMs runs f n times and returns the median in ms.
 func medianMs(n int, f func() (time.Duration, error)) (float64, error) {
 	v := make([]float64, 0, n)
@@ -263,7 +317,7 @@ func execRate(ctx context.Context, c *mcpClient, vms []string, perVM int) (float
 }
 
 // labRows measures exec latency (1a, 1b), parallel exec throughput over 4
-// VMs (6b) and the server's memory (7). Without QEMU the rows are skipped,
+// VMs (6b), the server's memory (7) and exec in a sandboxed session (8). Without QEMU the rows are skipped,
 // unless VMGATE_REQUIRE_VM is set, which makes them fail.
 func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	tight := &Row{ID: "1a", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver plugin, QGA) / raw guest-exec polled back to back"}
@@ -271,7 +325,8 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	par := &Row{ID: "6b", Unit: "execs/s", What: fmt.Sprintf("scale: exec throughput, %d lab VMs in parallel / 1 lab VM, through vmgate serve", labVMs),
 		Note: fmt.Sprintf("%d CPUs", runtime.NumCPU())}
 	mem := &Row{ID: "7", Unit: "MiB", What: "memory: RSS of vmgate serve and its plugin processes, after the load / idle"}
-	rows := []*Row{tight, poll1s, par, mem}
+	boxed := &Row{ID: "8", Unit: "ms", What: "sandbox: exec /bin/true latency through vm_agent_exec, in a sandboxed session (own uid, no_new_privs, Landlock, net none, cgroup) / outside any session"}
+	rows := []*Row{tight, poll1s, par, mem, boxed}
 	fail := func(err error) []*Row {
 		for _, r := range rows {
 			if r.Err == nil && len(r.A) < pairs {
@@ -335,6 +390,10 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 		if err != nil {
 			return err
 		}
+		inBox, outside, err := sandboxedExec(ctx, p.client, "vm1", execs)
+		if err != nil {
+			return err
+		}
 		var many, one float64
 		if i%2 == 0 {
 			if many, err = execRate(ctx, p.client, all, perVM); err == nil {
@@ -374,7 +433,7 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 		if !counts {
 			return nil
 		}
-		return errors.Join(tight.Add(gated, raw), poll1s.Add(gated, slow), par.Add(many, one), mem.Add(loaded, idle))
+		return errors.Join(tight.Add(gated, raw), poll1s.Add(gated, slow), par.Add(many, one), mem.Add(loaded, idle), boxed.Add(inBox, outside))
 	})
 	if err != nil {
 		return fail(err)

@@ -29,6 +29,7 @@
 //	5       audit: appends/s at 64 writers, group commit against one fsync per record
 //	6a, 6b  scale: list_vms of 500 VMs; exec throughput of 4 lab VMs against 1
 //	7       memory: RSS of vmgate serve and its plugins after the load against idle
+//	8       sandbox: exec in a sandboxed session against outside any session
 //
 // The table goes to standard output, progress to standard error. The exit
 // status is 1 when any row failed.
