@@ -250,3 +250,25 @@ func TestExecEnvReserved(t *testing.T) {
 		t.Errorf("guest commands = %d; want %d (only the three allowed runs)", got, want)
 	}
 }
+
+// TestSessionExecSandboxNote: a command in a session refused an access
+// comes back with its own stderr and a note on what the sandbox allows; a
+// command that succeeds or fails otherwise gets no note.
+func TestSessionExecSandboxNote(t *testing.T) {
+	f := newSessFixture(t, haveBins(), allowAll)
+	id := f.createSession(t, "alice", `{"vm":"lab/vm1"}`)
+	r := f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","shell":"echo x > /root/x","session":"`+id+`"}`)
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_agent_exec = %q; want the command's result", r.text())
+	}
+	if txt := r.text(); !strings.Contains(txt, "exit 2") || !strings.Contains(txt, "Permission denied") || !strings.Contains(txt, "sessions are sandboxed") {
+		t.Errorf("vm_agent_exec text = %q; want exit 2, the shell's Permission denied and the sandbox note", txt)
+	}
+	if r.Result.StructuredContent["sandbox_note"] != sandboxNote {
+		t.Errorf("structured = %v; want sandbox_note", r.Result.StructuredContent)
+	}
+	r = f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","shell":"true","session":"`+id+`"}`)
+	if _, ok := r.Result.StructuredContent["sandbox_note"]; ok || strings.Contains(r.text(), "sandboxed") {
+		t.Errorf("vm_agent_exec(true) = %q; want no sandbox note", r.text())
+	}
+}

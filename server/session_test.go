@@ -193,6 +193,9 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		if err := json.Unmarshal(req.Stdin, &rr); err != nil {
 			return replyErr(wire.CodeInvalid, "", err.Error())
 		}
+		if strings.Contains(rr.Shell, "> /root/") { // as a sandboxed session's shell answers
+			return reply(wire.RunResult{PID: 9, ExitCode: 2, Stderr: []byte("sh: 1: cannot create /root/x: Permission denied\n")})
+		}
 		return reply(wire.RunResult{PID: 9, Stdout: []byte("ran in " + rr.Session)})
 	case "kill":
 		pid, _ := strconv.Atoi(flag(a, "--pid"))

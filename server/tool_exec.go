@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
@@ -216,8 +217,31 @@ func (s *Server) runSessionExec(c *call, a *execArgs) result {
 		if res.Killed > 0 {
 			m["killed"] = res.Killed
 		}
+		if deniedBySandbox(er) {
+			m["sandbox_note"] = sandboxNote
+			out.text += "\n" + sandboxNote
+		}
 	}
 	return out
+}
+
+// sandboxNote explains a refusal a session's command met.
+const sandboxNote = "note: sessions are sandboxed: a command may write only in the session's workdir and " +
+	"temporary directory (and the policy's extra paths), as an unprivileged user, without network unless the " +
+	"policy allows it; create_session and list_sessions say what this guest enforces"
+
+// deniedBySandbox reports whether a failed command's stderr says it was
+// refused an access, which in a session is most likely the sandbox.
+func deniedBySandbox(res hypervisor.ExecResult) bool {
+	if res.ExitCode == 0 || res.TimedOut {
+		return false
+	}
+	for _, s := range []string{"Permission denied", "Operation not permitted", "Network is unreachable"} {
+		if bytes.Contains(res.Stderr, []byte(s)) {
+			return true
+		}
+	}
+	return false
 }
 
 func execResult(res hypervisor.ExecResult, timeoutMsg string) result {
