@@ -55,6 +55,10 @@ type confinement struct {
 	// RlimitAS and RlimitNPROC are set when not 0 (sessions without cgroup).
 	RlimitAS    uint64 `json:"rlimit_as,omitempty"`
 	RlimitNPROC uint64 `json:"rlimit_nproc,omitempty"`
+	// cwd, on the thread road with PrivateTmp, is entered between the
+	// unshare and the mount on /tmp, so that it names the guest's
+	// directory, as it does for the shim (whose cwd is set before it runs).
+	cwd string
 }
 
 // SandboxMain runs the shim: args are SPEC, "--", argv. It returns only on
@@ -157,11 +161,22 @@ func sandboxEnv(env []string, m meta, asked map[string]string) []string {
 }
 
 // apply confines the calling thread, which must stay locked to the
-// goroutine until the exec. The Landlock ruleset is built first, while
-// every path still names what it names in the guest (the private /tmp
-// hides what was under /tmp), and enforced last before the ids change.
-// The rlimits are set by sandboxExec just before the exec.
-func (c confinement) apply() error {
+// goroutine until the exec: the shim's road, which switches its own ids
+// last. The rlimits are set by sandboxExec just before the exec.
+func (c confinement) apply() error { return c.applySteps("credentials", c.dropPrivileges) }
+
+// applyThread confines the calling thread, which must stay locked to its
+// goroutine for good, for a child it then forks (runSetup.startConfined):
+// as apply, but the ids stay root's on the thread (the child switches
+// them) and only the capabilities a child could keep are dropped here:
+// the bounding and ambient sets and the inheritable one.
+func (c confinement) applyThread() error { return c.applySteps("capabilities", c.dropChildCaps) }
+
+// applySteps confines the calling thread and runs last as its final
+// step. The Landlock ruleset is built first, while every path still names
+// what it names in the guest (the private /tmp hides what was under
+// /tmp), and enforced last before the final step.
+func (c confinement) applySteps(lastName string, last func() error) error {
 	ruleset := -1
 	var flags uint32
 	steps := []struct {
@@ -173,7 +188,7 @@ func (c confinement) apply() error {
 		{"private /tmp", c.privateTmp},
 		{"no_new_privs", noNewPrivs},
 		{"landlock", func() error { return restrictSelf(ruleset, flags) }},
-		{"credentials", c.dropPrivileges},
+		{lastName, last},
 	}
 	defer func() {
 		if ruleset >= 0 {
@@ -208,6 +223,12 @@ func (c confinement) privateTmp() error {
 	}
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return err
+	}
+	if c.cwd != "" {
+		// The unshare gave the thread a working directory of its own.
+		if err := unix.Chdir(c.cwd); err != nil {
+			return fmt.Errorf("cwd %s: %w", c.cwd, err)
+		}
 	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making / private: %w", err)
@@ -313,16 +334,8 @@ func (c confinement) dropPrivileges() error {
 	if c.UID < 0 {
 		return nil
 	}
-	if c.UID == 0 || c.GID <= 0 {
-		return fmt.Errorf("uid %d / gid %d: want an unprivileged uid and gid", c.UID, c.GID)
-	}
-	for i := 0; i <= capLastCap(); i++ {
-		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(i), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("dropping capability %d from the bounding set: %w", i, err)
-		}
-	}
-	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-		return fmt.Errorf("clearing ambient capabilities: %w", err)
+	if err := c.dropBounding(); err != nil {
+		return err
 	}
 	// Raw system calls: on this thread only (the one that execs), not
 	// through the runtime's stop-the-world for every thread, which costs
@@ -355,6 +368,48 @@ func (c confinement) dropPrivileges() error {
 	}
 	if r, e, s := unix.Getresuid(); r != c.UID || e != c.UID || s != c.UID {
 		return fmt.Errorf("uids after the switch are %d %d %d, not %d", r, e, s, c.UID)
+	}
+	return nil
+}
+
+// dropChildCaps leaves the calling thread root, with its effective and
+// permitted capabilities (the fork needs them), but drops every capability
+// a child could keep after switching to UID: the bounding and ambient
+// sets, and the inheritable set. The switch from uid 0 to UID clears the
+// child's permitted and effective sets; with these empty, and
+// no_new_privs, nothing gives them back.
+func (c confinement) dropChildCaps() error {
+	if c.UID < 0 {
+		return nil
+	}
+	if err := c.dropBounding(); err != nil {
+		return err
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	data[0].Inheritable, data[1].Inheritable = 0, 0
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capset: %w", err)
+	}
+	return nil
+}
+
+// dropBounding checks that UID and GID are unprivileged and clears the
+// calling thread's bounding and ambient capability sets.
+func (c confinement) dropBounding() error {
+	if c.UID == 0 || c.GID <= 0 {
+		return fmt.Errorf("uid %d / gid %d: want an unprivileged uid and gid", c.UID, c.GID)
+	}
+	for i := 0; i <= capLastCap(); i++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(i), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("dropping capability %d from the bounding set: %w", i, err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("clearing ambient capabilities: %w", err)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -126,8 +127,8 @@ func randomHex(n int) string {
 
 // Run runs req in a new process group (and, in a cgroup-tracked session, a
 // run cgroup inside the session's group), with the session's marker in its
-// environment and, in a sandboxed session, confined by the sandbox shim
-// from its first instruction. When the timeout fires (or ctx ends) the
+// environment and, in a sandboxed session, confined from its first
+// instruction (see startConfined). When the timeout fires (or ctx ends) the
 // whole tree is killed: SIGTERM, then after Config.Grace SIGKILL to the
 // process group, the run's cgroup, and every process carrying the run's
 // marker or descending from it, in rounds until none is left; the result
@@ -186,11 +187,18 @@ type runSetup struct {
 	runCgroup string   // the run's cgroup, "" without one
 	cgroupFD  *os.File // open on runCgroup for CLONE_INTO_CGROUP
 	sandboxed bool     // argv starts with the sandbox shim
+	// confine, when set, is applied to a thread of the run's own, which
+	// starts the process (startConfined); release ends that thread.
+	confine *confinement
+	release chan struct{}
 }
 
 func (r *runSetup) close() {
 	if r.cgroupFD != nil {
 		r.cgroupFD.Close()
+	}
+	if r.release != nil {
+		close(r.release)
 	}
 }
 
@@ -225,11 +233,18 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (_ func(), err err
 	}
 	switch {
 	case m.Sandbox != nil:
-		spec, err := json.Marshal(m.confinement())
+		c := m.confinement()
+		r.env = sandboxEnv(r.env, m, req.Env)
+		if c.RlimitAS == 0 && c.RlimitNPROC == 0 {
+			r.confineThread(c)
+			break
+		}
+		// Rlimits are the whole process's: only a shim of the run's own
+		// can set them before the command's first instruction.
+		spec, err := json.Marshal(c)
 		if err != nil {
 			return nil, fmt.Errorf("run: %w", err)
 		}
-		r.env = sandboxEnv(r.env, m, req.Env)
 		r.argv = append([]string{a.cfg.Self, SandboxCommand, string(spec), "--"}, r.argv...)
 		r.sandboxed = true
 	case m.Tracking != wire.TrackCgroup && (m.Limits.MemoryMB > 0 || m.Limits.Pids > 0):
@@ -248,6 +263,9 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (_ func(), err err
 // shim exec'd the command confined; a reason means it did not, and the
 // run fails without the command having run.
 func (r *runSetup) start(stdin []byte, stdout, stderr io.Writer) (*exec.Cmd, error) {
+	if r.confine != nil {
+		return r.startConfined(stdin, stdout, stderr)
+	}
 	cmd := exec.Command(r.argv[0], r.argv[1:]...)
 	cmd.Env, cmd.Dir, cmd.SysProcAttr = r.env, r.cwd, r.attr
 	if stdin != nil {
@@ -296,6 +314,56 @@ func (r *runSetup) start(stdin []byte, stdout, stderr io.Writer) (*exec.Cmd, err
 	}
 	we.Message = "run: " + we.Message
 	return nil, &we
+}
+
+// confineThread makes r start confined as c says from a thread of its own
+// (startConfined); the uid and gid change in the child, after the fork
+// (Go's SysProcAttr.Credential: groups cleared, then gid, then uid), so
+// the fork itself runs as root and can place the child in its cgroup.
+func (r *runSetup) confineThread(c confinement) {
+	r.confine = &c
+	if c.UID >= 0 {
+		r.attr.Credential = &syscall.Credential{Uid: uint32(c.UID), Gid: uint32(c.GID)}
+	}
+}
+
+// startConfined starts the run from a new thread that carries r.confine
+// (confinement.applyThread: Landlock, network and mount namespaces,
+// no_new_privs, capabilities), which the process inherits at the fork:
+// the command is confined from its first instruction with no shim of its
+// own, which saved a second start of this program per run. The thread is
+// never given back to the runtime (its goroutine ends locked, so it
+// exits); it waits for r.release, as it is the process's parent for
+// PR_SET_PDEATHSIG, which fires when the thread that forked ends.
+func (r *runSetup) startConfined(stdin []byte, stdout, stderr io.Writer) (*exec.Cmd, error) {
+	type started struct {
+		cmd *exec.Cmd
+		err error
+	}
+	c := r.confine
+	r.confine = nil // start below runs the plain road, on the confined thread
+	if c.PrivateTmp {
+		c.cwd, r.cwd = r.cwd, "" // entered by the thread, before /tmp is mounted over
+	}
+	r.release = make(chan struct{})
+	release, done := r.release, make(chan started, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		if err := c.applyThread(); err != nil {
+			done <- started{err: fmt.Errorf("run: sandbox: %w", err)}
+			return
+		}
+		cmd, err := r.start(stdin, stdout, stderr)
+		done <- started{cmd, err}
+		if err == nil {
+			<-release
+		}
+	}()
+	s := <-done
+	if s.err != nil && r.runCgroup != "" {
+		_ = removeCgroupTree(r.runCgroup)
+	}
+	return s.cmd, s.err
 }
 
 // wait waits for cmd until it exits or timeout (or ctx) ends it, and kills
