@@ -103,8 +103,9 @@ func requireNode(t *testing.T) string {
 	return node
 }
 
-// TestNodeSDKEndToEnd runs the Node end-to-end tests (stdio.test.mjs, then
-// http.test.mjs) against a real lab VM.
+// TestNodeSDKEndToEnd runs the Node end-to-end tests (stdio.test.mjs,
+// elicit.test.mjs, http.test.mjs, sandbox.test.mjs, approval.test.mjs)
+// against a real lab VM.
 func TestNodeSDKEndToEnd(t *testing.T) {
 	labtest.RequireQEMU(t)
 	node := requireNode(t)
@@ -145,6 +146,9 @@ func TestNodeSDKEndToEnd(t *testing.T) {
 		url, stop := startHTTPServer(t, bin, cfgPath)
 		runNode(t, node, append(env, "VMGATE_E2E_URL="+url, "VMGATE_E2E_TOKEN="+token), "http.test.mjs")
 		stop()
+	})
+	t.Run("sandbox", func(t *testing.T) {
+		runNode(t, node, env, "sandbox.test.mjs")
 	})
 	t.Run("approval", func(t *testing.T) {
 		testOperatorSeesStdin(t, vm, node, bin, cfgPath, env, gatedToken, operatorToken)

@@ -6,12 +6,16 @@
 // membership.go).
 //
 // A session created with a wire.Sandbox is confined, without eBPF: every
-// process started in it begins as the sandbox shim (SandboxMain, a re-exec
-// of vmgate-guest), which enters the session's network namespace, gives
-// itself a mount namespace with the session's private /tmp, enforces a
-// Landlock ruleset (go-landlock; read and execute the system, write the
-// session's directories), sets no_new_privs, switches to the session's own
-// uid and gid without capabilities, and only then execs the command.
+// process started in it is forked by a thread of its run that first
+// enters the session's network namespace, gives itself a mount namespace
+// with the session's private /tmp, sets no_new_privs, drops the
+// capabilities a child could keep and enforces a Landlock ruleset
+// (go-landlock; read and execute the system, write the session's
+// directories); the child switches to the session's own uid and gid
+// (which clears its capabilities) and execs the command, confined from
+// its first instruction (runSetup.startConfined). A session whose limits
+// are rlimits (no cgroup v2) uses the sandbox shim instead (SandboxMain,
+// a re-exec of vmgate-guest that does the same to itself, rlimits last).
 // Session create decides what this kernel can give (plan), refuses what a
 // request requires and the kernel lacks, and reports what holds
 // (wire.Enforced) in create's reply and in list.
