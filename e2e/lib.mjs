@@ -6,6 +6,8 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 
 const run = promisify(execFile);
 
@@ -54,6 +56,20 @@ export async function ok(client, name, args) {
 export function assertTag(res, tag, what) {
   assert.equal(res.isError, true, `${what}: isError = ${res.isError}; want true (text ${text(res)})`);
   assert.ok(text(res).startsWith(tag + ' '), `${what}: text = ${JSON.stringify(text(res))}; want it to start with ${tag}`);
+}
+
+// connectStdio starts `vmgate serve --grant grant` as the SDK's stdio
+// child and returns the connected client, named name.
+export async function connectStdio(grant, name) {
+  const transport = new StdioClientTransport({
+    command: env.bin,
+    args: ['serve', '--config', env.config, '--grant', grant],
+    env: { ...process.env, VMGATE_LOG_LEVEL: 'warn' },
+    stderr: 'inherit',
+  });
+  const client = new Client({ name, version: '1.0.0' });
+  await client.connect(transport);
+  return client;
 }
 
 // vmgate runs the vmgate binary (approvals, audit) and returns stdout.

@@ -7,24 +7,10 @@
 // file afterwards; a looser ask and a forged session marker are refused.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { env, missingEnv, TAGS, call, ok, text, assertTag } from './lib.mjs';
-
-async function connect() {
-  const transport = new StdioClientTransport({
-    command: env.bin,
-    args: ['serve', '--config', env.config, '--grant', 'local'],
-    env: { ...process.env, VMGATE_LOG_LEVEL: 'warn' },
-    stderr: 'inherit',
-  });
-  const client = new Client({ name: 'vmgate-e2e-sandbox', version: '1.0.0' });
-  await client.connect(transport);
-  return client;
-}
+import { env, missingEnv, TAGS, call, ok, text, assertTag, connectStdio } from './lib.mjs';
 
 test('a sandboxed session through the MCP SDK', { skip: missingEnv }, async (t) => {
-  const client = await connect();
+  const client = await connectStdio('local', 'vmgate-e2e-sandbox');
   t.after(() => client.close());
   const escape = `/root/vmgate-e2e-escape-${process.pid}`;
 

@@ -4,24 +4,12 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import {
   env, missingEnv, TAGS, vmgate, auditRecords, checkToolList, checkListVMs, checkExec,
-  checkKillRateLimit, checkApproval, checkBadInputs,
+  checkKillRateLimit, checkApproval, checkBadInputs, connectStdio,
 } from './lib.mjs';
 
-async function connect() {
-  const transport = new StdioClientTransport({
-    command: env.bin,
-    args: ['serve', '--config', env.config, '--grant', 'local'],
-    env: { ...process.env, VMGATE_LOG_LEVEL: 'warn' },
-    stderr: 'inherit',
-  });
-  const client = new Client({ name: 'vmgate-e2e', version: '1.0.0' });
-  await client.connect(transport);
-  return client;
-}
+const connect = () => connectStdio('local', 'vmgate-e2e');
 
 // rawSession runs `vmgate serve` and exchanges raw JSON-RPC lines with it,
 // for what the SDK cannot send (duplicate keys).
