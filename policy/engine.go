@@ -19,6 +19,7 @@ type Engine struct {
 	allLimits   []limit
 	sandbox     *sandboxRule // the top-level sandbox block; nil without one
 	names       []string     // every tool the document names, sorted
+	mentions    []mention    // where the document names each tool, in document order
 }
 
 type toolRule struct {

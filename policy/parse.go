@@ -217,6 +217,7 @@ func (b *builder) engine(root *node) *Engine {
 		for i, el := range v.elems {
 			li := l.index(i)
 			if s, ok := b.str(el, li); ok && b.name(s, el.off, li, "tool", "") {
+				e.mentions = append(e.mentions, b.mention(s, el.off, li))
 				if _, dup := e.hidden[s]; dup {
 					b.errorf(el.off, li.path, "tool %q is hidden twice", s)
 				}
@@ -245,6 +246,7 @@ func (b *builder) engine(root *node) *Engine {
 			if !b.name(k, v.keyOffs[i], lt, "tool", "") {
 				continue
 			}
+			e.mentions = append(e.mentions, b.mention(k, v.keyOffs[i], lt))
 			if _, hidden := e.hidden[k]; hidden {
 				b.errorf(v.keyOffs[i], lt.path, "tool %q is both hidden and configured; hidden tools are always denied", k)
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server"
 )
 
 func init() { commands = append(commands, newPolicyCmd) }
@@ -62,27 +63,21 @@ func loadPolicy(name string) (*policy.Engine, error) {
 }
 
 func newPolicyCheckCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "check FILE…",
+	var strict bool
+	c := &cobra.Command{
+		Use:   "check [--strict] FILE…",
 		Short: "Parse policy documents and report every problem as file:line:col: path: message",
-		Args:  cobra.MinimumNArgs(1),
+		Long: `check parses each policy document and reports every error as
+file:line:col: json.path: message. A tool name that is no tool of this
+server (a typo such as "vm_agent_exce") is a warning, since its rule never
+applies; with --strict it is an error.`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, files []string) error {
 			bad := 0
 			for _, name := range files {
-				e, err := loadPolicy(name)
-				if err != nil {
+				if !checkPolicyFile(cmd, name, strict) {
 					bad++
-					var errs policy.Errors
-					if errors.As(err, &errs) {
-						for _, pe := range errs {
-							fmt.Fprintln(cmd.ErrOrStderr(), pe)
-						}
-					} else {
-						fmt.Fprintf(cmd.ErrOrStderr(), "%s: %v\n", name, err)
-					}
-					continue
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d tools, sha256 %s)\n", name, len(e.Tools()), e.Fingerprint())
 			}
 			if bad > 0 {
 				return &exitError{code: 1, msg: fmt.Sprintf("policy check: %d of %d files have errors", bad, len(files))}
@@ -90,6 +85,47 @@ func newPolicyCheckCmd() *cobra.Command {
 			return nil
 		},
 	}
+	c.Flags().BoolVar(&strict, "strict", false, "treat tool names that are no tool of this server as errors")
+	return c
+}
+
+// checkPolicyFile reports one document's errors and warnings and whether
+// it passed.
+func checkPolicyFile(cmd *cobra.Command, name string, strict bool) bool {
+	e, err := loadPolicy(name)
+	if err != nil {
+		var errs policy.Errors
+		if errors.As(err, &errs) {
+			for _, pe := range errs {
+				fmt.Fprintln(cmd.ErrOrStderr(), pe)
+			}
+		} else {
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s: %v\n", name, err)
+		}
+		return false
+	}
+	unknown := e.UnknownTools(server.ToolNames())
+	kind := "warning"
+	if strict {
+		kind = "error"
+	}
+	for _, w := range unknown {
+		pe := *w
+		pe.Msg = kind + ": " + pe.Msg
+		fmt.Fprintln(cmd.ErrOrStderr(), &pe)
+	}
+	if strict && len(unknown) > 0 {
+		return false
+	}
+	note := ""
+	if len(unknown) > 0 {
+		note = fmt.Sprintf(", %d warning", len(unknown))
+		if len(unknown) > 1 {
+			note += "s"
+		}
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d tools%s, sha256 %s)\n", name, len(e.Tools()), note, e.Fingerprint())
+	return true
 }
 
 // testCase is one entry of a `policy test` cases file (a JSON array).

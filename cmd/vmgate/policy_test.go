@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/vmgate/vmgate/config"
 )
 
 const killPolicy = `{"version":"1","default":"deny","tools":{"kill_process":{"limits":[{"counter":"kill_process_rate","window":"minute","max":10,"scope":"grant"}]}}}`
@@ -157,5 +159,28 @@ func TestPolicyExplain(t *testing.T) {
 	}
 	if _, _, code := runVmgate(t, "policy", "explain", "--tool", "t"); code != 1 {
 		t.Errorf("explain without --policy: code %d; want 1", code)
+	}
+}
+
+// TestPolicyCheckUnknownTool: a tool name that is no tool of the server is
+// a warning naming the place and the likely tool; --strict makes it an
+// error. The built-in policy names only real tools.
+func TestPolicyCheckUnknownTool(t *testing.T) {
+	dir := t.TempDir()
+	typo := writeFile(t, dir, "typo.json", "{\"version\": \"1\", \"default\": \"deny\",\n \"tools\": {\"vm_agent_exce\": {}, \"list_vms\": {}}}\n")
+	want := typo + `:2:12: tools.vm_agent_exce: warning: unknown tool "vm_agent_exce": its rule never applies (did you mean "vm_agent_exec"?)`
+
+	out, errOut, code := runVmgate(t, "policy", "check", typo)
+	if code != 0 || !strings.Contains(errOut, want) || !strings.HasPrefix(out, typo+": ok (2 tools, 1 warning,") {
+		t.Errorf("check typo: code %d, stdout %q, stderr %q; want 0, ok with 1 warning, stderr with %q", code, out, errOut, want)
+	}
+	out, errOut, code = runVmgate(t, "policy", "check", "--strict", typo)
+	wantStrict := strings.Replace(want, "warning:", "error:", 1)
+	if code != 1 || !strings.Contains(errOut, wantStrict) || strings.Contains(out, "ok") {
+		t.Errorf("check --strict typo: code %d, stdout %q, stderr %q; want 1 and %q", code, out, errOut, wantStrict)
+	}
+	builtin := writeFile(t, dir, "builtin.json", string(config.DefaultPolicy))
+	if out, errOut, code := runVmgate(t, "policy", "check", "--strict", builtin); code != 0 || errOut != "" {
+		t.Errorf("check --strict (built-in policy): code %d, stdout %q, stderr %q; want 0 and no warning", code, out, errOut)
 	}
 }

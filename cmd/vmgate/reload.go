@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmgate/vmgate/config"
 	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/server"
 )
 
 // policyPollInterval is how often serve looks for changed policy files.
@@ -37,6 +38,16 @@ func loadPolicies(grants []config.Grant) (map[string]*policy.Engine, error) {
 		return nil, err
 	}
 	return engines, nil
+}
+
+// warnUnknownTools logs every place eng names a tool this server does not
+// have (a typo's rule never applies, so the operator must hear of it). The
+// policy stays in force: `vmgate policy check --strict` is the way to make
+// such a name an error before it is deployed.
+func warnUnknownTools(log *slog.Logger, grant string, eng *policy.Engine) {
+	for _, w := range eng.UnknownTools(server.ToolNames()) {
+		log.Warn("vmgate: the policy names a tool this server does not have", "grant", grant, "problem", w.Error())
+	}
 }
 
 // fileStamp is what a policy file change is detected by.
@@ -123,6 +134,7 @@ func (r *policyReloader) reload(why string) (int, error) {
 		r.current[g.Name] = eng.Fingerprint()
 		swapped++
 		r.log.Info("vmgate: policy reloaded", "grant", g.Name, "trigger", why, "sha256", eng.Fingerprint())
+		warnUnknownTools(r.log, g.Name, eng)
 	}
 	return swapped, nil
 }

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -152,4 +154,31 @@ func TestPolicyReloadRun(t *testing.T) {
 	}
 	hup <- syscall.SIGHUP
 	waitFor(2)
+}
+
+// TestPolicyReloadWarnsUnknownTool: a reloaded document that names a tool
+// the server does not have is put in force, and the log says where the
+// name is and which tool was likely meant.
+func TestPolicyReloadWarnsUnknownTool(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "alice.json")
+	base := time.Now().Add(-time.Hour)
+	writePolicy(t, path, allowDoc, base)
+	grants := []config.Grant{{Name: "alice", Policy: path}}
+	engines, err := loadPolicies(grants)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	var sw swaps
+	r := newPolicyReloader(grants, engines, sw.set, slog.New(slog.NewTextHandler(&logs, nil)))
+	writePolicy(t, path, `{"version":"1","default":"deny","tools":{"kill_proces":{}}}`, base.Add(time.Second))
+	if n, err := r.reload("test"); n != 1 || err != nil {
+		t.Fatalf("reload() = %d, %v; want 1, nil", n, err)
+	}
+	for _, want := range []string{"level=WARN", "grant=alice", `unknown tool \"kill_proces\"`, `did you mean \"kill_process\"`, path + ":1:42: tools.kill_proces"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log after reload = %s; want it to contain %s", logs.String(), want)
+		}
+	}
 }

@@ -91,6 +91,7 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	}
 	grants := make([]server.Grant, 0, len(cfg.Grants))
 	for _, g := range cfg.Grants {
+		warnUnknownTools(slog.Default(), g.Name, engines[g.Name])
 		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs, RequestsPerMinute: g.RequestsPerMinute})
 	}
 	if o.httpAddr == "" {
