@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 
+	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/policy/audit"
 )
 
@@ -50,18 +53,29 @@ The key defaults to the file audit.key in FILE's directory.`,
 }
 
 func runAuditVerify(out io.Writer, path, keyFile string, strict bool) error {
-	if keyFile == "" {
-		keyFile = audit.DefaultKeyFile(path)
-	}
-	key, err := audit.LoadKey(keyFile)
-	if err != nil {
-		return fmt.Errorf("audit verify: %w", err)
-	}
+	// The log first: a wrong path is the likelier mistake, and the key
+	// next to a log that is not there is missing too.
 	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("audit verify: there is no audit log at %s%s", path, defaultLogHint())
+	}
 	if err != nil {
 		return fmt.Errorf("audit verify: %w", err)
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.IsDir() {
+		return fmt.Errorf("audit verify: %s is a directory; give the log file (audit.log in it?)", path)
+	}
+	if keyFile == "" {
+		keyFile = audit.DefaultKeyFile(path)
+	}
+	key, err := audit.LoadKey(keyFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("audit verify: the log %s is there but its key %s is not (the key is where audit.key_file in vmgate.yaml says; pass it with --key)", path, keyFile)
+	}
+	if err != nil {
+		return fmt.Errorf("audit verify: %w", err)
+	}
 	rep, err := audit.Verify(f, key)
 	var ce *audit.ChainError
 	if err != nil && !errors.As(err, &ce) {
@@ -85,4 +99,18 @@ func runAuditVerify(out io.Writer, path, keyFile string, strict bool) error {
 	}
 	fmt.Fprintf(out, "ok: %s: %d records, last seq %d\n", path, rep.Records, rep.LastSeq)
 	return nil
+}
+
+// defaultLogHint names the log `vmgate serve` writes without a config, when
+// there is one, so a user who guessed the path learns the right one.
+func defaultLogHint() string {
+	dir, err := lab.DefaultStateDir()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(dir, "audit.log")
+	if _, err := os.Stat(p); err != nil {
+		return " (the log is audit.path in vmgate.yaml, by default audit.log in the state directory)"
+	}
+	return " (the default log is " + p + ")"
 }

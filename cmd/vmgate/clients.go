@@ -59,8 +59,8 @@ environment variable (--token-env) instead of containing it.`,
 					if cfg.HTTP.Addr != "" {
 						o.httpAddr = cfg.HTTP.Addr
 					}
-					if !hasGrant(cfg, o.grant) {
-						return fmt.Errorf("clients: --grant %q is not a grant of the config", o.grant)
+					if err := checkGrant(cfg, o.config, o.grant); err != nil {
+						return fmt.Errorf("clients: %w", err)
 					}
 				}
 			}

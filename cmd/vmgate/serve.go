@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -95,8 +97,8 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs, RequestsPerMinute: g.RequestsPerMinute})
 	}
 	if o.httpAddr == "" {
-		if !hasGrant(cfg, o.grant) {
-			return fmt.Errorf("serve: --grant %q is not a grant of the config", o.grant)
+		if err := checkGrant(cfg, o.config, o.grant); err != nil {
+			return fmt.Errorf("serve: %w", err)
 		}
 	}
 
@@ -173,13 +175,21 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	return serveHTTP(ctx, srv, web, cfg, addr, o)
 }
 
-func hasGrant(cfg *config.Config, name string) bool {
+// checkGrant says why name is no grant of cfg, listing the grants there
+// are, or returns nil when it is one.
+func checkGrant(cfg *config.Config, configPath, name string) error {
+	names := make([]string, 0, len(cfg.Grants))
 	for _, g := range cfg.Grants {
 		if g.Name == name {
-			return true
+			return nil
 		}
+		names = append(names, strconv.Quote(g.Name))
 	}
-	return false
+	where := "the config " + configPath
+	if configPath == "" {
+		where = "the embedded defaults (no --config)"
+	}
+	return fmt.Errorf("--grant %q is not a grant of %s; its grants: %s", name, where, strings.Join(names, ", "))
 }
 
 // openStore opens the configured store. With bolt (the default) counters
