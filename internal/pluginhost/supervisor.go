@@ -59,6 +59,18 @@ type instance struct {
 	noted bool
 	up    time.Duration // how long it ran
 	delay time.Duration // restart delay chosen at its exit
+
+	killOnce sync.Once
+}
+
+// kill stops the plugin process and frees go-plugin's connection and socket
+// directory, once: Close (on shutdown) and the instance's watcher (when the
+// process has exited) both call it, and a second go-plugin Kill would close
+// the already closed connection, take that for a failed graceful stop and
+// log "plugin failed to exit gracefully" after a clean exit. A later caller
+// waits for the first to finish.
+func (inst *instance) kill() {
+	inst.killOnce.Do(inst.client.Kill)
 }
 
 // Supervisor is a plugin driver that survives its plugin's death: it
@@ -158,7 +170,7 @@ func (s *Supervisor) get(ctx context.Context) (*instance, error) {
 		return nil, err
 	}
 	if s.closed {
-		inst.client.Kill()
+		inst.kill()
 		return nil, fmt.Errorf("driver %s: %w", s.spec.Driver, ErrClosed)
 	}
 	if s.ever {
@@ -264,7 +276,7 @@ func (s *Supervisor) watch(inst *instance) {
 	s.noteExitLocked(inst)
 	closed := s.closed
 	s.mu.Unlock()
-	inst.client.Kill() // the process is gone; this frees the connection and socket dir
+	inst.kill() // the process is gone; this frees the connection and socket dir
 	if !closed {
 		s.log.Warn("driver plugin exited", "pid", inst.proc.PID(), "status", exitStatus(inst.proc.exitErr()),
 			"up", inst.up.Round(time.Millisecond), "restart_in", inst.delay)
@@ -336,7 +348,7 @@ func (s *Supervisor) Close() error {
 	s.cur = nil
 	s.mu.Unlock()
 	if inst != nil {
-		inst.client.Kill()
+		inst.kill()
 	}
 	// A start in progress finishes (bounded by StartTimeout), sees closed and
 	// kills its plugin.
