@@ -156,8 +156,12 @@ func newLabStatusCmd(stateDir func() (string, error)) *cobra.Command {
 				wg.Go(func() {
 					ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
 					defer cancel()
-					info, err := vms[i].AgentInfo(ctx)
-					if err != nil {
+					info, err := vms[i].AgentStatus(ctx)
+					switch {
+					case errors.Is(err, lab.ErrAgentBusy):
+						agents[i] = "busy: another client (a running vmgate serve?) holds its only connection"
+						return
+					case err != nil:
 						agents[i] = "not answering"
 						return
 					}
