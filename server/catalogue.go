@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -47,6 +48,9 @@ type field struct {
 	// them) beyond maxLen and enum: a sandbox path must be absolute and clean.
 	valid  func(s string) error
 	fields []field
+	// def is the value the handler uses when the field is left out
+	// (published as the schema's default; policy conditions see it).
+	def any
 }
 
 // toolSpec is one tool of the catalogue.
@@ -57,12 +61,39 @@ type toolSpec struct {
 	fields      []field
 	exactlyOne  [][]string // groups of fields of which exactly one must be present
 	readOnly    bool
-	destructive bool
+	destructive bool // can change a guest (its files, processes or power)
 	idempotent  bool
+	openWorld   bool // reaches outside the VM and vmgate's own state
+	// output are the shapes of the tool's structuredContent on success
+	// (JSON Schemas, output.go); the published outputSchema is one of them
+	// or the error shape.
+	output []map[string]any
 	// plan and run are set by newTool from the tool's argument struct and
 	// handler (see args.go).
 	plan *argPlan
 	run  func(s *Server, c *call) result
+}
+
+// withDefaults is args with every left-out field that has a default set to
+// it: the arguments as the handler runs them, which policy conditions see
+// (require args.signal in [TERM, KILL] allows a kill that leaves signal
+// out). args is not changed.
+func (t *toolSpec) withDefaults(args map[string]any) map[string]any {
+	var out map[string]any
+	for _, f := range t.fields {
+		if _, ok := args[f.name]; ok || f.def == nil {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]any, len(args)+1)
+			maps.Copy(out, args)
+		}
+		out[f.name] = f.def
+	}
+	if out == nil {
+		return args
+	}
+	return out
 }
 
 func (t *toolSpec) field(name string) *field {
@@ -203,6 +234,9 @@ func (f field) schema() map[string]any {
 	case kindObject:
 		s = schemaOf(f.fields)
 	}
+	if f.def != nil {
+		s["default"] = f.def
+	}
 	s["description"] = f.desc
 	return s
 }
@@ -220,8 +254,9 @@ func (t *toolSpec) mcpTool() mcp.Tool {
 		ReadOnlyHint:    mcp.ToBoolPtr(t.readOnly),
 		DestructiveHint: mcp.ToBoolPtr(t.destructive),
 		IdempotentHint:  mcp.ToBoolPtr(t.idempotent),
-		OpenWorldHint:   mcp.ToBoolPtr(false),
+		OpenWorldHint:   mcp.ToBoolPtr(t.openWorld),
 	}
+	tool.RawOutputSchema = t.rawOutputSchema()
 	return tool
 }
 

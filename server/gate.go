@@ -296,7 +296,7 @@ func (g *gating) resolve() (verdict, bool) {
 	g.rec.VM = truncate(vm, 512)
 	backend, name, d, ok := g.s.resolveVM(g.conn.grant, vm)
 	if !ok {
-		return g.refuse(decisionUnknownVM, TagUnknownVM, fmt.Sprintf("no VM %q (list_vms shows the VMs you can use)", truncate(vm, 64)))
+		return g.refuse(decisionUnknownVM, TagUnknownVM, unknownVMText(vm))
 	}
 	cl := g.call
 	cl.vm, cl.backend, cl.name, cl.driver = vm, backend, name, d
@@ -313,7 +313,9 @@ func (g *gating) decide() (verdict, bool) {
 	}
 	session, _ := g.args["session"].(string)
 	name := g.spec.name
-	d := eng.Decide(policy.Call{Grant: g.conn.grant.Name, Transport: g.conn.transport, Tool: name, VM: g.call.vm, Session: session, Args: g.args})
+	// Conditions see the arguments as the handler runs them: defaults filled in.
+	args := g.spec.withDefaults(g.args)
+	d := eng.Decide(policy.Call{Grant: g.conn.grant.Name, Transport: g.conn.transport, Tool: name, VM: g.call.vm, Session: session, Args: args})
 	g.decision = d
 	g.call.sandbox = d.Sandbox
 	g.rec.Rule, g.rec.Reason, g.rec.Shadow = d.Rule, d.Reason, d.Shadow
@@ -711,7 +713,7 @@ func (s *Server) toolHandler(spec *toolSpec) mcpserver.ToolHandlerFunc {
 			}
 		}
 		stop := s.reportProgress(ctx, req, spec.name)
-		r := spec.run(s, t.call)
+		r := t.call.explain(spec.run(s, t.call))
 		stop()
 		t.res = &r
 		return r.mcp(), nil

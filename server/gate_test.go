@@ -28,12 +28,26 @@ func TestCatalogue(t *testing.T) {
 	if r.Result == nil {
 		t.Fatalf("tools/list: no result: %+v", r.Error)
 	}
-	type want struct{ readOnly, destructive, idempotent bool }
+	// The annotations of every tool, reviewed against what it can do: a
+	// tool that can change a guest is destructive (vm_agent_exec runs any
+	// command as root), idempotent when a repeat changes nothing more,
+	// open-world when it reaches beyond the VM (a command reaches whatever
+	// the guest's network does). A new tool needs its row: tools/list
+	// fails this test without one.
+	type want struct{ readOnly, destructive, idempotent, openWorld bool }
 	wants := map[string]want{
-		"list_vms": {true, false, true}, "vm_status": {true, false, true}, "list_processes": {true, false, true},
-		"list_sessions": {true, false, true}, "vm_agent_exec": {false, false, false}, "vm_agent_exec_status": {true, false, false},
-		"create_session": {false, false, false}, "kill_process": {false, true, false}, "destroy_session": {false, true, true},
-		"vm_file_read": {true, false, true}, "vm_file_write": {false, true, true}, "vm_power": {false, true, false},
+		"list_vms":             {readOnly: true, idempotent: true},
+		"vm_status":            {readOnly: true, idempotent: true},
+		"list_processes":       {readOnly: true, idempotent: true},
+		"list_sessions":        {readOnly: true, idempotent: true},
+		"vm_agent_exec":        {destructive: true, openWorld: true},
+		"vm_agent_exec_status": {readOnly: true}, // the final result is returned once
+		"create_session":       {},               // additive: a new work directory
+		"kill_process":         {destructive: true},
+		"destroy_session":      {destructive: true, idempotent: true},
+		"vm_file_read":         {readOnly: true, idempotent: true},
+		"vm_file_write":        {destructive: true, idempotent: true},
+		"vm_power":             {destructive: true}, // reboot twice is two reboots
 	}
 	got := map[string]bool{}
 	for _, tool := range r.Result.Tools {
@@ -47,7 +61,7 @@ func TestCatalogue(t *testing.T) {
 		for _, c := range []struct {
 			key  string
 			want bool
-		}{{"readOnlyHint", w.readOnly}, {"destructiveHint", w.destructive}, {"idempotentHint", w.idempotent}, {"openWorldHint", false}} {
+		}{{"readOnlyHint", w.readOnly}, {"destructiveHint", w.destructive}, {"idempotentHint", w.idempotent}, {"openWorldHint", w.openWorld}} {
 			if a[c.key] != c.want {
 				t.Errorf("%s annotations[%s] = %v; want %v", tool.Name, c.key, a[c.key], c.want)
 			}
@@ -55,6 +69,9 @@ func TestCatalogue(t *testing.T) {
 		s := tool.InputSchema
 		if s["type"] != "object" || s["additionalProperties"] != false {
 			t.Errorf("%s inputSchema type/additionalProperties = %v/%v; want object/false", tool.Name, s["type"], s["additionalProperties"])
+		}
+		if o := tool.OutputSchema; o["type"] != "object" || o["anyOf"] == nil {
+			t.Errorf("%s outputSchema = %v; want an object schema (its result shapes or the error shape)", tool.Name, o)
 		}
 	}
 	for name := range wants {

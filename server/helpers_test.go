@@ -165,9 +165,10 @@ type rpcReply struct {
 		StructuredContent map[string]any `json:"structuredContent"`
 		IsError           bool           `json:"isError"`
 		Tools             []struct {
-			Name        string         `json:"name"`
-			InputSchema map[string]any `json:"inputSchema"`
-			Annotations map[string]any `json:"annotations"`
+			Name         string         `json:"name"`
+			InputSchema  map[string]any `json:"inputSchema"`
+			OutputSchema map[string]any `json:"outputSchema"`
+			Annotations  map[string]any `json:"annotations"`
 		} `json:"tools"`
 	} `json:"result"`
 	Error *struct {
@@ -199,6 +200,7 @@ func (f *fixture) sendAs(t testing.TB, grant, raw string) rpcReply {
 	if err := json.Unmarshal(out, &r); err != nil {
 		t.Fatalf("reply %.200q: %v", out, err)
 	}
+	f.checkOutput(t, raw, out)
 	return r
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -24,7 +25,9 @@ import (
 
 func execTool(l Limits) *toolSpec {
 	return newTool(toolSpec{
-		name: "vm_agent_exec", title: "Run a command in a VM",
+		// Any command as root: it can change anything in the guest, and reach
+		// whatever the guest's network reaches.
+		name: "vm_agent_exec", title: "Run a command in a VM", destructive: true, openWorld: true,
 		desc: "Run a command in a VM through its guest agent and return exit code, stdout and stderr. " +
 			"Give exactly one of command (an argv array, run without a shell) or shell (a string run by /bin/sh -c). " +
 			"The command is killed after timeout_s seconds (timed_out: true, partial output kept). " +
@@ -38,11 +41,15 @@ func execTool(l Limits) *toolSpec {
 			{name: "env", kind: kindStringMap, desc: "Environment variables to add, name → value. VMGATE_* names are reserved.", maxLen: 256},
 			{name: "cwd", kind: kindString, desc: "Absolute working directory in the guest.", maxLen: 4096},
 			sessionField(),
-			{name: "timeout_s", kind: kindInteger, desc: fmt.Sprintf("Seconds before the command is killed (default %d).", l.DefaultTimeoutS), min: 1, max: l.MaxTimeoutS},
+			{name: "timeout_s", kind: kindInteger, desc: fmt.Sprintf("Seconds before the command is killed (default %d).", l.DefaultTimeoutS), min: 1, max: l.MaxTimeoutS, def: l.DefaultTimeoutS},
 			{name: "max_output_bytes", kind: kindInteger, desc: fmt.Sprintf("Cap for each of stdout and stderr; the server caps it at %d.", l.MaxOutputBytes), min: 1, max: math.MaxInt64},
-			{name: "wait", kind: kindBoolean, desc: "Wait for the command to finish (default true). false returns an exec_id to poll."},
+			{name: "wait", kind: kindBoolean, desc: "Wait for the command to finish (default true). false returns an exec_id to poll.", def: true},
 		},
 		exactlyOne: [][]string{{"command", "shell"}},
+		output: []map[string]any{
+			execShape(),
+			oObject(map[string]any{"exec_id": oString, "pid": oInteger, "started_at": oInteger}, "exec_id", "pid"),
+		},
 	}, (*Server).runExec)
 }
 
@@ -52,7 +59,19 @@ func execStatusTool() *toolSpec {
 		desc: "Poll a command started with vm_agent_exec wait: false. Returns exited: false while it runs, " +
 			"then the final exit code and output (after which the exec_id is forgotten).",
 		fields: []field{vmField(true), {name: "exec_id", kind: kindString, desc: "The exec_id vm_agent_exec returned.", required: true, maxLen: 128}},
+		output: []map[string]any{execShape()},
 	}, (*Server).runExecStatus)
+}
+
+// execShape is a command's result as execResult shows it: exit_code only
+// once it exited; each stream as text or, when it is not text, base64.
+func execShape() map[string]any {
+	return oObject(map[string]any{
+		"pid": oInteger, "exited": oBoolean, "exit_code": oInteger, "signal": oInteger,
+		"stdout": oString, "stdout_base64": oString, "stderr": oString, "stderr_base64": oString,
+		"stdout_truncated": oBoolean, "stderr_truncated": oBoolean, "timed_out": oBoolean,
+		"session": oString, "duration_ms": oNonNeg, "killed": oNonNeg,
+	}, "pid", "exited", "stdout_truncated", "stderr_truncated", "timed_out")
 }
 
 // execArgs are vm_agent_exec's arguments, read once for both of its roads:
@@ -165,8 +184,13 @@ func (s *Server) runExec(c *call, a *execArgs) result {
 			// The command runs but cannot be tracked; say so rather than hide it.
 			return failure(TagBackend, fmt.Sprintf("command started as pid %d but cannot be tracked: %v", h.PID, err), false)
 		}
-		out := map[string]any{"exec_id": id, "pid": h.PID, "started_at": h.StartedAt}
-		return success(out, fmt.Sprintf("started pid %d; poll vm_agent_exec_status with exec_id %s", h.PID, id))
+		out := map[string]any{"exec_id": id, "pid": h.PID}
+		text := fmt.Sprintf("started pid %d; poll vm_agent_exec_status with exec_id %s", h.PID, id)
+		if ms, ok := guestStartedAt(c, h.PID); ok {
+			out["started_at"] = ms
+			text += fmt.Sprintf(" (started_at %d: pass it to kill_process with the pid)", ms)
+		}
+		return success(out, text)
 	}
 	res, err := hypervisor.Run(c.ctx, c.driver, c.name, req)
 	if err != nil {
@@ -246,19 +270,30 @@ func deniedBySandbox(res hypervisor.ExecResult) bool {
 
 func execResult(res hypervisor.ExecResult, timeoutMsg string) result {
 	out := map[string]any{
-		"pid": res.PID, "exited": res.Exited, "exit_code": res.ExitCode,
+		"pid": res.PID, "exited": res.Exited,
 		"stdout_truncated": res.StdoutTruncated, "stderr_truncated": res.StderrTruncated,
 		"timed_out": res.TimedOut,
+	}
+	if res.Exited {
+		// A running command has no exit code: none is made up.
+		out["exit_code"] = res.ExitCode
 	}
 	if res.Signal != 0 {
 		out["signal"] = res.Signal
 	}
-	putBytes(out, "stdout", res.Stdout)
-	putBytes(out, "stderr", res.Stderr)
+	// A running command's output so far, when the guest hands it over.
+	if res.Exited || len(res.Stdout) > 0 {
+		putBytes(out, "stdout", res.Stdout)
+	}
+	if res.Exited || len(res.Stderr) > 0 {
+		putBytes(out, "stderr", res.Stderr)
+	}
 	var b strings.Builder
 	switch {
+	case !res.Exited && len(res.Stdout)+len(res.Stderr) == 0:
+		fmt.Fprintf(&b, "running (pid %d); no output so far (some guest agents hand it over only when the command ends); poll again", res.PID)
 	case !res.Exited:
-		fmt.Fprintf(&b, "running (pid %d)", res.PID)
+		fmt.Fprintf(&b, "running (pid %d); output so far:", res.PID)
 	case res.Signal != 0:
 		fmt.Fprintf(&b, "killed by signal %d", res.Signal)
 	default:
@@ -272,12 +307,21 @@ func execResult(res hypervisor.ExecResult, timeoutMsg string) result {
 	return success(out, b.String())
 }
 
+// putBytes sets m[key] to data as text, or m[key+"_base64"] when data is
+// not text.
 func putBytes(m map[string]any, key string, data []byte) {
-	if utf8.Valid(data) {
+	if isText(data) {
 		m[key] = string(data)
 	} else {
 		m[key+"_base64"] = base64.StdEncoding.EncodeToString(data)
 	}
+}
+
+// isText reports whether data is text: valid UTF-8 without NUL bytes (a
+// NUL is valid UTF-8, and a binary file full of them would come back as
+// "\u0000…").
+func isText(data []byte) bool {
+	return utf8.Valid(data) && bytes.IndexByte(data, 0) < 0
 }
 
 func section(b *strings.Builder, name string, data []byte, truncated bool) {
@@ -289,7 +333,7 @@ func section(b *strings.Builder, name string, data []byte, truncated bool) {
 		b.WriteString(" (truncated)")
 	}
 	b.WriteString(" ---\n")
-	if utf8.Valid(data) {
+	if isText(data) {
 		b.Write(data)
 	} else {
 		fmt.Fprintf(b, "(%d bytes of binary data, see %s_base64)", len(data), name)
@@ -373,4 +417,64 @@ func (t *execTable) remove(id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	delete(t.m, id)
+}
+
+// userHZ is the clock tick of /proc times on every Linux vmgate runs
+// commands in (amd64, arm64: USER_HZ is 100), as guest/agent/procfs.go.
+const userHZ = 100
+
+// guestStartedAt is the start time of pid in the guest in ms since the Unix
+// epoch, as list_processes shows it and kill_process's started_at takes it
+// (the guest's clock, not the host's): /proc/PID/stat's starttime after
+// /proc/stat's btime, read through the driver's file channel. ok is false
+// when the guest cannot tell (the command already ended, no procfs).
+func guestStartedAt(c *call, pid int64) (ms int64, ok bool) {
+	stat, err := c.driver.FileRead(c.ctx, c.name, "/proc/"+strconv.FormatInt(pid, 10)+"/stat", 4096)
+	if err != nil {
+		return 0, false
+	}
+	ticks, ok := statStartTicks(stat.Data)
+	if !ok {
+		return 0, false
+	}
+	boot, err := c.driver.FileRead(c.ctx, c.name, "/proc/stat", 1<<16)
+	if err != nil {
+		return 0, false
+	}
+	btime, ok := procBootTime(boot.Data)
+	if !ok {
+		return 0, false
+	}
+	return btime*1000 + ticks*1000/userHZ, true
+}
+
+// statStartTicks is field 22 (starttime) of /proc/P/stat: the 20th after
+// the command name, which may hold spaces and parentheses (so the fields
+// are counted from the last ')').
+func statStartTicks(b []byte) (int64, bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(f[19], 10, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
+}
+
+// procBootTime is the btime line of /proc/stat: the boot time in s since
+// the Unix epoch.
+func procBootTime(b []byte) (int64, bool) {
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n, err == nil && n > 0
+		}
+	}
+	return 0, false
 }

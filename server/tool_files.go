@@ -7,7 +7,6 @@ import (
 	"maps"
 	"math"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/internal/guestctl"
@@ -33,6 +32,10 @@ func fileReadTool(l Limits) *toolSpec {
 			{name: "path", kind: kindString, desc: "Absolute, clean path in the guest (no \".\", \"..\", \"//\" or trailing \"/\").", required: true, maxLen: 4096, guestPath: true},
 			{name: "max_bytes", kind: kindInteger, desc: fmt.Sprintf("Read at most this many bytes; the server caps it at %d.", l.MaxOutputBytes), min: 1, max: math.MaxInt64},
 		},
+		output: []map[string]any{oObject(map[string]any{
+			"path": oString, "requested_path": oString, "bytes": oNonNeg, "truncated": oBoolean,
+			"mode": oString, "size": oNonNeg, "content": oString, "content_base64": oString,
+		}, "path", "bytes", "truncated")},
 	}, (*Server).runFileRead)
 }
 
@@ -48,6 +51,9 @@ func fileWriteTool() *toolSpec {
 			{name: "mode", kind: kindInteger, desc: "Permission bits as a number (420 = 0644). Default: an existing file keeps its mode, a new one gets 0644 or the policy's default.", min: 0, max: 0o7777},
 		},
 		exactlyOne: [][]string{{"content", "content_base64"}},
+		output: []map[string]any{oObject(map[string]any{
+			"path": oString, "requested_path": oString, "bytes_written": oNonNeg, "mode": oString, "created": oBoolean,
+		}, "path", "bytes_written")},
 	}, (*Server).runFileWrite)
 }
 
@@ -85,9 +91,13 @@ func (s *Server) runFileRead(c *call, a *fileReadArgs) result {
 	if fr.Path != a.Path {
 		out["requested_path"] = a.Path
 	}
-	putBytes(out, "content", fr.Data)
+	if isText(fr.Data) {
+		out["content"] = string(fr.Data)
+	} else {
+		out["content_base64"] = base64.StdEncoding.EncodeToString(fr.Data)
+	}
 	text := string(fr.Data)
-	if !utf8.Valid(fr.Data) {
+	if !isText(fr.Data) {
 		text = fmt.Sprintf("(%d bytes of binary data, see content_base64)", len(fr.Data))
 	}
 	if fr.Truncated {
@@ -222,7 +232,7 @@ func fileFailure(err error) result {
 			r.detail = err.Error()
 			return r
 		case he.Code == wire.CodeRefused, he.Code == wire.CodeNotFound, he.Code == wire.CodeInvalid:
-			r := failure(TagInvalid, strings.TrimPrefix(he.Message, he.Op+": "), true)
+			r := failure(TagInvalid, guestCause(cleanReason(strings.TrimPrefix(he.Message, he.Op+": "))), true)
 			r.detail = err.Error()
 			return r
 		}

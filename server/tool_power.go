@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/vmgate/vmgate/hypervisor"
@@ -19,6 +20,9 @@ func powerTool() *toolSpec {
 			vmField(true),
 			{name: "action", kind: kindString, desc: "shutdown, reboot, reset, stop or start.", required: true, enum: PowerActions},
 		},
+		output: []map[string]any{oObject(map[string]any{
+			"vm": oString, "action": oString, "done": oBoolean, "state": oString,
+		}, "vm", "action", "done")},
 	}, (*Server).runPower)
 }
 
@@ -27,10 +31,45 @@ type powerArgs struct {
 	Action string `arg:"action"`
 }
 
+// powerNoop is, for the actions that only move a VM to one state, the
+// state in which they have nothing to do.
+var powerNoop = map[hypervisor.PowerAction]hypervisor.State{
+	hypervisor.PowerStart: hypervisor.StateRunning,
+	hypervisor.PowerStop:  hypervisor.StateStopped,
+}
+
 func (s *Server) runPower(c *call, a *powerArgs) result {
 	action := hypervisor.PowerAction(a.Action)
+	if r, done := s.powerAlready(c, action); done {
+		return r
+	}
 	if err := c.driver.Power(c.ctx, c.name, action); err != nil {
 		return driverFailure(err)
 	}
 	return success(map[string]any{"vm": c.vm, "action": string(action), "done": true}, fmt.Sprintf("%s: %s done", c.vm, action))
+}
+
+// powerAlready answers start on a running VM and stop on a stopped one
+// without touching it: the agent learns the VM was already so, rather
+// than "start done" (or a backend's refusal). A status that cannot be read
+// leaves the action to the driver.
+func (s *Server) powerAlready(c *call, action hypervisor.PowerAction) (result, bool) {
+	want, ok := powerNoop[action]
+	if !ok {
+		return result{}, false
+	}
+	st, err := c.driver.Status(c.ctx, c.name)
+	if err != nil {
+		if errors.Is(err, hypervisor.ErrUnknownVM) {
+			return driverFailure(err), true
+		}
+		return result{}, false
+	}
+	if st.State != want {
+		return result{}, false
+	}
+	out := map[string]any{"vm": c.vm, "action": string(action), "done": false, "state": string(st.State)}
+	r := success(out, fmt.Sprintf("%s was already %s; %s did nothing", c.vm, st.State, action))
+	r.noEffect = true
+	return r, true
 }

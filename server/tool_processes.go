@@ -24,6 +24,9 @@ const MaxPID = 4194304
 // Signals are the signals kill_process accepts.
 var Signals = []string{"TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT"}
 
+// defaultSignal is kill_process's signal when the call gives none.
+const defaultSignal = "TERM"
+
 // maxProcessRows bounds the rows list_processes puts in its text (the
 // structured result has them all).
 const maxProcessRows = 200
@@ -33,6 +36,13 @@ func listProcessesTool() *toolSpec {
 		name: "list_processes", title: "List processes", readOnly: true, idempotent: true,
 		desc:   "List the processes in a VM (pid, name, user, start time), optionally only those of one session. vmgate installs its vmgate-guest helper in the VM on first use.",
 		fields: []field{vmField(true), sessionField()},
+		output: []map[string]any{oObject(map[string]any{
+			"vm": oString, "session": oString,
+			"processes": oArray(oObject(map[string]any{
+				"pid": oInteger, "ppid": oInteger, "user": oString, "name": oString, "cmdline": oString,
+				"started_at": oInteger, "state": oString, "rss_bytes": oNonNeg, "cpu_percent": oNumber, "session": oString,
+			}, "pid", "ppid", "name", "started_at", "state")),
+		}, "vm", "processes")},
 	}, (*Server).runListProcesses)
 }
 
@@ -45,9 +55,12 @@ func killProcessTool() *toolSpec {
 		fields: []field{
 			vmField(true),
 			{name: "pid", kind: kindInteger, desc: "Process id in the guest (from list_processes or vm_agent_exec).", required: true, min: 1, max: MaxPID},
-			{name: "signal", kind: kindString, desc: "Signal name without SIG (default TERM).", enum: Signals},
-			{name: "started_at", kind: kindInteger, desc: "The process start time from list_processes (ms since the Unix epoch); the kill is refused when the pid now belongs to another process.", min: 1, max: math.MaxInt64},
+			{name: "signal", kind: kindString, desc: "Signal name without SIG (default TERM).", enum: Signals, def: defaultSignal},
+			{name: "started_at", kind: kindInteger, desc: "The process start time in ms since the Unix epoch, as list_processes and vm_agent_exec (wait: false) return it; the kill is refused when the pid now belongs to another process.", min: 1, max: math.MaxInt64},
 		},
+		output: []map[string]any{oObject(map[string]any{
+			"pid": oInteger, "signal": oString, "exited": oBoolean, "waited_ms": oNonNeg, "state": oString,
+		}, "pid", "signal", "exited")},
 	}, (*Server).runKillProcess)
 }
 
@@ -109,10 +122,10 @@ type killArgs struct {
 	StartedAt int64  `arg:"started_at"` // 0: not checked
 }
 
-// signal is the signal to send: signal, or TERM.
+// signal is the signal to send: signal, or its default.
 func (a *killArgs) signal() string {
 	if a.Signal == "" {
-		return "TERM"
+		return defaultSignal
 	}
 	return a.Signal
 }

@@ -46,6 +46,7 @@ func createSessionTool() *toolSpec {
 			}},
 			sandboxField(),
 		},
+		output: []map[string]any{sessionShape()},
 	}, (*Server).runCreateSession)
 }
 
@@ -54,6 +55,10 @@ func listSessionsTool() *toolSpec {
 		name: "list_sessions", title: "List sessions", readOnly: true, idempotent: true,
 		desc:   "List your sessions, in one VM or in all. vmgate installs its vmgate-guest helper in the VM on first use.",
 		fields: []field{vmField(false)},
+		output: []map[string]any{oObject(map[string]any{
+			"sessions": oArray(sessionShape()),
+			"errors":   oArray(oObject(map[string]any{"vm": oString, "error": oString}, "vm", "error")),
+		}, "sessions")},
 	}, (*Server).runListSessions)
 }
 
@@ -62,6 +67,10 @@ func destroySessionTool() *toolSpec {
 		name: "destroy_session", title: "Destroy a session", destructive: true, idempotent: true,
 		desc:   "Kill every process of a session and remove its work directory. Destroying a session twice is harmless. vmgate installs its vmgate-guest helper in the VM on first use.",
 		fields: []field{vmField(true), {name: "session", kind: kindString, desc: "Session id from create_session.", required: true, maxLen: 128}},
+		output: []map[string]any{
+			oObject(map[string]any{"session": oString, "vm": oString, "existed": oBoolean, "killed": oNonNeg, "took_ms": oNonNeg}, "session", "vm", "existed", "killed"),
+			oObject(map[string]any{"session": oString, "vm": oString, "existed": oBoolean, "destroyed_at": oTime}, "session", "vm", "existed", "destroyed_at"),
+		},
 	}, (*Server).runDestroySession)
 }
 
@@ -88,6 +97,43 @@ func sandboxField() field {
 					paths("write", "Absolute paths the session may also write (no symlinks)."),
 				}},
 		}}
+}
+
+// sessionShape is a session as sessionView shows it (with processes and
+// in_guest when list_sessions asked the guest).
+func sessionShape() map[string]any {
+	return oObject(map[string]any{
+		"session": oString, "vm": oString, "created": oTime, "last_used": oTime,
+		"workdir": oString, "tracking": oString,
+		"limits": oObject(map[string]any{"memory_mb": oNonNeg, "pids": oNonNeg, "cpu_percent": oNonNeg}),
+		"ttl_s":  oInteger, "expires_at": oTime, "idle_s": oInteger, "idle_expires_at": oTime,
+		"processes": oNonNeg, "in_guest": oBoolean,
+		"sandbox": sandboxShape(), "enforced": enforcedShape(),
+	}, "session", "vm", "created", "last_used", "limits")
+}
+
+// sandboxShape is the sandbox a session runs under (wire.Sandbox).
+func sandboxShape() map[string]any {
+	paths := oArray(oString)
+	return oObject(map[string]any{
+		"net": oString, "user": oString,
+		"fs":          oObject(map[string]any{"read": paths, "write": paths}),
+		"tcp":         map[string]any{"type": "object"},
+		"best_effort": oArray(oString),
+	})
+}
+
+// enforcedShape is what the guest says holds for a session (wire.Enforced):
+// its top level is fixed; the reports inside it (landlock, net, cgroup)
+// are the guest's and may grow.
+func enforcedShape() map[string]any {
+	obj := map[string]any{"type": "object"}
+	return oObject(map[string]any{
+		"sandboxed": oBoolean, "user": oString, "uid": oInteger, "gid": oInteger,
+		"no_new_privs": oBoolean, "capabilities": oString, "landlock": obj, "net": obj,
+		"private_tmp": oBoolean, "tmp": oString, "cgroup": obj, "membership": oString,
+		"not_enforced": oArray(oString),
+	}, "sandboxed")
 }
 
 // createSessionArgs are create_session's arguments; 0 is "not given".
@@ -175,10 +221,19 @@ func storeFailure(err error) result {
 
 // sessionView is a session as the tools show it.
 func sessionView(sess store.Session) map[string]any {
+	lastUsed := sess.LastUsed
+	if lastUsed.IsZero() { // the store's "never used": created
+		lastUsed = sess.Created
+	}
 	out := map[string]any{
-		"session": sess.ID, "vm": sess.VM, "created": sess.Created.UTC(), "last_used": sess.LastUsed.UTC(),
-		"workdir": sess.Workdir, "tracking": sess.Tracking,
+		"session": sess.ID, "vm": sess.VM, "created": sess.Created.UTC(), "last_used": lastUsed.UTC(),
 		"limits": map[string]any{"memory_mb": sess.Limits.MemoryMB, "pids": sess.Limits.Pids, "cpu_percent": sess.Limits.CPUPercent},
+	}
+	if sess.Workdir != "" {
+		out["workdir"] = sess.Workdir
+	}
+	if sess.Tracking != "" {
+		out["tracking"] = sess.Tracking
 	}
 	if sess.TTL > 0 {
 		out["ttl_s"] = int64(sess.TTL / time.Second)
@@ -186,7 +241,7 @@ func sessionView(sess store.Session) map[string]any {
 	}
 	if sess.Idle > 0 {
 		out["idle_s"] = int64(sess.Idle / time.Second)
-		out["idle_expires_at"] = sess.LastUsed.Add(sess.Idle).UTC()
+		out["idle_expires_at"] = lastUsed.Add(sess.Idle).UTC()
 	}
 	return out
 }
@@ -207,8 +262,9 @@ func (s *Server) runCreateSession(c *call, a *createSessionArgs) result {
 	if r != nil {
 		return *r
 	}
+	now := s.now()
 	sess := store.Session{
-		ID: guestctl.NewSessionID(), Grant: c.grant.Name, VM: c.vm, Created: s.now(),
+		ID: guestctl.NewSessionID(), Grant: c.grant.Name, VM: c.vm, Created: now, LastUsed: now,
 		TTL: time.Duration(ttl) * time.Second, Idle: time.Duration(idle) * time.Second, Limits: limits,
 	}
 	// The store first: a session the guest has is always one the server knows.
@@ -384,6 +440,14 @@ func (s *Server) runListSessions(c *call, _ *noArgs) result {
 			v["in_guest"] = ok
 			if ok {
 				addEnforced(v, gs)
+			}
+			// The guest's own word on where the session lives and how its
+			// processes are tracked.
+			if ok && gs.Workdir != "" {
+				v["workdir"] = gs.Workdir
+			}
+			if ok && gs.Tracking != "" {
+				v["tracking"] = string(gs.Tracking)
 			}
 		}
 	}

@@ -14,6 +14,10 @@ func listVMsTool() *toolSpec {
 	return newTool(toolSpec{
 		name: "list_vms", title: "List VMs", readOnly: true, idempotent: true,
 		desc: "List the VMs you can use, with their power state. Use the returned ids as the vm argument of the other tools.",
+		output: []map[string]any{oObject(map[string]any{
+			"vms":    oArray(oObject(map[string]any{"id": oString, "state": oString, "info": oString, "agent": oBoolean}, "id", "state")),
+			"errors": oArray(oObject(map[string]any{"backend": oString, "error": oString}, "backend", "error")),
+		}, "vms")},
 	}, (*Server).runListVMs)
 }
 
@@ -22,6 +26,9 @@ func vmStatusTool() *toolSpec {
 		name: "vm_status", title: "VM status", readOnly: true, idempotent: true,
 		desc:   "Report a VM's power state and whether its guest agent answers (needed by exec, file and process tools).",
 		fields: []field{vmField(true)},
+		output: []map[string]any{oObject(map[string]any{
+			"vm": oString, "state": oString, "agent_connected": oBoolean, "agent_version": oString, "detail": oString,
+		}, "vm", "state", "agent_connected")},
 	}, (*Server).runStatus)
 }
 

@@ -211,8 +211,9 @@ func TestAgentErrors(t *testing.T) {
 		{"generic error reply", lverr(golibvirt.ErrInternalError, "internal error: unable to execute QEMU agent command 'guest-info': failed to open file '/x': No such file or directory"),
 			func(err error) bool {
 				var e *qga.Error
-				return errors.As(err, &e) && e.Class == "GenericError" && strings.Contains(e.Desc, "No such file")
-			}, "*qga.Error GenericError"},
+				return errors.As(err, &e) && e.Class == "GenericError" && strings.Contains(e.Desc, "No such file") &&
+					errors.Is(err, hypervisor.ErrBackend) && strings.Contains(err.Error(), "backend error: the guest agent answered: failed to open file '/x': No such file or directory")
+			}, "*qga.Error GenericError as ErrBackend with the agent's desc"},
 		{"agent not connected", lverr(golibvirt.ErrAgentUnresponsive, "Guest agent is not responding: QEMU guest agent is not connected"),
 			func(err error) bool { return errors.Is(err, hypervisor.ErrAgentUnavailable) }, "ErrAgentUnavailable"},
 		{"not running", lverr(golibvirt.ErrOperationInvalid, "Requested operation is not valid: domain is not running"),

@@ -7,7 +7,6 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/plugins/internal/agentexec"
 )
@@ -34,13 +33,9 @@ var (
 func (d *Driver) classify(op string, err error) error {
 	var ae *APIError
 	if !errors.As(err, &ae) {
-		mapped := agentexec.MapError(err)
-		var qe *qga.Error
-		if mapped == err && errors.As(err, &qe) {
-			// Any other error reply of the guest agent: its own reason.
-			return fmt.Errorf("proxmox: %s: %w: the guest agent answered: %w", op, hypervisor.ErrBackend, err)
-		}
-		return fmt.Errorf("proxmox: %s: %w", op, mapped)
+		// Any other error reply of the guest agent is its own reason
+		// (agentexec.AgentReplyError).
+		return fmt.Errorf("proxmox: %s: %w", op, agentexec.MapError(err))
 	}
 	msg := strings.TrimSpace(ae.Message)
 	switch {

@@ -226,6 +226,9 @@ func TestDriverAgentErrorMapping(t *testing.T) {
 		{"deadline", context.DeadlineExceeded, hypervisor.ErrTimeout, "timed out"},
 		{"unknown exec", qga.ErrUnknownExec, hypervisor.ErrUnknownExec, "unknown exec"},
 		{"invalid", qga.ErrInvalidArgument, hypervisor.ErrInvalidArgument, "invalid argument"},
+		// Any other reply of the agent is its own reason, passed through.
+		{"agent reply", &qga.Error{Class: "GenericError", Desc: "failed to open file '/nope' (mode: 'r'): No such file or directory"},
+			hypervisor.ErrBackend, "backend error: the guest agent answered: failed to open file '/nope' (mode: 'r'): No such file or directory"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -239,8 +242,8 @@ func TestDriverAgentErrorMapping(t *testing.T) {
 				t.Errorf("ExecStart() = %v; want %v containing %q", err, tt.want, tt.wantMsg)
 			}
 			_, err = d.FileRead(context.Background(), "vm1", "/etc/hostname", 10)
-			if !errors.Is(err, tt.want) {
-				t.Errorf("FileRead() = %v; want %v", err, tt.want)
+			if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("FileRead() = %v; want %v containing %q", err, tt.want, tt.wantMsg)
 			}
 		})
 	}

@@ -34,6 +34,7 @@ func TestMapError(t *testing.T) {
 		{"client closed", fmt.Errorf("x: %w", qga.ErrClosed), hypervisor.ErrAgentUnavailable},
 		{"unknown exec", fmt.Errorf("x: %w", qga.ErrUnknownExec), hypervisor.ErrUnknownExec},
 		{"invalid", fmt.Errorf("x: %w", qga.ErrInvalidArgument), hypervisor.ErrInvalidArgument},
+		{"agent reply", fmt.Errorf("qga: guest-file-open: %w", &qga.Error{Class: "GenericError", Desc: "failed to open file '/nope' (mode: 'r'): No such file or directory"}), hypervisor.ErrBackend},
 		{"other", other, nil},
 	} {
 		got := MapError(c.err)
@@ -46,6 +47,12 @@ func TestMapError(t *testing.T) {
 		if !errors.Is(got, c.want) || !errors.Is(got, c.err) {
 			t.Errorf("MapError(%s: %v) = %v; want %v wrapping the original", c.name, c.err, got, c.want)
 		}
+	}
+	// The agent's reply is the reason the server shows: its desc after
+	// "backend error: ", nothing of the client's wrapping.
+	reply := fmt.Errorf("qga: guest-exec: %w", &qga.Error{Class: "GenericError", Desc: "Guest agent command failed, error was 'Failed to execute child process (Exec format error)'"})
+	if got, want := MapError(reply).Error(), "backend error: the guest agent answered: Guest agent command failed, error was 'Failed to execute child process (Exec format error)'"; got != want {
+		t.Errorf("MapError(%v) = %q; want %q", reply, got, want)
 	}
 	var cd *hypervisor.CommandDisabledError
 	if got := MapError(disabled); !errors.As(got, &cd) || cd.Command != "guest-exec" {

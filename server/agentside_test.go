@@ -1,0 +1,351 @@
+package server
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/policy/audit"
+)
+
+// The agent's side of every call (issue 17): what an agent gets back when
+// the guest or the backend fails, and the fields it passes on.
+
+// TestGuestErrorsReachTheAgent: a failing guest command, a missing file, a
+// directory read and a permission error come back with the guest's own
+// reason in plain words and what to do next; the audit log keeps the whole
+// error.
+func TestGuestErrorsReachTheAgent(t *testing.T) {
+	reply := func(op, desc string) error {
+		// As agentexec.MapError and the driver's prefix make it.
+		return fmt.Errorf("qemu: %s: %w: the guest agent answered: %s", op, hypervisor.ErrBackend, desc)
+	}
+	tests := []struct {
+		tool, args string
+		err        error
+		want       []string
+	}{
+		{"vm_agent_exec", `{"vm":"lab/vm1","command":["/nonexistent"]}`,
+			reply("exec", "Guest agent command failed, error was 'Failed to execute child process “/nonexistent” (No such file or directory)'"),
+			[]string{"[BACKEND ERROR] not found: ", "/nonexistent", "(No such file or directory)", "check the path"}},
+		{"vm_file_read", `{"vm":"lab/vm1","path":"/nope"}`,
+			reply("file read", "failed to open file '/nope' (mode: 'r'): No such file or directory"),
+			[]string{"[BACKEND ERROR] not found: ", "'/nope'", "check the path"}},
+		{"vm_file_read", `{"vm":"lab/vm1","path":"/etc"}`,
+			reply("file read", "failed to read file: Is a directory"),
+			[]string{"[BACKEND ERROR] it is a directory, not a file: ", "Is a directory", "vm_agent_exec with ls lists the directory"}},
+		{"vm_file_write", `{"vm":"lab/vm1","path":"/root/x","content":"x"}`,
+			reply("file write", "failed to open file '/root/x' (mode: 'w'): Permission denied"),
+			[]string{"[BACKEND ERROR] permission denied: ", "'/root/x'", "mode and owner"}},
+		{"vm_agent_exec", `{"vm":"lab/vm1","command":["/tmp/tool"]}`,
+			reply("exec", "Failed to execute child process “/tmp/tool” (Exec format error)"),
+			[]string{"[BACKEND ERROR] not a program this guest can run", "#! line"}},
+		{"vm_status", `{"vm":"lab/vm1"}`,
+			fmt.Errorf("qemu: status: %w: qga: connect: no such file", hypervisor.ErrAgentUnavailable),
+			[]string{"[BACKEND ERROR] the guest agent is not running or does not answer (", "start qemu-guest-agent"}},
+		{"vm_file_read", `{"vm":"lab/vm1","path":"/x"}`,
+			fmt.Errorf("qemu: file read: %w: guest-file-read", hypervisor.ErrTimeout),
+			[]string{"[TIMED OUT] the VM did not answer in time (", "vm_status shows"}},
+	}
+	for _, tt := range tests {
+		f := newFixture(t, fixtureOpts{})
+		drv := countingFake(f.calls)
+		drv.ExecStartFunc = func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
+			return hypervisor.ExecHandle{}, tt.err
+		}
+		drv.FileReadFunc = func(context.Context, string, string, int64) (hypervisor.FileContent, error) {
+			return hypervisor.FileContent{}, tt.err
+		}
+		drv.FileWriteFunc = func(context.Context, string, string, []byte, uint32) error { return tt.err }
+		drv.StatusFunc = func(context.Context, string) (hypervisor.Status, error) { return hypervisor.Status{}, tt.err }
+		f = newFixture(t, fixtureOpts{driver: drv})
+		r := f.call(t, tt.tool, tt.args)
+		for _, w := range tt.want {
+			if !strings.Contains(r.text(), w) {
+				t.Errorf("%s(%s) = %q; want it to contain %q", tt.tool, tt.args, r.text(), w)
+			}
+		}
+		if m, _ := r.Result.StructuredContent["message"].(string); !strings.Contains(r.text(), m) || m == "" {
+			t.Errorf("%s(%s) structured message = %q; want the text's message", tt.tool, tt.args, m)
+		}
+		var detail string
+		for _, rec := range f.rec.records() {
+			if rec.Kind == audit.KindOutcome {
+				detail = rec.Reason
+			}
+		}
+		if detail != tt.err.Error() {
+			t.Errorf("%s(%s) audit outcome reason = %q; want the whole error %q", tt.tool, tt.args, detail, tt.err)
+		}
+	}
+}
+
+// TestFileReadBinaryIsBase64: a file with NUL bytes (valid UTF-8, but not
+// text) comes back as content_base64, not as content full of \u0000.
+func TestFileReadBinaryIsBase64(t *testing.T) {
+	for _, tt := range []struct {
+		data   []byte
+		binary bool
+	}{
+		{[]byte("\x7fELF\x02\x01\x01\x00\x00\x00"), true},
+		{[]byte{0, 0, 0, 0}, true},
+		{[]byte{0xff, 0xfe, 'a'}, true},
+		{[]byte("plain text\n\twith a tab é"), false},
+	} {
+		f := newFixture(t, fixtureOpts{})
+		drv := countingFake(f.calls)
+		drv.FileReadFunc = func(context.Context, string, string, int64) (hypervisor.FileContent, error) {
+			return hypervisor.FileContent{Data: tt.data}, nil
+		}
+		f = newFixture(t, fixtureOpts{driver: drv})
+		sc := f.call(t, "vm_file_read", `{"vm":"lab/vm1","path":"/bin/x"}`).Result.StructuredContent
+		_, hasText := sc["content"]
+		b64, hasB64 := sc["content_base64"].(string)
+		if hasText == tt.binary || hasB64 != tt.binary {
+			t.Errorf("vm_file_read of %q = %v; want content_base64 %v", tt.data, sc, tt.binary)
+			continue
+		}
+		if got, _ := base64.StdEncoding.DecodeString(b64); tt.binary && string(got) != string(tt.data) {
+			t.Errorf("vm_file_read of %q: content_base64 decodes to %q", tt.data, got)
+		}
+	}
+}
+
+// vm9Fake answers every call about lab/vm9 (not the backend's) with
+// ErrUnknownVM, as a backend does for a name the grant's globs let through.
+func vm9Fake(f *fixture) *hypervisortest.Fake {
+	drv := countingFake(f.calls)
+	unknown := fmt.Errorf("fake: %w", hypervisor.ErrUnknownVM)
+	drv.ExecStartFunc = func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
+		return hypervisor.ExecHandle{}, unknown
+	}
+	drv.FileReadFunc = func(context.Context, string, string, int64) (hypervisor.FileContent, error) {
+		return hypervisor.FileContent{}, unknown
+	}
+	drv.FileWriteFunc = func(context.Context, string, string, []byte, uint32) error { return unknown }
+	drv.PowerFunc = func(context.Context, string, hypervisor.PowerAction) error { return unknown }
+	return drv
+}
+
+// TestUnknownVMSameMessageEveryPath: whether the gate finds the VM unknown
+// (no such backend) or the backend does (lab/vm9), the agent gets the same
+// message naming the VM and where to look.
+func TestUnknownVMSameMessageEveryPath(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f = newFixture(t, fixtureOpts{driver: vm9Fake(f)})
+	for _, c := range []struct{ tool, args, vm string }{
+		{"vm_status", `{"vm":"lab/vm9"}`, "lab/vm9"},
+		{"vm_agent_exec", `{"vm":"lab/vm9","command":["true"]}`, "lab/vm9"},
+		{"vm_agent_exec", `{"vm":"lab/vm9","command":["true"],"wait":false}`, "lab/vm9"},
+		{"vm_file_read", `{"vm":"lab/vm9","path":"/x"}`, "lab/vm9"},
+		{"vm_file_write", `{"vm":"lab/vm9","path":"/x","content":""}`, "lab/vm9"},
+		{"vm_power", `{"vm":"lab/vm9","action":"start"}`, "lab/vm9"},
+		{"vm_power", `{"vm":"lab/vm9","action":"reset"}`, "lab/vm9"},
+		{"list_sessions", `{"vm":"lab/vm9"}`, "lab/vm9"},
+		{"vm_status", `{"vm":"nowhere/vm1"}`, "nowhere/vm1"},
+	} {
+		r := f.call(t, c.tool, c.args)
+		want := fmt.Sprintf(`[UNKNOWN VM] no VM %q (list_vms shows the VMs you can use)`, c.vm)
+		if r.text() != want {
+			t.Errorf("%s(%s) = %q; want %q", c.tool, c.args, r.text(), want)
+		}
+		if m := r.Result.StructuredContent["message"]; m != strings.TrimPrefix(want, TagUnknownVM+" ") {
+			t.Errorf("%s(%s) structured message = %q; want the text's", c.tool, c.args, m)
+		}
+	}
+}
+
+// procFake serves /proc/<pid>/stat and /proc/stat as a Linux guest does.
+func procFake(f *fixture, pid int64, startTicks, btime int64) *hypervisortest.Fake {
+	drv := countingFake(f.calls)
+	drv.FileReadFunc = func(_ context.Context, _, path string, _ int64) (hypervisor.FileContent, error) {
+		switch path {
+		case fmt.Sprintf("/proc/%d/stat", pid):
+			// comm with a space and a parenthesis, as the kernel allows.
+			stat := fmt.Sprintf("%d (sl) ep) S 1 %d %d 0 -1 4194304 100 0 0 0 0 0 0 0 20 0 1 0 %d 2322432 128 18446744073709551615", pid, pid, pid, startTicks)
+			return hypervisor.FileContent{Data: []byte(stat)}, nil
+		case "/proc/stat":
+			return hypervisor.FileContent{Data: []byte(fmt.Sprintf("cpu  1 2 3 4\nintr 5\nctxt 6\nbtime %d\nprocesses 7\n", btime))}, nil
+		}
+		return hypervisor.FileContent{}, fmt.Errorf("fake: %w: the guest agent answered: No such file or directory", hypervisor.ErrBackend)
+	}
+	return drv
+}
+
+// TestExecStartedAtIsKillProcesss: vm_agent_exec wait: false returns
+// started_at as kill_process takes it (ms since the Unix epoch, the guest's
+// start time of the process, as list_processes shows it), and kill_process
+// accepts it back.
+func TestExecStartedAtIsKillProcesss(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f = newFixture(t, fixtureOpts{driver: procFake(f, 4242, 123456, 1_700_000_000)})
+	r := f.call(t, "vm_agent_exec", `{"vm":"lab/vm1","command":["sleep","100"],"wait":false}`)
+	got, ok := r.Result.StructuredContent["started_at"].(float64)
+	if want := int64(1_700_000_000*1000 + 123456*10); !ok || int64(got) != want {
+		t.Fatalf("vm_agent_exec wait:false started_at = %v (%T); want %d ms", r.Result.StructuredContent["started_at"], r.Result.StructuredContent["started_at"], want)
+	}
+	k := f.call(t, "kill_process", fmt.Sprintf(`{"vm":"lab/vm1","pid":4242,"started_at":%d}`, int64(got)))
+	if hasTag(k, TagInvalid) {
+		t.Errorf("kill_process with exec's started_at = %q; want it accepted", k.text())
+	}
+	// A guest that cannot tell leaves started_at out rather than guess.
+	g := newFixture(t, fixtureOpts{})
+	r = g.call(t, "vm_agent_exec", `{"vm":"lab/vm1","command":["sleep","100"],"wait":false}`)
+	if v, ok := r.Result.StructuredContent["started_at"]; ok {
+		t.Errorf("vm_agent_exec wait:false without /proc: started_at = %v; want none", v)
+	}
+}
+
+func TestStatStartTicks(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"7 (a b) c)) S 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 1 2", 99, true},
+		{"7 (x) S 1 7", 0, false},
+		{"no parenthesis", 0, false},
+		{"7 (x) S 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 -5 1 2", 0, false},
+	} {
+		got, ok := statStartTicks([]byte(tt.in))
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("statStartTicks(%q) = %d, %v; want %d, %v", tt.in, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+// TestExecStatusWhileRunning: a running command has exited: false and no
+// made-up exit code; its output so far is shown when the guest hands it over.
+func TestExecStatusWhileRunning(t *testing.T) {
+	for _, partial := range []string{"", "line 1\n"} {
+		f := newFixture(t, fixtureOpts{})
+		drv := countingFake(f.calls)
+		drv.ExecStatusFunc = func(_ context.Context, _ string, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
+			return hypervisor.ExecResult{PID: h.PID, Stdout: []byte(partial)}, nil
+		}
+		f = newFixture(t, fixtureOpts{driver: drv})
+		id := f.call(t, "vm_agent_exec", `{"vm":"lab/vm1","command":["sleep","100"],"wait":false}`).Result.StructuredContent["exec_id"]
+		r := f.call(t, "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, id))
+		sc := r.Result.StructuredContent
+		if sc["exited"] != false || r.Result.IsError {
+			t.Fatalf("exec status while running = %v; want exited false", sc)
+		}
+		if v, ok := sc["exit_code"]; ok {
+			t.Errorf("exec status while running has exit_code %v; want none", v)
+		}
+		if partial == "" {
+			if _, ok := sc["stdout"]; ok || !strings.Contains(r.text(), "no output so far") {
+				t.Errorf("exec status while running, no output = %v %q; want no stdout and a text saying so", sc, r.text())
+			}
+		} else if sc["stdout"] != partial || !strings.Contains(r.text(), "output so far") || !strings.Contains(r.text(), partial) {
+			t.Errorf("exec status while running with output = %v %q; want stdout %q", sc, r.text(), partial)
+		}
+	}
+}
+
+// TestConditionsSeeDefaults: conditions see the arguments as the handler
+// runs them: kill_process without signal is a TERM, exec without timeout_s
+// has the default timeout.
+func TestConditionsSeeDefaults(t *testing.T) {
+	pol := `{"version":"1","default":"allow","tools":{
+		"kill_process":{"require":[{"path":"args.signal","op":"in","value":["TERM","KILL"]}]},
+		"vm_agent_exec":{"require":[{"path":"args.timeout_s","op":"lte","value":60},{"path":"args.wait","op":"eq","value":true}]}}}`
+	f := newFixture(t, fixtureOpts{policy: pol})
+	for _, c := range []struct {
+		tool, args string
+		denied     bool
+	}{
+		{"kill_process", `{"vm":"lab/vm1","pid":7}`, false},
+		{"kill_process", `{"vm":"lab/vm1","pid":7,"signal":"KILL"}`, false},
+		{"kill_process", `{"vm":"lab/vm1","pid":7,"signal":"HUP"}`, true},
+		{"vm_agent_exec", `{"vm":"lab/vm1","command":["true"]}`, false},
+		{"vm_agent_exec", `{"vm":"lab/vm1","command":["true"],"timeout_s":600}`, true},
+		{"vm_agent_exec", `{"vm":"lab/vm1","command":["true"],"wait":false}`, true},
+	} {
+		r := f.call(t, c.tool, c.args)
+		if hasTag(r, TagDenied) != c.denied {
+			t.Errorf("%s(%s) = %q; want denied %v", c.tool, c.args, r.text(), c.denied)
+		}
+	}
+	// The audit log keeps the arguments as sent.
+	for _, rec := range f.rec.records() {
+		if rec.Kind == audit.KindDecision && rec.Tool == "kill_process" {
+			if _, ok := rec.Args["signal"]; !ok && rec.Args["pid"] != nil && len(rec.Args) == 2 {
+				return
+			}
+		}
+	}
+	t.Errorf("no decision record of kill_process with the arguments as sent (no signal)")
+}
+
+// TestPowerAlready: start on a running VM and stop on a stopped one say so
+// and do not call the backend's power; other actions go through.
+func TestPowerAlready(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	var powered []string
+	drv := countingFake(f.calls)
+	drv.StatusFunc = func(_ context.Context, vm string) (hypervisor.Status, error) {
+		st := hypervisor.StateRunning
+		if vm == "vm2" {
+			st = hypervisor.StateStopped
+		}
+		return hypervisor.Status{Name: vm, State: st}, nil
+	}
+	drv.PowerFunc = func(_ context.Context, vm string, a hypervisor.PowerAction) error {
+		powered = append(powered, vm+" "+string(a))
+		return nil
+	}
+	f = newFixture(t, fixtureOpts{driver: drv})
+	for _, c := range []struct {
+		vm, action, text string
+		done             bool
+	}{
+		{"lab/vm1", "start", "lab/vm1 was already running; start did nothing", false},
+		{"lab/vm2", "stop", "lab/vm2 was already stopped; stop did nothing", false},
+		{"lab/vm2", "start", "lab/vm2: start done", true},
+		{"lab/vm1", "reboot", "lab/vm1: reboot done", true},
+	} {
+		r := f.call(t, "vm_power", fmt.Sprintf(`{"vm":%q,"action":%q}`, c.vm, c.action))
+		if r.text() != c.text || r.Result.StructuredContent["done"] != c.done {
+			t.Errorf("vm_power %s %s = %q %v; want %q done %v", c.vm, c.action, r.text(), r.Result.StructuredContent, c.text, c.done)
+		}
+	}
+	if want := []string{"vm2 start", "vm1 reboot"}; fmt.Sprint(powered) != fmt.Sprint(want) {
+		t.Errorf("backend power calls = %v; want %v", powered, want)
+	}
+}
+
+// TestSessionTimesAndGuestFields: create_session's last_used and
+// idle_expires_at are real times (created, created + idle), and
+// list_sessions shows the workdir and tracking the guest reports.
+func TestSessionTimesAndGuestFields(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	r := f.as(t, "alice", "create_session", `{"vm":"lab/vm1","idle_s":600}`)
+	sc := r.Result.StructuredContent
+	created := time.Unix(0, f.now.Load()).UTC()
+	for k, want := range map[string]time.Time{"created": created, "last_used": created, "idle_expires_at": created.Add(10 * time.Minute)} {
+		got, err := time.Parse(time.RFC3339Nano, fmt.Sprint(sc[k]))
+		if err != nil || !got.Equal(want) {
+			t.Errorf("create_session %s = %v; want %s", k, sc[k], want.Format(time.RFC3339))
+		}
+	}
+	id := sc["session"].(string)
+	f.advance(time.Minute)
+	l := f.as(t, "alice", "list_sessions", `{"vm":"lab/vm1"}`)
+	list, _ := l.Result.StructuredContent["sessions"].([]any)
+	if len(list) != 1 {
+		t.Fatalf("list_sessions = %v; want the one session", l.Result.StructuredContent)
+	}
+	v := list[0].(map[string]any)
+	if v["workdir"] != "/var/lib/vmgate/sessions/"+id || v["tracking"] != "cgroup" {
+		t.Errorf("list_sessions workdir, tracking = %q, %q; want the guest's", v["workdir"], v["tracking"])
+	}
+	if v["last_used"] != sc["last_used"] || v["idle_expires_at"] != sc["idle_expires_at"] {
+		t.Errorf("list_sessions last_used, idle_expires_at = %v, %v; want %v, %v", v["last_used"], v["idle_expires_at"], sc["last_used"], sc["idle_expires_at"])
+	}
+}
