@@ -119,11 +119,11 @@ func helperFailure(err error) result {
 		case wire.CodeExists:
 			r.tag, r.noEffect = TagBackend, true
 		default:
-			r.tag, r.text = TagBackend, "the guest helper failed: "+truncate(he.Message, 300)
+			r.tag, r.text = TagBackend, "the guest helper failed: "+guestCause(cleanReason(he.Message))
 		}
 		return r
 	case errors.As(err, &re):
-		r := failure(TagBackend, "vmgate-guest gave a reply that is not its JSON (details in the audit log)", false)
+		r := failure(TagBackend, "vmgate-guest gave a reply that is not its JSON ("+cleanReason(truncate(re.Error(), 200))+"); retry", false)
 		r.detail = err.Error()
 		return r
 	}

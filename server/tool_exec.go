@@ -70,7 +70,7 @@ func execShape() map[string]any {
 		"pid": oInteger, "exited": oBoolean, "exit_code": oInteger, "signal": oInteger,
 		"stdout": oString, "stdout_base64": oString, "stderr": oString, "stderr_base64": oString,
 		"stdout_truncated": oBoolean, "stderr_truncated": oBoolean, "timed_out": oBoolean,
-		"session": oString, "duration_ms": oNonNeg, "killed": oNonNeg,
+		"session": oString, "duration_ms": oNonNeg, "killed": oNonNeg, "sandbox_note": oString,
 	}, "pid", "exited", "stdout_truncated", "stderr_truncated", "timed_out")
 }
 
@@ -196,11 +196,11 @@ func (s *Server) runExec(c *call, a *execArgs) result {
 	if err != nil {
 		r := driverFailure(err)
 		if r.tag == TagTimedOut {
-			r.text = fmt.Sprintf("no result from the guest within %d s", secs)
+			r.text = noResultText(secs, r.text)
 		}
 		return r
 	}
-	return execResult(res, fmt.Sprintf("command killed after %d s", secs))
+	return execResult(res, s.killedText(secs, ""))
 }
 
 // runSessionExec is vm_agent_exec with a session: vmgate-guest runs the
@@ -225,7 +225,7 @@ func (s *Server) runSessionExec(c *call, a *execArgs) result {
 	if err != nil {
 		r := helperFailure(err)
 		if r.tag == TagTimedOut {
-			r.text = fmt.Sprintf("no result from the guest within %d s", secs)
+			r.text = noResultText(secs, r.text)
 		}
 		return r
 	}
@@ -234,7 +234,7 @@ func (s *Server) runSessionExec(c *call, a *execArgs) result {
 		Stdout: res.Stdout, Stderr: res.Stderr, StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
 		TimedOut: res.TimedOut,
 	}
-	out := execResult(er, fmt.Sprintf("command killed after %d s (with every process it started)", secs))
+	out := execResult(er, s.killedText(secs, " (with every process it started)"))
 	if m, ok := out.structured.(map[string]any); ok {
 		m["session"] = id
 		m["duration_ms"] = res.DurationMS
@@ -266,6 +266,17 @@ func deniedBySandbox(res hypervisor.ExecResult) bool {
 		}
 	}
 	return false
+}
+
+// noResultText is the [TIMED OUT] text of a command whose result did not
+// come back in time; reason is driverFailure's.
+func noResultText(secs int64, reason string) string {
+	return fmt.Sprintf("no result from the guest within %d s: %s; a long command can run with wait: false", secs, reason)
+}
+
+// killedText is the [TIMED OUT] text of a command its timeout killed.
+func (s *Server) killedText(secs int64, what string) string {
+	return fmt.Sprintf("command killed after %d s%s; give it more with timeout_s (up to %d) or run it with wait: false", secs, what, s.limits.MaxTimeoutS)
 }
 
 func execResult(res hypervisor.ExecResult, timeoutMsg string) result {
@@ -360,7 +371,7 @@ func (s *Server) runExecStatus(c *call, a *execStatusArgs) result {
 	if res.Exited {
 		s.execs.remove(a.ExecID)
 	}
-	return execResult(res, "command killed after its timeout")
+	return execResult(res, "command killed after its timeout; give it a larger timeout_s next time")
 }
 
 // execTable remembers commands started with wait: false. Ids are minted

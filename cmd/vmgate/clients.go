@@ -105,6 +105,12 @@ func jsonBlock(v any) string {
 }
 
 // writeClients validates o and writes every snippet to w.
+// inspectorPkg is the MCP Inspector the commands pin: 0.16 and later
+// declare Node >= 22.7.5 (2.x: 22.19), so on Node 20 a bare npx resolves
+// 0.15, which has no --header; 0.21.2's CLI mode runs on Node 20 (npm warns
+// about the engine), stdio and streamable HTTP with --header alike.
+const inspectorPkg = "@modelcontextprotocol/inspector@0.21.2"
+
 func writeClients(w io.Writer, o clientsOptions) error {
 	if !envNameRE.MatchString(o.tokenEnv) {
 		return fmt.Errorf("clients: --token-env %q is not an environment variable name", o.tokenEnv)
@@ -152,8 +158,9 @@ func writeClients(w io.Writer, o clientsOptions) error {
 		"url": url, "headers": map[string]string{"Authorization": "Bearer ${env:" + o.tokenEnv + "}"},
 	}}}))
 
-	p("## MCP Inspector\n\n### stdio\n%s\n\n", shellJoin(append([]string{"npx", "@modelcontextprotocol/inspector", o.binary}, args...)))
-	p("### HTTP (CLI mode)\nnpx @modelcontextprotocol/inspector --cli %s --transport http --header \"Authorization: Bearer %s\" --method tools/list\n", shellQuote(url), env)
+	p("## MCP Inspector (%s runs on Node 20; \"--\" keeps vmgate's flags from the Inspector)\n\n### stdio\n%s\n\n", inspectorPkg,
+		shellJoin(append([]string{"npx", "-y", inspectorPkg, "--cli", "--method", "tools/list", "--", o.binary}, args...)))
+	p("### HTTP (CLI mode)\nnpx -y %s --cli %s --transport http --header \"Authorization: Bearer %s\" --method tools/list\n", inspectorPkg, shellQuote(url), env)
 	p("# For the Inspector's web UI over HTTP, add http://localhost:6274 to http.allowed_origins in vmgate.yaml,\n# choose Streamable HTTP, URL %s, and an Authorization header \"Bearer <token>\".\n", url)
 	_, err = io.WriteString(w, b.String())
 	return err

@@ -217,7 +217,7 @@ func expandCases(cases []testCase) ([]testCall, error) {
 		if n < 0 || n > 1_000_000 {
 			return nil, fmt.Errorf("%s: repeat %d is out of range (1 to 1000000)", where, n)
 		}
-		call := policy.Call{Grant: tc.Grant, Tool: tc.Tool, VM: tc.VM, Session: tc.Session, Args: tc.Args, Transport: "stdio"}
+		call := policy.Call{Grant: tc.Grant, Tool: tc.Tool, VM: tc.VM, Session: tc.Session, Args: server.ArgsWithDefaults(tc.Tool, tc.Args), Transport: "stdio"}
 		if call.Grant == "" {
 			call.Grant = "local"
 		}
@@ -339,7 +339,7 @@ func newPolicyExplainCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("policy explain: --args: %w", err)
 			}
-			call := policy.Call{Grant: grant, Tool: tool, VM: vm, Session: session, Args: args, Transport: "stdio"}
+			call := policy.Call{Grant: grant, Tool: tool, VM: vm, Session: session, Args: server.ArgsWithDefaults(tool, args), Transport: "stdio"}
 			if s, ok := args["vm"].(string); ok && call.VM == "" {
 				call.VM = s
 			}

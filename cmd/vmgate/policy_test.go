@@ -184,3 +184,20 @@ func TestPolicyCheckUnknownTool(t *testing.T) {
 		t.Errorf("check --strict (built-in policy): code %d, stdout %q, stderr %q; want 0 and no warning", code, out, errOut)
 	}
 }
+
+// TestPolicyExplainSeesDefaults: explain decides as the server does, with
+// the arguments' defaults filled in: a kill without signal is a TERM.
+func TestPolicyExplainSeesDefaults(t *testing.T) {
+	dir := t.TempDir()
+	pol := writeFile(t, dir, "policy.json", `{"version":"1","default":"deny",
+	  "tools":{"kill_process":{"require":[{"path":"args.signal","op":"in","value":["TERM","KILL"]}]}}}`)
+	for _, c := range []struct{ args, want string }{
+		{`{"vm":"lab/vm1","pid":42}`, "decision: allow"},
+		{`{"vm":"lab/vm1","pid":42,"signal":"HUP"}`, "decision: deny"},
+	} {
+		out, errOut, code := runVmgate(t, "policy", "explain", "--policy", pol, "--tool", "kill_process", "--args", c.args)
+		if code != 0 || !strings.Contains(out, c.want) {
+			t.Errorf("explain kill_process %s: code %d, stdout\n%s\nstderr %q; want %q", c.args, code, out, errOut, c.want)
+		}
+	}
+}

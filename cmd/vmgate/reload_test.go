@@ -182,3 +182,31 @@ func TestPolicyReloadWarnsUnknownTool(t *testing.T) {
 		}
 	}
 }
+
+// TestServeWarnsWithoutBackends: a config without backends says so in the
+// log at serve start (it would serve zero VMs without a word).
+func TestServeWarnsWithoutBackends(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "vmgate.yaml")
+	for _, c := range []struct {
+		yaml string
+		warn bool
+	}{
+		{"state_dir: " + dir + "\ngrants:\n  - name: local\n    policy: \"builtin:default\"\n", true},
+		{"state_dir: " + dir + "\ngrants:\n  - name: local\n    policy: \"builtin:default\"\nbackends:\n  - name: lab\n    driver: qemu\n    settings:\n      vms:\n        - {name: vm1, qmp: /run/q.sock, qga: /run/g.sock}\n", false},
+	} {
+		if err := os.WriteFile(path, []byte(c.yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := loadConfig(path)
+		if err != nil {
+			t.Fatalf("loadConfig(%q): %v", c.yaml, err)
+		}
+		var logs bytes.Buffer
+		warnNoBackends(slog.New(slog.NewTextHandler(&logs, nil)), cfg, path)
+		got := strings.Contains(logs.String(), "level=WARN") && strings.Contains(logs.String(), "no backends") && strings.Contains(logs.String(), path)
+		if got != c.warn {
+			t.Errorf("warnNoBackends(%q) logged %q; want a warning naming the config: %v", c.yaml, logs.String(), c.warn)
+		}
+	}
+}

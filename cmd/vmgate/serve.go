@@ -79,6 +79,16 @@ func loadConfig(path string) (*config.Config, error) {
 	return config.Load(path, stateDir)
 }
 
+// warnNoBackends says so at start when the config (read from path) has no
+// backends: the server would answer every list_vms with none and give no
+// other sign.
+func warnNoBackends(log *slog.Logger, cfg *config.Config, path string) {
+	if len(cfg.Backends) > 0 {
+		return
+	}
+	log.Warn("serve: the config has no backends, so there is no VM to use; add a backends section (qemu, libvirt, virtualbox or proxmox)", "config", path)
+}
+
 func runServe(ctx context.Context, o serveOptions) (err error) {
 	cfg, err := loadConfig(o.config)
 	if err != nil {
@@ -91,6 +101,7 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
+	warnNoBackends(slog.Default(), cfg, o.config)
 	grants := make([]server.Grant, 0, len(cfg.Grants))
 	for _, g := range cfg.Grants {
 		warnUnknownTools(slog.Default(), g.Name, engines[g.Name])
