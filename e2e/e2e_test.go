@@ -83,6 +83,18 @@ const elicitPolicy = `{
 }
 `
 
+// agentPolicy is the policy of the grant "agentside" (agent.test.mjs):
+// everything is allowed, and a kill must be a TERM or a KILL (which a kill
+// that leaves signal out is: its default is TERM).
+const agentPolicy = `{
+  "version": "1",
+  "default": "allow",
+  "tools": {
+    "kill_process": { "require": [ { "path": "args.signal", "op": "in", "value": ["TERM", "KILL"] } ] }
+  }
+}
+`
+
 // requireNode finds node and the installed SDK. Missing either skips the
 // test, unless VMGATE_REQUIRE_VM is set (CI runs npm ci first): then it fails.
 func requireNode(t *testing.T) string {
@@ -141,6 +153,9 @@ func TestNodeSDKEndToEnd(t *testing.T) {
 	})
 	t.Run("elicit", func(t *testing.T) {
 		runNode(t, node, env, "elicit.test.mjs")
+	})
+	t.Run("agent", func(t *testing.T) {
+		runNode(t, node, env, "agent.test.mjs")
 	})
 	t.Run("http", func(t *testing.T) {
 		url, stop := startHTTPServer(t, bin, cfgPath)
@@ -205,6 +220,9 @@ func writeConfig(t *testing.T, dir, state string, vm *lab.VM, token, gatedToken,
 	if err := os.WriteFile(filepath.Join(dir, "elicit.json"), []byte(elicitPolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, "agentside.json"), []byte(agentPolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	sum := sha256.Sum256([]byte(token))
 	cfg := fmt.Sprintf(`state_dir: %q
 audit:
@@ -229,6 +247,9 @@ grants:
   - name: other
     policy: policy.json
     vms: ["other/*"]
+  - name: agentside
+    policy: agentside.json
+    vms: ["lab/*"]
 backends:
   - name: lab
     driver: qemu

@@ -79,7 +79,8 @@ export async function vmgate(...args) {
 }
 
 const readOnly = ['list_vms', 'vm_status', 'list_processes', 'list_sessions', 'vm_agent_exec_status', 'vm_file_read'];
-const destructive = ['kill_process', 'destroy_session', 'vm_file_write', 'vm_power'];
+const destructive = ['vm_agent_exec', 'kill_process', 'destroy_session', 'vm_file_write', 'vm_power'];
+const openWorld = ['vm_agent_exec'];
 
 export async function checkToolList(client) {
   const { tools } = await client.listTools();
@@ -94,7 +95,7 @@ export async function checkToolList(client) {
     if (!readOnly.includes(t.name)) {
       assert.equal(a.destructiveHint, destructive.includes(t.name), `${t.name}.destructiveHint`);
     }
-    assert.equal(a.openWorldHint, false, `${t.name}.openWorldHint`);
+    assert.equal(a.openWorldHint, openWorld.includes(t.name), `${t.name}.openWorldHint`);
     assert.equal(t.inputSchema.type, 'object', `${t.name}.inputSchema.type`);
     assert.equal(t.inputSchema.additionalProperties, false, `${t.name}.inputSchema.additionalProperties`);
     assert.ok(t.description && t.description.length > 20, `${t.name} has a description an agent can act on`);

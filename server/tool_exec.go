@@ -318,19 +318,20 @@ func execResult(res hypervisor.ExecResult, timeoutMsg string) result {
 	return success(out, b.String())
 }
 
-// putBytes sets m[key] to data as text, or m[key+"_base64"] when data is
-// not text.
+// putBytes sets m[key] to a command's output as text when it is valid
+// UTF-8 (NUL-separated output, find -print0 or /proc/P/cmdline, stays
+// text), or m[key+"_base64"].
 func putBytes(m map[string]any, key string, data []byte) {
-	if isText(data) {
+	if utf8.Valid(data) {
 		m[key] = string(data)
 	} else {
 		m[key+"_base64"] = base64.StdEncoding.EncodeToString(data)
 	}
 }
 
-// isText reports whether data is text: valid UTF-8 without NUL bytes (a
-// NUL is valid UTF-8, and a binary file full of them would come back as
-// "\u0000…").
+// isText reports whether a file's data is text: valid UTF-8 without NUL
+// bytes (a NUL is valid UTF-8, and a binary file full of them would come
+// back as "\u0000…"; like git and file(1), a NUL says binary).
 func isText(data []byte) bool {
 	return utf8.Valid(data) && bytes.IndexByte(data, 0) < 0
 }
@@ -344,7 +345,7 @@ func section(b *strings.Builder, name string, data []byte, truncated bool) {
 		b.WriteString(" (truncated)")
 	}
 	b.WriteString(" ---\n")
-	if isText(data) {
+	if utf8.Valid(data) {
 		b.Write(data)
 	} else {
 		fmt.Fprintf(b, "(%d bytes of binary data, see %s_base64)", len(data), name)
