@@ -7,5 +7,8 @@
 // vmgate binary, writes the config and policy, plants a sentinel file and a
 // sleeping sentinel process in the guest, runs stdio.test.mjs, starts the
 // HTTP server and runs http.test.mjs, stops it, verifies the audit log, and
-// checks that the sentinels are unchanged. Run `npm ci --prefix e2e` first.
+// checks that the sentinels are unchanged. agent.test.mjs (grant agentside)
+// covers the agent's side of every call: each result validated against its
+// tool's outputSchema, the annotations of every tool, and the guest's own
+// reasons in errors. Run `npm ci --prefix e2e` first.
 package e2e
