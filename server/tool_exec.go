@@ -32,7 +32,7 @@ func execTool(l Limits) *toolSpec {
 			"Give exactly one of command (an argv array, run without a shell) or shell (a string run by /bin/sh -c). " +
 			"The command is killed after timeout_s seconds (timed_out: true, partial output kept). " +
 			"Output is capped per stream (stdout_truncated/stderr_truncated say so). " +
-			"With wait: false it returns an exec_id at once; poll it with vm_agent_exec_status.",
+			"With wait: false it returns an exec_id at once (and the pid with its started_at, as kill_process takes them); poll it with vm_agent_exec_status.",
 		fields: []field{
 			vmField(true),
 			{name: "command", kind: kindStringArray, desc: "Program and arguments, e.g. [\"ls\", \"-l\", \"/tmp\"]. No shell is involved.", maxLen: 4096},
@@ -56,8 +56,9 @@ func execTool(l Limits) *toolSpec {
 func execStatusTool() *toolSpec {
 	return newTool(toolSpec{
 		name: "vm_agent_exec_status", title: "Poll a command", readOnly: true,
-		desc: "Poll a command started with vm_agent_exec wait: false. Returns exited: false while it runs, " +
-			"then the final exit code and output (after which the exec_id is forgotten).",
+		desc: "Poll a command started with vm_agent_exec wait: false. Returns exited: false (no exit_code) while it runs, " +
+			"with the output so far when the guest agent hands it over, then the final exit code and output " +
+			"(after which the exec_id is forgotten).",
 		fields: []field{vmField(true), {name: "exec_id", kind: kindString, desc: "The exec_id vm_agent_exec returned.", required: true, maxLen: 128}},
 		output: []map[string]any{execShape()},
 	}, (*Server).runExecStatus)

@@ -15,7 +15,8 @@ var PowerActions = []string{"shutdown", "reboot", "reset", "stop", "start"}
 func powerTool() *toolSpec {
 	return newTool(toolSpec{
 		name: "vm_power", title: "Power a VM", destructive: true,
-		desc: "Change a VM's power state: shutdown (ACPI, guest may refuse), reboot, reset (hard), stop (hard off), start.",
+		desc: "Change a VM's power state: shutdown (ACPI, guest may refuse), reboot, reset (hard), stop (hard off), start. " +
+			"start on a running VM and stop on a stopped one do nothing and say so (done: false).",
 		fields: []field{
 			vmField(true),
 			{name: "action", kind: kindString, desc: "shutdown, reboot, reset, stop or start.", required: true, enum: PowerActions},
