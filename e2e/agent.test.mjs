@@ -124,6 +124,9 @@ test('the agent side of vmgate with the MCP SDK', { skip: missingEnv }, async (t
       assert.match(text(res), /not found: .*\/nonexistent-e2e-agent.*No such file or directory; check the path/);
       res = await agent.fails('vm_file_read', { vm: env.vm, path: '/etc' }, TAGS.backend);
       assert.match(text(res), /it is a directory, not a file: .*Is a directory; give a file's path/);
+      // other/vm9 is configured, but no QEMU runs it: the backend says so.
+      res = await agent.fails('vm_agent_exec', { vm: env.otherVM, command: ['true'] }, TAGS.backend);
+      assert.match(text(res), /^\[BACKEND ERROR\] the VM is not running \(.*no QEMU listens on .*\); start it with vm_power start$/);
       // A command that runs and fails is a result, with its exit code.
       res = await agent.ok('vm_agent_exec', { vm: env.vm, shell: 'echo oops >&2; exit 3' });
       assert.equal(res.structuredContent.exit_code, 3);
@@ -149,7 +152,18 @@ test('the agent side of vmgate with the MCP SDK', { skip: missingEnv }, async (t
       assert.equal(Date.parse(s.last_used), created, `last_used = ${s.last_used}; want created`);
       assert.equal(Date.parse(s.idle_expires_at), created + 600_000, `idle_expires_at = ${s.idle_expires_at}`);
       assert.equal(Date.parse(s.expires_at), created + 900_000, `expires_at = ${s.expires_at}`);
+      // A binary for no machine at all (through the guest agent, GLib hands
+      // it to /bin/sh; vmgate-guest in a session does not).
+      const junk = `/tmp/vmgate-e2e-agent-${process.pid}.junk`;
+      await agent.ok('vm_file_write', { vm: env.vm, path: junk, content_base64: Buffer.from([0x7f, 0x45, 0x4c, 0x46, 9, 9, 9, 9]).toString('base64'), mode: 0o755 });
       try {
+        let run = await agent.call('vm_agent_exec', { vm: env.vm, session: s.session, command: [junk] });
+        assert.equal(run.isError, true, `exec of ${junk} in a session = ${text(run)}`);
+        assert.match(text(run), /not a program this guest can run \(exec format error\): .*exec format error; a script needs its #! line/);
+        run = await agent.call('vm_agent_exec', { vm: env.vm, session: s.session, command: ['/nonexistent-e2e-agent'] });
+        assert.equal(run.isError, true, `exec of a missing program in a session = ${text(run)}`);
+        assert.match(text(run), /not found: .*\/nonexistent-e2e-agent.*no such file or directory; check the path/);
+
         const list = await agent.ok('list_sessions', { vm: env.vm });
         const mine = list.structuredContent.sessions.find((x) => x.session === s.session);
         assert.ok(mine, `list_sessions has ${s.session}`);
@@ -158,6 +172,7 @@ test('the agent side of vmgate with the MCP SDK', { skip: missingEnv }, async (t
         assert.equal(mine.workdir, s.workdir, 'the workdir create_session gave');
       } finally {
         await agent.ok('destroy_session', { vm: env.vm, session: s.session });
+        await agent.ok('vm_agent_exec', { vm: env.vm, command: ['rm', '-f', junk] });
       }
     });
 

@@ -249,7 +249,7 @@ grants:
     vms: ["other/*"]
   - name: agentside
     policy: agentside.json
-    vms: ["lab/*"]
+    vms: ["lab/*", "other/vm9"]
 backends:
   - name: lab
     driver: qemu

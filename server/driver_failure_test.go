@@ -43,6 +43,9 @@ func TestDriverFailure(t *testing.T) {
 			TagBackend, false, "permission denied: the guest agent answered: failed to open file '/root/x' (mode: 'r'): Permission denied; the guest agent's user"},
 		{fmt.Errorf("qemu: exec: %w: the guest agent answered: Failed to execute child process \u201c/tmp/x\u201d (Exec format error)", hypervisor.ErrBackend),
 			TagBackend, false, "not a program this guest can run (exec format error): the guest agent answered"},
+		// vmgate-guest's Go errors are lowercase.
+		{fmt.Errorf("qemu: exec: %w: run: start: fork/exec /tmp/x: exec format error", hypervisor.ErrBackend),
+			TagBackend, false, "not a program this guest can run (exec format error): run: start: fork/exec /tmp/x: exec format error; a script needs"},
 		{fmt.Errorf("qemu: exec: %w: qga: dial unix /run/vm1/qga.sock: connect: no such file", hypervisor.ErrAgentUnavailable),
 			TagBackend, false, "the guest agent is not running or does not answer (qemu: exec: guest agent unavailable: qga: dial unix"},
 		{fmt.Errorf("qemu: exec: %w: %w: no QEMU listens on /run/vm1/qmp.sock", hypervisor.ErrAgentUnavailable, hypervisor.ErrVMNotRunning),

@@ -109,7 +109,7 @@ func helperFailure(err error) result {
 		r.detail = err.Error()
 		return r
 	case errors.As(err, &he):
-		r := result{tag: TagInvalid, text: he.Message, detail: err.Error()}
+		r := result{tag: TagInvalid, text: guestCause(cleanReason(he.Message)), detail: err.Error()}
 		switch he.Code {
 		case wire.CodeRefused:
 			r.text, r.noEffect = "refused: "+he.Reason, true
@@ -119,7 +119,7 @@ func helperFailure(err error) result {
 		case wire.CodeExists:
 			r.tag, r.noEffect = TagBackend, true
 		default:
-			r.tag, r.text = TagBackend, "the guest helper failed: "+guestCause(cleanReason(he.Message))
+			r.tag, r.text = TagBackend, "the guest helper failed: "+r.text
 		}
 		return r
 	case errors.As(err, &re):

@@ -145,10 +145,13 @@ var guestCauses = []struct{ errno, plain, next string }{
 }
 
 // guestCause puts reason in plain words with what to do next, when it
-// holds one of the common guest errors; otherwise reason stays as it is.
+// holds one of the common guest errors (in any case: the C library says
+// "No such file or directory", Go's os package in vmgate-guest "no such
+// file or directory"); otherwise reason stays as it is.
 func guestCause(reason string) string {
+	lower := strings.ToLower(reason)
 	for _, g := range guestCauses {
-		if strings.Contains(reason, g.errno) {
+		if strings.Contains(lower, strings.ToLower(g.errno)) {
 			return g.plain + ": " + reason + "; " + g.next
 		}
 	}
