@@ -120,10 +120,12 @@ test('the agent side of vmgate with the MCP SDK', { skip: missingEnv }, async (t
       assert.match(text(res), /not found: .*nonexistent-e2e-agent.*No such file or directory.*; check the path/);
       res = await agent.fails('vm_agent_exec', { vm: env.vm, command: ['/etc/hostname'] }, TAGS.backend);
       assert.match(text(res), /permission denied: .*Permission denied/);
-      res = await agent.fails('vm_file_read', { vm: env.vm, path: '/nonexistent-e2e-agent' }, TAGS.backend);
-      assert.match(text(res), /not found: .*\/nonexistent-e2e-agent.*No such file or directory; check the path/);
-      res = await agent.fails('vm_file_read', { vm: env.vm, path: '/etc' }, TAGS.backend);
-      assert.match(text(res), /it is a directory, not a file: .*Is a directory; give a file's path/);
+      // The file tools run through vmgate-guest, which refuses what is not
+      // there or not a file before opening anything.
+      res = await agent.fails('vm_file_read', { vm: env.vm, path: '/nonexistent-e2e-agent' }, TAGS.invalid);
+      assert.match(text(res), /not found: .*\/nonexistent-e2e-agent.*no such file or directory; check the path/);
+      res = await agent.fails('vm_file_read', { vm: env.vm, path: '/etc' }, TAGS.invalid);
+      assert.match(text(res), /it is a directory, not a file: .*\/etc is a directory; give a file's path/);
       // other/vm9 is configured, but no QEMU runs it: the backend says so.
       res = await agent.fails('vm_agent_exec', { vm: env.otherVM, command: ['true'] }, TAGS.backend);
       assert.match(text(res), /^\[BACKEND ERROR\] the VM is not running \(.*no QEMU listens on .*\); start it with vm_power start$/);

@@ -2,12 +2,14 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"encoding/base64"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy/audit"
@@ -33,24 +35,15 @@ func TestGuestErrorsReachTheAgent(t *testing.T) {
 		{"vm_agent_exec", `{"vm":"lab/vm1","command":["/nonexistent"]}`,
 			reply("exec", "Guest agent command failed, error was 'Failed to execute child process “/nonexistent” (No such file or directory)'"),
 			[]string{"[BACKEND ERROR] not found: ", "/nonexistent", "(No such file or directory)", "check the path"}},
-		{"vm_file_read", `{"vm":"lab/vm1","path":"/nope"}`,
-			reply("file read", "failed to open file '/nope' (mode: 'r'): No such file or directory"),
-			[]string{"[BACKEND ERROR] not found: ", "'/nope'", "check the path"}},
-		{"vm_file_read", `{"vm":"lab/vm1","path":"/etc"}`,
-			reply("file read", "failed to read file: Is a directory"),
-			[]string{"[BACKEND ERROR] it is a directory, not a file: ", "Is a directory", "vm_agent_exec with ls lists the directory"}},
-		{"vm_file_write", `{"vm":"lab/vm1","path":"/root/x","content":"x"}`,
-			reply("file write", "failed to open file '/root/x' (mode: 'w'): Permission denied"),
-			[]string{"[BACKEND ERROR] permission denied: ", "'/root/x'", "mode and owner"}},
 		{"vm_agent_exec", `{"vm":"lab/vm1","command":["/tmp/tool"]}`,
 			reply("exec", "Failed to execute child process “/tmp/tool” (Exec format error)"),
 			[]string{"[BACKEND ERROR] not a program this guest can run", "#! line"}},
 		{"vm_status", `{"vm":"lab/vm1"}`,
 			fmt.Errorf("qemu: status: %w: qga: connect: no such file", hypervisor.ErrAgentUnavailable),
 			[]string{"[BACKEND ERROR] the guest agent is not running or does not answer (", "start qemu-guest-agent"}},
-		{"vm_file_read", `{"vm":"lab/vm1","path":"/x"}`,
-			fmt.Errorf("qemu: file read: %w: guest-file-read", hypervisor.ErrTimeout),
-			[]string{"[TIMED OUT] the VM did not answer in time (", "vm_status shows"}},
+		{"vm_agent_exec", `{"vm":"lab/vm1","command":["true"]}`,
+			fmt.Errorf("qemu: exec: %w: guest-exec", hypervisor.ErrTimeout),
+			[]string{"[TIMED OUT] no result from the guest within 30 s: the VM did not answer in time (", "vm_status shows", "wait: false"}},
 	}
 	for _, tt := range tests {
 		f := newFixture(t, fixtureOpts{})
@@ -58,10 +51,6 @@ func TestGuestErrorsReachTheAgent(t *testing.T) {
 		drv.ExecStartFunc = func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 			return hypervisor.ExecHandle{}, tt.err
 		}
-		drv.FileReadFunc = func(context.Context, string, string, int64) (hypervisor.FileContent, error) {
-			return hypervisor.FileContent{}, tt.err
-		}
-		drv.FileWriteFunc = func(context.Context, string, string, []byte, uint32) error { return tt.err }
 		drv.StatusFunc = func(context.Context, string) (hypervisor.Status, error) { return hypervisor.Status{}, tt.err }
 		f = newFixture(t, fixtureOpts{driver: drv})
 		r := f.call(t, tt.tool, tt.args)
@@ -85,6 +74,44 @@ func TestGuestErrorsReachTheAgent(t *testing.T) {
 	}
 }
 
+// TestFileErrorsReachTheAgent: the file tools run through vmgate-guest;
+// its answers for a missing file, a directory and a permission error
+// reach the agent in plain words with what to do next, the audit log keeps
+// the whole error.
+func TestFileErrorsReachTheAgent(t *testing.T) {
+	for _, tt := range []struct {
+		args  string
+		reply hypervisor.ExecResult // as guest/agent/files.go answers
+		want  []string
+	}{
+		{`{"vm":"lab/vm1","path":"/nope"}`, replyErr(wire.CodeNotFound, "", "file read: /nope: no such file or directory"),
+			[]string{"[INVALID ARGUMENT] not found: /nope: no such file or directory; check the path"}},
+		{`{"vm":"lab/vm1","path":"/etc"}`, replyErr(wire.CodeRefused, wire.ReasonNotRegular, "file read: refused: /etc is a directory"),
+			[]string{"[INVALID ARGUMENT] it is a directory, not a file: refused: /etc is a directory; give a file's path; vm_agent_exec with ls lists the directory"}},
+		{`{"vm":"lab/vm1","path":"/root/x"}`, replyErr(wire.CodeFailed, "", "file read: open /root/x: permission denied"),
+			[]string{"[BACKEND ERROR] the guest helper failed: permission denied: file read: open /root/x: permission denied; the guest agent's user"}},
+	} {
+		f := newSessFixture(t, haveBins(), "")
+		f.guest.file = func([]string, []byte) hypervisor.ExecResult { return tt.reply }
+		r := f.as(t, "alice", "vm_file_read", tt.args)
+		for _, w := range tt.want {
+			if !strings.Contains(r.text(), w) {
+				t.Errorf("vm_file_read(%s) = %q; want it to contain %q", tt.args, r.text(), w)
+			}
+		}
+		var detail string
+		for _, rec := range f.rec.records() {
+			if rec.Kind == audit.KindOutcome && rec.Tool == "vm_file_read" {
+				detail = rec.Reason
+			}
+		}
+		var rep wire.Reply
+		if err := json.Unmarshal(tt.reply.Stdout, &rep); err != nil || rep.Error == nil || !strings.Contains(detail, rep.Error.Message) {
+			t.Errorf("vm_file_read(%s) audit outcome reason = %q; want the guest's whole error", tt.args, detail)
+		}
+	}
+}
+
 // TestFileReadBinaryIsBase64: a file with NUL bytes (valid UTF-8, but not
 // text) comes back as content_base64, not as content full of \u0000.
 func TestFileReadBinaryIsBase64(t *testing.T) {
@@ -97,13 +124,13 @@ func TestFileReadBinaryIsBase64(t *testing.T) {
 		{[]byte{0xff, 0xfe, 'a'}, true},
 		{[]byte("plain text\n\twith a tab é"), false},
 	} {
-		f := newFixture(t, fixtureOpts{})
-		drv := countingFake(f.calls)
-		drv.FileReadFunc = func(context.Context, string, string, int64) (hypervisor.FileContent, error) {
-			return hypervisor.FileContent{Data: tt.data}, nil
+		f := newSessFixture(t, haveBins(), "")
+		f.guest.file = func(argv []string, _ []byte) hypervisor.ExecResult {
+			r := reply(wire.FileRead{FileInfo: wire.FileInfo{Path: flag(argv, "--path"), Exists: true, Type: "file", Mode: 0o755, Size: int64(len(tt.data))}, Bytes: int64(len(tt.data))})
+			r.Stdout = append(append(r.Stdout, '\n'), tt.data...) // --raw: the data after the reply's line
+			return r
 		}
-		f = newFixture(t, fixtureOpts{driver: drv})
-		sc := f.call(t, "vm_file_read", `{"vm":"lab/vm1","path":"/bin/x"}`).Result.StructuredContent
+		sc := f.as(t, "alice", "vm_file_read", `{"vm":"lab/vm1","path":"/bin/x"}`).Result.StructuredContent
 		_, hasText := sc["content"]
 		b64, hasB64 := sc["content_base64"].(string)
 		if hasText == tt.binary || hasB64 != tt.binary {
@@ -124,10 +151,6 @@ func vm9Fake(f *fixture) *hypervisortest.Fake {
 	drv.ExecStartFunc = func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 		return hypervisor.ExecHandle{}, unknown
 	}
-	drv.FileReadFunc = func(context.Context, string, string, int64) (hypervisor.FileContent, error) {
-		return hypervisor.FileContent{}, unknown
-	}
-	drv.FileWriteFunc = func(context.Context, string, string, []byte, uint32) error { return unknown }
 	drv.PowerFunc = func(context.Context, string, hypervisor.PowerAction) error { return unknown }
 	return drv
 }
@@ -142,8 +165,6 @@ func TestUnknownVMSameMessageEveryPath(t *testing.T) {
 		{"vm_status", `{"vm":"lab/vm9"}`, "lab/vm9"},
 		{"vm_agent_exec", `{"vm":"lab/vm9","command":["true"]}`, "lab/vm9"},
 		{"vm_agent_exec", `{"vm":"lab/vm9","command":["true"],"wait":false}`, "lab/vm9"},
-		{"vm_file_read", `{"vm":"lab/vm9","path":"/x"}`, "lab/vm9"},
-		{"vm_file_write", `{"vm":"lab/vm9","path":"/x","content":""}`, "lab/vm9"},
 		{"vm_power", `{"vm":"lab/vm9","action":"start"}`, "lab/vm9"},
 		{"vm_power", `{"vm":"lab/vm9","action":"reset"}`, "lab/vm9"},
 		{"list_sessions", `{"vm":"lab/vm9"}`, "lab/vm9"},
