@@ -24,8 +24,8 @@ import (
 )
 
 // DefaultPolicy is the built-in policy document: read-only tools allowed,
-// exec and kill rate-limited, destroy_session and vm_power need an
-// operator's approval, file writes denied, sessions sandboxed as tightly as
+// exec, kill and snapshot_create rate-limited, destroy_session, vm_power,
+// snapshot_revert and snapshot_delete need an operator's approval, file writes denied, sessions sandboxed as tightly as
 // is useful (net none, their own uid, write only their own directories;
 // only cgroup v2 may be missing, membership then goes by the uid).
 //

@@ -33,3 +33,41 @@ func TestDefaultPolicySandbox(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultPolicySnapshots: the built-in policy lets an agent read a VM's
+// snapshots, network and metrics, take snapshots at a limited rate, and
+// revert or delete one only with an operator's approval.
+func TestDefaultPolicySnapshots(t *testing.T) {
+	e, err := policy.Parse("default_policy.json", DefaultPolicy)
+	if err != nil {
+		t.Fatalf("Parse(DefaultPolicy) = %v", err)
+	}
+	tests := []struct {
+		tool    string
+		want    policy.Verdict
+		counter string // a counter the decision reserves, "" for none beyond all_calls
+	}{
+		{"snapshot_list", policy.Allow, ""},
+		{"vm_network", policy.Allow, ""},
+		{"vm_metrics", policy.Allow, ""},
+		{"snapshot_create", policy.Allow, "snapshots_per_vm"},
+		{"snapshot_revert", policy.Approve, ""},
+		{"snapshot_delete", policy.Approve, ""},
+	}
+	for _, tt := range tests {
+		d := e.Decide(policy.Call{Grant: "local", Tool: tt.tool, VM: "lab/vm1", Args: map[string]any{"name": "s1"}})
+		if d.Verdict != tt.want {
+			t.Errorf("Decide(%s) = %v; want %v", tt.tool, d.Verdict, tt.want)
+		}
+		if tt.counter == "" {
+			continue
+		}
+		found := false
+		for _, c := range d.Counters {
+			found = found || c.Name == tt.counter
+		}
+		if !found {
+			t.Errorf("Decide(%s) counters = %+v; want %s", tt.tool, d.Counters, tt.counter)
+		}
+	}
+}

@@ -163,6 +163,8 @@ func sessionField() field {
 //	tool_sessions.go   create_session, list_sessions, destroy_session
 //	tool_files.go      vm_file_read, vm_file_write
 //	tool_power.go      vm_power
+//	tool_snapshots.go  snapshot_create, snapshot_list, snapshot_revert, snapshot_delete
+//	tool_observe.go    vm_network, vm_metrics
 //
 // A new family (snapshots, VM lifecycle) gets its own tool_<family>.go and
 // its entries here.
@@ -180,6 +182,12 @@ func catalogue(l Limits) []*toolSpec {
 		fileReadTool(l),
 		fileWriteTool(),
 		powerTool(),
+		snapshotListTool(),
+		snapshotCreateTool(),
+		snapshotRevertTool(),
+		snapshotDeleteTool(),
+		vmNetworkTool(),
+		vmMetricsTool(),
 	}
 }
 

@@ -282,9 +282,22 @@ func (g *gating) validate() (verdict, bool) {
 	if err != nil {
 		return g.s.refuse(g.ctx, g.id, g.hasID, g.rec, decisionError, TagInvalid, "the server could not read these arguments", err.Error()), true
 	}
+	if ck, ok := typed.(argChecker); ok {
+		if err := ck.checkArgs(); err != nil {
+			return g.invalid(err.Error())
+		}
+	}
 	c := g.conn
 	g.call = &call{id: g.rec.CallID, grant: c.grant, transport: c.transport, spec: g.spec, args: typed}
 	return verdict{}, false
+}
+
+// argChecker is an argument struct with a rule the catalogue cannot
+// express (a snapshot name's grammar): the gate refuses a call whose
+// check fails before the policy sees it, so it parks no approval and
+// reserves nothing.
+type argChecker interface {
+	checkArgs() error
 }
 
 // resolve finds the backend of the vm argument, as the grant sees it.

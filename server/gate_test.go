@@ -48,6 +48,12 @@ func TestCatalogue(t *testing.T) {
 		"vm_file_read":         {readOnly: true, idempotent: true},
 		"vm_file_write":        {destructive: true, idempotent: true},
 		"vm_power":             {destructive: true}, // reboot twice is two reboots
+		"snapshot_list":        {readOnly: true, idempotent: true},
+		"snapshot_create":      {destructive: true}, // a memory snapshot pauses the guest; each call adds one
+		"snapshot_revert":      {destructive: true},
+		"snapshot_delete":      {destructive: true},
+		"vm_network":           {readOnly: true, idempotent: true},
+		"vm_metrics":           {readOnly: true, idempotent: true},
 	}
 	got := map[string]bool{}
 	for _, tool := range r.Result.Tools {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
@@ -109,6 +110,7 @@ type fixtureOpts struct {
 	store  store.Store
 	rec    *recorder
 	driver *hypervisortest.Fake // nil: countingFake
+	bins   guestctl.Binaries    // nil: the host's builds
 }
 
 func newFixture(t testing.TB, o fixtureOpts) *fixture {
@@ -145,6 +147,8 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 		Store:    f.store,
 		Audit:    f.rec,
 		Now:      func() time.Time { return time.Unix(0, f.now.Load()) },
+
+		GuestBinaries: o.bins,
 	})
 	if err != nil {
 		t.Fatalf("New: %v", err)

@@ -186,6 +186,8 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		if g.file != nil {
 			return g.file(a, req.Stdin)
 		}
+	case "metrics":
+		return reply(wire.Metrics{TimeMS: 1, CPU: wire.CPUMetrics{Count: 2, Percent: 37.5, SampleMS: 250}, Memory: wire.MemoryMetrics{TotalBytes: 512 << 20, UsedBytes: 128 << 20, UsedPercent: 25}})
 	case "ps":
 		return reply([]wire.Process{{PID: 7, PPID: 1, User: "root", Name: "sleep", Cmdline: "sleep 1000", StartedAt: 1700000000000, State: "S", Session: flag(a, "--session")}})
 	case "run":

@@ -45,6 +45,7 @@ type (
 	Session       = wire.Session
 	DestroyResult = wire.DestroyResult
 	ReapResult    = wire.ReapResult
+	Metrics       = wire.Metrics
 )
 
 // Sentinel errors: a *Error unwraps to the one matching its code.
@@ -489,5 +490,21 @@ func (h *Helper) SessionDestroy(ctx context.Context, vm, id string) (DestroyResu
 func (h *Helper) SessionReap(ctx context.Context, vm string) (ReapResult, error) {
 	var out ReapResult
 	err := h.call(ctx, vm, "session reap", []string{"session", "reap"}, nil, 0, 4<<20, &out)
+	return out, err
+}
+
+// Metrics reads the guest's own figures (CPU over a sample of sampleMS
+// milliseconds, 0 for the default; memory, load, disks, network) with
+// `vmgate-guest metrics`, the same on every backend.
+func (h *Helper) Metrics(ctx context.Context, vm string, sampleMS int64) (Metrics, error) {
+	if sampleMS < 0 || sampleMS > wire.MaxMetricsSampleMS {
+		return Metrics{}, invalid("metrics", "sample_ms %d out of range 0..%d", sampleMS, wire.MaxMetricsSampleMS)
+	}
+	args := []string{"metrics"}
+	if sampleMS > 0 {
+		args = append(args, "--sample-ms", strconv.FormatInt(sampleMS, 10))
+	}
+	var out Metrics
+	err := h.call(ctx, vm, "metrics", args, nil, 0, 4<<20, &out)
 	return out, err
 }
