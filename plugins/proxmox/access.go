@@ -33,6 +33,8 @@ func Privileges(major int) []Privilege {
 	p := []Privilege{
 		{Name: "VM.Audit", For: "listing VMs and their status"},
 		{Name: "VM.PowerMgmt", For: "vm_power"},
+		{Name: "VM.Snapshot", For: "snapshot_create and snapshot_delete"},
+		{Name: "VM.Snapshot.Rollback", Or: []string{"VM.Snapshot"}, For: "snapshot_revert"},
 	}
 	if major < 9 {
 		return append(p, Privilege{Name: "VM.Monitor", For: "the guest agent (agent status, exec, file read and write)"})

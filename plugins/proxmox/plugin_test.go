@@ -67,6 +67,24 @@ func TestConformancePower(t *testing.T) {
 	}
 }
 
+// TestConformanceSnapshots runs the snapshot suite through the plugin
+// boundary against every emulated version, on a lab VM of its own whose
+// whole state the emulator's snapshot tasks save and restore through QMP
+// (internal/pveemu/snapshot.go).
+func TestConformanceSnapshots(t *testing.T) {
+	v := labtest.Start(t, lab.Spec{Name: "pvesnap"})
+	m := pveemu.NewLabMachine(v)
+	t.Cleanup(func() { m.Close() })
+	for _, ver := range pveemu.Versions() {
+		t.Run(ver.String(), func(t *testing.T) {
+			e := startEmu(t, ver, nil, pveemu.VMSpec{VMID: 120, Node: "pve", Name: "snap", Machine: m})
+			d := launchPlugin(t, e.cfg)
+			hypervisortest.RunSnapshots(t, hypervisortest.Harness{Driver: d, VM: "120", UnknownVM: "999",
+				Capabilities: hypervisor.Capabilities{Snapshots: true}})
+		})
+	}
+}
+
 func TestRegisteredSettings(t *testing.T) {
 	e := startEmu(t, pveemu.PVE92, nil)
 	good := jsonConfig(e.cfg)
