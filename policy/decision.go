@@ -83,6 +83,9 @@ type Decision struct {
 	// file its path names (the tool's files block, or DefaultFileRules);
 	// nil for other tools. See FileRules.
 	Files *FileRules
+	// Snapshot, when set, asks the server to take an undo snapshot of the
+	// VM before the call runs (the tool's snapshot_before block).
+	Snapshot *SnapshotBefore
 	// Shadow is true when the matched tool runs in shadow mode: Verdict is
 	// what enforcement would have done; the caller audits it and allows.
 	Shadow bool

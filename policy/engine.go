@@ -34,8 +34,9 @@ type toolRule struct {
 	denyIf     []condition
 	approval   *ApprovalSpec // set exactly when action is Approve
 	limits     []limit
-	sandbox    *sandboxRule // create_session's own sandbox block; nil without one
-	files      *FileRules   // a file tool's own files block; nil without one
+	sandbox    *sandboxRule  // create_session's own sandbox block; nil without one
+	files      *FileRules    // a file tool's own files block; nil without one
+	snapshot   *snapshotRule // the snapshot_before block; nil without one
 }
 
 type limit struct {
@@ -193,6 +194,7 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 	}
 	d.Sandbox = sb
 	d.Files = fileRulesFor(t, call.Tool)
+	d.Snapshot = t.snapshot.snapshotFor(call, tr)
 	return e.withLimits(d, t.limits, call, tr)
 }
 

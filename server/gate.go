@@ -86,6 +86,10 @@ type call struct {
 	// sandbox is the policy's sandbox for a create_session call
 	// (policy.Decision.Sandbox); nil for every other tool.
 	sandbox *policy.Sandbox
+	// snapshot is the decision's snapshot_before; undo the snapshot taken
+	// for it (undo.go).
+	snapshot *policy.SnapshotBefore
+	undo     *undoEntry
 }
 
 // ticket is the gate's single-use permission for one call. Only the gate
@@ -331,6 +335,7 @@ func (g *gating) decide() (verdict, bool) {
 	d := eng.Decide(policy.Call{Grant: g.conn.grant.Name, Transport: g.conn.transport, Tool: name, VM: g.call.vm, Session: session, Args: args})
 	g.decision = d
 	g.call.sandbox = d.Sandbox
+	g.call.snapshot = d.Snapshot
 	g.rec.Rule, g.rec.Reason, g.rec.Shadow = d.Rule, d.Reason, d.Shadow
 	if hasRoundTrip(g.params) && !isClientChannel(d) {
 		return g.invalid("requestState and inputResponses answer a client approval, and this call asks for none")
@@ -441,7 +446,11 @@ func (g *gating) pass() verdict {
 	// the handler answers with at the deadline (over HTTP, an empty 200).
 	cl := g.call
 	cl.argMap, cl.files = g.args, g.decision.Files
-	callCtx, cancel := context.WithTimeout(g.ctx, g.spec.deadline(g.s.limits, cl.args))
+	deadline := g.spec.deadline(g.s.limits, cl.args)
+	if cl.wantsUndo() {
+		deadline += undoGrace
+	}
+	callCtx, cancel := context.WithTimeout(g.ctx, deadline)
 	t := &ticket{server: g.s, call: cl, claimed: make(chan struct{}), start: g.start, counters: g.counters, cancel: cancel, elicit: g.elicit}
 	cl.ctx = callCtx
 	return verdict{ctx: context.WithValue(g.ctx, ticketKey, t), t: t}
@@ -508,13 +517,16 @@ func (s *Server) settle(t *ticket) {
 		s.refund(t.call.id, t.start, t.counters)
 	}
 	rec := audit.Record{CallID: t.call.id, Grant: t.call.grant.Name, Transport: t.call.transport, Tool: t.call.spec.name, VM: t.call.vm}
+	if t.call.undo != nil {
+		rec.Snapshot = t.call.undo.Name
+	}
 	s.outcome(rec, r.outcomeName(), r.detail, t.start, refund)
 }
 
 func (s *Server) outcome(rec audit.Record, outcome, detail string, start time.Time, refunded bool) {
 	out := audit.Record{
 		Kind: audit.KindOutcome, CallID: rec.CallID, Grant: rec.Grant, Transport: rec.Transport, Tool: rec.Tool, VM: rec.VM,
-		Outcome: outcome, Reason: detail, Refunded: refunded,
+		Outcome: outcome, Reason: detail, Refunded: refunded, Snapshot: rec.Snapshot,
 		DurationMS: float64(s.now().Sub(start).Microseconds()) / 1000,
 	}
 	if err := s.audit.AppendLazy(context.Background(), out); err != nil {
@@ -726,8 +738,15 @@ func (s *Server) toolHandler(spec *toolSpec) mcpserver.ToolHandlerFunc {
 			}
 		}
 		stop := s.reportProgress(ctx, req, spec.name)
-		r := t.call.explain(spec.run(s, t.call))
-		stop()
+		defer stop()
+		if t.call.wantsUndo() {
+			if r := s.takeUndo(t.call); r != nil {
+				*r = t.call.explain(*r)
+				t.res = r
+				return r.mcp(), nil
+			}
+		}
+		r := t.call.explain(t.call.withUndo(spec.run(s, t.call)))
 		t.res = &r
 		return r.mcp(), nil
 	}

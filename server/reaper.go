@@ -28,6 +28,7 @@ func (g *guestTools) reapLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			g.reap(ctx)
+			g.s.undo.reap(ctx)
 		}
 	}
 }

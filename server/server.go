@@ -143,6 +143,7 @@ type Server struct {
 	execs         execTable
 	stdioGrant    string
 	guest         *guestTools
+	undo          *undoKeeper // undo snapshots (undo.go)
 
 	// mu guards closed; calls holds every call in flight so Close can wait.
 	mu     sync.Mutex
@@ -245,6 +246,7 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.backends[b.Name] = b.Driver
 	}
+	s.undo = newUndoKeeper(s)
 	s.guest = newGuestTools(s, cfg)
 	s.specs = catalogue(s.limits)
 	s.tools = make(map[string]*toolSpec, len(s.specs))

@@ -22,6 +22,8 @@ type snapFake struct {
 	calls atomic.Int64
 	// err, when set, is what every snapshot call returns.
 	err error
+	// noMemory refuses snapshots with memory (a stopped VM).
+	noMemory bool
 }
 
 func (sf *snapFake) driver(modes hypervisor.SnapshotModes) *hypervisortest.Fake {
@@ -34,6 +36,9 @@ func (sf *snapFake) driver(modes hypervisor.SnapshotModes) *hypervisortest.Fake 
 		sf.reqs = append(sf.reqs, req)
 		if sf.err != nil {
 			return hypervisor.Snapshot{}, sf.err
+		}
+		if sf.noMemory && req.Memory {
+			return hypervisor.Snapshot{}, fmt.Errorf("fake: stopped: %w", hypervisor.ErrSnapshotMemory)
 		}
 		if _, ok := sf.snaps[req.Name]; ok {
 			return hypervisor.Snapshot{}, fmt.Errorf("fake: %w", hypervisor.ErrSnapshotExists)

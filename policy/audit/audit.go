@@ -162,7 +162,10 @@ type Record struct {
 	Counters Counters `json:"counters,omitempty"`
 	// Refunded is set on an outcome record whose call's reservations were
 	// refunded (the call failed before any side effect).
-	Refunded bool   `json:"refunded,omitempty"`
+	Refunded bool `json:"refunded,omitempty"`
+	// Snapshot is the undo snapshot the server took of VM before the call
+	// ran (outcome records of a tool with snapshot_before).
+	Snapshot string `json:"snapshot,omitempty"`
 	Hash     string `json:"hash,omitempty"`
 }
 

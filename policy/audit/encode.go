@@ -83,6 +83,7 @@ func appendBody(b []byte, rec *Record) ([]byte, error) {
 	if rec.Refunded {
 		b = append(b, `,"refunded":true`...)
 	}
+	b = appendField(b, "snapshot", rec.Snapshot)
 	return append(b, '}'), nil
 }
 

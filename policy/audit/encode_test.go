@@ -43,7 +43,7 @@ func encodeCases() []Record {
 		r.Counters = Counters{{Key: "k|grant=a", Window: time.Minute, Max: 30}, {Key: "\x00\xff", Window: time.Millisecond, Max: 0}}
 	})
 	add(func(r *Record) {
-		r.Kind, r.Decision, r.Outcome, r.Refunded = KindOutcome, "", "ok", true
+		r.Kind, r.Decision, r.Outcome, r.Refunded, r.Snapshot = KindOutcome, "", "ok", true, "vmgate-undo-t8x2k0-abcdef"
 		for _, d := range []float64{1.5} {
 			r.DurationMS = d
 		}

@@ -1,0 +1,77 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSnapshotBefore: the block asks for a snapshot with its retention,
+// only when its conditions hold, and only on the tools that can take one.
+func TestSnapshotBefore(t *testing.T) {
+	doc := `{"version":"1","default":"deny","tools":{
+	  "vm_power": {"action":"approve","snapshot_before": true},
+	  "destroy_session": {"snapshot_before": {"retention":"2h"}},
+	  "vm_agent_exec": {"snapshot_before": {"retention":"10m","if":[{"path":"args.command","op":"contains","value":"apt-get"}]}},
+	  "vm_status": {}
+	}}`
+	e, err := Parse("p.json", []byte(doc))
+	if err != nil {
+		t.Fatalf("Parse = %v", err)
+	}
+	tests := []struct {
+		tool    string
+		args    map[string]any
+		want    time.Duration // 0: no snapshot
+		wantPtr string
+	}{
+		{"vm_power", map[string]any{"action": "stop"}, DefaultSnapshotRetention, "/tools/vm_power/snapshot_before"},
+		{"destroy_session", map[string]any{"session": "x"}, 2 * time.Hour, "/tools/destroy_session/snapshot_before"},
+		{"vm_agent_exec", map[string]any{"command": []any{"apt-get", "remove", "x"}}, 10 * time.Minute, "/tools/vm_agent_exec/snapshot_before"},
+		{"vm_agent_exec", map[string]any{"command": []any{"ls"}}, 0, ""},
+		{"vm_status", nil, 0, ""},
+	}
+	for _, tt := range tests {
+		d := e.Decide(Call{Grant: "g", Tool: tt.tool, VM: "lab/vm1", Args: tt.args})
+		var got time.Duration
+		ptr := ""
+		if d.Snapshot != nil {
+			got, ptr = d.Snapshot.Retention, d.Snapshot.Rule
+		}
+		if got != tt.want || ptr != tt.wantPtr {
+			t.Errorf("Decide(%s, %v).Snapshot = %v %q; want %v %q", tt.tool, tt.args, got, ptr, tt.want, tt.wantPtr)
+		}
+	}
+	_, steps := e.Explain(Call{Grant: "g", Tool: "vm_agent_exec", VM: "lab/vm1", Args: map[string]any{"command": []any{"ls"}}})
+	found := false
+	for _, s := range steps {
+		found = found || s.Name == "snapshot_before" && s.Result == "skip"
+	}
+	if !found {
+		t.Errorf("Explain steps = %+v; want a skipped snapshot_before step", steps)
+	}
+}
+
+func TestSnapshotBeforeErrors(t *testing.T) {
+	tests := []struct{ block, want string }{
+		{`"vm_status": {"snapshot_before": true}`, "snapshot_before belongs on vm_power"},
+		{`"vm_power": {"snapshot_before": {"retention":"1s"}}`, "out of range"},
+		{`"vm_power": {"snapshot_before": {"retention":"900h"}}`, "out of range"},
+		{`"vm_power": {"snapshot_before": {"retention":"soon"}}`, "bad duration"},
+		{`"vm_power": {"snapshot_before": {"keep":"1h"}}`, "keep"},
+		{`"vm_power": {"snapshot_before": "yes"}`, "want an object"},
+	}
+	for _, tt := range tests {
+		_, err := Parse("p.json", []byte(`{"version":"1","default":"deny","tools":{`+tt.block+`}}`))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Parse(%s) = %v; want an error containing %q", tt.block, err, tt.want)
+		}
+	}
+	e, err := Parse("p.json", []byte(`{"version":"1","default":"allow","tools":{"vm_power":{"snapshot_before": false}}}`))
+	if err != nil {
+		t.Fatalf("Parse(snapshot_before false) = %v", err)
+	}
+	if d := e.Decide(Call{Grant: "g", Tool: "vm_power", VM: "lab/vm1"}); d.Snapshot != nil {
+		t.Errorf("Decide with snapshot_before false: Snapshot = %+v; want nil", d.Snapshot)
+	}
+}

@@ -1,0 +1,239 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/policy/audit"
+)
+
+const undoPolicy = `{"version":"1","default":"allow","tools":{
+  "vm_power": {"snapshot_before": {"retention": "2h"}, "limits": [{"counter": "power", "window": "minute", "max": 5, "scope": "grant"}]}
+}}`
+
+// undoFixture is a server over a snapFake whose Power is recorded in order
+// with the snapshots.
+type undoFixture struct {
+	*fixture
+	sf    *snapFake
+	mu    sync.Mutex
+	order []string
+}
+
+func newUndoFixture(t *testing.T, pol string, modes hypervisor.SnapshotModes) *undoFixture {
+	t.Helper()
+	u := &undoFixture{sf: &snapFake{snaps: map[string]hypervisor.Snapshot{}}}
+	drv := u.sf.driver(modes)
+	create := drv.SnapshotCreateFunc
+	drv.SnapshotCreateFunc = func(ctx context.Context, vm string, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, error) {
+		u.note("snapshot " + req.Name)
+		return create(ctx, vm, req)
+	}
+	drv.PowerFunc = func(ctx context.Context, vm string, action hypervisor.PowerAction) error {
+		u.note("power " + string(action))
+		return nil
+	}
+	u.fixture = newFixture(t, fixtureOpts{driver: drv, policy: pol})
+	t.Cleanup(func() { u.s.Close() })
+	return u
+}
+
+func (u *undoFixture) note(s string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.order = append(u.order, s)
+}
+
+func (u *undoFixture) steps() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Clone(u.order)
+}
+
+func outcomeOf(recs []audit.Record, tool string) (audit.Record, bool) {
+	for _, r := range recs {
+		if r.Kind == audit.KindOutcome && r.Tool == tool {
+			return r, true
+		}
+	}
+	return audit.Record{}, false
+}
+
+// TestSnapshotBeforeStop: vm_power stop under snapshot_before takes a
+// snapshot (with memory) first, names it in the result and the outcome
+// record, and keeps it for the policy's retention.
+func TestSnapshotBeforeStop(t *testing.T) {
+	u := newUndoFixture(t, undoPolicy, bothModes)
+	r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"stop"}`)
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_power stop = %q; want success", r.text())
+	}
+	name, _ := r.Result.StructuredContent["undo_snapshot"].(string)
+	exp, _, ok := parseUndoName(name)
+	wantExp := time.Unix(0, u.now.Load()).Add(2 * time.Hour)
+	if !ok || !exp.Equal(wantExp.Truncate(time.Second)) {
+		t.Fatalf("undo_snapshot = %q (expiry %v, ok %v); want an undo name expiring at %v", name, exp, ok, wantExp)
+	}
+	if got, want := u.steps(), []string{"snapshot " + name, "power stop"}; !slices.Equal(got, want) {
+		t.Errorf("driver calls = %q; want %q", got, want)
+	}
+	if len(u.sf.reqs) != 1 || !u.sf.reqs[0].Memory || !strings.Contains(u.sf.reqs[0].Description, "before vm_power") {
+		t.Errorf("snapshot requests = %+v; want one with memory describing the call", u.sf.reqs)
+	}
+	if !strings.Contains(r.text(), "undo: snapshot "+name+" of lab/vm1") || !strings.Contains(r.text(), "vmgate undo ") {
+		t.Errorf("vm_power text = %q; want the undo snapshot named", r.text())
+	}
+	out, ok := outcomeOf(u.rec.records(), "vm_power")
+	if !ok || out.Snapshot != name || out.Outcome != "ok" {
+		t.Errorf("outcome record = %+v; want outcome ok with snapshot %q", out, name)
+	}
+	if e, ok := u.s.undo.find(out.CallID); !ok || e.Name != name || e.VM != "lab/vm1" {
+		t.Errorf("undo.find(%s) = %+v, %v; want %s of lab/vm1", out.CallID, e, ok, name)
+	}
+}
+
+// TestSnapshotBeforeOnlyDestructive: start and reboot take no snapshot; a
+// snapshot that cannot be taken keeps the call from running.
+func TestSnapshotBeforeOnlyDestructive(t *testing.T) {
+	u := newUndoFixture(t, undoPolicy, bothModes)
+	for _, a := range []string{"start", "reboot", "shutdown"} {
+		if r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"`+a+`"}`); r.Result == nil || r.Result.IsError || r.Result.StructuredContent["undo_snapshot"] != nil {
+			t.Errorf("vm_power %s = %q %v; want success without a snapshot", a, r.text(), r.Result)
+		}
+	}
+	if len(u.sf.reqs) != 0 {
+		t.Errorf("snapshot requests = %+v; want none", u.sf.reqs)
+	}
+
+	tests := []struct {
+		name  string
+		err   error
+		modes hypervisor.SnapshotModes
+		want  string
+	}{
+		{"backend fails", fmt.Errorf("qmp: %w: no space left on device", hypervisor.ErrBackend), bothModes, "no space left on device); the call did not run"},
+		{"timeout", fmt.Errorf("qmp: %w", hypervisor.ErrTimeout), bothModes, "could not be taken"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			u := newUndoFixture(t, undoPolicy, tt.modes)
+			u.sf.err = tt.err
+			r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"reset"}`)
+			if !hasTag(r, TagBackend) || !strings.Contains(r.text(), tt.want) || !strings.Contains(r.text(), "the call did not run") {
+				t.Errorf("vm_power reset = %q; want %s containing %q", r.text(), TagBackend, tt.want)
+			}
+			if slices.Contains(u.steps(), "power reset") {
+				t.Errorf("driver calls = %q; want no power action", u.steps())
+			}
+			if out, _ := outcomeOf(u.rec.records(), "vm_power"); !out.Refunded || out.Snapshot != "" {
+				t.Errorf("outcome = %+v; want refunded, no snapshot", out)
+			}
+		})
+	}
+}
+
+// TestSnapshotBeforeNoBackendSupport: a backend without snapshots is
+// named, and the call does not run.
+func TestSnapshotBeforeNoBackendSupport(t *testing.T) {
+	var powered bool
+	drv := countingFake(new(atomic.Int64))
+	drv.PowerFunc = func(ctx context.Context, vm string, action hypervisor.PowerAction) error { powered = true; return nil }
+	f := newFixture(t, fixtureOpts{driver: drv, policy: undoPolicy})
+	t.Cleanup(func() { f.s.Close() })
+	r := f.call(t, "vm_power", `{"vm":"lab/vm1","action":"stop"}`)
+	if !hasTag(r, TagBackend) || !strings.Contains(r.text(), `backend "lab" cannot take snapshots`) || powered {
+		t.Errorf("vm_power stop without snapshots = %q (powered %v); want %s naming the backend, and no power action", r.text(), powered, TagBackend)
+	}
+}
+
+// TestSnapshotBeforeDiskOnlyFallback: a VM the backend cannot snapshot
+// with memory (a stopped one) gets a snapshot of its disks.
+func TestSnapshotBeforeDiskOnlyFallback(t *testing.T) {
+	u := newUndoFixture(t, undoPolicy, bothModes)
+	u.sf.noMemory = true
+	r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"stop"}`)
+	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["undo_snapshot"] == nil {
+		t.Fatalf("vm_power stop = %q; want success with an undo snapshot", r.text())
+	}
+	if len(u.sf.reqs) != 2 || !u.sf.reqs[0].Memory || u.sf.reqs[1].Memory {
+		t.Errorf("snapshot requests = %+v; want with memory, then disks only", u.sf.reqs)
+	}
+}
+
+// TestUndoNames: names round-trip and fit every backend's rule; other
+// names are not taken for undo snapshots.
+func TestUndoNames(t *testing.T) {
+	exp := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	name := undoName("M367F7VAU6LKHFP3IHFGJXTBR7", exp)
+	if err := hypervisor.ValidateSnapshotName(name); err != nil {
+		t.Errorf("ValidateSnapshotName(%q) = %v; want nil", name, err)
+	}
+	got, call, ok := parseUndoName(name)
+	if !ok || !got.Equal(exp) || call != "m367f7vau6lk" {
+		t.Errorf("parseUndoName(%q) = %v, %q, %v; want %v, m367f7vau6lk, true", name, got, call, ok, exp)
+	}
+	for _, bad := range []string{"before-upgrade", "vmgate-undo-", "vmgate-undo-zz", "vmgate-undo--abc", "vmgate-undo-0-abc", "vmgate-undo-1x-a-b", "vmgate-undo-!!-abc"} {
+		if _, _, ok := parseUndoName(bad); ok {
+			t.Errorf("parseUndoName(%q) ok; want false", bad)
+		}
+	}
+}
+
+// TestUndoReaper: expired undo snapshots are deleted, others kept; after a
+// restart the first pass finds the undo snapshots already on the VMs.
+func TestUndoReaper(t *testing.T) {
+	u := newUndoFixture(t, undoPolicy, bothModes)
+	now := time.Unix(0, u.now.Load())
+	old := undoName("OLDCALLAAAAAAAAA", now.Add(-time.Minute))
+	keep := undoName("KEEPCALLAAAAAAAA", now.Add(time.Hour))
+	u.sf.snaps[old] = hypervisor.Snapshot{Name: old}
+	u.sf.snaps[keep] = hypervisor.Snapshot{Name: keep}
+	u.sf.snaps["mine"] = hypervisor.Snapshot{Name: "mine"}
+	if r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"stop"}`); r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_power stop = %q", r.text())
+	}
+	taken := u.sf.reqs[0].Name
+	if errs := u.s.undo.reap(context.Background()); len(errs) != 0 {
+		t.Fatalf("reap = %v", errs)
+	}
+	if _, ok := u.sf.snaps[old]; ok {
+		t.Errorf("snapshot %s (expired before the restart) still exists after the first pass", old)
+	}
+	for _, n := range []string{keep, "mine", taken} {
+		if _, ok := u.sf.snaps[n]; !ok {
+			t.Errorf("snapshot %s was deleted; want it kept", n)
+		}
+	}
+	u.advance(2*time.Hour + time.Second)
+	if errs := u.s.undo.reap(context.Background()); len(errs) != 0 {
+		t.Fatalf("reap = %v", errs)
+	}
+	for n, want := range map[string]bool{keep: false, taken: false, "mine": true} {
+		if _, ok := u.sf.snaps[n]; ok != want {
+			t.Errorf("after the retention, snapshot %s exists = %v; want %v", n, ok, want)
+		}
+	}
+	// A delete that fails is retried on the next pass.
+	again := undoName("AGAINCALLAAAAAAA", time.Unix(0, u.now.Load()).Add(-time.Second))
+	u.sf.snaps[again] = hypervisor.Snapshot{Name: again}
+	u.s.undo.add(undoEntry{VM: "lab/vm1", Name: again, Expires: time.Unix(0, u.now.Load()).Add(-time.Second)})
+	u.sf.err = errors.New("busy")
+	if errs := u.s.undo.reap(context.Background()); len(errs) != 1 {
+		t.Errorf("reap with a failing delete = %v; want one error", errs)
+	}
+	u.sf.err = nil
+	if errs := u.s.undo.reap(context.Background()); len(errs) != 0 {
+		t.Errorf("reap = %v", errs)
+	}
+	if _, ok := u.sf.snaps[again]; ok {
+		t.Errorf("snapshot %s still exists after the retry", again)
+	}
+}
