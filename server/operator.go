@@ -66,6 +66,7 @@ type OperatorResponse struct {
 	Operator  string         `json:"operator,omitempty"` // who the server took the caller to be
 	Approvals []ApprovalView `json:"approvals,omitempty"`
 	Approval  *ApprovalView  `json:"approval,omitempty"`
+	Undo      *UndoResult    `json:"undo,omitempty"` // undo (undo_operator.go)
 }
 
 // ErrOperatorBusy: another live server owns the operator socket of the state directory.
@@ -233,6 +234,14 @@ func (o *OperatorListener) answer(ctx context.Context, c *net.UnixConn) Operator
 	}
 	a := o.s.Approvals()
 	switch req.Op {
+	case OpUndo:
+		_ = c.SetDeadline(time.Now().Add(undoTimeout))
+		u, err := o.s.Undo(ctx, req.ID, who)
+		resp := OperatorResponse{Operator: who, Undo: &u}
+		if err != nil {
+			resp.Error = err.Error()
+		}
+		return resp
 	case OpList:
 		list, err := a.List(ctx)
 		if err != nil {
@@ -302,6 +311,10 @@ func decodeOperatorRequest(line []byte) (OperatorRequest, error) {
 		if req.ID == "" || req.Reason != "" {
 			return OperatorRequest{}, errors.New("show takes an approval id and no reason")
 		}
+	case OpUndo:
+		if req.ID == "" || req.Reason != "" {
+			return OperatorRequest{}, errors.New("undo takes a call id and no reason")
+		}
 	case OpGrant, OpDeny:
 		if req.ID == "" {
 			return OperatorRequest{}, fmt.Errorf("%s needs an approval id", req.Op)
@@ -315,7 +328,7 @@ func decodeOperatorRequest(line []byte) (OperatorRequest, error) {
 			}
 		}
 	default:
-		return OperatorRequest{}, fmt.Errorf("unknown op %q (want list, show, grant or deny)", truncate(req.Op, 40))
+		return OperatorRequest{}, fmt.Errorf("unknown op %q (want list, show, grant, deny or undo)", truncate(req.Op, 40))
 	}
 	return req, nil
 }
@@ -370,7 +383,11 @@ func OperatorCall(ctx context.Context, path string, req OperatorRequest) (Operat
 		return OperatorResponse{}, fmt.Errorf("operator: connect %s: %w (is vmgate serve running with this state directory?)", path, err)
 	}
 	defer c.Close()
-	deadline := time.Now().Add(operatorTimeout)
+	timeout := operatorTimeout
+	if req.Op == OpUndo {
+		timeout = undoTimeout
+	}
+	deadline := time.Now().Add(timeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}

@@ -141,6 +141,10 @@ func TestOperatorBadRequests(t *testing.T) {
 		{"NUL in id", `{"op":"grant","id":"a\u0000b"}`, "malformed approval id"},
 		{"control in reason", `{"op":"grant","id":"` + id + `","reason":"a\nb"}`, "control characters"},
 		{"list with id", `{"op":"list","id":"` + id + `"}`, "no id"},
+		{"undo without call", `{"op":"undo"}`, "undo takes a call id"},
+		{"undo with reason", `{"op":"undo","id":"ABCDEFGHIJKLMN","reason":"x"}`, "undo takes a call id and no reason"},
+		{"undo path", `{"op":"undo","id":"../../etc/passwd"}`, "is not a call id"},
+		{"undo unknown call", `{"op":"undo","id":"ABCDEFGHIJKLMNOPQRSTUVWXYZ"}`, "no undo snapshot"},
 		{"huge", `{"op":"grant","id":"` + strings.Repeat("A", maxOperatorRequest) + `"}`, "longer than"},
 	}
 	for _, tt := range tests {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy/audit"
 )
 
@@ -235,5 +236,60 @@ func TestUndoReaper(t *testing.T) {
 	}
 	if _, ok := u.sf.snaps[again]; ok {
 		t.Errorf("snapshot %s still exists after the retry", again)
+	}
+}
+
+// TestUndoOperator: vmgate undo parks an approval, reverts once it is
+// granted, audits both, and needs a new approval for another revert.
+func TestUndoOperator(t *testing.T) {
+	u := newUndoFixture(t, undoPolicy, bothModes)
+	var reverted []string
+	drv := u.s.backends["lab"].(*hypervisortest.Fake)
+	revert := drv.SnapshotRevertFunc
+	drv.SnapshotRevertFunc = func(ctx context.Context, vm, name string) error {
+		reverted = append(reverted, vm+" "+name)
+		return revert(ctx, vm, name)
+	}
+	o := startOperator(t, u.fixture, t.TempDir())
+	if r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"reset"}`); r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_power reset = %q", r.text())
+	}
+	out, _ := outcomeOf(u.rec.records(), "vm_power")
+	ctx := context.Background()
+	undo := func() (*UndoResult, error) {
+		resp, err := OperatorCall(ctx, o.Path(), OperatorRequest{Op: OpUndo, ID: out.CallID})
+		return resp.Undo, err
+	}
+	first, err := undo()
+	if err != nil || first == nil || first.Reverted || first.ApprovalID == "" || first.Snapshot != out.Snapshot || first.VM != "lab/vm1" {
+		t.Fatalf("first undo = %+v, %v; want a parked approval for %s", first, err, out.Snapshot)
+	}
+	if again, err := undo(); err != nil || again.ApprovalID != first.ApprovalID || again.Reverted {
+		t.Errorf("second undo before the grant = %+v, %v; want the same pending approval %s", again, err, first.ApprovalID)
+	}
+	if len(reverted) != 0 {
+		t.Fatalf("reverted %q before any approval", reverted)
+	}
+	if _, err := OperatorCall(ctx, o.Path(), OperatorRequest{Op: OpGrant, ID: first.ApprovalID}); err != nil {
+		t.Fatalf("grant: %v", err)
+	}
+	done, err := undo()
+	if err != nil || !done.Reverted {
+		t.Fatalf("undo after the grant = %+v, %v; want reverted", done, err)
+	}
+	if want := []string{"vm1 " + out.Snapshot}; !slices.Equal(reverted, want) {
+		t.Errorf("reverts = %q; want %q", reverted, want)
+	}
+	if next, err := undo(); err != nil || next.Reverted || next.ApprovalID == first.ApprovalID {
+		t.Errorf("undo after the approval was used = %+v, %v; want a new pending approval", next, err)
+	}
+	var sawOutcome bool
+	for _, rec := range u.rec.records() {
+		if rec.Tool == undoTool && rec.Kind == audit.KindOutcome {
+			sawOutcome = rec.Outcome == "ok" && rec.Snapshot == out.Snapshot && rec.VM == "lab/vm1"
+		}
+	}
+	if !sawOutcome {
+		t.Errorf("no ok outcome record of the undo with its snapshot in %+v", u.rec.records())
 	}
 }
