@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vmgate/vmgate/policy"
 )
@@ -53,6 +54,7 @@ func TestDefaultPolicySnapshots(t *testing.T) {
 		{"snapshot_create", policy.Allow, "snapshots_per_vm"},
 		{"snapshot_revert", policy.Approve, ""},
 		{"snapshot_delete", policy.Approve, ""},
+		{"restore_session_files", policy.Allow, ""},
 	}
 	for _, tt := range tests {
 		d := e.Decide(policy.Call{Grant: "local", Tool: tt.tool, VM: "lab/vm1", Args: map[string]any{"name": "s1"}})
@@ -69,5 +71,17 @@ func TestDefaultPolicySnapshots(t *testing.T) {
 		if !found {
 			t.Errorf("Decide(%s) counters = %+v; want %s", tt.tool, d.Counters, tt.counter)
 		}
+	}
+}
+
+// TestDefaultPolicyKeepsFiles: a destroyed session's files stay in the
+// guest's trash for a day.
+func TestDefaultPolicyKeepsFiles(t *testing.T) {
+	e, err := policy.Parse("default_policy.json", DefaultPolicy)
+	if err != nil {
+		t.Fatalf("Parse(DefaultPolicy) = %v", err)
+	}
+	if d := e.Decide(policy.Call{Grant: "local", Tool: "destroy_session", VM: "lab/vm1"}); d.KeepFiles != 24*time.Hour {
+		t.Errorf("Decide(destroy_session).KeepFiles = %v; want 24h", d.KeepFiles)
 	}
 }

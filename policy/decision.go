@@ -86,6 +86,9 @@ type Decision struct {
 	// Snapshot, when set, asks the server to take an undo snapshot of the
 	// VM before the call runs (the tool's snapshot_before block).
 	Snapshot *SnapshotBefore
+	// KeepFiles is how long destroy_session keeps the session's files in
+	// the guest's trash (keep_files); 0: they are removed.
+	KeepFiles time.Duration
 	// Shadow is true when the matched tool runs in shadow mode: Verdict is
 	// what enforcement would have done; the caller audits it and allows.
 	Shadow bool

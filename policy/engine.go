@@ -37,6 +37,7 @@ type toolRule struct {
 	sandbox    *sandboxRule  // create_session's own sandbox block; nil without one
 	files      *FileRules    // a file tool's own files block; nil without one
 	snapshot   *snapshotRule // the snapshot_before block; nil without one
+	keepFiles  time.Duration // destroy_session's keep_files; 0 without one
 }
 
 type limit struct {
@@ -195,6 +196,7 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 	d.Sandbox = sb
 	d.Files = fileRulesFor(t, call.Tool)
 	d.Snapshot = t.snapshot.snapshotFor(call, tr)
+	d.KeepFiles = t.keepFiles
 	return e.withLimits(d, t.limits, call, tr)
 }
 

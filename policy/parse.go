@@ -281,7 +281,7 @@ func (b *builder) mode(v *node, l loc) (shadow bool) {
 
 func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	t := &toolRule{name: name, ptr: l.ptr, action: Allow, actionPtr: l.ptr, shadow: shadow}
-	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox", "files", "snapshot_before")
+	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox", "files", "snapshot_before", "keep_files")
 	if !ok {
 		return t
 	}
@@ -346,6 +346,9 @@ func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 		} else {
 			t.files = b.files(v, lf)
 		}
+	}
+	if v, ok := m["keep_files"]; ok {
+		t.keepFiles = b.keepFiles(name, v, l.key("keep_files"))
 	}
 	if v, ok := m["snapshot_before"]; ok {
 		t.snapshot = b.snapshotBefore(name, v, l.key("snapshot_before"))

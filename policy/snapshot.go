@@ -103,3 +103,35 @@ func (b *builder) snapshotBefore(name string, n *node, l loc) *snapshotRule {
 	}
 	return r
 }
+
+// KeepFilesTool is the tool a keep_files setting belongs on: destroy_session
+// then moves the session's files to a trash in the guest for that long
+// (a Go duration, 1m to MaxKeepFiles), from which restore_session_files
+// brings them back into a new session.
+const KeepFilesTool = "destroy_session"
+
+// MaxKeepFiles bounds keep_files: the server keeps a destroyed session's
+// record (whose grant may restore its files) that long.
+const MaxKeepFiles = 24 * time.Hour
+
+// keepFiles parses a keep_files setting of tool name.
+func (b *builder) keepFiles(name string, n *node, l loc) time.Duration {
+	if name != KeepFilesTool {
+		b.errorf(n.off, l.path, "keep_files belongs on %s, not on %s", KeepFilesTool, name)
+		return 0
+	}
+	s, ok := b.str(n, l)
+	if !ok {
+		return 0
+	}
+	d, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		b.errorf(n.off, l.path, "bad duration %q (want a Go duration like \"1h\")", s)
+	case d < time.Minute || d > MaxKeepFiles:
+		b.errorf(n.off, l.path, "keep_files %s is out of range (want 1m to %s)", d, MaxKeepFiles)
+	default:
+		return d
+	}
+	return 0
+}

@@ -60,6 +60,9 @@ func TestSnapshotBeforeErrors(t *testing.T) {
 		{`"vm_power": {"snapshot_before": {"retention":"soon"}}`, "bad duration"},
 		{`"vm_power": {"snapshot_before": {"keep":"1h"}}`, "keep"},
 		{`"vm_power": {"snapshot_before": "yes"}`, "want an object"},
+		{`"vm_power": {"keep_files": "1h"}`, "keep_files belongs on destroy_session"},
+		{`"destroy_session": {"keep_files": "48h"}`, "out of range"},
+		{`"destroy_session": {"keep_files": 3600}`, "want a string"},
 	}
 	for _, tt := range tests {
 		_, err := Parse("p.json", []byte(`{"version":"1","default":"deny","tools":{`+tt.block+`}}`))
@@ -73,5 +76,15 @@ func TestSnapshotBeforeErrors(t *testing.T) {
 	}
 	if d := e.Decide(Call{Grant: "g", Tool: "vm_power", VM: "lab/vm1"}); d.Snapshot != nil {
 		t.Errorf("Decide with snapshot_before false: Snapshot = %+v; want nil", d.Snapshot)
+	}
+}
+
+func TestKeepFiles(t *testing.T) {
+	e, err := Parse("p.json", []byte(`{"version":"1","default":"allow","tools":{"destroy_session":{"action":"approve","keep_files":"2h"}}}`))
+	if err != nil {
+		t.Fatalf("Parse = %v", err)
+	}
+	if d := e.Decide(Call{Grant: "g", Tool: "destroy_session", VM: "lab/vm1"}); d.KeepFiles != 2*time.Hour || d.Verdict != Approve {
+		t.Errorf("Decide(destroy_session) = %v, keep %v; want approve, 2h", d.Verdict, d.KeepFiles)
 	}
 }

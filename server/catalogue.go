@@ -165,6 +165,7 @@ func sessionField() field {
 //	tool_power.go      vm_power
 //	tool_snapshots.go  snapshot_create, snapshot_list, snapshot_revert, snapshot_delete
 //	tool_observe.go    vm_network, vm_metrics
+//	tool_trash.go      restore_session_files
 //
 // A new family (snapshots, VM lifecycle) gets its own tool_<family>.go and
 // its entries here.
@@ -188,6 +189,7 @@ func catalogue(l Limits) []*toolSpec {
 		snapshotDeleteTool(),
 		vmNetworkTool(),
 		vmMetricsTool(),
+		restoreSessionFilesTool(),
 	}
 }
 

@@ -90,6 +90,8 @@ type call struct {
 	// for it (undo.go).
 	snapshot *policy.SnapshotBefore
 	undo     *undoEntry
+	// keepFiles is the decision's keep_files (destroy_session, tool_trash.go).
+	keepFiles time.Duration
 }
 
 // ticket is the gate's single-use permission for one call. Only the gate
@@ -335,7 +337,7 @@ func (g *gating) decide() (verdict, bool) {
 	d := eng.Decide(policy.Call{Grant: g.conn.grant.Name, Transport: g.conn.transport, Tool: name, VM: g.call.vm, Session: session, Args: args})
 	g.decision = d
 	g.call.sandbox = d.Sandbox
-	g.call.snapshot = d.Snapshot
+	g.call.snapshot, g.call.keepFiles = d.Snapshot, d.KeepFiles
 	g.rec.Rule, g.rec.Reason, g.rec.Shadow = d.Rule, d.Reason, d.Shadow
 	if hasRoundTrip(g.params) && !isClientChannel(d) {
 		return g.invalid("requestState and inputResponses answer a client approval, and this call asks for none")

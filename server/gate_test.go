@@ -36,24 +36,25 @@ func TestCatalogue(t *testing.T) {
 	// fails this test without one.
 	type want struct{ readOnly, destructive, idempotent, openWorld bool }
 	wants := map[string]want{
-		"list_vms":             {readOnly: true, idempotent: true},
-		"vm_status":            {readOnly: true, idempotent: true},
-		"list_processes":       {readOnly: true, idempotent: true},
-		"list_sessions":        {readOnly: true, idempotent: true},
-		"vm_agent_exec":        {destructive: true, openWorld: true},
-		"vm_agent_exec_status": {readOnly: true}, // the final result is returned once
-		"create_session":       {},               // additive: a new work directory
-		"kill_process":         {destructive: true},
-		"destroy_session":      {destructive: true, idempotent: true},
-		"vm_file_read":         {readOnly: true, idempotent: true},
-		"vm_file_write":        {destructive: true, idempotent: true},
-		"vm_power":             {destructive: true}, // reboot twice is two reboots
-		"snapshot_list":        {readOnly: true, idempotent: true},
-		"snapshot_create":      {destructive: true}, // a memory snapshot pauses the guest; each call adds one
-		"snapshot_revert":      {destructive: true},
-		"snapshot_delete":      {destructive: true},
-		"vm_network":           {readOnly: true, idempotent: true},
-		"vm_metrics":           {readOnly: true, idempotent: true},
+		"list_vms":              {readOnly: true, idempotent: true},
+		"vm_status":             {readOnly: true, idempotent: true},
+		"list_processes":        {readOnly: true, idempotent: true},
+		"list_sessions":         {readOnly: true, idempotent: true},
+		"vm_agent_exec":         {destructive: true, openWorld: true},
+		"vm_agent_exec_status":  {readOnly: true}, // the final result is returned once
+		"create_session":        {},               // additive: a new work directory
+		"kill_process":          {destructive: true},
+		"destroy_session":       {destructive: true, idempotent: true},
+		"vm_file_read":          {readOnly: true, idempotent: true},
+		"vm_file_write":         {destructive: true, idempotent: true},
+		"vm_power":              {destructive: true}, // reboot twice is two reboots
+		"snapshot_list":         {readOnly: true, idempotent: true},
+		"snapshot_create":       {destructive: true}, // a memory snapshot pauses the guest; each call adds one
+		"snapshot_revert":       {destructive: true},
+		"snapshot_delete":       {destructive: true},
+		"vm_network":            {readOnly: true, idempotent: true},
+		"vm_metrics":            {readOnly: true, idempotent: true},
+		"restore_session_files": {destructive: true}, // moves files into a session's directory
 	}
 	got := map[string]bool{}
 	for _, tool := range r.Result.Tools {

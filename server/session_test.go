@@ -61,11 +61,12 @@ type fakeGuest struct {
 	file     func(argv []string, stdin []byte) hypervisor.ExecResult // vmgate-guest file …
 	reaped   []string                                                // what the next reap of reapVM destroys
 	reapVM   string
-	lacks    []wire.Feature // what the fake kernel lacks (session create refuses a sandbox requiring one)
+	lacks    []wire.Feature  // what the fake kernel lacks (session create refuses a sandbox requiring one)
+	trash    map[string]bool // sessions destroyed with --trash-s
 }
 
 func newFakeGuest() *fakeGuest {
-	return &fakeGuest{sessions: map[string]wire.Session{}, results: map[int64]hypervisor.ExecResult{}}
+	return &fakeGuest{sessions: map[string]wire.Session{}, results: map[int64]hypervisor.ExecResult{}, trash: map[string]bool{}}
 }
 
 func (g *fakeGuest) driver() *hypervisortest.Fake {
@@ -161,7 +162,19 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		id := flag(a, "--id")
 		_, ok := g.sessions[id]
 		delete(g.sessions, id)
-		return reply(wire.DestroyResult{ID: id, Existed: ok, Killed: 2})
+		res := wire.DestroyResult{ID: id, Existed: ok, Killed: 2}
+		if secs, _ := strconv.ParseInt(flag(a, "--trash-s"), 10, 64); secs > 0 && ok {
+			g.trash[id] = true
+			res.TrashUntilMS = 1767323045000 + secs*1000
+		}
+		return reply(res)
+	case "session restore":
+		id, from := flag(a, "--id"), flag(a, "--from")
+		if !g.trash[from] {
+			return replyErr(wire.CodeNotFound, "", "session restore: no files of session "+from+" in the trash")
+		}
+		delete(g.trash, from)
+		return reply(wire.RestoreResult{ID: id, From: from, Workdir: "/var/lib/vmgate/sessions/" + id, Entries: []string{"notes.txt", "src"}})
 	case "session list":
 		out := []wire.Session{}
 		for _, s := range g.sessions {

@@ -489,7 +489,7 @@ func (s *Server) runDestroySession(c *call, a *destroySessionArgs) result {
 		out := map[string]any{"session": id, "vm": c.vm, "existed": false, "destroyed_at": sess.Deleted.UTC()}
 		return success(out, fmt.Sprintf("session %s was already gone (destroyed at %s)", id, sess.Deleted.UTC().Format(time.RFC3339)))
 	}
-	dr, err := h.SessionDestroy(c.ctx, c.name, id)
+	dr, err := h.SessionTrash(c.ctx, c.name, id, c.keepFiles) // tool_trash.go
 	if err != nil {
 		return helperFailure(err)
 	}
@@ -501,6 +501,9 @@ func (s *Server) runDestroySession(c *call, a *destroySessionArgs) result {
 	out := map[string]any{"session": id, "vm": c.vm, "existed": dr.Existed, "killed": dr.Killed, "took_ms": dr.TookMS}
 	if !dr.Existed {
 		return success(out, fmt.Sprintf("session %s was already gone in the guest", id))
+	}
+	if dr.TrashUntilMS > 0 {
+		return trashed(out, id, dr)
 	}
 	return success(out, fmt.Sprintf("destroyed session %s: killed %d process(es), removed its files", id, dr.Killed))
 }

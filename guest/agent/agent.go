@@ -252,7 +252,7 @@ func (a *Agent) dispatch(ctx context.Context, args []string, stdin io.Reader) (a
 
 func (a *Agent) sessionCommand(ctx context.Context, args []string) (any, error) {
 	if len(args) == 0 {
-		return nil, invalidf("usage: vmgate-guest session create|list|destroy|reap")
+		return nil, invalidf("usage: vmgate-guest session create|list|destroy|restore|reap")
 	}
 	switch sub, rest := args[0], args[1:]; sub {
 	case "create":
@@ -283,10 +283,22 @@ func (a *Agent) sessionCommand(ctx context.Context, args []string) (any, error) 
 	case "destroy":
 		fs := newFlags("session destroy")
 		id := fs.String("id", "", "session id")
+		trash := fs.Int64("trash-s", 0, "keep the workdir in the trash this long, seconds (0: remove it)")
 		if err := parseFlags(fs, rest); err != nil {
 			return nil, err
 		}
-		return a.SessionDestroy(ctx, *id)
+		if *trash < 0 || *trash > wire.MaxTrashS {
+			return nil, invalidf("session destroy: --trash-s %d: want 0..%d", *trash, wire.MaxTrashS)
+		}
+		return a.SessionTrash(ctx, *id, time.Duration(*trash)*time.Second)
+	case "restore":
+		fs := newFlags("session restore")
+		id := fs.String("id", "", "the live session that gets the files")
+		from := fs.String("from", "", "the destroyed session whose files are in the trash")
+		if err := parseFlags(fs, rest); err != nil {
+			return nil, err
+		}
+		return a.SessionRestore(ctx, *id, *from)
 	case "reap":
 		if err := parseFlags(newFlags("session reap"), rest); err != nil {
 			return nil, err

@@ -242,18 +242,29 @@ func (a *Agent) allMembers() map[string]int {
 // unlinked, never followed) and its metadata. Destroying an unknown or
 // already destroyed session succeeds with Existed false.
 func (a *Agent) SessionDestroy(ctx context.Context, id string) (wire.DestroyResult, error) {
+	return a.SessionTrash(ctx, id, 0)
+}
+
+// SessionTrash is SessionDestroy that, with trash > 0, moves the session's
+// workdir to the trash for that long instead of removing it (trash.go).
+func (a *Agent) SessionTrash(ctx context.Context, id string, trash time.Duration) (wire.DestroyResult, error) {
 	if err := wire.ValidateSessionID(id); err != nil {
 		return wire.DestroyResult{}, invalidf("session destroy: %v", err)
+	}
+	if trash < 0 || trash > wire.MaxTrashS*time.Second {
+		return wire.DestroyResult{}, invalidf("session destroy: trash %v: want 0..%ds", trash, wire.MaxTrashS)
 	}
 	unlock, err := a.lock()
 	if err != nil {
 		return wire.DestroyResult{}, fmt.Errorf("session destroy: %w", err)
 	}
 	defer unlock()
-	return a.destroyLocked(ctx, id)
+	return a.destroyLocked(ctx, id, trash)
 }
 
-func (a *Agent) destroyLocked(ctx context.Context, id string) (wire.DestroyResult, error) {
+// destroyLocked destroys session id; with trash > 0 its workdir goes to
+// the trash (trash.go) for that long instead of being removed.
+func (a *Agent) destroyLocked(ctx context.Context, id string, trash time.Duration) (wire.DestroyResult, error) {
 	start := time.Now()
 	res := wire.DestroyResult{ID: id}
 	// What to kill: the session's cgroup, its uid and its marker. With
@@ -281,7 +292,7 @@ func (a *Agent) destroyLocked(ctx context.Context, id string) (wire.DestroyResul
 	if err != nil {
 		return res, fmt.Errorf("session destroy: %w", err)
 	}
-	if err := a.removeSessionFiles(id, t.cgroup, &res); err != nil {
+	if err := a.removeSessionFiles(id, t.cgroup, trash, &res); err != nil {
 		return res, fmt.Errorf("session destroy: %w", err)
 	}
 	res.TookMS = time.Since(start).Milliseconds()
@@ -291,7 +302,7 @@ func (a *Agent) destroyLocked(ctx context.Context, id string) (wire.DestroyResul
 // removeSessionFiles removes what a session leaves once its processes are
 // gone: its cgroup, network namespace, temporary directory, workdir and
 // metadata, each only if there.
-func (a *Agent) removeSessionFiles(id, cg string, res *wire.DestroyResult) error {
+func (a *Agent) removeSessionFiles(id, cg string, trash time.Duration, res *wire.DestroyResult) error {
 	if cg != "" {
 		// The kernel may report a killed group busy for a moment.
 		var err error
@@ -311,6 +322,14 @@ func (a *Agent) removeSessionFiles(id, cg string, res *wire.DestroyResult) error
 	for _, dir := range []string{filepath.Join(a.tmpDir(), id), filepath.Join(a.sessionsDir(), id)} {
 		if exists(dir) {
 			res.Existed = true
+			if trash > 0 && dir == filepath.Join(a.sessionsDir(), id) {
+				until, err := a.trashWorkdir(id, dir, trash)
+				if err != nil {
+					return err
+				}
+				res.TrashUntilMS = until.UnixMilli()
+				continue
+			}
 		}
 		// os.RemoveAll walks with openat/unlinkat and O_NOFOLLOW: a symlink is
 		// unlinked, never followed (TestDestroyDoesNotFollowSymlinks checks it).
@@ -338,6 +357,7 @@ func (a *Agent) SessionReap(ctx context.Context) (wire.ReapResult, error) {
 	}
 	defer unlock()
 	res := wire.ReapResult{Destroyed: []wire.DestroyResult{}}
+	a.purgeTrash(time.Now())
 	metas, err := a.readAllMeta()
 	if err != nil {
 		return res, fmt.Errorf("session reap: %w", err)
@@ -348,7 +368,7 @@ func (a *Agent) SessionReap(ctx context.Context) (wire.ReapResult, error) {
 		if !m.ExpiredAt(now) {
 			continue
 		}
-		d, err := a.destroyLocked(ctx, m.ID)
+		d, err := a.destroyLocked(ctx, m.ID, 0)
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -46,6 +46,7 @@ type (
 	DestroyResult = wire.DestroyResult
 	ReapResult    = wire.ReapResult
 	Metrics       = wire.Metrics
+	RestoreResult = wire.RestoreResult
 )
 
 // Sentinel errors: a *Error unwraps to the one matching its code.
@@ -506,5 +507,38 @@ func (h *Helper) Metrics(ctx context.Context, vm string, sampleMS int64) (Metric
 	}
 	var out Metrics
 	err := h.call(ctx, vm, "metrics", args, nil, 0, 4<<20, &out)
+	return out, err
+}
+
+// SessionTrash is SessionDestroy that moves the session's workdir to the
+// guest's trash for keep (at most wire.MaxTrashS seconds) instead of
+// removing it; SessionRestore brings the files back. keep 0 removes them.
+func (h *Helper) SessionTrash(ctx context.Context, vm, id string, keep time.Duration) (DestroyResult, error) {
+	if err := wire.ValidateSessionID(id); err != nil {
+		return DestroyResult{}, invalid("session destroy", "%v", err)
+	}
+	secs := int64(keep / time.Second)
+	if keep < 0 || secs > wire.MaxTrashS || keep > 0 && secs == 0 {
+		return DestroyResult{}, invalid("session destroy", "trash %v out of range 1s..%ds", keep, wire.MaxTrashS)
+	}
+	args := []string{"session", "destroy", "--id", id}
+	if secs > 0 {
+		args = append(args, "--trash-s", strconv.FormatInt(secs, 10))
+	}
+	var out DestroyResult
+	err := h.call(ctx, vm, "session destroy", args, nil, 0, 1<<16, &out)
+	return out, err
+}
+
+// SessionRestore moves the files destroyed session from left in the trash
+// into the live session id's workdir.
+func (h *Helper) SessionRestore(ctx context.Context, vm, id, from string) (RestoreResult, error) {
+	for _, s := range []string{id, from} {
+		if err := wire.ValidateSessionID(s); err != nil {
+			return RestoreResult{}, invalid("session restore", "%v", err)
+		}
+	}
+	var out RestoreResult
+	err := h.call(ctx, vm, "session restore", []string{"session", "restore", "--id", id, "--from", from}, nil, 0, 4<<20, &out)
 	return out, err
 }

@@ -213,6 +213,22 @@ type DestroyResult struct {
 	Killed int   `json:"killed"`
 	Rounds int   `json:"rounds"`
 	TookMS int64 `json:"took_ms"`
+	// TrashUntilMS is set when the workdir went to the trash (destroy
+	// --trash-s): until then, restore brings its files back.
+	TrashUntilMS int64 `json:"trash_until_ms,omitempty"`
+}
+
+// MaxTrashS bounds destroy's --trash-s (a day: the server keeps a
+// destroyed session's record that long, and checks it before a restore).
+const MaxTrashS = 24 * 60 * 60
+
+// RestoreResult is what restore returns: the top-level entries of session
+// From's trash, now in session ID's workdir.
+type RestoreResult struct {
+	ID      string   `json:"id"`
+	From    string   `json:"from"`
+	Workdir string   `json:"workdir"`
+	Entries []string `json:"entries"`
 }
 
 // ReapResult lists the sessions reap destroyed.
