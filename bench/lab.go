@@ -316,6 +316,32 @@ func execRate(ctx context.Context, c *mcpClient, vms []string, perVM int) (float
 	return perSecond(len(vms)*perVM, start, errs)
 }
 
+// failRows sets err on every row that has fewer than pairs figures.
+func failRows(rows []*Row, pairs int, err error) []*Row {
+	for _, r := range rows {
+		if r.Err == nil && len(r.A) < pairs {
+			r.Err = err
+		}
+	}
+	return rows
+}
+
+// withoutQEMU marks rows skipped (or failed, when VMGATE_REQUIRE_VM is
+// set) when lab VMs cannot run here, and reports whether it did.
+func withoutQEMU(rows []*Row) bool {
+	if _, err := exec.LookPath("qemu-system-x86_64"); err == nil {
+		return false
+	}
+	for _, r := range rows {
+		if os.Getenv("VMGATE_REQUIRE_VM") != "" {
+			r.Err = fmt.Errorf("%w and VMGATE_REQUIRE_VM is set", errQEMUMissing)
+		} else {
+			r.Skip = errQEMUMissing.Error()
+		}
+	}
+	return true
+}
+
 // labRows measures exec latency (1a, 1b), parallel exec throughput over 4
 // VMs (6b), the server's memory (7) and exec in a sandboxed session (8). Without QEMU the rows are skipped,
 // unless VMGATE_REQUIRE_VM is set, which makes them fail.
@@ -327,21 +353,8 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	mem := &Row{ID: "7", Unit: "MiB", What: "memory: RSS of vmgate serve and its plugin processes, after the load / idle"}
 	boxed := &Row{ID: "8", Unit: "ms", What: "sandbox: exec /bin/true latency through vm_agent_exec, in a sandboxed session (own uid, no_new_privs, Landlock, net none, cgroup) / outside any session"}
 	rows := []*Row{tight, poll1s, par, mem, boxed}
-	fail := func(err error) []*Row {
-		for _, r := range rows {
-			if r.Err == nil && len(r.A) < pairs {
-				r.Err = err
-			}
-		}
-		return rows
-	}
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		if os.Getenv("VMGATE_REQUIRE_VM") != "" {
-			return fail(fmt.Errorf("%w and VMGATE_REQUIRE_VM is set", errQEMUMissing))
-		}
-		for _, r := range rows {
-			r.Skip = errQEMUMissing.Error()
-		}
+	fail := func(err error) []*Row { return failRows(rows, pairs, err) }
+	if withoutQEMU(rows) {
 		return rows
 	}
 	l, err := startLab(ctx, vmgate, labVMs)

@@ -51,7 +51,7 @@ import (
 )
 
 // groups are the names -only accepts, in the order they run.
-var groups = []string{"decide", "scale", "audit", "plugin", "gate", "shipped", "lab"}
+var groups = []string{"decide", "scale", "audit", "plugin", "gate", "shipped", "lab", "snapshot"}
 
 // options are the command's flags, validated.
 type options struct {
@@ -100,7 +100,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	}
-	return o, errors.Join(needs("vmgate", o.vmgate, "lab", "shipped"),
+	return o, errors.Join(needs("vmgate", o.vmgate, "lab", "shipped", "snapshot"),
 		needs("tests", o.tests, "audit", "plugin", "gate"), needs("src", o.src, "audit", "plugin", "gate"))
 }
 
@@ -163,6 +163,8 @@ func main() {
 			rows = append(rows, shippedRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "lab":
 			rows = append(rows, labRows(ctx, o.vmgate, o.warmup, o.pairs)...)
+		case "snapshot":
+			rows = append(rows, snapshotRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s took %v\n", g, time.Since(t0).Round(time.Second))
 	}
