@@ -10,5 +10,7 @@
 // checks that the sentinels are unchanged. agent.test.mjs (grant agentside)
 // covers the agent's side of every call: each result validated against its
 // tool's outputSchema, the annotations of every tool, and the guest's own
-// reasons in errors. Run `npm ci --prefix e2e` first.
+// reasons in errors. TestNodeSDKUndo runs undo.test.mjs against a server of
+// its own (snapshot_before and an approved revert, the session trash,
+// vm_network, vm_metrics under load). Run `npm ci --prefix e2e` first.
 package e2e
