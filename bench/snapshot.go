@@ -18,8 +18,8 @@ import (
 
 // The snapshot rows: what a snapshot of a lab VM (with its memory) costs
 // through vmgate serve against the same QMP job sent straight to QEMU
-// (8a create, 8b revert), and what snapshot_before adds to a destructive
-// call (8c: the same `rm -f` exec, named by the policy's snapshot_before /
+// (9a create, 9b revert), and what snapshot_before adds to a destructive
+// call (9c: the same `rm -f` exec, named by the policy's snapshot_before /
 // not named). Like the lab rows, each round runs the server, stops it (the
 // QMP socket takes one client), then the baselines.
 
@@ -30,9 +30,9 @@ const snapPolicy = `{"version":"1","default":"deny","tools":{
   "vm_agent_exec":{"snapshot_before":{"retention":"1h","if":[{"path":"args.shell","op":"contains","value":"/tmp/bench-undo-"}]}}}}`
 
 func snapshotRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
-	create := &Row{ID: "8a", Unit: "ms", What: "snapshot with memory of a lab VM: snapshot_create (MCP stdio, gate, QEMU plugin, QMP job) / snapshot-save job straight on QMP"}
-	revert := &Row{ID: "8b", Unit: "ms", What: "revert of a lab VM to it: snapshot_revert through vmgate serve / snapshot-load job straight on QMP"}
-	undo := &Row{ID: "8c", Unit: "ms", What: "destructive exec (rm -f of a file): with snapshot_before / the same exec without"}
+	create := &Row{ID: "9a", Unit: "ms", What: "snapshot with memory of a lab VM: snapshot_create (MCP stdio, gate, QEMU plugin, QMP job) / snapshot-save job straight on QMP"}
+	revert := &Row{ID: "9b", Unit: "ms", What: "revert of a lab VM to it: snapshot_revert through vmgate serve / snapshot-load job straight on QMP"}
+	undo := &Row{ID: "9c", Unit: "ms", What: "destructive exec (rm -f of a file): with snapshot_before / the same exec without"}
 	rows := []*Row{create, revert, undo}
 	fail := func(err error) []*Row { return failRows(rows, pairs, err) }
 	if withoutQEMU(rows) {

@@ -32,6 +32,13 @@ const ANNOTATIONS = {
   vm_file_read: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
   vm_file_write: { readOnlyHint: false, destructiveHint: true, idempotentHint: true, openWorldHint: false },
   vm_power: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
+  snapshot_list: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+  snapshot_create: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
+  snapshot_revert: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
+  snapshot_delete: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
+  vm_network: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+  vm_metrics: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+  restore_session_files: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
 };
 
 const unknownVM = (vm) => `${TAGS.unknownVM} no VM ${JSON.stringify(vm)} (list_vms shows the VMs you can use)`;

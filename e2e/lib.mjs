@@ -79,7 +79,8 @@ export async function vmgate(...args) {
 }
 
 const readOnly = ['list_vms', 'vm_status', 'list_processes', 'list_sessions', 'vm_agent_exec_status', 'vm_file_read'];
-const destructive = ['vm_agent_exec', 'kill_process', 'destroy_session', 'vm_file_write', 'vm_power'];
+const destructive = ['vm_agent_exec', 'kill_process', 'destroy_session', 'vm_file_write', 'vm_power',
+  'snapshot_create', 'snapshot_revert', 'snapshot_delete', 'restore_session_files'];
 const openWorld = ['vm_agent_exec'];
 
 export async function checkToolList(client) {

@@ -3,7 +3,11 @@ package server
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
+
+	"github.com/vmgate/vmgate/policy"
 )
 
 // Output schemas. Every tool publishes an outputSchema (tools/list) that
@@ -53,15 +57,39 @@ func oObject(props map[string]any, required ...string) map[string]any {
 	return s
 }
 
+// oOpen is an object whose listed props have their shapes and whose
+// other fields are free: a report the guest or backend makes and may grow.
+func oOpen(props map[string]any, required ...string) map[string]any {
+	o := oObject(props, required...)
+	delete(o, "additionalProperties")
+	return o
+}
+
+// withProps is shape (an object) with props added to its properties.
+func withProps(shape, props map[string]any) map[string]any {
+	out := maps.Clone(shape)
+	p := maps.Clone(out["properties"].(map[string]any))
+	maps.Copy(p, props)
+	out["properties"] = p
+	return out
+}
+
 func oArray(items map[string]any) map[string]any {
 	return map[string]any{"type": "array", "items": items}
 }
+
+// undoProps are what withUndo (undo.go) adds to the result of a tool a
+// snapshot_before may be on (policy.SnapshotBeforeTools).
+var undoProps = map[string]any{"undo_snapshot": oString, "undo_expires": oTime}
 
 // outputSchema is t's published outputSchema: one of its result shapes or
 // the error shape.
 func (t *toolSpec) outputSchema() map[string]any {
 	shapes := make([]any, 0, len(t.output)+1)
 	for _, s := range t.output {
+		if slices.Contains(policy.SnapshotBeforeTools, t.name) {
+			s = withProps(s, undoProps)
+		}
 		shapes = append(shapes, s)
 	}
 	shapes = append(shapes, errorShape())

@@ -146,7 +146,7 @@ func TestSnapshotErrors(t *testing.T) {
 		{"disk only", hypervisor.ErrSnapshotDiskOnly, "snapshot_create", `{"vm":"lab/vm1","name":"m1","memory":false}`, TagInvalid, "retry with memory true"},
 		{"backend reason", fmt.Errorf("qmp: %w: snapshot-save: Device 'ide0' is writable but does not support snapshots", hypervisor.ErrBackend), "snapshot_create", `{"vm":"lab/vm1","name":"m1"}`, TagBackend, "does not support snapshots"},
 		{"timeout", fmt.Errorf("qmp: %w", hypervisor.ErrTimeout), "snapshot_revert", `{"vm":"lab/vm1","name":"taken"}`, TagTimedOut, "in time"},
-		{"unknown vm", fmt.Errorf("fake: %w", hypervisor.ErrUnknownVM), "snapshot_list", `{"vm":"lab/vm1"}`, TagUnknownVM, "no such VM"},
+		{"unknown vm", fmt.Errorf("fake: %w", hypervisor.ErrUnknownVM), "snapshot_list", `{"vm":"lab/vm1"}`, TagUnknownVM, `no VM "lab/vm1" (list_vms shows the VMs you can use)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -19,6 +19,10 @@ func vmNetworkTool() *toolSpec {
 		name: "vm_network", title: "Guest network", readOnly: true, idempotent: true,
 		desc:   "List a VM's network interfaces as its guest agent reports them: name, MAC, IPv4 and IPv6 addresses with prefixes, counters.",
 		fields: []field{vmField(true)},
+		output: []map[string]any{oObject(map[string]any{"vm": oString, "interfaces": oArray(oOpen(map[string]any{
+			"name": oString, "mac": oString, "stats": map[string]any{"type": "object"},
+			"addresses": oArray(oObject(map[string]any{"family": map[string]any{"type": "string", "enum": []string{"ipv4", "ipv6"}}, "address": oString, "prefix": oNonNeg}, "family", "address", "prefix")),
+		}, "name", "addresses"))}, "vm", "interfaces")},
 	}, (*Server).runVMNetwork)
 }
 
@@ -31,6 +35,10 @@ func vmMetricsTool() *toolSpec {
 			vmField(true),
 			{name: "sample_ms", kind: kindInteger, desc: fmt.Sprintf("CPU sample in ms (default %d).", wire.DefaultMetricsSampleMS), min: 1, max: wire.MaxMetricsSampleMS},
 		},
+		output: []map[string]any{oObject(map[string]any{
+			"vm": oString, "guest": map[string]any{"type": "object"}, "guest_error": oString,
+			"hypervisor": oOpen(map[string]any{"time": oTime, "source": oString, "vcpus": oNonNeg}, "time", "source"), "hypervisor_error": oString,
+		}, "vm")},
 	}, (*Server).runVMMetrics)
 }
 

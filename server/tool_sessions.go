@@ -68,7 +68,7 @@ func destroySessionTool() *toolSpec {
 		desc:   "Kill every process of a session and remove its work directory. Destroying a session twice is harmless. vmgate installs its vmgate-guest helper in the VM on first use.",
 		fields: []field{vmField(true), {name: "session", kind: kindString, desc: "Session id from create_session.", required: true, maxLen: 128}},
 		output: []map[string]any{
-			oObject(map[string]any{"session": oString, "vm": oString, "existed": oBoolean, "killed": oNonNeg, "took_ms": oNonNeg}, "session", "vm", "existed", "killed"),
+			oObject(map[string]any{"session": oString, "vm": oString, "existed": oBoolean, "killed": oNonNeg, "took_ms": oNonNeg, "files_kept_until": oTime}, "session", "vm", "existed", "killed"),
 			oObject(map[string]any{"session": oString, "vm": oString, "existed": oBoolean, "destroyed_at": oTime}, "session", "vm", "existed", "destroyed_at"),
 		},
 	}, (*Server).runDestroySession)

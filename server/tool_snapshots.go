@@ -36,6 +36,7 @@ func snapshotCreateTool() *toolSpec {
 			{name: "description", kind: kindString, desc: "Free text kept with the snapshot (at most 1024 bytes, no control characters but newline and tab).", maxLen: 4 * hypervisor.MaxSnapshotDescription},
 			{name: "memory", kind: kindBoolean, desc: "true: include the VM's memory (a revert resumes it where it was); false: disks only."},
 		},
+		output: []map[string]any{oObject(map[string]any{"vm": oString, "snapshot": snapshotShape()}, "vm", "snapshot")},
 	}, (*Server).runSnapshotCreate)
 }
 
@@ -44,6 +45,7 @@ func snapshotListTool() *toolSpec {
 		name: "snapshot_list", title: "List snapshots", readOnly: true, idempotent: true,
 		desc:   "List a VM's snapshots, oldest first, with their descriptions, times and whether they hold memory.",
 		fields: []field{vmField(true)},
+		output: []map[string]any{oObject(map[string]any{"vm": oString, "snapshots": oArray(snapshotShape())}, "vm", "snapshots")},
 	}, (*Server).runSnapshotList)
 }
 
@@ -53,6 +55,7 @@ func snapshotRevertTool() *toolSpec {
 		desc: "Return a VM to a snapshot: everything since it was taken is lost. " +
 			"With a memory snapshot the VM runs on from that moment; with a disk-only one its disks are restored.",
 		fields: []field{vmField(true), snapshotNameField("Snapshot to return to (from snapshot_list).")},
+		output: []map[string]any{oObject(map[string]any{"vm": oString, "snapshot": oString, "reverted": oBoolean}, "vm", "snapshot", "reverted")},
 	}, (*Server).runSnapshotRevert)
 }
 
@@ -61,6 +64,7 @@ func snapshotDeleteTool() *toolSpec {
 		name: "snapshot_delete", title: "Delete a snapshot", destructive: true,
 		desc:   "Delete a VM's snapshot; the VM's current state is unchanged, but the snapshot can no longer be reverted to.",
 		fields: []field{vmField(true), snapshotNameField("Snapshot to delete (from snapshot_list).")},
+		output: []map[string]any{oObject(map[string]any{"vm": oString, "snapshot": oString, "deleted": oBoolean}, "vm", "snapshot", "deleted")},
 	}, (*Server).runSnapshotDelete)
 }
 
@@ -211,4 +215,12 @@ func (s *Server) runSnapshotDelete(c *call, a *snapshotNameArgs) result {
 		return snapshotFailure(c, a.Name, err)
 	}
 	return success(map[string]any{"vm": c.vm, "snapshot": a.Name, "deleted": true}, fmt.Sprintf("%s: snapshot %q deleted", c.vm, a.Name))
+}
+
+// snapshotShape is a hypervisor.Snapshot as the snapshot tools show it.
+func snapshotShape() map[string]any {
+	return oOpen(map[string]any{
+		"name": oString, "description": oString, "created_at": oTime, "memory": oBoolean,
+		"size_bytes": oNonNeg, "parent": oString, "current": oBoolean,
+	}, "name", "memory")
 }

@@ -27,6 +27,7 @@ func restoreSessionFilesTool() *toolSpec {
 			{name: "session", kind: kindString, desc: "The live session that gets the files (from create_session).", required: true, maxLen: 128},
 			{name: "from", kind: kindString, desc: "The destroyed session whose files come back.", required: true, maxLen: 128},
 		},
+		output: []map[string]any{oObject(map[string]any{"vm": oString, "session": oString, "from": oString, "workdir": oString, "entries": oArray(oString)}, "vm", "session", "from", "workdir", "entries")},
 	}, (*Server).runRestoreSessionFiles)
 }
 

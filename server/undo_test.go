@@ -120,7 +120,7 @@ func TestSnapshotBeforeOnlyDestructive(t *testing.T) {
 		modes hypervisor.SnapshotModes
 		want  string
 	}{
-		{"backend fails", fmt.Errorf("qmp: %w: no space left on device", hypervisor.ErrBackend), bothModes, "no space left on device); the call did not run"},
+		{"backend fails", fmt.Errorf("qmp: %w: no space left on device", hypervisor.ErrBackend), bothModes, "no space left on device; free space in the guest (vm_agent_exec with df -h shows where)); the call did not run"},
 		{"timeout", fmt.Errorf("qmp: %w", hypervisor.ErrTimeout), bothModes, "could not be taken"},
 	}
 	for _, tt := range tests {
