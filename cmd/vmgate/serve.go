@@ -38,6 +38,7 @@ type serveOptions struct {
 	allowNonLoopback bool
 	grace            time.Duration
 	inProcess        bool
+	cpuProfile       string
 }
 
 func newServeCmd() *cobra.Command {
@@ -65,6 +66,8 @@ with the built-in policy.`,
 	cmd.Flags().BoolVar(&o.allowNonLoopback, "allow-non-loopback", false, "allow --http on a non-loopback address without TLS")
 	cmd.Flags().BoolVar(&o.inProcess, "in-process", false, "run the built-in drivers inside the server instead of as plugin processes (debugging)")
 	cmd.Flags().DurationVar(&o.grace, "grace", 10*time.Second, "how long calls in flight may finish at shutdown before they are cancelled")
+	cmd.Flags().StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the server to FILE until it exits (also $"+cpuProfileEnv+")")
+	_ = cmd.Flags().MarkHidden("cpuprofile")
 	return cmd
 }
 
@@ -90,6 +93,11 @@ func warnNoBackends(log *slog.Logger, cfg *config.Config, path string) {
 }
 
 func runServe(ctx context.Context, o serveOptions) (err error) {
+	stopProfile, err := startCPUProfile(o.cpuProfile)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, stopProfile()) }()
 	cfg, err := loadConfig(o.config)
 	if err != nil {
 		return err
