@@ -1,0 +1,226 @@
+package vboxemu
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// siteCreateMachine is handleCloneVM's IVirtualBox::CreateMachine call.
+var siteCreateMachine = contextSite{"VBoxManageMisc.cpp", "CreateMachine(bstrSettingsFile.raw(), Bstr(pszTrgName).raw(), ...)",
+	map[string]int{"6.1": 594, "7.0": 704, "7.1": 742}}
+
+// siteCloneTo is handleCloneVM's IMachine::CloneTo call.
+var siteCloneTo = contextSite{"VBoxManageMisc.cpp", "CloneTo(trgMachine, mode, ComSafeArrayAsInParam(options), progress.asOutParam())",
+	map[string]int{"6.1": 604, "7.0": 717, "7.1": 756}}
+
+// siteUnregister is handleUnregisterVM's IMachine::Unregister call.
+var siteUnregister = contextSite{"VBoxManageMisc.cpp", "Unregister(fDeleteAll ? CleanupMode_DetachAllReturnHardDisksAndVMRemovable :CleanupMode_DetachAllReturnHardDisksOnly, ComSafeArrayAsOutParam(aMedia))",
+	map[string]int{"7.0": 233, "7.1": 232}}
+
+// siteUnregister61 is 6.1's Unregister call (no --delete-all).
+var siteUnregister61 = contextSite{"VBoxManageMisc.cpp", "Unregister(CleanupMode_DetachAllReturnHardDisksOnly, ComSafeArrayAsOutParam(aMedia))",
+	map[string]int{"6.1": 152}}
+
+// cloneOpts are handleCloneVM's options.
+type cloneOpts struct {
+	src, snapshot, name string
+	register, link      bool
+}
+
+// handleCloneVM is VBoxManageMisc.cpp handleCloneVM: FindMachine, the
+// snapshot (FindSnapshot), CreateMachine for "<name>" (default "<src>
+// Clone"), CloneTo (Machine::cloneTo: a linked clone needs a snapshot),
+// the progress, RegisterMachine when --register, and the success line.
+// The clone is a new machine record, powered off; when the world has a
+// spare lab VM (World.Spares) the clone gets it as its guest.
+func (e *emu) handleCloneVM(args []string) int {
+	o, code := e.parseClone(args)
+	if code >= 0 {
+		return code
+	}
+	src := e.w.find(o.src)
+	if src == nil {
+		return e.notFound(o.src, siteCloneFindMachine)
+	}
+	var from *Snapshot
+	if o.snapshot != "" {
+		var why string
+		if from, why = src.findSnapshot(o.snapshot); from == nil {
+			e.comError(why, codeObjectNotFound, "MachineWrap", "IMachine", siteCloneFindSnapshot)
+			return exitFailure
+		}
+	}
+	if o.name == "" {
+		o.name = o.src + " Clone"
+	}
+	cfg := e.w.cfgFile(e.h.path, &Machine{Name: o.name})
+	if e.w.find(o.name) != nil || fileExists(cfg) {
+		e.comError(fmt.Sprintf("Machine settings file '%s' already exists", cfg), codeFileError, "VirtualBoxWrap", "IVirtualBox", siteCreateMachine)
+		return exitFailure
+	}
+	if o.link && from == nil {
+		e.comError("Linked clone can only be created from a snapshot", codeInvalidArg, "MachineWrap", "IMachine", siteCloneTo)
+		return exitFailure
+	}
+	clone := &Machine{Name: o.name, UUID: newUUID(), OSType: src.OSType, MemoryMB: src.MemoryMB, CPUs: src.CPUs,
+		State: "poweroff", StateChange: time.Now(), GAVersion: src.GAVersion}
+	if o.link {
+		clone.LinkedFrom = from.UUID
+	}
+	e.progress()
+	if o.register {
+		if err := e.h.update(func(w *World) error {
+			if len(w.Spares) > 0 {
+				clone.QGASocket, clone.QMPSocket, clone.Spare = w.Spares[0].QGASocket, w.Spares[0].QMPSocket, true
+				w.Spares = w.Spares[1:]
+			}
+			w.VMs = append(w.VMs, clone)
+			return nil
+		}); err != nil {
+			e.errorf("emulator: %v", err)
+			return exitFailure
+		}
+	}
+	e.printf("Machine has been successfully cloned as \"%s\"\n", o.name)
+	return exitSuccess
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func (e *emu) parseClone(args []string) (cloneOpts, int) {
+	var o cloneOpts
+	g := newGetopt(args, []optDef{
+		{long: "--snapshot", id: "s", kind: reqString}, {long: "--name", id: "n", kind: reqString},
+		{long: "--groups", id: "g", kind: reqString}, {long: "--mode", id: "m", kind: reqString},
+		{long: "--options", id: "o", kind: reqString}, {long: "--register", id: "r"},
+		{long: "--basefolder", id: "p", kind: reqString}, {long: "--uuid", id: "u", kind: reqString},
+	}, false)
+	g.stdOpts = false
+	for {
+		r, oe, ok := g.next()
+		if !ok {
+			break
+		}
+		if oe != nil {
+			return o, e.getoptError(oe)
+		}
+		if r.def == nil {
+			if o.src != "" {
+				return o, e.syntaxError("Invalid parameter '%s'", r.value)
+			}
+			o.src = r.value
+			continue
+		}
+		switch r.def.id {
+		case "s":
+			o.snapshot = r.value
+		case "n":
+			o.name = r.value
+		case "r":
+			o.register = true
+		case "o":
+			// parseCloneOptions: comma-separated, case-insensitive prefixes.
+			for _, opt := range strings.Split(r.value, ",") {
+				switch strings.ToLower(opt) {
+				case "link", "linked":
+					o.link = true
+				case "keepallmacs", "keepnatmacs", "keepdisknames", "keephwuuids", "keephwuuid", "":
+				default:
+					e.errorf("Invalid clone options '%s'\n", r.value)
+					return o, exitSyntax
+				}
+			}
+		case "m":
+			switch strings.ToLower(r.value) {
+			case "machine", "machineandchildren", "all":
+			default:
+				e.errorf("Invalid clone mode '%s'\n", r.value)
+				return o, exitSyntax
+			}
+		}
+	}
+	if o.src == "" {
+		return o, e.syntaxError("VM name required")
+	}
+	return o, -1
+}
+
+// handleUnregisterVM is VBoxManageMisc.cpp handleUnregisterVM: a machine
+// with a VM process cannot be unregistered (Machine::unregister); with
+// --delete its files go too (DeleteConfig and its progress). A clone's lab
+// VM returns to the spares.
+func (e *emu) handleUnregisterVM(args []string) int {
+	g := newGetopt(args, []optDef{
+		{long: "--delete", id: "d"}, {long: "-delete", id: "d"},
+		{long: "--delete-all", id: "a"}, {long: "-delete-all", id: "a"},
+	}, false)
+	g.stdOpts = false
+	name, del := "", false
+	for {
+		r, oe, ok := g.next()
+		if !ok {
+			break
+		}
+		if oe != nil {
+			if oe.rc == "VERR_GETOPT_UNKNOWN_OPTION" {
+				return e.syntaxError("unknown option: %s\n", oe.psz)
+			}
+			return e.syntaxError("%s: %s", oe.long, getoptStatusText[oe.rc])
+		}
+		switch {
+		case r.def == nil && name == "":
+			name = r.value
+		case r.def == nil:
+			return e.syntaxError("Invalid parameter '%s'", r.value)
+		case r.def.id == "a" && !e.v.AtLeast(7, 0):
+			return e.syntaxError("unknown option: %s\n", r.def.long)
+		default:
+			del = true
+		}
+	}
+	if name == "" {
+		return e.syntaxError("VM name required")
+	}
+	m := e.w.find(name)
+	if m == nil {
+		return e.notFound(name, siteUnregFindMachine)
+	}
+	if m.running() {
+		site := siteUnregister
+		if !e.v.AtLeast(7, 0) {
+			site = siteUnregister61
+		}
+		e.comError(fmt.Sprintf("Cannot unregister the machine '%s' while it is locked", m.Name), codeInvalidObject, "MachineWrap", "IMachine", site)
+		return exitFailure
+	}
+	if err := e.h.update(func(w *World) error {
+		kept := w.VMs[:0]
+		for _, x := range w.VMs {
+			if x.UUID == m.UUID {
+				if x.Spare {
+					w.Spares = append(w.Spares, Backing{QGASocket: x.QGASocket, QMPSocket: x.QMPSocket})
+				}
+				continue
+			}
+			kept = append(kept, x)
+		}
+		if len(kept) == len(w.VMs) {
+			return errors.New("machine unregistered meanwhile")
+		}
+		w.VMs = kept
+		return nil
+	}); err != nil {
+		e.errorf("emulator: %v", err)
+		return exitFailure
+	}
+	if del {
+		e.progress()
+	}
+	return exitSuccess
+}

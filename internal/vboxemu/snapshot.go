@@ -1,0 +1,298 @@
+package vboxemu
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Snapshots are the machine's records (SnapshotImpl.cpp): name, UUID,
+// description, tree, the current snapshot and the state a restore leads to.
+// The lab VM behind a machine has no disk that could hold a QEMU snapshot
+// (it boots from an initramfs), so the guest's state is not captured: a
+// restore of an online snapshot leaves the machine "saved" as VirtualBox
+// would, and starting it boots the guest afresh.
+
+// newUUID returns a random (version 4) UUID.
+func newUUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// findSnapshot is Machine::findSnapshot: by UUID (braces optional) when
+// the argument is one, else by name; the error texts of MachineImpl.cpp.
+func (m *Machine) findSnapshot(nameOrID string) (*Snapshot, string) {
+	if len(m.Snapshots) == 0 {
+		return nil, "This machine does not have any snapshots"
+	}
+	id := strings.TrimSuffix(strings.TrimPrefix(nameOrID, "{"), "}")
+	if isUUID(id) {
+		for _, s := range m.Snapshots {
+			if strings.EqualFold(s.UUID, id) {
+				return s, ""
+			}
+		}
+		return nil, fmt.Sprintf("Could not find a snapshot with UUID {%s}", strings.ToLower(id))
+	}
+	for _, s := range m.Snapshots {
+		if s.Name == nameOrID {
+			return s, ""
+		}
+	}
+	return nil, fmt.Sprintf("Could not find a snapshot named '%s'", nameOrID)
+}
+
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, c := range s {
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !strings.ContainsRune("0123456789abcdefABCDEF", c) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// handleSnapshot is VBoxManageSnapshot.cpp handleSnapshot for take,
+// delete, restore, restorecurrent and list.
+func (e *emu) handleSnapshot(args []string) int {
+	if len(args) < 2 {
+		return e.syntaxError("Not enough parameters")
+	}
+	m := e.w.find(args[0])
+	if m == nil {
+		return e.notFound(args[0], siteSnapFindMachine)
+	}
+	switch args[1] {
+	case "take":
+		return e.snapshotTake(m, args)
+	case "delete", "restore", "restorecurrent":
+		return e.snapshotChange(m, args)
+	case "list":
+		return e.snapshotList(m, args)
+	}
+	e.syntaxError("Invalid parameter '%s'", args[1])
+	return exitFailure
+}
+
+// sessionMachineError is CHECK_ERROR's report of a failed call on the
+// session's IMachine.
+func (e *emu) sessionMachineError(text string, code comCode, site contextSite) int {
+	e.comError(text, code, "SessionMachine", "IMachine", site)
+	return exitFailure
+}
+
+func (e *emu) snapshotTake(m *Machine, args []string) int {
+	if len(args) < 3 {
+		e.syntaxError("Missing snapshot name")
+		return exitFailure
+	}
+	name, desc, live := args[2], "", false
+	g := newGetopt(args[3:], []optDef{
+		{long: "--description", short: 'd', id: "d", kind: reqString},
+		{long: "-description", id: "d", kind: reqString}, {long: "-desc", id: "d", kind: reqString},
+		{long: "--pause", short: 'p', id: "p"}, {long: "--live", short: 'l', id: "l"},
+		{long: "--uniquename", short: 'u', id: "u", kind: reqString},
+	}, false)
+	g.stdOpts = false
+	for {
+		r, oe, ok := g.next()
+		if !ok {
+			break
+		}
+		if oe != nil {
+			e.getoptError(oe)
+			return exitFailure
+		}
+		if r.def == nil {
+			e.invalidParameter(r.value)
+			return exitFailure
+		}
+		switch r.def.id {
+		case "d":
+			desc = r.value
+		case "l":
+			live = true
+		case "p":
+			live = false
+		}
+	}
+	if live && m.State != "running" {
+		return e.sessionMachineError("Cannot take a live snapshot of a virtual machine unless it is running.", codeInvalidVMState, siteSnapTake)
+	}
+	s := &Snapshot{UUID: newUUID(), Name: name, Description: desc, Parent: m.CurrentSnapshot, Taken: time.Now(), Online: m.running(), StateAtTake: m.State}
+	if err := e.h.update(func(w *World) error {
+		wm := w.find(m.UUID)
+		if wm == nil {
+			return errors.New("machine unregistered meanwhile")
+		}
+		wm.Snapshots = append(wm.Snapshots, s)
+		wm.CurrentSnapshot = s.UUID
+		return nil
+	}); err != nil {
+		e.errorf("emulator: %v", err)
+		return exitFailure
+	}
+	e.progress()
+	e.printf("Snapshot taken. UUID: %s\n", s.UUID)
+	return exitSuccess
+}
+
+// snapshotChange is delete, restore and restorecurrent:
+// SessionMachine::deleteSnapshot refuses a snapshot with more than one
+// child and the current one with a child; SessionMachine::restoreSnapshot
+// refuses a machine that runs.
+func (e *emu) snapshotChange(m *Machine, args []string) int {
+	verb := args[1]
+	var s *Snapshot
+	if verb == "restorecurrent" {
+		if len(args) > 2 {
+			e.syntaxError("Too many arguments")
+			return exitFailure
+		}
+		if s, _ = m.findSnapshot(m.CurrentSnapshot); m.CurrentSnapshot == "" || s == nil {
+			e.printf("This machine does not have any snapshots\n")
+			return exitFailure
+		}
+	} else {
+		if len(args) != 3 {
+			e.syntaxError("Expecting snapshot name only")
+			return exitFailure
+		}
+		var why string
+		if s, why = m.findSnapshot(args[2]); s == nil {
+			return e.sessionMachineError(why, codeObjectNotFound, siteSnapFind)
+		}
+	}
+	if verb == "delete" {
+		e.printf("Deleting snapshot '%s' (%s)\n", s.Name, s.UUID)
+		return e.snapshotDelete(m, s)
+	}
+	e.printf("Restoring snapshot '%s' (%s)\n", s.Name, s.UUID)
+	if m.running() {
+		return e.sessionMachineError(fmt.Sprintf("Cannot delete the current state of the running machine (machine state: %s)", machineStateName(m.State)),
+			codeInvalidVMState, siteSnapRestore)
+	}
+	state := "poweroff"
+	if s.Online {
+		state = "saved"
+	}
+	if err := e.h.update(func(w *World) error {
+		wm := w.find(m.UUID)
+		if wm == nil {
+			return errors.New("machine unregistered meanwhile")
+		}
+		wm.CurrentSnapshot, wm.State, wm.StateChange = s.UUID, state, time.Now()
+		return nil
+	}); err != nil {
+		e.errorf("emulator: %v", err)
+		return exitFailure
+	}
+	e.progress()
+	return exitSuccess
+}
+
+func (e *emu) snapshotDelete(m *Machine, s *Snapshot) int {
+	kids := m.children(s.UUID)
+	switch {
+	case len(kids) > 1:
+		return e.sessionMachineError(fmt.Sprintf("Snapshot '%s' of the machine '%s' cannot be deleted, because it has %d child snapshots, which is more than the one snapshot allowed for deletion",
+			s.Name, m.Name, len(kids)), codeInvalidObject, siteSnapDelete)
+	case len(kids) == 1 && s.UUID == m.CurrentSnapshot:
+		return e.sessionMachineError(fmt.Sprintf("Snapshot '%s' of the machine '%s' cannot be deleted, because it is the current snapshot and has one child snapshot",
+			s.Name, m.Name), codeInvalidObject, siteSnapDelete)
+	}
+	if err := e.h.update(func(w *World) error {
+		wm := w.find(m.UUID)
+		if wm == nil {
+			return errors.New("machine unregistered meanwhile")
+		}
+		kept := wm.Snapshots[:0]
+		for _, x := range wm.Snapshots {
+			if x.UUID == s.UUID {
+				continue
+			}
+			if x.Parent == s.UUID {
+				x.Parent = s.Parent // the child moves up
+			}
+			kept = append(kept, x)
+		}
+		wm.Snapshots = kept
+		if wm.CurrentSnapshot == s.UUID {
+			wm.CurrentSnapshot = s.Parent
+		}
+		return nil
+	}); err != nil {
+		e.errorf("emulator: %v", err)
+		return exitFailure
+	}
+	e.progress()
+	return exitSuccess
+}
+
+// snapshotList is handleSnapshotList: --machinereadable prints
+// showSnapshots' hierarchical keys, the default its indented form.
+func (e *emu) snapshotList(m *Machine, args []string) int {
+	g := newGetopt(args[2:], []optDef{
+		{long: "--details", short: 'D', id: "D"},
+		{long: "--machinereadable", short: 'M', id: "M"},
+	}, false)
+	machine := false
+	for {
+		r, oe, ok := g.next()
+		if !ok {
+			break
+		}
+		if oe != nil {
+			e.getoptError(oe)
+			return exitFailure
+		}
+		if code, done := e.stdOption(r); done {
+			return code
+		}
+		if r.def == nil {
+			e.invalidParameter(r.value)
+			return exitFailure
+		}
+		machine = r.def.id == "M"
+	}
+	if m.root() == nil {
+		e.printf("This machine does not have any snapshots\n")
+		return exitFailure
+	}
+	if machine {
+		e.showSnapshots(m)
+		return exitSuccess
+	}
+	var walk func(s *Snapshot, prefix string)
+	walk = func(s *Snapshot, prefix string) {
+		cur := ""
+		if s.UUID == m.CurrentSnapshot {
+			cur = " *"
+		}
+		e.printf("   %sName: %s (UUID: %s)%s\n", prefix, s.Name, s.UUID, cur)
+		if s.Description != "" && !strings.Contains(s.Description, "\n") {
+			e.printf("   %sDescription: %s\n", prefix, s.Description)
+		} else if s.Description != "" {
+			e.printf("   %sDescription:\n%s\n", prefix, s.Description)
+		}
+		for _, c := range m.children(s.UUID) {
+			walk(c, prefix+"   ")
+		}
+	}
+	walk(m.root(), "")
+	return exitSuccess
+}
