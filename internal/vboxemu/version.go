@@ -137,9 +137,9 @@ var (
 		map[string]int{"6.1": 382, "7.0": 365, "7.1": 363}}
 	siteControlLock = contextSite{"VBoxManageControlVM.cpp", "LockMachine(a->session, LockType_Shared)",
 		map[string]int{"6.1": 388, "7.0": 371, "7.1": 369}}
-	siteControlPause = contextSite{"VBoxManageControlVM.cpp", "Pause()", map[string]int{"6.1": 406, "7.0": 390, "7.1": 388}}
-	siteControlResume = contextSite{"VBoxManageControlVM.cpp", "Resume()", map[string]int{"6.1": 410, "7.0": 395, "7.1": 393}}
-	siteControlReset  = contextSite{"VBoxManageControlVM.cpp", "Reset()", map[string]int{"6.1": 414, "7.0": 400, "7.1": 398}}
+	siteControlPause     = contextSite{"VBoxManageControlVM.cpp", "Pause()", map[string]int{"6.1": 406, "7.0": 390, "7.1": 388}}
+	siteControlResume    = contextSite{"VBoxManageControlVM.cpp", "Resume()", map[string]int{"6.1": 410, "7.0": 395, "7.1": 393}}
+	siteControlReset     = contextSite{"VBoxManageControlVM.cpp", "Reset()", map[string]int{"6.1": 414, "7.0": 400, "7.1": 398}}
 	siteControlPowerDown = contextSite{"VBoxManageControlVM.cpp", "PowerDown(progress.asOutParam())",
 		map[string]int{"6.1": 619, "7.0": 604, "7.1": 602}}
 	siteControlPowerButton = contextSite{"VBoxManageControlVM.cpp", "PowerButton()", map[string]int{"6.1": 673, "7.0": 660, "7.1": 658}}
