@@ -2,7 +2,6 @@ package virtualbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"os"
@@ -12,25 +11,16 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/hypervisor/registry"
+	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/internal/vboxemu"
 )
 
-func (e *emulator) jsonConfig() []byte {
-	b, _ := json.Marshal(Settings{VBoxManage: e.bin, Username: emuUser, PasswordFile: e.passwordFile})
-	return b
-}
-
-// TestConformancePlugin runs the suite through the go-plugin boundary: the
-// driver lives in a plugin process (this test binary) started by
-// pluginhost; the emulator finds its world next to its binary.
-func TestConformancePlugin(t *testing.T) {
-	t1 := labtest.VM(t, "t1")
-	noexec := labtest.VM(t, "noexec")
-	e := newEmulator(t,
-		emuVM{Name: "t1", UUID: "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0001", State: "running", QGASocket: t1.QGASocket},
-		emuVM{Name: "noexec", UUID: "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0002", State: "running", QGASocket: noexec.QGASocket},
-	)
+// launchPlugin starts the driver in a plugin process (this test binary,
+// started by pluginhost) configured for e.
+func launchPlugin(t *testing.T, e *emulator) hypervisor.Driver {
+	t.Helper()
 	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { h.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -39,11 +29,42 @@ func TestConformancePlugin(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Launch(virtualbox) = %v", err)
 	}
-	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: "t1", NoExecVM: "noexec"})
+	return d
+}
+
+// TestConformancePlugin runs the suite through the go-plugin boundary for
+// every emulated release: the driver lives in a plugin process; the
+// emulator finds its world next to its binary.
+func TestConformancePlugin(t *testing.T) {
+	t1 := labtest.VM(t, "t1")
+	noexec := labtest.VM(t, "noexec")
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) {
+			e := newEmulator(t, v, []*vboxemu.Machine{
+				machine("t1", uuidT1, t1.QGASocket, t1.QMPSocket),
+				machine("noexec", uuidNoExec, noexec.QGASocket, noexec.QMPSocket),
+			})
+			hypervisortest.Run(t, hypervisortest.Harness{Driver: launchPlugin(t, e), VM: "t1", NoExecVM: "noexec"})
+		})
+	}
+}
+
+// TestPowerPlugin runs the power suite through the plugin for every
+// release, on a lab VM of its own: the emulator powers the machine off by
+// stopping the VM's vCPUs and on by a reset, so each start is a fresh boot.
+func TestPowerPlugin(t *testing.T) {
+	vm := labtest.Start(t, lab.Spec{Name: "vboxpower"})
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) {
+			e := newEmulator(t, v, []*vboxemu.Machine{machine("pwr", uuidT1, vm.QGASocket, vm.QMPSocket)})
+			d := launchPlugin(t, e)
+			hypervisortest.RunPower(t, hypervisortest.Harness{Driver: d, VM: "pwr", PowerTimeout: 5 * time.Minute})
+		})
+	}
 }
 
 func TestRegisteredSettings(t *testing.T) {
-	e := newEmulator(t)
+	e := newEmulator(t, "7.1", nil)
 	good := e.jsonConfig()
 	d, err := registry.New(context.Background(), Name, good)
 	if err != nil {
@@ -53,6 +74,7 @@ func TestRegisteredSettings(t *testing.T) {
 	for _, bad := range []string{
 		`{"username":"u","password_file":"/x","password":"inline"}`,
 		`{"username":"u","password_file":"` + e.passwordFile + `","exec_timeout":"soon"}`,
+		`{"vboxmanage":"` + e.bin + `","username":"u","password_file":"` + e.passwordFile + `","stdio_block":-5}`,
 		`{"username":"u","password_file":"` + e.passwordFile + `"} {}`,
 		`{"username":7}`,
 		`[]`,

@@ -28,6 +28,10 @@ type Settings struct {
 	GuestTempDir string `json:"guest_temp_dir,omitempty"`
 	// ExecTimeout; zero means DefaultExecTimeout.
 	ExecTimeout registry.Duration `json:"exec_timeout,omitempty"`
+	// StdioBlock is VBoxManage's stdout buffer size on a pipe; 0 means
+	// DefaultStdioBlock (glibc on Linux). Set it only for a VBoxManage
+	// built against another C library.
+	StdioBlock int `json:"stdio_block,omitempty"`
 }
 
 var (
@@ -50,7 +54,7 @@ func (s *Settings) Validate() error { return s.config().check() }
 
 func (s *Settings) config() Config {
 	return Config{VBoxManage: s.VBoxManage, Username: s.Username, PasswordFile: s.PasswordFile,
-		GuestTempDir: s.GuestTempDir, ExecTimeout: s.ExecTimeout.D()}
+		GuestTempDir: s.GuestTempDir, ExecTimeout: s.ExecTimeout.D(), StdioBlock: s.StdioBlock}
 }
 
 // check validates cfg without touching any file; errors are
@@ -67,6 +71,8 @@ func (cfg Config) check() error {
 		return registry.Fieldf("password_file", "%q must be a path", cfg.PasswordFile)
 	case cfg.ExecTimeout < 0:
 		return registry.Fieldf("exec_timeout", "negative")
+	case cfg.StdioBlock < 0 || cfg.StdioBlock > maxStdioBlock:
+		return registry.Fieldf("stdio_block", "%d: want 0..%d", cfg.StdioBlock, maxStdioBlock)
 	}
 	if cfg.GuestTempDir != "" {
 		if err := checkGuestPath(cfg.GuestTempDir); err != nil {

@@ -1,18 +1,15 @@
 package virtualbox
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +18,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/internal/vboxemu"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.txtar from this run")
@@ -45,141 +43,23 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var (
-	buildOnce sync.Once
-	builtBin  string
-	buildErr  error
-	buildDir  string
-)
-
-// emulatorBinary builds testdata/vboxmanage once per test binary.
-func emulatorBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "vmgate-vboxemu-")
-		if buildErr != nil {
-			return
-		}
-		builtBin = filepath.Join(buildDir, "VBoxManage")
-		out, err := exec.Command("go", "build", "-o", builtBin, "./testdata/vboxmanage").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build ./testdata/vboxmanage: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return builtBin
-}
-
-type emuVM = struct {
-	Name      string `json:"name"`
-	UUID      string `json:"uuid"`
-	State     string `json:"state"`
-	QGASocket string `json:"qga_socket,omitempty"`
-}
-
-// emulator is one emulated VirtualBox host: its config file, its log, and
-// its own copy of the emulator binary, which finds both next to itself.
-type emulator struct {
-	dir, bin, cfgPath, logPath, passwordFile string
-}
-
-const (
-	emuUser     = "vagrant"
-	emuPassword = "correct horse battery"
-)
-
-func newEmulator(t *testing.T, vms ...emuVM) *emulator {
-	t.Helper()
-	bin := emulatorBinary(t)
-	dir := t.TempDir()
-	e := &emulator{dir: dir, bin: filepath.Join(dir, "VBoxManage"), cfgPath: filepath.Join(dir, "vbox.json"), logPath: filepath.Join(dir, "vbox.log"), passwordFile: filepath.Join(dir, "password")}
-	// The emulator reads vbox.json next to itself: each test gets its own copy.
-	if err := os.Link(bin, e.bin); err != nil {
-		raw, err := os.ReadFile(bin)
-		if err == nil {
-			err = os.WriteFile(e.bin, raw, 0o700)
-		}
-		if err != nil {
-			t.Fatalf("copying the emulator: %v", err)
-		}
-	}
-	raw, _ := json.Marshal(map[string]any{"username": emuUser, "password": emuPassword, "vms": vms})
-	if err := os.WriteFile(e.cfgPath, raw, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(e.passwordFile, []byte(emuPassword+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-func (e *emulator) driver(t *testing.T) *Driver {
-	t.Helper()
-	d, err := New(Config{VBoxManage: e.bin, Username: emuUser, PasswordFile: e.passwordFile, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatalf("New() = %v", err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
-}
-
-type logEntry struct {
-	Argv   []string `json:"argv"`
-	Code   int      `json:"code"`
-	Stdout string   `json:"stdout"`
-	Stderr string   `json:"stderr"`
-}
-
-func (e *emulator) calls(t *testing.T) []logEntry {
-	t.Helper()
-	f, err := os.Open(e.logPath)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []logEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		var l logEntry
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			t.Fatalf("emulator log: %v", err)
-		}
-		out = append(out, l)
-	}
-	return out
-}
-
-func (e *emulator) resetLog() { os.Remove(e.logPath) }
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// TestConformance runs the shared driver suite through the VBoxManage
-// emulator with lab VMs behind it.
+// TestConformance runs the shared driver suite in process against the
+// newest release (the plugin tests cover every release).
 func TestConformance(t *testing.T) {
 	t1 := labtest.VM(t, "t1")
 	noexec := labtest.VM(t, "noexec")
-	e := newEmulator(t,
-		emuVM{Name: "t1", UUID: "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0001", State: "running", QGASocket: t1.QGASocket},
-		emuVM{Name: "noexec", UUID: "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0002", State: "running", QGASocket: noexec.QGASocket},
-		emuVM{Name: "off", UUID: "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0003", State: "poweroff"},
-	)
+	e := newEmulator(t, "7.1", []*vboxemu.Machine{
+		machine("t1", uuidT1, t1.QGASocket, t1.QMPSocket),
+		machine("noexec", uuidNoExec, noexec.QGASocket, noexec.QMPSocket),
+		machine("off", uuidOff, "", ""),
+	})
 	hypervisortest.Run(t, hypervisortest.Harness{Driver: e.driver(t), VM: "t1", NoExecVM: "noexec"})
 }
 
 // TestHostileNames: names and paths VBoxManage could take for options or
 // that break its output are refused before VBoxManage runs.
 func TestHostileNames(t *testing.T) {
-	e := newEmulator(t, emuVM{Name: "off", UUID: "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0003", State: "poweroff"})
+	e := newEmulator(t, "7.1", []*vboxemu.Machine{machine("off", uuidOff, "", "")})
 	d := e.driver(t)
 	ctx := ctxT(t)
 	for _, name := range []string{"", "-", "--help", "-v", "--machinereadable", "off\x00", "off\nx", "off\r", "\xff\xfe"} {
@@ -202,7 +82,7 @@ func TestHostileNames(t *testing.T) {
 			t.Errorf("calls with VM name %q ran VBoxManage %d times (first %q); want none", name, len(c), c[0].Argv)
 		}
 	}
-	for _, p := range []string{"", "relative", "-rf", "/tmp/a\x00b", "/tmp/a\nb", "/tmp/\xff"} {
+	for _, p := range []string{"", "relative", "-rf", "/tmp/a\x00b", "/tmp/a\nb", "/tmp/\xff", "/tmp/dir/", "/tmp/..", "/tmp/.", "/"} {
 		e.resetLog()
 		if _, err := d.FileRead(ctx, "off", p, 10); !errors.Is(err, hypervisor.ErrInvalidArgument) {
 			t.Errorf("FileRead(off, %q) = %v; want %v", p, err, hypervisor.ErrInvalidArgument)
@@ -210,7 +90,7 @@ func TestHostileNames(t *testing.T) {
 		if err := d.FileWrite(ctx, "off", p, []byte("x"), 0); !errors.Is(err, hypervisor.ErrInvalidArgument) {
 			t.Errorf("FileWrite(off, %q) = %v; want %v", p, err, hypervisor.ErrInvalidArgument)
 		}
-		if p != "" { // an empty Cwd means the default
+		if p != "" && p != "/tmp/dir/" && p != "/tmp/.." && p != "/tmp/." && p != "/" { // an empty Cwd means the default; directories are fine
 			if _, err := d.Run(ctx, "off", hypervisor.ExecRequest{Argv: []string{"/bin/true"}, Cwd: p}); !errors.Is(err, hypervisor.ErrInvalidArgument) {
 				t.Errorf("Run(off, cwd %q) = %v; want %v", p, err, hypervisor.ErrInvalidArgument)
 			}
@@ -219,7 +99,7 @@ func TestHostileNames(t *testing.T) {
 			t.Errorf("calls with path %q ran VBoxManage %d times (first %q); want none", p, len(c), c[0].Argv)
 		}
 	}
-	for _, argv := range [][]string{{"-x"}, {"/bin/echo\x00"}, {"/bin/echo", "a\x00b"}, {"/bin/\n"}} {
+	for _, argv := range [][]string{{"-x"}, {"/bin/echo\x00"}, {"/bin/echo", "a\x00b"}, {"/bin/\n"}, {"/bin/echo", "\xff"}} {
 		e.resetLog()
 		if _, err := d.Run(ctx, "off", hypervisor.ExecRequest{Argv: argv}); !errors.Is(err, hypervisor.ErrInvalidArgument) {
 			t.Errorf("Run(off, %q) = %v; want %v", argv, err, hypervisor.ErrInvalidArgument)
@@ -249,6 +129,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{"password file as option", func(c *Config) { c.PasswordFile = "-x" }},
 		{"relative guest temp dir", func(c *Config) { c.GuestTempDir = "tmp" }},
 		{"negative exec timeout", func(c *Config) { c.ExecTimeout = -time.Second }},
+		{"negative stdio block", func(c *Config) { c.StdioBlock = -1 }},
+		{"huge stdio block", func(c *Config) { c.StdioBlock = 1 << 30 }},
 	} {
 		cfg := good
 		tc.mod(&cfg)
@@ -268,13 +150,13 @@ func TestNewRefusesBadConfig(t *testing.T) {
 // VBoxManage's message.
 func TestWrongPassword(t *testing.T) {
 	t1 := labtest.VM(t, "t1")
-	e := newEmulator(t, emuVM{Name: "t1", UUID: "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0001", State: "running", QGASocket: t1.QGASocket})
+	e := newEmulator(t, "7.1", []*vboxemu.Machine{machine("t1", uuidT1, t1.QGASocket, t1.QMPSocket)})
 	if err := os.WriteFile(e.passwordFile, []byte("wrong\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	d := e.driver(t)
 	_, err := d.Run(ctxT(t), "t1", hypervisor.ExecRequest{Argv: []string{"/bin/true"}})
-	if err == nil || !strings.Contains(err.Error(), "was not able to logon on guest") {
+	if err == nil || !strings.Contains(err.Error(), "was not able to logon on guest") || !strings.Contains(err.Error(), "password_file") {
 		t.Errorf("Run() with a wrong password = %v; want VBoxManage's logon error", err)
 	}
 }
@@ -286,6 +168,9 @@ func TestParseListVMs(t *testing.T) {
 	if err != nil || strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("ParseListVMs(%q) = %q, %v; want %q", out, got, err, want)
 	}
+	if got, err := ParseListVMs([]byte("\"<inaccessible>\" {6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0009}\n\"t1\" {u}\n")); err != nil || strings.Join(got, "|") != "t1" {
+		t.Errorf("ParseListVMs(inaccessible, t1) = %q, %v; want [t1]", got, err)
+	}
 	for _, bad := range []string{"t1 {uuid}\n", "\"t1\"\n", "<inaccessible>\n"} {
 		if got, err := ParseListVMs([]byte(bad)); err == nil {
 			t.Errorf("ParseListVMs(%q) = %q, nil; want an error", bad, got)
@@ -294,9 +179,10 @@ func TestParseListVMs(t *testing.T) {
 }
 
 func TestParseMachineReadable(t *testing.T) {
-	out := "name=\"t1\"\nVMState=\"running\"\nGuestAdditionsRunLevel=2\n\"storagecontrollername0\"=\"SATA\"\n"
+	out := "name=\"t1 \\\"quoted\\\" back\\\\slash\"\nVMState=\"running\"\nGuestAdditionsRunLevel=2\n\"storagecontrollername0\"=\"SATA\"\n\"a=b\"=\"c\"\nGuestAdditionsFacility_VirtualBox System Service=50,1704067200000\n"
 	kv := ParseMachineReadable([]byte(out))
-	for k, want := range map[string]string{"name": "t1", "VMState": "running", "GuestAdditionsRunLevel": "2", "storagecontrollername0": "SATA"} {
+	for k, want := range map[string]string{"name": `t1 "quoted" back\slash`, "VMState": "running", "GuestAdditionsRunLevel": "2", "storagecontrollername0": "SATA", "a=b": "c",
+		"GuestAdditionsFacility_VirtualBox System Service": "50,1704067200000"} {
 		if kv[k] != want {
 			t.Errorf("ParseMachineReadable()[%q] = %q; want %q", k, kv[k], want)
 		}
@@ -311,46 +197,17 @@ func TestMappedExit(t *testing.T) {
 	}
 }
 
-// TestVerboseStdout feeds `run --verbose` output in small pieces and checks
-// the pid, the guest's output (capped) and the trailer.
-func TestVerboseStdout(t *testing.T) {
-	pre := "Creating guest session as user 'vagrant'...\nWaiting for guest session to start...\nSuccessfully started guest session (ID 1)\nStarting guest process ...\nProcess '/bin/sh' (PID 4242) started\n"
-	for _, tc := range []struct {
-		name, guest, trailer string
-		limit                int64
-		wantOut              string
-		wantTrunc            bool
-		want                 outcome
-	}{
-		{"exit 0", "hello\n", "Process terminated\nExit code=0 (Status=500 [successfully terminated])\nClosing guest session ...\n", 100, "hello\n", false, outcome{ok: true, status: 500}},
-		{"no newline", "abc", "Process terminated\nExit code=255 (Status=500 [successfully terminated])\nClosing guest session ...\n", 100, "abc", false, outcome{ok: true, status: 500, code: 255}},
-		{"signal", "", "Process terminated\nExit code=9 (Status=510 [terminated by signal])\nClosing guest session ...\n", 100, "", false, outcome{ok: true, status: 510, code: 9}},
-		{"capped", strings.Repeat("z", 5000), "Process terminated\nExit code=0 (Status=500 [successfully terminated])\n", 1000, strings.Repeat("z", 1000), true, outcome{ok: true, status: 500}},
-		{"timeout", "partial\n", "Process timed out (guest side) and was terminated\nClosing guest session ...\n", 100, "partial\n", false, outcome{ok: true, timedOut: true}},
-		{"guest prints a fake trailer first", "Exit code=3 (Status=500 [successfully terminated])\nmore\n", "Process terminated\nExit code=0 (Status=500 [successfully terminated])\n", 1000, "Exit code=3 (Status=500 [successfully terminated])\nmore\n", false, outcome{ok: true, status: 500}},
-		{"no trailer", "cut", "", 100, "cut", false, outcome{}},
-	} {
-		v := newVerboseStdout(tc.limit)
-		all := pre + tc.guest + tc.trailer
-		for i := 0; i < len(all); i += 7 {
-			v.Write([]byte(all[i:min(len(all), i+7)]))
-		}
-		if v.PID() != 4242 {
-			t.Errorf("%s: PID() = %d; want 4242", tc.name, v.PID())
-		}
-		out, trunc, o := v.finish()
-		if string(out) != tc.wantOut || trunc != tc.wantTrunc || o != tc.want {
-			t.Errorf("%s: finish() = %q, %v, %+v; want %q, %v, %+v", tc.name, out, trunc, o, tc.wantOut, tc.wantTrunc, tc.want)
-		}
+// TestGolden checks the VBoxManage argv the driver runs, and the
+// emulator's output for them, against testdata/golden-<version>.txtar,
+// for every release.
+func TestGolden(t *testing.T) {
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) { checkGolden(t, v) })
 	}
 }
 
-// TestGolden checks the VBoxManage argv the driver runs, and the
-// emulator's output for them, against testdata/golden.txtar.
-func TestGolden(t *testing.T) {
-	e := newEmulator(t,
-		emuVM{Name: "off", UUID: "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0003", State: "poweroff"},
-	)
+func checkGolden(t *testing.T, version string) {
+	e := newEmulator(t, version, []*vboxemu.Machine{machine("off", uuidOff, "", "")})
 	d := e.driver(t)
 	ctx := ctxT(t)
 	if vms, err := d.ListVMs(ctx); err != nil || len(vms) != 1 || vms[0].State != hypervisor.StateStopped {
@@ -371,22 +228,35 @@ func TestGolden(t *testing.T) {
 	if _, err := d.Run(ctx, "off", hypervisor.ExecRequest{Argv: []string{"/bin/echo", "x"}}); !errors.Is(err, hypervisor.ErrVMNotRunning) {
 		t.Fatalf("Run(off) on a stopped VM = %v; want %v", err, hypervisor.ErrVMNotRunning)
 	}
+	if err := d.Power(ctx, "off", hypervisor.PowerStop); !errors.Is(err, hypervisor.ErrVMNotRunning) {
+		t.Fatalf("Power(off, stop) of a stopped VM = %v; want %v", err, hypervisor.ErrVMNotRunning)
+	}
 	if _, err := d.Status(ctx, "gone"); !errors.Is(err, hypervisor.ErrUnknownVM) {
 		t.Fatalf("Status(gone) = %v; want %v", err, hypervisor.ErrUnknownVM)
 	}
-
+	// The temp dir and the time of a state change vary from run to run.
+	stable := func(s string) string {
+		return stateTime.ReplaceAllString(strings.ReplaceAll(s, e.dir, "$DIR"), `VMStateChangeTime="$$TIME"`)
+	}
 	var got []txtarFile
 	for i, c := range e.calls(t) {
-		argv := strings.ReplaceAll(strings.Join(quoteAll(c.Argv), " "), e.dir, "$DIR")
 		n := fmt.Sprintf("%02d", i+1)
 		got = append(got,
-			txtarFile{n + ".argv", argv + "\n"},
-			txtarFile{n + ".stdout", c.Stdout},
-			txtarFile{n + ".stderr", c.Stderr},
+			txtarFile{n + ".argv", stable(strings.Join(quoteAll(c.Argv), " ")) + "\n"},
+			txtarFile{n + ".stdout", stable(c.Stdout)},
+			txtarFile{n + ".stderr", stable(c.Stderr)},
 			txtarFile{n + ".exit", fmt.Sprintf("%d\n", c.Code)})
 	}
-	const golden = "testdata/golden.txtar"
-	comment := "VBoxManage invocations of TestGolden: argv (quoted, the test's temp dir as $DIR), stdout, stderr, exit code.\nRegenerate with go test -run TestGolden -update.\n"
+	golden := "testdata/golden-" + version + ".txtar"
+	comment := "VBoxManage " + version + " (emulated) invocations of TestGolden: argv (quoted, the test's temp dir as $DIR), stdout, stderr, exit code.\nRegenerate with go test -run TestGolden -update.\n"
+	compareGolden(t, golden, comment, got)
+}
+
+var stateTime = regexp.MustCompile(`VMStateChangeTime="[^"]*"`)
+
+// compareGolden checks got against the golden file (rewriting it with -update).
+func compareGolden(t *testing.T, golden, comment string, got []txtarFile) {
+	t.Helper()
 	if *update {
 		if err := os.WriteFile(golden, []byte(formatTxtar(comment, got)), 0o644); err != nil {
 			t.Fatal(err)
