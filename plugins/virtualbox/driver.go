@@ -201,4 +201,3 @@ func (d *Driver) checkName(op, name string) error {
 	}
 	return nil
 }
-

@@ -46,13 +46,13 @@ type pattern struct {
 	toks []token
 }
 
-func lit(s string) token          { return token{kind: tokLit, lit: s} }
-func digits(tag string) token     { return token{kind: tokDigits, tag: tag} }
+func lit(s string) token      { return token{kind: tokLit, lit: s} }
+func digits(tag string) token { return token{kind: tokDigits, tag: tag} }
 
 // digit is one digit: a ProcessWaitResult is 0..9 (VirtualBox.xidl), and a
 // run of one digit cannot absorb a guest's digit next to a block boundary.
-func digit(tag string) token { return token{kind: tokDigit, tag: tag} }
-func word(tag string) token       { return token{kind: tokWord, tag: tag} }
+func digit(tag string) token              { return token{kind: tokDigit, tag: tag} }
+func word(tag string) token               { return token{kind: tokWord, tag: tag} }
 func pat(name string, t ...token) pattern { return pattern{name: name, toks: t} }
 
 // verboseGrammar is the text one `run --verbose` prints, for a version.
