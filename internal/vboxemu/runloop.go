@@ -90,9 +90,9 @@ func (r *runner) isCanceled() bool {
 
 // guestDeadlinePassed: VBoxService's own timer (started with the process,
 // VBoxServiceControlProcess.cpp vgsvcGstCtrlProcessProcLoop) fires first
-// when the machine says so.
+// when the machine says so: a moment before VBoxManage's deadline.
 func (r *runner) guestDeadlinePassed() bool {
-	return r.o.timeout > 0 && r.c.m.GuestTimeoutFirst && time.Since(r.started) >= r.o.timeout-time.Millisecond
+	return r.o.timeout > 0 && r.c.m.GuestTimeoutFirst && time.Since(r.start) >= r.o.timeout-10*time.Millisecond
 }
 
 // pump writes the output the loop reads after the process ended, in
