@@ -1,0 +1,301 @@
+package vboxemu
+
+import (
+	"bytes"
+	"os"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/internal/lab/labtest"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(labtest.Main(m, lab.Spec{Name: "emu"}))
+}
+
+// host is an emulated host in a temp dir, run in process.
+type testHost struct {
+	t   *testing.T
+	dir string
+	env []string
+}
+
+func newTestHost(t *testing.T, w *World) *testHost {
+	t.Helper()
+	dir := t.TempDir()
+	if w.Users == nil {
+		w.Users = map[string]string{"vagrant": "pw"}
+	}
+	if err := WriteWorld(filepath.Join(dir, WorldFile), w); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pw"), []byte("pw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PATH=/usr/bin:/bin"}
+	if u, err := user.Current(); err == nil {
+		env = append(env, "USER="+u.Username, "LOGNAME="+u.Username)
+	}
+	return &testHost{t: t, dir: dir, env: env}
+}
+
+// run runs one invocation in process.
+func (h *testHost) run(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := Main(args, &out, &errb, filepath.Join(h.dir, "VBoxManage"), h.env)
+	return code, out.String(), errb.String()
+}
+
+func (h *testHost) world() *World {
+	w, err := ReadWorld(filepath.Join(h.dir, WorldFile))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return w
+}
+
+func offMachine(name, uuid string) *Machine {
+	return &Machine{Name: name, UUID: uuid, State: "poweroff", StateChange: time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+const uuid1 = "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0001"
+
+func TestVersionLineAndLogo(t *testing.T) {
+	for _, tc := range []struct {
+		version, line, logo string
+	}{
+		{"6.1", "6.1.38r153438\n", "Oracle VM VirtualBox Command Line Management Interface Version 6.1.38\n(C) 2005-2022 Oracle Corporation\nAll rights reserved.\n\n"},
+		{"7.0", "7.0.18r162988\n", "Oracle VM VirtualBox Command Line Management Interface Version 7.0.18\nCopyright (C) 2005-2024 Oracle and/or its affiliates\n\n"},
+		{"7.1", "7.1.6r167084\n", "Oracle VirtualBox Command Line Management Interface Version 7.1.6\nCopyright (C) 2005-2025 Oracle and/or its affiliates\n\n"},
+	} {
+		h := newTestHost(t, &World{Version: tc.version})
+		if code, out, _ := h.run("--version"); code != 0 || out != tc.line {
+			t.Errorf("%s: --version = %d, %q; want 0, %q", tc.version, code, out, tc.line)
+		}
+		if code, _, errs := h.run("bogus"); code != 2 || !strings.HasPrefix(errs, tc.logo) || !strings.Contains(errs, "VBoxManage: error: Invalid command 'bogus'") {
+			t.Errorf("%s: bogus = %d, %q; want 2, the logo and the error", tc.version, code, errs)
+		}
+	}
+}
+
+func TestBufferedStdout(t *testing.T) {
+	var pipe bytes.Buffer
+	b := newBufferedStdout(&pipe, 8)
+	b.Write([]byte("abc"))
+	b.Write([]byte("defgh")) // exactly fills: stays buffered
+	if pipe.Len() != 0 {
+		t.Fatalf("after 8 bytes the pipe has %q; want nothing (glibc flushes when the next write does not fit)", pipe.String())
+	}
+	b.Write([]byte("i"))
+	if pipe.String() != "abcdefgh" {
+		t.Fatalf("pipe = %q; want the first block", pipe.String())
+	}
+	b.Write([]byte("jklmnopqrstuvwxyz0123")) // fills, flushes, writes whole blocks, keeps the rest
+	if pipe.String() != "abcdefghijklmnopqrstuvwx" {
+		t.Fatalf("pipe = %q; want block-aligned output", pipe.String())
+	}
+	b.Flush()
+	if pipe.String() != "abcdefghijklmnopqrstuvwxyz0123" {
+		t.Fatalf("pipe after exit = %q; want everything", pipe.String())
+	}
+}
+
+func TestGetopt(t *testing.T) {
+	defs := []optDef{{long: "--timeout", short: 't', id: "t", kind: reqUint32}, {long: "--exe", short: 'e', id: "e", kind: reqString}, {long: "--verbose", short: 'v', id: "v"}}
+	for _, tc := range []struct {
+		args      []string
+		optsFirst bool
+		want      string
+	}{
+		{[]string{"--timeout=5", "--exe:x", "-v", "pos", "--", "-a", "b"}, true, "t=5 e=x v pos -a b"},
+		{[]string{"pos", "--verbose", "-t", "7", "pos2", "--", "--exe"}, true, "v t=7 pos pos2 --exe"},
+		{[]string{"-t7", "-ey"}, true, "t=7 e=y"},
+		{[]string{"a", "--exe", "y", "b"}, false, "a e=y b"},
+		{[]string{"--bogus"}, true, "!VERR_GETOPT_UNKNOWN_OPTION --bogus"},
+		{[]string{"--timeout"}, true, "!VERR_GETOPT_REQUIRED_ARGUMENT_MISSING"},
+		{[]string{"--timeout", "soon"}, true, "!VERR_GETOPT_INVALID_ARGUMENT_FORMAT soon"},
+		{[]string{"-c"}, true, "!VERR_GETOPT_UNKNOWN_OPTION -c"},
+	} {
+		g := newGetopt(tc.args, defs, tc.optsFirst)
+		var got []string
+		for {
+			r, oe, ok := g.next()
+			if !ok {
+				break
+			}
+			if oe != nil {
+				got = append(got, strings.TrimSpace("!"+oe.rc+" "+oe.psz))
+				break
+			}
+			switch {
+			case r.def == nil:
+				got = append(got, r.value)
+			case r.def.kind == reqNothing:
+				got = append(got, r.def.id)
+			default:
+				got = append(got, r.def.id+"="+r.value)
+			}
+		}
+		if strings.Join(got, " ") != tc.want {
+			t.Errorf("getopt(%q, optsFirst %v) = %q; want %q", tc.args, tc.optsFirst, strings.Join(got, " "), tc.want)
+		}
+	}
+}
+
+// TestRunArgv: how run turns its arguments into the image and argv, per
+// release (gctlHandleRunCommon), and which options exist.
+func TestRunArgv(t *testing.T) {
+	for _, tc := range []struct {
+		version string
+		args    []string
+		image   string
+		argv    string
+		code    int // -1: parsed
+	}{
+		{"7.1", []string{"--exe", "/bin/sh", "--", "sh", "-c", "x"}, "/bin/sh", "/bin/sh|sh|-c|x", -1},
+		{"7.0", []string{"--exe", "/bin/sh", "--", "sh", "-c", "x"}, "/bin/sh", "/bin/sh|sh|-c|x", -1},
+		{"6.1", []string{"--exe", "/bin/sh", "--", "sh", "-c", "x"}, "/bin/sh", "sh|-c|x", -1},
+		{"7.1", []string{"--", "/bin/sh", "-c", "x"}, "/bin/sh", "/bin/sh|-c|x", -1},
+		{"6.1", []string{"--", "/bin/sh", "-c", "x"}, "/bin/sh", "/bin/sh|-c|x", -1},
+		{"7.1", []string{"--exe", "/usr/bin/busybox", "--arg0", "ls", "--", "-l", "/usr"}, "/usr/bin/busybox", "ls|-l|/usr", -1},
+		{"6.1", []string{"--arg0", "ls", "--", "/bin/ls"}, "", "", 2},
+		{"7.1", []string{"--cwd", "/tmp", "--", "/bin/pwd"}, "/bin/pwd", "/bin/pwd", -1},
+		{"7.0", []string{"--cwd", "/tmp", "--", "/bin/pwd"}, "", "", 2},
+		{"6.1", []string{"--ignore-operhaned-processes", "--", "/bin/true"}, "/bin/true", "/bin/true", -1},
+		{"7.1", []string{"--ignore-operhaned-processes", "--", "/bin/true"}, "", "", 2},
+		{"7.1", []string{"--putenv", "=x", "--", "/bin/true"}, "", "", 2},
+		{"7.1", []string{"--timeout", "10"}, "", "", 2},
+	} {
+		h := newTestHost(t, &World{Version: tc.version})
+		e := &emu{h: host{path: filepath.Join(h.dir, WorldFile)}, rawOut: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+		e.v, _ = LookupVersion(tc.version)
+		e.w = h.world()
+		e.stdout = newBufferedStdout(e.rawOut, 0)
+		c := &gctlCtx{e: e}
+		o, code := c.parseRun(tc.args)
+		if code != tc.code || code < 0 && (o.image != tc.image || strings.Join(o.args, "|") != tc.argv) {
+			t.Errorf("%s run %q: image %q, argv %q, code %d; want %q, %q, %d", tc.version, tc.args, o.image, strings.Join(o.args, "|"), code, tc.image, tc.argv, tc.code)
+		}
+	}
+}
+
+func TestBuildDestinationPath(t *testing.T) {
+	for _, tc := range []struct {
+		src, dst, want string
+		ok             bool
+	}{
+		{"/guest/file", "/host/dir/", "/host/dir/file", true},
+		{"/guest/file", "/host/dir", "/host/dir", true},
+		{"/guest/dir/", "/host/dir/", "/host/dir/", true},
+		{"/guest/..", "/host/dir/", "/host/dir/..", false},
+		{"/guest/file", "/host/../x", "/host/../x", false},
+	} {
+		got, ok := buildDestinationPath(tc.src, tc.dst)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("buildDestinationPath(%q, %q) = %q, %v; want %q, %v", tc.src, tc.dst, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestMachineCommands drives the commands that need no guest.
+func TestMachineCommands(t *testing.T) {
+	h := newTestHost(t, &World{Version: "7.1", VMs: []*Machine{offMachine("vm1", uuid1)}})
+	steps := []struct {
+		args []string
+		code int
+		out  string // a regexp the stdout must match
+		err  string // a substring of stderr
+	}{
+		{[]string{"list", "vms"}, 0, `^"vm1" \{` + uuid1 + `\}\n$`, ""},
+		{[]string{"list", "runningvms"}, 0, `^$`, ""},
+		{[]string{"showvminfo", "vm1", "--machinereadable"}, 0, `(?m)^VMState="poweroff"$`, ""},
+		{[]string{"showvminfo", "nope", "--machinereadable"}, 1, `^$`, "Could not find a registered machine named 'nope'"},
+		{[]string{"snapshot", "vm1", "list"}, 1, `^This machine does not have any snapshots\n$`, ""},
+		{[]string{"snapshot", "vm1", "take", "base", "--description", "first"}, 0, `^Snapshot taken\. UUID: [0-9a-f-]{36}\n$`, "100%"},
+		{[]string{"snapshot", "vm1", "take", "second"}, 0, `^Snapshot taken`, ""},
+		{[]string{"snapshot", "vm1", "list", "--machinereadable"}, 0, `(?s)^SnapshotName="base"\n.*SnapshotDescription="first"\nSnapshotName-1="second"\n.*CurrentSnapshotName="second"\n.*CurrentSnapshotNode="SnapshotName-1"\n$`, ""},
+		{[]string{"snapshot", "vm1", "restore", "nope"}, 1, `^$`, "Could not find a snapshot named 'nope'"},
+		{[]string{"snapshot", "vm1", "restore", "base"}, 0, `^Restoring snapshot 'base' \(`, ""},
+		{[]string{"showvminfo", "vm1", "--machinereadable"}, 0, `(?m)^CurrentSnapshotName="base"$`, ""},
+		{[]string{"clonevm", "vm1", "--name", "c1", "--register", "--options", "link"}, 1, `^$`, "Linked clone can only be created from a snapshot"},
+		{[]string{"clonevm", "vm1", "--name", "c1", "--register", "--snapshot", "second", "--options", "link"}, 0, `^Machine has been successfully cloned as "c1"\n$`, ""},
+		{[]string{"clonevm", "vm1", "--name", "c1", "--register"}, 1, `^$`, "already exists"},
+		{[]string{"list", "vms"}, 0, `^"vm1" \{.*\}\n"c1" \{.*\}\n$`, ""},
+		{[]string{"startvm", "c1", "--type", "headless"}, 0, `^Waiting for VM "c1" to power on\.\.\.\nVM "c1" has been successfully started\.\n$`, ""},
+		{[]string{"unregistervm", "c1", "--delete"}, 1, `^$`, "Cannot unregister the machine 'c1' while it is locked"},
+		{[]string{"controlvm", "c1", "poweroff"}, 0, `^$`, "0%...10%"},
+		{[]string{"unregistervm", "c1", "--delete"}, 0, `^$`, "100%"},
+		{[]string{"snapshot", "vm1", "delete", "base"}, 1, `^Deleting snapshot 'base'`, "current snapshot and has one child snapshot"},
+		{[]string{"snapshot", "vm1", "delete", "second"}, 0, `^Deleting snapshot 'second'`, ""},
+		{[]string{"guestproperty", "get", "vm1", "/VirtualBox/GuestInfo/Net/Count"}, 0, `^No value set!\n$`, ""},
+		{[]string{"guestproperty", "enumerate", "vm1"}, 0, `^No properties found\.\n$`, ""},
+		{[]string{"guestcontrol", "vm1", "run", "--username", "vagrant", "--", "/bin/true"}, 1, `^$`, `Machine "vm1" is not running (currently powered off)!`},
+		{[]string{"controlvm", "vm1", "poweroff"}, 1, `^$`, "Machine 'vm1' is not currently running."},
+	}
+	for _, s := range steps {
+		code, out, errs := h.run(s.args...)
+		if code != s.code || !regexp.MustCompile(s.out).MatchString(out) || !strings.Contains(errs, s.err) {
+			t.Fatalf("VBoxManage %q = %d\nstdout %q\nstderr %q\nwant %d, stdout ~ %q, stderr containing %q", s.args, code, out, errs, s.code, s.out, s.err)
+		}
+	}
+}
+
+// TestHostFailures: VBoxSVC down and the wrapper's warnings.
+func TestHostFailures(t *testing.T) {
+	h := newTestHost(t, &World{Version: "7.0", VMs: []*Machine{offMachine("vm1", uuid1)}, COMServerDown: true, VBoxDrvMissing: true})
+	code, out, errs := h.run("list", "vms")
+	if code != 1 || !strings.HasPrefix(out, "WARNING: The vboxdrv kernel module is not loaded.") ||
+		!strings.Contains(errs, "Most likely, the VirtualBox COM server is not running or failed to start.") {
+		t.Errorf("list vms with VBoxSVC down = %d, %q, %q; want 1, the wrapper's warning, the COM server error", code, out, errs)
+	}
+	h.env = []string{"PATH=/usr/bin:/bin"}
+	if _, out, _ := h.run("--version"); !strings.Contains(out, "WARNING: Environment variable LOGNAME or USER does not correspond to effective user id.\n") {
+		t.Errorf("--version without USER and LOGNAME: stdout %q; want the wrapper's warning", out)
+	}
+}
+
+// TestGuestCommands runs guest control against a lab VM: the 7.1 --exe
+// pitfall, verbose output, a session listing during a run, guest
+// properties and file copies.
+func TestGuestCommands(t *testing.T) {
+	vm := labtest.VM(t, "emu")
+	m := &Machine{Name: "g", UUID: uuid1, State: "running", StateChange: time.Now(), QGASocket: vm.QGASocket, QMPSocket: vm.QMPSocket}
+	h := newTestHost(t, &World{Version: "7.1", VMs: []*Machine{m}})
+	pw := filepath.Join(h.dir, "pw")
+	code, _, errs := h.run("guestcontrol", "g", "run", "--username", "vagrant", "--passwordfile", pw, "--exe", "/bin/sh", "--", "sh", "-c", "echo hi")
+	if code != 2+32 || !strings.Contains(errs, "can't open 'sh'") {
+		t.Errorf("7.1 run --exe /bin/sh -- sh -c: exit %d, stderr %q; want exit 34 (sh's 2) and sh opening the script 'sh'", code, errs)
+	}
+	code, out, _ := h.run("guestcontrol", "g", "run", "--username", "vagrant", "--passwordfile", pw, "--verbose", "--", "/bin/sh", "-c", "exit 255")
+	if code != 126 || !strings.Contains(out, "Exit code=255 (Status=500 [successfully terminated])\nClosing guest session ...\n") || !strings.HasPrefix(out, "Executing:\n  Image : /bin/sh\n") {
+		t.Errorf("run --verbose exit 255: exit %d, stdout %q; want 126 and the verbose trailer", code, out)
+	}
+	checkPropsAndCopies(t, h, pw)
+}
+
+func checkPropsAndCopies(t *testing.T, h *testHost, pw string) {
+	code, out, _ := h.run("guestproperty", "enumerate", "g", "--old-format", "/VirtualBox/GuestInfo/Net/*")
+	if code != 0 || !regexp.MustCompile(`(?m)^Name: /VirtualBox/GuestInfo/Net/Count, value: [0-9]+, timestamp: [0-9]+, flags: $`).MatchString(out) {
+		t.Errorf("guestproperty enumerate Net: %d, %q; want Net/Count", code, out)
+	}
+	dir := t.TempDir()
+	if code, _, errs := h.run("guestcontrol", "g", "copyfrom", "--username", "vagrant", "--passwordfile", pw, "/proc/version", dir+"/"); code != 0 {
+		t.Fatalf("copyfrom into DIR/: %d, %q", code, errs)
+	}
+	if raw, err := os.ReadFile(filepath.Join(dir, "version")); err != nil || !bytes.HasPrefix(raw, []byte("Linux version")) {
+		t.Errorf("copied file: %q, %v; want the kernel's version", raw, err)
+	}
+	code, _, errs := h.run("guestcontrol", "g", "copyfrom", "--username", "vagrant", "--passwordfile", pw, "/proc/version", dir)
+	if code != 1 || !strings.Contains(errs, "on the host already exists and is a directory") {
+		t.Errorf("copyfrom into DIR without slash: %d, %q; want 1, already exists and is a directory", code, errs)
+	}
+	code, _, errs = h.run("guestcontrol", "g", "copyfrom", "--username", "vagrant", "--passwordfile", pw, "/nonexistent", dir+"/")
+	if code != 1 || !strings.Contains(errs, `No such file or directory "/nonexistent"`) {
+		t.Errorf("copyfrom of a missing file: %d, %q; want 1 and the guest's error", code, errs)
+	}
+}
