@@ -6,6 +6,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -163,6 +164,12 @@ func TestRunArgv(t *testing.T) {
 		{"7.1", []string{"--", "/bin/sh", "-c", "x"}, "/bin/sh", "/bin/sh|-c|x", -1},
 		{"6.1", []string{"--", "/bin/sh", "-c", "x"}, "/bin/sh", "/bin/sh|-c|x", -1},
 		{"7.1", []string{"--exe", "/usr/bin/busybox", "--arg0", "ls", "--", "-l", "/usr"}, "/usr/bin/busybox", "ls|-l|/usr", -1},
+		// The manuals' example (6.1 user_VBoxManage.xml, 7.1
+		// man_VBoxManage-guestcontrol.xml): `run --exe "/bin/ls" --username
+		// user1 --passwordfile pw.txt --wait-stdout -- -l /usr`. 7.x runs
+		// ls -l /usr; 6.1's code makes "-l" argv[0].
+		{"7.1", []string{"--exe", "/bin/ls", "--username", "user1", "--passwordfile", "pw.txt", "--wait-stdout", "--", "-l", "/usr"}, "/bin/ls", "/bin/ls|-l|/usr", -1},
+		{"6.1", []string{"--exe", "/bin/ls", "--username", "user1", "--passwordfile", "pw.txt", "--wait-stdout", "--", "-l", "/usr"}, "/bin/ls", "-l|/usr", -1},
 		{"6.1", []string{"--arg0", "ls", "--", "/bin/ls"}, "", "", 2},
 		{"7.1", []string{"--cwd", "/tmp", "--", "/bin/pwd"}, "/bin/pwd", "/bin/pwd", -1},
 		{"7.0", []string{"--cwd", "/tmp", "--", "/bin/pwd"}, "", "", 2},
@@ -177,7 +184,11 @@ func TestRunArgv(t *testing.T) {
 		e.w = h.world()
 		e.stdout = newBufferedStdout(e.rawOut, 0)
 		c := &gctlCtx{e: e}
-		o, code := c.parseRun(tc.args)
+		args := slices.Clone(tc.args)
+		if i := slices.Index(args, "pw.txt"); i >= 0 {
+			args[i] = filepath.Join(h.dir, "pw")
+		}
+		o, code := c.parseRun(args)
 		if code != tc.code || code < 0 && (o.image != tc.image || strings.Join(o.args, "|") != tc.argv) {
 			t.Errorf("%s run %q: image %q, argv %q, code %d; want %q, %q, %d", tc.version, tc.args, o.image, strings.Join(o.args, "|"), code, tc.image, tc.argv, tc.code)
 		}
