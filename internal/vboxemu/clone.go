@@ -102,53 +102,55 @@ func (e *emu) parseClone(args []string) (cloneOpts, int) {
 		{long: "--basefolder", id: "p", kind: reqString}, {long: "--uuid", id: "u", kind: reqString},
 	}, false)
 	g.stdOpts = false
-	for {
-		r, oe, ok := g.next()
-		if !ok {
-			break
-		}
-		if oe != nil {
-			return o, e.getoptError(oe)
-		}
+	code := g.each(e.getoptError, func(r *optResult) int {
 		if r.def == nil {
 			if o.src != "" {
-				return o, e.syntaxError("Invalid parameter '%s'", r.value)
+				return e.syntaxError("Invalid parameter '%s'", r.value)
 			}
 			o.src = r.value
-			continue
+			return -1
 		}
-		switch r.def.id {
-		case "s":
-			o.snapshot = r.value
-		case "n":
-			o.name = r.value
-		case "r":
-			o.register = true
-		case "o":
-			// parseCloneOptions: comma-separated, case-insensitive prefixes.
-			for _, opt := range strings.Split(r.value, ",") {
-				switch strings.ToLower(opt) {
-				case "link", "linked":
-					o.link = true
-				case "keepallmacs", "keepnatmacs", "keepdisknames", "keephwuuids", "keephwuuid", "":
-				default:
-					e.errorf("Invalid clone options '%s'\n", r.value)
-					return o, exitSyntax
-				}
-			}
-		case "m":
-			switch strings.ToLower(r.value) {
-			case "machine", "machineandchildren", "all":
-			default:
-				e.errorf("Invalid clone mode '%s'\n", r.value)
-				return o, exitSyntax
-			}
-		}
+		return e.cloneOption(&o, r)
+	})
+	if code >= 0 {
+		return o, code
 	}
 	if o.src == "" {
 		return o, e.syntaxError("VM name required")
 	}
 	return o, -1
+}
+
+// cloneOption handles one of clonevm's options.
+func (e *emu) cloneOption(o *cloneOpts, r *optResult) int {
+	switch r.def.id {
+	case "s":
+		o.snapshot = r.value
+	case "n":
+		o.name = r.value
+	case "r":
+		o.register = true
+	case "o":
+		// parseCloneOptions: comma-separated, case-insensitive prefixes.
+		for _, opt := range strings.Split(r.value, ",") {
+			switch strings.ToLower(opt) {
+			case "link", "linked":
+				o.link = true
+			case "keepallmacs", "keepnatmacs", "keepdisknames", "keephwuuids", "keephwuuid", "":
+			default:
+				e.errorf("Invalid clone options '%s'\n", r.value)
+				return exitSyntax
+			}
+		}
+	case "m":
+		switch strings.ToLower(r.value) {
+		case "machine", "machineandchildren", "all":
+		default:
+			e.errorf("Invalid clone mode '%s'\n", r.value)
+			return exitSyntax
+		}
+	}
+	return -1
 }
 
 // handleUnregisterVM is VBoxManageMisc.cpp handleUnregisterVM: a machine
@@ -162,17 +164,7 @@ func (e *emu) handleUnregisterVM(args []string) int {
 	}, false)
 	g.stdOpts = false
 	name, del := "", false
-	for {
-		r, oe, ok := g.next()
-		if !ok {
-			break
-		}
-		if oe != nil {
-			if oe.rc == "VERR_GETOPT_UNKNOWN_OPTION" {
-				return e.syntaxError("unknown option: %s\n", oe.psz)
-			}
-			return e.syntaxError("%s: %s", oe.long, getoptStatusText[oe.rc])
-		}
+	code := g.each(e.miscOptError, func(r *optResult) int {
 		switch {
 		case r.def == nil && name == "":
 			name = r.value
@@ -183,6 +175,10 @@ func (e *emu) handleUnregisterVM(args []string) int {
 		default:
 			del = true
 		}
+		return -1
+	})
+	if code >= 0 {
+		return code
 	}
 	if name == "" {
 		return e.syntaxError("VM name required")

@@ -15,11 +15,7 @@ import (
 // setState records a machine's new state (IMachine::State and
 // LastStateChange); a VM process that ends takes its guest sessions with it.
 func (e *emu) setState(uuid, state string) error {
-	return e.h.update(func(w *World) error {
-		m := w.find(uuid)
-		if m == nil {
-			return fmt.Errorf("machine %s unregistered meanwhile", uuid)
-		}
+	return e.h.updateMachine(uuid, func(m *Machine) error {
 		m.State, m.StateChange = state, time.Now()
 		if !m.running() {
 			m.Sessions = nil
@@ -57,20 +53,13 @@ func (e *emu) handleStartVM(args []string) int {
 	}, false)
 	g.stdOpts = false
 	var vms []string
-	for {
-		r, oe, ok := g.next()
-		if !ok {
-			break
-		}
-		if oe != nil {
-			if oe.rc == "VERR_GETOPT_UNKNOWN_OPTION" {
-				return e.syntaxError("unknown option: %s\n", oe.psz)
-			}
-			return e.syntaxError("%s: %s", oe.long, getoptStatusText[oe.rc])
-		}
+	if code := g.each(e.miscOptError, func(r *optResult) int {
 		if r.def == nil {
 			vms = append(vms, r.value)
 		}
+		return -1
+	}); code >= 0 {
+		return code
 	}
 	if len(vms) == 0 {
 		return e.syntaxError("at least one VM name or uuid required")

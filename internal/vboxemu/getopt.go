@@ -190,6 +190,34 @@ func (g *getopt) value(def *optDef, arg string, cch int, short bool) (*optResult
 	return r, nil, true
 }
 
+// each runs f on every option and non-option RTGetOpt returns, in order.
+// A getopt failure ends the walk with onErr's exit code; f ends it by
+// returning an exit code (>= 0). It returns -1 when the arguments ran out.
+func (g *getopt) each(onErr func(*optError) int, f func(r *optResult) int) int {
+	for {
+		r, oe, ok := g.next()
+		if !ok {
+			return -1
+		}
+		if oe != nil {
+			return onErr(oe)
+		}
+		if code := f(r); code >= 0 {
+			return code
+		}
+	}
+}
+
+// miscOptError is how handleStartVM and handleUnregisterVM report a getopt
+// failure themselves (VBoxManageMisc.cpp): errorSyntax with "unknown
+// option: %s" or the option and the status text.
+func (e *emu) miscOptError(oe *optError) int {
+	if oe.rc == "VERR_GETOPT_UNKNOWN_OPTION" {
+		return e.syntaxError("unknown option: %s\n", oe.psz)
+	}
+	return e.syntaxError("%s: %s", oe.long, getoptStatusText[oe.rc])
+}
+
 // getoptError is errorGetOpt (VBoxManageHelp.cpp errorGetOptWorker): the
 // logo, then the reason on stderr; exit 2. A standard --version option
 // prints the version, --help succeeds.

@@ -131,26 +131,13 @@ func (e *emu) handleGuestControl(args []string) int {
 		c.user = u.Username
 	}
 	g := newGetopt(args, c.commonOptions(), false)
-	for {
-		r, oe, ok := g.next()
-		if !ok {
-			break
-		}
-		if oe != nil {
-			return e.getoptError(oe)
-		}
-		if code, done := e.stdOption(r); done {
+	if code := g.each(e.getoptError, func(r *optResult) int {
+		if code, ok := c.common(r); ok {
 			return code
-		}
-		if handled, code := c.setOption(r); handled {
-			if code != exitSuccess {
-				return code
-			}
-			continue
 		}
 		if c.vm == "" {
 			c.vm = r.value
-			continue
+			return -1
 		}
 		for _, s := range gctlSubs {
 			if s.name == r.value {
@@ -161,6 +148,8 @@ func (e *emu) handleGuestControl(args []string) int {
 			}
 		}
 		return e.syntaxError("Unknown sub-command: '%s'", r.value)
+	}); code >= 0 {
+		return code
 	}
 	if c.vm != "" {
 		return e.syntaxError("Missing sub-command")
@@ -173,27 +162,27 @@ func (e *emu) handleGuestControl(args []string) int {
 // to stop.
 func (c *gctlCtx) subOptions(args []string, defs []optDef, f func(r *optResult) int) int {
 	g := newGetopt(args, append(c.commonOptions(), defs...), true)
-	for {
-		r, oe, ok := g.next()
-		if !ok {
-			return -1
-		}
-		if oe != nil {
-			return c.e.getoptError(oe)
-		}
-		if code, done := c.e.stdOption(r); done {
+	return g.each(c.e.getoptError, func(r *optResult) int {
+		if code, ok := c.common(r); ok {
 			return code
 		}
-		if handled, code := c.setOption(r); handled {
-			if code != exitSuccess {
-				return code
-			}
-			continue
-		}
-		if code := f(r); code >= 0 {
-			return code
-		}
+		return f(r)
+	})
+}
+
+// common handles a standard or a common option: (exit code, true) when
+// it did, the code -1 when parsing goes on.
+func (c *gctlCtx) common(r *optResult) (int, bool) {
+	if code, done := c.e.stdOption(r); done {
+		return code, true
 	}
+	if handled, code := c.setOption(r); handled {
+		if code != exitSuccess {
+			return code, true
+		}
+		return -1, true
+	}
+	return 0, false
 }
 
 // postOptionParsingInit is gctlCtxPostOptionParsingInit: the user name,
@@ -297,11 +286,7 @@ func (c *gctlCtx) credentialsOK() bool {
 // registerSession is Guest::i_sessionCreate: the lowest free session ID
 // from VBOX_GUESTCTRL_SESSION_ID_BASE (1) (GuestCtrlImpl.cpp).
 func (c *gctlCtx) registerSession(name string) error {
-	return c.e.h.update(func(w *World) error {
-		m := w.find(c.m.UUID)
-		if m == nil {
-			return fmt.Errorf("machine %s unregistered meanwhile", c.m.UUID)
-		}
+	return c.e.h.updateMachine(c.m.UUID, func(m *Machine) error {
 		used := map[uint32]bool{}
 		for _, s := range m.Sessions {
 			used[s.ID] = true
@@ -318,11 +303,7 @@ func (c *gctlCtx) registerSession(name string) error {
 
 // setProcess records a process of the session (IGuestSession::Processes).
 func (c *gctlCtx) setProcess(pid int64, status, command string) {
-	c.e.h.update(func(w *World) error {
-		m := w.find(c.m.UUID)
-		if m == nil {
-			return errNoChange
-		}
+	c.e.h.updateMachine(c.m.UUID, func(m *Machine) error {
 		for _, s := range m.Sessions {
 			if s.ID != c.sessionID {
 				continue
@@ -354,11 +335,7 @@ func (c *gctlCtx) term() {
 	if c.verbose > 0 {
 		c.e.printf("Closing guest session ...\n")
 	}
-	c.e.h.update(func(w *World) error {
-		m := w.find(c.m.UUID)
-		if m == nil {
-			return errNoChange
-		}
+	c.e.h.updateMachine(c.m.UUID, func(m *Machine) error {
 		kept := m.Sessions[:0]
 		for _, s := range m.Sessions {
 			if s.ID != c.sessionID {

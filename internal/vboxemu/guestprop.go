@@ -134,14 +134,7 @@ func (e *emu) guestPropEnumerate(args []string) int {
 			{long: "--sort", short: 's', id: "s"}, {long: "--no-timestamp", short: 'T', id: "T"},
 			{long: "--no-flags", short: 'F', id: "F"},
 		}, false)
-		for {
-			r, oe, ok := g.next()
-			if !ok {
-				break
-			}
-			if oe != nil {
-				return e.getoptError(oe)
-			}
+		if code := g.each(e.getoptError, func(r *optResult) int {
 			switch {
 			case r.def == nil && name == "":
 				name = r.value
@@ -150,6 +143,9 @@ func (e *emu) guestPropEnumerate(args []string) int {
 			case r.def.id == "o":
 				oldFormat = true
 			}
+			return -1
+		}); code >= 0 {
+			return code
 		}
 		if name == "" {
 			return e.syntaxError("No VM name or UUID was specified")

@@ -22,14 +22,7 @@ func (e *emu) handleList(args []string) int {
 	}, false)
 	g.stdOpts = false
 	which, sorted := "", false
-	for {
-		r, oe, ok := g.next()
-		if !ok {
-			break
-		}
-		if oe != nil {
-			return e.getoptError(oe)
-		}
+	if code := g.each(e.getoptError, func(r *optResult) int {
 		if r.def == nil {
 			return e.syntaxError("Unknown subcommand \"%s\".", r.value)
 		}
@@ -43,6 +36,9 @@ func (e *emu) handleList(args []string) int {
 		default:
 			which = r.def.id
 		}
+		return -1
+	}); code >= 0 {
+		return code
 	}
 	if which == "" {
 		return e.syntaxError("Missing subcommand for \"list\" command.\n")
@@ -70,14 +66,7 @@ func (e *emu) handleShowVMInfo(args []string) int {
 	}, false)
 	g.stdOpts = false
 	name, machine := "", false
-	for {
-		r, oe, ok := g.next()
-		if !ok {
-			break
-		}
-		if oe != nil {
-			return e.getoptError(oe)
-		}
+	if code := g.each(e.getoptError, func(r *optResult) int {
 		switch {
 		case r.def == nil && name == "":
 			name = r.value
@@ -86,6 +75,9 @@ func (e *emu) handleShowVMInfo(args []string) int {
 		case r.def.id == "M":
 			machine = true
 		}
+		return -1
+	}); code >= 0 {
+		return code
 	}
 	if name == "" {
 		return e.syntaxError("VM name or UUID required")

@@ -2,7 +2,6 @@ package vboxemu
 
 import (
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -108,18 +107,11 @@ func (e *emu) snapshotTake(m *Machine, args []string) int {
 		{long: "--uniquename", short: 'u', id: "u", kind: reqString},
 	}, false)
 	g.stdOpts = false
-	for {
-		r, oe, ok := g.next()
-		if !ok {
-			break
-		}
-		if oe != nil {
-			e.getoptError(oe)
-			return exitFailure
-		}
+	// handleSnapshot turns every syntax error of a subcommand into exit 1.
+	failed := func(int) int { return exitFailure }
+	if code := g.each(func(oe *optError) int { return failed(e.getoptError(oe)) }, func(r *optResult) int {
 		if r.def == nil {
-			e.invalidParameter(r.value)
-			return exitFailure
+			return failed(e.invalidParameter(r.value))
 		}
 		switch r.def.id {
 		case "d":
@@ -129,16 +121,15 @@ func (e *emu) snapshotTake(m *Machine, args []string) int {
 		case "p":
 			live = false
 		}
+		return -1
+	}); code >= 0 {
+		return code
 	}
 	if live && m.State != "running" {
 		return e.sessionMachineError("Cannot take a live snapshot of a virtual machine unless it is running.", codeInvalidVMState, siteSnapTake)
 	}
 	s := &Snapshot{UUID: newUUID(), Name: name, Description: desc, Parent: m.CurrentSnapshot, Taken: time.Now(), Online: m.running(), StateAtTake: m.State}
-	if err := e.h.update(func(w *World) error {
-		wm := w.find(m.UUID)
-		if wm == nil {
-			return errors.New("machine unregistered meanwhile")
-		}
+	if err := e.h.updateMachine(m.UUID, func(wm *Machine) error {
 		wm.Snapshots = append(wm.Snapshots, s)
 		wm.CurrentSnapshot = s.UUID
 		return nil
@@ -190,11 +181,7 @@ func (e *emu) snapshotChange(m *Machine, args []string) int {
 	if s.Online {
 		state = "saved"
 	}
-	if err := e.h.update(func(w *World) error {
-		wm := w.find(m.UUID)
-		if wm == nil {
-			return errors.New("machine unregistered meanwhile")
-		}
+	if err := e.h.updateMachine(m.UUID, func(wm *Machine) error {
 		wm.CurrentSnapshot, wm.State, wm.StateChange = s.UUID, state, time.Now()
 		return nil
 	}); err != nil {
@@ -215,11 +202,7 @@ func (e *emu) snapshotDelete(m *Machine, s *Snapshot) int {
 		return e.sessionMachineError(fmt.Sprintf("Snapshot '%s' of the machine '%s' cannot be deleted, because it is the current snapshot and has one child snapshot",
 			s.Name, m.Name), codeInvalidObject, siteSnapDelete)
 	}
-	if err := e.h.update(func(w *World) error {
-		wm := w.find(m.UUID)
-		if wm == nil {
-			return errors.New("machine unregistered meanwhile")
-		}
+	if err := e.h.updateMachine(m.UUID, func(wm *Machine) error {
 		kept := wm.Snapshots[:0]
 		for _, x := range wm.Snapshots {
 			if x.UUID == s.UUID {
@@ -251,23 +234,18 @@ func (e *emu) snapshotList(m *Machine, args []string) int {
 		{long: "--machinereadable", short: 'M', id: "M"},
 	}, false)
 	machine := false
-	for {
-		r, oe, ok := g.next()
-		if !ok {
-			break
-		}
-		if oe != nil {
-			e.getoptError(oe)
-			return exitFailure
-		}
+	failed := func(int) int { return exitFailure }
+	if code := g.each(func(oe *optError) int { return failed(e.getoptError(oe)) }, func(r *optResult) int {
 		if code, done := e.stdOption(r); done {
 			return code
 		}
 		if r.def == nil {
-			e.invalidParameter(r.value)
-			return exitFailure
+			return failed(e.invalidParameter(r.value))
 		}
 		machine = r.def.id == "M"
+		return -1
+	}); code >= 0 {
+		return code
 	}
 	if m.root() == nil {
 		e.printf("This machine does not have any snapshots\n")

@@ -2,7 +2,6 @@ package vboxemu
 
 import (
 	"fmt"
-	"strings"
 )
 
 // Version is one emulated VirtualBox release and what differs between the
@@ -162,6 +161,3 @@ var (
 	sitePropGetFindMachine = contextSite{"VBoxManageGuestProp.cpp", "FindMachine(Bstr(a->argv[0]).raw(), machine.asOutParam())",
 		map[string]int{"6.1": 92, "7.0": 77, "7.1": 77}}
 )
-
-// quoteJoin is a helper for error texts that list choices.
-func quoteJoin(s []string) string { return "'" + strings.Join(s, "', '") + "'" }

@@ -210,6 +210,20 @@ func (h host) update(f func(w *World) error) error {
 	return WriteWorld(h.path, w)
 }
 
+// errGone: the machine was unregistered by another invocation meanwhile.
+var errGone = errors.New("machine unregistered meanwhile")
+
+// updateMachine applies f to the machine uuid under the exclusive lock.
+func (h host) updateMachine(uuid string, f func(m *Machine) error) error {
+	return h.update(func(w *World) error {
+		m := w.find(uuid)
+		if m == nil {
+			return errGone
+		}
+		return f(m)
+	})
+}
+
 // find is VirtualBox::findMachine: by UUID or by name.
 func (w *World) find(nameOrUUID string) *Machine {
 	for _, m := range w.VMs {
