@@ -215,6 +215,9 @@ func (e *emu) handleUnregisterVM(args []string) int {
 		e.errorf("emulator: %v", err)
 		return exitFailure
 	}
+	if m.QMPSocket != "" {
+		e.detachState(m, del)
+	}
 	if del {
 		e.progress()
 	}

@@ -9,7 +9,8 @@ import (
 // The VM process of a lab-backed machine is its QEMU, kept alive across
 // emulated power cycles: "powered off" is QEMU with its vCPUs stopped
 // (QMP stop) and nothing answering in the guest; power on is a reset and
-// cont, so the guest boots afresh. A machine without a lab VM only changes
+// cont, so the guest boots afresh (but from a restored snapshot's state,
+// snapshot.go). A machine without a lab VM only changes
 // state.
 
 // setState records a machine's new state (IMachine::State and
@@ -17,6 +18,9 @@ import (
 func (e *emu) setState(uuid, state string) error {
 	return e.h.updateMachine(uuid, func(m *Machine) error {
 		m.State, m.StateChange = state, time.Now()
+		if state != "saved" {
+			m.ResumeState = false
+		}
 		if !m.running() {
 			m.Sessions = nil
 		}
@@ -102,8 +106,12 @@ func (e *emu) startOne(name string) int {
 	return exitSuccess
 }
 
-// powerOnGuest boots the lab VM afresh: reset, then let the vCPUs run.
+// powerOnGuest boots the lab VM afresh: reset, then let the vCPUs run; a
+// machine restored to a snapshot's state resumes from it instead.
 func (e *emu) powerOnGuest(m *Machine) error {
+	if m.State == "saved" && m.ResumeState {
+		return e.qmp(m, "cont")
+	}
 	if err := e.qmp(m, "system_reset"); err != nil {
 		return err
 	}

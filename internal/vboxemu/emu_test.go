@@ -310,3 +310,52 @@ func checkPropsAndCopies(t *testing.T, h *testHost, pw string) {
 		t.Errorf("copyfrom of a missing file: %d, %q; want 1 and the guest's error", code, errs)
 	}
 }
+
+// TestSnapshotHoldsGuest: an online snapshot keeps the guest's state in
+// the lab VM's QEMU; after a power off and a restore the machine is saved
+// and starts where the snapshot was taken; deleting the snapshot drops
+// QEMU's copy.
+func TestSnapshotHoldsGuest(t *testing.T) {
+	vm := labtest.Start(t, lab.Spec{Name: "vboxsnap"})
+	m := &Machine{Name: "s", UUID: uuid1, State: "running", StateChange: time.Now(), QGASocket: vm.QGASocket, QMPSocket: vm.QMPSocket}
+	h := newTestHost(t, &World{Version: "7.1", VMs: []*Machine{m}})
+	pw := filepath.Join(h.dir, "pw")
+	guest := func(script string) (int, string) {
+		code, out, errs := h.run("guestcontrol", "s", "run", "--username", "vagrant", "--passwordfile", pw, "--", "/bin/sh", "-c", script)
+		return code, out + errs
+	}
+	steps := []struct {
+		args []string
+		out  string
+	}{
+		{[]string{"snapshot", "s", "take", "one", "--live"}, "Snapshot taken"},
+		{[]string{"controlvm", "s", "poweroff"}, ""},
+		{[]string{"snapshot", "s", "restore", "one"}, "Restoring snapshot 'one'"},
+		{[]string{"showvminfo", "s", "--machinereadable"}, `VMState="saved"`},
+		{[]string{"startvm", "s", "--type", "headless"}, "has been successfully started"},
+	}
+	if code, out := guest("echo before >/tmp/mark"); code != 0 {
+		t.Fatalf("writing the mark: %d, %q", code, out)
+	}
+	for i, s := range steps {
+		if i == 1 {
+			if code, out := guest("echo after >/tmp/mark"); code != 0 {
+				t.Fatalf("rewriting the mark: %d, %q", code, out)
+			}
+		}
+		if code, out, errs := h.run(s.args...); code != 0 || !strings.Contains(out, s.out) {
+			t.Fatalf("VBoxManage %q = %d, %q, %q; want 0 and %q", s.args, code, out, errs, s.out)
+		}
+	}
+	if code, out := guest("cat /tmp/mark"); code != 0 || out != "before\n" {
+		t.Errorf("the mark after restore and start: %d, %q; want the snapshot's \"before\"", code, out)
+	}
+	tag := h.world().VMs[0].Snapshots[0].QEMUTag
+	if code, _, errs := h.run("snapshot", "s", "delete", "one"); code != 0 {
+		t.Fatalf("snapshot delete: %d, %q", code, errs)
+	}
+	raw, err := qmpExec(t.Context(), vm.QMPSocket, "human-monitor-command", map[string]any{"command-line": "info snapshots"})
+	if err != nil || tag == "" || strings.Contains(string(raw), tag) {
+		t.Errorf("QEMU's snapshots after delete: %s, %v; want no %q (nor an empty tag)", raw, err, tag)
+	}
+}

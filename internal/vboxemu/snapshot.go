@@ -9,10 +9,12 @@ import (
 
 // Snapshots are the machine's records (SnapshotImpl.cpp): name, UUID,
 // description, tree, the current snapshot and the state a restore leads to.
-// The lab VM behind a machine has no disk that could hold a QEMU snapshot
-// (it boots from an initramfs), so the guest's state is not captured: a
-// restore of an online snapshot leaves the machine "saved" as VirtualBox
-// would, and starting it boots the guest afresh.
+// An online snapshot of a lab-backed machine also holds the guest's memory
+// and devices (qemusnap.go): restoring it leaves the machine "saved" as
+// VirtualBox would, with the lab VM's QEMU stopped at the snapshot's
+// moment, and starting the machine resumes the guest there. An offline
+// snapshot, or one the lab VM could not hold, is the record alone: the
+// guest boots afresh when the machine starts.
 
 // newUUID returns a random (version 4) UUID.
 func newUUID() string {
@@ -129,6 +131,17 @@ func (e *emu) snapshotTake(m *Machine, args []string) int {
 		return e.sessionMachineError("Cannot take a live snapshot of a virtual machine unless it is running.", codeInvalidVMState, siteSnapTake)
 	}
 	s := &Snapshot{UUID: newUUID(), Name: name, Description: desc, Parent: m.CurrentSnapshot, Taken: time.Now(), Online: m.running(), StateAtTake: m.State}
+	if s.Online {
+		// SessionMachine::takeSnapshot saves the VM's state with the disks.
+		done, err := e.qemuSnapshot(m, "snapshot-save", s.UUID)
+		if err != nil {
+			e.errorf("emulator: snapshot-save: %v", err)
+			return exitFailure
+		}
+		if done {
+			s.QEMUTag = s.UUID
+		}
+	}
 	if err := e.h.updateMachine(m.UUID, func(wm *Machine) error {
 		wm.Snapshots = append(wm.Snapshots, s)
 		wm.CurrentSnapshot = s.UUID
@@ -181,8 +194,20 @@ func (e *emu) snapshotChange(m *Machine, args []string) int {
 	if s.Online {
 		state = "saved"
 	}
+	if s.QEMUTag != "" {
+		// The lab VM's QEMU stands still at the snapshot's moment.
+		if err := e.qmp(m, "stop"); err != nil {
+			e.errorf("emulator: stop: %v", err)
+			return exitFailure
+		}
+		if _, err := e.qemuSnapshot(m, "snapshot-load", s.QEMUTag); err != nil {
+			e.errorf("emulator: snapshot-load: %v", err)
+			return exitFailure
+		}
+	}
 	if err := e.h.updateMachine(m.UUID, func(wm *Machine) error {
 		wm.CurrentSnapshot, wm.State, wm.StateChange = s.UUID, state, time.Now()
+		wm.ResumeState = s.QEMUTag != ""
 		return nil
 	}); err != nil {
 		e.errorf("emulator: %v", err)
@@ -201,6 +226,12 @@ func (e *emu) snapshotDelete(m *Machine, s *Snapshot) int {
 	case len(kids) == 1 && s.UUID == m.CurrentSnapshot:
 		return e.sessionMachineError(fmt.Sprintf("Snapshot '%s' of the machine '%s' cannot be deleted, because it is the current snapshot and has one child snapshot",
 			s.Name, m.Name), codeInvalidObject, siteSnapDelete)
+	}
+	if s.QEMUTag != "" {
+		if _, err := e.qemuSnapshot(m, "snapshot-delete", s.QEMUTag); err != nil {
+			e.errorf("emulator: snapshot-delete: %v", err)
+			return exitFailure
+		}
 	}
 	if err := e.h.updateMachine(m.UUID, func(wm *Machine) error {
 		kept := wm.Snapshots[:0]
