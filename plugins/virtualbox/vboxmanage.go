@@ -152,23 +152,25 @@ var (
 )
 
 // vboxError turns VBoxManage's error lines into the hypervisor sentinels
-// and plain words.
+// and plain words. An error that is VBoxManage's own reason wraps
+// hypervisor.ErrBackend, so the agent sees it: VBoxManage reads the
+// password from a file, so its messages hold no secret.
 func vboxError(op string, r result) error {
 	msg := errorText(r.stderr)
 	has := func(s string) bool { return strings.Contains(msg, s) }
 	switch {
 	case has("VirtualBox COM server is not running"), has("Failed to create the VirtualBox object"):
-		return fmt.Errorf("virtualbox: %s: the VirtualBox service (VBoxSVC) cannot be reached; start VirtualBox or check its installation for this user: %s", op, msg)
+		return fmt.Errorf("virtualbox: %s: %w: the VirtualBox service (VBoxSVC) cannot be reached; start VirtualBox or check its installation for this user: %s", op, hypervisor.ErrBackend, msg)
 	case has("Could not find a registered machine"):
 		return fmt.Errorf("virtualbox: %s: %w: %s", op, hypervisor.ErrUnknownVM, msg)
 	case has("The guest execution service is not available"):
-		return fmt.Errorf("virtualbox: %s: the VM's guest control host service is missing (VERR_HGCM_SERVICE_NOT_FOUND: VirtualBox itself, not the guest, lacks it); restart the VM or repair the VirtualBox installation: %s", op, msg)
+		return fmt.Errorf("virtualbox: %s: %w: the VM's guest control host service is missing (VERR_HGCM_SERVICE_NOT_FOUND: VirtualBox itself, not the guest, lacks it); restart the VM or repair the VirtualBox installation: %s", op, hypervisor.ErrBackend, msg)
 	case has("The guest execution service is not ready"):
 		return fmt.Errorf("virtualbox: %s: %w: %w: %s", op, hypervisor.ErrAgentUnavailable, errControlNotReady, msg)
 	case has("Guest Additions are not installed or not ready"), has("Error starting guest session"):
 		return fmt.Errorf("virtualbox: %s: %w: %s", op, hypervisor.ErrAgentUnavailable, msg)
 	case has("was not able to logon"):
-		return fmt.Errorf("virtualbox: %s: the guest refused the logon (check the backend's username and password_file): %s", op, msg)
+		return fmt.Errorf("virtualbox: %s: %w: the guest refused the logon (check the backend's username and password_file): %s", op, hypervisor.ErrBackend, msg)
 	case has("Setting the current working directory is not supported"):
 		return fmt.Errorf("virtualbox: %s: %w: %s", op, errCwdUnsupported, msg)
 	case notRunning.MatchString(msg), has("VMM device is not available"):
@@ -179,7 +181,7 @@ func vboxError(op string, r result) error {
 	if msg == "" {
 		msg = "no message"
 	}
-	return fmt.Errorf("virtualbox: %s: VBoxManage exit %d: %s", op, r.code, msg)
+	return fmt.Errorf("virtualbox: %s: %w: VBoxManage exit %d: %s", op, hypervisor.ErrBackend, r.code, msg)
 }
 
 // notRunning matches VBoxManage's two "machine not running" messages:
