@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/image"
+	"github.com/vmgate/vmgate/internal/qmp"
 )
 
 // Sentinel errors.
@@ -438,9 +439,11 @@ func (v *VM) Stop(ctx context.Context) error {
 	}
 	if v.alive() {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		if err := qmpQuit(qctx, v.QMPSocket); err != nil {
+		quitCtx, quitCancel := context.WithTimeout(qctx, 3*time.Second)
+		if _, err := qmp.Call(quitCtx, v.QMPSocket, "quit", nil); err != nil {
 			slog.Debug("lab: qmp quit failed; killing", "vm", v.Name, "err", err)
 		}
+		quitCancel()
 		v.waitExit(qctx)
 		cancel()
 		if v.alive() {

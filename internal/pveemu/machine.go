@@ -17,6 +17,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/internal/qmp"
 )
 
 // Machine is the real QEMU process behind an emulated VM: what qemu-server
@@ -121,7 +122,7 @@ func procIsArgv(pid int, argv []string) bool {
 
 // QMP implements Machine.
 func (m *LabMachine) QMP(ctx context.Context, command string, args any) (json.RawMessage, error) {
-	return qmpCall(ctx, m.qmpSock, command, args)
+	return qmp.Call(ctx, m.qmpSock, command, args)
 }
 
 // Launch implements Machine.
@@ -194,97 +195,23 @@ func (m *LabMachine) Close() error {
 	}
 }
 
-// stateNode is the qcow2 block node that holds the internal snapshots of a
-// lab VM (its guest runs from RAM and has no disk of its own).
-const stateNode = "pveemu-state"
-
-// ensureStateNode creates the qcow2 file once and adds it as a block node
-// to the running QEMU (again after a relaunch).
-func (m *LabMachine) ensureStateNode(ctx context.Context) error {
-	file := filepath.Join(m.dir, "pveemu-state.qcow2")
-	if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
-		out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", file, "1G").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("qemu-img create: %w: %s", err, strings.TrimSpace(string(out)))
-		}
-	}
-	nodes, err := m.QMP(ctx, "query-named-block-nodes", map[string]any{"flat": true})
-	if err != nil {
-		return err
-	}
-	var list []struct {
-		NodeName string `json:"node-name"`
-	}
-	if err := json.Unmarshal(nodes, &list); err != nil {
-		return err
-	}
-	for _, n := range list {
-		if n.NodeName == stateNode {
-			return nil
-		}
-	}
-	_, err = m.QMP(ctx, "blockdev-add", map[string]any{
-		"driver": "qcow2", "node-name": stateNode,
-		"file": map[string]any{"driver": "file", "filename": file},
-	})
-	return err
-}
-
-// job runs a snapshot job and waits until it concludes.
-func (m *LabMachine) job(ctx context.Context, command string, args map[string]any) error {
-	if err := m.ensureStateNode(ctx); err != nil {
-		return err
-	}
-	id := fmt.Sprintf("pveemu-%d", time.Now().UnixNano())
-	args["job-id"] = id
-	if _, err := m.QMP(ctx, command, args); err != nil {
-		return err
-	}
-	var b hypervisor.Backoff
-	for {
-		raw, err := m.QMP(ctx, "query-jobs", nil)
-		if err != nil {
-			return err
-		}
-		var jobs []struct {
-			ID     string `json:"id"`
-			Status string `json:"status"`
-			Error  string `json:"error"`
-		}
-		if err := json.Unmarshal(raw, &jobs); err != nil {
-			return err
-		}
-		for _, j := range jobs {
-			if j.ID != id || j.Status != "concluded" {
-				continue
-			}
-			if _, err := m.QMP(ctx, "job-dismiss", map[string]any{"id": id}); err != nil {
-				return err
-			}
-			if j.Error != "" {
-				return errors.New(j.Error)
-			}
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(b.Next()):
-		}
-	}
+// state is the qcow2 image that holds the internal snapshots of a lab VM
+// (its guest runs from RAM and has no disk of its own).
+func (m *LabMachine) state() qmp.StateImage {
+	return qmp.StateImage{Socket: m.qmpSock, Node: "pveemu-state", File: filepath.Join(m.dir, "pveemu-state.qcow2")}
 }
 
 // SaveState implements Snapshotter.
 func (m *LabMachine) SaveState(ctx context.Context, tag string) error {
-	return m.job(ctx, "snapshot-save", map[string]any{"tag": tag, "vmstate": stateNode, "devices": []string{stateNode}})
+	return m.state().Save(ctx, tag)
 }
 
 // LoadState implements Snapshotter.
 func (m *LabMachine) LoadState(ctx context.Context, tag string) error {
-	return m.job(ctx, "snapshot-load", map[string]any{"tag": tag, "vmstate": stateNode, "devices": []string{stateNode}})
+	return m.state().Load(ctx, tag)
 }
 
 // DeleteState implements Snapshotter.
 func (m *LabMachine) DeleteState(ctx context.Context, tag string) error {
-	return m.job(ctx, "snapshot-delete", map[string]any{"tag": tag, "devices": []string{stateNode}})
+	return m.state().Delete(ctx, tag)
 }

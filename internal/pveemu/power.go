@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/qmp"
 )
 
 // The power methods follow qemu-server src/PVE/API2/Qemu.pm (vm_start,
@@ -43,7 +45,7 @@ func (e *Emulator) monQMP(ctx context.Context, v *vm, command string, args any, 
 		return err
 	})
 	if err != nil {
-		var qe *qmpError
+		var qe *qmp.Error
 		reason := "got timeout"
 		switch {
 		case errors.Is(err, errMonitorBusy):

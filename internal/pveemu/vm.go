@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/qga"
+	"github.com/vmgate/vmgate/internal/qmp"
 )
 
 // snapshot is one entry of a VM config's snapshot section
@@ -131,7 +132,7 @@ func (m *nullMachine) QMP(_ context.Context, command string, _ any) (json.RawMes
 	case "system_reset", "system_powerdown":
 		return json.RawMessage(`{}`), nil
 	}
-	return nil, &qmpError{Class: "CommandNotFound", Desc: "The command " + command + " has not been found"}
+	return nil, &qmp.Error{Class: "CommandNotFound", Desc: "The command " + command + " has not been found"}
 }
 
 func (m *nullMachine) Launch(context.Context) error {

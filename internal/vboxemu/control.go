@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/qmp"
 )
 
 // The VM process of a lab-backed machine is its QEMU, kept alive across
@@ -34,7 +36,7 @@ func (e *emu) qmp(m *Machine, command string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := qmpExec(ctx, m.QMPSocket, command, nil)
+	_, err := qmp.Call(ctx, m.QMPSocket, command, nil)
 	return err
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/qmp"
 )
 
 func TestMain(m *testing.M) {
@@ -361,7 +362,7 @@ func TestSnapshotHoldsGuest(t *testing.T) {
 	if code, _, errs := h.run("snapshot", "s", "delete", "one"); code != 0 {
 		t.Fatalf("snapshot delete: %d, %q", code, errs)
 	}
-	raw, err := qmpExec(t.Context(), vm.QMPSocket, "human-monitor-command", map[string]any{"command-line": "info snapshots"})
+	raw, err := qmp.Call(t.Context(), vm.QMPSocket, "human-monitor-command", map[string]any{"command-line": "info snapshots"})
 	if err != nil || tag == "" || strings.Contains(string(raw), tag) {
 		t.Errorf("QEMU's snapshots after delete: %s, %v; want no %q (nor an empty tag)", raw, err, tag)
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/qmp"
 )
 
 // Snapshots are the machine's records (SnapshotImpl.cpp): name, UUID,
@@ -133,7 +135,7 @@ func (e *emu) snapshotTake(m *Machine, args []string) int {
 	s := &Snapshot{UUID: newUUID(), Name: name, Description: desc, Parent: m.CurrentSnapshot, Taken: time.Now(), Online: m.running(), StateAtTake: m.State}
 	if s.Online {
 		// SessionMachine::takeSnapshot saves the VM's state with the disks.
-		done, err := e.qemuSnapshot(m, "snapshot-save", s.UUID)
+		done, err := e.qemuSnapshot(m, qmp.StateImage.Save, s.UUID)
 		if err != nil {
 			e.errorf("emulator: snapshot-save: %v", err)
 			return exitFailure
@@ -200,7 +202,7 @@ func (e *emu) snapshotChange(m *Machine, args []string) int {
 			e.errorf("emulator: stop: %v", err)
 			return exitFailure
 		}
-		if _, err := e.qemuSnapshot(m, "snapshot-load", s.QEMUTag); err != nil {
+		if _, err := e.qemuSnapshot(m, qmp.StateImage.Load, s.QEMUTag); err != nil {
 			e.errorf("emulator: snapshot-load: %v", err)
 			return exitFailure
 		}
@@ -228,7 +230,7 @@ func (e *emu) snapshotDelete(m *Machine, s *Snapshot) int {
 			s.Name, m.Name), codeInvalidObject, siteSnapDelete)
 	}
 	if s.QEMUTag != "" {
-		if _, err := e.qemuSnapshot(m, "snapshot-delete", s.QEMUTag); err != nil {
+		if _, err := e.qemuSnapshot(m, qmp.StateImage.Delete, s.QEMUTag); err != nil {
 			e.errorf("emulator: snapshot-delete: %v", err)
 			return exitFailure
 		}

@@ -1,4 +1,16 @@
-package pveemu
+// Package qmp is a one-shot client of QEMU's monitor (QMP) for the lab's
+// QEMU processes and the emulators that stand on them (internal/lab,
+// internal/pveemu, internal/vboxemu): Call connects, negotiates
+// capabilities, runs one command and closes, since QEMU's monitor serves one
+// client at a time and nothing should hold it between calls. StateImage
+// keeps the internal snapshots (memory and device state) of a lab VM that
+// has no disk of its own. The QEMU driver's long-lived monitor with events
+// is plugins/qemu's Monitor.
+//
+// Calls are bounded by their context only; callers set deadlines. Callers
+// that share a socket serialise their calls (a second client waits for the
+// first to leave).
+package qmp
 
 import (
 	"bufio"
@@ -9,19 +21,18 @@ import (
 	"time"
 )
 
-// qmpError is an error reply of QEMU's monitor.
-type qmpError struct {
+// Error is an error reply of QEMU's monitor.
+type Error struct {
 	Class string `json:"class"`
 	Desc  string `json:"desc"`
 }
 
-func (e *qmpError) Error() string { return e.Desc }
+func (e *Error) Error() string { return e.Desc }
 
-// qmpCall connects to a QMP socket, negotiates capabilities, runs one
-// command and returns its "return" value. Events are skipped. The monitor
-// accepts one client at a time, so the connection lives only for the call;
-// callers serialise calls per machine.
-func qmpCall(ctx context.Context, sock, command string, args any) (json.RawMessage, error) {
+// Call connects to the QMP socket sock, negotiates capabilities, runs
+// command with args (nil for none) and returns its "return" value. Events
+// before the reply are skipped; an error reply is an *Error.
+func Call(ctx context.Context, sock, command string, args any) (json.RawMessage, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", sock)
 	if err != nil {
@@ -30,7 +41,7 @@ func qmpCall(ctx context.Context, sock, command string, args any) (json.RawMessa
 	defer c.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		if err := c.SetDeadline(dl); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("qmp: %w", err)
 		}
 	}
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
@@ -52,7 +63,7 @@ func roundTrip(c net.Conn, r *bufio.Reader, command string, args any) (json.RawM
 	}
 	b, err := json.Marshal(msg)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("qmp: %s: %w", command, err)
 	}
 	if _, err := c.Write(append(b, '\n')); err != nil {
 		return nil, fmt.Errorf("qmp: %s: %w", command, err)
@@ -64,7 +75,7 @@ func roundTrip(c net.Conn, r *bufio.Reader, command string, args any) (json.RawM
 		}
 		var rep struct {
 			Return json.RawMessage `json:"return"`
-			Error  *qmpError       `json:"error"`
+			Error  *Error          `json:"error"`
 			Event  string          `json:"event"`
 		}
 		if err := json.Unmarshal(line, &rep); err != nil {
@@ -78,6 +89,6 @@ func roundTrip(c net.Conn, r *bufio.Reader, command string, args any) (json.RawM
 		case rep.Return != nil:
 			return rep.Return, nil
 		}
-		return nil, fmt.Errorf("qmp: %s: reply without return: %s", command, line)
+		return nil, fmt.Errorf("qmp: %s: reply without return: %q", command, line)
 	}
 }
