@@ -6,8 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -118,14 +122,60 @@ func TestCallCancel(t *testing.T) {
 	}
 }
 
-// TestAttachWithoutQemuImg: a missing image and no qemu-img is
-// ErrNoQemuImg, before QEMU is asked anything.
-func TestAttachWithoutQemuImg(t *testing.T) {
-	t.Setenv("PATH", t.TempDir())
-	asked := false
-	sock := fakeMonitor(t, func(map[string]any) []string { asked = true; return []string{`{"return": []}`} })
-	img := StateImage{Socket: sock, Node: "n", File: filepath.Join(t.TempDir(), "state.qcow2")}
-	if err := img.Attach(t.Context()); !errors.Is(err, ErrNoQemuImg) || asked {
-		t.Errorf("Attach() without qemu-img = %v (QEMU asked: %v); want %v, QEMU not asked", err, asked, ErrNoQemuImg)
+// TestAttach: a node QEMU has is used as it is; a missing one is added
+// from File, which needs qemu-img to be made; without File it is
+// ErrNoNode.
+func TestAttach(t *testing.T) {
+	_, errImg := exec.LookPath("qemu-img")
+	cases := []struct {
+		name    string
+		node    string
+		file    bool
+		path    string // PATH; "" keeps the test's
+		wantErr error
+		wantAdd bool // blockdev-add sent
+		skip    bool
+	}{
+		{name: "the VM's disk", node: "disk0"},
+		{name: "no such node", node: "state", wantErr: ErrNoNode},
+		{name: "no qemu-img", node: "state", file: true, path: "/nonexistent", wantErr: ErrNoQemuImg},
+		{name: "state image made and added", node: "state", file: true, wantAdd: true, skip: errImg != nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.skip {
+				if os.Getenv("VMGATE_REQUIRE_VM") != "" {
+					t.Fatal("VMGATE_REQUIRE_VM is set but qemu-img is not installed (qemu-utils)")
+				}
+				t.Skip("qemu-img is not installed (qemu-utils)")
+			}
+			if c.path != "" {
+				t.Setenv("PATH", c.path)
+			}
+			var mu sync.Mutex
+			var asked []string
+			sock := fakeMonitor(t, func(cmd map[string]any) []string {
+				mu.Lock()
+				asked = append(asked, cmd["execute"].(string))
+				mu.Unlock()
+				return []string{`{"return": [{"node-name": "disk0"}]}`}
+			})
+			img := StateImage{Socket: sock, Node: c.node}
+			if c.file {
+				img.File = filepath.Join(t.TempDir(), "state.qcow2")
+			}
+			err := img.Attach(t.Context())
+			mu.Lock()
+			defer mu.Unlock()
+			added := slices.Contains(asked, "blockdev-add")
+			if !errors.Is(err, c.wantErr) || (c.wantErr == nil && err != nil) || added != c.wantAdd {
+				t.Errorf("Attach() = %v after %v; want %v, blockdev-add sent: %v", err, asked, c.wantErr, c.wantAdd)
+			}
+			if c.wantAdd {
+				if _, err := os.Stat(img.File); err != nil {
+					t.Errorf("state image: %v; want it made", err)
+				}
+			}
+		})
 	}
 }

@@ -17,30 +17,26 @@ import (
 // can be created.
 var ErrNoQemuImg = errors.New("qemu-img is not installed")
 
-// StateImage holds the internal snapshots of a lab VM that boots from an
-// initramfs and has no disk: a qcow2 File, added to the running QEMU on
-// Socket as the block node Node (attached to no device), takes the VM's
-// memory and device state through the job-based snapshot-save,
-// snapshot-load and snapshot-delete (QEMU 6.0 and later). The VM's own
-// disks, if any, are not part of these snapshots.
+// ErrNoNode: QEMU has no block node of that name and none is to be added.
+var ErrNoNode = errors.New("QEMU has no such block node")
+
+// StateImage is the qcow2 block node Node of the QEMU on Socket that holds
+// a VM's internal snapshots: the VM's memory and device state, and Node's
+// own contents, through the job-based snapshot-save, snapshot-load and
+// snapshot-delete (QEMU 6.0 and later). Node is the VM's disk (a lab VM's
+// lab.DiskNodeName), or, for a VM that has no disk, File: a qcow2 image
+// made for the purpose and added to QEMU as Node, attached to no device.
+// Disks other than Node are not part of these snapshots.
 type StateImage struct {
-	Socket, Node, File string
+	Socket, Node string
+	// File, when set, is the image that becomes Node if QEMU lacks it.
+	File string
 }
 
-// Attach creates File if it does not exist and adds it to QEMU as Node if
-// QEMU does not have it (again after QEMU was relaunched).
+// Attach makes sure QEMU has Node: when it has not, File is created (if it
+// does not exist) and added as Node (again after QEMU was relaunched);
+// without File that is ErrNoNode.
 func (s StateImage) Attach(ctx context.Context) error {
-	if _, err := os.Stat(s.File); errors.Is(err, os.ErrNotExist) {
-		qemuImg, err := exec.LookPath("qemu-img")
-		if err != nil {
-			return ErrNoQemuImg
-		}
-		// The virtual size does not bound the state, which qcow2 keeps
-		// past the end of the disk.
-		if out, err := exec.CommandContext(ctx, qemuImg, "create", "-q", "-f", "qcow2", s.File, "1G").CombinedOutput(); err != nil {
-			return fmt.Errorf("qemu-img create: %w: %s", err, strings.TrimSpace(string(out)))
-		}
-	}
 	raw, err := Call(ctx, s.Socket, "query-named-block-nodes", map[string]any{"flat": true})
 	if err != nil {
 		return err
@@ -56,6 +52,20 @@ func (s StateImage) Attach(ctx context.Context) error {
 			return nil
 		}
 	}
+	if s.File == "" {
+		return fmt.Errorf("%w: %q", ErrNoNode, s.Node)
+	}
+	if _, err := os.Stat(s.File); errors.Is(err, os.ErrNotExist) {
+		qemuImg, err := exec.LookPath("qemu-img")
+		if err != nil {
+			return ErrNoQemuImg
+		}
+		// The virtual size does not bound the state, which qcow2 keeps
+		// past the end of the disk.
+		if out, err := exec.CommandContext(ctx, qemuImg, "create", "-q", "-f", "qcow2", s.File, "1G").CombinedOutput(); err != nil {
+			return fmt.Errorf("qemu-img create: %w: %s", err, strings.TrimSpace(string(out)))
+		}
+	}
 	_, err = Call(ctx, s.Socket, "blockdev-add", map[string]any{
 		"driver": "qcow2", "node-name": s.Node,
 		"file": map[string]any{"driver": "file", "filename": s.File},
@@ -63,7 +73,7 @@ func (s StateImage) Attach(ctx context.Context) error {
 	return err
 }
 
-// Detach takes Node out of QEMU; File stays.
+// Detach takes an added Node out of QEMU; File stays.
 func (s StateImage) Detach(ctx context.Context) error {
 	_, err := Call(ctx, s.Socket, "blockdev-del", map[string]any{"node-name": s.Node})
 	return err

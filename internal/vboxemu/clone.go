@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/qmp"
 )
 
 // siteCreateMachine is handleCloneVM's IVirtualBox::CreateMachine call.
@@ -215,10 +217,17 @@ func (e *emu) handleUnregisterVM(args []string) int {
 		e.errorf("emulator: %v", err)
 		return exitFailure
 	}
-	if m.QMPSocket != "" {
-		e.detachState(m, del)
-	}
 	if del {
+		// Machine::deleteConfig: the snapshots' images go too.
+		for _, s := range m.Snapshots {
+			if s.QEMUTag == "" {
+				continue
+			}
+			if _, err := qemuSnapshot(m, qmp.StateImage.Delete, s.QEMUTag); err != nil {
+				e.errorf("emulator: snapshot-delete: %v", err)
+				return exitFailure
+			}
+		}
 		e.progress()
 	}
 	return exitSuccess

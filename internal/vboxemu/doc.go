@@ -40,11 +40,10 @@
 //
 // A machine may be backed by a lab VM: its QEMU guest agent stands in for
 // the Guest Additions' VBoxService (processes, files, network) and its QMP
-// monitor for the VM process (reset, power, and an online snapshot's
-// memory and device state, kept as a QEMU internal snapshot in a qcow2
-// image of the emulator's in the machine's Snapshots folder: restore and
-// start resume the guest there). What cannot be reproduced is written
-// down where it is emulated; in short:
+// monitor for the VM process (reset, power, and snapshots: QEMU internal
+// snapshots of the lab VM's disk with, when online, its memory and
+// devices; restore and start resume the guest there). What cannot be
+// reproduced is written down where it is emulated; in short:
 //   - qemu-ga returns a process's output only when it has exited, so the
 //     output VBoxService would stream arrives at the end (in 64 KiB reads,
 //     with VBoxManage's wait loop between them, as gctlRunPumpOutput does).
@@ -53,9 +52,8 @@
 //     emulator runs the image through the guest's busybox (exec -a, cd,
 //     env) so the process, its pid and its status are the image's own.
 //   - processes run as qemu-ga's user (root), not as the session's user.
-//   - an offline snapshot (of a powered-off machine) is the record only,
-//     and a lab VM's disks, if it had any, are not in any snapshot; a
-//     clone's guest is a spare lab VM, not a copy of the source's.
+//   - a clone's guest is a spare lab VM, not a copy of the source's, and
+//     a linked clone shares no disk with its snapshot.
 //   - a guest whose qemu-ga blocks guest-exec stands for a guest whose
 //     VBoxService runs without its control service (VBoxService
 //     --disable-control): the Additions are reported, guest control is not.

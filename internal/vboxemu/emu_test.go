@@ -3,7 +3,6 @@ package vboxemu
 import (
 	"bytes"
 	"os"
-	"os/exec"
 	"os/user"
 	"path/filepath"
 	"regexp"
@@ -313,57 +312,68 @@ func checkPropsAndCopies(t *testing.T, h *testHost, pw string) {
 	}
 }
 
-// TestSnapshotHoldsGuest: an online snapshot keeps the guest's state in
-// the lab VM's QEMU; after a power off and a restore the machine is saved
-// and starts where the snapshot was taken; deleting the snapshot drops
-// QEMU's copy.
+// TestSnapshotHoldsGuest: a snapshot keeps the lab VM's disk and, taken
+// online, its memory. After a power off and a restore of the online one the
+// machine is saved and starts where the snapshot was taken (a file in /tmp,
+// which lives in memory, is back); a restore of the offline one brings the
+// disk (/data) back and the guest boots afresh. Deleting the snapshots
+// drops QEMU's copies.
 func TestSnapshotHoldsGuest(t *testing.T) {
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		if os.Getenv(labtest.RequireEnv) != "" {
-			t.Fatalf("%s is set but qemu-img is missing (qemu-utils)", labtest.RequireEnv)
-		}
-		t.Skip("qemu-img is missing (qemu-utils): snapshots would be records only")
-	}
 	vm := labtest.Start(t, lab.Spec{Name: "vboxsnap"})
 	m := &Machine{Name: "s", UUID: uuid1, State: "running", StateChange: time.Now(), QGASocket: vm.QGASocket, QMPSocket: vm.QMPSocket}
 	h := newTestHost(t, &World{Version: "7.1", VMs: []*Machine{m}})
 	pw := filepath.Join(h.dir, "pw")
-	guest := func(script string) (int, string) {
+	guest := func(script string) string {
+		t.Helper()
 		code, out, errs := h.run("guestcontrol", "s", "run", "--username", "vagrant", "--passwordfile", pw, "--", "/bin/sh", "-c", script)
-		return code, out + errs
-	}
-	steps := []struct {
-		args []string
-		out  string
-	}{
-		{[]string{"snapshot", "s", "take", "one", "--live"}, "Snapshot taken"},
-		{[]string{"controlvm", "s", "poweroff"}, ""},
-		{[]string{"snapshot", "s", "restore", "one"}, "Restoring snapshot 'one'"},
-		{[]string{"showvminfo", "s", "--machinereadable"}, `VMState="saved"`},
-		{[]string{"startvm", "s", "--type", "headless"}, "has been successfully started"},
-	}
-	if code, out := guest("echo before >/tmp/mark"); code != 0 {
-		t.Fatalf("writing the mark: %d, %q", code, out)
-	}
-	for i, s := range steps {
-		if i == 1 {
-			if code, out := guest("echo after >/tmp/mark"); code != 0 {
-				t.Fatalf("rewriting the mark: %d, %q", code, out)
-			}
+		if code != 0 {
+			t.Fatalf("guest %q: exit %d, %q, %q", script, code, out, errs)
 		}
-		if code, out, errs := h.run(s.args...); code != 0 || !strings.Contains(out, s.out) {
-			t.Fatalf("VBoxManage %q = %d, %q, %q; want 0 and %q", s.args, code, out, errs, s.out)
+		return out
+	}
+	vbox := func(want string, args ...string) {
+		t.Helper()
+		if code, out, errs := h.run(args...); code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("VBoxManage %q = %d, %q, %q; want 0 and %q", args, code, out, errs, want)
 		}
 	}
-	if code, out := guest("cat /tmp/mark"); code != 0 || out != "before\n" {
-		t.Errorf("the mark after restore and start: %d, %q; want the snapshot's \"before\"", code, out)
+	const marks = "cat /tmp/mark /data/mark 2>&1; exit 0"
+	guest("echo before | tee /tmp/mark >/data/mark && sync")
+	vbox("Snapshot taken", "snapshot", "s", "take", "online", "--live")
+	guest("echo after | tee /tmp/mark >/data/mark && sync")
+	vbox("", "controlvm", "s", "poweroff")
+	vbox("Restoring snapshot 'online'", "snapshot", "s", "restore", "online")
+	vbox(`VMState="saved"`, "showvminfo", "s", "--machinereadable")
+	vbox("has been successfully started", "startvm", "s", "--type", "headless")
+	if out := guest(marks); out != "before\nbefore\n" {
+		t.Errorf("marks after restoring the online snapshot and starting: %q; want both \"before\"", out)
 	}
-	tag := h.world().VMs[0].Snapshots[0].QEMUTag
-	if code, _, errs := h.run("snapshot", "s", "delete", "one"); code != 0 {
-		t.Fatalf("snapshot delete: %d, %q", code, errs)
+
+	vbox("", "controlvm", "s", "poweroff")
+	vbox("Snapshot taken", "snapshot", "s", "take", "offline")
+	vbox("has been successfully started", "startvm", "s")
+	guest("echo later >/data/mark && sync")
+	vbox("", "controlvm", "s", "poweroff")
+	vbox("Restoring snapshot 'offline'", "snapshot", "s", "restore", "offline")
+	vbox(`VMState="poweroff"`, "showvminfo", "s", "--machinereadable")
+	vbox("has been successfully started", "startvm", "s")
+	if out := guest(marks); !strings.HasSuffix(out, "\nbefore\n") || strings.HasPrefix(out, "before") {
+		t.Errorf("marks after restoring the offline snapshot and starting: %q; want /tmp's gone (a fresh boot) and /data's \"before\"", out)
 	}
+
+	var tags []string
+	for _, s := range h.world().VMs[0].Snapshots {
+		tags = append(tags, s.QEMUTag)
+	}
+	vbox("Deleting snapshot 'offline'", "snapshot", "s", "delete", "offline")
+	vbox("Deleting snapshot 'online'", "snapshot", "s", "delete", "online")
 	raw, err := qmp.Call(t.Context(), vm.QMPSocket, "human-monitor-command", map[string]any{"command-line": "info snapshots"})
-	if err != nil || tag == "" || strings.Contains(string(raw), tag) {
-		t.Errorf("QEMU's snapshots after delete: %s, %v; want no %q (nor an empty tag)", raw, err, tag)
+	if err != nil || len(tags) != 2 || slices.Contains(tags, "") {
+		t.Fatalf("QEMU's snapshots: %s, %v, tags %q; want two tags", raw, err, tags)
+	}
+	for _, tag := range tags {
+		if strings.Contains(string(raw), tag) {
+			t.Errorf("QEMU's snapshots after delete: %s; want no %q", raw, tag)
+		}
 	}
 }

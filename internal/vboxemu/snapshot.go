@@ -11,12 +11,12 @@ import (
 
 // Snapshots are the machine's records (SnapshotImpl.cpp): name, UUID,
 // description, tree, the current snapshot and the state a restore leads to.
-// An online snapshot of a lab-backed machine also holds the guest's memory
-// and devices (qemusnap.go): restoring it leaves the machine "saved" as
-// VirtualBox would, with the lab VM's QEMU stopped at the snapshot's
-// moment, and starting the machine resumes the guest there. An offline
-// snapshot, or one the lab VM could not hold, is the record alone: the
-// guest boots afresh when the machine starts.
+// A snapshot of a lab-backed machine also holds the guest's disk and, when
+// taken online, its memory and devices (qemusnap.go). Restoring an online
+// one leaves the machine "saved" as VirtualBox would, with the lab VM's
+// QEMU stopped at the snapshot's moment, and starting the machine resumes
+// the guest there; restoring an offline one leaves it powered off with the
+// disk as it was, and the guest boots afresh on it.
 
 // newUUID returns a random (version 4) UUID.
 func newUUID() string {
@@ -133,16 +133,16 @@ func (e *emu) snapshotTake(m *Machine, args []string) int {
 		return e.sessionMachineError("Cannot take a live snapshot of a virtual machine unless it is running.", codeInvalidVMState, siteSnapTake)
 	}
 	s := &Snapshot{UUID: newUUID(), Name: name, Description: desc, Parent: m.CurrentSnapshot, Taken: time.Now(), Online: m.running(), StateAtTake: m.State}
-	if s.Online {
-		// SessionMachine::takeSnapshot saves the VM's state with the disks.
-		done, err := e.qemuSnapshot(m, qmp.StateImage.Save, s.UUID)
-		if err != nil {
-			e.errorf("emulator: snapshot-save: %v", err)
-			return exitFailure
-		}
-		if done {
-			s.QEMUTag = s.UUID
-		}
+	// SessionMachine::takeSnapshot: the disks always, the VM's state when
+	// online (QEMU saves memory either way; an offline snapshot's is never
+	// used, see snapshotChange).
+	done, err := qemuSnapshot(m, qmp.StateImage.Save, s.UUID)
+	if err != nil {
+		e.errorf("emulator: snapshot-save: %v", err)
+		return exitFailure
+	}
+	if done {
+		s.QEMUTag = s.UUID
 	}
 	if err := e.h.updateMachine(m.UUID, func(wm *Machine) error {
 		wm.Snapshots = append(wm.Snapshots, s)
@@ -202,14 +202,14 @@ func (e *emu) snapshotChange(m *Machine, args []string) int {
 			e.errorf("emulator: stop: %v", err)
 			return exitFailure
 		}
-		if _, err := e.qemuSnapshot(m, qmp.StateImage.Load, s.QEMUTag); err != nil {
+		if _, err := qemuSnapshot(m, qmp.StateImage.Load, s.QEMUTag); err != nil {
 			e.errorf("emulator: snapshot-load: %v", err)
 			return exitFailure
 		}
 	}
 	if err := e.h.updateMachine(m.UUID, func(wm *Machine) error {
 		wm.CurrentSnapshot, wm.State, wm.StateChange = s.UUID, state, time.Now()
-		wm.ResumeState = s.QEMUTag != ""
+		wm.ResumeState = s.QEMUTag != "" && s.Online
 		return nil
 	}); err != nil {
 		e.errorf("emulator: %v", err)
@@ -230,7 +230,7 @@ func (e *emu) snapshotDelete(m *Machine, s *Snapshot) int {
 			s.Name, m.Name), codeInvalidObject, siteSnapDelete)
 	}
 	if s.QEMUTag != "" {
-		if _, err := e.qemuSnapshot(m, qmp.StateImage.Delete, s.QEMUTag); err != nil {
+		if _, err := qemuSnapshot(m, qmp.StateImage.Delete, s.QEMUTag); err != nil {
 			e.errorf("emulator: snapshot-delete: %v", err)
 			return exitFailure
 		}
