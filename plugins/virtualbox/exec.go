@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/agentexec"
 )
 
 // runSpec is one `guestcontrol run`.
@@ -35,18 +36,16 @@ type runSpec struct {
 // where run has no --cwd (before 7.1, or Guest Additions older than 7.1).
 const wrapperScript = `f=$2; if [ -n "$f" ]; then exec <"$f" || exit 2; rm -f -- "$f"; fi; [ -z "$1" ] || cd -- "$1" || exit 2; shift 2; exec "$@"`
 
-// checkRequest validates req before anything runs.
+// checkRequest validates req before anything runs: every driver's checks
+// (agentexec.Request), then VBoxManage's.
 func checkRequest(req hypervisor.ExecRequest) error {
+	if _, err := agentexec.Request(req, time.Minute); err != nil {
+		return err
+	}
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{hypervisor.ErrInvalidArgument}, args...)...)
 	}
 	switch {
-	case len(req.Argv) == 0 || req.Argv[0] == "":
-		return bad("empty argv")
-	case req.Timeout < 0:
-		return bad("negative timeout")
-	case req.MaxOutputBytes < 0:
-		return bad("negative max output bytes")
 	case req.Cwd != "" && checkGuestPath(req.Cwd) != nil:
 		return bad("cwd: %v", checkGuestPath(req.Cwd))
 	case strings.HasPrefix(req.Argv[0], "-") || strings.ContainsAny(req.Argv[0], "\x00\r\n"):
