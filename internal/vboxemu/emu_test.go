@@ -337,6 +337,21 @@ func TestSnapshotHoldsGuest(t *testing.T) {
 			t.Fatalf("VBoxManage %q = %d, %q, %q; want 0 and %q", args, code, out, errs, want)
 		}
 	}
+	// booted waits for a guest that boots afresh to answer, as a client of
+	// VirtualBox would: "not ready (yet)" until VBoxService is up.
+	booted := func() {
+		t.Helper()
+		deadline := time.Now().Add(labtest.BootTimeout)
+		for {
+			code, _, errs := h.run("guestcontrol", "s", "run", "--username", "vagrant", "--passwordfile", pw, "--", "/bin/true")
+			if code == 0 {
+				return
+			}
+			if !strings.Contains(errs, "not ready (yet)") || time.Now().After(deadline) {
+				t.Fatalf("waiting for the guest to boot: exit %d, %q", code, errs)
+			}
+		}
+	}
 	const marks = "cat /tmp/mark /data/mark 2>&1; exit 0"
 	guest("echo before | tee /tmp/mark >/data/mark && sync")
 	vbox("Snapshot taken", "snapshot", "s", "take", "online", "--live")
@@ -352,11 +367,13 @@ func TestSnapshotHoldsGuest(t *testing.T) {
 	vbox("", "controlvm", "s", "poweroff")
 	vbox("Snapshot taken", "snapshot", "s", "take", "offline")
 	vbox("has been successfully started", "startvm", "s")
+	booted()
 	guest("echo later >/data/mark && sync")
 	vbox("", "controlvm", "s", "poweroff")
 	vbox("Restoring snapshot 'offline'", "snapshot", "s", "restore", "offline")
 	vbox(`VMState="poweroff"`, "showvminfo", "s", "--machinereadable")
 	vbox("has been successfully started", "startvm", "s")
+	booted()
 	if out := guest(marks); !strings.HasSuffix(out, "\nbefore\n") || strings.HasPrefix(out, "before") {
 		t.Errorf("marks after restoring the offline snapshot and starting: %q; want /tmp's gone (a fresh boot) and /data's \"before\"", out)
 	}
