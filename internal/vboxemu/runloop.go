@@ -168,9 +168,12 @@ func (r *runner) guestTimeout(ctx context.Context) int {
 }
 
 // cancel: CTRL+C or SIGTERM set g_fGuestCtrlCanceled: "Process execution
-// aborted!", exit 22; the session close terminates the process.
+// aborted!", exit 22; the session close terminates the process. The loop
+// breaks without another pump, but the output written before the signal
+// had been pumped by earlier iterations: as in hostTimeout, the emulator
+// gets it from qemu-ga after the kill.
 func (r *runner) cancel(ctx context.Context) int {
-	r.killAndCollect(ctx)
+	r.pump(r.killAndCollect(ctx))
 	r.c.setProcess(r.pid, "killed", r.o.image)
 	if r.verbose() {
 		r.c.e.printf("Process execution aborted!\n")
