@@ -7,8 +7,10 @@ import (
 	"os/exec"
 	"os/user"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
@@ -290,7 +292,7 @@ func TestOutcome(t *testing.T) {
 		trailer       string
 		code, status  int
 		exit          int
-		killed        bool
+		interrupted   bool
 		wantCode, sig int
 		timedOut, err bool
 	}{
@@ -298,15 +300,15 @@ func TestOutcome(t *testing.T) {
 		{trailer: "exit", code: 7, status: 500, exit: 39, wantCode: 7},
 		{trailer: "exit", code: 7, status: 500, exit: 1, err: true},
 		{trailer: "exit", code: 9, status: 510, exit: 18, wantCode: -1, sig: 9},
-		{trailer: "exit", code: 9, status: 510, exit: 18, killed: true, wantCode: -1, sig: 9, timedOut: true},
 		{trailer: "exit", code: 1, status: 511, exit: 19, err: true},
 		{trailer: "host-timeout", exit: 20, wantCode: -1, sig: 9, timedOut: true},
 		{trailer: "guest-timeout", exit: 20, wantCode: -1, sig: 9, timedOut: true},
 		{trailer: "aborted", exit: 22, err: true},
+		{trailer: "aborted", exit: 22, interrupted: true, wantCode: -1, sig: 9, timedOut: true},
 		{trailer: "quit", exit: 1, err: true},
 	} {
 		r := &running{}
-		r.killed.Store(tc.killed)
+		r.interrupted.Store(tc.interrupted)
 		var res hypervisor.ExecResult
 		err := r.outcome("exec", tc.exit, &vmatcher{trailer: tc.trailer, code: tc.code, status: tc.status}, &res)
 		if (err != nil) != tc.err || !tc.err && (res.ExitCode != tc.wantCode || res.Signal != tc.sig || res.TimedOut != tc.timedOut) {
@@ -356,4 +358,54 @@ func commandFor(bin string, args ...string) *exec.Cmd {
 		cmd.Env = append(cmd.Env, "USER="+u.Username, "LOGNAME="+u.Username)
 	}
 	return cmd
+}
+
+// TestTimeoutPIDUnknown: a command whose pid is still in VBoxManage's
+// stdout buffer at its deadline (the run loop has not filled a block:
+// WaitSpin 1) is interrupted at the deadline, through Run and through
+// ExecStart and ExecStatus, in every release: the result is a timeout with
+// the guest's output so far, the guest process is gone, and VBoxManage's
+// own --timeout (a backstop later) never had to fire. The command execs
+// its sleep: VBoxService's kill on the session close reaches the process
+// only, not a child (the tree kill needs the pid).
+func TestTimeoutPIDUnknown(t *testing.T) {
+	t1 := labtest.VM(t, "t1")
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) {
+			e := newEmulator(t, v, []*vboxemu.Machine{machine("t1", uuidT1, t1.QGASocket, t1.QMPSocket)},
+				func(w *vboxemu.World) { w.WaitSpin = 1 })
+			d := e.driver(t)
+			ctx := ctxT(t)
+			req := hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", "echo started; exec sleep 60"}, Timeout: 2 * time.Second}
+			for _, async := range []bool{false, true} {
+				e.resetLog()
+				start := time.Now()
+				var res hypervisor.ExecResult
+				var err error
+				if async {
+					var h hypervisor.ExecHandle
+					if h, err = d.ExecStart(ctx, "t1", req); err == nil {
+						res, err = hypervisor.Wait(ctx, d, "t1", h)
+					}
+				} else {
+					res, err = d.Run(ctx, "t1", req)
+				}
+				took := time.Since(start)
+				// A correctness bound: VBoxManage's own deadline is the
+				// timeout plus backstop (32 s); the driver's comes first.
+				if err != nil || !res.TimedOut || string(res.Stdout) != "started\n" || took >= req.Timeout+backstop/2 {
+					t.Fatalf("exec (async %v) of %q with timeout 2s = %+v, %v after %v; want timed out with stdout \"started\\n\" well before %v",
+						async, req.Argv, res, err, took, req.Timeout+backstop)
+				}
+				calls := e.runCalls(t)
+				if len(calls) != 1 || calls[0].Code != 22 || !strings.Contains(calls[0].Stdout, "Process execution aborted!\n") {
+					t.Errorf("VBoxManage runs = %+v; want one, interrupted (exit 22, \"Process execution aborted!\")", calls)
+				}
+				probe, err := d.Run(ctx, "t1", hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", `kill -0 "$1" 2>/dev/null && echo alive || echo gone`, "sh", strconv.FormatInt(res.PID, 10)}})
+				if err != nil || string(probe.Stdout) != "gone\n" {
+					t.Errorf("guest process %d after the timeout: %q, %v; want gone", res.PID, probe.Stdout, err)
+				}
+			}
+		})
+	}
 }

@@ -23,9 +23,16 @@
 // copied into the guest with copyto). Files move with copyto/copyfrom
 // through 0600 host temp files.
 //
-// VBoxManage has no asynchronous exec status, so ExecStart runs VBoxManage
-// in a goroutine that owns the process; the handle names an entry of a
-// bounded table whose results expire.
+// VBoxManage has no asynchronous exec status, so a started command is a
+// VBoxManage process the driver owns (a goroutine waits for it), tracked
+// like every driver's commands by agentexec's Tracker: the process is the
+// agent the Tracker polls and kills through, the Tracker's watchdog kills
+// the command's process tree in the guest at its timeout, and its results
+// expire. Run is ExecStart and a wait for the process. The guest pid is in
+// VBoxManage's buffered --verbose text, which may reach the driver only
+// when VBoxManage exits: a command whose pid is still unknown at its
+// deadline is interrupted (VBoxManage then closes its guest session, which
+// ends the guest process), so the timeout holds either way.
 //
 // Guest credentials come from the config: a user name and a password
 // file, passed with --passwordfile (never a password on the command line).
@@ -34,6 +41,7 @@
 package virtualbox
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -59,10 +67,9 @@ const (
 	DefaultMaxOutputBytes = 1 << 20
 	// DefaultGuestTempDir is where stdin files are staged in the guest.
 	DefaultGuestTempDir = "/tmp"
-	// MaxExecs bounds the table of commands started with ExecStart.
+	// MaxExecs bounds the commands running at once (each is a VBoxManage
+	// process).
 	MaxExecs = 256
-	// ResultTTL is how long a finished command's result waits for ExecStatus.
-	ResultTTL = 10 * time.Minute
 	// DefaultMaxFileBytes caps FileRead when maxBytes is 0.
 	DefaultMaxFileBytes = 16 << 20
 	// maxStdioBlock bounds Config.StdioBlock.
@@ -100,13 +107,19 @@ type Driver struct {
 	// user is the effective user's name, for VBoxManage's environment.
 	user string
 
+	// execs tracks the commands ExecStart started (each a process).
+	execs *agentexec.Tracker
+	// ctx ends when the driver closes: the VBoxManage processes of started
+	// commands run under it; procs counts their waiting goroutines.
+	ctx    context.Context
+	cancel context.CancelFunc
+	procs  sync.WaitGroup
+
 	// mu guards everything below. Never held across a VBoxManage call.
-	mu     sync.Mutex
-	execs  map[string]*execEntry
-	closed bool
-	ver    vboxVersion // valid when verOK
-	verOK  bool
-	noCwd  map[string]bool // VMs whose Additions cannot take run --cwd
+	mu    sync.Mutex
+	ver   vboxVersion // valid when verOK
+	verOK bool
+	noCwd map[string]bool // VMs whose Additions cannot take run --cwd
 }
 
 var (
@@ -143,24 +156,22 @@ func New(cfg Config) (*Driver, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Driver{cfg: cfg, bin: bin, log: log.With("driver", "virtualbox"), execs: map[string]*execEntry{}, noCwd: map[string]bool{}}
+	log = log.With("driver", "virtualbox")
+	d := &Driver{cfg: cfg, bin: bin, log: log, noCwd: map[string]bool{},
+		execs: agentexec.New(agentexec.Config{Logger: log, MaxTracked: MaxExecs})}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
 	if u, err := user.Current(); err == nil {
 		d.user = u.Username
 	}
 	return d, nil
 }
 
-// Close cancels every command still running and forgets the table.
+// Close cancels every command still running, waits for their VBoxManage
+// processes and stops the Tracker.
 func (d *Driver) Close() error {
-	d.mu.Lock()
-	d.closed = true
-	execs := d.execs
-	d.execs = map[string]*execEntry{}
-	d.mu.Unlock()
-	for _, e := range execs {
-		e.cancel()
-		<-e.done
-	}
+	d.execs.Close()
+	d.cancel()
+	d.procs.Wait()
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path"
 	"strconv"
@@ -110,35 +111,15 @@ func (d *Driver) runArgs(vm string, s runSpec) []string {
 }
 
 // vboxTimeout is VBoxManage's own --timeout in ms: the driver's plus a
-// backstop, so the driver's watchdog (which kills the whole process tree)
-// fires first; VBoxService's kill (of the process only) is the fallback.
+// backstop, so the Tracker's watchdog (which kills the whole process tree)
+// or the driver's interrupt at the deadline comes first; VBoxManage's own
+// host deadline ("Process monitor loop timed out", the process only) is
+// the fallback.
 func vboxTimeout(t time.Duration) int64 { return max(1, (t + backstop).Milliseconds()) }
 
 // backstop is how much later than the driver's own timeout VBoxManage's
 // --timeout fires.
 const backstop = 30 * time.Second
-
-// killTreeScript kills the process tree rooted at "$1" with SIGKILL: it
-// stops the root so it cannot fork, adds (and stops) every process whose
-// parent is in the set until the set stops growing, then kills them all.
-// The pid is an argument, never interpolated; POSIX sh and kill only.
-const killTreeScript = `root=$1
-case "$root" in ''|*[!0-9]*) exit 2;; esac
-kill -STOP "$root" 2>/dev/null || exit 0
-all=" $root "
-grown=1
-while [ "$grown" = 1 ]; do
-  grown=0
-  for s in /proc/[0-9]*/stat; do
-    p=${s#/proc/}; p=${p%/stat}
-    case "$all" in *" $p "*) continue;; esac
-    read -r line <"$s" 2>/dev/null || continue
-    set -- ${line##*) }
-    case "$all" in *" $2 "*) kill -STOP "$p" 2>/dev/null; all="$all$p "; grown=1;; esac
-  done
-done
-kill -KILL $all 2>/dev/null
-exit 0`
 
 // running is one `guestcontrol run` in progress. Its stdout goes through
 // the wrapper's warnings filter and the verbose filter, which hands the
@@ -155,8 +136,9 @@ type running struct {
 	pid       atomic.Int64
 	started   chan struct{} // closed when the pid is known
 	startOnce sync.Once
-	// killed is set when the driver's timeout killed the process tree.
-	killed atomic.Bool
+	// interrupted is set when the driver interrupted VBoxManage at the
+	// command's deadline (its pid was unknown then: see deadline).
+	interrupted atomic.Bool
 }
 
 func (d *Driver) startRun(ctx context.Context, vm string, s runSpec, ver vboxVersion) (*running, error) {
@@ -179,7 +161,7 @@ func (d *Driver) startRun(ctx context.Context, vm string, s runSpec, ver vboxVer
 		r.filter.Close()
 		close(r.done)
 	}()
-	go d.watchdog(vm, r, s.timeout)
+	go r.deadline(s.timeout)
 	return r, nil
 }
 
@@ -194,11 +176,17 @@ func (r *running) waitPID(ctx context.Context) int64 {
 	return r.pid.Load()
 }
 
-// watchdog kills the command's process tree in the guest when timeout
-// passes before VBoxManage is done. The pid comes with the first block of
-// VBoxManage's verbose text, which its wait loop fills within a moment of
-// the start; VBoxManage's own deadline (a backstop later) covers the rest.
-func (d *Driver) watchdog(vm string, r *running, timeout time.Duration) {
+// deadline interrupts VBoxManage when timeout passes before it is done
+// and the guest pid is still unknown. The pid is in VBoxManage's --verbose
+// text, which goes through its buffered stdout and may reach the pipe only
+// at exit (VBoxManage.cpp's RTPrintf on a pipe), so nothing can kill the
+// guest process by pid then: SIGINT makes VBoxManage close its guest
+// session, which terminates the process (VBoxManageGuestCtrl.cpp:
+// gctlSignalHandler sets g_fGuestCtrlCanceled, gctlHandleRunCommon prints
+// "Process execution aborted!" and returns EXITCODEEXEC_CANCELED).
+// The guest's output so far is kept: VBoxManage wrote it straight through.
+// With the pid known, the Tracker's watchdog kills the process tree.
+func (r *running) deadline(timeout time.Duration) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
@@ -206,21 +194,12 @@ func (d *Driver) watchdog(vm string, r *running, timeout time.Duration) {
 		return
 	case <-t.C:
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), backstop)
-	defer cancel()
-	pid := r.waitPID(ctx)
-	if pid == 0 {
+	if r.pid.Load() != 0 {
 		return
 	}
-	select {
-	case <-r.done:
-		return
-	default:
-	}
-	r.killed.Store(true)
-	s := runSpec{argv: []string{"/bin/sh", "-c", killTreeScript, "vmgate-kill", strconv.FormatInt(pid, 10)}, timeout: time.Minute, limit: 4096}
-	if _, err := d.runOnce(ctx, "exec timeout", vm, s); err != nil {
-		d.log.Warn("killing a timed-out command's process tree failed; VBoxManage's own timeout follows", "vm", vm, "pid", pid, "err", err)
+	r.interrupted.Store(true)
+	if err := r.cmd.Process.Signal(os.Interrupt); err != nil {
+		r.interrupted.Store(false) // it ended meanwhile
 	}
 }
 
@@ -267,7 +246,6 @@ func (r *running) outcome(op string, code int, m *vmatcher, res *hypervisor.Exec
 			}
 		case statusTerminatedSignal:
 			res.Signal, res.ExitCode = m.code, -1
-			res.TimedOut = r.killed.Load()
 		default:
 			return fmt.Errorf("virtualbox: %s: guest process terminated abnormally (status %d, exit code %d)", op, m.status, m.code)
 		}
@@ -276,6 +254,12 @@ func (r *running) outcome(op string, code int, m *vmatcher, res *hypervisor.Exec
 		// monitor loop timed out": exit 20 either way.
 		res.TimedOut, res.Signal, res.ExitCode = true, 9, -1
 	case "aborted":
+		if r.interrupted.Load() {
+			// The driver's own interrupt at the deadline: the session
+			// close terminated the guest process.
+			res.TimedOut, res.Signal, res.ExitCode = true, 9, -1
+			return nil
+		}
 		return fmt.Errorf("virtualbox: %s: VBoxManage was interrupted and closed the guest session", op)
 	default:
 		return fmt.Errorf("virtualbox: %s: VBoxManage lost the guest process (%s, exit %d)", op, m.trailer, code)
@@ -376,20 +360,4 @@ func (d *Driver) noteNoCwd(vm string) {
 	d.mu.Lock()
 	d.noCwd[vm] = true
 	d.mu.Unlock()
-}
-
-// Run runs req to completion with one VBoxManage process (two when the
-// Additions turn out not to take --cwd: nothing ran then, and the second
-// run changes directory in a shell wrapper).
-func (d *Driver) Run(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
-	stdinPath, ver, err := d.prepare(ctx, "exec", vm, req)
-	if err != nil {
-		return hypervisor.ExecResult{}, err
-	}
-	res, err := d.runOnce(ctx, "exec", vm, d.spec(req, stdinPath, d.cwdOption(vm, ver)))
-	if errors.Is(err, errCwdUnsupported) {
-		d.noteNoCwd(vm)
-		res, err = d.runOnce(ctx, "exec", vm, d.spec(req, stdinPath, false))
-	}
-	return res, err
 }
