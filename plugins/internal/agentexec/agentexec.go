@@ -238,7 +238,8 @@ func (t *Tracker) Start(ctx context.Context, key string, a qga.Execer, req qga.E
 			old.timer.Stop() // a reused pid: the agent collected the old command
 		}
 		t.execs[e.key] = e
-		e.timer = t.clock.AfterFunc(req.Timeout, func() { t.watchdog(e) })
+		// At the deadline, however long the agent took to start it.
+		e.timer = t.clock.AfterFunc(e.deadline.Sub(t.clock.Now()), func() { t.watchdog(e) })
 	}
 	t.mu.Unlock()
 	return hypervisor.ExecHandle{PID: pid, Token: tok.encode(), StartedAt: started}, nil

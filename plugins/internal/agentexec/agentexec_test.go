@@ -527,3 +527,28 @@ func TestResult(t *testing.T) {
 		t.Errorf("Result(%+v) = %+v; want every field carried over", st, got)
 	}
 }
+
+// TestWatchdogDeadlineCountsSlowStart: the deadline runs from the start
+// call, so an agent that takes long to report the pid (VirtualBox's pid
+// comes with VBoxManage's buffered output) does not push the kill later.
+func TestWatchdogDeadlineCountsSlowStart(t *testing.T) {
+	c := newFakeClock()
+	tr := newTracker(c, 0)
+	a := sleeper(t)
+	slow := a.execStart
+	a.execStart = func(ctx context.Context, r qga.ExecRequest) (int64, error) {
+		c.Advance(40 * time.Second) // the pid took 40 s of the minute
+		return slow(ctx, r)
+	}
+	if _, err := tr.Start(context.Background(), "vm1", a, req); err != nil {
+		t.Fatalf("Start() = %v", err)
+	}
+	c.Advance(req.Timeout - 40*time.Second - time.Nanosecond)
+	if n := a.kills.Load(); n != 0 {
+		t.Fatalf("kills before the deadline = %d; want 0", n)
+	}
+	c.Advance(time.Nanosecond)
+	if n := a.kills.Load(); n != 1 {
+		t.Errorf("kills at the deadline (%v after a start that took 40 s) = %d; want 1", req.Timeout, n)
+	}
+}
