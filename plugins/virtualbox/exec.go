@@ -178,14 +178,18 @@ func (r *running) waitPID(ctx context.Context) int64 {
 
 // deadline interrupts VBoxManage when timeout passes before it is done
 // and the guest pid is still unknown. The pid is in VBoxManage's --verbose
-// text, which goes through its buffered stdout and may reach the pipe only
-// at exit (VBoxManage.cpp's RTPrintf on a pipe), so nothing can kill the
-// guest process by pid then: SIGINT makes VBoxManage close its guest
-// session, which terminates the process (VBoxManageGuestCtrl.cpp:
-// gctlSignalHandler sets g_fGuestCtrlCanceled, gctlHandleRunCommon prints
-// "Process execution aborted!" and returns EXITCODEEXEC_CANCELED).
-// The guest's output so far is kept: VBoxManage wrote it straight through.
-// With the pid known, the Tracker's watchdog kills the process tree.
+// text, which goes through its buffered stdout: the run loop's lines fill
+// a block within a moment while the process runs (it spins: see verbose.go),
+// but a VBoxManage that spins slowly, or not at all, hands the text over
+// only at exit. So at the deadline the driver waits up to pidGrace for the
+// pid (the Tracker's watchdog, due at the deadline, then kills the process
+// tree); without it, nothing can kill the guest process by pid, and SIGINT
+// makes VBoxManage close its guest session, which terminates the process
+// (VBoxManageGuestCtrl.cpp: gctlSignalHandler sets g_fGuestCtrlCanceled,
+// gctlHandleRunCommon prints "Process execution aborted!" and returns
+// EXITCODEEXEC_CANCELED; VBoxService kills the process, not its
+// children). The guest's output so far is kept: VBoxManage wrote it
+// straight through.
 func (r *running) deadline(timeout time.Duration) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -194,14 +198,23 @@ func (r *running) deadline(timeout time.Duration) {
 		return
 	case <-t.C:
 	}
-	if r.pid.Load() != 0 {
+	t.Reset(pidGrace)
+	select {
+	case <-r.done:
 		return
+	case <-r.started:
+		return
+	case <-t.C:
 	}
 	r.interrupted.Store(true)
 	if err := r.cmd.Process.Signal(os.Interrupt); err != nil {
 		r.interrupted.Store(false) // it ended meanwhile
 	}
 }
+
+// pidGrace is how long after a command's deadline the driver waits for its
+// pid before it interrupts VBoxManage.
+const pidGrace = 5 * time.Second
 
 // result maps a finished run to an ExecResult or an error.
 func (r *running) result(op string, limit int64) (hypervisor.ExecResult, error) {

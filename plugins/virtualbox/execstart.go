@@ -204,6 +204,16 @@ func (p *process) ExecStatus(_ context.Context, pid int64, _ int64) (qga.ExecSta
 // KillTree kills pid's process tree in the guest with qga.KillTreeScript,
 // run by a VBoxManage of its own; the command's process then ends.
 func (p *process) KillTree(ctx context.Context, pid int64) error {
+	if p.run != nil && p.run.interrupted.Load() {
+		// The driver interrupted VBoxManage at the deadline (see
+		// running.deadline): the session close ends the guest process.
+		select {
+		case <-p.done:
+			return nil
+		case <-ctx.Done():
+			return vboxErr{ctxError("exec timeout", ctx.Err())}
+		}
+	}
 	s := runSpec{argv: []string{"/bin/sh", "-c", qga.KillTreeScript, "vmgate-kill", strconv.FormatInt(pid, 10)}, timeout: time.Minute, limit: 4096}
 	if _, err := p.d.runOnce(ctx, "exec timeout", p.vm, s); err != nil {
 		return vboxErr{err}
