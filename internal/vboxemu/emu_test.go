@@ -2,6 +2,7 @@ package vboxemu
 
 import (
 	"bytes"
+	"encoding/xml"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -392,5 +393,62 @@ func TestSnapshotHoldsGuest(t *testing.T) {
 		if strings.Contains(string(raw), tag) {
 			t.Errorf("QEMU's snapshots after delete: %s; want no %q", raw, tag)
 		}
+	}
+}
+
+// TestSettingsFile: the machine's settings file (CfgFile) holds the
+// snapshot tree with each snapshot's timeStamp, its Description, and a
+// stateFile for a snapshot taken online only (Settings.cpp
+// buildSnapshotXML); a delete takes the snapshot out.
+func TestSettingsFile(t *testing.T) {
+	m := &Machine{Name: "x", UUID: uuid1, State: "running", StateChange: time.Now()}
+	h := newTestHost(t, &World{Version: "7.1", VMs: []*Machine{m}})
+	for _, args := range [][]string{
+		{"snapshot", "x", "take", "online", "--description=two\nlines"},
+		{"controlvm", "x", "poweroff"},
+		{"snapshot", "x", "take", "offline"},
+	} {
+		if code, out, errs := h.run(args...); code != 0 {
+			t.Fatalf("VBoxManage %q = %d, %q, %q; want 0", args, code, out, errs)
+		}
+	}
+	raw, err := os.ReadFile(filepath.Join(h.dir, "x", "x.vbox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Machine struct {
+			Current  string `xml:"currentSnapshot,attr"`
+			Snapshot struct {
+				Name        string `xml:"name,attr"`
+				TimeStamp   string `xml:"timeStamp,attr"`
+				StateFile   string `xml:"stateFile,attr"`
+				Description string `xml:"Description"`
+				Children    []struct {
+					Name      string `xml:"name,attr"`
+					StateFile string `xml:"stateFile,attr"`
+					UUID      string `xml:"uuid,attr"`
+				} `xml:"Snapshots>Snapshot"`
+			}
+		}
+	}
+	if err := xml.Unmarshal(raw, &doc); err != nil {
+		t.Fatalf("settings file: %v\n%s", err, raw)
+	}
+	s := doc.Machine.Snapshot
+	if _, err := time.Parse("2006-01-02T15:04:05Z", s.TimeStamp); err != nil || s.Description != "two\nlines" || s.StateFile == "" {
+		t.Errorf("online snapshot in the settings file: %+v; want a timeStamp, its description and a stateFile\n%s", s, raw)
+	}
+	if len(s.Children) != 1 || s.Children[0].Name != "offline" || s.Children[0].StateFile != "" || doc.Machine.Current != s.Children[0].UUID {
+		t.Errorf("offline snapshot in the settings file: %+v (current %s); want the current child without stateFile\n%s", s.Children, doc.Machine.Current, raw)
+	}
+	if code, out, errs := h.run("snapshot", "x", "delete", "offline"); code != 0 {
+		t.Fatalf("snapshot delete = %d, %q, %q", code, out, errs)
+	}
+	if bytes.Contains(raw, []byte("<Snapshots></Snapshots>")) {
+		t.Errorf("settings file has an empty Snapshots element (only a snapshot with children has one):\n%s", raw)
+	}
+	if raw, _ := os.ReadFile(filepath.Join(h.dir, "x", "x.vbox")); bytes.Contains(raw, []byte(`name="offline"`)) {
+		t.Errorf("settings file after deleting the snapshot still has it:\n%s", raw)
 	}
 }

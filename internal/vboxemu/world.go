@@ -210,7 +210,15 @@ func (h host) update(f func(w *World) error) error {
 		}
 		return err
 	}
-	return WriteWorld(h.path, w)
+	if err := WriteWorld(h.path, w); err != nil {
+		return err
+	}
+	for _, m := range w.VMs {
+		if err := writeSettings(w.cfgFile(h.path, m), m); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // errGone: the machine was unregistered by another invocation meanwhile.
