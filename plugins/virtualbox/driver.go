@@ -34,6 +34,9 @@
 // deadline is interrupted (VBoxManage then closes its guest session, which
 // ends the guest process), so the timeout holds either way.
 //
+// Snapshots (snapshot.go) go through `VBoxManage snapshot`; they always
+// hold the machine's memory, as VirtualBox takes them of a running machine.
+//
 // Guest credentials come from the config: a user name and a password
 // file, passed with --passwordfile (never a password on the command line).
 // VM names and guest paths that begin with '-' or hold NUL or a line break

@@ -84,3 +84,25 @@ func TestRegisteredSettings(t *testing.T) {
 		}
 	}
 }
+
+// snapshotCapabilities are what the driver must report: snapshots with
+// memory (VirtualBox saves a running machine's memory with each).
+var snapshotCapabilities = hypervisor.Capabilities{Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}}
+
+// TestSnapshotsPlugin runs the snapshot suite through the plugin for every
+// release, on a lab VM of its own (a revert powers the machine off, restores
+// the snapshot's disk and memory and starts it again), files on the qcow2
+// disk (/data) included.
+func TestSnapshotsPlugin(t *testing.T) {
+	vm := labtest.Start(t, lab.Spec{Name: "vboxsnaps"})
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) {
+			e := newEmulator(t, v, []*vboxemu.Machine{machine("snap", uuidT1, vm.QGASocket, vm.QMPSocket)})
+			d := launchPlugin(t, e)
+			if got := hypervisor.CapabilitiesOf(d); got.Snapshots != snapshotCapabilities.Snapshots || got.SnapshotModes != snapshotCapabilities.SnapshotModes {
+				t.Errorf("CapabilitiesOf(virtualbox plugin) = %+v; want %+v", got, snapshotCapabilities)
+			}
+			hypervisortest.RunSnapshots(t, hypervisortest.Harness{Driver: d, VM: "snap", DiskDir: "/data", Capabilities: snapshotCapabilities})
+		})
+	}
+}

@@ -21,6 +21,8 @@ type machineInfo struct {
 	// ServiceActive: the "VirtualBox System Service" facility (VBoxService)
 	// is active (AdditionsFacilityStatus_Active, 50).
 	ServiceActive bool
+	// CfgFile is the machine's settings file (<name>.vbox) on the host.
+	CfgFile string
 }
 
 // additionsAtLeast reports whether the Guest Additions are major.minor or
@@ -105,7 +107,7 @@ func (d *Driver) showVMInfo(ctx context.Context, op, name string) (machineInfo, 
 		return machineInfo{}, vboxError(op, r)
 	}
 	kv := ParseMachineReadable(r.stdout)
-	mi := machineInfo{State: kv["VMState"], Version: kv["GuestAdditionsVersion"]}
+	mi := machineInfo{State: kv["VMState"], Version: kv["GuestAdditionsVersion"], CfgFile: kv["CfgFile"]}
 	if mi.State == "" {
 		return machineInfo{}, fmt.Errorf("virtualbox: %s: showvminfo printed no VMState", op)
 	}
