@@ -53,7 +53,7 @@ func TestConformance(t *testing.T) {
 		machine("noexec", uuidNoExec, noexec.QGASocket, noexec.QMPSocket),
 		machine("off", uuidOff, "", ""),
 	})
-	hypervisortest.Run(t, hypervisortest.Harness{Driver: e.driver(t), VM: "t1", NoExecVM: "noexec"})
+	hypervisortest.Run(t, hypervisortest.Harness{Driver: e.driver(t), VM: "t1", NoExecVM: "noexec", Capabilities: snapshotCapabilities})
 }
 
 // TestHostileNames: names and paths VBoxManage could take for options or
