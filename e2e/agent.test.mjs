@@ -162,8 +162,9 @@ test('the agent side of vmgate with the MCP SDK', { skip: missingEnv }, async (t
       assert.equal(Date.parse(s.idle_expires_at), created + 600_000, `idle_expires_at = ${s.idle_expires_at}`);
       assert.equal(Date.parse(s.expires_at), created + 900_000, `expires_at = ${s.expires_at}`);
       // A binary for no machine at all (through the guest agent, GLib hands
-      // it to /bin/sh; vmgate-guest in a session does not).
-      const junk = `/tmp/vmgate-e2e-agent-${process.pid}.junk`;
+      // it to /bin/sh; vmgate-guest in a session does not). It lives in the
+      // session's workdir: a sandboxed session has a /tmp of its own.
+      const junk = `${s.workdir}/vmgate-e2e-agent-${process.pid}.junk`;
       await agent.ok('vm_file_write', { vm: env.vm, path: junk, content_base64: Buffer.from([0x7f, 0x45, 0x4c, 0x46, 9, 9, 9, 9]).toString('base64'), mode: 0o755 });
       try {
         let run = await agent.call('vm_agent_exec', { vm: env.vm, session: s.session, command: [junk] });
