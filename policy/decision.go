@@ -73,6 +73,12 @@ type Decision struct {
 	// Counters are the budgets to reserve, all or none, before dispatch.
 	// Set for Allow and for Approve (reserved once the approval is consumed).
 	Counters []Counter
+	// Quotas are the quotas a QuotaTool call holds while the VM it creates
+	// lives, all or none (quota.go).
+	Quotas []Quota
+	// Lease bounds the lease of the VM a QuotaTool call creates; set for
+	// every Allow and Approve of QuotaTool.
+	Lease *LeaseSpec
 	// Approval is set when Verdict is Approve.
 	Approval *ApprovalSpec
 	// Sandbox is the sandbox a create_session call gets: its sandbox

@@ -38,14 +38,31 @@ type toolRule struct {
 	files      *FileRules    // a file tool's own files block; nil without one
 	snapshot   *snapshotRule // the snapshot_before block; nil without one
 	keepFiles  time.Duration // destroy_session's keep_files; 0 without one
+	lease      *LeaseSpec    // QuotaTool's lease block; nil without one
 }
 
 type limit struct {
 	name   string
-	window time.Duration
+	window time.Duration // 0 for a quota
 	max    int64
-	scope  uint8 // scopeGrant | scopeSession | scopeVM; 0 is global
+	scope  uint8 // scopeGrant | scopeSession | scopeVM | scopeTemplate; 0 is global
 	ptr    string
+	quota  bool     // "kind": "quota" (quota.go)
+	weight []string // a quota's weight path after "args."; nil: weight 1
+}
+
+func (l *limit) kind() string {
+	if l.quota {
+		return "quota"
+	}
+	return "rate limit"
+}
+
+func (l *limit) weightPath() string {
+	if l.weight == nil {
+		return ""
+	}
+	return "args." + strings.Join(l.weight, ".")
 }
 
 // Step is one step of an evaluation, reported by Explain.
@@ -136,6 +153,10 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 		}
 		d.Sandbox = sb
 		d.Files = fileRulesFor(nil, call.Tool)
+		if call.Tool == QuotaTool {
+			lease := DefaultLease
+			d.Lease = &lease
+		}
 		return e.withLimits(d, nil, call, tr)
 	}
 	if tr != nil {
@@ -197,6 +218,13 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 	d.Files = fileRulesFor(t, call.Tool)
 	d.Snapshot = t.snapshot.snapshotFor(call, tr)
 	d.KeepFiles = t.keepFiles
+	if call.Tool == QuotaTool {
+		lease := DefaultLease
+		if t.lease != nil {
+			lease = *t.lease
+		}
+		d.Lease = &lease
+	}
 	return e.withLimits(d, t.limits, call, tr)
 }
 
@@ -239,8 +267,8 @@ func (t *toolRule) condReason(c *condition, prefix string) string {
 }
 
 // withLimits adds the counters of the tool's limits and all_tools' limits
-// to d. A counter key listed twice (the same counter and scope in both) is
-// reserved once.
+// to d, and the tool's quotas. A counter key listed twice (the same counter
+// and scope in both) is reserved once; so is a quota key.
 func (e *Engine) withLimits(d Decision, own []limit, call *Call, tr *[]Step) Decision {
 	n := len(own) + len(e.allLimits)
 	if n == 0 {
@@ -253,6 +281,19 @@ func (e *Engine) withLimits(d Decision, own []limit, call *Call, tr *[]Step) Dec
 	for _, group := range [2][]limit{own, e.allLimits} {
 		for i := range group {
 			l := &group[i]
+			if l.quota {
+				q, why := l.quotaOf(call)
+				if why != "" {
+					if tr != nil {
+						step(tr, "limits", l.ptr, "deny", why)
+					}
+					return Decision{Verdict: Deny, Rule: l.ptr, Reason: why, Shadow: d.Shadow}
+				}
+				if !slices.ContainsFunc(d.Quotas, func(o Quota) bool { return o.Key == q.Key }) {
+					d.Quotas = append(d.Quotas, q)
+				}
+				continue
+			}
 			if l.scope&scopeSession != 0 && call.Session == "" {
 				if tr != nil {
 					step(tr, "limits", l.ptr, "deny", "limit "+l.name+" is scoped by session and the call has no session")
@@ -272,20 +313,25 @@ func (e *Engine) withLimits(d Decision, own []limit, call *Call, tr *[]Step) Dec
 			}
 		}
 	}
+	if len(d.Counters) == 0 {
+		d.Counters = nil
+	}
 	if tr != nil {
-		keys := make([]string, len(d.Counters))
-		for i, c := range d.Counters {
-			keys[i] = c.Key
+		keys := make([]string, 0, len(d.Counters)+len(d.Quotas))
+		for _, c := range d.Counters {
+			keys = append(keys, c.Key)
 		}
-		if tr != nil {
-			step(tr, "limits", "", "pass", "to reserve: "+strings.Join(keys, ", "))
+		for _, q := range d.Quotas {
+			keys = append(keys, q.Key+" (quota, "+strconv.FormatInt(q.Weight, 10)+" of "+strconv.FormatInt(q.Max, 10)+")")
 		}
+		step(tr, "limits", "", "pass", "to reserve: "+strings.Join(keys, ", "))
 	}
 	return d
 }
 
 // key is the counter key of l for call: the counter name, then for each
-// scope in the fixed order grant, session, vm: "|<scope>=<len>:<value>".
+// scope in the fixed order grant, session, vm, template:
+// "|<scope>=<len>:<value>" (template is args.template, a quota's scope).
 // Values are user data; the length prefix makes the encoding unambiguous,
 // so two different combinations never share a key. A call without a VM
 // has the empty VM ("|vm=0:"). A global limit's key is its name.
@@ -294,10 +340,11 @@ func (l *limit) key(call *Call) string {
 		return l.name
 	}
 	size := len(l.name)
+	template, _ := call.Args["template"].(string)
 	for _, p := range [...]struct {
 		bit uint8
 		v   string
-	}{{scopeGrant, call.Grant}, {scopeSession, call.Session}, {scopeVM, call.VM}} {
+	}{{scopeGrant, call.Grant}, {scopeSession, call.Session}, {scopeVM, call.VM}, {scopeTemplate, template}} {
 		if l.scope&p.bit != 0 {
 			size += 12 + len(p.v) + 20
 		}
@@ -320,6 +367,9 @@ func (l *limit) key(call *Call) string {
 	}
 	if l.scope&scopeVM != 0 {
 		add("|vm=", call.VM)
+	}
+	if l.scope&scopeTemplate != 0 {
+		add("|template=", template)
 	}
 	return b.String()
 }

@@ -229,7 +229,7 @@ func (b *builder) engine(root *node) *Engine {
 		l := top.key("all_tools")
 		if am, ok := b.object(v, l, "limits"); ok {
 			if lv, ok := am["limits"]; ok {
-				e.allLimits = b.limits(lv, l.key("limits"))
+				e.allLimits = b.limits(lv, l.key("limits"), false)
 			}
 		}
 	}
@@ -281,7 +281,7 @@ func (b *builder) mode(v *node, l loc) (shadow bool) {
 
 func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	t := &toolRule{name: name, ptr: l.ptr, action: Allow, actionPtr: l.ptr, shadow: shadow}
-	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox", "files", "snapshot_before", "keep_files")
+	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox", "files", "snapshot_before", "keep_files", "lease")
 	if !ok {
 		return t
 	}
@@ -329,7 +329,15 @@ func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 		t.approval = &ApprovalSpec{Channel: "operator", TTL: defaultTTL}
 	}
 	if v, ok := m["limits"]; ok {
-		t.limits = b.limits(v, l.key("limits"))
+		t.limits = b.limits(v, l.key("limits"), name == QuotaTool)
+	}
+	if v, ok := m["lease"]; ok {
+		ll := l.key("lease")
+		if name != QuotaTool {
+			b.errorf(v.off, ll.path, "a lease block belongs on %s, not on %s", QuotaTool, name)
+		} else {
+			t.lease = b.lease(v, ll)
+		}
 	}
 	if v, ok := m["sandbox"]; ok {
 		ls := l.key("sandbox")
@@ -399,27 +407,51 @@ const (
 	scopeVM
 )
 
-func (b *builder) limits(n *node, l loc) []limit {
+// limits reads a list of limits; quotas says whether quota limits may be
+// among them (only on QuotaTool).
+func (b *builder) limits(n *node, l loc, quotas bool) []limit {
 	if n.kind != kindArray {
 		b.errorf(n.off, l.path, "want an array of limits, got %s", n.kind)
 		return nil
 	}
 	var out []limit
 	for i, el := range n.elems {
-		if lim, ok := b.limit(el, l.index(i)); ok {
+		if lim, ok := b.limit(el, l.index(i), quotas); ok {
 			out = append(out, lim)
 		}
 	}
 	return out
 }
 
-func (b *builder) limit(n *node, l loc) (limit, bool) {
+func (b *builder) limit(n *node, l loc, quotas bool) (limit, bool) {
 	lim := limit{ptr: l.ptr}
-	m, ok := b.object(n, l, "counter", "window", "max", "scope")
+	m, ok := b.object(n, l, "counter", "kind", "window", "max", "scope", "weight")
 	if !ok {
 		return lim, false
 	}
 	good := true
+	if v, ok := m["kind"]; ok {
+		lk := l.key("kind")
+		s, ok := b.str(v, lk)
+		switch {
+		case !ok:
+			return lim, false
+		case s == kindQuota && !quotas:
+			b.errorf(v.off, lk.path, "a quota holds a unit while the VM a call created lives; only %s creates VMs, so quotas belong in tools.%s.limits", QuotaTool, QuotaTool)
+			return lim, false
+		case s == kindQuota:
+			lim.quota = true
+		case s != kindRate:
+			b.errorf(v.off, lk.path, "unknown kind %q (want rate or quota)", s)
+			return lim, false
+		}
+	}
+	if lim.quota {
+		good = b.quotaLimit(n, m, l, &lim)
+	} else if v, ok := m["weight"]; ok {
+		b.errorf(v.off, l.key("weight").path, "weight is for quota limits (\"kind\": \"quota\")")
+		good = false
+	}
 	if v, ok := b.required(n, m, l, "counter"); ok {
 		lc := l.key("counter")
 		if s, ok := b.str(v, lc); ok && b.name(s, v.off, lc, "counter", ":") {
@@ -430,7 +462,9 @@ func (b *builder) limit(n *node, l loc) (limit, bool) {
 	} else {
 		good = false
 	}
-	if v, ok := b.required(n, m, l, "window"); ok {
+	if lim.quota {
+		// no window: checked by quotaLimit
+	} else if v, ok := b.required(n, m, l, "window"); ok {
 		lw := l.key("window")
 		if s, ok := b.str(v, lw); ok {
 			if d, ok := parseWindow(s); ok {
@@ -464,7 +498,7 @@ func (b *builder) limit(n *node, l loc) (limit, bool) {
 		good = false
 	}
 	if v, ok := b.required(n, m, l, "scope"); ok {
-		if s, ok := b.scope(v, l.key("scope")); ok {
+		if s, ok := b.scope(v, l.key("scope"), lim.quota); ok && (!lim.quota || b.quotaScope(v, l.key("scope"), s)) {
 			lim.scope = s
 		} else {
 			good = false
@@ -476,6 +510,15 @@ func (b *builder) limit(n *node, l loc) (limit, bool) {
 		return lim, false
 	}
 	if first, ok := b.counters[lim.name]; ok {
+		if first.quota != lim.quota {
+			b.errorf(n.off, l.path, "counter %q is defined at %s as a %s; a counter is either a rate limit or a quota", lim.name, first.ptr, first.kind())
+			return lim, false
+		}
+		if lim.quota && (first.max != lim.max || !slices.Equal(first.weight, lim.weight)) {
+			b.errorf(n.off, l.path, "quota %q is defined at %s with max %d and weight %q; every limit with the same counter shares one quota, so max and weight must match",
+				lim.name, first.ptr, first.max, first.weightPath())
+			return lim, false
+		}
 		if first.window != lim.window || first.max != lim.max {
 			b.errorf(n.off, l.path, "counter %q is defined at %s with window %s and max %d; every limit with the same counter shares one budget, so window and max must match",
 				lim.name, first.ptr, first.window, first.max)
@@ -523,7 +566,8 @@ func (b *builder) integer(n *node, l loc) (int64, bool) {
 	return 0, false
 }
 
-func (b *builder) scope(n *node, l loc) (uint8, bool) {
+// scope reads a limit's scope; template is a scope of quotas only.
+func (b *builder) scope(n *node, l loc, quota bool) (uint8, bool) {
 	var elems []*node
 	var locs []loc
 	switch n.kind {
@@ -557,6 +601,12 @@ func (b *builder) scope(n *node, l loc) (uint8, bool) {
 			bit = scopeSession
 		case "vm":
 			bit = scopeVM
+		case "template":
+			if !quota {
+				b.errorf(el.off, locs[i].path, "scope \"template\" is for quota limits (\"kind\": \"quota\")")
+				return 0, false
+			}
+			bit = scopeTemplate
 		case "global":
 			if global {
 				b.errorf(el.off, locs[i].path, "scope %q is listed twice", s)
@@ -565,7 +615,7 @@ func (b *builder) scope(n *node, l loc) (uint8, bool) {
 			global = true
 			continue
 		default:
-			b.errorf(el.off, locs[i].path, "unknown scope %q (want grant, session, vm or global)", s)
+			b.errorf(el.off, locs[i].path, "unknown scope %q (want grant, session, vm, template or global)", s)
 			return 0, false
 		}
 		if bits&bit != 0 {

@@ -122,7 +122,7 @@ func TestParseCollectsAllErrors(t *testing.T) {
 		`p.json:2:14: version: unsupported version "2" (want "1")`,
 		`p.json:6:47: tools.kill_process.limits[0].window: unknown window "minit" (want second, minute, hour, day or a duration like "90s")`,
 		`p.json:6:63: tools.kill_process.limits[0].max: max -1 is out of range (want 1 to 1000000000; use "action": "deny" to forbid a tool)`,
-		`p.json:6:76: tools.kill_process.limits[0].scope: unknown scope "tenant" (want grant, session, vm or global)`,
+		`p.json:6:76: tools.kill_process.limits[0].scope: unknown scope "tenant" (want grant, session, vm, template or global)`,
 		`p.json:8:12: tools.x.Action: unknown field "Action" (field names are case-sensitive: did you mean "action"?)`,
 	}
 	if len(errs) != len(want) {
