@@ -67,6 +67,8 @@ type Store struct {
 	windows map[string]*window
 	// approvals maps an approval id to the approval.
 	approvals map[string]store.Approval
+	// leases maps a lease id to the lease (leases.go).
+	leases map[string]store.Lease
 	// sinceSweep counts reservations since the last sweep of idle keys.
 	sinceSweep int
 	closed     bool
@@ -86,7 +88,7 @@ type entry struct {
 
 // New returns an empty store.
 func New() *Store {
-	return &Store{windows: make(map[string]*window), approvals: make(map[string]store.Approval)}
+	return &Store{windows: make(map[string]*window), approvals: make(map[string]store.Approval), leases: make(map[string]store.Lease)}
 }
 
 // ReserveAll implements store.Counters.
