@@ -64,6 +64,11 @@ type Config struct {
 	Limits    Limits   `yaml:"limits"`
 	Operator  Operator `yaml:"operator"`
 	Metrics   Metrics  `yaml:"metrics"`
+	// Templates are what vm_create makes VMs from (templates.go).
+	Templates []Template `yaml:"templates"`
+
+	// root is the parsed document, for the lines of errors.
+	root *yaml.Node
 }
 
 // Operator is the person who approves parked calls on the web page (/ui
@@ -142,10 +147,16 @@ func Default(stateDir string) *Config {
 			{Kind: yaml.ScalarNode, Tag: "!!str", Value: "lab"},
 			{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"},
 		}}}},
+		Templates: []Template{{Name: "lab", Backend: "lab",
+			MemoryMB: Range{Min: ptr[int64](128), Max: ptr[int64](1024)},
+			CPUs:     Range{Max: ptr[int64](2)}}},
 	}
 	err := c.Backends[0].decodeSettings(0)
 	if err == nil {
 		c.fill("")
+		if err := c.validateTemplates(); err != nil {
+			panic("config: the default templates do not validate: " + err.Error()) // a bug, not input
+		}
 		err = c.buildDriverConfigs()
 	}
 	if err != nil {
@@ -182,6 +193,10 @@ func Parse(data []byte, dir, defaultStateDir string) (*Config, error) {
 	var c Config
 	if err := strictDecode(data, &c); err != nil {
 		return nil, err
+	}
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err == nil {
+		c.root = &root
 	}
 	for i := range c.Backends {
 		if err := c.Backends[i].decodeSettings(i); err != nil {
@@ -312,6 +327,9 @@ func (c *Config) Validate() error {
 	if err := c.validateBackends(); err != nil {
 		return err
 	}
+	if err := c.validateTemplates(); err != nil {
+		return err
+	}
 	if c.HTTP.Addr != "" {
 		if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
 			return fmt.Errorf("http.addr: %w", err)
@@ -347,6 +365,8 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // PolicyDocument returns the name and bytes of grant g's policy.
 func (g Grant) PolicyDocument() (string, []byte, error) {

@@ -51,6 +51,15 @@ type Resolver interface {
 	Resolve(env Env)
 }
 
+// TemplateChecker is an optional capability of Settings: CheckTemplate
+// says, when the config is loaded and without side effects, why a backend
+// with these settings cannot make VMs from a template whose source (the
+// template's source mapping as JSON) is source. The driver checks the
+// source again when it makes a VM.
+type TemplateChecker interface {
+	CheckTemplate(source json.RawMessage) error
+}
+
 // Env is what Resolve may use.
 type Env struct {
 	// Abs makes a host path absolute against the config file's directory;

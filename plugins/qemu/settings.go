@@ -2,6 +2,8 @@ package qemu
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -42,9 +44,18 @@ type VMSettings struct {
 }
 
 var (
-	_ registry.Settings = (*Settings)(nil)
-	_ registry.Resolver = (*Settings)(nil)
+	_ registry.Settings        = (*Settings)(nil)
+	_ registry.Resolver        = (*Settings)(nil)
+	_ registry.TemplateChecker = (*Settings)(nil)
 )
+
+// CheckTemplate: the QEMU driver makes VMs in its lab directory only.
+func (s *Settings) CheckTemplate(json.RawMessage) error {
+	if s.LabDir == "" {
+		return errors.New("makes VMs in its lab directory: give it lab: true")
+	}
+	return nil
+}
 
 // Resolve makes the socket paths absolute and puts the lab under the state
 // directory.
