@@ -16,7 +16,9 @@
 // (vmgate lab up) is re-parented to init once QEMU's parent exits: nobody
 // in vmgate owns it; it runs until Stop (vmgate lab down) or a guest
 // poweroff, and List/Get find it again through vm.json, trusting a pid only
-// when /proc/<pid>/cmdline equals the stored argv.
+// when /proc/<pid>/cmdline equals the stored argv. VMs made on demand
+// (Create, for vm_create) are daemonized lab VMs with an owner file; see
+// create.go.
 //
 // The guest is not started with -no-reboot: a guest reboot (vm_power
 // reboot, guest-shutdown mode reboot) restarts the guest in the same QEMU
@@ -115,6 +117,8 @@ type Spec struct {
 	Progress func(step string)
 	// DiskMB is the virtual size of the VM's disk; 0 means DefaultDiskMB.
 	DiskMB int
+	// CPUs is the number of virtual CPUs; 0 means 1.
+	CPUs int
 }
 
 // State is what List reports about a VM.
@@ -177,6 +181,9 @@ func (s Spec) Validate() error {
 	}
 	if s.DiskMB != 0 && (s.DiskMB < 16 || s.DiskMB > 1<<20) {
 		return fmt.Errorf("%w: disk %d MiB: want 16..1048576", ErrInvalidSpec, s.DiskMB)
+	}
+	if s.CPUs < 0 || s.CPUs > MaxCPUs {
+		return fmt.Errorf("%w: %d CPUs: want 1..%d", ErrInvalidSpec, s.CPUs, MaxCPUs)
 	}
 	for k, v := range s.Cmdline {
 		if !keyRE.MatchString(k) || reserved[k] {
@@ -274,29 +281,17 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	progress("booting " + spec.Name)
 	v.Started = time.Now().UTC()
-	if spec.Daemonize {
-		// The parent exits once the daemon is set up and has written the
-		// pid file; the daemon then belongs to init (see the package doc).
-		if err := cmd.Run(); err != nil {
-			return nil, fmt.Errorf("lab: start %s: qemu: %w: %s", spec.Name, err, tail(filepath.Join(dir, QEMULogName)))
-		}
-		if v.PID = readPIDFile(filepath.Join(dir, PIDFileName)); v.PID == 0 {
-			return nil, fmt.Errorf("lab: start %s: no valid pid in %s", spec.Name, PIDFileName)
-		}
-	} else {
-		// Own process group (a terminal's ^C reaches vmgate, which stops
-		// the VM) and SIGKILL when this process dies.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
-		}
-		v.PID = cmd.Process.Pid
-		v.done = make(chan struct{})
-		go func() {
-			err := cmd.Wait()
-			slog.Debug("lab: qemu exited", "vm", v.Name, "pid", v.PID, "err", err)
-			close(v.done)
-		}()
+	// vm.json goes first (pid 0): a process that dies between launching a
+	// daemonized QEMU and recording its pid leaves a VM that Get still
+	// finds, through qemu.pid and the argv, and that Stop can end.
+	if err := writeState(v); err != nil {
+		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+	}
+	if err := launch(cmd, v, spec.Daemonize); err != nil {
+		// Stop ends a QEMU that got as far as its pid file and removes
+		// vm.json.
+		_ = v.Stop(context.Background())
+		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
 	}
 	if err := writeState(v); err != nil {
 		v.kill()
@@ -310,6 +305,37 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 	v.State = StateRunning
 	progress(fmt.Sprintf("%s ready in %.1fs (pid %d)", spec.Name, v.BootTime.Seconds(), v.PID))
 	return v, nil
+}
+
+// launch starts QEMU: daemonized, it returns once the launcher has exited
+// and the daemon has written its pid file; in the foreground, QEMU is this
+// process's child and v.done closes when it has been waited for.
+func launch(cmd *exec.Cmd, v *VM, daemonize bool) error {
+	if daemonize {
+		// The parent exits once the daemon is set up and has written the
+		// pid file; the daemon then belongs to init (see the package doc).
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("qemu: %w: %s", err, tail(filepath.Join(v.Dir, QEMULogName)))
+		}
+		if v.PID = readPIDFile(filepath.Join(v.Dir, PIDFileName)); v.PID == 0 {
+			return fmt.Errorf("no valid pid in %s", PIDFileName)
+		}
+		return nil
+	}
+	// Own process group (a terminal's ^C reaches vmgate, which stops the
+	// VM) and SIGKILL when this process dies.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	v.PID = cmd.Process.Pid
+	v.done = make(chan struct{})
+	go func() {
+		err := cmd.Wait()
+		slog.Debug("lab: qemu exited", "vm", v.Name, "pid", v.PID, "err", err)
+		close(v.done)
+	}()
+	return nil
 }
 
 func qemuArgv(qemu string, v *VM, spec Spec, img *image.Image) []string {
@@ -333,7 +359,7 @@ func qemuArgv(qemu string, v *VM, spec Spec, img *image.Image) []string {
 		"-accel", "tcg", "-machine", "pc",
 		"-nodefaults", "-no-user-config", "-display", "none",
 		"-serial", "file:" + v.SerialLog,
-		"-m", strconv.Itoa(mem), "-smp", "1",
+		"-m", strconv.Itoa(mem), "-smp", strconv.Itoa(max(spec.CPUs, 1)),
 		"-kernel", img.Kernel, "-initrd", img.Initrd,
 		"-append", strings.Join(words, " "),
 		"-device", "virtio-serial-pci",
