@@ -29,7 +29,7 @@ type Leases interface {
 	// AcquireLease stores l and holds l.Quotas (Weight units of each)
 	// atomically: either every quota has room and l is stored, or nothing
 	// changes and the error is a *QuotaError naming the first quota that
-	// had none. ErrDuplicate when a lease with l's id or for l's VM exists.
+	// had none. ErrDuplicate when a lease with l's id or l's name exists.
 	AcquireLease(ctx context.Context, l Lease) error
 	// GetLease returns the lease id; ErrUnknownLease when there is none.
 	GetLease(ctx context.Context, id string) (Lease, error)
@@ -37,7 +37,8 @@ type Leases interface {
 	ListLeases(ctx context.Context) ([]Lease, error)
 	// UpdateLease replaces the stored lease l.ID, which must still be at
 	// revision l.Rev, with l at revision l.Rev+1, and returns it. Only
-	// State, Expires, Until and Holder may change (ErrInvalid otherwise).
+	// State, Expires, Until, Holder and an empty VM may change (ErrInvalid
+	// otherwise).
 	// ErrStaleLease when the stored revision differs, ErrUnknownLease when
 	// the lease is gone.
 	UpdateLease(ctx context.Context, l Lease) (Lease, error)
@@ -70,8 +71,14 @@ const MaxLeaseQuotas = 64
 type Lease struct {
 	// ID is minted by the server (random, unguessable); the driver marks
 	// the VM with it, so that only this lease's VM is ever deleted.
-	ID       string `json:"id"`
-	VM       string `json:"vm"` // "<backend>/<name>"
+	ID string `json:"id"`
+	// Name is the VM id the server asked the backend for ("lab/small-x7"):
+	// one lease per name. VM is the id the VM is known by once the backend
+	// made it: the same on most backends; Proxmox numbers its VMs, so there
+	// the name is the VM's name property and VM is "<backend>/<vmid>".
+	// Empty until known.
+	Name     string `json:"name"`
+	VM       string `json:"vm,omitempty"`
 	Grant    string `json:"grant"`
 	Template string `json:"template"`
 	CallID   string `json:"call_id,omitempty"` // the vm_create call
@@ -118,14 +125,14 @@ func (e *QuotaError) Error() string {
 // normalised (state creating, revision 1, times in UTC without a
 // monotonic reading). An error wraps ErrInvalid.
 func ValidateLease(l Lease) (Lease, error) {
-	for _, f := range []struct{ name, v string }{{"id", l.ID}, {"vm", l.VM}, {"grant", l.Grant}, {"template", l.Template}} {
+	for _, f := range []struct{ name, v string }{{"id", l.ID}, {"name", l.Name}, {"grant", l.Grant}, {"template", l.Template}} {
 		if f.v == "" || len(f.v) > MaxKeyLen {
 			return l, fmt.Errorf("%w: lease %q: %s of %d bytes (want 1..%d)", ErrInvalid, l.ID, f.name, len(f.v), MaxKeyLen)
 		}
 	}
 	switch {
-	case len(l.CallID) > MaxKeyLen || len(l.Holder) > MaxKeyLen:
-		return l, fmt.Errorf("%w: lease %q: call id or holder over %d bytes", ErrInvalid, l.ID, MaxKeyLen)
+	case len(l.CallID) > MaxKeyLen || len(l.Holder) > MaxKeyLen || len(l.VM) > MaxKeyLen:
+		return l, fmt.Errorf("%w: lease %q: vm, call id or holder over %d bytes", ErrInvalid, l.ID, MaxKeyLen)
 	case l.MemoryMB < 0 || l.CPUs < 0:
 		return l, fmt.Errorf("%w: lease %q: negative memory %d or cpus %d", ErrInvalid, l.ID, l.MemoryMB, l.CPUs)
 	case l.TTL <= 0:
@@ -161,19 +168,20 @@ func ValidateLease(l Lease) (Lease, error) {
 }
 
 // CheckLeaseUpdate checks that next may replace old (UpdateLease): the same
-// lease at old's revision, changed only in State, Expires, Until and
-// Holder, with a state a lease can be in (live with an expiry; creating
+// lease at old's revision, changed only in State, Expires, Until, Holder
+// and VM (from empty to the VM's id, once), with a state a lease can be in (live with an expiry; creating
 // or deleting with a holding time). It returns next normalised at the next
 // revision. An error wraps ErrStaleLease or ErrInvalid.
 func CheckLeaseUpdate(old, next Lease) (Lease, error) {
 	if next.Rev != old.Rev {
 		return next, fmt.Errorf("%w: lease %q is at revision %d, not %d", ErrStaleLease, old.ID, old.Rev, next.Rev)
 	}
-	same := old.ID == next.ID && old.VM == next.VM && old.Grant == next.Grant && old.Template == next.Template &&
+	vmOK := next.VM == old.VM || (old.VM == "" && len(next.VM) <= MaxKeyLen)
+	same := vmOK && old.ID == next.ID && old.Name == next.Name && old.Grant == next.Grant && old.Template == next.Template &&
 		old.CallID == next.CallID && old.MemoryMB == next.MemoryMB && old.CPUs == next.CPUs && old.TTL == next.TTL &&
 		old.Created.Equal(next.Created) && slices.Equal(old.Quotas, next.Quotas)
 	if !same {
-		return next, fmt.Errorf("%w: lease %q: only state, expires, until and holder may change", ErrInvalid, old.ID)
+		return next, fmt.Errorf("%w: lease %q: only state, expires, until, holder and an unset vm may change", ErrInvalid, old.ID)
 	}
 	switch next.State {
 	case LeaseLive:
@@ -212,7 +220,7 @@ func SortLeases(ls []Lease) {
 }
 
 // QuotaRoom checks whether l fits next to the leases held: it returns nil,
-// ErrDuplicate when one of them has l's id or VM, or the *QuotaError of
+// ErrDuplicate when one of them has l's id or name, or the *QuotaError of
 // the first of l's quotas without room (Holders filled in). Stores that
 // see every lease in one transaction (memory, bbolt) decide with it.
 func QuotaRoom(held []Lease, l Lease) error {
@@ -220,8 +228,8 @@ func QuotaRoom(held []Lease, l Lease) error {
 		if h.ID == l.ID {
 			return fmt.Errorf("%w: lease %q", ErrDuplicate, l.ID)
 		}
-		if h.VM == l.VM {
-			return fmt.Errorf("%w: VM %q already has lease %q", ErrDuplicate, l.VM, h.ID)
+		if h.Name == l.Name {
+			return fmt.Errorf("%w: VM %q already has lease %q", ErrDuplicate, l.Name, h.ID)
 		}
 	}
 	for _, q := range l.Quotas {

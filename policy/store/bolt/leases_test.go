@@ -45,7 +45,7 @@ func TestLeasesSurviveReopen(t *testing.T) {
 	}
 	defer s.Close()
 	got, err := s.GetLease(ctx, "l1")
-	if err != nil || got.VM != "lab/vm1" || got.State != store.LeaseCreating || !got.Until.Equal(l.Until) {
+	if err != nil || got.Name != "lab/vm1" || got.State != store.LeaseCreating || !got.Until.Equal(l.Until) {
 		t.Errorf("GetLease after reopen = %+v, %v; want the creating lease of lab/vm1", got, err)
 	}
 	err = s.AcquireLease(ctx, storetest.NewLease("l2", "lab/vm2", time.Second, q))

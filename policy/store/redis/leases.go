@@ -14,7 +14,7 @@ import (
 var _ store.Leases = (*Store)(nil)
 
 // Leases: a JSON string per lease (Prefix + "l:" + id), a set of all ids
-// (Prefix + "li"), the lease id of each VM (Prefix + "lv:" + vm) and a hash
+// (Prefix + "li"), the lease id of each name (Prefix + "lv:" + name) and a hash
 // per quota key (Prefix + "q:" + key) mapping the id of every lease that
 // holds the quota to the units it holds. AcquireLease is one Lua script
 // that sums every quota's hash, checks them all and only then writes, so
@@ -25,12 +25,12 @@ var _ store.Leases = (*Store)(nil)
 
 func (s *Store) leaseKey(id string) string   { return s.prefix + "l:" + id }
 func (s *Store) leaseIDsKey() string         { return s.prefix + "li" }
-func (s *Store) leaseVMKey(vm string) string { return s.prefix + "lv:" + vm }
+func (s *Store) leaseVMKey(name string) string { return s.prefix + "lv:" + name }
 func (s *Store) quotaKey(k string) string    { return s.prefix + "q:" + k }
 
-// acquireLeaseScript: KEYS lease, ids set, VM key, then the quota keys;
+// acquireLeaseScript: KEYS lease, ids set, name key, then the quota keys;
 // ARGV id, JSON, then max and weight per quota. Returns {0} when stored,
-// {1} when the id exists, {2, id} when the VM has lease id, {3, i, used}
+// {1} when the id exists, {2, id} when the name has lease id, {3, i, used}
 // when quota i has no room.
 var acquireLeaseScript = goredis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then return {1} end
@@ -52,7 +52,7 @@ end
 return {0}
 `)
 
-// releaseLeaseScript: KEYS lease, ids set, VM key, then the quota keys;
+// releaseLeaseScript: KEYS lease, ids set, name key, then the quota keys;
 // ARGV id. Returns 1 when released, 0 when the lease was gone.
 var releaseLeaseScript = goredis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -72,7 +72,7 @@ return 1
 `)
 
 func (s *Store) leaseKeys(l store.Lease) []string {
-	keys := []string{s.leaseKey(l.ID), s.leaseIDsKey(), s.leaseVMKey(l.VM)}
+	keys := []string{s.leaseKey(l.ID), s.leaseIDsKey(), s.leaseVMKey(l.Name)}
 	for _, q := range l.Quotas {
 		keys = append(keys, s.quotaKey(q.Key))
 	}
@@ -109,7 +109,7 @@ func (s *Store) AcquireLease(ctx context.Context, l store.Lease) error {
 	case code == 1 && len(res) == 1:
 		return fmt.Errorf("redis: acquire lease: %w: lease %q", store.ErrDuplicate, l.ID)
 	case code == 2 && len(res) == 2:
-		return fmt.Errorf("redis: acquire lease: %w: VM %q already has lease %q", store.ErrDuplicate, l.VM, res[1])
+		return fmt.Errorf("redis: acquire lease: %w: VM %q already has lease %q", store.ErrDuplicate, l.Name, res[1])
 	case code == 3 && len(res) == 3:
 		i, _ := res[1].(int64)
 		used, _ := res[2].(int64)
@@ -253,7 +253,7 @@ func (s *Store) UpdateLease(ctx context.Context, l store.Lease) (store.Lease, er
 	return next, nil
 }
 
-// ReleaseLease implements store.Leases: the lease's VM and quota keys
+// ReleaseLease implements store.Leases: the lease's name and quota keys
 // are read from it, then one script removes it from all of them.
 func (s *Store) ReleaseLease(ctx context.Context, id string) error {
 	if err := store.ValidateLeaseID(id); err != nil {

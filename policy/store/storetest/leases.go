@@ -51,10 +51,11 @@ func RunLeases(t *testing.T, newStore func(t *testing.T) LeaseStore) {
 	}
 }
 
-// NewLease is a valid lease as AcquireLease takes it, holding qs.
-func NewLease(id, vm string, created time.Duration, qs ...policy.Quota) store.Lease {
+// NewLease is a valid lease as AcquireLease takes it, for the VM name,
+// holding qs.
+func NewLease(id, name string, created time.Duration, qs ...policy.Quota) store.Lease {
 	call := "call-" + id[:min(len(id), 32)]
-	return store.Lease{ID: id, VM: vm, Grant: "alice", Template: "small", CallID: call,
+	return store.Lease{ID: id, Name: name, Grant: "alice", Template: "small", CallID: call,
 		MemoryMB: 256, CPUs: 1, TTL: 10 * time.Minute, Quotas: qs,
 		Created: at(created), Until: at(created + 5*time.Minute), Holder: call}
 }
@@ -65,7 +66,7 @@ func Quota(key string, max, weight int64) policy.Quota {
 }
 
 func sameLease(a, b store.Lease) bool {
-	return a.ID == b.ID && a.VM == b.VM && a.Grant == b.Grant && a.Template == b.Template && a.CallID == b.CallID &&
+	return a.ID == b.ID && a.Name == b.Name && a.VM == b.VM && a.Grant == b.Grant && a.Template == b.Template && a.CallID == b.CallID &&
 		a.MemoryMB == b.MemoryMB && a.CPUs == b.CPUs && a.TTL == b.TTL && slices.Equal(a.Quotas, b.Quotas) &&
 		a.State == b.State && a.Created.Equal(b.Created) && a.Expires.Equal(b.Expires) && a.Until.Equal(b.Until) &&
 		a.Holder == b.Holder && a.Rev == b.Rev
@@ -138,6 +139,7 @@ func testLeaseLifeCycle(t *testing.T, s LeaseStore) {
 	}
 	live := want
 	live.State, live.Expires, live.Until, live.Holder = store.LeaseLive, at(20*time.Minute), time.Time{}, ""
+	live.VM = "lab/vm1" // the id the backend gave, set once
 	next, err := s.UpdateLease(ctx, live)
 	if err != nil {
 		t.Fatalf("UpdateLease(live) = %v; want nil", err)
@@ -177,6 +179,7 @@ func testLeaseUpdate(t *testing.T, s LeaseStore) {
 	cur, _ := s.GetLease(ctx, "l1")
 	del := cur
 	del.State, del.Until, del.Holder = store.LeaseDeleting, at(time.Hour), "reaper-1"
+	del.VM = "lab/vm1" // unset until now: may be set once
 	if _, err := s.UpdateLease(ctx, del); err != nil {
 		t.Fatalf("UpdateLease(deleting) = %v; want nil", err)
 	}
@@ -194,7 +197,8 @@ func testLeaseUpdate(t *testing.T, s LeaseStore) {
 		name string
 		edit func(*store.Lease)
 	}{
-		{"vm", func(l *store.Lease) { l.VM = "lab/other" }},
+		{"name", func(l *store.Lease) { l.Name = "lab/other" }},
+		{"vm once set", func(l *store.Lease) { l.VM = "lab/other" }},
 		{"grant", func(l *store.Lease) { l.Grant = "mallory" }},
 		{"template", func(l *store.Lease) { l.Template = "big" }},
 		{"memory", func(l *store.Lease) { l.MemoryMB = 1 }},
@@ -352,7 +356,7 @@ func testLeaseHostileIDs(t *testing.T, s LeaseStore) {
 		l := NewLease(id, vm, time.Duration(i)*time.Second, q)
 		mustAcquire(t, s, l)
 		got, err := s.GetLease(ctx, id)
-		if err != nil || got.VM != vm || got.Quotas[0].Key != q.Key {
+		if err != nil || got.Name != vm || got.Quotas[0].Key != q.Key {
 			t.Errorf("GetLease(%q) = %+v, %v; want vm %q quota %q", id, got, err, vm, q.Key)
 		}
 		wantQuotaFull(t, fmt.Sprintf("AcquireLease(second on quota %q)", q.Key), s.AcquireLease(ctx, NewLease(fmt.Sprint("second-", i), vm+"2", time.Hour, q)), q.Key, 1, id)
@@ -371,7 +375,8 @@ func testLeaseBadInput(t *testing.T, s LeaseStore) {
 	}{
 		{"empty id", func(l *store.Lease) { l.ID = "" }},
 		{"long id", func(l *store.Lease) { l.ID = long }},
-		{"empty vm", func(l *store.Lease) { l.VM = "" }},
+		{"empty name", func(l *store.Lease) { l.Name = "" }},
+		{"long vm", func(l *store.Lease) { l.VM = long }},
 		{"empty grant", func(l *store.Lease) { l.Grant = "" }},
 		{"empty template", func(l *store.Lease) { l.Template = "" }},
 		{"long call id", func(l *store.Lease) { l.CallID = long }},
