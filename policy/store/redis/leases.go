@@ -23,10 +23,10 @@ var _ store.Leases = (*Store)(nil)
 // UpdateLease a compare-and-set of the JSON the caller's revision was read
 // from. Nothing expires: a lease lives until it is released.
 
-func (s *Store) leaseKey(id string) string   { return s.prefix + "l:" + id }
-func (s *Store) leaseIDsKey() string         { return s.prefix + "li" }
+func (s *Store) leaseKey(id string) string     { return s.prefix + "l:" + id }
+func (s *Store) leaseIDsKey() string           { return s.prefix + "li" }
 func (s *Store) leaseVMKey(name string) string { return s.prefix + "lv:" + name }
-func (s *Store) quotaKey(k string) string    { return s.prefix + "q:" + k }
+func (s *Store) quotaKey(k string) string      { return s.prefix + "q:" + k }
 
 // acquireLeaseScript: KEYS lease, ids set, name key, then the quota keys;
 // ARGV id, JSON, then max and weight per quota. Returns {0} when stored,
