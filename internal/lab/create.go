@@ -7,8 +7,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
+
+	"github.com/vmgate/vmgate/hypervisor"
 )
 
 // VMs made on demand (vm_create through the QEMU driver) are lab VMs like
@@ -41,9 +42,6 @@ var (
 	ErrNotOwned = errors.New("lab VM not created by this owner")
 )
 
-// markRE: an owner mark is printable and short (a lease id).
-var markRE = regexp.MustCompile(`^[A-Za-z0-9_.:-]{8,128}$`)
-
 // Create starts a new lab VM owned by mark, daemonized (spec.Daemonize is
 // ignored), and returns once its guest agent answers. On failure nothing
 // of it is left.
@@ -58,7 +56,7 @@ func Create(ctx context.Context, spec Spec, mark string) (*VM, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("lab: create: %w", err)
 	}
-	if !markRE.MatchString(mark) {
+	if !hypervisor.ValidMark(mark) {
 		return nil, fmt.Errorf("lab: create %s: %w: owner mark %q", spec.Name, ErrInvalidSpec, mark)
 	}
 	spec.Daemonize = true
