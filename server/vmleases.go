@@ -1,0 +1,279 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/policy/store"
+)
+
+// The life of a VM vmgate creates (vm_create, vm_delete, the lease reaper).
+//
+// Before a VM is made, its lease is acquired in the store with the quotas
+// the policy named: the store counts the leases that hold each quota and
+// refuses a lease that would not fit, exactly, across replicas (store.Leases).
+// The lease is "creating", held by the call until createHold has passed;
+// once the driver's CreateVM returns (the guest agent answers) the lease is
+// "live" and expires TTL later. vm_delete and the reaper take a lease by
+// moving it to "deleting" (a compare-and-swap: one taker at a time), ask
+// the driver to delete the VM that carries the lease's id as its mark, and
+// release the lease, which gives its quota units back. A creation that
+// failed deletes what the driver may have left and releases the lease.
+//
+// Nothing here lives only in memory: a server killed at any point leaves a
+// lease in the store whose holding time or expiry passes, and the reaper of
+// any replica, this one after a restart included, deletes the VM then.
+//
+// vmLeases is safe for concurrent use; every method's context bounds its
+// driver and store calls.
+type vmLeases struct {
+	store   store.Leases
+	creator func(backend string) (hypervisor.Creator, bool)
+	now     func() time.Time
+	log     *slog.Logger
+	// holder names this replica in the leases it takes ("reaper@<id>").
+	holder string
+	// createHold is how long a creating lease stays with its call; past it
+	// the reaper deletes whatever the call made. It outlasts the call's
+	// deadline. deleteHold is the same for a deleting lease.
+	createHold, deleteHold time.Duration
+	// every is how often the reaper runs.
+	every time.Duration
+
+	// stop ends the reaper; done is closed when it has.
+	stop context.CancelFunc
+	done chan struct{}
+	// mu serialises reaper passes (a pass and a test's explicit reap).
+	mu sync.Mutex
+}
+
+// Lease timing defaults.
+const (
+	// CreateDeadline bounds vm_create: a TCG guest on a loaded machine
+	// may take minutes to boot.
+	CreateDeadline = 5 * time.Minute
+	// DeleteDeadline bounds one deletion.
+	DeleteDeadline = 2 * time.Minute
+	// DefaultLeaseReapEvery is how often the lease reaper looks for leases
+	// that ran out.
+	DefaultLeaseReapEvery = 5 * time.Second
+)
+
+// errLeaseBusy: another call or replica is deleting the VM right now.
+var errLeaseBusy = errors.New("the VM is being deleted already")
+
+// createRequest is a VM to make under a new lease.
+type createRequest struct {
+	backend, name string // backend and backend-local name asked for
+	grant         string
+	template      string
+	callID        string
+	source        json.RawMessage
+	memoryMB      int64
+	cpus          int64
+	ttl           time.Duration
+	quotas        []policy.Quota
+}
+
+// newLeaseID mints a lease id: random, unguessable, a valid mark.
+func newLeaseID() string { return "L" + rand.Text() }
+
+// create acquires the lease, makes the VM and makes the lease live. A
+// *store.QuotaError means a quota was full and nothing was made.
+func (v *vmLeases) create(ctx context.Context, req createRequest) (store.Lease, error) {
+	c, ok := v.creator(req.backend)
+	if !ok {
+		return store.Lease{}, fmt.Errorf("server: create: %w: backend %s cannot make VMs", hypervisor.ErrNotSupported, req.backend)
+	}
+	now := v.now()
+	l := store.Lease{
+		ID: newLeaseID(), Name: req.backend + "/" + req.name, Grant: req.grant, Template: req.template, CallID: req.callID,
+		MemoryMB: req.memoryMB, CPUs: req.cpus, TTL: req.ttl, Quotas: req.quotas,
+		Created: now, Until: now.Add(v.createHold), Holder: req.callID,
+	}
+	l, err := store.ValidateLease(l) // as the store keeps it (revision 1)
+	if err != nil {
+		return store.Lease{}, fmt.Errorf("server: create: %w", err)
+	}
+	if err := v.store.AcquireLease(ctx, l); err != nil {
+		return store.Lease{}, err
+	}
+	made, err := c.CreateVM(ctx, hypervisor.CreateRequest{Name: req.name, Source: req.source, MemoryMB: req.memoryMB, CPUs: req.cpus, Mark: l.ID})
+	if err != nil {
+		return store.Lease{}, v.abandon(l.ID, req, err)
+	}
+	live := l
+	live.State, live.VM, live.Holder = store.LeaseLive, req.backend+"/"+made.Name, ""
+	live.Until, live.Expires = time.Time{}, v.now().Add(req.ttl)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if live, err = v.store.UpdateLease(sctx, live); err != nil {
+		// The VM runs without a live lease: delete it now rather than let
+		// it run unaccounted until its holding time passes.
+		return store.Lease{}, v.abandon(l.ID, req, fmt.Errorf("server: create: the VM was made but its lease could not be recorded: %w", err))
+	}
+	return live, nil
+}
+
+// abandon undoes a creation that failed with cause: it deletes whatever
+// the driver left under the lease's mark and releases the lease. When the
+// deletion itself fails the lease stays, deleting, for the reaper.
+func (v *vmLeases) abandon(id string, req createRequest, cause error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), DeleteDeadline)
+	defer cancel()
+	l, err := v.store.GetLease(ctx, id)
+	if err != nil {
+		v.log.Warn("server: create failed and its lease cannot be read; the reaper deletes the VM when the lease's hold ends", "lease", id, "err", err)
+		return cause
+	}
+	if err := v.deleteLease(ctx, l, "abandon@"+req.callID); err != nil {
+		v.log.Warn("server: create failed and its VM could not be deleted yet; the reaper retries", "lease", id, "vm", l.Name, "err", err)
+	}
+	return cause
+}
+
+// find returns the lease of the VM id vm (its VM, or its name while the
+// backend has not named it).
+func (v *vmLeases) find(ctx context.Context, vm string) (store.Lease, bool, error) {
+	list, err := v.store.ListLeases(ctx)
+	if err != nil {
+		return store.Lease{}, false, err
+	}
+	for _, l := range list {
+		if l.VM == vm || (l.VM == "" && l.Name == vm) {
+			return l, true, nil
+		}
+	}
+	return store.Lease{}, false, nil
+}
+
+// deleteLease takes lease l for deletion (by names the taker), deletes its
+// VM and releases it. errLeaseBusy when another taker holds it.
+func (v *vmLeases) deleteLease(ctx context.Context, l store.Lease, by string) error {
+	now := v.now()
+	if l.State == store.LeaseDeleting && now.Before(l.Until) && l.Holder != by {
+		return errLeaseBusy
+	}
+	take := l
+	take.State, take.Until, take.Holder = store.LeaseDeleting, now.Add(v.deleteHold), by
+	taken, err := v.store.UpdateLease(ctx, take)
+	switch {
+	case errors.Is(err, store.ErrStaleLease):
+		return errLeaseBusy // changed under us: someone else took it
+	case errors.Is(err, store.ErrUnknownLease):
+		return nil // released meanwhile
+	case err != nil:
+		return fmt.Errorf("server: delete %s: take the lease: %w", l.Name, err)
+	}
+	c, ok := v.creator(backendOf(taken))
+	if !ok {
+		return fmt.Errorf("server: delete %s: %w: its backend cannot delete VMs any more (was the config changed?)", taken.Name, hypervisor.ErrNotSupported)
+	}
+	err = c.DeleteVM(ctx, hypervisor.DeleteRequest{Name: localName(taken), Mark: taken.ID})
+	switch {
+	case err == nil, errors.Is(err, hypervisor.ErrUnknownVM):
+	case errors.Is(err, hypervisor.ErrNotCreated):
+		// A VM by that name exists without this lease's mark: not ours,
+		// never deleted. Ours is gone.
+		v.log.Warn("server: the VM a lease names is not the one it created; releasing the lease only", "lease", taken.ID, "vm", taken.Name)
+	default:
+		return fmt.Errorf("server: delete %s: %w", taken.Name, err)
+	}
+	if err := v.store.ReleaseLease(ctx, taken.ID); err != nil && !errors.Is(err, store.ErrUnknownLease) {
+		return fmt.Errorf("server: delete %s: the VM is gone but its lease could not be released: %w", taken.Name, err)
+	}
+	return nil
+}
+
+// backendOf is the backend of lease l's VM.
+func backendOf(l store.Lease) string {
+	b, _, _ := strings.Cut(l.Name, "/")
+	return b
+}
+
+// localName is the backend-local name of l's VM: the one the backend gave,
+// else the one asked for.
+func localName(l store.Lease) string {
+	id := l.VM
+	if id == "" {
+		id = l.Name
+	}
+	_, name, _ := strings.Cut(id, "/")
+	return name
+}
+
+// leaseReport says what one reaper pass did.
+type leaseReport struct {
+	Deleted []string // VM names whose lease ran out and were deleted
+	Errors  []error
+}
+
+// reap deletes the VM of every lease that is due: live past its expiry,
+// or creating or deleting past its holder's time.
+func (v *vmLeases) reap(ctx context.Context) leaseReport {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var rep leaseReport
+	list, err := v.store.ListLeases(ctx)
+	if err != nil {
+		rep.Errors = append(rep.Errors, fmt.Errorf("server: lease reaper: %w", err))
+		v.log.Warn("server: lease reaper: list leases", "err", err)
+		return rep
+	}
+	now := v.now()
+	for _, l := range list {
+		if !l.Due(now) {
+			continue
+		}
+		dctx, cancel := context.WithTimeout(ctx, DeleteDeadline)
+		err := v.deleteLease(dctx, l, v.holder)
+		cancel()
+		switch {
+		case err == nil:
+			rep.Deleted = append(rep.Deleted, l.Name)
+			v.log.Info("server: deleted a VM whose lease ended", "vm", l.Name, "lease", l.ID, "grant", l.Grant, "state", l.State)
+		case errors.Is(err, errLeaseBusy):
+		default:
+			rep.Errors = append(rep.Errors, err)
+			v.log.Warn("server: lease reaper", "vm", l.Name, "lease", l.ID, "err", err)
+		}
+	}
+	return rep
+}
+
+// start runs the reaper until close: a pass at once (leases that ran out
+// while no server ran) and then every v.every.
+func (v *vmLeases) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	v.stop, v.done = cancel, make(chan struct{})
+	go func() {
+		defer close(v.done)
+		t := time.NewTicker(v.every)
+		defer t.Stop()
+		for {
+			v.reap(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// close stops the reaper and waits for its pass in flight.
+func (v *vmLeases) close() {
+	if v.stop != nil {
+		v.stop()
+		<-v.done
+	}
+}
