@@ -10,6 +10,8 @@ type Capabilities struct {
 	GuestNetwork bool `json:"guest_network"`
 	// Metrics: the driver is a MetricsReader.
 	Metrics bool `json:"metrics"`
+	// Create: the driver is a Creator (vm_create, vm_delete).
+	Create bool `json:"create"`
 }
 
 // CapabilityReporter is implemented by drivers that implement the
@@ -34,6 +36,7 @@ func CapabilitiesOf(d Driver) Capabilities {
 	}
 	_, c.GuestNetwork = d.(GuestNetworker)
 	_, c.Metrics = d.(MetricsReader)
+	_, c.Create = d.(Creator)
 	return c
 }
 
@@ -53,4 +56,10 @@ func AsGuestNetworker(d Driver) (GuestNetworker, bool) {
 func AsMetricsReader(d Driver) (MetricsReader, bool) {
 	m, ok := d.(MetricsReader)
 	return m, ok && CapabilitiesOf(d).Metrics
+}
+
+// AsCreator returns d as a Creator when d has the capability.
+func AsCreator(d Driver) (Creator, bool) {
+	c, ok := d.(Creator)
+	return c, ok && CapabilitiesOf(d).Create
 }

@@ -30,6 +30,7 @@ type fullDriver struct {
 	Snapshotter
 	GuestNetworker
 	MetricsReader
+	Creator
 }
 
 type modesOnly struct{ Snapshotter }
@@ -51,7 +52,7 @@ func TestCapabilitiesOf(t *testing.T) {
 		{"snapshots by type, with the driver's modes", snapDriver{Snapshotter: modesOnly{}},
 			Capabilities{Snapshots: true, SnapshotModes: SnapshotModes{Memory: true}}},
 		{"all by type", fullDriver{Snapshotter: modesOnly{}},
-			Capabilities{Snapshots: true, SnapshotModes: SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true}},
+			Capabilities{Snapshots: true, SnapshotModes: SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, Create: true}},
 		{"a reporter is believed over its type", reporting{fullDriver{Snapshotter: modesOnly{}}}, Capabilities{GuestNetwork: true}},
 	}
 	for _, tt := range tests {

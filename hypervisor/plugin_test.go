@@ -45,6 +45,7 @@ func TestSentinelsSurviveTheBoundary(t *testing.T) {
 		hypervisor.ErrVMNotRunning, hypervisor.ErrInvalidArgument, hypervisor.ErrNotConfigured,
 		hypervisor.ErrPluginExited, context.DeadlineExceeded, context.Canceled,
 		hypervisor.ErrSnapshotNotFound, hypervisor.ErrSnapshotExists, hypervisor.ErrSnapshotMemory, hypervisor.ErrSnapshotDiskOnly,
+		hypervisor.ErrNotCreated,
 	}
 	tests := []struct {
 		name string
@@ -66,6 +67,7 @@ func TestSentinelsSurviveTheBoundary(t *testing.T) {
 		{"snapshot exists", fmt.Errorf("qemu: snapshot create: %w", hypervisor.ErrSnapshotExists), []error{hypervisor.ErrSnapshotExists}},
 		{"snapshot memory", fmt.Errorf("qemu: snapshot create: %w", hypervisor.ErrSnapshotMemory), []error{hypervisor.ErrSnapshotMemory, hypervisor.ErrNotSupported}},
 		{"snapshot disk only", fmt.Errorf("qemu: snapshot create: %w", hypervisor.ErrSnapshotDiskOnly), []error{hypervisor.ErrSnapshotDiskOnly, hypervisor.ErrNotSupported}},
+		{"not created", fmt.Errorf("qemu: delete vm1: %w", hypervisor.ErrNotCreated), []error{hypervisor.ErrNotCreated}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

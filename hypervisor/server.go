@@ -25,6 +25,7 @@ var errorKinds = []struct {
 }{
 	{"unknown_vm", ErrUnknownVM, codes.NotFound},
 	{"unknown_exec", ErrUnknownExec, codes.NotFound},
+	{"not_created", ErrNotCreated, codes.PermissionDenied},
 	{"snapshot_not_found", ErrSnapshotNotFound, codes.NotFound},
 	{"snapshot_exists", ErrSnapshotExists, codes.AlreadyExists},
 	{"snapshot_memory", ErrSnapshotMemory, codes.Unimplemented},

@@ -101,13 +101,13 @@ func (s *server) VMMetrics(ctx context.Context, req *pb.VMRequest) (*pb.VMMetric
 func capabilitiesToPB(k Capabilities) *pb.CapabilitySet {
 	return &pb.CapabilitySet{
 		Snapshots: k.Snapshots, SnapshotMemory: k.SnapshotModes.Memory, SnapshotDiskOnly: k.SnapshotModes.DiskOnly,
-		GuestNetwork: k.GuestNetwork, Metrics: k.Metrics,
+		GuestNetwork: k.GuestNetwork, Metrics: k.Metrics, Create: k.Create,
 	}
 }
 
 // capabilitiesFromPB reads a plugin's answer; modes count only with snapshots.
 func capabilitiesFromPB(k *pb.CapabilitySet) Capabilities {
-	out := Capabilities{Snapshots: k.GetSnapshots(), GuestNetwork: k.GetGuestNetwork(), Metrics: k.GetMetrics()}
+	out := Capabilities{Snapshots: k.GetSnapshots(), GuestNetwork: k.GetGuestNetwork(), Metrics: k.GetMetrics(), Create: k.GetCreate()}
 	if out.Snapshots {
 		out.SnapshotModes = SnapshotModes{Memory: k.GetSnapshotMemory(), DiskOnly: k.GetSnapshotDiskOnly()}
 	}

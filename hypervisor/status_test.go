@@ -58,6 +58,7 @@ func TestErrorStatusGolden(t *testing.T) {
 		{"snapshot_exists", fmt.Errorf("libvirt: snapshot create: %w: \"before\"", ErrSnapshotExists)},
 		{"snapshot_memory", fmt.Errorf("virtualbox: snapshot create: %w", ErrSnapshotMemory)},
 		{"snapshot_disk_only", fmt.Errorf("qemu: snapshot create: %w", ErrSnapshotDiskOnly)},
+		{"not_created", fmt.Errorf("qemu: delete vm1: %w", ErrNotCreated)},
 	}
 	var b strings.Builder
 	b.WriteString("Wire form of driver errors (go test ./hypervisor -run TestErrorStatusGolden -update rewrites it).\n")

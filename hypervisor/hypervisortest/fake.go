@@ -35,6 +35,10 @@ type Fake struct {
 	Modes            hypervisor.SnapshotModes
 	GuestNetworkFunc func(ctx context.Context, vm string) ([]hypervisor.NetInterface, error)
 	VMMetricsFunc    func(ctx context.Context, vm string) (hypervisor.VMMetrics, error)
+	// CreateVMFunc and DeleteVMFunc make Fake a hypervisor.Creator
+	// (fake_create.go).
+	CreateVMFunc func(ctx context.Context, req hypervisor.CreateRequest) (hypervisor.CreatedVM, error)
+	DeleteVMFunc func(ctx context.Context, req hypervisor.DeleteRequest) error
 }
 
 var _ hypervisor.Driver = (*Fake)(nil)

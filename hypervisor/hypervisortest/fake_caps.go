@@ -22,6 +22,7 @@ func (f *Fake) Capabilities() hypervisor.Capabilities {
 	}
 	k.GuestNetwork = f.GuestNetworkFunc != nil
 	k.Metrics = f.VMMetricsFunc != nil
+	k.Create = f.CreateVMFunc != nil || f.DeleteVMFunc != nil
 	return k
 }
 

@@ -4,7 +4,7 @@
 // says which optional capabilities the plugin's driver has), Capabilities
 // (the same answer, for a host that did not configure), and one RPC per
 // method of the optional capabilities (Snapshotter, GuestNetworker,
-// MetricsReader). A plugin whose driver lacks a capability answers its RPCs
+// MetricsReader, Creator). A plugin whose driver lacks a capability answers its RPCs
 // with ErrNotSupported; the host does not send them at all.
 //
 // Only package hypervisor's plugin glue (client*.go, server*.go) uses these messages;
@@ -1221,6 +1221,7 @@ type CapabilitySet struct {
 	SnapshotDiskOnly bool                   `protobuf:"varint,3,opt,name=snapshot_disk_only,json=snapshotDiskOnly,proto3" json:"snapshot_disk_only,omitempty"`
 	GuestNetwork     bool                   `protobuf:"varint,4,opt,name=guest_network,json=guestNetwork,proto3" json:"guest_network,omitempty"`
 	Metrics          bool                   `protobuf:"varint,5,opt,name=metrics,proto3" json:"metrics,omitempty"`
+	Create           bool                   `protobuf:"varint,6,opt,name=create,proto3" json:"create,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -1286,6 +1287,13 @@ func (x *CapabilitySet) GetGuestNetwork() bool {
 func (x *CapabilitySet) GetMetrics() bool {
 	if x != nil {
 		return x.Metrics
+	}
+	return false
+}
+
+func (x *CapabilitySet) GetCreate() bool {
+	if x != nil {
+		return x.Create
 	}
 	return false
 }
@@ -2041,6 +2049,216 @@ func (x *VMMetricsResponse) GetNetTxBytes() uint64 {
 	return 0
 }
 
+// CreateVM makes a VM from a template source (the driver's own JSON) and
+// marks it with mark; DeleteVM deletes only a VM carrying mark.
+type CreateVMRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Source        []byte                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	MemoryMb      int64                  `protobuf:"varint,3,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	Cpus          int64                  `protobuf:"varint,4,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	Mark          string                 `protobuf:"bytes,5,opt,name=mark,proto3" json:"mark,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateVMRequest) Reset() {
+	*x = CreateVMRequest{}
+	mi := &file_proto_driver_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateVMRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateVMRequest) ProtoMessage() {}
+
+func (x *CreateVMRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateVMRequest.ProtoReflect.Descriptor instead.
+func (*CreateVMRequest) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *CreateVMRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateVMRequest) GetSource() []byte {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *CreateVMRequest) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+func (x *CreateVMRequest) GetCpus() int64 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *CreateVMRequest) GetMark() string {
+	if x != nil {
+		return x.Mark
+	}
+	return ""
+}
+
+type CreatedVM struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreatedVM) Reset() {
+	*x = CreatedVM{}
+	mi := &file_proto_driver_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreatedVM) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreatedVM) ProtoMessage() {}
+
+func (x *CreatedVM) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreatedVM.ProtoReflect.Descriptor instead.
+func (*CreatedVM) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *CreatedVM) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteVMRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Mark          string                 `protobuf:"bytes,2,opt,name=mark,proto3" json:"mark,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVMRequest) Reset() {
+	*x = DeleteVMRequest{}
+	mi := &file_proto_driver_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVMRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVMRequest) ProtoMessage() {}
+
+func (x *DeleteVMRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVMRequest.ProtoReflect.Descriptor instead.
+func (*DeleteVMRequest) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *DeleteVMRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteVMRequest) GetMark() string {
+	if x != nil {
+		return x.Mark
+	}
+	return ""
+}
+
+type DeleteVMResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVMResponse) Reset() {
+	*x = DeleteVMResponse{}
+	mi := &file_proto_driver_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVMResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVMResponse) ProtoMessage() {}
+
+func (x *DeleteVMResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVMResponse.ProtoReflect.Descriptor instead.
+func (*DeleteVMResponse) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{36}
+}
+
 var File_proto_driver_proto protoreflect.FileDescriptor
 
 const file_proto_driver_proto_rawDesc = "" +
@@ -2121,13 +2339,14 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\x0f\n" +
 	"\rPowerResponse\"\x15\n" +
-	"\x13CapabilitiesRequest\"\xc3\x01\n" +
+	"\x13CapabilitiesRequest\"\xdb\x01\n" +
 	"\rCapabilitySet\x12\x1c\n" +
 	"\tsnapshots\x18\x01 \x01(\bR\tsnapshots\x12'\n" +
 	"\x0fsnapshot_memory\x18\x02 \x01(\bR\x0esnapshotMemory\x12,\n" +
 	"\x12snapshot_disk_only\x18\x03 \x01(\bR\x10snapshotDiskOnly\x12#\n" +
 	"\rguest_network\x18\x04 \x01(\bR\fguestNetwork\x12\x18\n" +
-	"\ametrics\x18\x05 \x01(\bR\ametrics\"u\n" +
+	"\ametrics\x18\x05 \x01(\bR\ametrics\x12\x16\n" +
+	"\x06create\x18\x06 \x01(\bR\x06create\"u\n" +
 	"\x15SnapshotCreateRequest\x12\x0e\n" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
@@ -2203,7 +2422,19 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x0e_disk_read_opsB\x11\n" +
 	"\x0f_disk_write_opsB\x0f\n" +
 	"\r_net_rx_bytesB\x0f\n" +
-	"\r_net_tx_bytes2\x89\f\n" +
+	"\r_net_tx_bytes\"\x82\x01\n" +
+	"\x0fCreateVMRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\fR\x06source\x12\x1b\n" +
+	"\tmemory_mb\x18\x03 \x01(\x03R\bmemoryMb\x12\x12\n" +
+	"\x04cpus\x18\x04 \x01(\x03R\x04cpus\x12\x12\n" +
+	"\x04mark\x18\x05 \x01(\tR\x04mark\"\x1f\n" +
+	"\tCreatedVM\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"9\n" +
+	"\x0fDeleteVMRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04mark\x18\x02 \x01(\tR\x04mark\"\x12\n" +
+	"\x10DeleteVMResponse2\xb8\r\n" +
 	"\x06Driver\x12\\\n" +
 	"\tConfigure\x12&.vmgate.hypervisor.v1.ConfigureRequest\x1a'.vmgate.hypervisor.v1.ConfigureResponse\x12V\n" +
 	"\aListVMs\x12$.vmgate.hypervisor.v1.ListVMsRequest\x1a%.vmgate.hypervisor.v1.ListVMsResponse\x12O\n" +
@@ -2222,7 +2453,9 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x0eSnapshotRevert\x12).vmgate.hypervisor.v1.SnapshotNameRequest\x1a,.vmgate.hypervisor.v1.SnapshotRevertResponse\x12i\n" +
 	"\x0eSnapshotDelete\x12).vmgate.hypervisor.v1.SnapshotNameRequest\x1a,.vmgate.hypervisor.v1.SnapshotDeleteResponse\x12[\n" +
 	"\fGuestNetwork\x12\x1f.vmgate.hypervisor.v1.VMRequest\x1a*.vmgate.hypervisor.v1.GuestNetworkResponse\x12U\n" +
-	"\tVMMetrics\x12\x1f.vmgate.hypervisor.v1.VMRequest\x1a'.vmgate.hypervisor.v1.VMMetricsResponseB+Z)github.com/vmgate/vmgate/hypervisor/protob\x06proto3"
+	"\tVMMetrics\x12\x1f.vmgate.hypervisor.v1.VMRequest\x1a'.vmgate.hypervisor.v1.VMMetricsResponse\x12R\n" +
+	"\bCreateVM\x12%.vmgate.hypervisor.v1.CreateVMRequest\x1a\x1f.vmgate.hypervisor.v1.CreatedVM\x12Y\n" +
+	"\bDeleteVM\x12%.vmgate.hypervisor.v1.DeleteVMRequest\x1a&.vmgate.hypervisor.v1.DeleteVMResponseB+Z)github.com/vmgate/vmgate/hypervisor/protob\x06proto3"
 
 var (
 	file_proto_driver_proto_rawDescOnce sync.Once
@@ -2236,7 +2469,7 @@ func file_proto_driver_proto_rawDescGZIP() []byte {
 	return file_proto_driver_proto_rawDescData
 }
 
-var file_proto_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_proto_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_proto_driver_proto_goTypes = []any{
 	(*ErrorDetail)(nil),            // 0: vmgate.hypervisor.v1.ErrorDetail
 	(*ConfigureRequest)(nil),       // 1: vmgate.hypervisor.v1.ConfigureRequest
@@ -2271,6 +2504,10 @@ var file_proto_driver_proto_goTypes = []any{
 	(*NetInterface)(nil),           // 30: vmgate.hypervisor.v1.NetInterface
 	(*GuestNetworkResponse)(nil),   // 31: vmgate.hypervisor.v1.GuestNetworkResponse
 	(*VMMetricsResponse)(nil),      // 32: vmgate.hypervisor.v1.VMMetricsResponse
+	(*CreateVMRequest)(nil),        // 33: vmgate.hypervisor.v1.CreateVMRequest
+	(*CreatedVM)(nil),              // 34: vmgate.hypervisor.v1.CreatedVM
+	(*DeleteVMRequest)(nil),        // 35: vmgate.hypervisor.v1.DeleteVMRequest
+	(*DeleteVMResponse)(nil),       // 36: vmgate.hypervisor.v1.DeleteVMResponse
 }
 var file_proto_driver_proto_depIdxs = []int32{
 	21, // 0: vmgate.hypervisor.v1.ConfigureResponse.capabilities:type_name -> vmgate.hypervisor.v1.CapabilitySet
@@ -2298,25 +2535,29 @@ var file_proto_driver_proto_depIdxs = []int32{
 	25, // 22: vmgate.hypervisor.v1.Driver.SnapshotDelete:input_type -> vmgate.hypervisor.v1.SnapshotNameRequest
 	6,  // 23: vmgate.hypervisor.v1.Driver.GuestNetwork:input_type -> vmgate.hypervisor.v1.VMRequest
 	6,  // 24: vmgate.hypervisor.v1.Driver.VMMetrics:input_type -> vmgate.hypervisor.v1.VMRequest
-	2,  // 25: vmgate.hypervisor.v1.Driver.Configure:output_type -> vmgate.hypervisor.v1.ConfigureResponse
-	4,  // 26: vmgate.hypervisor.v1.Driver.ListVMs:output_type -> vmgate.hypervisor.v1.ListVMsResponse
-	7,  // 27: vmgate.hypervisor.v1.Driver.Status:output_type -> vmgate.hypervisor.v1.StatusResponse
-	9,  // 28: vmgate.hypervisor.v1.Driver.AgentInfo:output_type -> vmgate.hypervisor.v1.AgentInfoResponse
-	11, // 29: vmgate.hypervisor.v1.Driver.ExecStart:output_type -> vmgate.hypervisor.v1.ExecHandle
-	13, // 30: vmgate.hypervisor.v1.Driver.ExecStatus:output_type -> vmgate.hypervisor.v1.ExecResult
-	13, // 31: vmgate.hypervisor.v1.Driver.Run:output_type -> vmgate.hypervisor.v1.ExecResult
-	15, // 32: vmgate.hypervisor.v1.Driver.FileRead:output_type -> vmgate.hypervisor.v1.FileContent
-	17, // 33: vmgate.hypervisor.v1.Driver.FileWrite:output_type -> vmgate.hypervisor.v1.FileWriteResponse
-	19, // 34: vmgate.hypervisor.v1.Driver.Power:output_type -> vmgate.hypervisor.v1.PowerResponse
-	21, // 35: vmgate.hypervisor.v1.Driver.Capabilities:output_type -> vmgate.hypervisor.v1.CapabilitySet
-	23, // 36: vmgate.hypervisor.v1.Driver.SnapshotCreate:output_type -> vmgate.hypervisor.v1.Snapshot
-	24, // 37: vmgate.hypervisor.v1.Driver.SnapshotList:output_type -> vmgate.hypervisor.v1.SnapshotListResponse
-	26, // 38: vmgate.hypervisor.v1.Driver.SnapshotRevert:output_type -> vmgate.hypervisor.v1.SnapshotRevertResponse
-	27, // 39: vmgate.hypervisor.v1.Driver.SnapshotDelete:output_type -> vmgate.hypervisor.v1.SnapshotDeleteResponse
-	31, // 40: vmgate.hypervisor.v1.Driver.GuestNetwork:output_type -> vmgate.hypervisor.v1.GuestNetworkResponse
-	32, // 41: vmgate.hypervisor.v1.Driver.VMMetrics:output_type -> vmgate.hypervisor.v1.VMMetricsResponse
-	25, // [25:42] is the sub-list for method output_type
-	8,  // [8:25] is the sub-list for method input_type
+	33, // 25: vmgate.hypervisor.v1.Driver.CreateVM:input_type -> vmgate.hypervisor.v1.CreateVMRequest
+	35, // 26: vmgate.hypervisor.v1.Driver.DeleteVM:input_type -> vmgate.hypervisor.v1.DeleteVMRequest
+	2,  // 27: vmgate.hypervisor.v1.Driver.Configure:output_type -> vmgate.hypervisor.v1.ConfigureResponse
+	4,  // 28: vmgate.hypervisor.v1.Driver.ListVMs:output_type -> vmgate.hypervisor.v1.ListVMsResponse
+	7,  // 29: vmgate.hypervisor.v1.Driver.Status:output_type -> vmgate.hypervisor.v1.StatusResponse
+	9,  // 30: vmgate.hypervisor.v1.Driver.AgentInfo:output_type -> vmgate.hypervisor.v1.AgentInfoResponse
+	11, // 31: vmgate.hypervisor.v1.Driver.ExecStart:output_type -> vmgate.hypervisor.v1.ExecHandle
+	13, // 32: vmgate.hypervisor.v1.Driver.ExecStatus:output_type -> vmgate.hypervisor.v1.ExecResult
+	13, // 33: vmgate.hypervisor.v1.Driver.Run:output_type -> vmgate.hypervisor.v1.ExecResult
+	15, // 34: vmgate.hypervisor.v1.Driver.FileRead:output_type -> vmgate.hypervisor.v1.FileContent
+	17, // 35: vmgate.hypervisor.v1.Driver.FileWrite:output_type -> vmgate.hypervisor.v1.FileWriteResponse
+	19, // 36: vmgate.hypervisor.v1.Driver.Power:output_type -> vmgate.hypervisor.v1.PowerResponse
+	21, // 37: vmgate.hypervisor.v1.Driver.Capabilities:output_type -> vmgate.hypervisor.v1.CapabilitySet
+	23, // 38: vmgate.hypervisor.v1.Driver.SnapshotCreate:output_type -> vmgate.hypervisor.v1.Snapshot
+	24, // 39: vmgate.hypervisor.v1.Driver.SnapshotList:output_type -> vmgate.hypervisor.v1.SnapshotListResponse
+	26, // 40: vmgate.hypervisor.v1.Driver.SnapshotRevert:output_type -> vmgate.hypervisor.v1.SnapshotRevertResponse
+	27, // 41: vmgate.hypervisor.v1.Driver.SnapshotDelete:output_type -> vmgate.hypervisor.v1.SnapshotDeleteResponse
+	31, // 42: vmgate.hypervisor.v1.Driver.GuestNetwork:output_type -> vmgate.hypervisor.v1.GuestNetworkResponse
+	32, // 43: vmgate.hypervisor.v1.Driver.VMMetrics:output_type -> vmgate.hypervisor.v1.VMMetricsResponse
+	34, // 44: vmgate.hypervisor.v1.Driver.CreateVM:output_type -> vmgate.hypervisor.v1.CreatedVM
+	36, // 45: vmgate.hypervisor.v1.Driver.DeleteVM:output_type -> vmgate.hypervisor.v1.DeleteVMResponse
+	27, // [27:46] is the sub-list for method output_type
+	8,  // [8:27] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -2334,7 +2575,7 @@ func file_proto_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_driver_proto_rawDesc), len(file_proto_driver_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -4,7 +4,7 @@
 // says which optional capabilities the plugin's driver has), Capabilities
 // (the same answer, for a host that did not configure), and one RPC per
 // method of the optional capabilities (Snapshotter, GuestNetworker,
-// MetricsReader). A plugin whose driver lacks a capability answers its RPCs
+// MetricsReader, Creator). A plugin whose driver lacks a capability answers its RPCs
 // with ErrNotSupported; the host does not send them at all.
 //
 // Only package hypervisor's plugin glue (client*.go, server*.go) uses these messages;
@@ -51,6 +51,8 @@ const (
 	Driver_SnapshotDelete_FullMethodName = "/vmgate.hypervisor.v1.Driver/SnapshotDelete"
 	Driver_GuestNetwork_FullMethodName   = "/vmgate.hypervisor.v1.Driver/GuestNetwork"
 	Driver_VMMetrics_FullMethodName      = "/vmgate.hypervisor.v1.Driver/VMMetrics"
+	Driver_CreateVM_FullMethodName       = "/vmgate.hypervisor.v1.Driver/CreateVM"
+	Driver_DeleteVM_FullMethodName       = "/vmgate.hypervisor.v1.Driver/DeleteVM"
 )
 
 // DriverClient is the client API for Driver service.
@@ -74,6 +76,8 @@ type DriverClient interface {
 	SnapshotDelete(ctx context.Context, in *SnapshotNameRequest, opts ...grpc.CallOption) (*SnapshotDeleteResponse, error)
 	GuestNetwork(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*GuestNetworkResponse, error)
 	VMMetrics(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*VMMetricsResponse, error)
+	CreateVM(ctx context.Context, in *CreateVMRequest, opts ...grpc.CallOption) (*CreatedVM, error)
+	DeleteVM(ctx context.Context, in *DeleteVMRequest, opts ...grpc.CallOption) (*DeleteVMResponse, error)
 }
 
 type driverClient struct {
@@ -254,6 +258,26 @@ func (c *driverClient) VMMetrics(ctx context.Context, in *VMRequest, opts ...grp
 	return out, nil
 }
 
+func (c *driverClient) CreateVM(ctx context.Context, in *CreateVMRequest, opts ...grpc.CallOption) (*CreatedVM, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreatedVM)
+	err := c.cc.Invoke(ctx, Driver_CreateVM_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *driverClient) DeleteVM(ctx context.Context, in *DeleteVMRequest, opts ...grpc.CallOption) (*DeleteVMResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteVMResponse)
+	err := c.cc.Invoke(ctx, Driver_DeleteVM_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DriverServer is the server API for Driver service.
 // All implementations must embed UnimplementedDriverServer
 // for forward compatibility.
@@ -275,6 +299,8 @@ type DriverServer interface {
 	SnapshotDelete(context.Context, *SnapshotNameRequest) (*SnapshotDeleteResponse, error)
 	GuestNetwork(context.Context, *VMRequest) (*GuestNetworkResponse, error)
 	VMMetrics(context.Context, *VMRequest) (*VMMetricsResponse, error)
+	CreateVM(context.Context, *CreateVMRequest) (*CreatedVM, error)
+	DeleteVM(context.Context, *DeleteVMRequest) (*DeleteVMResponse, error)
 	mustEmbedUnimplementedDriverServer()
 }
 
@@ -335,6 +361,12 @@ func (UnimplementedDriverServer) GuestNetwork(context.Context, *VMRequest) (*Gue
 }
 func (UnimplementedDriverServer) VMMetrics(context.Context, *VMRequest) (*VMMetricsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method VMMetrics not implemented")
+}
+func (UnimplementedDriverServer) CreateVM(context.Context, *CreateVMRequest) (*CreatedVM, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateVM not implemented")
+}
+func (UnimplementedDriverServer) DeleteVM(context.Context, *DeleteVMRequest) (*DeleteVMResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteVM not implemented")
 }
 func (UnimplementedDriverServer) mustEmbedUnimplementedDriverServer() {}
 func (UnimplementedDriverServer) testEmbeddedByValue()                {}
@@ -663,6 +695,42 @@ func _Driver_VMMetrics_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Driver_CreateVM_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateVMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).CreateVM(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_CreateVM_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).CreateVM(ctx, req.(*CreateVMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Driver_DeleteVM_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteVMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).DeleteVM(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_DeleteVM_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).DeleteVM(ctx, req.(*DeleteVMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Driver_ServiceDesc is the grpc.ServiceDesc for Driver service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -737,6 +805,14 @@ var Driver_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "VMMetrics",
 			Handler:    _Driver_VMMetrics_Handler,
+		},
+		{
+			MethodName: "CreateVM",
+			Handler:    _Driver_CreateVM_Handler,
+		},
+		{
+			MethodName: "DeleteVM",
+			Handler:    _Driver_DeleteVM_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -24,6 +24,9 @@ type TemplateSource struct {
 	// Cmdline adds KEY=VALUE words to the guest's kernel command line
 	// (lab.Spec.Cmdline: QGA_BLOCK, CGROUP2).
 	Cmdline map[string]string `json:"cmdline,omitempty"`
+	// DiskMB is the virtual size of the VM's disk overlay (lab.Spec.DiskMB;
+	// 0: lab.DefaultDiskMB).
+	DiskMB int `json:"disk_mb,omitempty"`
 }
 
 // stateDir is the lab's state directory (LabDir is <state>/lab).
@@ -47,7 +50,7 @@ func (d *Driver) CreateVM(ctx context.Context, req hypervisor.CreateRequest) (hy
 	if err := hypervisor.DecodeSource(req.Source, &src); err != nil {
 		return hypervisor.CreatedVM{}, fmt.Errorf("qemu: create: %w", err)
 	}
-	spec := lab.Spec{Name: req.Name, StateDir: d.stateDir(), MemoryMB: int(req.MemoryMB), CPUs: int(req.CPUs), Cmdline: src.Cmdline}
+	spec := lab.Spec{Name: req.Name, StateDir: d.stateDir(), MemoryMB: int(req.MemoryMB), CPUs: int(req.CPUs), Cmdline: src.Cmdline, DiskMB: src.DiskMB}
 	if err := spec.Validate(); err != nil {
 		return hypervisor.CreatedVM{}, fmt.Errorf("qemu: create: %w: %w", hypervisor.ErrInvalidArgument, err)
 	}

@@ -111,6 +111,7 @@ func TestCreateRefusals(t *testing.T) {
 		{"unknown source field", d, hypervisor.CreateRequest{Name: "a", Mark: mark, Source: json.RawMessage(`{"imgae":"x"}`)}, hypervisor.ErrInvalidArgument},
 		{"bad cmdline key", d, hypervisor.CreateRequest{Name: "a", Mark: mark, Source: json.RawMessage(`{"cmdline":{"PATH":"/x"}}`)}, hypervisor.ErrInvalidArgument},
 		{"too little memory", d, hypervisor.CreateRequest{Name: "a", Mark: mark, MemoryMB: 64}, hypervisor.ErrInvalidArgument},
+		{"tiny disk", d, hypervisor.CreateRequest{Name: "a", Mark: mark, Source: json.RawMessage(`{"disk_mb":1}`)}, hypervisor.ErrInvalidArgument},
 		{"no image", d, hypervisor.CreateRequest{Name: "a", Mark: mark}, hypervisor.ErrBackend},
 		{"image not built", d, hypervisor.CreateRequest{Name: "a", Mark: mark, Source: json.RawMessage(`{"image":"/nonexistent"}`)}, hypervisor.ErrBackend},
 		{"bad mark", d, hypervisor.CreateRequest{Name: "a", Mark: "x"}, hypervisor.ErrInvalidArgument},
