@@ -48,6 +48,9 @@ type Spec struct {
 	// NIC gives the domain a virtio NIC on QEMU's user network (the lab
 	// guest sets 10.0.2.15/24 on it).
 	NIC bool
+	// DefineOnly defines a persistent domain without starting it (a
+	// template for vm_create); Boot returns once it is defined.
+	DefineOnly bool
 }
 
 // DiskMiB is the virtual size of a Spec.Disk disk.
@@ -114,6 +117,9 @@ func (s Spec) Validate() error {
 	}
 	if s.MemoryMiB < 0 || s.MemoryMiB > 4096 {
 		return bad("memory %d MiB out of range", s.MemoryMiB)
+	}
+	if s.DefineOnly && !s.Persistent {
+		return bad("a domain that is only defined must be persistent")
 	}
 	return nil
 }
@@ -227,6 +233,9 @@ func (d *Daemons) Boot(ctx context.Context, spec Spec, kernel, initrd string) (_
 	if spec.Persistent {
 		if h, err = l.DomainDefineXML(domXML); err == nil {
 			d.setHandle(dom, h)
+			if spec.DefineOnly {
+				return dom, nil
+			}
 			err = l.DomainCreate(h)
 		}
 	} else {
@@ -345,4 +354,17 @@ func (d *Daemons) Domains() []*Domain {
 	}
 	slices.SortFunc(out, func(a, b *Domain) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// Remove destroys (and undefines) one domain Boot made and forgets it, so
+// a test can take away what only it needed.
+func (d *Daemons) Remove(name string) error {
+	d.mu.Lock()
+	dom := d.domains[name]
+	delete(d.domains, name)
+	d.mu.Unlock()
+	if dom == nil {
+		return fmt.Errorf("libvirttest: remove %s: not booted", name)
+	}
+	return d.withConn(dom.destroy)
 }
