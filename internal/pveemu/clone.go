@@ -52,12 +52,14 @@ func (e *Emulator) vmClone(r *request) (any, *apiError) {
 	}
 	spec := VMSpec{VMID: newid, Node: target, Name: name, NoAgent: !v.agentOn, MemoryMB: v.memoryMB, Cores: v.cores}
 	v.mu.Unlock()
+	// "$newconf->{description} = $param->{description} if $param->{description}"
+	description, _ := strParam(r.params, "description")
 	return e.forkWorker(r, "qmclone", strconv.Itoa(v.vmid), func(t *task) *apiError {
 		if err := loadAndCheck(); err != nil {
 			return err
 		}
 		nv := newVM(spec)
-		nv.lock = "clone"
+		nv.lock, nv.description = "clone", description
 		e.mu.Lock()
 		if e.vms[newid] != nil {
 			e.mu.Unlock()

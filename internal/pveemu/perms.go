@@ -45,7 +45,7 @@ func userOf(tokenID string) string {
 // root@pam always has (PVE::RPCEnvironment::permissions). A subset: the
 // privileges the emulated methods check, per version.
 func rootPrivileges(v Version) []string {
-	p := []string{"VM.Allocate", "VM.Audit", "VM.Clone", "VM.Config.Disk", "VM.Console", "VM.Migrate",
+	p := []string{"VM.Allocate", "VM.Audit", "VM.Clone", "VM.Config.Disk", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Options", "VM.Console", "VM.Migrate",
 		"VM.Monitor", "VM.PowerMgmt", "VM.Snapshot", "VM.Snapshot.Rollback", "Sys.Audit", "Sys.Modify",
 		"Datastore.AllocateSpace", "Datastore.Audit", "Pool.Audit", "Permissions.Modify"}
 	if v.GuestAgentPrivileges() {

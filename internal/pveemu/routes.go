@@ -29,7 +29,7 @@ func (e *Emulator) routeTable() []route {
 		return route{method: method, path: "/nodes/{node}/qemu/{vmid}/agent/" + name, perm: e.agentPerm(name),
 			schema: vmProps(extra), proxyto: true, run: run}
 	}
-	return []route{
+	return append(e.configRoutes(), []route{
 		{method: "GET", path: "/version", schema: schema{props: map[string]prop{}}, run: (*Emulator).getVersion},
 		{method: "GET", path: "/cluster/resources", run: (*Emulator).clusterResources,
 			schema: schema{props: map[string]prop{"type": {typ: "string", optional: true, enum: []string{"vm", "storage", "node", "sdn"}}}}},
@@ -93,7 +93,7 @@ func (e *Emulator) routeTable() []route {
 		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/rrddata", perm: vmPerm("VM.Audit"), proxyto: true,
 			schema: vmProps(map[string]prop{"timeframe": {typ: "string", enum: []string{"hour", "day", "week", "month", "year"}},
 				"cf": {typ: "string", optional: true, enum: []string{"AVERAGE", "MAX"}}}), run: (*Emulator).vmRRDData},
-	}
+	}...)
 }
 
 // vmPerm is check => ['perm', '/vms/{vmid}', [PRIVS]].

@@ -37,17 +37,19 @@ type vm struct {
 	// one client at a time.
 	qmpSem chan struct{}
 	// mu guards the fields below (read without the config lock).
-	mu        sync.Mutex
-	node      string
-	name      string
-	agentOn   bool
-	template  bool
-	memoryMB  int
-	cores     int
-	lock      string
-	snapshots map[string]*snapshot
-	parent    string
-	started   time.Time
+	mu       sync.Mutex
+	node     string
+	name     string
+	agentOn  bool
+	template bool
+	memoryMB int
+	cores    int
+	// description is the config's free text (clone_vm's description).
+	description string
+	lock        string
+	snapshots   map[string]*snapshot
+	parent      string
+	started     time.Time
 }
 
 func newVM(s VMSpec) *vm {
