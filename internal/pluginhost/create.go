@@ -15,7 +15,7 @@ var _ hypervisor.Creator = (*Supervisor)(nil)
 
 // CreateVM implements hypervisor.Creator.
 func (s *Supervisor) CreateVM(ctx context.Context, req hypervisor.CreateRequest) (hypervisor.CreatedVM, error) {
-	return call(s, ctx, func(d hypervisor.Driver) (hypervisor.CreatedVM, error) {
+	return call(s, ctx, func(d remote) (hypervisor.CreatedVM, error) {
 		c, err := capability[hypervisor.Creator]("create", d)
 		if err != nil {
 			return hypervisor.CreatedVM{}, err
@@ -26,7 +26,7 @@ func (s *Supervisor) CreateVM(ctx context.Context, req hypervisor.CreateRequest)
 
 // DeleteVM implements hypervisor.Creator.
 func (s *Supervisor) DeleteVM(ctx context.Context, req hypervisor.DeleteRequest) error {
-	_, err := call(s, ctx, func(d hypervisor.Driver) (struct{}, error) {
+	_, err := call(s, ctx, func(d remote) (struct{}, error) {
 		c, err := capability[hypervisor.Creator]("delete", d)
 		if err != nil {
 			return struct{}{}, err

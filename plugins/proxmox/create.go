@@ -241,7 +241,7 @@ func (d *Driver) remove(ctx context.Context, ref vmRef, mark string) error {
 	if err := d.waitTask(ctx, ref, upid); err != nil {
 		return d.classify(op, err)
 	}
-	d.execs.Forget(strconv.Itoa(ref.vmid))
+	d.core.Forget(strconv.Itoa(ref.vmid))
 	if _, err := d.resources(ctx); err != nil {
 		d.log.Warn("the VM list could not be refreshed after a destroy", "vmid", ref.vmid, "err", err)
 	}
