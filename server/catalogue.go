@@ -166,6 +166,7 @@ func sessionField() field {
 //	tool_snapshots.go  snapshot_create, snapshot_list, snapshot_revert, snapshot_delete
 //	tool_observe.go    vm_network, vm_metrics
 //	tool_trash.go      restore_session_files
+//	tool_lifecycle.go  vm_create, vm_delete
 //
 // A new family (snapshots, VM lifecycle) gets its own tool_<family>.go and
 // its entries here.
@@ -190,6 +191,8 @@ func catalogue(l Limits) []*toolSpec {
 		vmNetworkTool(),
 		vmMetricsTool(),
 		restoreSessionFilesTool(),
+		createTool(),
+		deleteTool(),
 	}
 }
 

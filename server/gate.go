@@ -31,6 +31,8 @@ const (
 	TagUnknownVM   = "[UNKNOWN VM]"
 	TagBackend     = "[BACKEND ERROR]"
 	TagTimedOut    = "[TIMED OUT]"
+	// TagQuota: a vm_create that a quota has no room for (tool_lifecycle.go).
+	TagQuota = "[QUOTA EXCEEDED]"
 )
 
 // Audit decisions written by the gate besides the policy verdicts.
@@ -92,6 +94,9 @@ type call struct {
 	undo     *undoEntry
 	// keepFiles is the decision's keep_files (destroy_session, tool_trash.go).
 	keepFiles time.Duration
+	// quotas and lease are the policy's for a vm_create call.
+	quotas []policy.Quota
+	lease  *policy.LeaseSpec
 }
 
 // ticket is the gate's single-use permission for one call. Only the gate
@@ -293,6 +298,11 @@ func (g *gating) validate() (verdict, bool) {
 			return g.invalid(err.Error())
 		}
 	}
+	if cp, ok := typed.(completer); ok {
+		if err := cp.complete(g.s, valid); err != nil {
+			return g.invalid(err.Error())
+		}
+	}
 	c := g.conn
 	g.call = &call{id: g.rec.CallID, grant: c.grant, transport: c.transport, spec: g.spec, args: typed}
 	return verdict{}, false
@@ -338,6 +348,7 @@ func (g *gating) decide() (verdict, bool) {
 	g.decision = d
 	g.call.sandbox = d.Sandbox
 	g.call.snapshot, g.call.keepFiles = d.Snapshot, d.KeepFiles
+	g.call.quotas, g.call.lease = d.Quotas, d.Lease
 	g.rec.Rule, g.rec.Reason, g.rec.Shadow = d.Rule, d.Reason, d.Shadow
 	if hasRoundTrip(g.params) && !isClientChannel(d) {
 		return g.invalid("requestState and inputResponses answer a client approval, and this call asks for none")

@@ -55,6 +55,8 @@ func TestCatalogue(t *testing.T) {
 		"vm_network":            {readOnly: true, idempotent: true},
 		"vm_metrics":            {readOnly: true, idempotent: true},
 		"restore_session_files": {destructive: true}, // moves files into a session's directory
+		"vm_create":             {destructive: true}, // a new VM; two calls make two
+		"vm_delete":             {destructive: true},
 	}
 	got := map[string]bool{}
 	for _, tool := range r.Result.Tools {

@@ -21,7 +21,7 @@ import (
 var errorTags = []string{
 	strings.Trim(TagDenied, "[]"), strings.Trim(TagRateLimited, "[]"), strings.Trim(TagApproval, "[]"),
 	strings.Trim(TagInvalid, "[]"), strings.Trim(TagUnknownVM, "[]"), strings.Trim(TagBackend, "[]"),
-	strings.Trim(TagTimedOut, "[]"),
+	strings.Trim(TagTimedOut, "[]"), strings.Trim(TagQuota, "[]"),
 }
 
 // errorShape is the structuredContent of a tool error. The fields beyond

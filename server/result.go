@@ -44,6 +44,8 @@ func (r *result) outcomeName() string {
 		return "ok"
 	case TagTimedOut:
 		return "timed_out"
+	case TagQuota:
+		return "quota_exceeded"
 	}
 	return "error"
 }

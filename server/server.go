@@ -38,6 +38,7 @@ import (
 
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
+	"github.com/vmgate/vmgate/config"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/policy"
@@ -117,6 +118,14 @@ type Config struct {
 	Sessions      store.Sessions
 	GuestBinaries guestctl.Binaries
 	ReapEvery     time.Duration
+	// Templates are what vm_create makes VMs from (tool_lifecycle.go);
+	// each names one of Backends. Leases keeps the created VMs' leases
+	// (default: Store, when it keeps leases); without it vm_create refuses.
+	// LeaseReapEvery is how often the lease reaper runs (default
+	// DefaultLeaseReapEvery).
+	Templates      []config.Template
+	Leases         store.Leases
+	LeaseReapEvery time.Duration
 }
 
 // Server is the MCP server with its gate.
@@ -144,6 +153,8 @@ type Server struct {
 	stdioGrant    string
 	guest         *guestTools
 	undo          *undoKeeper // undo snapshots (undo.go)
+	templates     map[string]*config.Template
+	leases        *vmLeases // nil: no lease store
 
 	// mu guards closed; calls holds every call in flight so Close can wait.
 	mu     sync.Mutex
@@ -248,6 +259,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.undo = newUndoKeeper(s)
 	s.guest = newGuestTools(s, cfg)
+	if err := s.setupLeases(cfg); err != nil {
+		return nil, err
+	}
 	s.specs = catalogue(s.limits)
 	s.tools = make(map[string]*toolSpec, len(s.specs))
 	s.mcp = mcpserver.NewMCPServer(Name, Version,
@@ -276,6 +290,9 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	s.guest.stop()
 	s.calls.Wait()
+	if s.leases != nil {
+		s.leases.close()
+	}
 	var errs []error
 	for name, d := range s.backends {
 		if c, ok := d.(hypervisor.Closer); ok {

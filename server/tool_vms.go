@@ -13,10 +13,13 @@ import (
 func listVMsTool() *toolSpec {
 	return newTool(toolSpec{
 		name: "list_vms", title: "List VMs", readOnly: true, idempotent: true,
-		desc: "List the VMs you can use, with their power state. Use the returned ids as the vm argument of the other tools.",
+		desc: "List the VMs you can use, with their power state; a VM vm_create made shows the grant that created it and when its lease ends. Use the returned ids as the vm argument of the other tools.",
 		output: []map[string]any{oObject(map[string]any{
-			"vms":    oArray(oObject(map[string]any{"id": oString, "state": oString, "info": oString, "agent": oBoolean}, "id", "state")),
-			"errors": oArray(oObject(map[string]any{"backend": oString, "error": oString}, "backend", "error")),
+			"vms": oArray(oObject(map[string]any{"id": oString, "state": oString, "info": oString, "agent": oBoolean,
+				"created": oObject(map[string]any{"created_by": oString, "template": oString, "lease_ends": oTime, "lease_state": oString}, "created_by", "template", "lease_state"),
+			}, "id", "state")),
+			"errors":       oArray(oObject(map[string]any{"backend": oString, "error": oString}, "backend", "error")),
+			"leases_error": oString,
 		}, "vms")},
 	}, (*Server).runListVMs)
 }
@@ -37,6 +40,8 @@ type vmEntry struct {
 	State hypervisor.State `json:"state"`
 	Info  string           `json:"info,omitempty"`
 	Agent bool             `json:"agent,omitempty"`
+	// Created is set for a VM vm_create made.
+	Created *leaseInfo `json:"created,omitempty"`
 }
 
 func (s *Server) runListVMs(c *call, _ *noArgs) result {
@@ -48,6 +53,10 @@ func (s *Server) runListVMs(c *call, _ *noArgs) result {
 	vms := []vmEntry{}
 	var errs []map[string]string
 	var details []string
+	leases, leaseErr := s.leasesByVM(c)
+	if leaseErr != nil {
+		details = append(details, "leases: "+leaseErr.Error())
+	}
 	for _, b := range names {
 		list, err := s.backends[b].ListVMs(c.ctx)
 		if err != nil {
@@ -62,7 +71,11 @@ func (s *Server) runListVMs(c *call, _ *noArgs) result {
 				continue
 			}
 			if c.grant.vmVisible(id) {
-				vms = append(vms, vmEntry{ID: id, State: vm.State, Info: vm.Info, Agent: vm.Agent})
+				e := vmEntry{ID: id, State: vm.State, Info: vm.Info, Agent: vm.Agent}
+				if li, ok := leases[id]; ok {
+					e.Created = &li
+				}
+				vms = append(vms, e)
 			}
 		}
 	}
@@ -72,6 +85,10 @@ func (s *Server) runListVMs(c *call, _ *noArgs) result {
 		return r
 	}
 	out := map[string]any{"vms": vms}
+	const leasesDown = "the lease store does not answer, so created VMs are not marked"
+	if leaseErr != nil {
+		out["leases_error"] = leasesDown
+	}
 	if errs != nil {
 		out["errors"] = errs
 	}
@@ -79,9 +96,19 @@ func (s *Server) runListVMs(c *call, _ *noArgs) result {
 	fmt.Fprintf(&b, "%d VM(s)", len(vms))
 	for _, vm := range vms {
 		fmt.Fprintf(&b, "\n%s %s", vm.ID, vm.State)
+		if li := vm.Created; li != nil {
+			fmt.Fprintf(&b, " (created by %s from %s", li.CreatedBy, li.Template)
+			if li.LeaseEnds != "" {
+				fmt.Fprintf(&b, ", lease ends %s", li.LeaseEnds)
+			}
+			b.WriteString(")")
+		}
 	}
 	for _, e := range errs {
 		fmt.Fprintf(&b, "\nbackend %s: %s", e["backend"], e["error"])
+	}
+	if leaseErr != nil {
+		b.WriteString("\n" + leasesDown)
 	}
 	r := success(out, b.String())
 	r.detail = strings.Join(details, "; ")

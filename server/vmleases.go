@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vmgate/vmgate/config"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/store"
@@ -224,6 +225,9 @@ func (v *vmLeases) reap(ctx context.Context) leaseReport {
 	defer v.mu.Unlock()
 	var rep leaseReport
 	list, err := v.store.ListLeases(ctx)
+	if err != nil && ctx.Err() != nil {
+		return rep // stopped
+	}
 	if err != nil {
 		rep.Errors = append(rep.Errors, fmt.Errorf("server: lease reaper: %w", err))
 		v.log.Warn("server: lease reaper: list leases", "err", err)
@@ -276,4 +280,45 @@ func (v *vmLeases) close() {
 		v.stop()
 		<-v.done
 	}
+}
+
+// setupLeases takes cfg's templates and lease store and starts the lease
+// reaper. Every template must name a backend of cfg.
+func (s *Server) setupLeases(cfg Config) error {
+	s.templates = make(map[string]*config.Template, len(cfg.Templates))
+	for i := range cfg.Templates {
+		t := &cfg.Templates[i]
+		if _, ok := s.backends[t.Backend]; !ok {
+			return fmt.Errorf("server: new: template %q names backend %q, which the server does not have", t.Name, t.Backend)
+		}
+		if _, dup := s.templates[t.Name]; dup {
+			return fmt.Errorf("server: new: template %q defined twice", t.Name)
+		}
+		s.templates[t.Name] = t
+	}
+	ls := cfg.Leases
+	if ls == nil {
+		ls, _ = cfg.Store.(store.Leases)
+	}
+	if ls == nil {
+		return nil
+	}
+	every := cfg.LeaseReapEvery
+	if every <= 0 {
+		every = DefaultLeaseReapEvery
+	}
+	s.leases = &vmLeases{
+		store: ls,
+		creator: func(backend string) (hypervisor.Creator, bool) {
+			c, ok := s.backends[backend].(hypervisor.Creator)
+			return c, ok
+		},
+		now: s.now, log: s.log,
+		holder:     "reaper@" + rand.Text()[:10],
+		createHold: CreateDeadline + time.Minute,
+		deleteHold: DeleteDeadline + time.Minute,
+		every:      every,
+	}
+	s.leases.start()
+	return nil
 }

@@ -153,8 +153,10 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		return err
 	}
 	countedStore, countedLog := web.wrap(st, log)
+	leases, _ := st.(store.Leases) // every store type keeps them; the metrics wrapper does not pass them on
 	srv, err := server.New(server.Config{
 		Grants: grants, Backends: backends, Store: countedStore, Audit: countedLog, StdioGrant: o.grant,
+		Templates: cfg.Templates, Leases: leases,
 		Limits: server.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
 		HTTP:   httpOptions(cfg.HTTP),
 	})

@@ -1,0 +1,287 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/config"
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/policy/store/memory"
+)
+
+// lifecyclePolicy lets a grant hold 2 VMs and 1024 MiB, leases of 10 min
+// by default and 1 h at most.
+const lifecyclePolicy = `{"version":"1","default":"allow","tools":{"vm_create":{
+  "limits":[
+    {"counter":"vms","kind":"quota","max":2,"scope":"grant"},
+    {"counter":"vm_memory","kind":"quota","max":1024,"scope":"grant","weight":"args.memory_mb"}],
+  "lease":{"default_ttl":"10m","max_ttl":"1h"}}}}`
+
+func i64(v int64) *int64 { return &v }
+
+// labTemplate is a template on backend "lab": 256 MiB (128 to 1024), 1 CPU
+// (at most 2), VMs named lab-<suffix>.
+func labTemplate() config.Template {
+	return config.Template{Name: "lab", Backend: "lab", SourceJSON: json.RawMessage(`{}`),
+		MemoryMB: config.Range{Default: i64(256), Min: i64(128), Max: i64(1024)},
+		CPUs:     config.Range{Default: i64(1), Min: i64(1), Max: i64(2)}}
+}
+
+// lifecycle is a server whose backend "lab" makes VMs (a fakeCreator) and
+// lists vm1 (not created by vmgate) beside them, with grants "local" and
+// "other" that both see every VM.
+type lifecycle struct {
+	*fixture
+	fake    *fakeCreator
+	creates atomic.Int64
+	leases  *memory.Store
+}
+
+func newLifecycle(t *testing.T) *lifecycle {
+	t.Helper()
+	lc := &lifecycle{fake: newFakeCreator(), leases: memory.New()}
+	f := &fixture{calls: new(atomic.Int64), now: new(atomic.Int64), rec: &recorder{}, store: lc.leases}
+	f.now.Store(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano())
+	lc.fixture = f
+	lc.fixture.s = lc.server(t)
+	return lc
+}
+
+// server builds a Server over lc's store and VMs (a restart builds another).
+func (lc *lifecycle) server(t *testing.T) *Server {
+	t.Helper()
+	eng, err := policy.Parse("test.json", []byte(lifecyclePolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drv := &hypervisortest.Fake{
+		ListVMsFunc: func(ctx context.Context) ([]hypervisor.VM, error) {
+			vms := []hypervisor.VM{{Name: "vm1", State: hypervisor.StateRunning}}
+			for _, n := range lc.fake.names() {
+				vms = append(vms, hypervisor.VM{Name: n, State: hypervisor.StateRunning, Agent: true})
+			}
+			return vms, nil
+		},
+		CreateVMFunc: func(ctx context.Context, req hypervisor.CreateRequest) (hypervisor.CreatedVM, error) {
+			lc.creates.Add(1)
+			return lc.fake.CreateVM(ctx, req)
+		},
+		DeleteVMFunc: lc.fake.DeleteVM,
+	}
+	s, err := New(Config{
+		Grants:    []Grant{{Name: "local", Policy: eng}, {Name: "other", Policy: eng}},
+		Backends:  []Backend{{Name: "lab", Driver: drv}},
+		Store:     lc.leases,
+		Audit:     lc.rec,
+		Now:       func() time.Time { return time.Unix(0, lc.now.Load()) },
+		Templates: []config.Template{labTemplate()},
+		// The test reaps explicitly (reapNow); the background pass runs
+		// once at start.
+		LeaseReapEvery: time.Hour,
+	})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func (lc *lifecycle) reapNow(t *testing.T) leaseReport {
+	t.Helper()
+	return lc.s.leases.reap(context.Background())
+}
+
+func (lc *lifecycle) leaseCount(t *testing.T) int {
+	t.Helper()
+	list, err := lc.leases.ListLeases(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(list)
+}
+
+// TestVMCreateQuotaDelete: two VMs are made, a third is refused by the
+// quota without reaching the driver, list_vms marks the created VMs, and
+// vm_delete deletes one, giving its unit back.
+func TestVMCreateQuotaDelete(t *testing.T) {
+	lc := newLifecycle(t)
+	for _, name := range []string{"a", "b"} {
+		r := lc.call(t, "vm_create", `{"template":"lab","name":"`+name+`"}`)
+		if r.Result == nil || r.Result.IsError {
+			t.Fatalf("vm_create(%s) = %q; want success", name, r.text())
+		}
+		sc := r.Result.StructuredContent
+		if sc["vm"] != "lab/lab-"+name || sc["memory_mb"] != float64(256) || sc["cpus"] != float64(1) || sc["ttl_s"] != float64(600) {
+			t.Errorf("vm_create(%s) = %v; want lab/lab-%s, 256 MiB, 1 CPU, ttl 600 s", name, sc, name)
+		}
+	}
+	r := lc.call(t, "vm_create", `{"template":"lab","name":"c"}`)
+	if !hasTag(r, TagQuota) || !strings.Contains(r.text(), "quota vms is full: 2 of 2") || !strings.Contains(r.text(), "lab/lab-a") || !strings.Contains(r.text(), "vm_delete") {
+		t.Errorf("third vm_create = %q; want %s naming the quota, its holders and vm_delete", r.text(), TagQuota)
+	}
+	if n := lc.creates.Load(); n != 2 {
+		t.Errorf("CreateVM calls = %d; want 2 (the refused third never reaches the driver)", n)
+	}
+	list := lc.call(t, "list_vms", `{}`)
+	vms, _ := list.Result.StructuredContent["vms"].([]any)
+	var created []string
+	for _, v := range vms {
+		e := v.(map[string]any)
+		if c, ok := e["created"].(map[string]any); ok {
+			if c["created_by"] != "local" || c["template"] != "lab" || c["lease_ends"] != "2030-01-02T03:14:05Z" {
+				t.Errorf("list_vms %s created = %v; want by local from lab, lease ends 03:14:05", e["id"], c)
+			}
+			created = append(created, e["id"].(string))
+		}
+	}
+	if !slices.Equal(created, []string{"lab/lab-a", "lab/lab-b"}) || !strings.Contains(list.text(), "lab/lab-a running (created by local from lab, lease ends 2030-01-02T03:14:05Z)") {
+		t.Errorf("list_vms created = %v, text %q; want lab-a and lab-b marked, vm1 not", created, list.text())
+	}
+	if d := lc.call(t, "vm_delete", `{"vm":"lab/lab-a"}`); d.Result == nil || d.Result.IsError {
+		t.Fatalf("vm_delete(lab/lab-a) = %q; want success", d.text())
+	}
+	if got := lc.fake.names(); !slices.Equal(got, []string{"lab-b"}) {
+		t.Errorf("VMs after vm_delete = %v; want [lab-b]", got)
+	}
+	if r := lc.call(t, "vm_create", `{"template":"lab","name":"c","memory_mb":512}`); r.Result == nil || r.Result.IsError {
+		t.Errorf("vm_create after a delete = %q; want success (the unit came back)", r.text())
+	}
+	// The memory quota: 256 + 512 held, 512 more does not fit 1024. (The
+	// VM count would refuse it too; it is checked in policy order.)
+	if r := lc.call(t, "vm_create", `{"template":"lab","memory_mb":512}`); !hasTag(r, TagQuota) {
+		t.Errorf("vm_create over both quotas = %q; want %s", r.text(), TagQuota)
+	}
+	outcomes := map[string]int{}
+	for _, rec := range lc.rec.records() {
+		if rec.Kind == audit.KindOutcome && (rec.Tool == "vm_create" || rec.Tool == "vm_delete") {
+			outcomes[rec.Tool+" "+rec.Outcome]++
+		}
+	}
+	want := map[string]int{"vm_create ok": 3, "vm_create quota_exceeded": 2, "vm_delete ok": 1}
+	for k, n := range want {
+		if outcomes[k] != n {
+			t.Errorf("audit outcomes = %v; want %v", outcomes, want)
+			break
+		}
+	}
+}
+
+// TestVMCreateRefusals: arguments the template or the catalogue refuse
+// end the call before any lease or driver call.
+func TestVMCreateRefusals(t *testing.T) {
+	lc := newLifecycle(t)
+	for _, tc := range []struct{ args, want string }{
+		{`{"template":"nope"}`, `template: no template "nope" (the server has templates lab)`},
+		{`{"template":"../lab"}`, `no template "../lab"`},
+		{`{}`, `template`},
+		{`{"template":"lab","memory_mb":4096}`, "memory_mb: 4096 is out of this template's range 128 to 1024"},
+		{`{"template":"lab","memory_mb":1099511627776}`, "memory_mb"},
+		{`{"template":"lab","memory_mb":0}`, "memory_mb"},
+		{`{"template":"lab","cpus":3}`, "cpus: 3 is out of this template's range 1 to 2"},
+		{`{"template":"lab","ttl_s":-5}`, "ttl_s"},
+		{`{"template":"lab","ttl_s":0}`, "ttl_s"},
+		{`{"template":"lab","ttl_s":1.5}`, "ttl_s"},
+		{`{"template":"lab","name":"../x"}`, `name "../x": want [a-z0-9][a-z0-9-]*`},
+		{`{"template":"lab","name":"Web"}`, `want [a-z0-9][a-z0-9-]*`},
+		{`{"template":"lab","name":""}`, `want [a-z0-9][a-z0-9-]*`},
+		{`{"template":"lab","name":"` + strings.Repeat("a", 29) + `"}`, "would be 33 characters"},
+		{`{"template":"lab","source":{"disk":"/etc/shadow"}}`, `source`},
+		{`{"template":"lab","mark":"Lforged00"}`, `mark`},
+	} {
+		r := lc.call(t, "vm_create", tc.args)
+		if !hasTag(r, TagInvalid) || !strings.Contains(r.text(), tc.want) {
+			t.Errorf("vm_create(%s) = %q; want %s containing %q", tc.args, r.text(), TagInvalid, tc.want)
+		}
+	}
+	if n, l := lc.creates.Load(), lc.leaseCount(t); n != 0 || l != 0 {
+		t.Errorf("after refusals: %d CreateVM calls, %d leases; want none", n, l)
+	}
+}
+
+// TestVMDeleteRefusals: vm_delete never reaches the driver for a VM
+// vmgate did not create, nor for another grant's.
+func TestVMDeleteRefusals(t *testing.T) {
+	lc := newLifecycle(t)
+	if r := lc.call(t, "vm_create", `{"template":"lab","name":"mine"}`); r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_create = %q", r.text())
+	}
+	for _, tc := range []struct{ grant, args, tag, want string }{
+		{"local", `{"vm":"lab/vm1"}`, TagInvalid, "lab/vm1 was not created by vm_create"},
+		{"local", `{"vm":"lab/lab-gone"}`, TagInvalid, "was not created by vm_create"},
+		{"other", `{"vm":"lab/lab-mine"}`, TagDenied, "created by another grant"},
+		{"local", `{"vm":"nope/lab-mine"}`, TagUnknownVM, "no VM"},
+		{"local", `{"vm":"lab/../lab-mine"}`, TagUnknownVM, "no VM"},
+		{"local", `{"vm":"lab/lab-mine","force":true}`, TagInvalid, "force"},
+	} {
+		r := lc.sendAs(t, tc.grant, toolCall(1, "vm_delete", tc.args))
+		if !hasTag(r, tc.tag) || !strings.Contains(r.text(), tc.want) {
+			t.Errorf("vm_delete(%s) as %s = %q; want %s containing %q", tc.args, tc.grant, r.text(), tc.tag, tc.want)
+		}
+	}
+	lc.fake.mu.Lock()
+	deletes := len(lc.fake.deletes)
+	lc.fake.mu.Unlock()
+	if got := lc.fake.names(); deletes != 0 || !slices.Equal(got, []string{"lab-mine"}) {
+		t.Errorf("after refusals: %d DeleteVM calls, VMs %v; want none, [lab-mine]", deletes, got)
+	}
+}
+
+// TestVMLeaseEnds: a lease asked for past the policy's cap is capped; when
+// it ends the reaper deletes the VM, also the reaper of a server started
+// afterwards over the same store (a restart).
+func TestVMLeaseEnds(t *testing.T) {
+	lc := newLifecycle(t)
+	r := lc.call(t, "vm_create", `{"template":"lab","name":"short","ttl_s":60}`)
+	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["ttl_s"] != float64(60) {
+		t.Fatalf("vm_create(ttl 60) = %q", r.text())
+	}
+	r = lc.call(t, "vm_create", `{"template":"lab","name":"long","ttl_s":86400}`)
+	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["ttl_s"] != float64(3600) || r.Result.StructuredContent["ttl_clamped"] != true ||
+		!strings.Contains(r.text(), "ttl_s 86400 was capped by the policy") {
+		t.Fatalf("vm_create(ttl 86400) = %q, %v; want a lease of 3600 s, said to be capped", r.text(), r.Result.StructuredContent)
+	}
+	lc.advance(59 * time.Second)
+	if rep := lc.reapNow(t); len(rep.Deleted) != 0 {
+		t.Errorf("reap before the end = %+v; want nothing", rep)
+	}
+	lc.advance(time.Second)
+	if rep := lc.reapNow(t); !slices.Equal(rep.Deleted, []string{"lab/lab-short"}) || len(rep.Errors) != 0 {
+		t.Errorf("reap at the end = %+v; want lab/lab-short deleted", rep)
+	}
+	// A restart: the first server is gone, another opens the same store.
+	lc.s.Close()
+	lc.advance(time.Hour)
+	lc.s = lc.server(t)
+	if rep := lc.reapNow(t); len(rep.Errors) != 0 {
+		t.Errorf("reap after the restart = %+v", rep)
+	}
+	if got, n := lc.fake.names(), lc.leaseCount(t); len(got) != 0 || n != 0 {
+		t.Errorf("after the leases ended: VMs %v, %d leases; want none", got, n)
+	}
+}
+
+// TestVMCreateDriverFailure: a creation the driver fails leaves no lease:
+// the quota unit comes back.
+func TestVMCreateDriverFailure(t *testing.T) {
+	lc := newLifecycle(t)
+	lc.fake.create = func(req hypervisor.CreateRequest) (hypervisor.CreatedVM, error) {
+		return hypervisor.CreatedVM{}, errors.New("fake: disk full")
+	}
+	for range 3 {
+		if r := lc.call(t, "vm_create", `{"template":"lab"}`); !hasTag(r, TagBackend) {
+			t.Fatalf("vm_create with a failing driver = %q; want %s", r.text(), TagBackend)
+		}
+	}
+	if n := lc.leaseCount(t); n != 0 {
+		t.Errorf("leases after failed creations = %d; want 0 (a third would have hit the quota otherwise)", n)
+	}
+}
