@@ -53,7 +53,12 @@ const hostilePolicy = `{
     },
     "vm_file_read": {},
     "vm_file_write": { "action": "deny", "reason": "file writes are off for hostile input" },
-    "vm_power": { "action": "deny", "reason": "power is off for hostile input" }
+    "vm_power": { "action": "deny", "reason": "power is off for hostile input" },
+    "vm_create": {
+      "limits": [ { "counter": "vms", "kind": "quota", "max": 1, "scope": "grant" } ],
+      "lease": { "default_ttl": "1m", "max_ttl": "5m" }
+    },
+    "vm_delete": {}
   }
 }
 `
@@ -306,6 +311,13 @@ func (s sentinels) remove(t *testing.T, vm *lab.VM) {
 	guestRun(t, vm, "/bin/sh", "-c", fmt.Sprintf("kill %d; rm -f %s %s /tmp/chaos-*", s.pid, s.file, pwnedFile))
 }
 
+// hostileTemplates is a template "lab" (at most 1024 MiB and 2 CPUs) whose
+// source names an image that does not exist.
+func hostileTemplates(t *testing.T) string {
+	return fmt.Sprintf("templates:\n  - name: lab\n    backend: lab\n    source: {image: %q}\n    memory_mb: {default: 256, min: 128, max: 1024}\n    cpus: {max: 2}\n",
+		filepath.Join(t.TempDir(), "no-image"))
+}
+
 // TestHostile sends every case of the corpus raw over HTTP and stdio and
 // checks the refusal; the guest's sentinels must be unchanged at the end.
 func TestHostile(t *testing.T) {
@@ -321,6 +333,10 @@ func TestHostile(t *testing.T) {
 	s := writeConfig(t, configOpts{
 		grants: []grantSpec{{name: "agent", token: token, policy: hostilePolicy}, {name: "local", policy: hostilePolicy}},
 		vms:    []*lab.VM{v1},
+		// vm_create's cases (400-429) meet a real template, whose image
+		// does not exist: even a case that got through would boot nothing.
+		labDir:    filepath.Join(t.TempDir(), "lab"),
+		templates: hostileTemplates(t),
 	})
 	refused, passed, total := 0, 0, 0
 	count := func(c hostileCase, err error) {

@@ -56,6 +56,9 @@ type configOpts struct {
 	// far above an agent's (the budget and the session caps have their
 	// own test, TestInitializeFlood).
 	http string
+	// labDir, when set, lets backend "lab" make VMs there (lab_dir);
+	// templates is the config's templates section (YAML), if any.
+	labDir, templates string
 }
 
 // writeConfig writes a config for the lab VMs in o.vms (as backend "lab")
@@ -104,10 +107,17 @@ func writeConfig(t *testing.T, o configOpts) setup {
 			fmt.Fprintf(&b, "    requests_per_minute: %d\n", g.requestsPerMinute)
 		}
 	}
-	b.WriteString("backends:\n  - name: lab\n    driver: qemu\n    settings:\n      vms:\n")
+	b.WriteString("backends:\n  - name: lab\n    driver: qemu\n    settings:\n")
+	if o.labDir != "" {
+		fmt.Fprintf(&b, "      lab_dir: %q\n", o.labDir)
+	}
+	if len(o.vms) > 0 {
+		b.WriteString("      vms:\n")
+	}
 	for _, vm := range o.vms {
 		fmt.Fprintf(&b, "        - {name: %s, qmp: %q, qga: %q}\n", vm.Name, vm.QMPSocket, vm.QGASocket)
 	}
+	b.WriteString(o.templates)
 	if err := os.WriteFile(s.cfg, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
