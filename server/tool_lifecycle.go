@@ -177,6 +177,10 @@ func createFailure(id string, err error) result {
 		r := failure(TagInvalid, fmt.Sprintf("a VM named %s exists or is being made: choose another name", id), true)
 		r.detail = err.Error()
 		return r
+	case errors.Is(err, store.ErrUnavailable):
+		r := failure(TagBackend, "the lease store does not answer, so no VM was made; retry", true)
+		r.detail = err.Error()
+		return r
 	}
 	return driverFailure(err)
 }
