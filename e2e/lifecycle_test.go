@@ -1,0 +1,134 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/policy/store/bolt"
+)
+
+// lifecyclePolicy is the policy of TestNodeSDKLifecycle: the built-in
+// policy's quota of 2 VMs per grant, list_vms, exec and vm_delete.
+const lifecyclePolicy = `{
+  "version": "1",
+  "default": "deny",
+  "tools": {
+    "list_vms": {},
+    "vm_agent_exec": {},
+    "vm_create": {
+      "limits": [
+        { "counter": "vms_per_grant", "kind": "quota", "max": 2, "scope": "grant" },
+        { "counter": "vm_memory_per_grant", "kind": "quota", "max": 2048, "scope": "grant", "weight": "args.memory_mb" }
+      ],
+      "lease": { "default_ttl": "10m", "max_ttl": "1h" }
+    },
+    "vm_delete": {}
+  }
+}
+`
+
+// TestNodeSDKLifecycle runs lifecycle.test.mjs against a server whose lab
+// backend makes VMs from template "lab" (the lab image, a fresh overlay
+// each), then checks that nothing is left: no VM directory (overlay,
+// sockets), no QEMU process of the lab, no lease in the store.
+func TestNodeSDKLifecycle(t *testing.T) {
+	labtest.RequireQEMU(t)
+	node := requireNode(t)
+	vm := labtest.VM(t, vmName)
+	img := labtest.Image(t)
+	dir := t.TempDir()
+	bin := buildVMGate(t, dir)
+	state := filepath.Join(dir, "state")
+	if err := os.WriteFile(filepath.Join(dir, "policy.json"), []byte(lifecyclePolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf(`state_dir: %q
+audit:
+  fsync: always
+grants:
+  - name: local
+    policy: policy.json
+backends:
+  - name: lab
+    driver: qemu
+    settings:
+      lab: true
+      vms:
+        - {name: %s, qmp: %q, qga: %q}
+templates:
+  - name: lab
+    backend: lab
+    source: {image: %q}
+    memory_mb: {default: 256, min: 128, max: 512}
+`, state, vmName, vm.QMPSocket, vm.QGASocket, img.Dir)
+	cfgPath := filepath.Join(dir, "vmgate.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	labDir := filepath.Join(state, "lab")
+	t.Cleanup(func() { stopLeftovers(t, labDir) })
+	env := append(os.Environ(),
+		"VMGATE_BIN="+bin,
+		"VMGATE_E2E_CONFIG="+cfgPath,
+		"VMGATE_E2E_STATE="+state,
+		"VMGATE_E2E_VM=lab/"+vmName,
+		"VMGATE_E2E_TEMPLATE=lab",
+	)
+	runNode(t, node, env, "lifecycle.test.mjs")
+
+	// Nothing left: no VM directory, no QEMU of the lab, no lease.
+	if ents, err := os.ReadDir(labDir); err != nil || len(ents) != 0 {
+		names := []string{}
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("lab directory after the scenario: %v, %v; want it empty (no overlay, no socket)", names, err)
+	}
+	if procs := qemuUnder(labDir); len(procs) != 0 {
+		t.Errorf("QEMU processes of the lab directory after the scenario: %v; want none", procs)
+	}
+	st, err := bolt.Open(filepath.Join(state, "store.db"), bolt.Options{})
+	if err != nil {
+		t.Fatalf("open the store: %v", err)
+	}
+	defer st.Close()
+	leases, err := st.ListLeases(context.Background())
+	if err != nil || len(leases) != 0 {
+		t.Errorf("leases after the scenario = %+v, %v; want none", leases, err)
+	}
+}
+
+// qemuUnder lists the pids of QEMU processes whose command line names dir.
+func qemuUnder(dir string) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(cmd), "qemu-system") && strings.Contains(string(cmd), dir+"/") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// stopLeftovers kills, by pid, the QEMU of any VM a failed scenario left
+// in dir (a passing one leaves none).
+func stopLeftovers(t *testing.T, dir string) {
+	for _, pid := range qemuUnder(dir) {
+		var n int
+		if _, err := fmt.Sscan(pid, &n); err == nil {
+			if p, err := os.FindProcess(n); err == nil {
+				t.Logf("killing leftover QEMU %d", n)
+				p.Kill()
+			}
+		}
+	}
+}
