@@ -1,0 +1,153 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/redistest"
+	"github.com/vmgate/vmgate/policy/store/redis"
+)
+
+// quotaPolicy: at most 3 VMs alive on the whole deployment, leases of 90 s.
+const quotaPolicy = `{
+  "version": "1",
+  "default": "deny",
+  "tools": {
+    "list_vms": {},
+    "vm_create": {
+      "limits": [ { "counter": "fleet_vms", "kind": "quota", "max": 3, "scope": "global" } ],
+      "lease": { "default_ttl": "90s", "max_ttl": "90s" }
+    },
+    "vm_delete": {}
+  }
+}
+`
+
+// TestVMQuotaReplicas: 8 concurrent vm_create calls on two replicas that
+// share Redis and a lab directory create exactly 3 VMs (the quota); both
+// replicas are then killed with SIGKILL while the VMs are leased, one is
+// restarted, and its reaper deletes the VMs when their leases end: no QEMU
+// process, no VM directory, no lease is left.
+func TestVMQuotaReplicas(t *testing.T) {
+	labtest.RequireQEMU(t)
+	binary(t)
+	img := labtest.Image(t)
+	addr, _, _ := redistest.Start(t)
+	labDir := filepath.Join(t.TempDir(), "lab")
+	t.Cleanup(func() { killQEMUUnder(t, labDir) })
+	// Configured VMs are not needed: a ghost keeps the backend's vms list
+	// like the other cases'.
+	ghost := &lab.VM{Name: "ghost", QMPSocket: filepath.Join(t.TempDir(), "qmp.sock"), QGASocket: filepath.Join(t.TempDir(), "qga.sock")}
+	templates := fmt.Sprintf("templates:\n  - name: lab\n    backend: lab\n    source: {image: %q}\n    memory_mb: {default: 128}\n", img.Dir)
+	token, prefix := newToken(), "chaos-"+newToken()[:8]+":"
+	var cfgs []setup
+	var procs []*serveProc
+	for range 2 {
+		s := writeConfig(t, configOpts{
+			store: "redis", redisURL: "redis://" + addr, prefix: prefix,
+			grants: []grantSpec{{name: "agent", token: token, policy: quotaPolicy}},
+			vms:    []*lab.VM{ghost}, labDir: labDir, templates: templates,
+		})
+		cfgs = append(cfgs, s)
+		procs = append(procs, startServe(t, s.cfg))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	var made []string
+	var wg sync.WaitGroup
+	for i := range 8 {
+		c := newHTTPClient(procs[i%2].url, token)
+		if err := c.initialize(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			r, err := c.call(ctx, "vm_create", map[string]any{"template": "lab", "name": fmt.Sprintf("q%d", i)})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				outcomes["error: "+err.Error()]++
+				return
+			}
+			outcomes[r.outcome()]++
+			if r.outcome() == "ok" {
+				made = append(made, fmt.Sprintf("q%d", i))
+			}
+		})
+	}
+	wg.Wait()
+	if outcomes["ok"] != 3 || outcomes["[QUOTA EXCEEDED]"] != 5 {
+		t.Fatalf("8 concurrent vm_create against a quota of 3 on 2 replicas: %v; want 3 ok, 5 [QUOTA EXCEEDED]", outcomes)
+	}
+	if procs := qemuUnderDir(labDir); len(procs) != 3 {
+		t.Errorf("QEMU processes in the lab directory = %d; want the 3 created VMs", len(procs))
+	}
+	// kill -9 while the VMs are leased; the VMs outlive their servers.
+	for _, p := range procs {
+		p.kill()
+	}
+	if procs := qemuUnderDir(labDir); len(procs) != 3 {
+		t.Fatalf("QEMU processes after kill -9 of both servers = %d; want 3 (the VMs outlive them)", len(procs))
+	}
+	p := startServe(t, cfgs[1].cfg)
+	defer p.stop()
+	err := until(5*time.Minute, func() error {
+		if procs := qemuUnderDir(labDir); len(procs) != 0 {
+			return fmt.Errorf("%d QEMU processes still run", len(procs))
+		}
+		if ents, _ := os.ReadDir(labDir); len(ents) != 0 {
+			return fmt.Errorf("%d VM directories left", len(ents))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("after the restart the leases' end should delete %v: %v", made, err)
+	}
+	st, err := redis.Open("redis://"+addr, redis.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	leases, err := st.ListLeases(ctx)
+	if err != nil || len(leases) != 0 {
+		t.Errorf("leases left in Redis = %+v, %v; want none", leases, err)
+	}
+	report.add("vm quota", "8 concurrent vm_create, 2 replicas on Redis, quota 3; kill -9 both, restart one",
+		fmt.Sprintf("created %d (want 3), all deleted at lease end after the restart", outcomes["ok"]))
+}
+
+// qemuUnderDir lists the pids of QEMU processes whose command line names dir.
+func qemuUnderDir(dir string) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmd), "qemu-system") && strings.Contains(string(cmd), dir+"/") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// killQEMUUnder kills, by pid, the QEMU of any VM a failed run left in dir.
+func killQEMUUnder(t *testing.T, dir string) {
+	for _, pid := range qemuUnderDir(dir) {
+		var n int
+		if _, err := fmt.Sscan(pid, &n); err != nil {
+			continue
+		}
+		if p, err := os.FindProcess(n); err == nil && !errors.Is(p.Kill(), os.ErrProcessDone) {
+			t.Logf("killed leftover QEMU %d", n)
+		}
+	}
+}
