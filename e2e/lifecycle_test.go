@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/libvirttest"
 	"github.com/vmgate/vmgate/policy/store/bolt"
 )
 
@@ -78,6 +80,7 @@ templates:
 		"VMGATE_E2E_STATE="+state,
 		"VMGATE_E2E_VM=lab/"+vmName,
 		"VMGATE_E2E_TEMPLATE=lab",
+		"VMGATE_E2E_HOSTNAMES=1",
 	)
 	runNode(t, node, env, "lifecycle.test.mjs")
 
@@ -130,5 +133,91 @@ func stopLeftovers(t *testing.T, dir string) {
 				p.Kill()
 			}
 		}
+	}
+}
+
+// libvirtTemplate is the shut-off domain TestNodeSDKLifecycleLibvirt clones.
+const libvirtTemplate = "vmgate-e2e-tmpl"
+
+// TestNodeSDKLifecycleLibvirt runs lifecycle.test.mjs through the libvirt
+// driver on a real libvirtd (internal/libvirttest): template "lab" clones
+// a shut-off domain onto transient overlays of its disk. Afterwards only
+// the template domain is left, with no overlay next to its disk, and the
+// store holds no lease.
+func TestNodeSDKLifecycleLibvirt(t *testing.T) {
+	labtest.RequireQEMU(t)
+	libvirttest.Require(t)
+	node := requireNode(t)
+	env := libvirttest.Env(t)
+	t.Cleanup(func() {
+		if err := libvirttest.Stop(); err != nil {
+			t.Errorf("stop libvirtd: %v", err)
+		}
+	})
+	img := labtest.Image(t)
+	ctx, cancel := context.WithTimeout(context.Background(), libvirttest.BootTimeout)
+	defer cancel()
+	spec := libvirttest.Spec{Name: libvirtTemplate, Persistent: true, DefineOnly: true, Disk: true, NIC: true}
+	if _, err := env.Boot(ctx, spec, img.Kernel, img.Initrd); err != nil {
+		t.Fatalf("define the template domain: %v", err)
+	}
+	dir := t.TempDir()
+	bin := buildVMGate(t, dir)
+	state := filepath.Join(dir, "state")
+	if err := os.WriteFile(filepath.Join(dir, "policy.json"), []byte(lifecyclePolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf(`state_dir: %q
+audit:
+  fsync: always
+grants:
+  - name: local
+    policy: policy.json
+backends:
+  - name: virt
+    driver: libvirt
+    settings: {uri: %q}
+templates:
+  - name: lab
+    backend: virt
+    source: {domain: %s}
+    memory_mb: {default: 192, min: 128, max: 512}
+`, state, env.URI(), libvirtTemplate)
+	cfgPath := filepath.Join(dir, "vmgate.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runNode(t, node, append(os.Environ(),
+		"VMGATE_BIN="+bin,
+		"VMGATE_E2E_CONFIG="+cfgPath,
+		"VMGATE_E2E_STATE="+state,
+		"VMGATE_E2E_VM=virt/"+libvirtTemplate,
+		"VMGATE_E2E_TEMPLATE=lab",
+		"VMGATE_E2E_BACKEND=virt",
+	), "lifecycle.test.mjs")
+
+	out, err := exec.Command("virsh", "-c", env.URI(), "list", "--all", "--name").CombinedOutput()
+	if err != nil {
+		t.Fatalf("virsh list: %v: %s", err, out)
+	}
+	if got := strings.Fields(string(out)); len(got) != 1 || got[0] != libvirtTemplate {
+		t.Errorf("domains after the scenario = %v; want only the template %s", got, libvirtTemplate)
+	}
+	ents, err := os.ReadDir(filepath.Join(env.Dir, "domains", libvirtTemplate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.Contains(e.Name(), "TRANSIENT") {
+			t.Errorf("overlay %s left next to the template's disk", e.Name())
+		}
+	}
+	st, err := bolt.Open(filepath.Join(state, "store.db"), bolt.Options{})
+	if err != nil {
+		t.Fatalf("open the store: %v", err)
+	}
+	defer st.Close()
+	if leases, err := st.ListLeases(context.Background()); err != nil || len(leases) != 0 {
+		t.Errorf("leases after the scenario = %+v, %v; want none", leases, err)
 	}
 }
