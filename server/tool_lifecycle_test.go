@@ -44,11 +44,17 @@ type lifecycle struct {
 	fake    *fakeCreator
 	creates atomic.Int64
 	leases  *memory.Store
+	policy  string
 }
 
 func newLifecycle(t *testing.T) *lifecycle {
 	t.Helper()
-	lc := &lifecycle{fake: newFakeCreator(), leases: memory.New()}
+	return newLifecycleWith(t, lifecyclePolicy)
+}
+
+func newLifecycleWith(t *testing.T, pol string) *lifecycle {
+	t.Helper()
+	lc := &lifecycle{fake: newFakeCreator(), leases: memory.New(), policy: pol}
 	f := &fixture{calls: new(atomic.Int64), now: new(atomic.Int64), rec: &recorder{}, store: lc.leases}
 	f.now.Store(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano())
 	lc.fixture = f
@@ -59,7 +65,7 @@ func newLifecycle(t *testing.T) *lifecycle {
 // server builds a Server over lc's store and VMs (a restart builds another).
 func (lc *lifecycle) server(t *testing.T) *Server {
 	t.Helper()
-	eng, err := policy.Parse("test.json", []byte(lifecyclePolicy))
+	eng, err := policy.Parse("test.json", []byte(lc.policy))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,5 +289,27 @@ func TestVMCreateDriverFailure(t *testing.T) {
 	}
 	if n := lc.leaseCount(t); n != 0 {
 		t.Errorf("leases after failed creations = %d; want 0 (a third would have hit the quota otherwise)", n)
+	}
+}
+
+// TestVMCreateApproval: a policy that wants vm_create approved parks it
+// without making anything; the approved identical call (the template's
+// defaults filled in the same way) makes the VM, once.
+func TestVMCreateApproval(t *testing.T) {
+	lc := newLifecycleWith(t, `{"version":"1","default":"allow","tools":{"vm_create":{"action":"approve","approval":{"channel":"operator","ttl":"10m"}}}}`)
+	const args = `{"template":"lab","name":"ok"}`
+	r := lc.call(t, "vm_create", args)
+	id, _ := r.Result.StructuredContent["approval_id"].(string)
+	if !hasTag(r, TagApproval) || id == "" || lc.creates.Load() != 0 {
+		t.Fatalf("vm_create under approval = %q (%d creates); want %s with an id and nothing made", r.text(), lc.creates.Load(), TagApproval)
+	}
+	if _, err := lc.leases.DecideApproval(context.Background(), id, true, "op", "", time.Unix(0, lc.now.Load())); err != nil {
+		t.Fatal(err)
+	}
+	if r := lc.call(t, "vm_create", args); r.Result == nil || r.Result.IsError || r.Result.StructuredContent["vm"] != "lab/lab-ok" {
+		t.Fatalf("approved vm_create = %q; want lab/lab-ok made", r.text())
+	}
+	if r := lc.call(t, "vm_create", args); !hasTag(r, TagApproval) || lc.creates.Load() != 1 {
+		t.Errorf("vm_create again = %q (%d creates); want a new approval and one VM only", r.text(), lc.creates.Load())
 	}
 }
