@@ -30,6 +30,8 @@
 //	6a, 6b  scale: list_vms of 500 VMs; exec throughput of 4 lab VMs against 1
 //	7       memory: RSS of vmgate serve and its plugins after the load against idle
 //	8       sandbox: exec in a sandboxed session against outside any session
+//	10      VMs on demand: vm_create to the first exec on the lab template against
+//	        lab.Create to the first raw guest-exec
 //
 // The table goes to standard output, progress to standard error. The exit
 // status is 1 when any row failed.
@@ -51,7 +53,7 @@ import (
 )
 
 // groups are the names -only accepts, in the order they run.
-var groups = []string{"decide", "scale", "audit", "plugin", "gate", "shipped", "lab", "snapshot"}
+var groups = []string{"decide", "scale", "audit", "plugin", "gate", "shipped", "lab", "snapshot", "create"}
 
 // options are the command's flags, validated.
 type options struct {
@@ -100,7 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	}
-	return o, errors.Join(needs("vmgate", o.vmgate, "lab", "shipped", "snapshot"),
+	return o, errors.Join(needs("vmgate", o.vmgate, "lab", "shipped", "snapshot", "create"),
 		needs("tests", o.tests, "audit", "plugin", "gate"), needs("src", o.src, "audit", "plugin", "gate"))
 }
 
@@ -165,6 +167,8 @@ func main() {
 			rows = append(rows, labRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "snapshot":
 			rows = append(rows, snapshotRows(ctx, o.vmgate, o.warmup, o.pairs)...)
+		case "create":
+			rows = append(rows, createRow(ctx, o.vmgate, o.warmup, o.pairs))
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s took %v\n", g, time.Since(t0).Round(time.Second))
 	}
