@@ -76,6 +76,11 @@ func TestStateCache(t *testing.T) {
 		}},
 		{"SnapshotRevert", func() error { return s.SnapshotRevert(ctx, "vm1", "s1") }},
 		{"SnapshotDelete", func() error { return s.SnapshotDelete(ctx, "vm1", "s1") }},
+		{"CreateVM", func() error {
+			_, err := s.CreateVM(ctx, hypervisor.CreateRequest{Name: "c1", Mark: "Lcachetest01"})
+			return err
+		}},
+		{"DeleteVM", func() error { return s.DeleteVM(ctx, hypervisor.DeleteRequest{Name: "c1", Mark: "Lcachetest01"}) }},
 	} {
 		before, beforeList := status(t, s), listInfo(t, s)
 		if err := change.do(); err != nil {

@@ -59,8 +59,9 @@ func (*countingSettings) Validate() error { return nil }
 
 // newCounting is a fake driver with one VM, vm1, that numbers the calls
 // that reach it: Status's Detail and ListVMs's Info are "pid:n" for the
-// n-th call to reach this plugin process. Power, FileWrite, FileRead and
-// a disk-only snapshot's create, revert and delete succeed (and count too).
+// n-th call to reach this plugin process. Power, FileWrite, FileRead, a
+// disk-only snapshot's create, revert and delete, CreateVM and DeleteVM
+// succeed (and count too).
 func newCounting(context.Context, *countingSettings) (hypervisor.Driver, error) {
 	var n atomic.Int64
 	next := func() string { return strconv.Itoa(os.Getpid()) + ":" + strconv.FormatInt(n.Add(1), 10) }
@@ -87,6 +88,11 @@ func newCounting(context.Context, *countingSettings) (hypervisor.Driver, error) 
 		SnapshotRevertFunc: func(context.Context, string, string) error { next(); return nil },
 		SnapshotDeleteFunc: func(context.Context, string, string) error { next(); return nil },
 		Modes:              hypervisor.SnapshotModes{DiskOnly: true},
+		CreateVMFunc: func(_ context.Context, req hypervisor.CreateRequest) (hypervisor.CreatedVM, error) {
+			next()
+			return hypervisor.CreatedVM{Name: req.Name}, nil
+		},
+		DeleteVMFunc: func(context.Context, hypervisor.DeleteRequest) error { next(); return nil },
 	}, nil
 }
 
