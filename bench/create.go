@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/vmgate/vmgate/guest/image"
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/internal/lab"
 )
@@ -110,9 +111,13 @@ func (l *labEnv) viaVMGate(ctx context.Context, cfg string) (float64, error) {
 
 // viaLab times lab.Create and a raw guest-exec, then removes the VM.
 func (l *labEnv) viaLab(ctx context.Context) (float64, error) {
+	img, err := image.Newest(l.stateDir) // the image vm_create boots (a nil Image would build one)
+	if err != nil {
+		return 0, err
+	}
 	name := "base" + strconv.FormatInt(time.Now().UnixNano()%1e6, 10)
 	t0 := time.Now()
-	vm, err := lab.Create(ctx, lab.Spec{Name: name, StateDir: l.stateDir}, createMark)
+	vm, err := lab.Create(ctx, lab.Spec{Name: name, StateDir: l.stateDir, Image: &img}, createMark)
 	if err != nil {
 		return 0, err
 	}
