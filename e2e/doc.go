@@ -12,5 +12,9 @@
 // tool's outputSchema, the annotations of every tool, and the guest's own
 // reasons in errors. TestNodeSDKUndo runs undo.test.mjs against a server of
 // its own (snapshot_before and an approved revert, the session trash,
-// vm_network, vm_metrics under load). Run `npm ci --prefix e2e` first.
+// vm_network, vm_metrics under load). TestNodeSDKLifecycle and
+// TestNodeSDKLifecycleLibvirt run lifecycle.test.mjs (VMs on demand:
+// vm_create, quota, vm_delete, lease end) through the QEMU lab and through
+// libvirt on a real libvirtd, and check that nothing is left. Run `npm ci
+// --prefix e2e` first.
 package e2e
