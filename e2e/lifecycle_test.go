@@ -43,19 +43,7 @@ func TestNodeSDKLifecycle(t *testing.T) {
 	node := requireNode(t)
 	vm := labtest.VM(t, vmName)
 	img := labtest.Image(t)
-	dir := t.TempDir()
-	bin := buildVMGate(t, dir)
-	state := filepath.Join(dir, "state")
-	if err := os.WriteFile(filepath.Join(dir, "policy.json"), []byte(lifecyclePolicy), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := fmt.Sprintf(`state_dir: %q
-audit:
-  fsync: always
-grants:
-  - name: local
-    policy: policy.json
-backends:
+	bin, state, cfgPath := lifecycleSetup(t, fmt.Sprintf(`backends:
   - name: lab
     driver: qemu
     settings:
@@ -67,11 +55,7 @@ templates:
     backend: lab
     source: {image: %q}
     memory_mb: {default: 256, min: 128, max: 512}
-`, state, vmName, vm.QMPSocket, vm.QGASocket, img.Dir)
-	cfgPath := filepath.Join(dir, "vmgate.yaml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+`, vmName, vm.QMPSocket, vm.QGASocket, img.Dir))
 	labDir := filepath.Join(state, "lab")
 	t.Cleanup(func() { stopLeftovers(t, labDir) })
 	env := append(os.Environ(),
@@ -95,13 +79,37 @@ templates:
 	if procs := qemuUnder(labDir); len(procs) != 0 {
 		t.Errorf("QEMU processes of the lab directory after the scenario: %v; want none", procs)
 	}
+	noLeases(t, state)
+}
+
+// lifecycleSetup builds vmgate and writes lifecyclePolicy and a config of
+// grant "local" (stdio) with backendsAndTemplates (YAML); it returns the
+// binary, the state directory and the config file.
+func lifecycleSetup(t *testing.T, backendsAndTemplates string) (bin, state, cfgPath string) {
+	t.Helper()
+	dir := t.TempDir()
+	bin = buildVMGate(t, dir)
+	state = filepath.Join(dir, "state")
+	if err := os.WriteFile(filepath.Join(dir, "policy.json"), []byte(lifecyclePolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf("state_dir: %q\naudit:\n  fsync: always\ngrants:\n  - name: local\n    policy: policy.json\n", state) + backendsAndTemplates
+	cfgPath = filepath.Join(dir, "vmgate.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return bin, state, cfgPath
+}
+
+// noLeases checks that the bbolt store in state holds no lease.
+func noLeases(t *testing.T, state string) {
+	t.Helper()
 	st, err := bolt.Open(filepath.Join(state, "store.db"), bolt.Options{})
 	if err != nil {
 		t.Fatalf("open the store: %v", err)
 	}
 	defer st.Close()
-	leases, err := st.ListLeases(context.Background())
-	if err != nil || len(leases) != 0 {
+	if leases, err := st.ListLeases(context.Background()); err != nil || len(leases) != 0 {
 		t.Errorf("leases after the scenario = %+v, %v; want none", leases, err)
 	}
 }
@@ -161,19 +169,7 @@ func TestNodeSDKLifecycleLibvirt(t *testing.T) {
 	if _, err := env.Boot(ctx, spec, img.Kernel, img.Initrd); err != nil {
 		t.Fatalf("define the template domain: %v", err)
 	}
-	dir := t.TempDir()
-	bin := buildVMGate(t, dir)
-	state := filepath.Join(dir, "state")
-	if err := os.WriteFile(filepath.Join(dir, "policy.json"), []byte(lifecyclePolicy), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := fmt.Sprintf(`state_dir: %q
-audit:
-  fsync: always
-grants:
-  - name: local
-    policy: policy.json
-backends:
+	bin, state, cfgPath := lifecycleSetup(t, fmt.Sprintf(`backends:
   - name: virt
     driver: libvirt
     settings: {uri: %q}
@@ -182,11 +178,7 @@ templates:
     backend: virt
     source: {domain: %s}
     memory_mb: {default: 192, min: 128, max: 512}
-`, state, env.URI(), libvirtTemplate)
-	cfgPath := filepath.Join(dir, "vmgate.yaml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+`, env.URI(), libvirtTemplate))
 	runNode(t, node, append(os.Environ(),
 		"VMGATE_BIN="+bin,
 		"VMGATE_E2E_CONFIG="+cfgPath,
@@ -212,12 +204,5 @@ templates:
 			t.Errorf("overlay %s left next to the template's disk", e.Name())
 		}
 	}
-	st, err := bolt.Open(filepath.Join(state, "store.db"), bolt.Options{})
-	if err != nil {
-		t.Fatalf("open the store: %v", err)
-	}
-	defer st.Close()
-	if leases, err := st.ListLeases(context.Background()); err != nil || len(leases) != 0 {
-		t.Errorf("leases after the scenario = %+v, %v; want none", leases, err)
-	}
+	noLeases(t, state)
 }
