@@ -87,7 +87,12 @@ func (l *labEnv) viaVMGate(ctx context.Context, cfg string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer p.kill()
+	stopped := false
+	defer func() {
+		if !stopped {
+			p.kill() // kill waits for the process: once, and not after stop
+		}
+	}()
 	t0 := time.Now()
 	res, err := p.client.callTool(ctx, "vm_create", `{"template":"lab"}`)
 	if err != nil {
@@ -106,6 +111,7 @@ func (l *labEnv) viaVMGate(ctx context.Context, cfg string) (float64, error) {
 	if _, err := p.client.callTool(ctx, "vm_delete", `{"vm":`+strconv.Quote(made.VM)+`}`); err != nil {
 		return 0, err
 	}
+	stopped = true
 	return took.Seconds(), p.stop()
 }
 
