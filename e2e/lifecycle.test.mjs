@@ -6,9 +6,7 @@
 // the host.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { env, TAGS, call, ok, text, assertTag } from './lib.mjs';
+import { env, TAGS, call, ok, text, assertTag, connectStdio } from './lib.mjs';
 
 const template = process.env.VMGATE_E2E_TEMPLATE;
 // backend is the backend of the template (lab: the QEMU lab; virt: libvirt);
@@ -20,18 +18,6 @@ const skip = !env.bin || !env.config || !template
   ? 'run through `go test ./e2e -run TestNodeSDKLifecycle` (it writes the config and sets VMGATE_E2E_TEMPLATE)'
   : false;
 const createTimeout = 360_000; // a TCG guest on a loaded machine boots slowly
-
-async function connect() {
-  const transport = new StdioClientTransport({
-    command: env.bin,
-    args: ['serve', '--config', env.config, '--grant', 'local'],
-    env: { ...process.env, VMGATE_LOG_LEVEL: 'warn' },
-    stderr: 'inherit',
-  });
-  const client = new Client({ name: 'vmgate-e2e-lifecycle', version: '1.0.0' });
-  await client.connect(transport);
-  return client;
-}
 
 async function create(client, args) {
   const res = await call(client, 'vm_create', { template, ...args }, createTimeout);
@@ -45,7 +31,7 @@ async function created(client) {
 }
 
 test('vm_create, exec, quota, vm_delete, lease end', { skip, timeout: 15 * 60_000 }, async () => {
-  const client = await connect();
+  const client = await connectStdio('local', 'vmgate-e2e-lifecycle');
   try {
     const { tools } = await client.listTools();
     for (const name of ['vm_create', 'vm_delete']) {
