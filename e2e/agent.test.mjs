@@ -39,6 +39,8 @@ const ANNOTATIONS = {
   vm_network: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
   vm_metrics: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
   restore_session_files: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
+  vm_create: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
+  vm_delete: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
 };
 
 const unknownVM = (vm) => `${TAGS.unknownVM} no VM ${JSON.stringify(vm)} (list_vms shows the VMs you can use)`;
