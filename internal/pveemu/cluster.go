@@ -2,6 +2,7 @@ package pveemu
 
 import (
 	"encoding/json"
+	"runtime"
 	"time"
 )
 
@@ -128,7 +129,8 @@ func privMap(m map[string]bool) map[string]int {
 }
 
 // vmStatus is qemu-server src/PVE/API2/Qemu.pm vm_status: PVE::QemuServer::vmstatus
-// with $full (QMP query-status gives qmpstatus), plus ha and agent.
+// with $full (runningStatus: the QEMU process's and monitor's figures), plus
+// ha and agent. cpus is capped at the host's CPU count as vmstatus does.
 func (e *Emulator) vmStatus(r *request) (any, *apiError) {
 	v, err := e.loadVM(r)
 	if err != nil {
@@ -136,9 +138,13 @@ func (e *Emulator) vmStatus(r *request) (any, *apiError) {
 	}
 	pid := v.machine.PID()
 	v.mu.Lock()
-	d := map[string]any{"vmid": v.vmid, "name": v.name, "status": "stopped", "cpus": v.cores,
+	cpus := min(v.cores, runtime.NumCPU())
+	d := map[string]any{"vmid": v.vmid, "name": v.name, "status": "stopped", "cpus": cpus,
 		"maxmem": int64(v.memoryMB) << 20, "mem": 0, "cpu": 0, "disk": 0, "maxdisk": 0, "uptime": 0,
-		"netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0, "ha": map[string]any{"managed": 0}}
+		"netin": 0, "netout": 0, "ha": map[string]any{"managed": 0}}
+	if e.version.MemHost() {
+		d["memhost"] = 0
+	}
 	if v.agentOn {
 		d["agent"] = 1
 	}
@@ -153,14 +159,8 @@ func (e *Emulator) vmStatus(r *request) (any, *apiError) {
 	if pid != 0 {
 		d["status"], d["pid"] = "running", pid
 		d["uptime"] = int64(time.Since(started).Seconds())
-		// $statuscb: query-status; a failing monitor leaves qmpstatus out.
-		raw, qerr := e.monQMP(r.ctx, v, "query-status", nil, time.Second)
-		var st struct {
-			Status string `json:"status"`
-		}
-		if qerr == nil && json.Unmarshal(raw, &st) == nil && st.Status != "" {
-			d["qmpstatus"] = st.Status
-		}
+		// A failing monitor leaves qmpstatus and the QMP figures out.
+		e.runningStatus(r, v, pid, cpus, d)
 	}
 	return d, nil
 }

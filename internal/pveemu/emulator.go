@@ -60,7 +60,8 @@ type Emulator struct {
 	opts    Options
 	routes  []route
 
-	// mu guards tokens, vms, tasks, transcript, nextPID and lastSample/rrd.
+	// mu guards tokens, vms, tasks, transcript, nextPID, lastSample/rrd and
+	// pidStat.
 	mu         sync.Mutex
 	tokens     map[string]*Token
 	vms        map[int]*vm
@@ -69,6 +70,7 @@ type Emulator struct {
 	nextPID    int
 	rrd        map[int]string // vmid -> status as pvestatd last saw it
 	lastSample time.Time
+	pidStat    map[int]pidCPU // vmstatus's $last_proc_pid_stat, by QEMU pid
 
 	// wg counts running tasks and background work.
 	wg     sync.WaitGroup

@@ -126,3 +126,10 @@ func (v Version) FileReadCount() bool { return atLeast(v.QemuServer, "9.1.5") }
 // pve-http-server commit 9a2112e "fix #6503: return api handler errors in the
 // json body", released in 5.2.0, which both PVE 8.4 and 9.x ship.
 func (v Version) JSONErrorMessage() bool { return true }
+
+// MemHost: vm status/current reports memhost, the host's view of the VM's
+// memory (the PSS of the processes of its cgroup scope), and mem is no
+// longer derived from the QEMU process's rss/vsize. qemu-server commit
+// d426de6c "vmstatus: add memhost for host view of vm mem consumption"
+// (src/PVE/QemuServer.pm, vmstatus), first released in 9.0.11.
+func (v Version) MemHost() bool { return atLeast(v.QemuServer, "9.0.11") }

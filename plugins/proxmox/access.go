@@ -26,21 +26,22 @@ type Privilege struct {
 // /vms/VMID), by Proxmox VE major version. The agent endpoints check
 // VM.Monitor up to PVE 8 and the VM.GuestAgent.* privileges since PVE 9.0
 // (qemu-server 9.0.3, commit b92a40ce): exec and exec-status need
-// VM.GuestAgent.Unrestricted; ping and info VM.GuestAgent.Audit, file-read
+// VM.GuestAgent.Unrestricted; ping, info and network-get-interfaces
+// VM.GuestAgent.Audit, file-read
 // VM.GuestAgent.FileRead and file-write VM.GuestAgent.FileWrite, each or
 // VM.GuestAgent.Unrestricted.
 func Privileges(major int) []Privilege {
 	p := []Privilege{
-		{Name: "VM.Audit", For: "listing VMs and their status"},
+		{Name: "VM.Audit", For: "listing VMs, their status and vm_metrics' hypervisor figures (status/current)"},
 		{Name: "VM.PowerMgmt", For: "vm_power"},
 		{Name: "VM.Snapshot", For: "snapshot_create and snapshot_delete"},
 		{Name: "VM.Snapshot.Rollback", Or: []string{"VM.Snapshot"}, For: "snapshot_revert"},
 	}
 	if major < 9 {
-		return append(p, Privilege{Name: "VM.Monitor", For: "the guest agent (agent status, exec, file read and write)"})
+		return append(p, Privilege{Name: "VM.Monitor", For: "the guest agent (agent status, exec, file read and write, vm_network)"})
 	}
 	return append(p,
-		Privilege{Name: "VM.GuestAgent.Audit", Or: []string{"VM.GuestAgent.Unrestricted"}, For: "the guest agent's status"},
+		Privilege{Name: "VM.GuestAgent.Audit", Or: []string{"VM.GuestAgent.Unrestricted"}, For: "the guest agent's status and vm_network (agent/network-get-interfaces)"},
 		Privilege{Name: "VM.GuestAgent.Unrestricted", For: "exec, vm_file_read and vm_file_write (both run through vmgate-guest), pushing vmgate-guest"},
 		Privilege{Name: "VM.GuestAgent.FileRead", Or: []string{"VM.GuestAgent.Unrestricted"}, For: "the guest agent's file-read (no tool needs it alone since the file tools run through vmgate-guest)"},
 		Privilege{Name: "VM.GuestAgent.FileWrite", Or: []string{"VM.GuestAgent.Unrestricted"}, For: "the guest agent's file-write (no tool needs it alone since the file tools run through vmgate-guest)"},

@@ -20,8 +20,10 @@ import (
 const MaxInputData = 64 << 10
 
 // agentCaller is a qga.Caller over Proxmox's agent/* endpoints of one VM:
-// guest-exec, guest-exec-status, guest-info and guest-ping are translated
-// to agent/exec, agent/exec-status, agent/info and agent/ping; anything
+// guest-exec, guest-exec-status, guest-info, guest-ping and
+// guest-network-get-interfaces are translated to agent/exec,
+// agent/exec-status, agent/info, agent/ping and
+// agent/network-get-interfaces; anything
 // else is refused with hypervisor.ErrNotSupported (Proxmox does not relay it).
 type agentCaller struct {
 	api  *api
@@ -90,6 +92,8 @@ func (c agentCaller) Call(ctx context.Context, command string, args, result any)
 		err = c.info(ctx, result)
 	case "guest-ping":
 		err = c.api.do(ctx, "POST", c.path+"/ping", nil, struct{}{}, nil)
+	case "guest-network-get-interfaces":
+		err = c.networkInterfaces(ctx, result)
 	default:
 		return fmt.Errorf("proxmox: agent command %s: %w: Proxmox does not relay it", command, hypervisor.ErrNotSupported)
 	}

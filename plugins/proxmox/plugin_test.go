@@ -46,7 +46,8 @@ func TestConformancePlugin(t *testing.T) {
 		t.Run(v.String(), func(t *testing.T) {
 			e := startEmu(t, v, nil, labVMs(t)...)
 			d := launchPlugin(t, e.cfg)
-			hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: "101", NoExecVM: "103", UnknownVM: "999"})
+			hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: "101", NoExecVM: "103", UnknownVM: "999",
+				Capabilities: pveCapabilities, DiskDir: "/data"})
 		})
 	}
 }
@@ -80,7 +81,7 @@ func TestConformanceSnapshots(t *testing.T) {
 			e := startEmu(t, ver, nil, pveemu.VMSpec{VMID: 120, Node: "pve", Name: "snap", Machine: m})
 			d := launchPlugin(t, e.cfg)
 			hypervisortest.RunSnapshots(t, hypervisortest.Harness{Driver: d, VM: "120", UnknownVM: "999",
-				Capabilities: hypervisor.Capabilities{Snapshots: true}})
+				Capabilities: pveCapabilities})
 		})
 	}
 }

@@ -79,8 +79,14 @@ func labVMs(t *testing.T) []pveemu.VMSpec {
 func TestConformance(t *testing.T) {
 	e := startEmu(t, pveemu.PVE92, nil, labVMs(t)...)
 	d := newDriver(t, e.cfg)
-	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: "101", NoExecVM: "103", UnknownVM: "999"})
+	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: "101", NoExecVM: "103", UnknownVM: "999",
+		Capabilities: pveCapabilities, DiskDir: "/data"})
 }
+
+// pveCapabilities are the driver's optional capabilities, the same on every
+// version: snapshots (snapshot.go), the guest's interfaces (network.go) and
+// the hypervisor's figures (metrics.go).
+var pveCapabilities = hypervisor.Capabilities{Snapshots: true, GuestNetwork: true, Metrics: true}
 
 func TestParseVMID(t *testing.T) {
 	for _, tc := range []struct {
