@@ -265,6 +265,7 @@ func TestAgentPrivileges(t *testing.T) {
 			}{
 				{"POST", "exec", tc.exec}, {"GET", "exec-status", tc.exec}, {"GET", "info", tc.info},
 				{"POST", "ping", tc.info}, {"GET", "file-read", tc.read}, {"POST", "file-write", tc.write},
+				{"GET", "network-get-interfaces", tc.info},
 			} {
 				r := c.do(x.method, "/nodes/pve/qemu/101/agent/"+x.path, nil)
 				want := "Permission check failed (/vms/101, " + x.priv + ")"

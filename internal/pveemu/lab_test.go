@@ -251,3 +251,69 @@ func (c client) waitAgent(node string, vmid int) {
 		time.Sleep(100 * time.Millisecond) // poll interval
 	}
 }
+
+// TestStatusNetworkLab: status/current reports the lab VM's own figures
+// (vmstatus: the QEMU process's memory, query-blockstats' bytes, which grow
+// when the guest writes and syncs; memhost from 9.0.11 on; cpu after a
+// burn longer than vmstatus's 1000 ticks of all host CPUs) and
+// agent/network-get-interfaces relays the guest's interfaces in {result}.
+func TestStatusNetworkLab(t *testing.T) {
+	for _, v := range []Version{PVE84, PVE92} {
+		t.Run(v.String(), func(t *testing.T) {
+			c := labEmu(t, v)
+			type status struct {
+				Status, QMPStatus   string
+				CPUs                int
+				CPU                 float64
+				Mem, MaxMem         int64
+				MemHost             *int64
+				DiskRead, DiskWrite *int64
+				NetIn, NetOut       *int64
+			}
+			read := func() status {
+				var st status
+				c.do("GET", "/nodes/pve/qemu/101/status/current", nil).data(t, &st)
+				return st
+			}
+			s1 := read()
+			if s1.Status != "running" || s1.QMPStatus != "running" || s1.CPUs < 1 || s1.Mem <= 0 || s1.Mem > s1.MaxMem ||
+				s1.DiskRead == nil || *s1.DiskRead <= 0 || s1.DiskWrite == nil || s1.NetIn == nil || s1.NetOut == nil {
+				t.Fatalf("status/current = %+v; want running with the QEMU process's memory, disk and network figures", s1)
+			}
+			if (s1.MemHost != nil) != v.MemHost() || (s1.MemHost != nil && *s1.MemHost != s1.Mem) {
+				t.Errorf("status/current memhost = %v (mem %d); want it set (as mem) = %v", s1.MemHost, s1.Mem, v.MemHost())
+			}
+			burn := `end=$(($(date +%s) + 7)); i=0; while [ "$(date +%s)" -lt "$end" ]; do i=$((i + 1)); done; ` +
+				`head -c 1048576 /dev/urandom > /data/pveemu-status.bin && sync && rm -f /data/pveemu-status.bin && sync`
+			if st := c.execWait("pve", 101, []string{"/bin/sh", "-c", burn}, ""); st["exitcode"] != float64(0) {
+				t.Fatalf("burn and write in the guest = %v; want exit 0", st)
+			}
+			s2 := read()
+			if *s2.DiskWrite-*s1.DiskWrite < 1<<20 {
+				t.Errorf("status/current diskwrite %d then %d after 1 MiB written and synced; want at least 1 MiB more", *s1.DiskWrite, *s2.DiskWrite)
+			}
+			if s2.CPU <= 0 {
+				t.Errorf("status/current cpu = %v after 7 s of a busy guest CPU; want it above 0", s2.CPU)
+			}
+			var net struct {
+				Result []struct {
+					Name string `json:"name"`
+					IPs  []struct {
+						Type string `json:"ip-address-type"`
+						IP   string `json:"ip-address"`
+					} `json:"ip-addresses"`
+				} `json:"result"`
+			}
+			c.do("GET", "/nodes/pve/qemu/101/agent/network-get-interfaces", nil).data(t, &net)
+			lo := false
+			for _, ifc := range net.Result {
+				for _, a := range ifc.IPs {
+					lo = lo || (ifc.Name == "lo" && a.Type == "ipv4" && a.IP == "127.0.0.1")
+				}
+			}
+			if !lo {
+				t.Errorf("agent/network-get-interfaces = %+v; want the guest's lo with 127.0.0.1", net.Result)
+			}
+		})
+	}
+}

@@ -132,11 +132,17 @@ func TestPrivilegesByVersion(t *testing.T) {
 				}(), tc.exec + " on /vms/101"},
 				{"FileRead", func() error { _, err := d.FileRead(ctx, "101", "/etc/hostname", 10); return err }(), tc.read + " on /vms/101"},
 				{"FileWrite", d.FileWrite(ctx, "101", "/tmp/x", []byte("x"), 0), tc.write + " on /vms/101"},
+				// network-get-interfaces checks what exec's preflight does.
+				{"GuestNetwork", func() error { _, err := d.GuestNetwork(ctx, "101"); return err }(), tc.exec + " on /vms/101"},
 			}
 			for _, c := range calls {
 				if !errors.Is(c.err, hypervisor.ErrBackend) || !strings.Contains(fmt.Sprint(c.err), "grant "+c.want) {
 					t.Errorf("%s without privileges = %v; want %v saying grant %s", c.name, c.err, hypervisor.ErrBackend, c.want)
 				}
+			}
+			// status/current needs VM.Audit only.
+			if m, err := d.VMMetrics(ctx, "101"); err != nil || m.MemoryBytes == nil {
+				t.Errorf("VMMetrics(101) with VM.Audit only = %+v, %v; want the figures", m, err)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package proxmox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -47,11 +48,16 @@ func (n *pveNumber) UnmarshalJSON(b []byte) error {
 	}
 	f, err := strconv.ParseFloat(string(b), 64)
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return fmt.Errorf("not a number: %.40q", b)
+		return &numberError{fmt.Sprintf("%.40q", b)}
 	}
 	n.set, n.v = true, f
 	return nil
 }
+
+// numberError is a figure of status/current that is not a number.
+type numberError struct{ text string }
+
+func (e *numberError) Error() string { return "not a number: " + e.text }
 
 // counter is n as a VMMetrics figure: nil when absent or negative.
 func (n pveNumber) counter() *uint64 {
@@ -83,6 +89,9 @@ func (d *Driver) VMMetrics(ctx context.Context, name string) (hypervisor.VMMetri
 	}
 	var st pveVMStatus
 	if err := d.api.do(ctx, "GET", v.path+"/status/current", nil, nil, &st); err != nil {
+		if ne := (*numberError)(nil); errors.As(err, &ne) {
+			return hypervisor.VMMetrics{}, fmt.Errorf("proxmox: %s: %w: status/current: %w", op, hypervisor.ErrBackend, ne)
+		}
 		return hypervisor.VMMetrics{}, d.classify(op, err)
 	}
 	return metricsOf(st, time.Now()), nil
