@@ -211,3 +211,50 @@ func TestFileReadCount(t *testing.T) {
 		})
 	}
 }
+
+// TestLargeWriteWithoutExecLeavesNothing: a write over one request's limit
+// is parts joined by agent/exec; a token that may write files but not exec
+// is refused before any part is written, so the guest's directory is as it
+// was (an independent check found the parts left behind).
+func TestLargeWriteWithoutExecLeavesNothing(t *testing.T) {
+	e := startEmu(t, pveemu.PVE92, []pveemu.ACL{{Path: "/vms", Privs: []string{"VM.Audit", "VM.GuestAgent.Audit", "VM.GuestAgent.FileWrite"}, Propagate: true}},
+		pveemu.VMSpec{VMID: 101, Node: "pve", Name: "t1", Machine: pveemu.NewLabMachine(labtest.VM(t, "t1"))})
+	cfg := e.cfg
+	cfg.Logger = quietLogger()
+	ctx := ctxT(t)
+	d, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	// A second token of the same emulator, with every privilege, looks into
+	// the guest (the guest agent serves one client: one emulator only).
+	const fullID, fullSecret = "vmgate@pve!full", "0e6f1b7a-2c44-4e59-8d1b-6a7f3c2d9e50"
+	if err := e.AddToken(pveemu.Token{ID: fullID, Secret: fullSecret, ACL: []pveemu.ACL{{Path: "/vms", Privs: driverPrivs(pveemu.PVE92), Propagate: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	ca, secret := e.ClientFiles(t, fullSecret)
+	fd, err := Open(ctx, Config{URL: e.URL(), TokenID: fullID, TokenSecretFile: secret, CAFile: ca, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	dir := fmt.Sprintf("/tmp/largewrite-%d", time.Now().UnixNano())
+	ls := func() string {
+		res, err := hypervisor.Run(ctx, fd, "101", hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", `mkdir -p "$1" && ls -A "$1"`, "sh", dir}})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("ls %s = %+v, %v", dir, res, err)
+		}
+		return string(res.Stdout)
+	}
+	if got := ls(); got != "" {
+		t.Fatalf("ls %s before = %q; want empty", dir, got)
+	}
+	err = d.FileWrite(ctx, "101", dir+"/big", bytes.Repeat([]byte("x"), 3*writeChunk+1), 0)
+	if !errors.Is(err, hypervisor.ErrBackend) || !strings.Contains(err.Error(), "VM.GuestAgent.Unrestricted") {
+		t.Errorf("FileWrite(%d bytes) with FileWrite but no exec = %v; want %v naming VM.GuestAgent.Unrestricted", 3*writeChunk+1, err, hypervisor.ErrBackend)
+	}
+	if got := ls(); got != "" {
+		t.Errorf("ls %s after the refused write = %q; want empty (no part left)", dir, got)
+	}
+}

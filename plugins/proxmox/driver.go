@@ -353,6 +353,12 @@ func (d *Driver) FileWrite(ctx context.Context, name string, path string, data [
 		if err := d.core.Preflight(ctx, d.target(v), "file write"); err != nil {
 			return err
 		}
+		// The parts are joined (and, on failure, removed) through agent/exec:
+		// a token that may write files but not exec would leave them behind,
+		// so exec is tried before the first part is written.
+		if err := d.guestRun(ctx, v, []string{"/bin/true"}); err != nil {
+			return fmt.Errorf("proxmox: file write: %d bytes are written in parts joined by agent/exec, which is refused: %w", len(data), err)
+		}
 		var rb [8]byte
 		rand.Read(rb[:])
 		prefix := path + ".vmgate-part-" + hex.EncodeToString(rb[:]) + "-"
