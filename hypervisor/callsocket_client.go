@@ -20,7 +20,12 @@ import (
 
 // maxIdleCalls bounds the connections a callClient keeps open between
 // calls; more calls in flight open more, closed when they are done.
-const maxIdleCalls = 16
+const maxIdleCalls = MaxIdleCallConns
+
+// MaxIdleCallConns is how many idle call-socket connections the server
+// keeps to one plugin between calls: after a burst of calls in flight it
+// holds up to this many more fds per plugin, and no more.
+const MaxIdleCallConns = 16
 
 // callClient is the host side of a plugin's call socket: a
 // grpc.ClientConnInterface (what pb.NewDriverClient needs) whose unary

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
 )
@@ -24,7 +25,7 @@ var ErrAgentBusy = errors.New("another client holds the guest agent's connection
 // hypervisor.ErrAgentUnavailable) at once, without queueing behind that
 // client.
 func (v *VM) AgentStatus(ctx context.Context) (hypervisor.AgentInfo, error) {
-	if held, err := SocketHeld(v.QGASocket); err == nil && held {
+	if heldFor(ctx, v.QGASocket, busySettle) {
 		return hypervisor.AgentInfo{}, fmt.Errorf("lab: agent: %w: %w", hypervisor.ErrAgentUnavailable, ErrAgentBusy)
 	}
 	info, err := v.AgentInfo(ctx)
@@ -35,6 +36,30 @@ func (v *VM) AgentStatus(ctx context.Context) (hypervisor.AgentInfo, error) {
 		}
 	}
 	return info, err
+}
+
+// busySettle is how long a connection must stay in the socket table to
+// count as another client's: one that just hung up (a ping a moment ago)
+// stays listed until QEMU's main loop closes its end.
+const busySettle = time.Second
+
+// heldFor reports whether the socket at path is held throughout d (looked
+// at every 20 ms); false at once when it is free or the table unreadable.
+func heldFor(ctx context.Context, path string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if held, err := SocketHeld(path); err != nil || !held {
+			return false
+		}
+		if time.Now().After(deadline) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return true
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // SocketHeld reports whether some client is connected to (or waiting in
