@@ -77,6 +77,7 @@ func roundTrip(c net.Conn, r *bufio.Reader, command string, args any) (json.RawM
 			Return json.RawMessage `json:"return"`
 			Error  *Error          `json:"error"`
 			Event  string          `json:"event"`
+			QMP    json.RawMessage `json:"QMP"`
 		}
 		if err := json.Unmarshal(line, &rep); err != nil {
 			return nil, fmt.Errorf("qmp: %s: bad reply %q: %w", command, line, err)
@@ -84,7 +85,9 @@ func roundTrip(c net.Conn, r *bufio.Reader, command string, args any) (json.RawM
 		switch {
 		case rep.Error != nil:
 			return nil, rep.Error
-		case rep.Event != "":
+		case rep.Event != "", rep.QMP != nil:
+			// An event, or a greeting seen again (QEMU greets each client it
+			// accepts; one was seen here under load after the first): skipped.
 			continue
 		case rep.Return != nil:
 			return rep.Return, nil

@@ -68,6 +68,7 @@ func TestCall(t *testing.T) {
 	}{
 		{"return", []string{`{"return": {"status": "running"}}`}, `{"status": "running"}`, ""},
 		{"events skipped", []string{`{"event": "STOP", "timestamp": {}}`, `{"return": []}`}, `[]`, ""},
+		{"a second greeting skipped", []string{`{"QMP": {"version": {}, "capabilities": ["oob"]}}`, `{"return": {"status": "paused"}}`}, `{"status": "paused"}`, ""},
 		{"error reply", []string{`{"error": {"class": "GenericError", "desc": "no such node"}}`}, "", "no such node"},
 		{"not JSON", []string{`garbage`}, "", "bad reply"},
 		{"neither", []string{`{"id": 1}`}, "", "reply without return"},

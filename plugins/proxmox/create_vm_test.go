@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab"
@@ -83,9 +84,19 @@ func TestCreateDelete(t *testing.T) {
 	if _, err := d.CreateVM(ctx, hypervisor.CreateRequest{Name: "b", Source: json.RawMessage(`{"vmid":4242}`), Mark: mark}); !errors.Is(err, hypervisor.ErrInvalidArgument) {
 		t.Errorf("CreateVM(no such template) = %v; want ErrInvalidArgument", err)
 	}
-	// Deleted by the name asked for, as after a crash before the vmid was recorded.
-	if err := d.DeleteVM(ctx, hypervisor.DeleteRequest{Name: "small-a", Mark: mark}); err != nil {
-		t.Fatalf("DeleteVM(by name) = %v", err)
+	// Deleted by the name asked for, as after a crash before the vmid was
+	// recorded. Proxmox names a VM in /cluster/resources only from
+	// pvestatd's next sample (pve-manager API2Tools.pm extract_vm_stats,
+	// at most 10 s), so until then the name is unknown: wait for it.
+	for wait := time.Now().Add(time.Minute); ; {
+		err := d.DeleteVM(ctx, hypervisor.DeleteRequest{Name: "small-a", Mark: mark})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, hypervisor.ErrUnknownVM) || time.Now().After(wait) {
+			t.Fatalf("DeleteVM(by name) = %v", err)
+		}
+		time.Sleep(200 * time.Millisecond) // poll interval
 	}
 	vms, err := d.ListVMs(ctx)
 	if err != nil || slices.ContainsFunc(vms, func(v hypervisor.VM) bool { return v.Name == "100" }) {
