@@ -43,13 +43,7 @@ func createRow(ctx context.Context, vmgate string, warmup, pairs int) *Row {
 		return row
 	}
 	l, err := startLab(ctx, vmgate, 1) // builds the image in the lab's state directory (one VM, unused)
-	if l != nil {
-		defer func() {
-			if err := l.stop(); err != nil {
-				fmt.Fprintf(os.Stderr, "bench: lab down: %v\n", err)
-			}
-		}()
-	}
+	defer l.stopLogged()
 	if err != nil {
 		row.Err = err
 		return row

@@ -74,6 +74,17 @@ func startLab(ctx context.Context, vmgate string, n int) (*labEnv, error) {
 }
 
 // stop stops every lab VM and removes the state directory.
+// stopLogged stops the lab for a deferred call on a nil-safe l, saying on
+// stderr when that fails (the rows are measured by then).
+func (l *labEnv) stopLogged() {
+	if l == nil {
+		return
+	}
+	if err := l.stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: lab down: %v\n", err)
+	}
+}
+
 func (l *labEnv) stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -358,13 +369,7 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 		return rows
 	}
 	l, err := startLab(ctx, vmgate, labVMs)
-	if l != nil {
-		defer func() {
-			if err := l.stop(); err != nil {
-				fmt.Fprintf(os.Stderr, "bench: lab down: %v\n", err)
-			}
-		}()
-	}
+	defer l.stopLogged()
 	if err != nil {
 		return fail(err)
 	}

@@ -39,13 +39,7 @@ func snapshotRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row 
 		return rows
 	}
 	l, err := startLab(ctx, vmgate, 1)
-	if l != nil {
-		defer func() {
-			if err := l.stop(); err != nil {
-				fmt.Fprintf(os.Stderr, "bench: lab down: %v\n", err)
-			}
-		}()
-	}
+	defer l.stopLogged()
 	if err != nil {
 		return fail(err)
 	}

@@ -84,15 +84,7 @@ func operate(c hostileCase, cfg, id string) error {
 func TestHostileApprovals(t *testing.T) {
 	labtest.RequireQEMU(t)
 	binary(t)
-	var cases []hostileCase
-	for _, c := range loadCorpus(t) {
-		if c.Approve != nil {
-			cases = append(cases, c)
-		}
-	}
-	if len(cases) < 5 {
-		t.Fatalf("the corpus has %d operator cases; want at least 5", len(cases))
-	}
+	cases := corpusCases(t, "operator", 5, func(c hostileCase) bool { return c.Approve != nil })
 	v1 := labtest.VM(t, vm1)
 	sent := plantSentinels(t, v1)
 	token := newToken()

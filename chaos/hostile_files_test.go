@@ -57,15 +57,7 @@ sha256sum /etc/passwd /root/vmgate-files-secret`
 func TestHostileFiles(t *testing.T) {
 	labtest.RequireQEMU(t)
 	binary(t)
-	var cases []hostileCase
-	for _, c := range loadCorpus(t) {
-		if c.Files != nil {
-			cases = append(cases, c)
-		}
-	}
-	if len(cases) < 25 {
-		t.Fatalf("the corpus has %d file cases; want at least 25", len(cases))
-	}
+	cases := corpusCases(t, "file", 25, func(c hostileCase) bool { return c.Files != nil })
 	v1 := labtest.VM(t, vm1)
 	before := guestRun(t, v1, "/bin/sh", "-c", filesFixture)
 	defer guestRun(t, v1, "/bin/sh", "-c", "rm -rf /tmp/vmgate-files /tmp/vmgate-files-pwned /root/vmgate-files-secret")
@@ -154,4 +146,20 @@ func show(s *string) string {
 		return "(any)"
 	}
 	return fmt.Sprintf("%q", *s)
+}
+
+// corpusCases returns the corpus cases keep selects, failing t when there
+// are fewer than atLeast (a corpus that lost its cases would pass empty).
+func corpusCases(t *testing.T, what string, atLeast int, keep func(hostileCase) bool) []hostileCase {
+	t.Helper()
+	var cases []hostileCase
+	for _, c := range loadCorpus(t) {
+		if keep(c) {
+			cases = append(cases, c)
+		}
+	}
+	if len(cases) < atLeast {
+		t.Fatalf("the corpus has %d %s cases; want at least %d", len(cases), what, atLeast)
+	}
+	return cases
 }
