@@ -416,9 +416,10 @@ func TestLoad(t *testing.T) {
 const fdTolerance = 6 + hypervisor.MaxIdleCallConns
 
 // goroutineTolerance is how many more goroutines the server may run after
-// the load than before. Each fd the tolerance above allows for carries a
+// the load than before. Most fds the tolerance above allows for carry a
 // goroutine or two (a served connection has its reader; a reconnected
-// guest agent channel its reader and keepalive); the scrape's own
+// guest agent channel its reader and keepalive); an idle call-socket
+// connection carries none (its caller reads it); the scrape's own
 // goroutines are there in both samples. 10 covers those. A leak of one goroutine
 // per call (or per connection) grows by hundreds in the short run alone.
 const goroutineTolerance = 10
