@@ -18,21 +18,25 @@ type writtenAppender interface {
 var _ writtenAppender = (*audit.Log)(nil)
 
 // appendDecision records the decision of a call about to be dispatched. It
-// waits for exactly one (shared) fsync when the call reserved a counter,
-// consumed an approval or can change a guest: after a crash or a power loss
-// the log still holds every reservation (counters are rebuilt from it) and
-// every call that may have changed something. A read-only call that
-// reserved nothing, under a plain allow, does not wait for an fsync: its
-// record is in the file before dispatch (a crash of the process loses
-// nothing) and becomes durable with the next group commit, within the log's
-// flush interval (only a power loss in between can lose it). An Auditor
-// without AppendWritten makes every decision durable.
+// waits for exactly one (shared) fsync when the call consumed an approval or
+// can change a guest: after a crash or a power loss the log still holds
+// every call that may have changed something. A read-only call under a
+// plain allow does not wait for an fsync of its own: its record is in the
+// file before dispatch (a crash of the process loses nothing) and becomes
+// durable with the next group commit, within the log's flush interval; if
+// it reserved counters, an advance made durable before it holds its
+// reservations (advance.go), so a power loss cannot lose those (counters
+// are rebuilt from the log). An Auditor without AppendWritten makes every
+// decision durable.
 func (s *Server) appendDecision(ctx context.Context, spec *toolSpec, rec audit.Record) error {
-	if w, ok := s.audit.(writtenAppender); ok && spec.readOnly && len(rec.Counters) == 0 &&
-		rec.ApprovalID == "" && rec.Decision == policy.Allow.String() {
-		_, err := w.AppendWritten(ctx, rec)
+	w, ok := s.audit.(writtenAppender)
+	if !ok || !spec.readOnly || rec.ApprovalID != "" || rec.Decision != policy.Allow.String() {
+		_, err := s.audit.Append(ctx, rec)
 		return err
 	}
-	_, err := s.audit.Append(ctx, rec)
+	if len(rec.Counters) > 0 {
+		return s.appendAdvanced(ctx, w, rec)
+	}
+	_, err := w.AppendWritten(ctx, rec)
 	return err
 }

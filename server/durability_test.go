@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"path/filepath"
 	"sync/atomic"
@@ -15,10 +16,11 @@ import (
 )
 
 // TestDecisionDurabilityByToolClass holds DESIGN.md's performance budget
-// with the real audit log (fsync always): a call that reserves a counter or
-// can change a guest waits for one fsync; a read-only call that reserves
-// nothing waits for none, and its decision record is in the file when the
-// call is answered.
+// with the real audit log (fsync always): a call that can change a guest
+// waits for one fsync; a read-only call that reserves nothing waits for
+// none; a read-only call that reserves a counter waits for the fsync of an
+// advance (advance.go) when it opens one and for none while the advance
+// lasts. Every decision record is in the file when the call is answered.
 func TestDecisionDurabilityByToolClass(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "audit.log")
@@ -54,15 +56,16 @@ func TestDecisionDurabilityByToolClass(t *testing.T) {
 	defer s.Close()
 	c := &conn{grant: s.grants["local"], transport: "stdio"}
 	tests := []struct {
-		tool, args string
-		syncs      uint64
+		tool, args    string
+		syncs, writes uint64
 	}{
-		{"list_vms", `{}`, 0}, // read-only, no counter
-		{"vm_file_read", `{"vm":"lab/vm1","path":"/etc/hostname"}`, 0},         // read-only, no counter
-		{"vm_status", `{"vm":"lab/vm1"}`, 1},                                   // read-only with a counter
-		{"vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"x"}`, 1}, // destructive
-		{"vm_agent_exec", `{"vm":"lab/vm1","command":["true"]}`, 1},            // destructive
-		{"vm_power", `{"vm":"lab/vm1","action":"reset"}`, 1},                   // destructive, shadow
+		{"list_vms", `{}`, 0, 1}, // read-only, no counter
+		{"vm_file_read", `{"vm":"lab/vm1","path":"/etc/hostname"}`, 0, 1},         // read-only, no counter
+		{"vm_status", `{"vm":"lab/vm1"}`, 1, 2},                                   // read-only with a counter: the advance, then its decision
+		{"vm_status", `{"vm":"lab/vm2"}`, 0, 1},                                   // the same counter: the advance holds its reservation
+		{"vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"x"}`, 1, 1}, // destructive
+		{"vm_agent_exec", `{"vm":"lab/vm1","command":["true"]}`, 1, 1},            // destructive
+		{"vm_power", `{"vm":"lab/vm1","action":"reset"}`, 1, 1},                   // destructive, shadow
 	}
 	for i, tt := range tests {
 		before := log.Stats()
@@ -74,17 +77,28 @@ func TestDecisionDurabilityByToolClass(t *testing.T) {
 		if got := st.Syncs - before.Syncs; got != tt.syncs {
 			t.Errorf("%s cost %d fsyncs; want %d", tt.tool, got, tt.syncs)
 		}
-		if st.Writes != before.Writes+1 {
-			t.Errorf("%s cost %d writes; want 1 (its decision record, before dispatch)", tt.tool, st.Writes-before.Writes)
+		if got := st.Writes - before.Writes; got != tt.writes {
+			t.Errorf("%s cost %d writes; want %d (its decision record before dispatch, after the advance it opens)", tt.tool, got, tt.writes)
 		}
 		var decisions int
 		if err := audit.Read(path, func(r audit.Record) error {
-			if r.Kind == audit.KindDecision && r.Tool == tt.tool {
+			if r.Kind == audit.KindDecision && r.Tool == tt.tool && r.VM == argString(tt.args, "vm") {
 				decisions++
 			}
 			return nil
 		}); err != nil || decisions != 1 {
-			t.Errorf("decision records of %s in the file = %d, %v; want 1", tt.tool, decisions, err)
+			t.Errorf("decision records of %s %s in the file = %d, %v; want 1", tt.tool, tt.args, decisions, err)
 		}
 	}
+}
+
+// argString returns the string member name of the JSON object args ("" when
+// absent).
+func argString(args, name string) string {
+	var m map[string]any
+	if json.Unmarshal([]byte(args), &m) != nil {
+		return ""
+	}
+	v, _ := m[name].(string)
+	return v
 }

@@ -138,6 +138,9 @@ type Server struct {
 	backends map[string]hypervisor.Driver
 	store    store.Store
 	audit    Auditor
+	// advances are the durable reservations read-only calls use
+	// (advance.go).
+	advances advanceSet
 	limits   Limits
 	httpOpts HTTPOptions
 	log      *slog.Logger
@@ -290,6 +293,9 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	s.guest.stop()
 	s.calls.Wait()
+	for _, a := range s.advances.retireAll() {
+		s.endAdvance(a)
+	}
 	if s.leases != nil {
 		s.leases.close()
 	}

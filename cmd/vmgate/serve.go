@@ -248,42 +248,22 @@ func openStore(ctx context.Context, cfg *config.Config, auditPath string) (store
 	}
 }
 
-// restoreCounters replays the reservations of decision records still inside
-// their counters' windows whose outcome does not say refunded.
+// restoreCounters replays the reservations the audit log says are still
+// live (audit.Reservations: decision records inside their windows whose
+// outcome does not say refunded, and the units of advances a power loss may
+// have cut short).
 func restoreCounters(ctx context.Context, path string, restore func(context.Context, string, time.Time, []policy.Counter) error) error {
-	type res struct {
-		at       time.Time
-		counters []policy.Counter
-	}
-	now := time.Now()
-	pending := map[string]res{}
-	err := audit.Read(path, func(r audit.Record) error {
-		switch {
-		case r.Kind == audit.KindDecision && len(r.Counters) > 0:
-			var cs []policy.Counter
-			for _, c := range r.Counters {
-				if r.Time.Add(c.Window).After(now) {
-					cs = append(cs, c)
-				}
-			}
-			if len(cs) > 0 {
-				pending[r.CallID] = res{r.Time, cs}
-			}
-		case r.Kind == audit.KindOutcome && r.Refunded:
-			delete(pending, r.CallID)
-		}
-		return nil
-	})
+	rs, err := audit.Reservations(path, time.Now())
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("serve: rebuild counters from the audit log: %w", err)
 	}
-	for id, p := range pending {
-		if err := restore(ctx, id, p.at, p.counters); err != nil && !errors.Is(err, store.ErrDuplicate) {
-			return fmt.Errorf("serve: restore counters of %s: %w", id, err)
+	for _, r := range rs {
+		if err := restore(ctx, r.ID, r.At, r.Counters); err != nil && !errors.Is(err, store.ErrDuplicate) {
+			return fmt.Errorf("serve: restore counters of %s: %w", r.ID, err)
 		}
 	}
-	if len(pending) > 0 {
-		slog.Info("vmgate: restored reservations from the audit log", "calls", len(pending))
+	if len(rs) > 0 {
+		slog.Info("vmgate: restored reservations from the audit log", "reservations", len(rs))
 	}
 	return nil
 }

@@ -84,6 +84,15 @@ func appendBody(b []byte, rec *Record) ([]byte, error) {
 		b = append(b, `,"refunded":true`...)
 	}
 	b = appendField(b, "snapshot", rec.Snapshot)
+	b = appendField(b, "advance", rec.Advance)
+	if rec.Units != 0 {
+		b = append(b, `,"units":`...)
+		b = strconv.AppendInt(b, rec.Units, 10)
+	}
+	if rec.ValidMS != 0 {
+		b = append(b, `,"valid_ms":`...)
+		b = strconv.AppendInt(b, rec.ValidMS, 10)
+	}
 	return append(b, '}'), nil
 }
 

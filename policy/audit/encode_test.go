@@ -48,6 +48,14 @@ func encodeCases() []Record {
 			r.DurationMS = d
 		}
 	})
+	add(func(r *Record) {
+		r.Counters, r.Advance = Counters{{Key: "all_calls|grant=a", Window: time.Minute, Max: 600}}, "adv-X"
+	})
+	add(func(r *Record) {
+		r.Kind, r.Decision, r.CallID, r.Units, r.ValidMS = KindAdvance, "", "adv-X", 30, 1000
+		r.Counters = Counters{{Key: "all_calls|grant=a", Window: time.Minute, Max: 600}}
+	})
+	add(func(r *Record) { r.Kind, r.Decision, r.CallID, r.Units = KindAdvanceEnd, "", "adv-X", 7 })
 	for _, d := range []float64{0.0000001, 1e21, 123456.789, 1e-6, 5e-324, math.MaxFloat64} {
 		add(func(r *Record) { r.Kind, r.Decision, r.Outcome, r.DurationMS = KindOutcome, "", "error", d })
 	}
@@ -99,6 +107,9 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+// advCounters is a counter set for advance records in tests.
+var advCounters = Counters{{Key: "all_calls|grant=a", Window: time.Minute, Max: 600}}
+
 func TestEncodeRejects(t *testing.T) {
 	ok := func() Record {
 		return Record{Time: time.Unix(1, 0), Kind: KindOutcome, CallID: "c", Outcome: "ok"}
@@ -113,6 +124,21 @@ func TestEncodeRejects(t *testing.T) {
 		{"NaN argument", func(r *Record) { r.Args = map[string]any{"n": math.NaN()} }},
 		{"unencodable argument", func(r *Record) { r.Args = map[string]any{"c": make(chan int)} }},
 		{"year 10000", func(r *Record) { r.Time = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC) }},
+		{"outcome with units", func(r *Record) { r.Units = 3 }},
+		{"outcome with valid_ms", func(r *Record) { r.ValidMS = 3 }},
+		{"outcome naming an advance", func(r *Record) { r.Advance = "adv-X" }},
+		{"decision naming an advance without counters", func(r *Record) { r.Kind, r.Decision, r.Advance = KindDecision, "allow", "adv-X" }},
+		{"decision with units", func(r *Record) { r.Kind, r.Decision, r.Units = KindDecision, "allow", 2 }},
+		{"advance without counters", func(r *Record) { r.Kind, r.Units, r.ValidMS = KindAdvance, 2, 1000 }},
+		{"advance without units", func(r *Record) { r.Kind, r.ValidMS, r.Counters = KindAdvance, 1000, advCounters }},
+		{"advance without valid_ms", func(r *Record) { r.Kind, r.Units, r.Counters = KindAdvance, 2, advCounters }},
+		{"advance naming an advance", func(r *Record) {
+			r.Kind, r.Units, r.ValidMS, r.Counters, r.Advance = KindAdvance, 2, 1000, advCounters, "adv-Y"
+		}},
+		{"advance end with counters", func(r *Record) { r.Kind, r.Counters = KindAdvanceEnd, advCounters }},
+		{"advance end with negative units", func(r *Record) { r.Kind, r.Units = KindAdvanceEnd, -1 }},
+		{"advance end with valid_ms", func(r *Record) { r.Kind, r.ValidMS = KindAdvanceEnd, 5 }},
+		{"unknown kind", func(r *Record) { r.Kind = "advanced" }},
 	}
 	for _, tt := range tests {
 		rec := ok()

@@ -503,23 +503,8 @@ func encodeBody(rec *Record) ([]byte, error) {
 	if rec.Seq != 0 || rec.PrevHash != "" || rec.Hash != "" {
 		return nil, fmt.Errorf("seq, prev_hash and hash are set by the log: %w", ErrInvalid)
 	}
-	switch rec.Kind {
-	case KindDecision:
-		if rec.Decision == "" {
-			return nil, fmt.Errorf("decision record without a decision: %w", ErrInvalid)
-		}
-		if rec.Refunded {
-			return nil, fmt.Errorf("decision record marked refunded: %w", ErrInvalid)
-		}
-	case KindOutcome:
-		if rec.Outcome == "" {
-			return nil, fmt.Errorf("outcome record without an outcome: %w", ErrInvalid)
-		}
-		if len(rec.Counters) > 0 {
-			return nil, fmt.Errorf("outcome record with counters (reservations belong to the decision record): %w", ErrInvalid)
-		}
-	default:
-		return nil, fmt.Errorf("kind %q: want %q or %q: %w", rec.Kind, KindDecision, KindOutcome, ErrInvalid)
+	if err := checkKind(rec); err != nil {
+		return nil, err
 	}
 	if rec.CallID == "" {
 		return nil, fmt.Errorf("record without a call id: %w", ErrInvalid)
@@ -544,6 +529,46 @@ func encodeBody(rec *Record) ([]byte, error) {
 		return nil, fmt.Errorf("%d bytes, at most %d: %w", len(body), MaxRecordBytes, ErrTooLarge)
 	}
 	return body, nil
+}
+
+// checkKind checks what rec's kind requires of its fields.
+func checkKind(rec *Record) error {
+	advanceFields := rec.Units != 0 || rec.ValidMS != 0
+	switch rec.Kind {
+	case KindDecision:
+		if rec.Decision == "" {
+			return fmt.Errorf("decision record without a decision: %w", ErrInvalid)
+		}
+		if rec.Refunded {
+			return fmt.Errorf("decision record marked refunded: %w", ErrInvalid)
+		}
+		if rec.Advance != "" && len(rec.Counters) == 0 {
+			return fmt.Errorf("decision record naming an advance without counters: %w", ErrInvalid)
+		}
+	case KindOutcome:
+		if rec.Outcome == "" {
+			return fmt.Errorf("outcome record without an outcome: %w", ErrInvalid)
+		}
+		if len(rec.Counters) > 0 || rec.Advance != "" {
+			return fmt.Errorf("outcome record with counters or an advance (reservations belong to the decision record): %w", ErrInvalid)
+		}
+	case KindAdvance:
+		if len(rec.Counters) == 0 || rec.Units < 1 || rec.ValidMS < 1 || rec.Advance != "" {
+			return fmt.Errorf("advance record needs counters, units >= 1 and valid_ms >= 1: %w", ErrInvalid)
+		}
+		return nil
+	case KindAdvanceEnd:
+		if len(rec.Counters) > 0 || rec.Units < 0 || rec.ValidMS != 0 || rec.Advance != "" {
+			return fmt.Errorf("advance end record with counters, negative units or valid_ms: %w", ErrInvalid)
+		}
+		return nil
+	default:
+		return fmt.Errorf("kind %q: want %q, %q, %q or %q: %w", rec.Kind, KindDecision, KindOutcome, KindAdvance, KindAdvanceEnd, ErrInvalid)
+	}
+	if advanceFields {
+		return fmt.Errorf("%s record with units or valid_ms (they belong to advance records): %w", rec.Kind, ErrInvalid)
+	}
+	return nil
 }
 
 // writer is the goroutine that commits what appenders queued while another
