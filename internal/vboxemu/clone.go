@@ -69,6 +69,15 @@ func (e *emu) handleCloneVM(args []string) int {
 	}
 	clone := &Machine{Name: o.name, UUID: newUUID(), OSType: src.OSType, MemoryMB: src.MemoryMB, CPUs: src.CPUs,
 		State: "poweroff", StateChange: time.Now(), GAVersion: src.GAVersion}
+	// MachineImplCloneVM.cpp MachineCloneVM::run: the target's settings
+	// are a copy of the source's machine config file (trgMCF), extra data
+	// items included.
+	if len(src.ExtraData) > 0 {
+		clone.ExtraData = make(map[string]string, len(src.ExtraData))
+		for k, v := range src.ExtraData {
+			clone.ExtraData[k] = v
+		}
+	}
 	if o.link {
 		clone.LinkedFrom = from.UUID
 	}

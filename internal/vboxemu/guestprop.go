@@ -122,52 +122,35 @@ func (e *emu) guestPropGet(args []string) int {
 }
 
 // guestPropEnumerate is handleEnumGuestProperty: 6.1 prints "Name: ...,
-// value: ..., timestamp: ..., flags: ..." lines; 7.x prints a sorted table
-// "name = 'value'  @ timestamp flags" unless --old-format.
+// value: ..., timestamp: ..., flags: ..." lines; 7.x (the same code in
+// 7.0 and 7.1) prints a table "name = 'value'  @ timestamp flags", sorted
+// by name unless --unsort, without the timestamp with --no-timestamp and
+// without the flags with --no-flags, or the old lines with --old-format.
 func (e *emu) guestPropEnumerate(args []string) int {
-	name, patterns, oldFormat := "", []string(nil), !e.v.AtLeast(7, 0)
+	// 6.1 prints in the service's order; 7.x sorts by default.
+	o := enumOpts{sort: e.v.AtLeast(7, 0), timestamp: true, flags: true, oldFormat: !e.v.AtLeast(7, 0)}
 	if e.v.AtLeast(7, 0) {
-		g := newGetopt(args, []optDef{
-			{long: "--old-format", short: 'o', id: "o"},
-			{long: "--patterns", short: 'p', id: "p", kind: reqString},
-			{long: "-patterns", id: "p", kind: reqString},
-			{long: "--sort", short: 's', id: "s"}, {long: "--no-timestamp", short: 'T', id: "T"},
-			{long: "--no-flags", short: 'F', id: "F"},
-		}, false)
-		if code := g.each(e.getoptError, func(r *optResult) int {
-			switch {
-			case r.def == nil && name == "":
-				name = r.value
-			case r.def == nil || r.def.id == "p":
-				patterns = append(patterns, r.value)
-			case r.def.id == "o":
-				oldFormat = true
-			}
-			return -1
-		}); code >= 0 {
+		if code := e.parseEnumerate(args, &o); code >= 0 {
 			return code
-		}
-		if name == "" {
-			return e.syntaxError("No VM name or UUID was specified")
 		}
 	} else {
 		if len(args) < 1 || len(args) == 2 || (len(args) > 3 && args[1] != "--patterns" && args[1] != "-patterns") {
 			return e.syntaxError("Incorrect parameters")
 		}
-		name = args[0]
+		o.name = args[0]
 		if len(args) > 2 {
-			patterns = args[2:]
+			o.patterns = args[2:]
 		}
 	}
-	m := e.w.find(name)
+	m := e.w.find(o.name)
 	if m == nil {
-		return e.notFound(name, sitePropGetFindMachine)
+		return e.notFound(o.name, sitePropGetFindMachine)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var props []guestProp
 	for _, p := range e.guestProps(ctx, m) {
-		if propMatches(p.name, patterns) {
+		if propMatches(p.name, o.patterns) {
 			props = append(props, p)
 		}
 	}
@@ -175,21 +158,77 @@ func (e *emu) guestPropEnumerate(args []string) int {
 		e.printf("No properties found.\n")
 		return exitSuccess
 	}
-	if oldFormat {
+	if o.sort {
+		sort.SliceStable(props, func(i, j int) bool { return props[i].name < props[j].name })
+	}
+	if o.oldFormat {
 		for _, p := range props {
 			e.printf("Name: %s, value: %s, timestamp: %d, flags: %s\n", p.name, p.value, p.ts, p.flags)
 		}
 		return exitSuccess
 	}
-	e.propTable(props)
+	e.propTable(props, o)
 	return exitSuccess
 }
 
-// propTable is the 7.x table: sorted by name, names padded to the longest
-// (at most 48), the value column to the longest value (at most 28), then
-// "@ <absolute time with milliseconds>" and the flags.
-func (e *emu) propTable(props []guestProp) {
-	sort.Slice(props, func(i, j int) bool { return props[i].name < props[j].name })
+// enumOpts are handleEnumGuestProperty's settings (7.x).
+type enumOpts struct {
+	name                              string
+	patterns                          []string
+	sort, timestamp, flags, oldFormat bool
+}
+
+// parseEnumerate is 7.x handleEnumGuestProperty's option loop: the first
+// non-option is the VM, the others (and --patterns values) patterns.
+// Relative timestamps (--rel) are not emulated.
+func (e *emu) parseEnumerate(args []string, o *enumOpts) int {
+	g := newGetopt(args, []optDef{
+		{long: "--old-format", short: 'o', id: "o"},
+		{long: "--sort", short: 's', id: "s"}, {long: "--unsort", short: 'u', id: "u"},
+		{long: "--timestamp", short: 't', id: "t"}, {long: "--ts", id: "t"},
+		{long: "--no-timestamp", short: 'T', id: "T"}, {long: "--no-ts", id: "T"},
+		{long: "--abs", short: 'a', id: "a"}, {long: "--absolute", id: "a"},
+		{long: "--rel", short: 'r', id: "r"}, {long: "--relative", id: "r"},
+		{long: "--flags", short: 'f', id: "f"}, {long: "--no-flags", short: 'F', id: "F"},
+		{long: "--patterns", short: 'p', id: "p", kind: reqString},
+		{long: "-patterns", id: "p", kind: reqString},
+	}, false)
+	if code := g.each(e.getoptError, func(r *optResult) int {
+		switch {
+		case r.def == nil && o.name == "":
+			o.name = r.value
+		case r.def == nil || r.def.id == "p":
+			o.patterns = append(o.patterns, r.value)
+		default:
+			switch r.def.id {
+			case "o":
+				o.oldFormat = true
+			case "s", "u":
+				o.sort = r.def.id == "s"
+			case "t", "T":
+				o.timestamp = r.def.id == "t"
+			case "f", "F":
+				o.flags = r.def.id == "f"
+			case "r":
+				e.errorf("emulator: relative timestamps are not emulated")
+				return exitFailure
+			}
+		}
+		return -1
+	}); code >= 0 {
+		return code
+	}
+	if o.name == "" {
+		return e.syntaxError("No VM name or UUID was specified")
+	}
+	return -1
+}
+
+// propTable is the 7.x table: names padded to the longest (at most 48),
+// the value column to the longest value (at most 28), then "@ <absolute
+// time with milliseconds>" and the flags; with neither a timestamp nor
+// flags to print, the line ends after the value.
+func (e *emu) propTable(props []guestProp, o enumOpts) {
 	wName, wValue := 1, 1
 	for _, p := range props {
 		wName, wValue = max(wName, len(p.name)), max(wValue, len(p.value))
@@ -197,15 +236,25 @@ func (e *emu) propTable(props []guestProp) {
 	wName, wValue = min(wName, 48), min(wValue, 28)
 	for _, p := range props {
 		out := fmt.Sprintf("%-*s = '%s'", wName, p.name, p.value)
+		flags := ""
+		if o.flags {
+			flags = p.flags
+		}
+		if !o.timestamp && flags == "" {
+			e.printf("%s\n", out)
+			continue
+		}
 		pad := wName + wValue + 6 - len(out)
 		if pad < 1 {
 			pad = 1
 		}
-		t := time.Unix(0, p.ts).UTC()
-		stamp := fmt.Sprintf("@ %04d-%02d-%02dT%02d:%02d:%02d.%03dZ", t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond()/1e6)
-		flags := ""
-		if p.flags != "" {
-			flags = " " + p.flags
+		stamp := ""
+		if o.timestamp {
+			t := time.Unix(0, p.ts).UTC()
+			stamp = fmt.Sprintf("@ %04d-%02d-%02dT%02d:%02d:%02d.%03dZ", t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond()/1e6)
+		}
+		if flags != "" {
+			flags = " " + flags
 		}
 		e.printf("%s%*s%s%s\n", out, pad, "", stamp, flags)
 	}

@@ -93,6 +93,9 @@ type Machine struct {
 	LinkedFrom string `json:"linked_from,omitempty"`
 	// Spare: the lab VM behind the machine came from World.Spares.
 	Spare bool `json:"spare,omitempty"`
+	// ExtraData is the machine's extra data (settings file ExtraData
+	// items: IMachine::SetExtraData / GetExtraData).
+	ExtraData map[string]string `json:"extra_data,omitempty"`
 	// ResumeState: the machine is "saved" and its lab VM's QEMU holds the
 	// state a snapshot restore loaded; starting it resumes the guest.
 	ResumeState bool `json:"resume_state,omitempty"`
