@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -26,11 +27,18 @@ var siteUnregister = contextSite{"VBoxManageMisc.cpp", "Unregister(fDeleteAll ? 
 var siteUnregister61 = contextSite{"VBoxManageMisc.cpp", "Unregister(CleanupMode_DetachAllReturnHardDisksOnly, ComSafeArrayAsOutParam(aMedia))",
 	map[string]int{"6.1": 152}}
 
+// siteRegisterClone is handleCloneVM's IVirtualBox::RegisterMachine call.
+var siteRegisterClone = contextSite{"VBoxManageMisc.cpp", "RegisterMachine(trgMachine)",
+	map[string]int{"6.1": 613, "7.0": 726, "7.1": 765}}
+
 // cloneOpts are handleCloneVM's options.
 type cloneOpts struct {
-	src, snapshot, name string
-	register, link      bool
+	src, snapshot, name, uuid string
+	register, link            bool
 }
+
+// uuidArg is what RTGETOPT_REQ_UUID takes (RTUuidFromStr: braces optional).
+var uuidArg = regexp.MustCompile(`^\{?[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\}?$`)
 
 // handleCloneVM is VBoxManageMisc.cpp handleCloneVM: FindMachine, the
 // snapshot (FindSnapshot), CreateMachine for "<name>" (default "<src>
@@ -81,8 +89,18 @@ func (e *emu) handleCloneVM(args []string) int {
 	if o.link {
 		clone.LinkedFrom = from.UUID
 	}
+	if o.uuid != "" {
+		// CreateMachine's "UUID=" flag (VirtualBoxImpl.cpp createMachine).
+		clone.UUID = strings.ToLower(strings.Trim(o.uuid, "{}"))
+	}
 	e.progress()
 	if o.register {
+		// VirtualBox::i_registerMachine refuses a UUID already registered.
+		if m := e.w.find(clone.UUID); m != nil {
+			e.comError(fmt.Sprintf("Registered machine with UUID {%s} ('%s') already exists", clone.UUID, e.w.cfgFile(e.h.path, m)),
+				codeInvalidArg, "VirtualBoxWrap", "IVirtualBox", siteRegisterClone)
+			return exitFailure
+		}
 		if err := e.h.update(func(w *World) error {
 			if len(w.Spares) > 0 {
 				clone.QGASocket, clone.QMPSocket, clone.Spare = w.Spares[0].QGASocket, w.Spares[0].QMPSocket, true
@@ -141,6 +159,11 @@ func (e *emu) cloneOption(o *cloneOpts, r *optResult) int {
 		o.name = r.value
 	case "r":
 		o.register = true
+	case "u":
+		if !uuidArg.MatchString(r.value) {
+			return e.getoptError(&optError{rc: "VERR_GETOPT_INVALID_ARGUMENT_FORMAT", psz: r.value, long: r.def.long})
+		}
+		o.uuid = r.value
 	case "o":
 		// parseCloneOptions: comma-separated, case-insensitive prefixes.
 		for _, opt := range strings.Split(r.value, ",") {
