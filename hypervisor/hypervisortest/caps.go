@@ -40,6 +40,7 @@ func checkDeclaredCapabilities(t testing.TB, h Harness) {
 		{"snapshots", got.Snapshots, h.Capabilities.Snapshots},
 		{"guest network", got.GuestNetwork, h.Capabilities.GuestNetwork},
 		{"metrics", got.Metrics, h.Capabilities.Metrics},
+		{"create", got.Create, h.Capabilities.Create},
 	} {
 		if c.has != c.want {
 			t.Errorf("CapabilitiesOf(driver) %s = %v; the harness declares %v", c.what, c.has, c.want)
@@ -76,6 +77,10 @@ func checkGuestNetwork(t testing.TB, h Harness) {
 	if err != nil {
 		t.Fatalf("GuestNetwork(%q) error: %v", h.VM, err)
 	}
+	if h.NetworkIPv4Only {
+		checkIPv4Interfaces(t, h, ifs)
+		return
+	}
 	byName := map[string]hypervisor.NetInterface{}
 	for _, ifc := range ifs {
 		if _, dup := byName[ifc.Name]; dup {
@@ -110,6 +115,59 @@ func checkGuestNetwork(t testing.TB, h Harness) {
 		if ifc, ok := byName[name]; ok && mac != "" && ifc.MAC != mac {
 			t.Errorf("GuestNetwork(%q) %s MAC %q; the guest says %q", h.VM, name, ifc.MAC, mac)
 		}
+	}
+}
+
+// guestIPv4 asks the guest (through exec) for its IPv4 addresses per
+// interface, as "address/prefix".
+func guestIPv4(t testing.TB, h Harness) map[string][]string {
+	t.Helper()
+	req := hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", `ip -o -f inet addr show`}}
+	res := run(t, h, req)
+	wantExit0(t, req, res)
+	out := map[string][]string{}
+	for _, line := range strings.Split(string(res.Stdout), "\n") {
+		f := strings.Fields(line)
+		for i := 2; i+1 < len(f); i++ {
+			if f[i] == "inet" {
+				out[strings.TrimSuffix(f[1], ":")] = append(out[strings.TrimSuffix(f[1], ":")], f[i+1])
+				break
+			}
+		}
+	}
+	return out
+}
+
+// checkIPv4Interfaces: exactly the guest's non-loopback interfaces with an
+// IPv4 address are reported, each with one of its addresses and its MAC.
+func checkIPv4Interfaces(t testing.TB, h Harness, ifs []hypervisor.NetInterface) {
+	guest := guestInterfaces(t, h)
+	addrs := guestIPv4(t, h)
+	var want []string
+	for name := range addrs {
+		if name != "lo" {
+			want = append(want, name)
+		}
+	}
+	var got []string
+	for _, ifc := range ifs {
+		got = append(got, ifc.Name)
+		if mac := guest[ifc.Name]; ifc.MAC != mac {
+			t.Errorf("GuestNetwork(%q) %s MAC %q; the guest says %q", h.VM, ifc.Name, ifc.MAC, mac)
+		}
+		if len(ifc.Addresses) != 1 || ifc.Addresses[0].Family != "ipv4" {
+			t.Errorf("GuestNetwork(%q) %s addresses %+v; want one IPv4 address", h.VM, ifc.Name, ifc.Addresses)
+			continue
+		}
+		a := ifc.Addresses[0]
+		if cidr := fmt.Sprintf("%s/%d", a.Address, a.Prefix); !slices.Contains(addrs[ifc.Name], cidr) {
+			t.Errorf("GuestNetwork(%q) %s address %s; the guest has %q", h.VM, ifc.Name, cidr, addrs[ifc.Name])
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if len(want) == 0 || !slices.Equal(got, want) {
+		t.Errorf("GuestNetwork(%q) names %q; the guest's non-loopback interfaces with IPv4 are %q (want at least one)", h.VM, got, want)
 	}
 }
 

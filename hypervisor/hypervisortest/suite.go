@@ -56,12 +56,18 @@ type Harness struct {
 	// means 5 minutes.
 	PowerTimeout time.Duration
 	// Capabilities are the optional capabilities Driver has, exactly
-	// (Snapshots, GuestNetwork, Metrics): Run's Capabilities/Declared check
+	// (Snapshots, GuestNetwork, Metrics, Create): Run's Capabilities/Declared check
 	// fails when CapabilitiesOf(Driver) says otherwise, Run has the Network
 	// and Metrics groups only for the capabilities declared here, and
 	// RunSnapshots fails unless Snapshots is declared (caps.go). A missing
 	// capability is a declared fact checked every run, never a skip.
 	Capabilities hypervisor.Capabilities
+	// NetworkIPv4Only says GuestNetwork reports what VirtualBox's Guest
+	// Additions publish (VBoxServiceVMInfo.cpp): only the interfaces with
+	// an IPv4 address, the loopback left out, one address each. The
+	// Network/Interfaces check then holds the driver to that instead of to
+	// the guest's whole interface list.
+	NetworkIPv4Only bool
 	// DiskDir, when set, is a writable directory inside VM on a disk the
 	// VM's snapshots cover (the lab guest's /data); RunSnapshots then also
 	// checks that files there are reverted.

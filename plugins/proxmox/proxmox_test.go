@@ -86,7 +86,7 @@ func TestConformance(t *testing.T) {
 // pveCapabilities are the driver's optional capabilities, the same on every
 // version: snapshots (snapshot.go), the guest's interfaces (network.go) and
 // the hypervisor's figures (metrics.go).
-var pveCapabilities = hypervisor.Capabilities{Snapshots: true, GuestNetwork: true, Metrics: true}
+var pveCapabilities = hypervisor.Capabilities{Snapshots: true, GuestNetwork: true, Metrics: true, Create: true}
 
 func TestParseVMID(t *testing.T) {
 	for _, tc := range []struct {
