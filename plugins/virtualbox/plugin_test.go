@@ -44,7 +44,8 @@ func TestConformancePlugin(t *testing.T) {
 				machine("t1", uuidT1, t1.QGASocket, t1.QMPSocket),
 				machine("noexec", uuidNoExec, noexec.QGASocket, noexec.QMPSocket),
 			})
-			hypervisortest.Run(t, hypervisortest.Harness{Driver: launchPlugin(t, e), VM: "t1", NoExecVM: "noexec", Capabilities: snapshotCapabilities})
+			hypervisortest.Run(t, hypervisortest.Harness{Driver: launchPlugin(t, e), VM: "t1", NoExecVM: "noexec", Capabilities: vboxCapabilities,
+				NetworkIPv4Only: true})
 		})
 	}
 }
@@ -85,10 +86,11 @@ func TestRegisteredSettings(t *testing.T) {
 	}
 }
 
-// snapshotCapabilities are the driver's capabilities, exactly: snapshots
-// with memory (VirtualBox saves a running machine's memory with each), no
-// guest network, no metrics.
-var snapshotCapabilities = hypervisor.Capabilities{Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}}
+// vboxCapabilities are the driver's capabilities, exactly: snapshots
+// with memory (VirtualBox saves a running machine's memory with each),
+// guest network (from the Additions' guest properties), VMs on demand
+// (clonevm), no metrics.
+var vboxCapabilities = hypervisor.Capabilities{Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Create: true}
 
 // TestSnapshotsPlugin runs the snapshot suite through the plugin for every
 // release, on a lab VM of its own (a revert powers the machine off, restores
@@ -100,7 +102,7 @@ func TestSnapshotsPlugin(t *testing.T) {
 		t.Run(v, func(t *testing.T) {
 			e := newEmulator(t, v, []*vboxemu.Machine{machine("snap", uuidT1, vm.QGASocket, vm.QMPSocket)})
 			d := launchPlugin(t, e)
-			hypervisortest.RunSnapshots(t, hypervisortest.Harness{Driver: d, VM: "snap", DiskDir: "/data", Capabilities: snapshotCapabilities})
+			hypervisortest.RunSnapshots(t, hypervisortest.Harness{Driver: d, VM: "snap", DiskDir: "/data", Capabilities: vboxCapabilities})
 		})
 	}
 }

@@ -53,7 +53,8 @@ func TestConformance(t *testing.T) {
 		machine("noexec", uuidNoExec, noexec.QGASocket, noexec.QMPSocket),
 		machine("off", uuidOff, "", ""),
 	})
-	hypervisortest.Run(t, hypervisortest.Harness{Driver: e.driver(t), VM: "t1", NoExecVM: "noexec", Capabilities: snapshotCapabilities})
+	hypervisortest.Run(t, hypervisortest.Harness{Driver: e.driver(t), VM: "t1", NoExecVM: "noexec", Capabilities: vboxCapabilities,
+		NetworkIPv4Only: true})
 }
 
 // TestHostileNames: names and paths VBoxManage could take for options or
