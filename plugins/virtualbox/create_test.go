@@ -243,3 +243,26 @@ func TestCreateDeletePlugin(t *testing.T) {
 		})
 	}
 }
+
+func TestCheckTemplate(t *testing.T) {
+	var s Settings
+	for _, tt := range []struct {
+		source string
+		ok     bool
+	}{
+		{`{"vm":"tmpl"}`, true},
+		{`{"vm":"tmpl","snapshot":"base","linked":true}`, true},
+		{`{"vm":"Template VM (Ubuntu)","snapshot":"clean state"}`, true},
+		{`{"vm":"tmpl","linked":true}`, false},
+		{`{"vm":"--foo"}`, false},
+		{`{"vm":"tmpl","snapshot":"-s"}`, false},
+		{`{"vm":"tmpl","vmid":100}`, false},
+		{`{}`, false},
+		{`[]`, false},
+	} {
+		err := s.CheckTemplate(json.RawMessage(tt.source))
+		if (err == nil) != tt.ok || err != nil && !errors.Is(err, hypervisor.ErrInvalidArgument) {
+			t.Errorf("CheckTemplate(%s) = %v; want ok %v (else %v)", tt.source, err, tt.ok, hypervisor.ErrInvalidArgument)
+		}
+	}
+}

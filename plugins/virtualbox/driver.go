@@ -36,6 +36,10 @@
 //
 // Snapshots (snapshot.go) go through `VBoxManage snapshot`; they always
 // hold the machine's memory, as VirtualBox takes them of a running machine.
+// VMs on demand (create.go) are clonevm clones of a template VM, marked
+// with the lease in their extra data; the guest's network (network.go)
+// comes from the guest properties the Guest Additions publish, which hold
+// the non-loopback interfaces with an IPv4 address.
 //
 // Guest credentials come from the config: a user name and a password
 // file, passed with --passwordfile (never a password on the command line).

@@ -2,9 +2,11 @@ package virtualbox
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/registry"
 )
 
@@ -35,9 +37,21 @@ type Settings struct {
 }
 
 var (
-	_ registry.Settings = (*Settings)(nil)
-	_ registry.Resolver = (*Settings)(nil)
+	_ registry.Settings        = (*Settings)(nil)
+	_ registry.Resolver        = (*Settings)(nil)
+	_ registry.TemplateChecker = (*Settings)(nil)
 )
+
+// CheckTemplate decodes a template's source (TemplateSource) strictly and
+// checks it as CreateVM will, without running VBoxManage: whether the
+// template VM and its snapshot exist is known only when a VM is made.
+func (s *Settings) CheckTemplate(source json.RawMessage) error {
+	var src TemplateSource
+	if err := hypervisor.DecodeSource(source, &src); err != nil {
+		return err
+	}
+	return src.check()
+}
 
 // Resolve makes the password file absolute, and VBoxManage when it is a
 // path rather than a name to look up on PATH.
