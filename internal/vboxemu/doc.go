@@ -12,7 +12,10 @@
 // (src/VBox/Frontends/VBoxManage: VBoxManage.cpp, VBoxManageHelp.cpp,
 // VBoxManageGuestCtrl.cpp, VBoxManageInfo.cpp, VBoxManageList.cpp,
 // VBoxManageMisc.cpp, VBoxManageControlVM.cpp, VBoxManageSnapshot.cpp,
-// VBoxManageGuestProp.cpp), the guest control client side of Main
+// VBoxManageGuestProp.cpp, VBoxManageModifyVM.cpp), the server side of
+// Main for machines, clones and extra data (src/VBox/Main/src-server:
+// MachineImpl.cpp, MachineImplCloneVM.cpp, VirtualBoxImpl.cpp, with the
+// limits of src/VBox/Main/xml/VirtualBox-settings.xsd), the guest control client side of Main
 // (src/VBox/Main/src-client: GuestCtrlImpl.cpp, GuestSessionImpl.cpp,
 // GuestSessionImplTasks.cpp, GuestProcessImpl.cpp, GuestCtrlPrivate.cpp),
 // the host service (src/VBox/HostServices/GuestControl), VBoxService's
