@@ -7,22 +7,8 @@ import (
 )
 
 // Extra data and modifyvm: the machine settings a created VM's owner sets
-// after clonevm (the lease mark, memory and CPUs).
-
-var (
-	siteGetExtraFindMachine = contextSite{"VBoxManageMisc.cpp", "FindMachine(Bstr(a->argv[0]).raw(), machine.asOutParam())",
-		map[string]int{"6.1": 874, "7.0": 1338, "7.1": 1377}}
-	siteSetExtraFindMachine = contextSite{"VBoxManageMisc.cpp", "FindMachine(Bstr(a->argv[0]).raw(), machine.asOutParam())",
-		map[string]int{"6.1": 934, "7.0": 1398, "7.1": 1437}}
-	siteModifyFindMachine = contextSite{"VBoxManageModifyVM.cpp", "FindMachine(Bstr(a->argv[0]).raw(), machine.asOutParam())",
-		map[string]int{"6.1": 567, "7.0": 632, "7.1": 842}}
-	siteModifyLock = contextSite{"VBoxManageModifyVM.cpp", "LockMachine(a->session, LockType_Write)",
-		map[string]int{"6.1": 575, "7.0": 640, "7.1": 850}}
-	siteModifyMemory = contextSite{"VBoxManageModifyVM.cpp", "COMSETTER(MemorySize)(ValueUnion.u32)",
-		map[string]int{"6.1": 659, "7.0": 724, "7.1": 941}}
-	siteModifyCPUs = contextSite{"VBoxManageModifyVM.cpp", "COMSETTER(CPUCount)(ValueUnion.u32)",
-		map[string]int{"6.1": 877, "7.0": 946, "7.1": 1036}}
-)
+// after clonevm (the lease mark, memory and CPUs). Their CHECK_ERROR sites
+// are in version.go.
 
 // handleGetExtraData is VBoxManageMisc.cpp handleGetExtraData for a
 // machine: one or two arguments; "enumerate" (or no key) lists "Key: %s,

@@ -160,4 +160,16 @@ var (
 		map[string]int{"6.1": 567, "7.0": 677, "7.1": 715}}
 	sitePropGetFindMachine = contextSite{"VBoxManageGuestProp.cpp", "FindMachine(Bstr(a->argv[0]).raw(), machine.asOutParam())",
 		map[string]int{"6.1": 92, "7.0": 77, "7.1": 77}}
+	siteGetExtraFindMachine = contextSite{"VBoxManageMisc.cpp", "FindMachine(Bstr(a->argv[0]).raw(), machine.asOutParam())",
+		map[string]int{"6.1": 874, "7.0": 1338, "7.1": 1377}}
+	siteSetExtraFindMachine = contextSite{"VBoxManageMisc.cpp", "FindMachine(Bstr(a->argv[0]).raw(), machine.asOutParam())",
+		map[string]int{"6.1": 934, "7.0": 1398, "7.1": 1437}}
+	siteModifyFindMachine = contextSite{"VBoxManageModifyVM.cpp", "FindMachine(Bstr(a->argv[0]).raw(), machine.asOutParam())",
+		map[string]int{"6.1": 567, "7.0": 632, "7.1": 842}}
+	siteModifyLock = contextSite{"VBoxManageModifyVM.cpp", "LockMachine(a->session, LockType_Write)",
+		map[string]int{"6.1": 575, "7.0": 640, "7.1": 850}}
+	siteModifyMemory = contextSite{"VBoxManageModifyVM.cpp", "COMSETTER(MemorySize)(ValueUnion.u32)",
+		map[string]int{"6.1": 659, "7.0": 724, "7.1": 941}}
+	siteModifyCPUs = contextSite{"VBoxManageModifyVM.cpp", "COMSETTER(CPUCount)(ValueUnion.u32)",
+		map[string]int{"6.1": 877, "7.0": 946, "7.1": 1036}}
 )

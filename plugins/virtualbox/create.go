@@ -314,15 +314,3 @@ func (d *Driver) remove(ctx context.Context, op, vm string) error {
 		}
 	}
 }
-
-// vboxOK runs VBoxManage args and maps a failure.
-func (d *Driver) vboxOK(ctx context.Context, op string, args ...string) error {
-	r, err := d.vbox(ctx, args...)
-	if err != nil {
-		return ctxError(op, err)
-	}
-	if r.code != 0 {
-		return vboxError(op, r)
-	}
-	return nil
-}

@@ -80,6 +80,18 @@ func (d *Driver) vbox(ctx context.Context, args ...string) (result, error) {
 	return r, nil
 }
 
+// vboxOK runs VBoxManage args and maps a failure.
+func (d *Driver) vboxOK(ctx context.Context, op string, args ...string) error {
+	r, err := d.vbox(ctx, args...)
+	if err != nil {
+		return ctxError(op, err)
+	}
+	if r.code != 0 {
+		return vboxError(op, r)
+	}
+	return nil
+}
+
 // vboxVersion is what `VBoxManage --version` says.
 type vboxVersion struct {
 	major, minor, build int

@@ -288,12 +288,5 @@ func (d *Driver) Power(ctx context.Context, vm string, action hypervisor.PowerAc
 		}
 		return fmt.Errorf("virtualbox: %s: %w: VirtualBox has no guest reboot (use shutdown then start, or reset)", op, hypervisor.ErrNotSupported)
 	}
-	r, err := d.vbox(ctx, args...)
-	if err != nil {
-		return ctxError(op, err)
-	}
-	if r.code != 0 {
-		return vboxError(op, r)
-	}
-	return nil
+	return d.vboxOK(ctx, op, args...)
 }
