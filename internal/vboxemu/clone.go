@@ -44,8 +44,10 @@ var uuidArg = regexp.MustCompile(`^\{?[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{
 // snapshot (FindSnapshot), CreateMachine for "<name>" (default "<src>
 // Clone"), CloneTo (Machine::cloneTo: a linked clone needs a snapshot),
 // the progress, RegisterMachine when --register, and the success line.
-// The clone is a new machine record, powered off; when the world has a
-// spare lab VM (World.Spares) the clone gets it as its guest.
+// The clone is a new machine record, powered off, or saved when it is a
+// clone of a snapshot taken online; when the world has a spare lab VM
+// (World.Spares) the clone gets it as its guest (starting a saved clone
+// boots that guest afresh: it holds no copy of the snapshot's memory).
 func (e *emu) handleCloneVM(args []string) int {
 	o, code := e.parseClone(args)
 	if code >= 0 {
@@ -88,6 +90,13 @@ func (e *emu) handleCloneVM(args []string) int {
 	}
 	if o.link {
 		clone.LinkedFrom = from.UUID
+	}
+	if from != nil && from.Online {
+		// MachineImplCloneVM.cpp: MachineCloneVMPrivate::addSaveState
+		// copies the snapshot's saved state as the clone's current state
+		// (fAttachCurrent), and MachineCloneVM::run then sets the target
+		// MachineState_Saved.
+		clone.State = "saved"
 	}
 	if o.uuid != "" {
 		// CreateMachine's "UUID=" flag (VirtualBoxImpl.cpp createMachine).

@@ -54,7 +54,10 @@ func machineNames(w *vboxemu.World) []string {
 func TestCreateRefusals(t *testing.T) {
 	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
-			e := newEmulator(t, v, []*vboxemu.Machine{template("tmpl", uuidTmpl), machine("taken", uuidOff, "", "")})
+			live := template("live-tmpl", "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0011")
+			live.Snapshots[0].UUID, live.Snapshots[0].Online, live.Snapshots[0].StateAtTake = "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0f02", true, "running"
+			live.CurrentSnapshot = live.Snapshots[0].UUID
+			e := newEmulator(t, v, []*vboxemu.Machine{template("tmpl", uuidTmpl), machine("taken", uuidOff, "", ""), live})
 			d := e.driver(t)
 			ctx := ctxT(t)
 			before := machineNames(e.worldNow(t))
@@ -63,27 +66,32 @@ func TestCreateRefusals(t *testing.T) {
 				want             error
 				says             string // in the error
 				noCall           bool   // refused before VBoxManage runs
+				memory           int64
 			}{
-				{"option-like template", "c1", `{"vm":"--foo"}`, hypervisor.ErrInvalidArgument, "begins with '-'", true},
-				{"template -h", "c1", `{"vm":"-h"}`, hypervisor.ErrInvalidArgument, "begins with '-'", true},
-				{"empty template", "c1", `{}`, hypervisor.ErrInvalidArgument, "empty VM name", true},
-				{"unknown field", "c1", `{"vm":"tmpl","full":true}`, hypervisor.ErrInvalidArgument, "unknown field", true},
-				{"trailing data", "c1", `{"vm":"tmpl"} {"vm":"x"}`, hypervisor.ErrInvalidArgument, "after the object", true},
-				{"option-like snapshot", "c1", `{"vm":"tmpl","snapshot":"--register"}`, hypervisor.ErrInvalidArgument, "may not begin with '-'", true},
-				{"snapshot with a line break", "c1", `{"vm":"tmpl","snapshot":"a\nb"}`, hypervisor.ErrInvalidArgument, "line break", true},
-				{"linked without a snapshot", "c1", `{"vm":"tmpl","linked":true}`, hypervisor.ErrInvalidArgument, "set snapshot", true},
-				{"name with a path", "../c1", `{"vm":"tmpl"}`, hypervisor.ErrInvalidArgument, "VM name", true},
-				{"name with shell characters", "c1;reboot", `{"vm":"tmpl"}`, hypervisor.ErrInvalidArgument, "VM name", true},
-				{"option-like name", "-c1", `{"vm":"tmpl"}`, hypervisor.ErrInvalidArgument, "VM name", true},
-				{"template with shell characters", "c1", `{"vm":"tmpl; rm -rf /"}`, hypervisor.ErrInvalidArgument, `no template VM "tmpl; rm -rf /"`, false},
-				{"template missing", "c1", `{"vm":"nope"}`, hypervisor.ErrInvalidArgument, "no template VM", false},
-				{"name taken", "taken", `{"vm":"tmpl"}`, hypervisor.ErrInvalidArgument, "already registered; choose another name", false},
-				{"name is the template", "tmpl", `{"vm":"tmpl"}`, hypervisor.ErrInvalidArgument, "already registered", false},
-				{"snapshot missing", "c1", `{"vm":"tmpl","snapshot":"nope"}`, hypervisor.ErrInvalidArgument, `has no snapshot "nope"`, false},
+				{"option-like template", "c1", `{"vm":"--foo"}`, hypervisor.ErrInvalidArgument, "begins with '-'", true, 0},
+				{"template -h", "c1", `{"vm":"-h"}`, hypervisor.ErrInvalidArgument, "begins with '-'", true, 0},
+				{"empty template", "c1", `{}`, hypervisor.ErrInvalidArgument, "empty VM name", true, 0},
+				{"unknown field", "c1", `{"vm":"tmpl","full":true}`, hypervisor.ErrInvalidArgument, "unknown field", true, 0},
+				{"trailing data", "c1", `{"vm":"tmpl"} {"vm":"x"}`, hypervisor.ErrInvalidArgument, "after the object", true, 0},
+				{"option-like snapshot", "c1", `{"vm":"tmpl","snapshot":"--register"}`, hypervisor.ErrInvalidArgument, "may not begin with '-'", true, 0},
+				{"snapshot with a line break", "c1", `{"vm":"tmpl","snapshot":"a\nb"}`, hypervisor.ErrInvalidArgument, "line break", true, 0},
+				{"linked without a snapshot", "c1", `{"vm":"tmpl","linked":true}`, hypervisor.ErrInvalidArgument, "set snapshot", true, 0},
+				{"name with a path", "../c1", `{"vm":"tmpl"}`, hypervisor.ErrInvalidArgument, "VM name", true, 0},
+				{"name with shell characters", "c1;reboot", `{"vm":"tmpl"}`, hypervisor.ErrInvalidArgument, "VM name", true, 0},
+				{"option-like name", "-c1", `{"vm":"tmpl"}`, hypervisor.ErrInvalidArgument, "VM name", true, 0},
+				{"template with shell characters", "c1", `{"vm":"tmpl; rm -rf /"}`, hypervisor.ErrInvalidArgument, `no template VM "tmpl; rm -rf /"`, false, 0},
+				{"template missing", "c1", `{"vm":"nope"}`, hypervisor.ErrInvalidArgument, "no template VM", false, 0},
+				{"name taken", "taken", `{"vm":"tmpl"}`, hypervisor.ErrInvalidArgument, "already registered; choose another name", false, 0},
+				{"name is the template", "tmpl", `{"vm":"tmpl"}`, hypervisor.ErrInvalidArgument, "already registered", false, 0},
+				{"snapshot missing", "c1", `{"vm":"tmpl","snapshot":"nope"}`, hypervisor.ErrInvalidArgument, `has no snapshot "nope"`, false, 0},
+				// A clone of an online snapshot is saved: it cannot be sized
+				// (the clone made is removed).
+				{"sizing a saved clone", "c1", `{"vm":"live-tmpl","snapshot":"base","linked":true}`, hypervisor.ErrInvalidArgument,
+					"VirtualBox cannot resize a saved machine; leave memory and CPUs unset or take the template's snapshot powered off", false, 256},
 			}
 			for _, tt := range tests {
 				e.resetLog()
-				_, err := d.CreateVM(ctx, hypervisor.CreateRequest{Name: tt.vm, Source: json.RawMessage(tt.source), Mark: testMark})
+				_, err := d.CreateVM(ctx, hypervisor.CreateRequest{Name: tt.vm, Source: json.RawMessage(tt.source), Mark: testMark, MemoryMB: tt.memory})
 				if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.says) {
 					t.Errorf("CreateVM(%s) = %v; want %v saying %q", tt.name, err, tt.want, tt.says)
 				}
