@@ -138,8 +138,11 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 		readErr <- readLines(in, 4*s.limits.MaxMessageBytes, lines, callCtx.Done())
 	}()
 
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, maxConcurrentCalls)
+	pool := newStdioWorkers(maxConcurrentCalls, func(line []byte) {
+		if resp := s.handle(callCtx, c, line); resp != nil {
+			write(resp)
+		}
+	})
 	var err error
 loop:
 	for {
@@ -156,21 +159,14 @@ loop:
 			if sess.requests.deliver(line) { // the answer to a request of ours
 				continue
 			}
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
+			if !pool.submit(line, ctx.Done()) {
 				break loop
 			}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				if resp := s.handle(callCtx, c, line); resp != nil {
-					write(resp)
-				}
-			})
 		}
 	}
+	pool.stop()
 	sess.requests.close() // requests to the client get no answer now
-	s.drainStdio(&wg, cancelCalls)
+	s.drainStdio(&pool.wg, cancelCalls)
 	cancelCalls()
 	<-notifyDone
 	if errors.Is(err, io.EOF) {
