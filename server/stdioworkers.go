@@ -1,6 +1,9 @@
 package server
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // stdioWorkers runs the messages of one stdio connection on long-lived
 // goroutines: at most max of them, started on demand and kept while the
@@ -16,8 +19,13 @@ import "sync"
 type stdioWorkers struct {
 	run  func(line []byte)
 	max  int
-	work chan []byte   // unbuffered: a send succeeds only when an idle worker takes the line
+	work chan []byte   // unbuffered: the line a submit hands to the idle worker it claimed
 	quit chan struct{} // closed by stop: idle workers exit, submit gives up
+	// idle counts the workers waiting on work that no submit claimed yet:
+	// a worker adds itself before it waits, a submit claims one by taking
+	// one off, and the claimed worker then takes the submit's line (or
+	// both give up on quit).
+	idle atomic.Int32
 
 	mu      sync.Mutex // guards n and stopped (and so every wg.Add)
 	n       int        // workers started
@@ -33,10 +41,8 @@ func newStdioWorkers(max int, run func(line []byte)) *stdioWorkers {
 // run, or else on the first one to be idle. It returns false without
 // running line when done is closed or stop was called first.
 func (w *stdioWorkers) submit(line []byte, done <-chan struct{}) bool {
-	select {
-	case w.work <- line:
-		return true
-	default:
+	if w.claimIdle() {
+		return w.handOver(line, nil)
 	}
 	w.mu.Lock()
 	if !w.stopped && w.n < w.max {
@@ -47,6 +53,30 @@ func (w *stdioWorkers) submit(line []byte, done <-chan struct{}) bool {
 		return true
 	}
 	w.mu.Unlock()
+	// Every worker is busy: the first to be idle takes line.
+	w.idle.Add(-1) // a claim on the next worker to be idle
+	if !w.handOver(line, done) {
+		w.idle.Add(1) // the claim is given back
+		return false
+	}
+	return true
+}
+
+// claimIdle claims a worker that waits for work, if there is one.
+func (w *stdioWorkers) claimIdle() bool {
+	for {
+		n := w.idle.Load()
+		if n <= 0 {
+			return false
+		}
+		if w.idle.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+}
+
+// handOver gives line to a claimed worker.
+func (w *stdioWorkers) handOver(line []byte, done <-chan struct{}) bool {
 	select {
 	case w.work <- line:
 		return true
@@ -62,6 +92,7 @@ func (w *stdioWorkers) loop(line []byte) {
 	defer w.wg.Done()
 	for {
 		w.run(line)
+		w.idle.Add(1)
 		select {
 		case line = <-w.work:
 		case <-w.quit:

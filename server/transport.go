@@ -132,39 +132,43 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 	notifyDone := make(chan struct{})
 	go forwardNotifications(callCtx, sess, write, notifyDone)
 
-	lines := make(chan []byte)
-	readErr := make(chan error, 1)
-	go func() {
-		readErr <- readLines(in, 4*s.limits.MaxMessageBytes, lines, callCtx.Done())
-	}()
-
 	pool := newStdioWorkers(maxConcurrentCalls, func(line []byte) {
 		if resp := s.handle(callCtx, c, line); resp != nil {
 			write(resp)
 		}
 	})
-	var err error
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case err = <-readErr:
-			break loop
-		case line := <-lines:
-			if line == nil { // a line over the limit
-				write(rpcError(nil, mcp.PARSE_ERROR, "message too large"))
-				continue
-			}
-			if sess.requests.deliver(line) { // the answer to a request of ours
-				continue
-			}
-			if !pool.submit(line, ctx.Done()) {
-				break loop
-			}
+	// The reader hands every message straight to a worker (route); this
+	// goroutine only waits for the end. routeMu and closed keep route from
+	// writing or starting anything once ServeStdio is on its way out.
+	var routeMu sync.Mutex
+	closed := false
+	route := func(line []byte) bool {
+		routeMu.Lock()
+		defer routeMu.Unlock()
+		if closed || ctx.Err() != nil {
+			return false
 		}
+		switch {
+		case line == nil: // a line over the limit
+			write(rpcError(nil, mcp.PARSE_ERROR, "message too large"))
+			return true
+		case sess.requests.deliver(line): // the answer to a request of ours
+			return true
+		}
+		return pool.submit(line, ctx.Done())
 	}
-	pool.stop()
+	readErr := make(chan error, 1)
+	go func() { readErr <- readLines(in, 4*s.limits.MaxMessageBytes, route) }()
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-readErr:
+	}
+	pool.stop() // a route waiting for a worker gives up
+	routeMu.Lock()
+	closed = true
+	routeMu.Unlock()
 	sess.requests.close() // requests to the client get no answer now
 	s.drainStdio(&pool.wg, cancelCalls)
 	cancelCalls()
@@ -205,9 +209,9 @@ func (s *Server) drainStdio(wg *sync.WaitGroup, cancel context.CancelFunc) {
 	}
 }
 
-// readLines sends every non-empty line of in to lines (a line longer than
-// max as nil, after discarding it) until in ends or stop is closed.
-func readLines(in io.Reader, max int, lines chan<- []byte, stop <-chan struct{}) error {
+// readLines hands every non-empty line of in to route (a line longer than
+// max as nil, after discarding it) until in ends or route returns false.
+func readLines(in io.Reader, max int, route func(line []byte) bool) error {
 	r := bufio.NewReaderSize(in, 64<<10)
 	for {
 		var line []byte
@@ -236,9 +240,7 @@ func readLines(in io.Reader, max int, lines chan<- []byte, stop <-chan struct{})
 				continue
 			}
 		}
-		select {
-		case lines <- msg:
-		case <-stop:
+		if !route(msg) {
 			return nil
 		}
 	}
