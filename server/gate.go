@@ -119,6 +119,13 @@ type verdict struct {
 	reply []byte          // a response to send instead of passing the message on
 	ctx   context.Context // non-nil: pass the message to mcp-go with this context
 	t     *ticket         // set with ctx for a gated tools/call: settle it afterwards
+	// direct is what a gated tools/call holds for the direct path
+	// (dispatch.go); set with t.
+	direct *directMessage
+	// cancels, for a notifications/cancelled, is the request id it names,
+	// as encoding/json reads it (cancelsSet: it names one).
+	cancels    any
+	cancelsSet bool
 }
 
 var envelopeKeys = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "result": true, "error": true}
@@ -135,7 +142,11 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 		return v
 	}
 	if method, _ := e.m["method"].(string); method != string(mcp.MethodToolsCall) {
-		return verdict{ctx: ctx}
+		v := verdict{ctx: ctx}
+		if method == string(mcp.MethodNotificationCancelled) && !e.hasID {
+			v.cancels, v.cancelsSet = cancelledID(e.m)
+		}
+		return v
 	}
 	g := &gating{s: s, ctx: ctx, conn: c, raw: raw, envelope: e, start: s.now()}
 	// The decision record carries the reservation time, so the log alone
@@ -466,7 +477,19 @@ func (g *gating) pass() verdict {
 	callCtx, cancel := context.WithTimeout(g.ctx, deadline)
 	t := &ticket{server: g.s, call: cl, claimed: make(chan struct{}), start: g.start, counters: g.counters, cancel: cancel, elicit: g.elicit}
 	cl.ctx = callCtx
-	return verdict{ctx: context.WithValue(g.ctx, ticketKey, t), t: t}
+	dm := &directMessage{m: g.m, id: g.id, params: g.params}
+	return verdict{ctx: context.WithValue(g.ctx, ticketKey, t), t: t, direct: dm}
+}
+
+// cancelledID is the request id a notifications/cancelled names, as mcp-go
+// reads it (dispatch.go).
+func cancelledID(m map[string]any) (any, bool) {
+	params, _ := m["params"].(map[string]any)
+	raw, ok := params["requestId"]
+	if !ok {
+		return nil, false
+	}
+	return encodingJSONValue(raw)
 }
 
 // maxExactInteger is 2^53-1, the largest integer a float64 holds exactly
@@ -523,6 +546,11 @@ func (s *Server) settle(t *ticket) {
 	default:
 		// mcp-go answered without running the handler: nothing happened.
 		t.res = &result{tag: TagBackend, noEffect: true, detail: "handler not run"}
+	}
+	if t.res == nil {
+		// The handler panicked (handle answered an internal error): what
+		// it did is unknown, so nothing is refunded.
+		t.res = &result{tag: TagBackend, detail: "the handler panicked"}
 	}
 	r := t.res
 	refund := r.noEffect && len(t.counters) > 0
@@ -728,41 +756,47 @@ func (t *toolSpec) deadline(l Limits, args any) time.Duration {
 	return callDeadline
 }
 
-// toolHandler is what mcp-go runs for spec: it runs only with the ticket
-// the gate put in the context for exactly this call.
+// toolHandler is what mcp-go runs for spec: runTool.
 func (s *Server) toolHandler(spec *toolSpec) mcpserver.ToolHandlerFunc {
 	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		t, _ := ctx.Value(ticketKey).(*ticket)
-		if t == nil || t.server != s || t.call.spec != spec || req.Params.Name != spec.name {
-			s.log.Error("server: tool handler reached without a gate ticket", "tool", spec.name)
-			return errorResult(TagDenied, "this call did not pass the policy gate", nil), nil
-		}
-		select {
-		case <-t.claimed:
-			s.log.Error("server: gate ticket used twice", "tool", spec.name, "call", t.call.id)
-			return errorResult(TagDenied, "this call did not pass the policy gate", nil), nil
-		default:
-			close(t.claimed)
-		}
-		if t.elicit != nil { // elicit_legacy.go: asks without any gate lock held
-			if r, ok := s.elicitApproval(ctx, t); !ok {
-				t.res = &r
-				return r.mcp(), nil
-			}
-		}
-		stop := s.reportProgress(ctx, req, spec.name)
-		defer stop()
-		if t.call.wantsUndo() {
-			if r := s.takeUndo(t.call); r != nil {
-				*r = t.call.explain(*r)
-				t.res = r
-				return r.mcp(), nil
-			}
-		}
-		r := t.call.explain(t.call.withUndo(spec.run(s, t.call)))
-		t.res = &r
-		return r.mcp(), nil
+		return s.runTool(ctx, spec, req), nil
 	}
+}
+
+// runTool runs one call of spec, from mcp-go (toolHandler) or from handle
+// (dispatch.go): only with the ticket the gate put in the context for
+// exactly this call, which it claims.
+func (s *Server) runTool(ctx context.Context, spec *toolSpec, req mcp.CallToolRequest) *mcp.CallToolResult {
+	t, _ := ctx.Value(ticketKey).(*ticket)
+	if t == nil || t.server != s || t.call.spec != spec || req.Params.Name != spec.name {
+		s.log.Error("server: tool handler reached without a gate ticket", "tool", spec.name)
+		return errorResult(TagDenied, "this call did not pass the policy gate", nil)
+	}
+	select {
+	case <-t.claimed:
+		s.log.Error("server: gate ticket used twice", "tool", spec.name, "call", t.call.id)
+		return errorResult(TagDenied, "this call did not pass the policy gate", nil)
+	default:
+		close(t.claimed)
+	}
+	if t.elicit != nil { // elicit_legacy.go: asks without any gate lock held
+		if r, ok := s.elicitApproval(ctx, t); !ok {
+			t.res = &r
+			return r.mcp()
+		}
+	}
+	stop := s.reportProgress(ctx, req, spec.name)
+	defer stop()
+	if t.call.wantsUndo() {
+		if r := s.takeUndo(t.call); r != nil {
+			*r = t.call.explain(*r)
+			t.res = r
+			return r.mcp()
+		}
+	}
+	r := t.call.explain(t.call.withUndo(spec.run(s, t.call)))
+	t.res = &r
+	return r.mcp()
 }
 
 // filterTools hides from tools/list what the caller's policy hides.

@@ -158,6 +158,10 @@ type Server struct {
 	undo          *undoKeeper // undo snapshots (undo.go)
 	templates     map[string]*config.Template
 	leases        *vmLeases // nil: no lease store
+	// direct holds the calls handle runs without mcp-go (dispatch.go);
+	// noDirect, set only by tests, sends every call through mcp-go.
+	direct   directCalls
+	noDirect bool
 
 	// mu guards closed; calls holds every call in flight so Close can wait.
 	mu     sync.Mutex

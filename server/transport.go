@@ -32,7 +32,8 @@ var ShutdownGrace = 10 * time.Second
 const maxConcurrentCalls = 64
 
 // handle runs one message through the gate and, if the gate lets it pass,
-// through mcp-go. It returns the response to send (nil for none).
+// through mcp-go (a gated tools/call: its handler directly, dispatch.go).
+// It returns the response to send (nil for none).
 func (s *Server) handle(ctx context.Context, c *conn, raw []byte) (out []byte) {
 	v := s.gateMessage(ctx, c, raw)
 	if v.ctx == nil {
@@ -47,7 +48,17 @@ func (s *Server) handle(ctx context.Context, c *conn, raw []byte) (out []byte) {
 			out = rpcError(nil, mcp.INTERNAL_ERROR, "internal error")
 		}
 	}()
-	resp := s.mcp.HandleMessage(v.ctx, raw)
+	var resp mcp.JSONRPCMessage
+	direct := false
+	if v.t != nil {
+		resp, direct = s.callDirect(v)
+	}
+	if v.cancelsSet {
+		s.direct.cancel(inflightKey(v.ctx, v.cancels))
+	}
+	if !direct {
+		resp = s.mcp.HandleMessage(v.ctx, raw)
+	}
 	if resp == nil {
 		return nil
 	}
