@@ -231,6 +231,35 @@ func BenchmarkGateOverhead(b *testing.B) {
 	b.ReportMetric(float64((sg.p50()-sb.p50()).Nanoseconds())/1e3, "gate-p50-µs")
 }
 
+// BenchmarkGateDirect interleaves one gated call on the direct path
+// (dispatch.go) and one through mcp-go's HandleMessage on the same server
+// (store split, no fsync) per iteration, and reports the median of each
+// and their ratio: what the direct path saves.
+func BenchmarkGateDirect(b *testing.B) {
+	g := gatedServer(b, storeSplit, audit.FsyncInterval, time.Hour)
+	c := &conn{grant: g.s.grants["local"], transport: "stdio"}
+	ctx := context.Background()
+	var sd, sm sample
+	b.ReportAllocs()
+	for b.Loop() {
+		g.s.noDirect = false
+		t0 := time.Now()
+		dout := g.s.handle(ctx, c, []byte(benchCall))
+		t1 := time.Now()
+		g.s.noDirect = true
+		mout := g.s.handle(ctx, c, []byte(benchCall))
+		t2 := time.Now()
+		if !bytes.Equal(dout, mout) || bytes.Contains(dout, []byte(`"isError":true`)) {
+			b.Fatalf("calls differ or failed: %s / %s", dout, mout)
+		}
+		sd.lat = append(sd.lat, t1.Sub(t0))
+		sm.lat = append(sm.lat, t2.Sub(t1))
+	}
+	b.ReportMetric(float64(sd.p50().Nanoseconds())/1e3, "direct-p50-µs")
+	b.ReportMetric(float64(sm.p50().Nanoseconds())/1e3, "mcp-go-p50-µs")
+	b.ReportMetric(float64(sd.p50())/float64(sm.p50()), "p50-ratio")
+}
+
 // End-to-end benchmarks.
 
 // e2eConfigs are the gated servers compared with the bare one: the new

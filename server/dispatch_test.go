@@ -115,7 +115,7 @@ func TestDirectDispatchMatchesMCPGo(t *testing.T) {
 		{"exponent progress token", call("9", "lab/slowvm", `,"_meta":{"progressToken":1.5e3,"other":[1,{"x":null}]}`), true, true},
 		{"null progress token", call("10", "lab/vm1", `,"_meta":{"progressToken":null}`), true, false},
 		{"null _meta", call("11", "lab/vm1", `,"_meta":null`), true, false},
-		{"arguments with numbers", `{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"arguments":{"vm":"lab/vm1"},"name":"vm_status"}}`, true, false},
+		{"params in another order", `{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"arguments":{"vm":"lab/vm1"},"name":"vm_status"}}`, true, false},
 		{"panic in the driver", call("13", "lab/boom", ""), true, false},
 		{"past the deadline", call("14", "lab/hang", ""), true, false},
 		// Left to mcp-go: what encoding/json reads otherwise than the gate.
