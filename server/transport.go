@@ -149,8 +149,12 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 		}
 	})
 	// The reader hands every message straight to a worker (route); this
-	// goroutine only waits for the end. routeMu and closed keep route from
-	// writing or starting anything once ServeStdio is on its way out.
+	// goroutine only waits for the end. Answers to our own requests are
+	// delivered by the reader itself, while workers are busy; a message
+	// that finds all maxConcurrentCalls of them busy holds the reader (and
+	// what follows it) until one is idle, as the semaphore before did.
+	// routeMu and closed keep route from writing or starting anything once
+	// ServeStdio is on its way out.
 	var routeMu sync.Mutex
 	closed := false
 	route := func(line []byte) bool {
