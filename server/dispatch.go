@@ -30,7 +30,8 @@ import (
 //     tool filter, instructions), so each is a no-op.
 //   - the tool filter (WithToolFilter(s.filterTools)): checked here the
 //     way mcp-go checks it; a call it hides goes to mcp-go, which answers
-//     "tool not found" as before.
+//     "tool not found" as before (the gate refuses a hidden tool first, so
+//     only a policy reload between the two gets there).
 //   - session tools (SessionWithTools), task tools and task-augmented
 //     calls: stdioSession has no tools of its own, no tool is a task tool
 //     or has an Execution, and the gate refuses a params.task.
