@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -93,6 +94,7 @@ func warnNoBackends(log *slog.Logger, cfg *config.Config, path string) {
 }
 
 func runServe(ctx context.Context, o serveOptions) (err error) {
+	setGCPercent(os.Getenv("GOGC"))
 	stopProfile, err := startCPUProfile(o.cpuProfile)
 	if err != nil {
 		return err
@@ -245,6 +247,21 @@ func openStore(ctx context.Context, cfg *config.Config, auditPath string) (store
 			return nil, err
 		}
 		return s, nil
+	}
+}
+
+// serveGCPercent is the garbage collector's target for `vmgate serve` when
+// GOGC is not set. The server's live heap is small (a few MiB), so at Go's
+// default of 100 it collects every few hundred calls, and the collections
+// cost about 5 µs of CPU per call (docs/performance.md); 400 collects a
+// quarter as often for about 12 MiB more of resident memory.
+const serveGCPercent = 400
+
+// setGCPercent applies serveGCPercent unless the user set GOGC (gogc is its
+// value), which the runtime has applied already.
+func setGCPercent(gogc string) {
+	if gogc == "" {
+		debug.SetGCPercent(serveGCPercent)
 	}
 }
 

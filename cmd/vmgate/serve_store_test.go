@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime/debug"
 	"testing"
 	"time"
 
@@ -91,5 +92,26 @@ func TestOpenStoreRebuildsCountersFromTheAuditLog(t *testing.T) {
 	defer st.Close()
 	if got, err := st.GetApproval(context.Background(), "ap1"); err != nil || got.State != store.ApprovalPending {
 		t.Fatalf("GetApproval(ap1) after reopening = %+v, %v; want the pending approval (approvals persist)", got, err)
+	}
+}
+
+// TestSetGCPercent: serve raises the collector's target unless GOGC says
+// otherwise.
+func TestSetGCPercent(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	tests := []struct {
+		gogc string
+		want int
+	}{
+		{"", serveGCPercent},
+		{"50", 100}, // the runtime applied GOGC=50 itself; here it stays as found (100)
+		{"off", 100},
+	}
+	for _, tt := range tests {
+		debug.SetGCPercent(100)
+		setGCPercent(tt.gogc)
+		if got := debug.SetGCPercent(100); got != tt.want {
+			t.Errorf("setGCPercent(%q) left GC percent %d; want %d", tt.gogc, got, tt.want)
+		}
 	}
 }
