@@ -62,14 +62,30 @@ func TestShippedServersAgree(t *testing.T) {
 			t.Errorf("%s: stop = %v", s.name, err)
 		}
 		// The audit log holds a decision and an outcome per list_vms call
-		// (the first one and the measured ones) and the refused vm_status.
+		// (the first one and the measured ones) and the refused vm_status;
+		// under the rate-limited policy also the advances that held the
+		// calls' reservations (server/advance.go), each with its end.
 		log, err := os.ReadFile(filepath.Join(state, "audit.log"))
 		if err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
-		want := 2*(1+shippedCalls+parallelCalls) + 1
-		if n := strings.Count(string(log), "\n"); n != want {
-			t.Errorf("%s: audit log has %d records; want %d", s.name, n, want)
+		calls := 1 + shippedCalls + parallelCalls
+		kinds := map[string]int{}
+		for _, k := range []string{"decision", "outcome", "advance", "advance_end"} {
+			kinds[k] = strings.Count(string(log), `"kind":"`+k+`"`)
+		}
+		if kinds["decision"] != calls+1 || kinds["outcome"] != calls {
+			t.Errorf("%s: audit log has %d decisions and %d outcomes; want %d and %d", s.name, kinds["decision"], kinds["outcome"], calls+1, calls)
+		}
+		minAdvances := 0
+		if s.policy == limitedPolicy {
+			minAdvances = (calls + 31) / 32
+		}
+		if a, e := kinds["advance"], kinds["advance_end"]; a < minAdvances || e != a || (minAdvances == 0 && a != 0) {
+			t.Errorf("%s: audit log has %d advances and %d ends; want as many ends as advances, at least %d", s.name, a, e, minAdvances)
+		}
+		if n := strings.Count(string(log), "\n"); n != kinds["decision"]+kinds["outcome"]+kinds["advance"]+kinds["advance_end"] {
+			t.Errorf("%s: audit log has %d lines; want one per record (%v)", s.name, n, kinds)
 		}
 	}
 	for i := range texts {
