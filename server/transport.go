@@ -120,26 +120,9 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 	callCtx, cancelCalls := context.WithCancel(s.mcp.WithContext(context.WithoutCancel(ctx), sess))
 	defer cancelCalls()
 
-	var wmu sync.Mutex // wmu serialises writes to out
-	var writeErr error
-	write := func(b []byte) {
-		wmu.Lock()
-		defer wmu.Unlock()
-		if writeErr != nil {
-			return
-		}
-		b = append(b, '\n')
-		if _, err := out.Write(b); err != nil {
-			writeErr = err
-			s.log.Warn("server: stdio: write failed", "err", err)
-		}
-	}
-	sess.send = func(b []byte) error {
-		write(b)
-		wmu.Lock()
-		defer wmu.Unlock()
-		return writeErr
-	}
+	lw := newLineWriter(out, s.log) // concurrent answers share write(2) calls
+	write := lw.write
+	sess.send = lw.send
 	notifyDone := make(chan struct{})
 	go forwardNotifications(callCtx, sess, write, notifyDone)
 
