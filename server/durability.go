@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"errors"
+	"syscall"
 
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
@@ -39,4 +41,27 @@ func (s *Server) appendDecision(ctx context.Context, spec *toolSpec, rec audit.R
 	}
 	_, err := w.AppendWritten(ctx, rec)
 	return err
+}
+
+// auditRefusal is what the agent reads when its call is refused because the
+// audit log did not take the call's decision record: the log's own reason
+// in plain words and what to do next. The log's path stays out of it (the
+// server's log has the whole error).
+func auditRefusal(err error) string {
+	const refused = "the audit log is unavailable, so the call is refused"
+	var errno syscall.Errno
+	hasErrno := errors.As(err, &errno)
+	switch {
+	case errors.Is(err, audit.ErrClosed):
+		return refused + ": the server is shutting down; retry once it is back"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return refused + ": the call was cancelled before its record was written"
+	case errors.Is(err, audit.ErrBroken) && hasErrno:
+		return refused + ": an earlier write or fsync of the log failed (" + errno.Error() + ") and the log takes nothing until vmgate restarts; ask the operator to fix the disk of vmgate's state directory and restart it"
+	case errors.Is(err, audit.ErrBroken):
+		return refused + ": an earlier write or fsync of the log failed and the log takes nothing until vmgate restarts; ask the operator to restart it"
+	case hasErrno:
+		return refused + ": writing it failed (" + errno.Error() + "); ask the operator to fix the disk of vmgate's state directory (space, permissions), then retry"
+	}
+	return refused + "; ask the operator to check vmgate's audit log (its disk and permissions)"
 }

@@ -4,9 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -101,4 +106,44 @@ func argString(args, name string) string {
 	}
 	v, _ := m[name].(string)
 	return v
+}
+
+// TestAuditRefusal: a call the audit log could not record is refused with
+// the log's reason and what to do, never with the log's path.
+func TestAuditRefusal(t *testing.T) {
+	path := "/var/lib/vmgate/audit.log"
+	enospc := &fs.PathError{Op: "write", Path: path, Err: syscall.ENOSPC}
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("audit: append: %w", enospc), "no space left on device); ask the operator to fix the disk"},
+		{fmt.Errorf("audit: append: %w", fmt.Errorf("fsync: %w: %w", &fs.PathError{Op: "sync", Path: path, Err: syscall.EIO}, audit.ErrBroken)), "(input/output error) and the log takes nothing until vmgate restarts"},
+		{fmt.Errorf("audit: append: %w", audit.ErrBroken), "takes nothing until vmgate restarts; ask the operator to restart it"},
+		{fmt.Errorf("audit: append: %w", audit.ErrClosed), "the server is shutting down"},
+		{fmt.Errorf("audit: append: %w", context.Canceled), "cancelled before its record was written"},
+		{errors.New("something else"), "ask the operator to check vmgate's audit log"},
+	}
+	for _, tt := range tests {
+		got := auditRefusal(tt.err)
+		if !strings.HasPrefix(got, "the audit log is unavailable, so the call is refused") || !strings.Contains(got, tt.want) || strings.Contains(got, path) {
+			t.Errorf("auditRefusal(%v) = %q; want it to say %q, without the path", tt.err, got, tt.want)
+		}
+	}
+}
+
+// TestAuditFailureReachesTheAgent: a decision record the log refuses
+// (a disk that is full) reaches the agent as the disk's reason.
+func TestAuditFailureReachesTheAgent(t *testing.T) {
+	rec := &recorder{AppendErr: func(audit.Record) error {
+		return fmt.Errorf("audit: append: %w", &fs.PathError{Op: "write", Path: "/state/audit.log", Err: syscall.ENOSPC})
+	}}
+	f := newFixture(t, fixtureOpts{rec: rec})
+	r := f.call(t, "vm_agent_exec", `{"vm":"lab/vm1","command":["true"]}`)
+	if !hasTag(r, TagDenied) || !strings.Contains(r.text(), "no space left on device") || strings.Contains(r.text(), "/state/") {
+		t.Errorf("vm_agent_exec with a full disk = %s; want [POLICY DENIED] naming the full disk, not the path", r.text())
+	}
+	if n := f.calls.Load(); n != 0 {
+		t.Errorf("driver calls = %d; want none (nothing runs unrecorded)", n)
+	}
 }

@@ -86,7 +86,7 @@ func (s *Server) elicitApproval(ctx context.Context, t *ticket) (r result, ok bo
 	// Durable before the call runs, like every decision that lets one run.
 	if _, err := s.audit.Append(context.WithoutCancel(ctx), rec); err != nil {
 		s.log.Error("server: audit record of a client's approval failed; call refused", "call", cl.id, "err", err)
-		return result{tag: TagDenied, text: "the audit log is unavailable, so the call is refused", noEffect: true, detail: "audit: " + err.Error()}, false
+		return result{tag: TagDenied, text: auditRefusal(err), noEffect: true, detail: "audit: " + err.Error()}, false
 	}
 	return result{}, true
 }

@@ -451,7 +451,7 @@ func (g *gating) record() (verdict, bool) {
 		if len(g.counters) > 0 {
 			s.refund(callID, g.start, g.counters)
 		}
-		return verdict{reply: rpcResult(g.id, errorResult(TagDenied, "the audit log is unavailable, so the call is refused", nil))}, true
+		return verdict{reply: rpcResult(g.id, errorResult(TagDenied, auditRefusal(err), nil))}, true
 	}
 	if !s.begin() {
 		if len(g.counters) > 0 {
