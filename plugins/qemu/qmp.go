@@ -207,6 +207,38 @@ func (m *Monitor) ConnectContext(ctx context.Context) error {
 	return nil
 }
 
+// maxEventsBeforeGreeting bounds the events readGreeting skips.
+const maxEventsBeforeGreeting = 64
+
+// readGreeting reads up to and including the QMP greeting. Events may come
+// first on a connection that follows another client's: QEMU sends events to
+// a monitor whose client negotiated capabilities (monitor/monitor.c,
+// monitor_qapi_event_emit) and resets that only when the next client
+// connects (monitor/qmp.c, monitor_qmp_event, CHR_EVENT_OPENED), so an event
+// emitted in between is queued in the monitor's output and flushed to the
+// next client ahead of its greeting. They are skipped (nobody can be
+// subscribed yet); anything else is a *ProtocolError. Read errors are
+// returned as they are.
+func readGreeting(r *bufio.Reader, maxReply int) (*Greeting, error) {
+	for range maxEventsBeforeGreeting + 1 {
+		line, err := readLine(r, maxReply)
+		if err != nil {
+			return nil, err
+		}
+		var g struct {
+			QMP   *Greeting `json:"QMP"`
+			Event string    `json:"event"`
+		}
+		if err := json.Unmarshal(line, &g); err != nil || (g.QMP == nil && g.Event == "") {
+			return nil, newProtocolError("greeting", "not a QMP greeting", line)
+		}
+		if g.QMP != nil {
+			return g.QMP, nil
+		}
+	}
+	return nil, newProtocolError("greeting", fmt.Sprintf("more than %d events before the greeting", maxEventsBeforeGreeting), nil)
+}
+
 // handshake reads the greeting, sends qmp_capabilities and starts the reader.
 func (m *Monitor) handshake(ctx context.Context, conn net.Conn) (*session, error) {
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
@@ -218,22 +250,20 @@ func (m *Monitor) handshake(ctx context.Context, conn net.Conn) (*session, error
 		return fmt.Errorf("qmp: %s: %w", op, err)
 	}
 	r := bufio.NewReaderSize(conn, 64<<10)
-	line, err := readLine(r, m.opts.MaxReply)
-	if err != nil {
+	greeting, err := readGreeting(r, m.opts.MaxReply)
+	var pe *ProtocolError
+	switch {
+	case errors.As(err, &pe):
+		return nil, err
+	case err != nil:
 		return nil, wrapCtx("greeting", err)
-	}
-	var g struct {
-		QMP *Greeting `json:"QMP"`
-	}
-	if err := json.Unmarshal(line, &g); err != nil || g.QMP == nil {
-		return nil, newProtocolError("greeting", "not a QMP greeting", line)
 	}
 	if _, err := conn.Write([]byte(`{"execute":"qmp_capabilities","id":0}` + "\n")); err != nil {
 		return nil, wrapCtx("qmp_capabilities", err)
 	}
 	// Events may precede the reply; skip them (nobody can be subscribed yet).
 	for {
-		line, err = readLine(r, m.opts.MaxReply)
+		line, err := readLine(r, m.opts.MaxReply)
 		if err != nil {
 			return nil, wrapCtx("qmp_capabilities", err)
 		}
@@ -262,7 +292,7 @@ func (m *Monitor) handshake(ctx context.Context, conn net.Conn) (*session, error
 	conn.SetDeadline(time.Time{})
 	s := &session{
 		conn:     conn,
-		greeting: *g.QMP,
+		greeting: *greeting,
 		done:     make(chan struct{}),
 		nextID:   1,
 		pending:  make(map[uint64]*call),
