@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab"
 )
 
@@ -226,13 +227,15 @@ func (q *qmpConn) run(cmd string, args any) (json.RawMessage, error) {
 	}
 }
 
-// job runs a snapshot job and polls query-jobs until it concludes.
+// job runs a snapshot job and polls query-jobs until it concludes, as
+// internal/qmp's StateImage does, on this one connection (the baseline pays
+// no connect per command).
 func (q *qmpConn) job(ctx context.Context, cmd, id string, args map[string]any) error {
 	args["job-id"] = id
 	if _, err := q.run(cmd, args); err != nil {
 		return err
 	}
-	var b backoff
+	var b hypervisor.Backoff
 	for {
 		raw, err := q.run("query-jobs", nil)
 		if err != nil {
@@ -258,18 +261,16 @@ func (q *qmpConn) job(ctx context.Context, cmd, id string, args map[string]any) 
 			}
 			return nil
 		}
-		if err := b.wait(ctx); err != nil {
+		if err := waitNext(ctx, &b); err != nil {
 			return err
 		}
 	}
 }
 
-// backoff waits 1 ms, doubling to 50 ms, between polls of a job.
-type backoff struct{ d time.Duration }
-
-func (b *backoff) wait(ctx context.Context) error {
-	b.d = min(max(2*b.d, time.Millisecond), 50*time.Millisecond)
-	t := time.NewTimer(b.d)
+// waitNext waits b's next interval (the one the QEMU driver's job polls
+// use: internal/qmp), or until ctx ends.
+func waitNext(ctx context.Context, b *hypervisor.Backoff) error {
+	t := time.NewTimer(b.Next())
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
