@@ -280,9 +280,9 @@ func TestTimeouts(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := startFake(t, tt.f)
 			const d = 400 * time.Millisecond
+			start := time.Now() // before the context, whose deadline counts from its creation
 			ctx, cancel := context.WithTimeout(context.Background(), d)
 			defer cancel()
-			start := time.Now()
 			err := c.Ping(ctx)
 			el := time.Since(start)
 			if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
