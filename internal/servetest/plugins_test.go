@@ -2,6 +2,7 @@ package servetest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -68,6 +69,34 @@ func readAudit(t *testing.T, path string) []auditRecord {
 		t.Fatal(err)
 	}
 	return recs
+}
+
+// waitAllowed waits until the audit log at path holds n allowed decisions
+// for tool. Lines are read as they are in the file: a record being written
+// (no newline yet) is not counted.
+func waitAllowed(t *testing.T, path, tool string, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for line := range bytes.Lines(data) {
+			var r auditRecord
+			if bytes.HasSuffix(line, []byte("\n")) && json.Unmarshal(line, &r) == nil && r.Tool == tool && r.Decision == "allow" {
+				got++
+			}
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("allowed %s decisions in the audit log = %d after %v; want %d", tool, got, within, n)
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval
+	}
 }
 
 var metricsLine = regexp.MustCompile(`serving metrics" url=(http://127\.0\.0\.1:[0-9]+/metrics)`)
@@ -143,7 +172,9 @@ backends: [{name: lab, driver: qemu, settings: {lab: true}}]
 	}
 
 	inFlight := p.callAsync(t, "vm_agent_exec", map[string]any{"vm": id, "command": []string{"sleep", "5"}})
-	time.Sleep(1500 * time.Millisecond) // the exec is running in the guest by now
+	// The call is in the plugin once its decision record is in the log (it
+	// is written before dispatch); the command runs for 5 s.
+	waitAllowed(t, auditLog, "vm_agent_exec", 2, 30*time.Second)
 	if err := syscall.Kill(plugins[0].pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill -9 %d: %v", plugins[0].pid, err)
 	}
