@@ -230,7 +230,7 @@ func (e *emu) handleUnregisterVM(args []string) int {
 	if m == nil {
 		return e.notFound(name, siteUnregFindMachine)
 	}
-	if m.running() {
+	if m.sessionLocked(time.Now()) {
 		site := siteUnregister
 		if !e.v.AtLeast(7, 0) {
 			site = siteUnregister61

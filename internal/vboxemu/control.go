@@ -84,8 +84,9 @@ func (e *emu) startOne(name string) int {
 	if m == nil {
 		return e.notFound(name, siteStartFindMachine)
 	}
-	if m.running() || len(m.Sessions) > 0 {
-		// Machine::launchVMProcess: a machine that has a session.
+	if m.sessionLocked(time.Now()) || len(m.Sessions) > 0 {
+		// Machine::i_launchVMProcess: a machine whose session is locked
+		// (or being unlocked by a VM process that is ending).
 		e.comError(fmt.Sprintf("The machine '%s' is already locked by a session (or being locked or unlocked)", m.Name),
 			codeInvalidObject, "MachineWrap", "IMachine", siteStartLaunch)
 		return exitFailure
@@ -144,12 +145,20 @@ func (e *emu) handleControlVM(args []string) int {
 	case "reset":
 		return e.consoleOp(m, m.State, "system_reset", siteControlReset, true)
 	case "poweroff":
-		// Console::PowerDown: the VM process ends (QEMU's vCPUs stop).
+		// Console::PowerDown: the VM process ends (QEMU's vCPUs stop); it
+		// holds the machine's session until it has ended.
 		if err := e.qmp(m, "stop"); err != nil {
 			e.errorf("emulator: power off: %v", err)
 			return exitFailure
 		}
 		if err := e.setState(m.UUID, "poweroff"); err != nil {
+			e.errorf("emulator: %v", err)
+			return exitFailure
+		}
+		if err := e.h.updateMachine(m.UUID, func(m *Machine) error {
+			m.SessionLockedUntil = time.Now().Add(time.Duration(e.w.VMProcessTeardownMS) * time.Millisecond)
+			return nil
+		}); err != nil {
 			e.errorf("emulator: %v", err)
 			return exitFailure
 		}

@@ -36,7 +36,13 @@
 // the vboxdrv module missing, the host's guest control service missing).
 // Every invocation reads it under a shared lock and writes it back under
 // an exclusive one, so concurrent emulator processes see one host, as
-// concurrent VBoxManage processes see one VBoxSVC. Every invocation
+// concurrent VBoxManage processes see one VBoxSVC. A machine powered off
+// keeps its session locked by its ending VM process for
+// World.VMProcessTeardownMS after `controlvm poweroff` returned
+// (VBoxHeadless.cpp TrustedMain unlocks it after its event loop, in the
+// 6.1.38, 7.0.18 and 7.1.6 imports alike), and unregistervm, modifyvm and
+// startvm are refused meanwhile as MachineImpl.cpp refuses them; tests end
+// a VM process at will through UpdateWorld. Every invocation
 // appends one JSON line (argv, exit code, stdout, stderr) to vbox.log.
 //
 // # The guest behind it

@@ -258,6 +258,55 @@ func TestMachineCommands(t *testing.T) {
 	}
 }
 
+// TestVMProcessTeardown: after `controlvm poweroff` returns, the VM
+// process holds the machine's session until it has ended
+// (World.VMProcessTeardownMS): unregistervm, modifyvm and startvm are
+// refused with VirtualBox's own words meanwhile, snapshot restore (a
+// shared lock) is not; once the VM process has ended they run.
+func TestVMProcessTeardown(t *testing.T) {
+	for _, v := range []string{"6.1", "7.0", "7.1"} {
+		t.Run(v, func(t *testing.T) {
+			h := newTestHost(t, &World{Version: v, VMs: []*Machine{offMachine("vm1", uuid1)}, VMProcessTeardownMS: int(time.Hour / time.Millisecond)})
+			steps := []struct {
+				args []string
+				code int
+				err  string // a substring of stderr
+			}{
+				{[]string{"snapshot", "vm1", "take", "base"}, 0, ""},
+				{[]string{"startvm", "vm1", "--type", "headless"}, 0, ""},
+				{[]string{"controlvm", "vm1", "poweroff"}, 0, "100%"},
+				{[]string{"unregistervm", "vm1", "--delete"}, 1, "Cannot unregister the machine 'vm1' while it is locked"},
+				{[]string{"modifyvm", "vm1", "--memory", "512"}, 1, "The machine 'vm1' is already locked for a session (or being unlocked)"},
+				{[]string{"startvm", "vm1", "--type", "headless"}, 1, "The machine 'vm1' is already locked by a session (or being locked or unlocked)"},
+				{[]string{"snapshot", "vm1", "restore", "base"}, 0, ""},
+			}
+			for _, s := range steps {
+				if code, out, errs := h.run(s.args...); code != s.code || !strings.Contains(errs, s.err) {
+					t.Fatalf("VBoxManage %q = %d\nstdout %q\nstderr %q\nwant %d, stderr containing %q", s.args, code, out, errs, s.code, s.err)
+				}
+			}
+			if w := h.world(); w.VMs[0].State != "poweroff" || w.VMs[0].MemoryMB == 512 {
+				t.Fatalf("after the refusals vm1 = %+v; want powered off and unchanged", w.VMs[0])
+			}
+			// The VM process ends.
+			if err := UpdateWorld(filepath.Join(h.dir, WorldFile), func(w *World) error {
+				w.VMs[0].SessionLockedUntil = time.Time{}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			for _, args := range [][]string{{"modifyvm", "vm1", "--memory", "512"}, {"startvm", "vm1", "--type", "headless"}} {
+				if code, out, errs := h.run(args...); code != 0 {
+					t.Fatalf("VBoxManage %q once the VM process ended = %d, %q, %q; want 0", args, code, out, errs)
+				}
+			}
+			if w := h.world(); w.VMs[0].State != "running" || w.VMs[0].MemoryMB != 512 {
+				t.Errorf("vm1 = %+v; want running with 512 MB", w.VMs[0])
+			}
+		})
+	}
+}
+
 // TestHostFailures: VBoxSVC down and the wrapper's warnings.
 func TestHostFailures(t *testing.T) {
 	h := newTestHost(t, &World{Version: "7.0", VMs: []*Machine{offMachine("vm1", uuid1)}, COMServerDown: true, VBoxDrvMissing: true})

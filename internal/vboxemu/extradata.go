@@ -3,6 +3,7 @@ package vboxemu
 import (
 	"fmt"
 	"sort"
+	"time"
 	"unicode"
 )
 
@@ -112,7 +113,7 @@ func (e *emu) handleModifyVM(args []string) int {
 	if m == nil {
 		return e.notFound(args[0], siteModifyFindMachine)
 	}
-	if m.running() {
+	if m.sessionLocked(time.Now()) {
 		e.comError(fmt.Sprintf("The machine '%s' is already locked for a session (or being unlocked)", m.Name),
 			codeInvalidObject, "MachineWrap", "IMachine", siteModifyLock)
 		return exitFailure

@@ -46,6 +46,14 @@ type World struct {
 	// WaitFlagNotSupported at once under guest control protocol 2,
 	// GuestProcessImpl.cpp i_waitFlagsToResultEx). 0 means 200.
 	WaitSpin int `json:"wait_spin,omitempty"`
+	// VMProcessTeardownMS is how long a machine's VM process keeps its
+	// session locked after `controlvm poweroff` returned: the headless VM
+	// process leaves its event loop on the OnStateChanged event and only
+	// then calls ISession::UnlockMachine (VBoxHeadless.cpp TrustedMain in
+	// 6.1.38, 7.0.18 and 7.1.6), while VBoxManage returns when
+	// Console::PowerDown's progress completes (VBoxManageControlVM.cpp
+	// handleControlVM). 0: the session is free when poweroff returns.
+	VMProcessTeardownMS int `json:"vm_process_teardown_ms,omitempty"`
 	// Dir is where machine folders live (CfgFile paths); empty means the
 	// world file's directory.
 	Dir string `json:"dir,omitempty"`
@@ -87,6 +95,9 @@ type Machine struct {
 
 	Snapshots       []*Snapshot `json:"snapshots,omitempty"`
 	CurrentSnapshot string      `json:"current_snapshot,omitempty"` // UUID
+	// SessionLockedUntil is when the VM process of a machine powered off
+	// ends and releases the machine's session (World.VMProcessTeardownMS).
+	SessionLockedUntil time.Time `json:"session_locked_until,omitzero"`
 	// Sessions are the guest control sessions the VM process knows.
 	Sessions []*GuestSession `json:"sessions,omitempty"`
 	// LinkedFrom is the UUID of the snapshot a linked clone hangs off.
@@ -265,6 +276,21 @@ func (w *World) cfgFile(worldPath string, m *Machine) string {
 // running reports whether the machine has a VM process (Global::IsOnline
 // for the states the emulator uses).
 func (m *Machine) running() bool { return m.State == "running" || m.State == "paused" }
+
+// sessionLocked reports whether a VM process holds the machine's session
+// at now: it runs, or it is still ending after a poweroff. Machine::unregister,
+// Machine::lockMachine (a write lock, as modifyvm takes) and
+// Machine::i_launchVMProcess refuse such a machine (MachineImpl.cpp).
+func (m *Machine) sessionLocked(now time.Time) bool {
+	return m.running() || now.Before(m.SessionLockedUntil)
+}
+
+// UpdateWorld applies f to the world file at path under the lock every
+// emulator invocation takes, and writes the result back unless f fails.
+// Tests use it to change the host between commands (end a VM process).
+func UpdateWorld(path string, f func(w *World) error) error {
+	return host{path: path}.update(f)
+}
 
 // gaVersion is the Additions version the guest reports, "" for none.
 func (m *Machine) gaVersion(v *Version) string {

@@ -184,7 +184,7 @@ func (d *Driver) prepareClone(ctx context.Context, id string, req hypervisor.Cre
 			return err
 		}
 	}
-	if err := d.vboxOK(ctx, "create: start", "startvm", id, "--type", "headless"); err != nil {
+	if err := d.vboxUnlocked(ctx, "create: start", id, "startvm", id, "--type", "headless"); err != nil {
 		return err
 	}
 	return d.waitGuest(ctx, id)
@@ -207,7 +207,7 @@ func (d *Driver) size(ctx context.Context, id string, req hypervisor.CreateReque
 	if req.CPUs > 0 {
 		args = append(args, "--cpus", strconv.FormatInt(req.CPUs, 10))
 	}
-	return d.vboxOK(ctx, "create: size", args...)
+	return d.vboxUnlocked(ctx, "create: size", id, args...)
 }
 
 // waitGuest waits until guest control runs `/bin/sh -c :` in vm.
@@ -281,8 +281,7 @@ func (d *Driver) extraData(ctx context.Context, op, vm, key string) (string, err
 
 // remove powers vm off when it has a VM process and unregisters it with
 // its disks. The VM process releases the machine's session only after
-// poweroff returns, so unregistervm is retried while VirtualBox says the
-// machine is locked, until ctx ends.
+// poweroff returns, so unregistervm waits for that (vboxUnlocked).
 func (d *Driver) remove(ctx context.Context, op, vm string) error {
 	mi, err := d.showVMInfo(ctx, op, vm)
 	if err != nil {
@@ -293,24 +292,9 @@ func (d *Driver) remove(ctx context.Context, op, vm string) error {
 			return err
 		}
 	}
-	var b hypervisor.Backoff
-	for {
-		r, err := d.vbox(ctx, "unregistervm", vm, "--delete")
-		if err != nil {
-			return ctxError(op, err)
-		}
-		if r.code == 0 {
-			d.log.Info("deleted", "vm", vm)
-			return nil
-		}
-		msg := errorText(r.stderr)
-		if !strings.Contains(msg, "while it is locked") {
-			return vboxError(op, r)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("virtualbox: %s: %w: the VM's session is still locked (its VM process or another VBoxManage holds it); stop it and retry: %s", op, hypervisor.ErrTimeout, msg)
-		case <-time.After(min(b.Next(), time.Second)):
-		}
+	if err := d.vboxUnlocked(ctx, op, vm, "unregistervm", vm, "--delete"); err != nil {
+		return err
 	}
+	d.log.Info("deleted", "vm", vm)
+	return nil
 }

@@ -192,6 +192,7 @@ func TestCreateDeletePlugin(t *testing.T) {
 		t.Run(v, func(t *testing.T) {
 			e := newEmulator(t, v, []*vboxemu.Machine{template("tmpl", uuidTmpl)}, func(w *vboxemu.World) {
 				w.Spares = []vboxemu.Backing{{QGASocket: spare.QGASocket, QMPSocket: spare.QMPSocket}}
+				w.VMProcessTeardownMS = 300 // the delete waits for the VM process it powered off
 			})
 			d := launchPlugin(t, e)
 			c, ok := hypervisor.AsCreator(d)

@@ -151,6 +151,14 @@ func (d *Driver) SnapshotRevert(ctx context.Context, vm, name string) error {
 	// Commands running in the guest end with the machine.
 	d.execs.Forget(vm)
 	for _, st := range steps {
+		if st.what == "start" {
+			// The VM process powered off by the first step may still hold
+			// the session.
+			if err := d.vboxUnlocked(ctx, op+": start", vm, st.args...); err != nil {
+				return err
+			}
+			continue
+		}
 		r, err := d.vbox(ctx, st.args...)
 		if err != nil {
 			return ctxError(op+": "+st.what, err)

@@ -52,6 +52,10 @@ func TestConformance(t *testing.T) {
 		machine("t1", uuidT1, t1.QGASocket, t1.QMPSocket),
 		machine("noexec", uuidNoExec, noexec.QGASocket, noexec.QMPSocket),
 		machine("off", uuidOff, "", ""),
+	}, func(w *vboxemu.World) {
+		// As on a real host, a VM process ends a moment after poweroff
+		// returns: the power and snapshot checks start VMs right after.
+		w.VMProcessTeardownMS = 300
 	})
 	hypervisortest.Run(t, hypervisortest.Harness{Driver: e.driver(t), VM: "t1", NoExecVM: "noexec", Capabilities: vboxCapabilities,
 		NetworkIPv4Only: true})

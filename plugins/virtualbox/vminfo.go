@@ -281,7 +281,8 @@ func (d *Driver) Power(ctx context.Context, vm string, action hypervisor.PowerAc
 	case hypervisor.PowerStop:
 		args = []string{"controlvm", vm, "poweroff"}
 	case hypervisor.PowerStart:
-		args = []string{"startvm", vm, "--type", "headless"}
+		// Right after a stop the VM process may still hold the session.
+		return d.vboxUnlocked(ctx, op, vm, "startvm", vm, "--type", "headless")
 	case hypervisor.PowerReboot:
 		if _, err := d.showVMInfo(ctx, op, vm); err != nil {
 			return err
