@@ -42,7 +42,7 @@ func (d *Driver) vboxUnlocked(ctx context.Context, op, vm string, args ...string
 		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			why = ctx.Err()
 		}
-		return fmt.Errorf("virtualbox: %s: %w: VM %q no longer runs but its VM process has not ended and still holds it; retry in a moment: %s", op, why, vm, locked)
+		return fmt.Errorf("virtualbox: %s: %w: VM %q no longer runs but a session still holds it (its VM process has not ended, or another VirtualBox client such as an open settings dialog locks it); retry in a moment: %s", op, why, vm, locked)
 	}
 	for {
 		r, err := d.vbox(ctx, args...)
