@@ -130,6 +130,11 @@ func TestVMProcessWaitEnds(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- d.Power(ctx, "r1", hypervisor.PowerStart) }()
 	for e.refusedLocked(t, "startvm") < before+2 { // refused, looked at, and retried
+		select {
+		case err := <-done:
+			t.Fatalf("Power(r1, start) while its VM process ends returned %v before it was refused twice; want it to wait", err)
+		default:
+		}
 		time.Sleep(5 * time.Millisecond) // poll interval
 	}
 	cancel()
