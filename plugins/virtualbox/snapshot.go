@@ -137,34 +137,34 @@ func (d *Driver) SnapshotRevert(ctx context.Context, vm, name string) error {
 		return err
 	}
 	wasRunning := mi.State == "running" || mi.State == "paused"
-	type step struct {
-		what string
-		args []string
+	step := func(what string, args ...string) func() error {
+		return func() error {
+			r, err := d.vbox(ctx, args...)
+			if err != nil {
+				return ctxError(op+": "+what, err)
+			}
+			if r.code != 0 {
+				return snapshotError(op+": "+what, r)
+			}
+			return nil
+		}
 	}
-	steps := []step{{"restore", []string{"snapshot", vm, "restore", s.uuid}}}
+	var steps []func() error
 	if wasRunning {
-		steps = append([]step{{"power off", []string{"controlvm", vm, "poweroff"}}}, steps...)
+		steps = append(steps, step("power off", "controlvm", vm, "poweroff"))
 	}
+	steps = append(steps, step("restore", "snapshot", vm, "restore", s.uuid))
 	if wasRunning || s.Memory {
-		steps = append(steps, step{"start", []string{"startvm", vm, "--type", "headless"}})
+		steps = append(steps, func() error {
+			// The VM process the power off ended may still hold the session.
+			return d.vboxUnlocked(ctx, op+": start", vm, "startvm", vm, "--type", "headless")
+		})
 	}
 	// Commands running in the guest end with the machine.
 	d.execs.Forget(vm)
-	for _, st := range steps {
-		if st.what == "start" {
-			// The VM process powered off by the first step may still hold
-			// the session.
-			if err := d.vboxUnlocked(ctx, op+": start", vm, st.args...); err != nil {
-				return err
-			}
-			continue
-		}
-		r, err := d.vbox(ctx, st.args...)
-		if err != nil {
-			return ctxError(op+": "+st.what, err)
-		}
-		if r.code != 0 {
-			return snapshotError(op+": "+st.what, r)
+	for _, run := range steps {
+		if err := run(); err != nil {
+			return err
 		}
 	}
 	return nil
