@@ -16,15 +16,21 @@ import (
 // state.
 
 // setState records a machine's new state (IMachine::State and
-// LastStateChange); a VM process that ends takes its guest sessions with it.
+// LastStateChange); a VM process that ends takes its guest sessions with it
+// and holds the machine's session for World.VMProcessTeardownMS more.
 func (e *emu) setState(uuid, state string) error {
 	return e.h.updateMachine(uuid, func(m *Machine) error {
+		wasRunning := m.running()
 		m.State, m.StateChange = state, time.Now()
 		if state != "saved" {
 			m.ResumeState = false
 		}
 		if !m.running() {
 			m.Sessions = nil
+		}
+		if wasRunning && !m.running() {
+			// The VM process ends, and holds the session until it has.
+			m.SessionLockedUntil = m.StateChange.Add(time.Duration(e.w.VMProcessTeardownMS) * time.Millisecond)
 		}
 		return nil
 	})
@@ -146,19 +152,12 @@ func (e *emu) handleControlVM(args []string) int {
 		return e.consoleOp(m, m.State, "system_reset", siteControlReset, true)
 	case "poweroff":
 		// Console::PowerDown: the VM process ends (QEMU's vCPUs stop); it
-		// holds the machine's session until it has ended.
+		// holds the machine's session until it has ended (setState).
 		if err := e.qmp(m, "stop"); err != nil {
 			e.errorf("emulator: power off: %v", err)
 			return exitFailure
 		}
 		if err := e.setState(m.UUID, "poweroff"); err != nil {
-			e.errorf("emulator: %v", err)
-			return exitFailure
-		}
-		if err := e.h.updateMachine(m.UUID, func(m *Machine) error {
-			m.SessionLockedUntil = time.Now().Add(time.Duration(e.w.VMProcessTeardownMS) * time.Millisecond)
-			return nil
-		}); err != nil {
 			e.errorf("emulator: %v", err)
 			return exitFailure
 		}
