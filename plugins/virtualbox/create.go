@@ -287,7 +287,7 @@ func (d *Driver) remove(ctx context.Context, op, vm string) error {
 	if err != nil {
 		return err
 	}
-	if mi.State == "running" || mi.State == "paused" || mi.State == "stuck" {
+	if hasVMProcess(mi.State) {
 		if err := d.vboxOK(ctx, op+": power off", "controlvm", vm, "poweroff"); err != nil && !errors.Is(err, hypervisor.ErrVMNotRunning) {
 			return err
 		}

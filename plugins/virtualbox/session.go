@@ -19,6 +19,12 @@ import (
 // the session free (MachineImpl.cpp): Machine::unregister, Machine::lockMachine
 // for a write lock (modifyvm) and Machine::i_launchVMProcess (startvm).
 
+// hasVMProcess reports whether a machine in state (showvminfo's VMState)
+// has a VM process: it runs, is paused or is stuck (a guest meditation).
+func hasVMProcess(state string) bool {
+	return state == "running" || state == "paused" || state == "stuck"
+}
+
 // sessionLocked reports whether msg is one of those refusals.
 func sessionLocked(msg string) bool {
 	return strings.Contains(msg, "while it is locked") || // Machine::unregister
@@ -60,7 +66,7 @@ func (d *Driver) vboxUnlocked(ctx context.Context, op, vm string, args ...string
 		if err != nil {
 			return ended(err)
 		}
-		if mi.State == "running" || mi.State == "paused" || mi.State == "stuck" {
+		if hasVMProcess(mi.State) {
 			next := "power it off first"
 			if args[0] == "startvm" {
 				next = "it needs no start"
