@@ -398,6 +398,37 @@ func TestHostReap(t *testing.T) {
 	}
 }
 
+// TestHostRunRecordsUse: a run in a session moves its last use (the idle
+// limit's clock) to the run, now that it is recorded once the command has
+// started rather than before, and a session idle past its limit is kept
+// by that run.
+func TestHostRunRecordsUse(t *testing.T) {
+	a := hostAgent(t)
+	ctx := context.Background()
+	id := "0000000000000000cccc"
+	if _, err := a.SessionCreate(ctx, wire.SessionCreate{ID: id, IdleS: 60}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := a.readMetaLocked(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.LastUsedMS -= 61_000
+	if err := a.writeMetaLocked(m); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().UnixMilli()
+	if res, err := a.Run(ctx, wire.RunRequest{Session: id, Argv: []string{"true"}}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("Run in session = %+v, %v; want exit 0", res, err)
+	}
+	if m, err = a.readMetaLocked(id); err != nil || m.LastUsedMS < before {
+		t.Errorf("after Run, LastUsedMS = %d, %v; want at least %d", m.LastUsedMS, err, before)
+	}
+	if r, err := a.SessionReap(ctx); err != nil || len(r.Destroyed) != 0 {
+		t.Errorf("SessionReap after a run = %+v, %v; want nothing destroyed", r, err)
+	}
+}
+
 func TestHostRunTimeoutKillsTree(t *testing.T) {
 	a := hostAgent(t)
 	res, err := a.Run(context.Background(), wire.RunRequest{TimeoutMS: 1000,

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
@@ -414,8 +415,11 @@ func (c confinement) dropBounding() error {
 	return nil
 }
 
-// capLastCap is the highest capability number the kernel knows.
-func capLastCap() int {
+// capLastCap is the highest capability number the kernel knows, read once
+// per process: startConfined reads it before it confines a thread, where
+// /proc/sys is looked up in the guest's own network namespace (in the
+// session's, on a TCG guest, the read took 5 to 8 ms).
+var capLastCap = sync.OnceValue(func() int {
 	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
 	if err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 && n < 64 {
@@ -423,4 +427,4 @@ func capLastCap() int {
 		}
 	}
 	return 63 // dropping an unknown one fails with EINVAL, which is skipped
-}
+})

@@ -155,16 +155,16 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 		r.cwd = "/"
 	}
 	defer r.close()
-	unlock := func() {}
+	release := func() {}
 	if req.Session != "" {
 		var err error
-		if unlock, err = a.joinSession(r, req); err != nil {
+		if release, err = a.joinSession(r, req); err != nil {
 			return wire.RunResult{}, err
 		}
 	}
 	stdout, stderr := &capped{max: maxOut}, &capped{max: maxOut}
 	cmd, err := r.start(req.Stdin, stdout, stderr)
-	unlock()
+	release()
 	if err != nil {
 		return wire.RunResult{}, err
 	}
@@ -203,9 +203,12 @@ func (r *runSetup) close() {
 }
 
 // joinSession points r at the session's workdir, marker, cgroup and
-// confinement, under the lock, which the caller releases once the process
-// has started (so a destroy cannot run between the check and the start).
-func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (_ func(), err error) {
+// confinement, under the lock. The caller calls release once the process
+// has started (so a destroy cannot run between the check and the start):
+// it records the use (the idle limit's clock; a write and an fsync of the
+// metadata, which then overlap the command's run instead of delaying its
+// start) and unlocks.
+func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (release func(), err error) {
 	unlock, err := a.lock()
 	if err != nil {
 		return nil, fmt.Errorf("run: %w", err)
@@ -252,10 +255,12 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (_ func(), err err
 			"--as", strconv.FormatInt(m.Limits.MemoryMB<<20, 10),
 			"--nproc", strconv.FormatInt(m.Limits.Pids, 10), "--"}, r.argv...)
 	}
-	if err := a.touchLocked(m); err != nil {
-		a.cfg.Logger.Warn("run: recording last use", "session", m.ID, "err", err)
-	}
-	return unlock, nil
+	return func() {
+		if err := a.touchLocked(m); err != nil {
+			a.cfg.Logger.Warn("run: recording last use", "session", m.ID, "err", err)
+		}
+		unlock()
+	}, nil
 }
 
 // start starts the process. For a sandboxed run it waits for the shim's
@@ -347,6 +352,7 @@ func (r *runSetup) startConfined(stdin []byte, stdout, stderr io.Writer) (*exec.
 	}
 	r.release = make(chan struct{})
 	release, done := r.release, make(chan started, 1)
+	capLastCap() // read here, not in the session's namespaces
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
 		if err := c.applyThread(); err != nil {
