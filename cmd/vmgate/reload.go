@@ -144,6 +144,12 @@ func (r *policyReloader) reload(why string) (int, error) {
 func (r *policyReloader) run(ctx context.Context, hup <-chan os.Signal, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
+	r.loop(ctx, hup, tick.C)
+}
+
+// loop is run's body: it reloads on each signal from hup, and on each tick
+// when a policy file changed, one at a time, until ctx ends.
+func (r *policyReloader) loop(ctx context.Context, hup <-chan os.Signal, tick <-chan time.Time) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -151,7 +157,7 @@ func (r *policyReloader) run(ctx context.Context, hup <-chan os.Signal, interval
 		case <-hup:
 			r.changed() // a SIGHUP reload also absorbs pending file changes
 			r.reload("SIGHUP")
-		case <-tick.C:
+		case <-tick:
 			if r.changed() {
 				r.reload("file change")
 			}

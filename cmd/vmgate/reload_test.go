@@ -110,7 +110,8 @@ func TestPolicyReload(t *testing.T) {
 	}
 }
 
-// TestPolicyReloadRun: run reloads on SIGHUP and on a file change it polls for.
+// TestPolicyReloadRun: run's loop reloads on SIGHUP and on a file change it
+// polls for, driven by ticks the test sends, so it knows when a poll is done.
 func TestPolicyReloadRun(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "p.json")
@@ -126,7 +127,14 @@ func TestPolicyReloadRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	hup := make(chan os.Signal, 1)
-	go r.run(ctx, hup, 20*time.Millisecond)
+	ticks := make(chan time.Time) // unbuffered: a send returns once loop took it
+	go r.loop(ctx, hup, ticks)
+	// polled returns once loop has finished a poll that began after the
+	// call: loop takes the second tick only after handling the first.
+	polled := func() {
+		ticks <- time.Now()
+		ticks <- time.Now()
+	}
 
 	waitFor := func(want int) {
 		t.Helper()
@@ -138,8 +146,15 @@ func TestPolicyReloadRun(t *testing.T) {
 		}
 		t.Fatalf("SetPolicy calls = %d; want %d", sw.count(), want)
 	}
+	polled()
+	if n := sw.count(); n != 0 {
+		t.Fatalf("SetPolicy calls after a poll of an unchanged file = %d; want 0", n)
+	}
 	writePolicy(t, path, denyDoc, base.Add(time.Second))
-	waitFor(1) // the poll saw the change
+	polled()
+	if n := sw.count(); n != 1 {
+		t.Fatalf("SetPolicy calls after a poll of a changed file = %d; want 1", n)
+	}
 
 	// A different document of the same size and mtime: the poll cannot see
 	// it, only SIGHUP reloads it.
@@ -148,7 +163,7 @@ func TestPolicyReloadRun(t *testing.T) {
 		t.Fatalf("test documents differ in size: %d, %d", len(same), len(denyDoc))
 	}
 	writePolicy(t, path, same, base.Add(time.Second))
-	time.Sleep(100 * time.Millisecond)
+	polled()
 	if n := sw.count(); n != 1 {
 		t.Fatalf("SetPolicy calls after an unseen change = %d; want still 1", n)
 	}
