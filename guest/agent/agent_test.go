@@ -371,21 +371,29 @@ func TestHostSessionLifecycle(t *testing.T) {
 	}
 }
 
+// idleSession creates session id with an idle limit of 60 s and moves its
+// last use 61 s back, so it is idle past its limit.
+func idleSession(t *testing.T, a *Agent, id string) {
+	t.Helper()
+	if _, err := a.SessionCreate(context.Background(), wire.SessionCreate{ID: id, IdleS: 60}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := a.readMetaLocked(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.LastUsedMS -= 61_000
+	if err := a.writeMetaLocked(m); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestHostReap(t *testing.T) {
 	a := hostAgent(t)
 	ctx := context.Background()
 	old, fresh := "0000000000000000aaaa", "0000000000000000bbbb"
-	for _, id := range []string{old, fresh} {
-		if _, err := a.SessionCreate(ctx, wire.SessionCreate{ID: id, IdleS: 60}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s, err := a.readMetaLocked(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.LastUsedMS -= 61_000
-	if err := a.writeMetaLocked(s); err != nil {
+	idleSession(t, a, old)
+	if _, err := a.SessionCreate(ctx, wire.SessionCreate{ID: fresh, IdleS: 60}); err != nil {
 		t.Fatal(err)
 	}
 	r, err := a.SessionReap(ctx)
@@ -406,22 +414,12 @@ func TestHostRunRecordsUse(t *testing.T) {
 	a := hostAgent(t)
 	ctx := context.Background()
 	id := "0000000000000000cccc"
-	if _, err := a.SessionCreate(ctx, wire.SessionCreate{ID: id, IdleS: 60}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := a.readMetaLocked(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.LastUsedMS -= 61_000
-	if err := a.writeMetaLocked(m); err != nil {
-		t.Fatal(err)
-	}
+	idleSession(t, a, id)
 	before := time.Now().UnixMilli()
 	if res, err := a.Run(ctx, wire.RunRequest{Session: id, Argv: []string{"true"}}); err != nil || res.ExitCode != 0 {
 		t.Fatalf("Run in session = %+v, %v; want exit 0", res, err)
 	}
-	if m, err = a.readMetaLocked(id); err != nil || m.LastUsedMS < before {
+	if m, err := a.readMetaLocked(id); err != nil || m.LastUsedMS < before {
 		t.Errorf("after Run, LastUsedMS = %d, %v; want at least %d", m.LastUsedMS, err, before)
 	}
 	if r, err := a.SessionReap(ctx); err != nil || len(r.Destroyed) != 0 {
