@@ -209,6 +209,38 @@ func TestExecTimeoutPolling(t *testing.T) {
 	}
 }
 
+// TestExecSettlesBeforeFirstPoll: the first guest-exec-status comes a
+// settling pause (0.4 of guest-exec's round trip) after guest-exec
+// answered, not at once: polls right after the start take the guest CPU
+// the command needs to load.
+func TestExecSettlesBeforeFirstPoll(t *testing.T) {
+	const spawn = 25 * time.Millisecond
+	var mu sync.Mutex
+	var answered time.Time
+	f := &fakeCaller{reply: func(cmd string, _ json.RawMessage) (any, error) {
+		if cmd == "guest-exec" {
+			time.Sleep(spawn) // a slow guest's fork and exec
+			mu.Lock()
+			answered = time.Now()
+			mu.Unlock()
+			return map[string]any{"pid": 42}, nil
+		}
+		return map[string]any{"exited": true, "exitcode": 0}, nil
+	}}
+	if st, err := (Agent{Caller: f}).Exec(context.Background(), ExecRequest{Path: "true"}); err != nil || !st.Exited {
+		t.Fatalf("Exec = %+v, %v; want exited", st, err)
+	}
+	polls := f.called("guest-exec-status")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(polls) != 1 {
+		t.Fatalf("guest-exec-status calls = %v; want one", polls)
+	}
+	if got, want := polls[0].at.Sub(answered), time.Duration(settleShare*float64(spawn)); got < want {
+		t.Errorf("first guest-exec-status %v after guest-exec answered; want at least %v", got, want)
+	}
+}
+
 func TestExecContextEnds(t *testing.T) {
 	f := &fakeCaller{reply: func(cmd string, _ json.RawMessage) (any, error) {
 		if cmd == "guest-exec" {
