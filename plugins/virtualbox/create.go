@@ -2,7 +2,7 @@ package virtualbox
 
 import (
 	"context"
-	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"strconv"
@@ -14,9 +14,10 @@ import (
 )
 
 // VMs on demand: a created VM is `VBoxManage clonevm --name NAME --uuid
-// UUID --register TEMPLATE`, with a UUID the driver draws so that every
-// later step, and the cleanup of a failed or interrupted creation, reaches
-// this clone and no other VM that took the name meanwhile; from a snapshot of the template when the source names one
+// UUID --register TEMPLATE`, with a UUID the driver derives from the
+// lease's mark (machineUUID) so that every later step, and the cleanup of a
+// failed or interrupted creation, reaches this clone and no other VM that
+// took the name meanwhile; from a snapshot of the template when the source names one
 // (--snapshot), linked to it when the source asks (--options link: a
 // differencing disk on the snapshot's, VirtualBox's linked clone). The
 // lease's mark goes into the clone's extra data (setextradata NAME
@@ -24,7 +25,9 @@ import (
 // clone is started headless; CreateVM returns once guest control runs a
 // process in it. DeleteVM reads the mark back (getextradata), powers the
 // VM off if it runs and removes it with its disks (unregistervm --delete),
-// and touches no VM without the mark.
+// and touches no VM without the mark. A clone whose creation was cut
+// between clonevm and setextradata (the plugin killed there) has no mark
+// yet; it is known by its UUID, which only that mark gives.
 //
 // VBoxManage's own refusals become clear errors: a name already taken
 // (IVirtualBox::CreateMachine: "Machine settings file ... already
@@ -78,10 +81,7 @@ func (d *Driver) CreateVM(ctx context.Context, req hypervisor.CreateRequest) (hy
 	if err := d.checkTemplate(ctx, src, req.Name); err != nil {
 		return hypervisor.CreatedVM{}, err
 	}
-	id, err := newMachineUUID()
-	if err != nil {
-		return hypervisor.CreatedVM{}, fmt.Errorf("virtualbox: create: %w", err)
-	}
+	id := machineUUID(req.Mark)
 	if err := d.clone(ctx, src, req.Name, id); err != nil {
 		return hypervisor.CreatedVM{}, err
 	}
@@ -122,15 +122,17 @@ func (d *Driver) checkTemplate(ctx context.Context, src TemplateSource, name str
 	return nil
 }
 
-// newMachineUUID draws a random (version 4) machine UUID.
-func newMachineUUID() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	b[6] = b[6]&0x0f | 0x40
+// machineUUID is the UUID of the clone created for mark (a lease id): the
+// first 16 bytes of SHA-256 of markKey, NUL and mark, as an RFC 9562
+// version 8 (custom) UUID. The mark is unique per lease, so the UUID is;
+// and a VM with this UUID was cloned by this driver for this lease even
+// when its creation stopped before the mark was written.
+func machineUUID(mark string) string {
+	sum := sha256.Sum256([]byte(markKey + "\x00" + mark))
+	b := sum[:16]
+	b[6] = b[6]&0x0f | 0x80
 	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16]), nil
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
 // clone runs clonevm; the source VM comes last, after every option (its
@@ -161,6 +163,10 @@ func (d *Driver) clone(ctx context.Context, src TemplateSource, name, id string)
 func createError(op string, src TemplateSource, name string, r result) error {
 	msg := errorText(r.stderr)
 	switch {
+	case strings.Contains(msg, "Registered machine with UUID"):
+		// The UUID is the lease's (machineUUID): a clone an earlier creation
+		// for the same lease left behind (VirtualBox::i_registerMachine).
+		return fmt.Errorf("virtualbox: %s: %w: a VM cloned for this same lease by an earlier creation that did not finish is still registered; delete it (vm_delete) and create again: %s", op, hypervisor.ErrInvalidArgument, msg)
 	case strings.Contains(msg, "already exists"):
 		return fmt.Errorf("virtualbox: %s: %w: a VM named %q (or its settings folder) already exists; choose another name or remove it: %s", op, hypervisor.ErrInvalidArgument, name, msg)
 	case strings.Contains(msg, "Could not find a snapshot"):
@@ -253,10 +259,29 @@ func (d *Driver) DeleteVM(ctx context.Context, req hypervisor.DeleteRequest) err
 	if err != nil {
 		return err
 	}
+	if mark == "" {
+		return d.removeUnmarked(ctx, op, req)
+	}
 	if mark != req.Mark {
 		return fmt.Errorf("virtualbox: %s: %w", op, hypervisor.ErrNotCreated)
 	}
 	return d.remove(ctx, op, req.Name)
+}
+
+// removeUnmarked removes the unmarked VM req names only if its UUID is
+// machineUUID(req.Mark): a clone made for that lease whose creation was cut
+// before the mark was written. Any other unmarked VM is not ours.
+func (d *Driver) removeUnmarked(ctx context.Context, op string, req hypervisor.DeleteRequest) error {
+	mi, err := d.showVMInfo(ctx, op, req.Name)
+	if err != nil {
+		return err
+	}
+	id := machineUUID(req.Mark)
+	if !strings.EqualFold(mi.UUID, id) {
+		return fmt.Errorf("virtualbox: %s: %w", op, hypervisor.ErrNotCreated)
+	}
+	d.log.Warn("removing a clone whose creation stopped before it was marked", "vm", req.Name, "uuid", id)
+	return d.remove(ctx, op, id)
 }
 
 // extraData reads one extra data key: "Value: v" or "No value set!"

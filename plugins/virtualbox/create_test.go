@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -118,6 +119,12 @@ func TestCreateRefusals(t *testing.T) {
 					t.Errorf("clone(%+v, %s) = %v; want %v saying %q", c.src, c.name, err, hypervisor.ErrInvalidArgument, c.says)
 				}
 			}
+			// The lease's UUID already registered: a clone an earlier,
+			// interrupted creation for the same lease left.
+			if err := d.clone(ctx, TemplateSource{VM: "tmpl"}, "c4", uuidOff); !errors.Is(err, hypervisor.ErrInvalidArgument) ||
+				!strings.Contains(err.Error(), "cloned for this same lease by an earlier creation that did not finish") {
+				t.Errorf("clone(tmpl, c4, a registered UUID) = %v; want %v saying the lease's earlier clone is still registered", err, hypervisor.ErrInvalidArgument)
+			}
 			// No guest will answer (no spare lab VM): the creation times out
 			// and the clone it made is removed.
 			short, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -141,7 +148,12 @@ func TestDeleteRefusals(t *testing.T) {
 			running.State = "running"
 			marked := machine("marked", uuidOff, "", "")
 			marked.ExtraData = map[string]string{markKey: "another-lease-01"}
-			e := newEmulator(t, v, []*vboxemu.Machine{template("tmpl", uuidTmpl), running, marked})
+			// A clone for testMark whose creation stopped before setextradata.
+			orphan := machine("orphan", machineUUID(testMark), "", "")
+			// testMark's UUID, but marked for another lease: the mark wins.
+			remarked := machine("remarked", machineUUID("lease-remarked-01"), "", "")
+			remarked.ExtraData = map[string]string{markKey: "another-lease-02"}
+			e := newEmulator(t, v, []*vboxemu.Machine{template("tmpl", uuidTmpl), running, marked, orphan, remarked})
 			d := e.driver(t)
 			ctx := ctxT(t)
 			before := machineNames(e.worldNow(t))
@@ -150,8 +162,10 @@ func TestDeleteRefusals(t *testing.T) {
 				want     error
 			}{
 				{"tmpl", testMark, hypervisor.ErrNotCreated},
-				{"user-vm", testMark, hypervisor.ErrNotCreated}, // running, never created: not even stopped
-				{"marked", testMark, hypervisor.ErrNotCreated},  // another lease's VM
+				{"user-vm", testMark, hypervisor.ErrNotCreated},             // running, never created: not even stopped
+				{"marked", testMark, hypervisor.ErrNotCreated},              // another lease's VM
+				{"orphan", "another-lease-01", hypervisor.ErrNotCreated},    // unmarked, and not that lease's UUID
+				{"remarked", "lease-remarked-01", hypervisor.ErrNotCreated}, // its UUID, but another lease's mark
 				{"nope", testMark, hypervisor.ErrUnknownVM},
 				{"--help", testMark, hypervisor.ErrInvalidArgument},
 				{"marked", "short", hypervisor.ErrInvalidArgument},
@@ -177,6 +191,13 @@ func TestDeleteRefusals(t *testing.T) {
 			}
 			if got := machineNames(e.worldNow(t)); slices.Contains(got, "marked") {
 				t.Errorf("after DeleteVM(marked) the machines are %q", got)
+			}
+			// An unmarked clone goes with the lease whose UUID it has.
+			if err := d.DeleteVM(ctx, hypervisor.DeleteRequest{Name: "orphan", Mark: testMark}); err != nil {
+				t.Errorf("DeleteVM(orphan, the mark its UUID comes from) = %v; want nil", err)
+			}
+			if got := machineNames(e.worldNow(t)); slices.Contains(got, "orphan") {
+				t.Errorf("after DeleteVM(orphan) the machines are %q", got)
 			}
 		})
 	}
@@ -220,8 +241,8 @@ func TestCreateDeletePlugin(t *testing.T) {
 				}
 			}
 			if clone == nil || clone.ExtraData[markKey] != testMark || clone.MemoryMB != 256 || clone.CPUs != 2 ||
-				clone.LinkedFrom != "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0f01" || clone.State != "running" {
-				t.Fatalf("the clone is %+v; want small-a running, marked %s, 256 MB, 2 CPUs, linked to snapshot base", clone, testMark)
+				clone.LinkedFrom != "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f0f01" || clone.State != "running" || clone.UUID != machineUUID(testMark) {
+				t.Fatalf("the clone is %+v; want small-a running, marked %s, UUID %s, 256 MB, 2 CPUs, linked to snapshot base", clone, testMark, machineUUID(testMark))
 			}
 			if _, err := c.CreateVM(ctx, hypervisor.CreateRequest{Name: "small-a", Source: json.RawMessage(`{"vm":"tmpl"}`), Mark: testMark}); !errors.Is(err, hypervisor.ErrInvalidArgument) {
 				t.Errorf("CreateVM(small-a again) = %v; want %v", err, hypervisor.ErrInvalidArgument)
@@ -250,6 +271,26 @@ func TestCreateDeletePlugin(t *testing.T) {
 				t.Errorf("VBoxManage calls %q; want clonevm --name small-a --uuid U --register --snapshot base --options link tmpl, then poweroff and unregistervm", ran)
 			}
 		})
+	}
+}
+
+// TestMachineUUID: a lease's clone UUID is fixed by its mark, differs
+// between marks, and is a well-formed RFC 9562 version 8 UUID.
+func TestMachineUUID(t *testing.T) {
+	form := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	seen := map[string]string{}
+	for _, mark := range []string{testMark, "lease-0123456788", "another-lease-01", "x.y:z-01_AB"} {
+		id := machineUUID(mark)
+		if !form.MatchString(id) {
+			t.Errorf("machineUUID(%q) = %q; want a version 8 UUID", mark, id)
+		}
+		if again := machineUUID(mark); again != id {
+			t.Errorf("machineUUID(%q) = %q, then %q; want the same", mark, id, again)
+		}
+		if other, ok := seen[id]; ok {
+			t.Errorf("machineUUID(%q) = machineUUID(%q) = %q; want distinct", mark, other, id)
+		}
+		seen[id] = mark
 	}
 }
 

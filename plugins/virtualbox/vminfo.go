@@ -14,7 +14,9 @@ import (
 
 // machineInfo is the part of showvminfo --machinereadable the driver uses.
 type machineInfo struct {
-	State    string
+	State string
+	// UUID is the machine's UUID, as showvminfo prints it (lower case).
+	UUID     string
 	RunLevel int
 	// Version is the Guest Additions' "7.1.6 r167084", empty when none.
 	Version string
@@ -107,7 +109,7 @@ func (d *Driver) showVMInfo(ctx context.Context, op, name string) (machineInfo, 
 		return machineInfo{}, vboxError(op, r)
 	}
 	kv := ParseMachineReadable(r.stdout)
-	mi := machineInfo{State: kv["VMState"], Version: kv["GuestAdditionsVersion"], CfgFile: kv["CfgFile"]}
+	mi := machineInfo{State: kv["VMState"], UUID: kv["UUID"], Version: kv["GuestAdditionsVersion"], CfgFile: kv["CfgFile"]}
 	if mi.State == "" {
 		return machineInfo{}, fmt.Errorf("virtualbox: %s: showvminfo printed no VMState", op)
 	}
