@@ -42,12 +42,8 @@ func Wait(ctx context.Context, d Driver, vm string, h ExecHandle) (ExecResult, e
 		if res.Exited {
 			return res, nil
 		}
-		t := time.NewTimer(b.Next())
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return res, fmt.Errorf("exec status: %w: %w", ErrTimeout, ctx.Err())
-		case <-t.C:
+		if err := b.Sleep(ctx, 0); err != nil {
+			return res, fmt.Errorf("exec status: %w: %w", ErrTimeout, err)
 		}
 	}
 }
@@ -76,4 +72,21 @@ func (b *Backoff) Next() time.Duration {
 	d := b.next
 	b.next = min(b.next+b.next/4, PollCeiling)
 	return d
+}
+
+// Sleep waits the next interval, at most ceiling when ceiling is above 0,
+// and returns nil; or ctx.Err() as soon as ctx ends.
+func (b *Backoff) Sleep(ctx context.Context, ceiling time.Duration) error {
+	d := b.Next()
+	if ceiling > 0 {
+		d = min(d, ceiling)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

@@ -109,3 +109,23 @@ func TestBackoffLateness(t *testing.T) {
 		t.Errorf("Backoff after the cap = %v; want %v", d, hypervisor.PollCeiling)
 	}
 }
+
+// TestBackoffSleep: Sleep takes the next interval (the schedule moves on)
+// and returns nil, or the context's error at once when it has ended, even
+// with the interval at the 200 ms cap.
+func TestBackoffSleep(t *testing.T) {
+	var b hypervisor.Backoff
+	if err := b.Sleep(context.Background(), 0); err != nil {
+		t.Fatalf("Sleep(live context) = %v; want nil", err)
+	}
+	if d := b.Next(); d != hypervisor.PollFirst+hypervisor.PollFirst/4 {
+		t.Errorf("Next after one Sleep = %v; want the second interval %v", d, hypervisor.PollFirst+hypervisor.PollFirst/4)
+	}
+	for b.Next() < hypervisor.PollCeiling { // on to the cap
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := b.Sleep(ctx, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Errorf("Sleep(ended context) = %v; want %v", err, context.Canceled)
+	}
+}

@@ -45,10 +45,8 @@ func waitFor(t testing.TB, h Harness, what string, cond func(ctx context.Context
 		if ok {
 			return
 		}
-		select {
-		case <-ctx.Done():
+		if b.Sleep(ctx, 0) != nil {
 			t.Fatalf("waiting %v for %s: last saw %s", h.powerTimeout(), what, saw)
-		case <-time.After(b.Next()):
 		}
 	}
 }

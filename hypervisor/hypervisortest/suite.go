@@ -542,10 +542,8 @@ func checkStartPoll(t testing.TB, h Harness) {
 	var b hypervisor.Backoff
 	res := first
 	for !res.Exited {
-		select {
-		case <-ctx.Done():
+		if b.Sleep(ctx, 0) != nil {
 			t.Fatalf("ExecStatus(%+v) never reported Exited: %v", hd, ctx.Err())
-		case <-time.After(b.Next()):
 		}
 		if res, err = h.Driver.ExecStatus(ctx, h.VM, hd); err != nil {
 			t.Fatalf("ExecStatus(%+v) error: %v", hd, err)

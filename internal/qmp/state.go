@@ -132,10 +132,8 @@ func (s StateImage) job(ctx context.Context, command string, args map[string]any
 			}
 			return nil
 		}
-		select {
-		case <-ctx.Done():
+		if b.Sleep(ctx, 0) != nil {
 			return ctx.Err()
-		case <-time.After(b.Next()):
 		}
 	}
 }

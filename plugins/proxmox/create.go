@@ -148,10 +148,8 @@ func (d *Driver) prepare(ctx context.Context, ref vmRef, req hypervisor.CreateRe
 		if err == nil {
 			return nil
 		}
-		select {
-		case <-ctx.Done():
+		if b.Sleep(ctx, time.Second) != nil {
 			return fmt.Errorf("proxmox: create: %w: the guest agent of VM %d did not answer (last: %v)", hypervisor.ErrTimeout, ref.vmid, err)
-		case <-time.After(min(b.Next(), time.Second)):
 		}
 	}
 }

@@ -57,11 +57,8 @@ func (d *Driver) waitTask(ctx context.Context, v vmRef, upid string) error {
 		if t.Status == "stopped" {
 			break
 		}
-		pause := min(b.Next(), maxTaskPoll)
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for task %s: %w", upid, ctx.Err())
-		case <-time.After(pause):
+		if err := b.Sleep(ctx, maxTaskPoll); err != nil {
+			return fmt.Errorf("waiting for task %s: %w", upid, err)
 		}
 	}
 	switch {

@@ -549,10 +549,8 @@ func (d *Driver) stop(ctx context.Context, op string, vm *vmState) error {
 	}
 	var b hypervisor.Backoff
 	for processAlive(pid) {
-		select {
-		case <-ctx.Done():
+		if b.Sleep(ctx, 0) != nil {
 			return fmt.Errorf("qemu: %s: %w: pid %d still alive: %w", op, hypervisor.ErrTimeout, pid, ctx.Err())
-		case <-time.After(b.Next()):
 		}
 	}
 	return nil

@@ -450,10 +450,8 @@ func (d *Driver) runJob(ctx context.Context, vm *vmState, command string, args m
 		case job.Status == "concluded":
 			return nil
 		}
-		select {
-		case <-ctx.Done():
+		if b.Sleep(ctx, 0) != nil {
 			return fmt.Errorf("%w: waiting for %s (job %s, which goes on in QEMU): %w", hypervisor.ErrTimeout, command, id, ctx.Err())
-		case <-time.After(b.Next()):
 		}
 	}
 }

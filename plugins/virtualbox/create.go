@@ -227,10 +227,8 @@ func (d *Driver) waitGuest(ctx context.Context, vm string) error {
 		if !errors.Is(err, hypervisor.ErrAgentUnavailable) && !errors.Is(err, hypervisor.ErrTimeout) {
 			return fmt.Errorf("virtualbox: create: waiting for the guest: %w", err)
 		}
-		select {
-		case <-ctx.Done():
+		if b.Sleep(ctx, time.Second) != nil {
 			return fmt.Errorf("virtualbox: create: %w: the Guest Additions of %q did not answer (last: %v)", hypervisor.ErrTimeout, vm, err)
-		case <-time.After(min(b.Next(), time.Second)):
 		}
 	}
 }

@@ -74,10 +74,8 @@ func (d *Driver) vboxUnlocked(ctx context.Context, op, vm string, args ...string
 			return fmt.Errorf("virtualbox: %s: %w: VM %q is %s and its VM process holds it; %s: %s", op, hypervisor.ErrInvalidArgument, vm, mi.State, next, msg)
 		}
 		locked = msg
-		select {
-		case <-ctx.Done():
-			return ended(ctx.Err())
-		case <-time.After(min(b.Next(), time.Second)):
+		if err := b.Sleep(ctx, time.Second); err != nil {
+			return ended(err)
 		}
 	}
 }

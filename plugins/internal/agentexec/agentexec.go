@@ -311,10 +311,8 @@ func collect(ctx context.Context, a qga.Execer, pid, maxOut int64, kill bool) (h
 			res.TimedOut = true
 			return res, nil
 		}
-		select {
-		case <-ctx.Done():
+		if b.Sleep(ctx, 0) != nil {
 			return hypervisor.ExecResult{}, ctx.Err()
-		case <-time.After(b.Next()):
 		}
 	}
 }
