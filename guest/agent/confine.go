@@ -178,6 +178,7 @@ func (c confinement) applyThread() error { return c.applySteps("capabilities", c
 // what it names in the guest (the private /tmp hides what was under
 // /tmp), and enforced last before the final step.
 func (c confinement) applySteps(lastName string, last func() error) error {
+	capLastCap() // read now, in the guest's namespaces, for the final step
 	ruleset := -1
 	var flags uint32
 	steps := []struct {
@@ -416,9 +417,9 @@ func (c confinement) dropBounding() error {
 }
 
 // capLastCap is the highest capability number the kernel knows, read once
-// per process: startConfined reads it before it confines a thread, where
-// /proc/sys is looked up in the guest's own network namespace (in the
-// session's, on a TCG guest, the read took 5 to 8 ms).
+// per process: applySteps reads it before it enters the session's
+// namespaces, where /proc/sys is looked up in the guest's own network
+// namespace (in the session's, on a TCG guest, the read took 5 to 8 ms).
 var capLastCap = sync.OnceValue(func() int {
 	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
 	if err == nil {

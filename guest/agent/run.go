@@ -352,7 +352,6 @@ func (r *runSetup) startConfined(stdin []byte, stdout, stderr io.Writer) (*exec.
 	}
 	r.release = make(chan struct{})
 	release, done := r.release, make(chan started, 1)
-	capLastCap() // read here, not in the session's namespaces
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
 		if err := c.applyThread(); err != nil {
