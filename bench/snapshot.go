@@ -261,22 +261,9 @@ func (q *qmpConn) job(ctx context.Context, cmd, id string, args map[string]any) 
 			}
 			return nil
 		}
-		if err := waitNext(ctx, &b); err != nil {
+		if err := b.Sleep(ctx, 0); err != nil {
 			return err
 		}
-	}
-}
-
-// waitNext waits b's next interval (the one the QEMU driver's job polls
-// use: internal/qmp), or until ctx ends.
-func waitNext(ctx context.Context, b *hypervisor.Backoff) error {
-	t := time.NewTimer(b.Next())
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
 
