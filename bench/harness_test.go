@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRowAddRejectsBadFigures(t *testing.T) {
@@ -177,5 +179,42 @@ func TestWriteTable(t *testing.T) {
 				t.Errorf("table line %q; want it to contain %q", lines[2+i], w)
 			}
 		}
+	}
+}
+
+// TestInterleavedRotates checks that interleaved runs one of each
+// measurement in turn, starting each turn one further, and returns each
+// one's median.
+func TestInterleavedRotates(t *testing.T) {
+	var order []int
+	ms := [][]time.Duration{
+		{1 * time.Millisecond, 9 * time.Millisecond, 2 * time.Millisecond},
+		{5 * time.Millisecond, 4 * time.Millisecond, 6 * time.Millisecond},
+	}
+	calls := make([]int, len(ms))
+	f := func(i int) func() (time.Duration, error) {
+		return func() (time.Duration, error) {
+			order = append(order, i)
+			d := ms[i][calls[i]]
+			calls[i]++
+			return d, nil
+		}
+	}
+	got, err := interleaved(3, f(0), f(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{0, 1, 1, 0, 0, 1}; !slices.Equal(order, want) {
+		t.Errorf("interleaved order = %v; want %v", order, want)
+	}
+	if want := []float64{2, 5}; !slices.Equal(got, want) {
+		t.Errorf("interleaved(3, …) = %v; want medians %v", got, want)
+	}
+	boom := errors.New("boom")
+	n := 0
+	_, err = interleaved(5, func() (time.Duration, error) { n++; return time.Millisecond, nil },
+		func() (time.Duration, error) { return 0, boom })
+	if !errors.Is(err, boom) || n != 1 {
+		t.Errorf("interleaved with a failing measurement = %v after %d calls of the other; want boom after 1", err, n)
 	}
 }

@@ -24,11 +24,9 @@ import (
 // The lab rows drive the vmgate binary as a user would: `vmgate lab up`
 // boots the lab VMs in a temporary state directory, `vmgate serve` runs
 // over stdio with its plugin processes (the QEMU driver runs in one) and
-// the bench talks MCP to it. The baselines talk to
-// the same VM's guest agent socket directly with guest/qga. A guest agent
-// socket takes one client at a time and the server's QEMU driver holds its
-// connection, so each round runs the server, stops it, then runs the
-// baselines.
+// the bench talks MCP to it. The exec baselines talk to the same guest
+// directly with guest/qga, through a second guest agent (see agent2.go), so
+// that gated and raw execs alternate one by one.
 
 // labVMs is the number of lab VMs the scale row runs in parallel.
 const labVMs = 4
@@ -325,6 +323,28 @@ func dephased(f func() (time.Duration, error)) func() (time.Duration, error) {
 	}
 }
 
+// interleaved runs each of fs n times, one of each in turn (the order
+// rotating every turn, so none always follows the same one), and returns
+// each one's median in ms.
+func interleaved(n int, fs ...func() (time.Duration, error)) ([]float64, error) {
+	v := make([][]float64, len(fs))
+	for k := range n {
+		for j := range fs {
+			i := (k + j) % len(fs)
+			d, err := fs[i]()
+			if err != nil {
+				return nil, err
+			}
+			v[i] = append(v[i], float64(d.Nanoseconds())/1e6)
+		}
+	}
+	m := make([]float64, len(fs))
+	for i := range v {
+		m[i], _ = medianSpread(v[i])
+	}
+	return m, nil
+}
+
 // medianMs runs f n times and returns the median in ms.
 func medianMs(n int, f func() (time.Duration, error)) (float64, error) {
 	v := make([]float64, 0, n)
@@ -385,18 +405,19 @@ func withoutQEMU(rows []*Row) bool {
 	return true
 }
 
-// labRows measures exec latency (1a, 1b), parallel exec throughput over 4
+// labRows measures exec latency (1a to 1d), parallel exec throughput over 4
 // VMs (6b), the server's memory (7) and exec in a sandboxed session (8). Without QEMU the rows are skipped,
 // unless VMGATE_REQUIRE_VM is set, which makes them fail.
 func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
-	tight := &Row{ID: "1a", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver plugin, QGA) / raw guest-exec polled back to back"}
+	tight := &Row{ID: "1a", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver plugin, QGA) / raw guest-exec polled back to back, execs alternating"}
 	poll1s := &Row{ID: "1b", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver plugin, QGA) / raw guest-exec polled once a second"}
 	paced := &Row{ID: "1c", Unit: "ms", What: "exec /bin/true latency: raw guest-exec polled as vmgate polls it (qga.Exec) / polled back to back: the pacing's share of 1a"}
+	alike := &Row{ID: "1d", Unit: "ms", What: "exec /bin/true latency, raw, polled back to back: on the baselines' second guest agent / on the agent the driver uses (server stopped): should be 1"}
 	par := &Row{ID: "6b", Unit: "execs/s", What: fmt.Sprintf("scale: exec throughput, %d lab VMs in parallel / 1 lab VM, through vmgate serve", labVMs),
 		Note: fmt.Sprintf("%d CPUs", runtime.NumCPU())}
 	mem := &Row{ID: "7", Unit: "MiB", What: "memory: RSS of vmgate serve and its plugin processes, after the load / idle"}
 	boxed := &Row{ID: "8", Unit: "ms", What: "sandbox: exec /bin/true latency through vm_agent_exec, in a sandboxed session (own uid, no_new_privs, Landlock, net none, cgroup) / outside any session"}
-	rows := []*Row{tight, poll1s, paced, par, mem, boxed}
+	rows := []*Row{tight, poll1s, paced, alike, par, mem, boxed}
 	fail := func(err error) []*Row { return failRows(rows, pairs, err) }
 	if withoutQEMU(rows) {
 		return rows
@@ -414,6 +435,16 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	for i := range all {
 		all[i] = "vm" + strconv.Itoa(i+1)
 	}
+	vm1, err := lab.Get(l.stateDir, "vm1")
+	if err != nil {
+		return fail(err)
+	}
+	benchSock, err := addAgent(ctx, vm1)
+	if err != nil {
+		return fail(err)
+	}
+	bc := qga.New(benchSock)
+	defer bc.Close()
 	const execs, perVM = 25, 10
 	var procs int
 	err = Rounds(ctx, warmup, pairs, func(ctx context.Context, i int, counts bool) error {
@@ -437,10 +468,14 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 			return err
 		}
 		procs = n
-		gated, err := medianMs(execs, dephased(func() (time.Duration, error) { return execTrue(ctx, p.client, "vm1") }))
+		lat, err := interleaved(execs,
+			dephased(func() (time.Duration, error) { return execTrue(ctx, p.client, "vm1") }),
+			dephased(func() (time.Duration, error) { return rawExec(ctx, bc, 0) }),
+			dephased(func() (time.Duration, error) { return pacedExec(ctx, bc) }))
 		if err != nil {
 			return err
 		}
+		gated, raw, pacedRaw := lat[0], lat[1], lat[2]
 		inBox, outside, err := sandboxedExec(ctx, p.client, "vm1", execs)
 		if err != nil {
 			return err
@@ -466,29 +501,24 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 		if err := p.stop(); err != nil {
 			return err
 		}
-		// The baselines on the same VM's agent, now free.
-		vm1, err := lab.Get(l.stateDir, "vm1")
+		// The two agents side by side, the driver's now free.
+		own := qga.New(vm1.QGASocket)
+		defer own.Close()
+		aa, err := interleaved(execs,
+			dephased(func() (time.Duration, error) { return rawExec(ctx, bc, 0) }),
+			dephased(func() (time.Duration, error) { return rawExec(ctx, own, 0) }))
 		if err != nil {
 			return err
 		}
-		c := qga.New(vm1.QGASocket)
-		defer c.Close()
-		raw, err := medianMs(execs, dephased(func() (time.Duration, error) { return rawExec(ctx, c, 0) }))
-		if err != nil {
-			return err
-		}
-		pacedRaw, err := medianMs(execs, dephased(func() (time.Duration, error) { return pacedExec(ctx, c) }))
-		if err != nil {
-			return err
-		}
-		slow, err := medianMs(2, func() (time.Duration, error) { return rawExec(ctx, c, time.Second) })
+		slow, err := medianMs(2, func() (time.Duration, error) { return rawExec(ctx, bc, time.Second) })
 		if err != nil {
 			return err
 		}
 		if !counts {
 			return nil
 		}
-		return errors.Join(tight.Add(gated, raw), poll1s.Add(gated, slow), paced.Add(pacedRaw, raw), par.Add(many, one), mem.Add(loaded, idle), boxed.Add(inBox, outside))
+		return errors.Join(tight.Add(gated, raw), poll1s.Add(gated, slow), paced.Add(pacedRaw, raw), alike.Add(aa[0], aa[1]),
+			par.Add(many, one), mem.Add(loaded, idle), boxed.Add(inBox, outside))
 	})
 	if err != nil {
 		return fail(err)

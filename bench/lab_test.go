@@ -49,12 +49,32 @@ func TestLabRound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	benchSock, err := addAgent(ctx, vm1)
+	if err != nil {
+		t.Fatalf("addAgent(vm1) = %v", err)
+	}
+	bc := qga.New(benchSock)
+	defer bc.Close()
 	p, err := l.serve(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d, err := execTrue(ctx, p.client, "vm1"); err != nil || d <= 0 {
-		t.Errorf("execTrue(vm1) = %v, %v; want a latency", d, err)
+	// The baselines' agent answers while the server holds the first one,
+	// and it is another qemu-ga process than the one the driver reaches.
+	for range 2 {
+		if d, err := execTrue(ctx, p.client, "vm1"); err != nil || d <= 0 {
+			t.Errorf("execTrue(vm1) = %v, %v; want a latency", d, err)
+		}
+		if d, err := rawExec(ctx, bc, 0); err != nil || d <= 0 {
+			t.Errorf("rawExec(second agent) = %v, %v; want a latency", d, err)
+		}
+	}
+	st, err := bc.Exec(ctx, qga.ExecRequest{Path: "/bin/sh", Args: []string{"-c", `echo "$PPID $(cat /run/qga-bench.pid)"`}})
+	if f := strings.Fields(string(st.Stdout)); err != nil || len(f) != 2 || f[0] != f[1] {
+		t.Errorf("the second agent's pid and the parent of its command = %q, %v; want the same pid", st.Stdout, err)
+	}
+	if _, err := addAgent(ctx, vm1); err == nil {
+		t.Errorf("addAgent(vm1) twice = nil; want an error")
 	}
 	if _, err := execTrue(ctx, p.client, "vm9"); err == nil || !strings.Contains(err.Error(), "[UNKNOWN VM]") {
 		t.Errorf("execTrue(vm9) = %v; want [UNKNOWN VM]", err)
@@ -74,6 +94,7 @@ func TestLabRound(t *testing.T) {
 		t.Errorf("rawExec(vm1) = %v, %v; want a latency", d, err)
 	}
 	c.Close()
+	bc.Close()
 	if err := l.stop(); err != nil {
 		t.Errorf("lab stop = %v", err)
 	}

@@ -19,6 +19,8 @@
 //	        polled back to back and once a second
 //	1c      the same raw agent client polling as the drivers do (qga.Exec)
 //	        against back to back: how much of 1a is the pacing
+//	1d      raw execs on the baselines' second guest agent against the
+//	        driver's agent: the two agents are alike (about 1)
 //	2a, 2b  gate cost: the whole gate against a bare mcp-go server, stdio
 //	        sequential (p50) and HTTP with 32 clients (calls/s)
 //	2c–2h   the shipped binary: `vmgate serve` (driver plugin, fsync always;
