@@ -493,28 +493,3 @@ func waitExited(ctx context.Context, s Starter, pid int64, maxOutputBytes int64)
 		}
 	}
 }
-
-// sleep waits d (none when d <= 0) or until ctx ends; a passed deadline is
-// ErrTimeout.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		if err := ctx.Err(); err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
-				return ErrTimeout
-			}
-			return err
-		}
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return ErrTimeout
-		}
-		return ctx.Err()
-	}
-}
