@@ -121,7 +121,11 @@ func gatedServer(tb testing.TB, kind benchStore, fsync string, interval time.Dur
 	var calls atomic.Int64
 	sum := sha256.Sum256([]byte(benchToken))
 	s, err := New(Config{
-		Grants:   []Grant{{Name: "local", Policy: eng, TokenSHA256: hex.EncodeToString(sum[:])}},
+		// The HTTP rounds send more than a default grant's request budget
+		// (DefaultHTTPRequestsPerMinute) each: the budget's count still runs
+		// on every request, its refusal does not.
+		Grants: []Grant{{Name: "local", Policy: eng, TokenSHA256: hex.EncodeToString(sum[:]),
+			RequestsPerMinute: 1 << 30}},
 		Backends: []Backend{{Name: "lab", Driver: countingFake(&calls)}},
 		Store:    st, Audit: log,
 		Logger: slog.New(slog.DiscardHandler),
@@ -436,7 +440,7 @@ func (c *httpClient) post(msg string) ([]byte, http.Header, error) {
 	return body, resp.Header, nil
 }
 
-func newHTTPClients(b *testing.B, url, token string, n int) []*httpClient {
+func newHTTPClients(b testing.TB, url, token string, n int) []*httpClient {
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConns: 2 * n, MaxIdleConnsPerHost: 2 * n}}
 	b.Cleanup(hc.CloseIdleConnections)
 	cs := make([]*httpClient, n)
@@ -455,7 +459,7 @@ func newHTTPClients(b *testing.B, url, token string, n int) []*httpClient {
 	return cs
 }
 
-func httpRound(b *testing.B, cs []*httpClient, each int, s *sample) {
+func httpRound(b testing.TB, cs []*httpClient, each int, s *sample) {
 	lats := make([][]time.Duration, len(cs))
 	var wg sync.WaitGroup
 	var failed atomic.Value
@@ -514,6 +518,22 @@ func BenchmarkE2EHTTP(b *testing.B) {
 				report(b, fmt.Sprintf("HTTP %d clients, store %s, fsync %s", clients, kind, cfg.fsync), &sb, &sg, g.log.Stats().Syncs-before.Syncs)
 			})
 		}
+	}
+}
+
+// TestBenchHTTPRoundsSucceed runs BenchmarkE2EHTTP's rounds with 32 clients
+// for more calls than a grant's default request budget, as one bench run
+// does in its first minute: every call must pass (the budget once refused
+// them, so row 2b of make bench failed).
+func TestBenchHTTPRoundsSucceed(t *testing.T) {
+	g := gatedServer(t, storeSplit, audit.FsyncInterval, 0)
+	srv := httptest.NewServer(g.s.Handler())
+	t.Cleanup(srv.Close)
+	cs := newHTTPClients(t, srv.URL, benchToken, 32)
+	var s sample
+	httpRound(t, cs, DefaultHTTPRequestsPerMinute/32+8, &s)
+	if want := 32 * (DefaultHTTPRequestsPerMinute/32 + 8); len(s.lat) != want {
+		t.Errorf("httpRound answered %d calls; want %d", len(s.lat), want)
 	}
 }
 
