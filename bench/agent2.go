@@ -47,8 +47,8 @@ while :; do
 		exec qemu-ga -m virtio-serial -p "/dev/virtio-ports/$1" -f /run/qga-bench.pid -d
 	done
 	i=$((i + 1))
-	[ "$i" -lt 200 ] || { echo "port $1 did not appear" >&2; exit 1; }
-	sleep 0.05
+	[ "$i" -lt 200 ] || { echo "port $1 did not appear in /sys/class/virtio-ports" >&2; exit 1; }
+	sleep 0.05 2>/dev/null || sleep 1
 done`
 
 // addAgent gives vm a second guest agent and returns its socket. Call it
