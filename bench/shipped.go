@@ -34,8 +34,8 @@ import (
 // in front of a driver that answers at once.
 //
 // Every server starts once and keeps running; each round measures the bare
-// server and one subject back to back, for every subject, so each pair of
-// figures shares the machine's load.
+// server and one subject together, for every subject, so each pair of
+// figures shares the machine's load (see measure).
 
 // bareStdioArg makes this binary (or its test binary) the bare baseline: an
 // mcp-go stdio server with list_vms over the QEMU driver, in process, whose
@@ -224,13 +224,61 @@ func perSecond(n int, start time.Time, errs []error) (float64, error) {
 	return float64(n) / took.Seconds(), nil
 }
 
-// measure is one figure of each kind for one server.
-func measure(ctx context.Context, c *mcpClient) (p50, rate float64, err error) {
-	if p50, err = p50Calls(ctx, c, shippedCalls, "list_vms", "{}", noVMs); err != nil {
-		return 0, 0, err
+// figures are one server's figures of one round.
+type figures struct {
+	p50, rate float64
+}
+
+// measure is one round of figures of a subject and the bare server. The
+// p50s come from calls alternating one by one between the two (the order
+// flipping every pair), so both sides see the machine as it is at that
+// moment, and each server is idle for one call of the other's before its
+// next, as a server an agent calls now and then is; the calls/s figures
+// are one burst each, in the order first says (the subject's first when
+// true).
+func measure(ctx context.Context, sub, bare *mcpClient, first bool) (s, b figures, err error) {
+	if s.p50, b.p50, err = p50Pair(ctx, sub, bare, shippedCalls, "list_vms", "{}", noVMs); err != nil {
+		return s, b, err
 	}
-	rate, err = callsPerSecond(ctx, c, parallelCalls, inFlight)
-	return p50, rate, err
+	burst := func(c *mcpClient, r *float64) error {
+		var err error
+		*r, err = callsPerSecond(ctx, c, parallelCalls, inFlight)
+		return err
+	}
+	if first {
+		if err = burst(sub, &s.rate); err == nil {
+			err = burst(bare, &b.rate)
+		}
+	} else {
+		if err = burst(bare, &b.rate); err == nil {
+			err = burst(sub, &s.rate)
+		}
+	}
+	return s, b, err
+}
+
+// p50Pair makes n calls of tool on each of a and b, alternating one by one
+// (a b b a a b …), and returns each side's median latency in µs. A failed
+// call or check is the error of the side it was made on.
+func p50Pair(ctx context.Context, a, b *mcpClient, n int, tool, args string, check func(toolResult) error) (pa, pb float64, err error) {
+	lat := [2][]float64{make([]float64, 0, n), make([]float64, 0, n)}
+	cs := [2]*mcpClient{a, b}
+	for i := range 2 * n {
+		side := (i + i/2) % 2 // 0 1 1 0 0 1 1 0 …
+		t0 := time.Now()
+		res, err := cs[side].callTool(ctx, tool, args)
+		took := time.Since(t0)
+		if err == nil && check != nil {
+			err = check(res)
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("%s side: %w", [2]string{"first", "second"}[side], err)
+		}
+		lat[side] = append(lat[side], float64(took.Nanoseconds())/1e3)
+	}
+	pa, _ = medianSpread(lat[0])
+	pb, _ = medianSpread(lat[1])
+	return pa, pb, nil
 }
 
 // shippedRows measures vmgate serve as shipped (QEMU driver as a plugin,
@@ -288,18 +336,14 @@ func shippedRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 		procs = append(procs, p)
 		subProcs[i] = p
 	}
-	err = Rounds(ctx, warmup, pairs, func(ctx context.Context, _ int, counts bool) error {
+	err = Rounds(ctx, warmup, pairs, func(ctx context.Context, round int, counts bool) error {
 		for i, s := range subs {
-			p50, rate, err := measure(ctx, subProcs[i].client)
+			f, b, err := measure(ctx, subProcs[i].client, bare.client, round%2 == 0)
 			if err != nil {
-				return fmt.Errorf("vmgate serve (%s): %w: %s", s.name, err, subProcs[i].stderr.String())
-			}
-			bp50, brate, err := measure(ctx, bare.client)
-			if err != nil {
-				return fmt.Errorf("bare server: %w: %s", err, bare.stderr.String())
+				return fmt.Errorf("vmgate serve (%s) against the bare server: %w: %s%s", s.name, err, subProcs[i].stderr.String(), bare.stderr.String())
 			}
 			if counts {
-				if err := errors.Join(s.seq.Add(p50, bp50), s.par.Add(rate, brate)); err != nil {
+				if err := errors.Join(s.seq.Add(f.p50, b.p50), s.par.Add(f.rate, b.rate)); err != nil {
 					return err
 				}
 			}

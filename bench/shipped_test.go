@@ -55,8 +55,8 @@ func TestShippedServersAgree(t *testing.T) {
 		if _, err := p.client.callTool(ctx, "vm_status", `{"vm":"lab/vm1"}`); err == nil || !strings.Contains(err.Error(), "[POLICY DENIED]") {
 			t.Errorf("%s: vm_status = %v; want [POLICY DENIED]", s.name, err)
 		}
-		if p50, rate, err := measure(ctx, p.client); err != nil || p50 <= 0 || rate <= 0 {
-			t.Errorf("%s: measure = %v µs, %v calls/s, %v; want figures", s.name, p50, rate, err)
+		if f, b, err := measure(ctx, p.client, bare.client, true); err != nil || f.p50 <= 0 || f.rate <= 0 || b.p50 <= 0 || b.rate <= 0 {
+			t.Errorf("%s: measure = %+v, bare %+v, %v; want figures", s.name, f, b, err)
 		}
 		if err := p.stop(); err != nil {
 			t.Errorf("%s: stop = %v", s.name, err)
