@@ -87,20 +87,8 @@ func addPort(ctx context.Context, qmpSock, sock string) error {
 	if err != nil {
 		return err
 	}
-	reply, err := m.RunContext(ctx, cmd)
-	if err != nil {
+	if _, err := m.RunContext(ctx, cmd); err != nil { // an error reply is a *qemu.QMPError
 		return fmt.Errorf("device_add: %w", err)
-	}
-	var r struct {
-		Error *struct {
-			Desc string `json:"desc"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(reply, &r); err != nil {
-		return fmt.Errorf("device_add: %w", err)
-	}
-	if r.Error != nil {
-		return fmt.Errorf("device_add: %s", r.Error.Desc)
 	}
 	return nil
 }
