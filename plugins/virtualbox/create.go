@@ -279,7 +279,7 @@ func (d *Driver) removeUnmarked(ctx context.Context, op string, req hypervisor.D
 		return fmt.Errorf("virtualbox: %s: %w", op, hypervisor.ErrNotCreated)
 	}
 	d.log.Warn("removing a clone whose creation stopped before it was marked", "vm", req.Name, "uuid", id)
-	return d.remove(ctx, op, id)
+	return d.removeAs(ctx, op, id, mi)
 }
 
 // extraData reads one extra data key: "Value: v" or "No value set!"
@@ -310,6 +310,11 @@ func (d *Driver) remove(ctx context.Context, op, vm string) error {
 	if err != nil {
 		return err
 	}
+	return d.removeAs(ctx, op, vm, mi)
+}
+
+// removeAs is remove of vm whose showvminfo its caller already read (mi).
+func (d *Driver) removeAs(ctx context.Context, op, vm string, mi machineInfo) error {
 	if hasVMProcess(mi.State) {
 		if err := d.vboxOK(ctx, op+": power off", "controlvm", vm, "poweroff"); err != nil && !errors.Is(err, hypervisor.ErrVMNotRunning) {
 			return err
