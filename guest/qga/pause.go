@@ -12,7 +12,7 @@ import (
 // in whole milliseconds, so a 3.4 ms timer fires at 4 ms or later and a
 // 1.25 ms one at 2 ms. In the QEMU driver's plugin, idle between calls,
 // the settling pause slept 4.39 ms where 3.66 ms was asked (medians of 400
-// execs; 3.47 against 3.32 in a busier process). sleep therefore waits on
+// execs; in a busier process, about 3.5 where 3.1 was asked). sleep therefore waits on
 // a kernel timer the netpoller watches (a timerfd on Linux, see
 // pause_linux.go): it wakes the poller when it expires, to the
 // microsecond, and the context still ends the wait at once. Where that
