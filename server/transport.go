@@ -126,51 +126,73 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 	notifyDone := make(chan struct{})
 	go forwardNotifications(callCtx, sess, write, notifyDone)
 
-	pool := newStdioWorkers(maxConcurrentCalls, func(line []byte) {
-		if resp := s.handle(callCtx, c, line); resp != nil {
-			write(resp)
-		}
-	})
-	// The reader hands every message straight to a worker (route); this
-	// goroutine only waits for the end. Answers to our own requests are
-	// delivered by the reader itself, while workers are busy; a message
-	// that finds all maxConcurrentCalls of them busy holds the reader (and
-	// what follows it) until one is idle, as the semaphore before did.
-	// routeMu and closed keep route from writing or starting anything once
-	// ServeStdio is on its way out.
-	var routeMu sync.Mutex
-	closed := false
-	route := func(line []byte) bool {
+	// The calls run on the crew's members (stdiocrew.go): the member that
+	// reads a call runs it, after passing the reading on. Answers to our
+	// own requests and lines over the limit are dealt with by the reader
+	// itself. routeMu and closed keep the reader from writing or admitting
+	// anything once ServeStdio is on its way out; calls counts the calls
+	// admitted, which drainStdio waits for.
+	var (
+		calls   sync.WaitGroup
+		routeMu sync.Mutex
+		closed  bool
+	)
+	admit := func(line []byte) (call bool, err error) {
 		routeMu.Lock()
 		defer routeMu.Unlock()
 		if closed || ctx.Err() != nil {
-			return false
+			return false, errStdioClosed
 		}
 		switch {
 		case line == nil: // a line over the limit
 			write(rpcError(nil, mcp.PARSE_ERROR, "message too large"))
-			return true
+			return false, nil
 		case sess.requests.deliver(line): // the answer to a request of ours
-			return true
+			return false, nil
 		}
-		return pool.submit(line, ctx.Done())
+		calls.Add(1)
+		return true, nil
 	}
-	readErr := make(chan error, 1)
-	go func() { readErr <- readLines(in, 4*s.limits.MaxMessageBytes, route) }()
+	lines := newLineReader(in, 4*s.limits.MaxMessageBytes)
+	next := func() ([]byte, error) {
+		for {
+			line, err := lines.next()
+			if err != nil {
+				return nil, err
+			}
+			call, err := admit(line)
+			if err != nil {
+				return nil, err
+			}
+			if call {
+				return line, nil
+			}
+		}
+	}
+	crew := newStdioCrew(maxConcurrentCalls, next, func(line []byte) {
+		defer calls.Done()
+		if resp := s.handle(callCtx, c, line); resp != nil {
+			write(resp)
+		}
+	})
+	crew.start()
 
 	var err error
 	select {
 	case <-ctx.Done():
-	case err = <-readErr:
+	case err = <-crew.ended():
 	}
-	pool.stop() // a route waiting for a worker gives up
+	crew.stop()
 	routeMu.Lock()
 	closed = true
 	routeMu.Unlock()
 	sess.requests.close() // requests to the client get no answer now
-	s.drainStdio(&pool.wg, cancelCalls)
+	s.drainStdio(&calls, cancelCalls)
 	cancelCalls()
 	<-notifyDone
+	if errors.Is(err, errStdioClosed) {
+		err = nil
+	}
 	if errors.Is(err, io.EOF) {
 		err = nil
 	}
@@ -207,17 +229,26 @@ func (s *Server) drainStdio(wg *sync.WaitGroup, cancel context.CancelFunc) {
 	}
 }
 
-// readLines hands every non-empty line of in to route (a line longer than
-// max as nil, after discarding it) until in ends or route returns false.
-func readLines(in io.Reader, max int, route func(line []byte) bool) error {
-	r := bufio.NewReaderSize(in, 64<<10)
+// lineReader reads newline-delimited messages.
+type lineReader struct {
+	r   *bufio.Reader
+	max int
+}
+
+func newLineReader(in io.Reader, max int) *lineReader {
+	return &lineReader{r: bufio.NewReaderSize(in, 64<<10), max: max}
+}
+
+// next returns the next non-empty line, trimmed, or nil for a line longer
+// than max (after discarding it); io.EOF when the input ends.
+func (l *lineReader) next() ([]byte, error) {
 	for {
 		var line []byte
 		tooLong := false
 		for {
-			frag, err := r.ReadSlice('\n')
+			frag, err := l.r.ReadSlice('\n')
 			if !tooLong {
-				if len(line)+len(frag) > max {
+				if len(line)+len(frag) > l.max {
 					tooLong, line = true, nil
 				} else {
 					line = append(line, frag...)
@@ -227,19 +258,15 @@ func readLines(in io.Reader, max int, route func(line []byte) bool) error {
 				continue
 			}
 			if err != nil && (len(line) == 0 && !tooLong || err != io.EOF) {
-				return err
+				return nil, err
 			}
 			break
 		}
-		var msg []byte
-		if !tooLong {
-			msg = bytes.TrimSpace(line)
-			if len(msg) == 0 {
-				continue
-			}
+		if tooLong {
+			return nil, nil
 		}
-		if !route(msg) {
-			return nil
+		if msg := bytes.TrimSpace(line); len(msg) > 0 {
+			return msg, nil
 		}
 	}
 }

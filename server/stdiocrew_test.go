@@ -18,16 +18,42 @@ import (
 	"github.com/vmgate/vmgate/policy/audit"
 )
 
-// TestStdioWorkersBound: at most max messages run at once; a message
-// submitted while all workers are busy waits for one of them (no new
-// worker) or gives up when its done channel closes; stop lets every
-// worker exit and refuses what comes after.
-func TestStdioWorkersBound(t *testing.T) {
+// feed is a crew's read: it hands out the lines sent on lines, counting
+// the members reading, until lines is closed (io.EOF).
+type feed struct {
+	lines   chan string
+	reading atomic.Int32
+	entered chan struct{} // a member entered read (dropped when full)
+}
+
+func newFeed() *feed {
+	return &feed{lines: make(chan string), entered: make(chan struct{}, 100)}
+}
+
+func (f *feed) read() ([]byte, error) {
+	f.reading.Add(1)
+	defer f.reading.Add(-1)
+	select {
+	case f.entered <- struct{}{}:
+	default: // nobody is waiting for it
+	}
+	l, ok := <-f.lines
+	if !ok {
+		return nil, io.EOF
+	}
+	return []byte(l), nil
+}
+
+// TestStdioCrewBound: at most max calls run at once, each on the member
+// that read it; while all max run nobody reads, and the first member done
+// takes the reading on; the end of the input ends the crew.
+func TestStdioCrewBound(t *testing.T) {
 	const max = 3
 	release := make(chan struct{})
 	running := make(chan string, 2*max)
 	var now, peak atomic.Int32
-	w := newStdioWorkers(max, func(line []byte) {
+	in := newFeed()
+	c := newStdioCrew(max, in.read, func(line []byte) {
 		n := now.Add(1)
 		for {
 			p := peak.Load()
@@ -39,64 +65,74 @@ func TestStdioWorkersBound(t *testing.T) {
 		<-release
 		now.Add(-1)
 	})
-	never := make(chan struct{})
+	c.start()
 	for _, l := range []string{"a", "b", "c"} {
-		if !w.submit([]byte(l), never) {
-			t.Fatalf("submit(%q) = false; want true", l)
-		}
+		in.lines <- l
 	}
 	for range max {
 		<-running
 	}
-	if got := w.started(); got != max {
+	if got := c.started(); got != max {
 		t.Fatalf("started() = %d; want %d", got, max)
 	}
-	closed := make(chan struct{})
-	close(closed)
-	if w.submit([]byte("d"), closed) {
-		t.Fatalf("submit with every worker busy and done closed = true; want false")
+	if got := in.reading.Load(); got != 0 {
+		t.Fatalf("members reading while all %d run calls = %d; want 0", max, got)
 	}
-	release <- struct{}{} // one worker finishes "a", "b" or "c" and is idle again
-	if !w.submit([]byte("e"), never) {
-		t.Fatalf("submit(e) = false; want true")
+	for len(in.entered) > 0 {
+		<-in.entered
 	}
-	if got := <-running; got != "e" {
-		t.Fatalf("running %q; want e", got)
+	release <- struct{}{} // one member finishes "a", "b" or "c" and reads on
+	<-in.entered
+	in.lines <- "d"
+	if got := <-running; got != "d" {
+		t.Fatalf("running %q; want d", got)
 	}
-	if got := w.started(); got != max {
-		t.Fatalf("started() after a worker was idle again = %d; want %d", got, max)
+	if got := c.started(); got != max {
+		t.Fatalf("started() after a member was done = %d; want %d", got, max)
 	}
-	w.stop()
+	release <- struct{}{}
+	<-in.entered
+	close(in.lines)
+	if err := <-c.ended(); err != io.EOF {
+		t.Fatalf("ended() = %v; want io.EOF", err)
+	}
 	close(release)
-	w.wg.Wait()
-	if w.submit([]byte("f"), never) {
-		t.Fatalf("submit after stop = true; want false")
-	}
 	if p := peak.Load(); p != max {
 		t.Fatalf("peak concurrency = %d; want %d", p, max)
 	}
 }
 
-// TestStdioWorkersReuse: messages one after another, each sent once the
-// worker of the one before is idle, all run on the one worker the first
-// started.
-func TestStdioWorkersReuse(t *testing.T) {
+// TestStdioCrewReuse: messages one after another, each sent once the call
+// before is done and its member idle again, run on the first member and
+// the one it passed the reading to, alternately.
+func TestStdioCrewReuse(t *testing.T) {
 	done := make(chan struct{})
-	w := newStdioWorkers(maxConcurrentCalls, func([]byte) { done <- struct{}{} })
-	for i := range 100 {
-		if !w.submit([]byte("x"), nil) {
-			t.Fatalf("submit #%d = false; want true", i)
-		}
+	in := newFeed()
+	c := newStdioCrew(maxConcurrentCalls, in.read, func([]byte) { done <- struct{}{} })
+	c.start()
+	idle := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.idle
+	}
+	for range 100 {
+		in.lines <- "x"
 		<-done
-		for w.idle.Load() == 0 { // the worker is on its way back to wait
+		for idle() != 1 || in.reading.Load() != 1 { // one member waits for the lead, the other reads
 			runtime.Gosched()
 		}
 	}
-	if got := w.started(); got != 1 {
-		t.Fatalf("started() after 100 messages one after another = %d; want 1", got)
+	if got := c.started(); got != 2 {
+		t.Fatalf("started() after 100 messages one after another = %d; want 2", got)
 	}
-	w.stop()
-	w.wg.Wait()
+	c.stop()
+	for idle() != 0 { // the idle member exits
+		runtime.Gosched()
+	}
+	close(in.lines) // the member reading gets io.EOF
+	if err := <-c.ended(); err != io.EOF {
+		t.Fatalf("ended() = %v; want io.EOF", err)
+	}
 }
 
 // stdioConn is a ServeStdio of grant "local" over pipes.
@@ -233,3 +269,4 @@ func TestServeStdioDrain(t *testing.T) {
 		}
 	}
 }
+
