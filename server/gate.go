@@ -779,6 +779,9 @@ func (s *Server) runTool(ctx context.Context, spec *toolSpec, req mcp.CallToolRe
 	default:
 		close(t.claimed)
 	}
+	// The driver's work runs on the call's own context (deadline and all):
+	// a cancelled request (notifications/cancelled, a client gone) ends it.
+	defer context.AfterFunc(ctx, t.cancel)()
 	if t.elicit != nil { // elicit_legacy.go: asks without any gate lock held
 		if r, ok := s.elicitApproval(ctx, t); !ok {
 			t.res = &r

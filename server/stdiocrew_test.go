@@ -270,3 +270,39 @@ func TestServeStdioDrain(t *testing.T) {
 	}
 }
 
+// TestServeStdioReadsWhileACallRuns: while one call runs, the connection
+// reads on: another call is answered first, and a notifications/cancelled
+// for the running call reaches its driver call.
+func TestServeStdioReadsWhileACallRuns(t *testing.T) {
+	entered := make(chan string, 1)
+	cancelled := make(chan struct{})
+	drv := countingFake(new(atomic.Int64))
+	drv.StatusFunc = func(ctx context.Context, vm string) (hypervisor.Status, error) {
+		if vm != "lab/slow" && vm != "slow" {
+			return hypervisor.Status{Name: vm, State: hypervisor.StateRunning}, nil
+		}
+		entered <- vm
+		<-ctx.Done()
+		close(cancelled)
+		return hypervisor.Status{}, fmt.Errorf("fake: status: %w", ctx.Err())
+	}
+	f := newFixture(t, fixtureOpts{driver: drv})
+	c := serveStdioPipes(t, f.s)
+	c.send(t, initMsg)
+	c.reply(t)
+	c.send(t, toolCall(2, "vm_status", `{"vm":"lab/slow"}`))
+	<-entered
+	c.send(t, toolCall(3, "vm_status", `{"vm":"lab/vm1"}`))
+	if r := c.reply(t); string(r.ID) != "3" || r.Result == nil || r.Result.IsError {
+		t.Fatalf("the call sent while another runs = id %s, %q (error %+v); want its result first", r.ID, r.text(), r.Error)
+	}
+	c.send(t, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}`)
+	<-cancelled
+	if r := c.reply(t); string(r.ID) != "2" || r.Result == nil || !r.Result.IsError {
+		t.Errorf("the cancelled call = id %s, %q (error %+v); want an error result", r.ID, r.text(), r.Error)
+	}
+	c.in.Close()
+	if err := <-c.done; err != nil {
+		t.Errorf("ServeStdio = %v; want nil at EOF", err)
+	}
+}
