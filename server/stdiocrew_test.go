@@ -297,7 +297,11 @@ func TestServeStdioReadsWhileACallRuns(t *testing.T) {
 		t.Fatalf("the call sent while another runs = id %s, %q (error %+v); want its result first", r.ID, r.text(), r.Error)
 	}
 	c.send(t, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}`)
-	<-cancelled
+	select {
+	case <-cancelled:
+	case <-time.After(time.Minute): // a guard against a hang, not a timing
+		t.Fatal("notifications/cancelled did not reach the running call's driver in a minute")
+	}
 	if r := c.reply(t); string(r.ID) != "2" || r.Result == nil || !r.Result.IsError {
 		t.Errorf("the cancelled call = id %s, %q (error %+v); want an error result", r.ID, r.text(), r.Error)
 	}
