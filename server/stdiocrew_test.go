@@ -160,6 +160,15 @@ func (c *stdioConn) send(t *testing.T, msg string) {
 	}
 }
 
+// initialize completes the MCP handshake.
+func (c *stdioConn) initialize(t *testing.T) {
+	t.Helper()
+	c.send(t, initMsg)
+	if r := c.reply(t); r.Result == nil {
+		t.Fatalf("initialize = %+v", r.Error)
+	}
+}
+
 func (c *stdioConn) reply(t *testing.T) rpcReply {
 	t.Helper()
 	if !c.replies.Scan() {
@@ -186,10 +195,7 @@ func TestServeStdioLongLineAndPanic(t *testing.T) {
 	}
 	f := newFixture(t, fixtureOpts{driver: drv})
 	c := serveStdioPipes(t, f.s)
-	c.send(t, initMsg)
-	if r := c.reply(t); r.Result == nil {
-		t.Fatalf("initialize = %+v", r.Error)
-	}
+	c.initialize(t)
 	c.send(t, `{"jsonrpc":"2.0","id":2,"method":"ping","params":{"pad":"`+strings.Repeat("x", 4*f.s.limits.MaxMessageBytes)+`"}}`)
 	if r := c.reply(t); r.Error == nil || r.Error.Code != mcp.PARSE_ERROR || r.Error.Message != "message too large" || string(r.ID) != "null" {
 		t.Errorf("a line over the limit = id %s, error %+v; want %d message too large, id null", r.ID, r.Error, mcp.PARSE_ERROR)
@@ -249,8 +255,7 @@ func TestServeStdioDrain(t *testing.T) {
 		cancelled.Store(false)
 		f := newFixture(t, fixtureOpts{driver: drv})
 		c := serveStdioPipes(t, f.s)
-		c.send(t, initMsg)
-		c.reply(t)
+		c.initialize(t)
 		c.send(t, toolCall(5, "vm_status", `{"vm":"lab/vm1"}`))
 		<-entered
 		c.in.Close()
@@ -288,8 +293,7 @@ func TestServeStdioReadsWhileACallRuns(t *testing.T) {
 	}
 	f := newFixture(t, fixtureOpts{driver: drv})
 	c := serveStdioPipes(t, f.s)
-	c.send(t, initMsg)
-	c.reply(t)
+	c.initialize(t)
 	c.send(t, toolCall(2, "vm_status", `{"vm":"lab/slow"}`))
 	<-entered
 	c.send(t, toolCall(3, "vm_status", `{"vm":"lab/vm1"}`))
