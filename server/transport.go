@@ -190,10 +190,7 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 	s.drainStdio(&calls, cancelCalls)
 	cancelCalls()
 	<-notifyDone
-	if errors.Is(err, errStdioClosed) {
-		err = nil
-	}
-	if errors.Is(err, io.EOF) {
+	if errors.Is(err, io.EOF) || errors.Is(err, errStdioClosed) {
 		err = nil
 	}
 	return err
