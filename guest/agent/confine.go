@@ -110,17 +110,20 @@ func sandboxExec(args []string) error {
 	if err != nil {
 		return notFoundf("%v", err)
 	}
-	envv := os.Environ()
+	img, err := newExecImage(path, argv, os.Environ())
+	if err != nil {
+		return err
+	}
+	restoreFileLimit()
 	// The rlimits come last: RLIMIT_AS would leave the Go runtime no room
-	// to map memory for the steps above.
-	if err := c.rlimits(); err != nil {
-		return fmt.Errorf("rlimits: %w", err)
+	// to map memory for the steps above. Nothing between them and the
+	// exec allocates.
+	limits := []rlimitSetting{{unix.RLIMIT_NPROC, c.RlimitNPROC}, {unix.RLIMIT_AS, c.RlimitAS}}
+	at, errno := execUnderLimits(img, limits)
+	if at == len(limits) && errno == syscall.ENOENT {
+		return notFoundf("exec %s: %v", path, errno)
 	}
-	err = syscall.Exec(path, argv, envv)
-	if errors.Is(err, syscall.ENOENT) {
-		return notFoundf("exec %s: %v", path, err)
-	}
-	return fmt.Errorf("exec %s: %w", path, err)
+	return execFailure(path, limits, at, errno)
 }
 
 // confinement is what every run of the sandboxed session m applies.
@@ -239,21 +242,6 @@ func (c confinement) privateTmp() error {
 		return fmt.Errorf("bind %s on /tmp: %w", c.Tmp, err)
 	}
 	return unix.Mount("", "/tmp", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV, "")
-}
-
-func (c confinement) rlimits() error {
-	for _, l := range []struct {
-		res int
-		val uint64
-	}{{unix.RLIMIT_AS, c.RlimitAS}, {unix.RLIMIT_NPROC, c.RlimitNPROC}} {
-		if l.val == 0 {
-			continue
-		}
-		if err := unix.Setrlimit(l.res, &unix.Rlimit{Cur: l.val, Max: l.val}); err != nil {
-			return fmt.Errorf("setrlimit %d: %w", l.res, err)
-		}
-	}
-	return nil
 }
 
 // landlockRuleset builds the session's Landlock ruleset: read and execute

@@ -23,7 +23,10 @@ const ShimCommand = shimCommand
 
 // RlimitExec runs `__rlimit --as BYTES --nproc N -- argv...`: it sets
 // RLIMIT_AS and RLIMIT_NPROC (0 leaves one unset) and replaces itself with
-// argv. It returns only on failure. RLIMIT_NPROC does not bind root, so in
+// argv. It returns only on failure; after the address-space limit is set,
+// reporting that failure may itself find no memory, and the runtime's own
+// message is then what stderr shows (the command did not run either way).
+// RLIMIT_NPROC does not bind root, so in
 // a guest without cgroup v2 a root session's pids limit is advisory.
 func RlimitExec(args []string) error {
 	fs := flag.NewFlagSet(shimCommand, flag.ContinueOnError)
@@ -44,19 +47,14 @@ func RlimitExec(args []string) error {
 	if err != nil {
 		return fmt.Errorf("rlimit shim: %w", err)
 	}
-	envv := os.Environ()
-	for _, l := range []struct {
-		res int
-		val uint64
-	}{{syscall.RLIMIT_AS, *as}, {rlimitNPROC, *nproc}} {
-		if l.val == 0 {
-			continue
-		}
-		if err := syscall.Setrlimit(l.res, &syscall.Rlimit{Cur: l.val, Max: l.val}); err != nil {
-			return fmt.Errorf("rlimit shim: setrlimit %d: %w", l.res, err)
-		}
+	img, err := newExecImage(path, argv, os.Environ())
+	if err != nil {
+		return fmt.Errorf("rlimit shim: %w", err)
 	}
-	return fmt.Errorf("rlimit shim: exec %s: %w", path, syscall.Exec(path, argv, envv))
+	restoreFileLimit()
+	limits := []rlimitSetting{{rlimitNPROC, *nproc}, {syscall.RLIMIT_AS, *as}}
+	at, errno := execUnderLimits(img, limits)
+	return fmt.Errorf("rlimit shim: %w", execFailure(path, limits, at, errno))
 }
 
 // rlimitNPROC is RLIMIT_NPROC on Linux (not exported by package syscall).
