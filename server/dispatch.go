@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -55,10 +56,19 @@ import (
 
 // directCalls are the cancel funcs of the calls running on the direct
 // path, by the key mcp-go gives its own in-flight requests, so that
-// notifications/cancelled cancels them as it cancels mcp-go's.
+// notifications/cancelled cancels them as it cancels mcp-go's. Unlike
+// mcp-go, the direct path then sends no response: MCP says the receiver of
+// a cancellation should not answer the request, and a client that
+// cancelled has forgotten the id (the TypeScript SDK reports a response
+// to it as an error: "Received a response for an unknown message ID").
+// The audit log still records how the call ended.
 //
 // Concurrency: safe for concurrent use.
 type directCalls struct{ m sync.Map }
+
+// errCancelledByClient is the cause of a direct call's context that
+// notifications/cancelled ended.
+var errCancelledByClient = errors.New("the client cancelled the request")
 
 // inflightKey is mcp-go's key of a request in flight: the session id and
 // the request id as encoding/json decoded it (float64 or string).
@@ -72,7 +82,7 @@ func inflightKey(ctx context.Context, id any) string {
 // cancel cancels the direct call that key names, if one runs.
 func (d *directCalls) cancel(key string) {
 	if c, ok := d.m.LoadAndDelete(key); ok {
-		c.(context.CancelFunc)()
+		c.(context.CancelCauseFunc)(errCancelledByClient)
 	}
 }
 
@@ -85,8 +95,9 @@ type directMessage struct {
 }
 
 // callDirect runs the gated tools/call of v (gateMessage's verdict with a
-// ticket) itself, and returns mcp-go's response to it. ok false: the call
-// is one mcp-go must see (above); nothing was run.
+// ticket) itself, and returns mcp-go's response to it, or nil when the
+// client cancelled the call (directCalls). ok false: the call is one
+// mcp-go must see (above); nothing was run.
 func (s *Server) callDirect(v verdict) (resp mcp.JSONRPCMessage, ok bool) {
 	dm, spec := v.direct, v.t.call.spec
 	if dm == nil || s.noDirect || !directEnvelope(dm) {
@@ -118,12 +129,15 @@ func (s *Server) callDirect(v verdict) (resp mcp.JSONRPCMessage, ok bool) {
 		return nil, false
 	}
 	ctx := mcpserver.WithRequestProtocolInfo(v.ctx, &mcpserver.RequestProtocolInfo{ProtocolVersion: version})
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	key := inflightKey(ctx, id)
 	s.direct.m.Store(key, cancel) // as mcp-go: a reused id replaces the entry
 	defer s.direct.m.Delete(key)
 	res := s.runTool(ctx, spec, req)
+	if errors.Is(context.Cause(ctx), errCancelledByClient) {
+		return nil, true // no response to a cancelled request
+	}
 	return mcp.NewJSONRPCResultResponse(mcp.NewRequestId(id), res), true
 }
 

@@ -153,13 +153,15 @@ func TestDirectDispatchMatchesMCPGo(t *testing.T) {
 
 // TestDirectCallCancelled: notifications/cancelled reaches a call on the
 // direct path as mcp-go's cancellation reaches its own: the call's
-// context (the one mcp-go would give the handler) is cancelled.
+// context (the one mcp-go would give the handler) is cancelled. The call
+// is not answered, even though its driver call went on to succeed.
 func TestDirectCallCancelled(t *testing.T) {
 	for _, id := range []string{"31", `"c-31"`} {
 		p := newDispatchPeer(t, false)
 		var wg sync.WaitGroup
+		var answer []byte
 		wg.Go(func() {
-			p.exchange(fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"vm_status","arguments":{"vm":"lab/slowvm"}}}`, id))
+			answer, _ = p.exchange(fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"vm_status","arguments":{"vm":"lab/slowvm"}}}`, id))
 		})
 		<-p.entered // the call registered before its handler ran
 		key := fmt.Sprintf("stdio-local-test:%v", map[string]any{"31": float64(31), `"c-31"`: "c-31"}[id])
@@ -176,5 +178,8 @@ func TestDirectCallCancelled(t *testing.T) {
 		}
 		p.release <- struct{}{}
 		wg.Wait()
+		if answer != nil {
+			t.Errorf("id %s: the cancelled call was answered %.200s; want no response", id, answer)
+		}
 	}
 }
