@@ -110,20 +110,13 @@ func sandboxExec(args []string) error {
 	if err != nil {
 		return notFoundf("%v", err)
 	}
-	img, err := newExecImage(path, argv, os.Environ())
-	if err != nil {
-		return err
-	}
-	restoreFileLimit()
 	// The rlimits come last: RLIMIT_AS would leave the Go runtime no room
-	// to map memory for the steps above. Nothing between them and the
-	// exec allocates.
-	limits := []rlimitSetting{{unix.RLIMIT_NPROC, c.RlimitNPROC}, {unix.RLIMIT_AS, c.RlimitAS}}
-	at, errno := execUnderLimits(img, limits)
-	if at == len(limits) && errno == syscall.ENOENT {
-		return notFoundf("exec %s: %v", path, errno)
+	// to map memory for the steps above.
+	err = limitedExec(path, argv, []rlimitSetting{{unix.RLIMIT_NPROC, c.RlimitNPROC}, {unix.RLIMIT_AS, c.RlimitAS}})
+	if errors.Is(err, syscall.ENOENT) {
+		return notFoundf("%v", err)
 	}
-	return execFailure(path, limits, at, errno)
+	return err
 }
 
 // confinement is what every run of the sandboxed session m applies.

@@ -4,6 +4,7 @@ package agent
 
 import (
 	"fmt"
+	"os"
 	"syscall"
 	"unsafe"
 )
@@ -82,6 +83,19 @@ func execUnderLimits(img execImage, limits []rlimitSetting) (int, syscall.Errno)
 // before the limits.
 func restoreFileLimit() {
 	_ = syscall.Exec("", nil, nil)
+}
+
+// limitedExec replaces the process with path, argv and this process's
+// environment under limits, with the open-files limit of the process
+// before Go (restoreFileLimit). It returns only on failure.
+func limitedExec(path string, argv []string, limits []rlimitSetting) error {
+	img, err := newExecImage(path, argv, os.Environ())
+	if err != nil {
+		return err
+	}
+	restoreFileLimit()
+	at, errno := execUnderLimits(img, limits)
+	return execFailure(path, limits, at, errno)
 }
 
 // execFailure is the reason execUnderLimits returned, in words.

@@ -7,10 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"runtime"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // shimCommand is the hidden subcommand that applies a marker-tracked
@@ -26,8 +26,8 @@ const ShimCommand = shimCommand
 // argv. It returns only on failure; after the address-space limit is set,
 // reporting that failure may itself find no memory, and the runtime's own
 // message is then what stderr shows (the command did not run either way).
-// RLIMIT_NPROC does not bind root, so in
-// a guest without cgroup v2 a root session's pids limit is advisory.
+// RLIMIT_NPROC does not bind root, so in a guest without cgroup v2 a root
+// session's pids limit is advisory.
 func RlimitExec(args []string) error {
 	fs := flag.NewFlagSet(shimCommand, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -47,15 +47,6 @@ func RlimitExec(args []string) error {
 	if err != nil {
 		return fmt.Errorf("rlimit shim: %w", err)
 	}
-	img, err := newExecImage(path, argv, os.Environ())
-	if err != nil {
-		return fmt.Errorf("rlimit shim: %w", err)
-	}
-	restoreFileLimit()
-	limits := []rlimitSetting{{rlimitNPROC, *nproc}, {syscall.RLIMIT_AS, *as}}
-	at, errno := execUnderLimits(img, limits)
-	return fmt.Errorf("rlimit shim: %w", execFailure(path, limits, at, errno))
+	limits := []rlimitSetting{{unix.RLIMIT_NPROC, *nproc}, {unix.RLIMIT_AS, *as}}
+	return fmt.Errorf("rlimit shim: %w", limitedExec(path, argv, limits))
 }
-
-// rlimitNPROC is RLIMIT_NPROC on Linux (not exported by package syscall).
-const rlimitNPROC = 6
