@@ -5,8 +5,11 @@ package agent
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Both shims (RlimitExec and SandboxMain) end the same way: set the
@@ -101,7 +104,18 @@ func limitedExec(path string, argv []string, limits []rlimitSetting) error {
 // execFailure is the reason execUnderLimits returned, in words.
 func execFailure(path string, limits []rlimitSetting, at int, errno syscall.Errno) error {
 	if at < len(limits) {
-		return fmt.Errorf("setrlimit %d: %w", limits[at].res, errno)
+		return fmt.Errorf("setrlimit %s: %w", rlimitName(limits[at].res), errno)
 	}
 	return fmt.Errorf("exec %s: %w", path, errno)
+}
+
+// rlimitName names the resources the shims set, for their errors.
+func rlimitName(res int) string {
+	switch res {
+	case unix.RLIMIT_AS:
+		return "RLIMIT_AS"
+	case unix.RLIMIT_NPROC:
+		return "RLIMIT_NPROC"
+	}
+	return strconv.Itoa(res)
 }

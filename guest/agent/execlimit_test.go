@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestExecUnderLimitsAllocatesNothing: between the first setrlimit and
@@ -53,6 +55,14 @@ func TestExecUnderLimitsAllocatesNothing(t *testing.T) {
 		}
 		if err := execFailure(missing, tt.limits, at, errno); err == nil || err.Error() != tt.msg || !errors.Is(err, tt.errno) {
 			t.Errorf("%s: execFailure = %v; want %q wrapping %v", tt.name, err, tt.msg, tt.errno)
+		}
+	}
+	// The resources the shims set are named in their errors.
+	limits := []rlimitSetting{{unix.RLIMIT_NPROC, 64}, {unix.RLIMIT_AS, 1 << 30}}
+	for at, want := range []string{"setrlimit RLIMIT_NPROC: resource temporarily unavailable", "setrlimit RLIMIT_AS: operation not permitted"} {
+		errno := []syscall.Errno{syscall.EAGAIN, syscall.EPERM}[at]
+		if err := execFailure(missing, limits, at, errno); err == nil || err.Error() != want {
+			t.Errorf("execFailure(%v, %d, %v) = %v; want %q", limits, at, errno, err, want)
 		}
 	}
 }
