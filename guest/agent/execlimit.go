@@ -51,12 +51,13 @@ type rlimitSetting struct {
 	val uint64
 }
 
-// execUnderLimits sets limits in order and replaces the process with img. It returns only on failure: the first
-// limit that could not be set (with the index into limits) or the
-// execve's errno (index len(limits)). Nothing in it allocates, so a
-// limit on the address space cannot kill the runtime between the
-// setrlimit and the exec; put RLIMIT_AS last, so that a failure to set an
-// earlier limit leaves the caller room to report it.
+// execUnderLimits sets limits in order and replaces the process with img.
+// It returns only on failure: the index into limits of the first limit
+// that could not be set and its errno, or len(limits) and the execve's
+// errno. Nothing in it allocates, so a limit on the address space cannot
+// kill the runtime between the setrlimit and the exec. Put RLIMIT_AS
+// last, so that a failure to set an earlier limit leaves the caller room
+// to report it.
 func execUnderLimits(img execImage, limits []rlimitSetting) (int, syscall.Errno) {
 	for i, l := range limits {
 		if l.val == 0 {

@@ -69,7 +69,9 @@ func TestExecUnderLimitsAllocatesNothing(t *testing.T) {
 
 // TestShimsRestoreFileLimit: a command a shim runs sees the soft
 // RLIMIT_NOFILE the agent's other commands see, not the one Go raised for
-// the shim, and its address-space limit.
+// the shim, and its address-space limit. It changes this process's soft
+// RLIMIT_NOFILE while it runs (and puts it back), so it must not run in
+// parallel with other tests.
 func TestShimsRestoreFileLimit(t *testing.T) {
 	var orig syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
