@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
 )
 
@@ -311,5 +313,44 @@ func TestVMCreateApproval(t *testing.T) {
 	}
 	if r := lc.call(t, "vm_create", args); !hasTag(r, TagApproval) || lc.creates.Load() != 1 {
 		t.Errorf("vm_create again = %q (%d creates); want a new approval and one VM only", r.text(), lc.creates.Load())
+	}
+}
+
+// TestVMDeleteAfterABackendRefusal: a backend that refuses a deletion
+// (Proxmox with protection on) leaves the VM's lease live, not deleting:
+// once the cause is gone, the next vm_delete deletes the VM.
+func TestVMDeleteAfterABackendRefusal(t *testing.T) {
+	lc := newLifecycle(t)
+	if r := lc.call(t, "vm_create", `{"template":"lab","name":"kept"}`); r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_create = %q", r.text())
+	}
+	var refusals atomic.Int64
+	lc.fake.delete = func(req hypervisor.DeleteRequest) error {
+		if refusals.Add(1) == 1 {
+			return fmt.Errorf("%w: can't remove VM 100 - protection mode enabled", hypervisor.ErrBackend)
+		}
+		lc.fake.mu.Lock()
+		defer lc.fake.mu.Unlock()
+		delete(lc.fake.vms, req.Name)
+		return nil
+	}
+	r := lc.call(t, "vm_delete", `{"vm":"lab/lab-kept"}`)
+	if !hasTag(r, TagBackend) || !strings.Contains(r.text(), "protection mode enabled") {
+		t.Fatalf("vm_delete refused by the backend = %q; want %s with the backend's reason", r.text(), TagBackend)
+	}
+	list, err := lc.leases.ListLeases(context.Background())
+	if err != nil || len(list) != 1 || list[0].State != store.LeaseLive || list[0].Holder != "" ||
+		!list[0].Expires.Equal(time.Date(2030, 1, 2, 3, 14, 5, 0, time.UTC)) {
+		t.Fatalf("lease after the refusal = %+v, %v; want it live again with its expiry", list, err)
+	}
+	// Protection off: the next vm_delete deletes it at once.
+	if r := lc.call(t, "vm_delete", `{"vm":"lab/lab-kept"}`); r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_delete after the cause is gone = %q; want success", r.text())
+	}
+	if got, n := lc.fake.names(), lc.leaseCount(t); len(got) != 0 || n != 0 {
+		t.Errorf("after the second vm_delete: VMs %v, %d leases; want none", got, n)
+	}
+	if n := refusals.Load(); n != 2 {
+		t.Errorf("DeleteVM calls = %d; want 2", n)
 	}
 }

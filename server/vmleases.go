@@ -158,8 +158,25 @@ func (v *vmLeases) find(ctx context.Context, vm string) (store.Lease, bool, erro
 }
 
 // deleteLease takes lease l for deletion (by names the taker), deletes its
-// VM and releases it. errLeaseBusy when another taker holds it.
+// VM and releases it. errLeaseBusy when another taker holds it. When the
+// backend does not delete the VM, the lease stays deleting, held by by
+// until deleteHold passes; then the reaper tries again (the reaper's and an
+// abandoned creation's way: a retry every pass would hammer a backend that
+// keeps refusing).
 func (v *vmLeases) deleteLease(ctx context.Context, l store.Lease, by string) error {
+	return v.takeAndDelete(ctx, l, by, false)
+}
+
+// deleteNow is vm_delete's deleteLease: when the backend does not delete
+// the VM (Proxmox: "can't remove VM 100 - protection mode enabled"), the
+// lease goes back to the state it was taken in (live, with its expiry),
+// so that the next vm_delete, once the cause is fixed, tries again at
+// once, and the reaper when the lease ends.
+func (v *vmLeases) deleteNow(ctx context.Context, l store.Lease, by string) error {
+	return v.takeAndDelete(ctx, l, by, true)
+}
+
+func (v *vmLeases) takeAndDelete(ctx context.Context, l store.Lease, by string, giveBack bool) error {
 	now := v.now()
 	if l.State == store.LeaseDeleting && now.Before(l.Until) && l.Holder != by {
 		return errLeaseBusy
@@ -187,12 +204,30 @@ func (v *vmLeases) deleteLease(ctx context.Context, l store.Lease, by string) er
 		// never deleted. Ours is gone.
 		v.log.Warn("server: the VM a lease names is not the one it created; releasing the lease only", "lease", taken.ID, "vm", taken.Name)
 	default:
+		if giveBack {
+			v.giveBack(ctx, l, taken)
+		}
 		return fmt.Errorf("server: delete %s: %w", taken.Name, err)
 	}
 	if err := v.store.ReleaseLease(ctx, taken.ID); err != nil && !errors.Is(err, store.ErrUnknownLease) {
 		return fmt.Errorf("server: delete %s: the VM is gone but its lease could not be released: %w", taken.Name, err)
 	}
 	return nil
+}
+
+// giveBack returns the lease taken (from was its state before) to that
+// state after a deletion that did not happen. Failing that (the store does
+// not answer, another replica took it), the lease stays deleting until its
+// hold passes, and is logged.
+func (v *vmLeases) giveBack(ctx context.Context, from, taken store.Lease) {
+	back := from
+	back.Rev = taken.Rev
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, err := v.store.UpdateLease(sctx, back); err != nil {
+		v.log.Warn("server: a VM was not deleted and its lease could not be given back; it can be deleted again once its hold ends",
+			"lease", taken.ID, "vm", taken.Name, "until", taken.Until, "err", err)
+	}
 }
 
 // backendOf is the backend of lease l's VM.
