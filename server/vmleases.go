@@ -50,6 +50,9 @@ type vmLeases struct {
 	// every is how often the reaper runs.
 	every time.Duration
 
+	// owners says whose each created VM is (vmowners.go).
+	owners ownerIndex
+
 	// stop ends the reaper; done is closed when it has.
 	stop context.CancelFunc
 	done chan struct{}
@@ -108,6 +111,7 @@ func (v *vmLeases) create(ctx context.Context, req createRequest) (store.Lease, 
 	if err := v.store.AcquireLease(ctx, l); err != nil {
 		return store.Lease{}, err
 	}
+	v.owners.put(l)
 	made, err := c.CreateVM(ctx, hypervisor.CreateRequest{Name: req.name, Source: req.source, MemoryMB: req.memoryMB, CPUs: req.cpus, Mark: l.ID})
 	if err != nil {
 		return store.Lease{}, v.abandon(l.ID, req, err)
@@ -122,6 +126,7 @@ func (v *vmLeases) create(ctx context.Context, req createRequest) (store.Lease, 
 		// it run unaccounted until its holding time passes.
 		return store.Lease{}, v.abandon(l.ID, req, fmt.Errorf("server: create: the VM was made but its lease could not be recorded: %w", err))
 	}
+	v.owners.put(live)
 	return live, nil
 }
 
@@ -212,6 +217,7 @@ func (v *vmLeases) takeAndDelete(ctx context.Context, l store.Lease, by string, 
 	if err := v.store.ReleaseLease(ctx, taken.ID); err != nil && !errors.Is(err, store.ErrUnknownLease) {
 		return fmt.Errorf("server: delete %s: the VM is gone but its lease could not be released: %w", taken.Name, err)
 	}
+	v.owners.drop(taken)
 	return nil
 }
 
@@ -259,6 +265,7 @@ func (v *vmLeases) reap(ctx context.Context) leaseReport {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var rep leaseReport
+	since := v.owners.mark()
 	list, err := v.store.ListLeases(ctx)
 	if err != nil && ctx.Err() != nil {
 		return rep // stopped
@@ -268,6 +275,7 @@ func (v *vmLeases) reap(ctx context.Context) leaseReport {
 		v.log.Warn("server: lease reaper: list leases", "err", err)
 		return rep
 	}
+	v.owners.reset(list, since)
 	now := v.now()
 	for _, l := range list {
 		if !l.Due(now) {
@@ -353,6 +361,16 @@ func (s *Server) setupLeases(cfg Config) error {
 		createHold: CreateDeadline + time.Minute,
 		deleteHold: DeleteDeadline + time.Minute,
 		every:      every,
+	}
+	// Whose the created VMs are is known before the first call: without
+	// it, every VM of a backend that makes VMs is refused (vmowners.go)
+	// until a reaper pass reads the leases.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if list, err := ls.ListLeases(ctx); err != nil {
+		s.log.Warn("server: the lease store does not answer: VMs of backends that make VMs are refused until it does", "err", err)
+	} else {
+		s.leases.owners.reset(list, s.leases.owners.mark())
 	}
 	s.leases.start()
 	return nil
