@@ -63,6 +63,7 @@ type fakeGuest struct {
 	reapVM   string
 	lacks    []wire.Feature  // what the fake kernel lacks (session create refuses a sandbox requiring one)
 	trash    map[string]bool // sessions destroyed with --trash-s
+	procs    []wire.Process  // what ps answers, when set
 }
 
 func newFakeGuest() *fakeGuest {
@@ -202,6 +203,9 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 	case "metrics":
 		return reply(wire.Metrics{TimeMS: 1, CPU: wire.CPUMetrics{Count: 2, Percent: 37.5, SampleMS: 250}, Memory: wire.MemoryMetrics{TotalBytes: 512 << 20, UsedBytes: 128 << 20, UsedPercent: 25}})
 	case "ps":
+		if g.procs != nil {
+			return reply(g.procs)
+		}
 		return reply([]wire.Process{{PID: 7, PPID: 1, User: "root", Name: "sleep", Cmdline: "sleep 1000", StartedAt: 1700000000000, State: "S", Session: flag(a, "--session")}})
 	case "run":
 		var rr wire.RunRequest
