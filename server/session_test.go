@@ -64,6 +64,7 @@ type fakeGuest struct {
 	lacks    []wire.Feature  // what the fake kernel lacks (session create refuses a sandbox requiring one)
 	trash    map[string]bool // sessions destroyed with --trash-s
 	procs    []wire.Process  // what ps answers, when set
+	cwds     []string        // the cwd of every command run with one through the driver, and of every vmgate-guest run
 }
 
 func newFakeGuest() *fakeGuest {
@@ -80,6 +81,9 @@ func (g *fakeGuest) driver() *hypervisortest.Fake {
 			defer g.mu.Unlock()
 			g.next++
 			g.argvs = append(g.argvs, req.Argv)
+			if req.Cwd != "" {
+				g.cwds = append(g.cwds, "driver:"+req.Cwd)
+			}
 			g.results[g.next] = g.answerLocked(vm, req)
 			return hypervisor.ExecHandle{PID: g.next}, nil
 		},
@@ -212,6 +216,7 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		if err := json.Unmarshal(req.Stdin, &rr); err != nil {
 			return replyErr(wire.CodeInvalid, "", err.Error())
 		}
+		g.cwds = append(g.cwds, "run:"+rr.Cwd)
 		if strings.Contains(rr.Shell, "> /root/") { // as a sandboxed session's shell answers
 			return reply(wire.RunResult{PID: 9, ExitCode: 2, Stderr: []byte("sh: 1: cannot create /root/x: Permission denied\n")})
 		}
