@@ -23,7 +23,8 @@ import (
 const hostileDir = "../testdata/hostile"
 
 // hostilePolicy: read-only tools, argv commands that run echo and nothing
-// that could run a shell, every destructive tool denied or guarded;
+// that could run a shell, not in /root (the rule cwd tricks walked past),
+// every destructive tool denied or guarded;
 // create_session only with a sandbox argument, within a tight ceiling (so
 // a looser ask is refused by the sandbox check, naming what was too loose).
 const hostilePolicy = `{
@@ -41,7 +42,8 @@ const hostilePolicy = `{
         { "path": "args.command", "op": "contains", "value": "sh" },
         { "path": "args.command", "op": "contains", "value": "/bin/sh" },
         { "path": "args.command", "op": "contains", "value": "busybox" },
-        { "path": "args.command", "op": "contains", "value": "touch" }
+        { "path": "args.command", "op": "contains", "value": "touch" },
+        { "path": "args.cwd", "op": "regex", "value": "^/root" }
       ]
     },
     "vm_agent_exec_status": {},

@@ -23,6 +23,7 @@ import (
 //	    name_prefix: small-            # VMs are named small-<suffix>
 //	    memory_mb: {default: 256, min: 128, max: 512}
 //	    cpus: {default: 1, max: 2}
+//	    shared: false                  # true: every grant whose vms cover them sees them
 //
 // Every backend driver reads its own source: the QEMU lab boots the lab
 // image with a fresh disk overlay; libvirt clones a domain onto a qcow2
@@ -43,6 +44,11 @@ type Template struct {
 	// ask within. An omitted min or max is the default (not choosable).
 	MemoryMB Range `yaml:"memory_mb"`
 	CPUs     Range `yaml:"cpus"`
+	// Shared makes the VMs made from the template visible to every grant
+	// whose vms globs cover them (list_vms, and every tool). By default a
+	// created VM exists only for the grant that made it (and operators):
+	// "unknown VM" to every other. Only the creator may delete it, either way.
+	Shared bool `yaml:"shared"`
 
 	// SourceJSON is Source as JSON, what the driver receives; set by Parse.
 	SourceJSON json.RawMessage `yaml:"-"`

@@ -35,6 +35,7 @@ func TestTemplates(t *testing.T) {
     source:
       domain: base
     name_prefix: agent-
+    shared: true
 `
 	c, err := Parse([]byte(doc), t.TempDir(), "")
 	if err != nil {
@@ -63,6 +64,11 @@ func TestTemplates(t *testing.T) {
 			t.Errorf("Template(%q) = %+v; want %+v", name, got, w)
 		}
 	}
+	for name, shared := range map[string]bool{"small": false, "big": false, "clone": true} {
+		if tp, _ := c.Template(name); tp.Shared != shared {
+			t.Errorf("Template(%q).Shared = %v; want %v", name, tp.Shared, shared)
+		}
+	}
 	if _, ok := c.Template("nope"); ok {
 		t.Errorf("Template(nope) found; want none")
 	}
@@ -85,6 +91,7 @@ func TestTemplatesBad(t *testing.T) {
 		{"cpus zero", tmpl("  - name: b\n    backend: lab\n    cpus: {default: 0}\n"), `templates[1].cpus: min 0 and max 0 must lie within 1 to 256`},
 		{"cpus as text", tmpl("  - name: b\n    backend: lab\n    cpus: {max: many}\n"), `many`},
 		{"unknown field", tmpl("  - name: b\n    backend: lab\n    memory: 5\n"), `field memory not found`},
+		{"shared not a boolean", tmpl("  - name: b\n    backend: lab\n    shared: everyone\n"), `everyone`},
 		{"source a list", tmpl("  - name: b\n    backend: lab\n    source: [a]\n"), `templates[1].source: want a mapping (line 17)`},
 		{"source alias", tmpl("  - name: b\n    backend: lab\n    source: {a: &x 1, b: *x}\n"), `templates[1].source.b: YAML aliases are not allowed`},
 	}

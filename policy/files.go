@@ -17,15 +17,19 @@ import (
 //	  }
 //	}
 //
-// It sits on a file tool's entry only. With follow_symlinks the guest
-// resolves the path first and the policy decides again on the real path,
-// so a symlink leads only where the path rules would let a plain path go;
-// even then the last component of a write is never followed. Without a
-// block (or for an unlisted tool under "default": "allow") the defaults
-// apply: no symlinks, 0644, no special bits.
+// It sits on a file tool's entry, or on vm_agent_exec's, whose cwd names a
+// directory the same way (there only follow_symlinks applies). With
+// follow_symlinks the guest resolves the path first and the policy decides
+// again on the real path, so a symlink leads only where the path rules
+// would let a plain path go; even then the last component of a write is
+// never followed. Without a block (or for an unlisted tool under
+// "default": "allow") the defaults apply: no symlinks, 0644, no special bits.
 
 // FileTools are the tools a files block may sit on.
-var FileTools = []string{"vm_file_read", "vm_file_write"}
+var FileTools = []string{"vm_file_read", "vm_file_write", ExecTool}
+
+// ExecTool is vm_agent_exec, whose files block has follow_symlinks only.
+const ExecTool = "vm_agent_exec"
 
 // FileRules is what a file tool's call may do (Decision.Files).
 type FileRules struct {
@@ -49,9 +53,11 @@ func isFileTool(name string) bool {
 	return false
 }
 
-// fileRules is the Decision.Files of a call of tool t (nil when not a file tool).
+// fileRules is the Decision.Files of a call of tool t: nil when not a file
+// tool, and for vm_agent_exec without a files block (the defaults, which
+// its handler applies; so a plain exec's decision allocates nothing more).
 func fileRulesFor(t *toolRule, tool string) *FileRules {
-	if !isFileTool(tool) {
+	if !isFileTool(tool) || tool == ExecTool && (t == nil || t.files == nil) {
 		return nil
 	}
 	r := DefaultFileRules
@@ -61,9 +67,13 @@ func fileRulesFor(t *toolRule, tool string) *FileRules {
 	return &r
 }
 
-func (b *builder) files(n *node, l loc) *FileRules {
+func (b *builder) files(n *node, l loc, tool string) *FileRules {
 	r := DefaultFileRules
-	m, ok := b.object(n, l, "follow_symlinks", "default_mode", "special_bits")
+	keys := []string{"follow_symlinks", "default_mode", "special_bits"}
+	if tool == ExecTool {
+		keys = keys[:1] // a cwd is entered, never made
+	}
+	m, ok := b.object(n, l, keys...)
 	if !ok {
 		return &r
 	}

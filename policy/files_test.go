@@ -15,7 +15,9 @@ func TestFileRules(t *testing.T) {
 	}{
 		{"unlisted read: defaults", `{"version":"1","default":"allow"}`, "vm_file_read", &FileRules{DefaultMode: 0o644}},
 		{"listed without a block: defaults", `{"version":"1","default":"deny","tools":{"vm_file_write":{}}}`, "vm_file_write", &FileRules{DefaultMode: 0o644}},
-		{"not a file tool", `{"version":"1","default":"allow"}`, "vm_agent_exec", nil},
+		{"not a file tool", `{"version":"1","default":"allow"}`, "list_vms", nil},
+		{"exec without a block: nil, the defaults", `{"version":"1","default":"allow"}`, "vm_agent_exec", nil},
+		{"exec: follow", doc("vm_agent_exec", `{"follow_symlinks":true}`), "vm_agent_exec", &FileRules{FollowSymlinks: true, DefaultMode: 0o644}},
 		{"follow", doc("vm_file_read", `{"follow_symlinks":true}`), "vm_file_read", &FileRules{FollowSymlinks: true, DefaultMode: 0o644}},
 		{"mode", doc("vm_file_write", `{"default_mode":"0600"}`), "vm_file_write", &FileRules{DefaultMode: 0o600}},
 		{"three digits", doc("vm_file_write", `{"default_mode":"750"}`), "vm_file_write", &FileRules{DefaultMode: 0o750}},
@@ -46,7 +48,8 @@ func TestParseFileRulesErrors(t *testing.T) {
 		return `{"version":"1","default":"allow","tools":{"` + tool + `":{"files":` + files + `}}}`
 	}
 	cases := []struct{ name, doc, want string }{
-		{"on another tool", doc("vm_agent_exec", `{}`), `tools.vm_agent_exec.files: a files block belongs on [vm_file_read vm_file_write], not on vm_agent_exec`},
+		{"on another tool", doc("kill_process", `{}`), `tools.kill_process.files: a files block belongs on [vm_file_read vm_file_write vm_agent_exec], not on kill_process`},
+		{"a mode on exec", doc("vm_agent_exec", `{"default_mode":"0600"}`), `tools.vm_agent_exec.files.default_mode: unknown field "default_mode"`},
 		{"unknown field", doc("vm_file_read", `{"follow":true}`), `tools.vm_file_read.files.follow: unknown field "follow"`},
 		{"follow not a bool", doc("vm_file_read", `{"follow_symlinks":"yes"}`), `tools.vm_file_read.files.follow_symlinks: want true or false, got string`},
 		{"mode a number", doc("vm_file_write", `{"default_mode":420}`), `tools.vm_file_write.files.default_mode: want a string, got number`},

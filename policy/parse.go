@@ -352,7 +352,7 @@ func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 		if !isFileTool(name) {
 			b.errorf(v.off, lf.path, "a files block belongs on %v, not on %s", FileTools, name)
 		} else {
-			t.files = b.files(v, lf)
+			t.files = b.files(v, lf, name)
 		}
 	}
 	if v, ok := m["keep_files"]; ok {

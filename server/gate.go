@@ -338,6 +338,13 @@ func (g *gating) resolve() (verdict, bool) {
 	if !ok {
 		return g.refuse(decisionUnknownVM, TagUnknownVM, unknownVMText(vm))
 	}
+	// Another grant's created VM does not exist for this one (vmowners.go).
+	if hidden, err := g.s.hiddenVM(g.ctx, g.conn.grant, vm, backend); err != nil {
+		g.rec.Reason = err.Error()
+		return g.refuse(decisionError, TagBackend, err.Error())
+	} else if hidden {
+		return g.refuse(decisionUnknownVM, TagUnknownVM, unknownVMText(vm))
+	}
 	cl := g.call
 	cl.vm, cl.backend, cl.name, cl.driver = vm, backend, name, d
 	return verdict{}, false

@@ -63,6 +63,8 @@ type fakeGuest struct {
 	reapVM   string
 	lacks    []wire.Feature  // what the fake kernel lacks (session create refuses a sandbox requiring one)
 	trash    map[string]bool // sessions destroyed with --trash-s
+	procs    []wire.Process  // what ps answers, when set
+	cwds     []string        // the cwd of every command run with one through the driver, and of every vmgate-guest run
 }
 
 func newFakeGuest() *fakeGuest {
@@ -79,6 +81,9 @@ func (g *fakeGuest) driver() *hypervisortest.Fake {
 			defer g.mu.Unlock()
 			g.next++
 			g.argvs = append(g.argvs, req.Argv)
+			if req.Cwd != "" {
+				g.cwds = append(g.cwds, "driver:"+req.Cwd)
+			}
 			g.results[g.next] = g.answerLocked(vm, req)
 			return hypervisor.ExecHandle{PID: g.next}, nil
 		},
@@ -202,12 +207,16 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 	case "metrics":
 		return reply(wire.Metrics{TimeMS: 1, CPU: wire.CPUMetrics{Count: 2, Percent: 37.5, SampleMS: 250}, Memory: wire.MemoryMetrics{TotalBytes: 512 << 20, UsedBytes: 128 << 20, UsedPercent: 25}})
 	case "ps":
+		if g.procs != nil {
+			return reply(g.procs)
+		}
 		return reply([]wire.Process{{PID: 7, PPID: 1, User: "root", Name: "sleep", Cmdline: "sleep 1000", StartedAt: 1700000000000, State: "S", Session: flag(a, "--session")}})
 	case "run":
 		var rr wire.RunRequest
 		if err := json.Unmarshal(req.Stdin, &rr); err != nil {
 			return replyErr(wire.CodeInvalid, "", err.Error())
 		}
+		g.cwds = append(g.cwds, "run:"+rr.Cwd)
 		if strings.Contains(rr.Shell, "> /root/") { // as a sandboxed session's shell answers
 			return reply(wire.RunResult{PID: 9, ExitCode: 2, Stderr: []byte("sh: 1: cannot create /root/x: Permission denied\n")})
 		}

@@ -22,6 +22,19 @@ import (
 // Commands: vm_agent_exec (through the driver's guest exec, or through
 // vmgate-guest when it runs in a session) and vm_agent_exec_status (polling
 // a command started with wait: false).
+//
+// A cwd means the directory it names, as a file tool's path does
+// (tool_files.go): the catalogue takes only an absolute, clean path, and
+// before the command runs vmgate-guest checks in the guest that it names a
+// directory reached through no symlink (magic links such as /proc/1/root
+// included), unless the policy follows symlinks for vm_agent_exec
+// (files.follow_symlinks); then the guest resolves it, the policy decides
+// again on the real directory, and the command runs there. Where the
+// command is started the directory is entered again without following a
+// symlink, so one swapped in between is refused there too: the guest
+// agent's road (guest/qga's cwd script) compares the directory it entered
+// with the one asked for, and vmgate-guest's run (guest/agent/run.go)
+// opens it following nothing.
 
 func execTool(l Limits) *toolSpec {
 	return newTool(toolSpec{
@@ -39,7 +52,7 @@ func execTool(l Limits) *toolSpec {
 			{name: "shell", kind: kindString, desc: "A shell command line, run as /bin/sh -c SHELL.", maxLen: 1 << 16},
 			{name: "stdin", kind: kindString, desc: "Text written to the command's standard input, which is then closed.", allowNUL: true},
 			{name: "env", kind: kindStringMap, desc: "Environment variables to add, name → value. VMGATE_* names are reserved.", maxLen: 256},
-			{name: "cwd", kind: kindString, desc: "Absolute working directory in the guest.", maxLen: 4096},
+			{name: "cwd", kind: kindString, desc: "Working directory in the guest: an absolute, clean path (no \".\", \"..\", \"//\" or trailing \"/\"), entered following no symlink unless the policy allows following symlinks.", maxLen: 4096, guestPath: true},
 			sessionField(),
 			{name: "timeout_s", kind: kindInteger, desc: fmt.Sprintf("Seconds before the command is killed (default %d).", l.DefaultTimeoutS), min: 1, max: l.MaxTimeoutS, def: l.DefaultTimeoutS},
 			{name: "max_output_bytes", kind: kindInteger, desc: fmt.Sprintf("Cap for each of stdout and stderr; the server caps it at %d.", l.MaxOutputBytes), min: 1, max: math.MaxInt64},
@@ -113,9 +126,6 @@ func (a *execArgs) invalid() string {
 	if a.Session != nil && a.noWait() {
 		return "wait: false cannot be combined with session (commands in a session run to completion)"
 	}
-	if a.Cwd != nil && !strings.HasPrefix(*a.Cwd, "/") {
-		return "cwd must be an absolute path"
-	}
 	return ""
 }
 
@@ -173,6 +183,9 @@ func (s *Server) runExec(c *call, a *execArgs) result {
 	if msg := a.invalid(); msg != "" {
 		return failure(TagInvalid, msg, true)
 	}
+	if r := s.resolveCwd(c, a); r != nil {
+		return *r
+	}
 	req := a.request(s)
 	secs := a.timeoutS(s.limits)
 	if a.noWait() {
@@ -217,11 +230,14 @@ func (s *Server) runSessionExec(c *call, a *execArgs) result {
 		return failure(TagInvalid, msg, true)
 	}
 	id := *a.Session
-	req := a.runRequest(s, id)
-	secs := a.timeoutS(s.limits)
 	if _, r := g.liveSession(c, id); r != nil {
 		return *r
 	}
+	if r := s.resolveCwd(c, a); r != nil {
+		return *r
+	}
+	req := a.runRequest(s, id)
+	secs := a.timeoutS(s.limits)
 	res, err := h.Run(c.ctx, c.name, req)
 	if err != nil {
 		r := helperFailure(err)
@@ -248,6 +264,52 @@ func (s *Server) runSessionExec(c *call, a *execArgs) result {
 		}
 	}
 	return out
+}
+
+// resolveCwd checks a's cwd in the guest (see the top of this file) and
+// puts in its place the directory the command is to run in: the same, or
+// the real directory the policy allowed when it follows symlinks. A cwd
+// that is no directory, or that leads through a symlink the policy does
+// not follow, ends the call before anything runs.
+func (s *Server) resolveCwd(c *call, a *execArgs) *result {
+	if a.Cwd == nil {
+		return nil
+	}
+	cwd := *a.Cwd
+	h, r := s.guest.helperFor(c)
+	if r != nil {
+		return r
+	}
+	info, err := h.FileStat(c.ctx, c.name, cwd, c.fileRules().FollowSymlinks, false)
+	if err != nil {
+		r := cwdFailure(err)
+		return &r
+	}
+	if info.Type != "dir" {
+		r := failure(TagInvalid, fmt.Sprintf("cwd %s is not a directory", info.Path), true)
+		return &r
+	}
+	if info.Path != cwd {
+		if r := s.redecide(c, "cwd", info.Path); r != nil {
+			return r
+		}
+		a.Cwd = &info.Path
+	}
+	return nil
+}
+
+// cwdFailure is fileFailure for a cwd: a symlink on the way is the policy's
+// refusal, worded for a working directory.
+func cwdFailure(err error) result {
+	r := fileFailure(err)
+	if m, ok := r.structured.(map[string]any); ok && m["refused"] == wire.ReasonSymlink {
+		msg, _, _ := strings.Cut(r.text, "; vmgate follows")
+		r.text = "cwd " + strings.TrimPrefix(msg, "refused: ") + "; vmgate enters no working directory through a symlink unless the policy lets vm_agent_exec follow symlinks (files.follow_symlinks)"
+		m["message"] = r.text
+		return r
+	}
+	r.text = "cwd: " + r.text
+	return r
 }
 
 // sandboxNote explains a refusal a session's command met.

@@ -184,38 +184,43 @@ func (s *Server) resolveFile(c *call, h *guestctl.Helper, p string, forWrite boo
 	if info.Path == p {
 		return p, nil
 	}
-	if r := s.redecide(c, info.Path); r != nil {
+	if r := s.redecide(c, "path", info.Path); r != nil {
 		return "", r
 	}
 	return info.Path, nil
 }
 
 // redecide asks the grant's policy again with the real path in place of
-// the path as given. Only an allow (or a shadow-mode decision) lets the
-// call go on: an approval was for the path as given, not for where it leads.
-func (s *Server) redecide(c *call, real string) *result {
+// the path as given in argument key ("path", or vm_agent_exec's "cwd").
+// Only an allow (or a shadow-mode decision) lets the call go on: an
+// approval was for the path as given, not for where it leads.
+func (s *Server) redecide(c *call, key, real string) *result {
 	eng := s.policyOf(c.grant)
 	if eng == nil {
 		r := failure(TagDenied, "this grant has no policy, so it can do nothing", true)
 		return &r
 	}
 	args := maps.Clone(c.argMap)
-	args["path"] = real
+	args[key] = real
 	d := eng.Decide(policy.Call{Grant: c.grant.Name, Transport: c.transport, Tool: c.spec.name, VM: c.vm, Args: args})
+	what := "the path"
+	if key != "path" {
+		what = key
+	}
 	switch {
 	case d.Shadow || d.Verdict == policy.Allow:
-		s.log.Info("server: file path resolved through symlinks", "call", c.id, "path", c.argMap["path"], "real", real, "shadow", d.Shadow)
+		s.log.Info("server: path resolved through symlinks", "call", c.id, key, c.argMap[key], "real", real, "shadow", d.Shadow)
 		return nil
 	case d.Verdict == policy.Approve:
-		r := failure(TagDenied, fmt.Sprintf("the path leads through symlinks to %s, which needs an approval of its own: call again with path %q", real, real), true)
+		r := failure(TagDenied, fmt.Sprintf("%s leads through symlinks to %s, which needs an approval of its own: call again with %s %q", what, real, key, real), true)
 		return &r
 	}
 	why := d.Reason
 	if why == "" {
 		why = "the policy does not allow it"
 	}
-	r := failure(TagDenied, fmt.Sprintf("the path leads through symlinks to %s, which the policy does not allow: %s", real, why), true)
-	r.detail = fmt.Sprintf("%s resolves to %s; rule %s: %s", c.argMap["path"], real, d.Rule, d.Reason)
+	r := failure(TagDenied, fmt.Sprintf("%s leads through symlinks to %s, which the policy does not allow: %s", what, real, why), true)
+	r.detail = fmt.Sprintf("%s %v resolves to %s; rule %s: %s", key, c.argMap[key], real, d.Rule, d.Reason)
 	return &r
 }
 

@@ -229,7 +229,7 @@ func (s *Server) runDelete(c *call, _ *noArgs) result {
 	case l.State == store.LeaseCreating:
 		return failure(TagInvalid, fmt.Sprintf("%s is still being created: delete it once its vm_create has returned", c.vm), true)
 	}
-	err = s.leases.deleteLease(c.ctx, l, "delete@"+c.id)
+	err = s.leases.deleteNow(c.ctx, l, "delete@"+c.id)
 	switch {
 	case errors.Is(err, errLeaseBusy):
 		return failure(TagInvalid, fmt.Sprintf("%s is being deleted already (its lease ended or another call deletes it)", c.vm), true)

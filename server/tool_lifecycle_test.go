@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
 )
 
@@ -34,6 +36,14 @@ func labTemplate() config.Template {
 	return config.Template{Name: "lab", Backend: "lab", SourceJSON: json.RawMessage(`{}`),
 		MemoryMB: config.Range{Default: i64(256), Min: i64(128), Max: i64(1024)},
 		CPUs:     config.Range{Default: i64(1), Min: i64(1), Max: i64(2)}}
+}
+
+// teamTemplate is labTemplate shared with every grant, its VMs named team-<suffix>.
+func teamTemplate() config.Template {
+	t := labTemplate()
+	prefix := "team-"
+	t.Name, t.NamePrefix, t.Shared = "team", &prefix, true
+	return t
 }
 
 // lifecycle is a server whose backend "lab" makes VMs (a fakeCreator) and
@@ -82,6 +92,12 @@ func (lc *lifecycle) server(t *testing.T) *Server {
 			return lc.fake.CreateVM(ctx, req)
 		},
 		DeleteVMFunc: lc.fake.DeleteVM,
+		StatusFunc: func(ctx context.Context, vm string) (hypervisor.Status, error) {
+			if vm != "vm1" && !slices.Contains(lc.fake.names(), vm) {
+				return hypervisor.Status{}, fmt.Errorf("fake: %w: %s", hypervisor.ErrUnknownVM, vm)
+			}
+			return hypervisor.Status{Name: vm, State: hypervisor.StateRunning}, nil
+		},
 	}
 	s, err := New(Config{
 		Grants:    []Grant{{Name: "local", Policy: eng}, {Name: "other", Policy: eng}},
@@ -89,7 +105,7 @@ func (lc *lifecycle) server(t *testing.T) *Server {
 		Store:     lc.leases,
 		Audit:     lc.rec,
 		Now:       func() time.Time { return time.Unix(0, lc.now.Load()) },
-		Templates: []config.Template{labTemplate()},
+		Templates: []config.Template{labTemplate(), teamTemplate()},
 		// The test reaps explicitly (reapNow); the background pass runs
 		// once at start.
 		LeaseReapEvery: time.Hour,
@@ -186,7 +202,7 @@ func TestVMCreateQuotaDelete(t *testing.T) {
 func TestVMCreateRefusals(t *testing.T) {
 	lc := newLifecycle(t)
 	for _, tc := range []struct{ args, want string }{
-		{`{"template":"nope"}`, `template: no template "nope" (the server has templates lab)`},
+		{`{"template":"nope"}`, `template: no template "nope" (the server has templates lab, team)`},
 		{`{"template":"../lab"}`, `no template "../lab"`},
 		{`{}`, `template`},
 		{`{"template":"lab","memory_mb":4096}`, "memory_mb: 4096 is out of this template's range 128 to 1024"},
@@ -223,7 +239,7 @@ func TestVMDeleteRefusals(t *testing.T) {
 	for _, tc := range []struct{ grant, args, tag, want string }{
 		{"local", `{"vm":"lab/vm1"}`, TagInvalid, "lab/vm1 was not created by vm_create"},
 		{"local", `{"vm":"lab/lab-gone"}`, TagInvalid, "was not created by vm_create"},
-		{"other", `{"vm":"lab/lab-mine"}`, TagDenied, "created by another grant"},
+		{"other", `{"vm":"lab/lab-mine"}`, TagUnknownVM, `no VM "lab/lab-mine"`},
 		{"local", `{"vm":"nope/lab-mine"}`, TagUnknownVM, "no VM"},
 		{"local", `{"vm":"lab/../lab-mine"}`, TagUnknownVM, "no VM"},
 		{"local", `{"vm":"lab/lab-mine","force":true}`, TagInvalid, "force"},
@@ -311,5 +327,132 @@ func TestVMCreateApproval(t *testing.T) {
 	}
 	if r := lc.call(t, "vm_create", args); !hasTag(r, TagApproval) || lc.creates.Load() != 1 {
 		t.Errorf("vm_create again = %q (%d creates); want a new approval and one VM only", r.text(), lc.creates.Load())
+	}
+}
+
+// TestVMDeleteAfterABackendRefusal: a backend that refuses a deletion
+// (Proxmox with protection on) leaves the VM's lease live, not deleting:
+// once the cause is gone, the next vm_delete deletes the VM.
+func TestVMDeleteAfterABackendRefusal(t *testing.T) {
+	lc := newLifecycle(t)
+	if r := lc.call(t, "vm_create", `{"template":"lab","name":"kept"}`); r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_create = %q", r.text())
+	}
+	var refusals atomic.Int64
+	lc.fake.delete = func(req hypervisor.DeleteRequest) error {
+		if refusals.Add(1) == 1 {
+			return fmt.Errorf("%w: can't remove VM 100 - protection mode enabled", hypervisor.ErrBackend)
+		}
+		lc.fake.mu.Lock()
+		defer lc.fake.mu.Unlock()
+		delete(lc.fake.vms, req.Name)
+		return nil
+	}
+	r := lc.call(t, "vm_delete", `{"vm":"lab/lab-kept"}`)
+	if !hasTag(r, TagBackend) || !strings.Contains(r.text(), "protection mode enabled") {
+		t.Fatalf("vm_delete refused by the backend = %q; want %s with the backend's reason", r.text(), TagBackend)
+	}
+	list, err := lc.leases.ListLeases(context.Background())
+	if err != nil || len(list) != 1 || list[0].State != store.LeaseLive || list[0].Holder != "" ||
+		!list[0].Expires.Equal(time.Date(2030, 1, 2, 3, 14, 5, 0, time.UTC)) {
+		t.Fatalf("lease after the refusal = %+v, %v; want it live again with its expiry", list, err)
+	}
+	// Protection off: the next vm_delete deletes it at once.
+	if r := lc.call(t, "vm_delete", `{"vm":"lab/lab-kept"}`); r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_delete after the cause is gone = %q; want success", r.text())
+	}
+	if got, n := lc.fake.names(), lc.leaseCount(t); len(got) != 0 || n != 0 {
+		t.Errorf("after the second vm_delete: VMs %v, %d leases; want none", got, n)
+	}
+	if n := refusals.Load(); n != 2 {
+		t.Errorf("DeleteVM calls = %d; want 2", n)
+	}
+}
+
+// sendWith sends raw as grant to s, a server of lc's other than lc.s (a
+// restart, a replica).
+func (lc *lifecycle) sendWith(t *testing.T, s *Server, grant, raw string) rpcReply {
+	t.Helper()
+	old := lc.fixture.s
+	lc.fixture.s = s
+	defer func() { lc.fixture.s = old }()
+	return lc.sendAs(t, grant, raw)
+}
+
+// TestCreatedVMExistsOnlyForItsCreator: a VM one grant made with
+// vm_create is "unknown VM" to every other grant on every tool, with the
+// very answer a VM that never existed gets, and absent from its list_vms;
+// also after a restart, and when another replica made it. A shared
+// template's VMs are seen by every grant (and deleted only by their
+// creator).
+func TestCreatedVMExistsOnlyForItsCreator(t *testing.T) {
+	lc := newLifecycle(t)
+	for _, c := range []struct{ grant, args string }{{"local", `{"template":"lab","name":"mine"}`}, {"other", `{"template":"team","name":"ours"}`}} {
+		if r := lc.sendAs(t, c.grant, toolCall(1, "vm_create", c.args)); r.Result == nil || r.Result.IsError {
+			t.Fatalf("%s's vm_create(%s) = %q", c.grant, c.args, r.text())
+		}
+	}
+	// A second replica over the same store makes one more: this server's
+	// index has not seen it.
+	replica := lc.server(t)
+	if r := lc.sendWith(t, replica, "local", toolCall(1, "vm_create", `{"template":"lab","name":"elsewhere"}`)); r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_create on the replica = %q", r.text())
+	}
+	listed := func(s *Server, grant string) []string {
+		r := lc.sendWith(t, s, grant, toolCall(1, "list_vms", `{}`))
+		var ids []string
+		for _, v := range r.Result.StructuredContent["vms"].([]any) {
+			ids = append(ids, v.(map[string]any)["id"].(string))
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	never := lc.sendAs(t, "other", toolCall(1, "vm_status", `{"vm":"lab/lab-never"}`)).text()
+	if want := TagUnknownVM + " " + unknownVMText("lab/lab-never"); never != want {
+		t.Fatalf("vm_status of a VM that never existed = %q; want %q", never, want)
+	}
+	restarted := lc.server(t)
+	for name, s := range map[string]*Server{"server": lc.s, "restarted": restarted} {
+		if got, want := listed(s, "other"), []string{"lab/team-ours", "lab/vm1"}; !slices.Equal(got, want) {
+			t.Errorf("%s: other's list_vms = %v; want %v (local's own VMs left out, the shared one in)", name, got, want)
+		}
+		if got, want := listed(s, "local"), []string{"lab/lab-elsewhere", "lab/lab-mine", "lab/team-ours", "lab/vm1"}; !slices.Equal(got, want) {
+			t.Errorf("%s: local's list_vms = %v; want %v", name, got, want)
+		}
+		for _, vm := range []string{"lab/lab-mine", "lab/lab-elsewhere"} {
+			for _, tc := range []struct{ tool, args string }{
+				{"vm_status", `{"vm":"VM"}`},
+				{"vm_agent_exec", `{"vm":"VM","command":["id"]}`},
+				{"vm_file_read", `{"vm":"VM","path":"/etc/hostname"}`},
+				{"list_processes", `{"vm":"VM"}`},
+				{"create_session", `{"vm":"VM"}`},
+				{"snapshot_create", `{"vm":"VM","name":"s1"}`},
+				{"vm_power", `{"vm":"VM","action":"stop"}`},
+				{"vm_delete", `{"vm":"VM"}`},
+			} {
+				args := strings.ReplaceAll(tc.args, "VM", vm)
+				want := strings.ReplaceAll(never, "lab/lab-never", vm)
+				if got := lc.sendWith(t, s, "other", toolCall(1, tc.tool, args)).text(); got != want {
+					t.Errorf("%s: other's %s(%s) = %q; want %q", name, tc.tool, args, got, want)
+				}
+			}
+		}
+		// The shared VM: local uses it, but only other, who made it, deletes it.
+		if r := lc.sendWith(t, s, "local", toolCall(1, "vm_status", `{"vm":"lab/team-ours"}`)); hasTag(r, TagUnknownVM) {
+			t.Errorf("%s: local's vm_status of other's shared VM = %q; want it known", name, r.text())
+		}
+		if r := lc.sendWith(t, s, "local", toolCall(1, "vm_delete", `{"vm":"lab/team-ours"}`)); !hasTag(r, TagDenied) || !strings.Contains(r.text(), "created by another grant") {
+			t.Errorf("%s: local's vm_delete of other's shared VM = %q; want %s ... created by another grant", name, r.text(), TagDenied)
+		}
+	}
+	for _, c := range []struct{ grant, vm string }{{"local", "lab/lab-mine"}, {"other", "lab/team-ours"}} {
+		if r := lc.sendAs(t, c.grant, toolCall(1, "vm_delete", `{"vm":"`+c.vm+`"}`)); r.Result == nil || r.Result.IsError {
+			t.Errorf("the creator's vm_delete(%s) = %q; want success", c.vm, r.text())
+		}
+	}
+	for _, rec := range lc.rec.records() {
+		if rec.Grant == "other" && rec.Kind == audit.KindDecision && (rec.VM == "lab/lab-mine" || rec.VM == "lab/lab-elsewhere") && rec.Decision != decisionUnknownVM {
+			t.Errorf("other's %s of %s was decided %q; want %q before anything ran", rec.Tool, rec.VM, rec.Decision, decisionUnknownVM)
+		}
 	}
 }

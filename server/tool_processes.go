@@ -34,7 +34,7 @@ const maxProcessRows = 200
 func listProcessesTool() *toolSpec {
 	return newTool(toolSpec{
 		name: "list_processes", title: "List processes", readOnly: true, idempotent: true,
-		desc:   "List the processes in a VM (pid, name, user, start time), optionally only those of one session. vmgate installs its vmgate-guest helper in the VM on first use.",
+		desc:   "List the processes in a VM (pid, name, user, start time), optionally only those of one session; other grants' sessions' processes are left out. vmgate installs its vmgate-guest helper in the VM on first use.",
 		fields: []field{vmField(true), sessionField()},
 		output: []map[string]any{oObject(map[string]any{
 			"vm": oString, "session": oString,
@@ -85,8 +85,9 @@ func (s *Server) runListProcesses(c *call, a *listProcessesArgs) result {
 	if err != nil {
 		return helperFailure(err)
 	}
-	if procs == nil {
-		procs = []guestctl.Process{}
+	procs, r = g.visibleProcesses(c, procs)
+	if r != nil {
+		return *r
 	}
 	out := map[string]any{"vm": c.vm, "processes": procs}
 	if session != "" {
@@ -113,6 +114,34 @@ func (s *Server) runListProcesses(c *call, a *listProcessesArgs) result {
 	}
 	tw.Flush()
 	return success(out, strings.TrimRight(b.String(), "\n"))
+}
+
+// visibleProcesses keeps of procs what c's grant may see: every process
+// outside a session, and those of its own sessions on this VM (a deleted
+// one's too: a daemon that outlived it). The processes of another grant's
+// session, or of a session the store does not know, are left out whole,
+// command line and all: another grant's sessions are "unknown" to this one.
+func (g *guestTools) visibleProcesses(c *call, procs []guestctl.Process) ([]guestctl.Process, *result) {
+	mine := map[string]bool{}
+	out := make([]guestctl.Process, 0, len(procs))
+	for _, p := range procs {
+		if p.Session != "" {
+			ok, seen := mine[p.Session]
+			if !seen {
+				_, r := g.ownedSession(c, p.Session)
+				if r != nil && r.tag != TagInvalid { // the store did not answer
+					return nil, r
+				}
+				ok = r == nil
+				mine[p.Session] = ok
+			}
+			if !ok {
+				continue
+			}
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // killArgs are kill_process's arguments.

@@ -50,6 +50,9 @@ type vmLeases struct {
 	// every is how often the reaper runs.
 	every time.Duration
 
+	// owners says whose each created VM is (vmowners.go).
+	owners ownerIndex
+
 	// stop ends the reaper; done is closed when it has.
 	stop context.CancelFunc
 	done chan struct{}
@@ -108,6 +111,7 @@ func (v *vmLeases) create(ctx context.Context, req createRequest) (store.Lease, 
 	if err := v.store.AcquireLease(ctx, l); err != nil {
 		return store.Lease{}, err
 	}
+	v.owners.put(l)
 	made, err := c.CreateVM(ctx, hypervisor.CreateRequest{Name: req.name, Source: req.source, MemoryMB: req.memoryMB, CPUs: req.cpus, Mark: l.ID})
 	if err != nil {
 		return store.Lease{}, v.abandon(l.ID, req, err)
@@ -122,6 +126,7 @@ func (v *vmLeases) create(ctx context.Context, req createRequest) (store.Lease, 
 		// it run unaccounted until its holding time passes.
 		return store.Lease{}, v.abandon(l.ID, req, fmt.Errorf("server: create: the VM was made but its lease could not be recorded: %w", err))
 	}
+	v.owners.put(live)
 	return live, nil
 }
 
@@ -158,8 +163,25 @@ func (v *vmLeases) find(ctx context.Context, vm string) (store.Lease, bool, erro
 }
 
 // deleteLease takes lease l for deletion (by names the taker), deletes its
-// VM and releases it. errLeaseBusy when another taker holds it.
+// VM and releases it. errLeaseBusy when another taker holds it. When the
+// backend does not delete the VM, the lease stays deleting, held by by
+// until deleteHold passes; then the reaper tries again (the reaper's and an
+// abandoned creation's way: a retry every pass would hammer a backend that
+// keeps refusing).
 func (v *vmLeases) deleteLease(ctx context.Context, l store.Lease, by string) error {
+	return v.takeAndDelete(ctx, l, by, false)
+}
+
+// deleteNow is vm_delete's deleteLease: when the backend does not delete
+// the VM (Proxmox: "can't remove VM 100 - protection mode enabled"), the
+// lease goes back to the state it was taken in (live, with its expiry),
+// so that the next vm_delete, once the cause is fixed, tries again at
+// once, and the reaper when the lease ends.
+func (v *vmLeases) deleteNow(ctx context.Context, l store.Lease, by string) error {
+	return v.takeAndDelete(ctx, l, by, true)
+}
+
+func (v *vmLeases) takeAndDelete(ctx context.Context, l store.Lease, by string, giveBack bool) error {
 	now := v.now()
 	if l.State == store.LeaseDeleting && now.Before(l.Until) && l.Holder != by {
 		return errLeaseBusy
@@ -187,12 +209,31 @@ func (v *vmLeases) deleteLease(ctx context.Context, l store.Lease, by string) er
 		// never deleted. Ours is gone.
 		v.log.Warn("server: the VM a lease names is not the one it created; releasing the lease only", "lease", taken.ID, "vm", taken.Name)
 	default:
+		if giveBack {
+			v.giveBack(ctx, l, taken)
+		}
 		return fmt.Errorf("server: delete %s: %w", taken.Name, err)
 	}
 	if err := v.store.ReleaseLease(ctx, taken.ID); err != nil && !errors.Is(err, store.ErrUnknownLease) {
 		return fmt.Errorf("server: delete %s: the VM is gone but its lease could not be released: %w", taken.Name, err)
 	}
+	v.owners.drop(taken)
 	return nil
+}
+
+// giveBack returns the lease taken (from was its state before) to that
+// state after a deletion that did not happen. Failing that (the store does
+// not answer, another replica took it), the lease stays deleting until its
+// hold passes, and is logged.
+func (v *vmLeases) giveBack(ctx context.Context, from, taken store.Lease) {
+	back := from
+	back.Rev = taken.Rev
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, err := v.store.UpdateLease(sctx, back); err != nil {
+		v.log.Warn("server: a VM was not deleted and its lease could not be given back; it can be deleted again once its hold ends",
+			"lease", taken.ID, "vm", taken.Name, "until", taken.Until, "err", err)
+	}
 }
 
 // backendOf is the backend of lease l's VM.
@@ -224,6 +265,7 @@ func (v *vmLeases) reap(ctx context.Context) leaseReport {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var rep leaseReport
+	since := v.owners.mark()
 	list, err := v.store.ListLeases(ctx)
 	if err != nil && ctx.Err() != nil {
 		return rep // stopped
@@ -233,6 +275,7 @@ func (v *vmLeases) reap(ctx context.Context) leaseReport {
 		v.log.Warn("server: lease reaper: list leases", "err", err)
 		return rep
 	}
+	v.owners.reset(list, since)
 	now := v.now()
 	for _, l := range list {
 		if !l.Due(now) {
@@ -318,6 +361,16 @@ func (s *Server) setupLeases(cfg Config) error {
 		createHold: CreateDeadline + time.Minute,
 		deleteHold: DeleteDeadline + time.Minute,
 		every:      every,
+	}
+	// Whose the created VMs are is known before the first call: without
+	// it, every VM of a backend that makes VMs is refused (vmowners.go)
+	// until a reaper pass reads the leases.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if list, err := ls.ListLeases(ctx); err != nil {
+		s.log.Warn("server: the lease store does not answer: VMs of backends that make VMs are refused until it does", "err", err)
+	} else {
+		s.leases.owners.reset(list, s.leases.owners.mark())
 	}
 	s.leases.start()
 	return nil

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -9,8 +10,9 @@ import (
 // grants there are, before anything is opened or started.
 func TestServeUnknownGrant(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("VMGATE_STATE_DIR", dir)
-	cfg := writeFile(t, dir, "vmgate.yaml", "state_dir: "+dir+"\ngrants:\n  - {name: alice, policy: builtin:default}\n  - {name: bob, policy: builtin:default}\n")
+	state := filepath.Join(dir, "state") // serve makes it 0700 (t.TempDir is 0755: refused)
+	t.Setenv("VMGATE_STATE_DIR", state)
+	cfg := writeFile(t, dir, "vmgate.yaml", "state_dir: "+state+"\ngrants:\n  - {name: alice, policy: builtin:default}\n  - {name: bob, policy: builtin:default}\n")
 	for _, tc := range []struct {
 		args []string
 		want string

@@ -74,6 +74,12 @@ func newLabUpCmd(stateDir func() (string, error)) *cobra.Command {
 				defer outMu.Unlock()
 				fmt.Fprintln(stderr, "lab:", s)
 			}
+			// Made 0700 with its files 0600, or tightened so when an older
+			// lab up left it open: its disks hold the guests' files and,
+			// in their snapshots, their memory.
+			if err := lab.PrepareStateDir(dir); err != nil {
+				return fmt.Errorf("lab up: %w", err)
+			}
 			step("state directory " + dir)
 			img, err := image.Build(cmd.Context(), image.Options{StateDir: dir, Progress: step, Extra: guestHelperExtra(step)})
 			if err != nil {

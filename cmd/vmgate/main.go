@@ -35,6 +35,10 @@ func newRootCmd() *cobra.Command {
 }
 
 func main() {
+	// Nothing vmgate makes is for other users: the state directory, its
+	// disks, logs and sockets, and what QEMU, qemu-img and the plugins
+	// this process starts make (they inherit the mask).
+	syscall.Umask(0o077)
 	// Logs go to stderr: stdout is the MCP stdio stream and the plugin handshake.
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()})))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -104,8 +104,13 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+	if err := os.MkdirAll(cfg.StateDir, lab.DirMode); err != nil {
 		return fmt.Errorf("serve: state directory: %w", err)
+	}
+	// Refused, not tightened: the operator may have opened it on purpose,
+	// and should know that what was in it could be read.
+	if err := lab.CheckStateDir(cfg.StateDir); err != nil {
+		return fmt.Errorf("serve: %w", err)
 	}
 	engines, err := loadPolicies(cfg.Grants)
 	if err != nil {

@@ -13,7 +13,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
@@ -22,6 +21,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 )
@@ -52,8 +53,10 @@ func validateRun(req wire.RunRequest) error {
 	if strings.IndexByte(req.Shell, 0) >= 0 {
 		return invalidf("run: shell contains NUL")
 	}
-	if req.Cwd != "" && (!filepath.IsAbs(req.Cwd) || strings.IndexByte(req.Cwd, 0) >= 0) {
-		return invalidf("run: cwd %q must be an absolute path", req.Cwd)
+	if req.Cwd != "" {
+		if err := checkFilePath("run: cwd", req.Cwd); err != nil {
+			return err
+		}
 	}
 	for k, v := range req.Env {
 		if !validEnvKey(k) {
@@ -137,6 +140,9 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 	if err := validateRun(req); err != nil {
 		return wire.RunResult{}, err
 	}
+	if err := checkCwd(req.Cwd); err != nil {
+		return wire.RunResult{}, err
+	}
 	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
 	if timeout == 0 {
 		timeout = wire.DefaultRunTimeoutMS * time.Millisecond
@@ -175,6 +181,25 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 	res.Stdout, res.StdoutTruncated = stdout.result()
 	res.Stderr, res.StderrTruncated = stderr.result()
 	return res, nil
+}
+
+// checkCwd refuses a cwd that is no directory or that is reached through a
+// symlink (a magic link such as /proc/1/root included), as the file tools
+// refuse such a path (files.go); the host asked for the real directory
+// when its policy follows symlinks. The directory is entered by its path
+// afterwards: a symlink swapped in between by a session's own process
+// gives that process nothing (the sandbox decides by what a file is, not
+// by the name it was reached by), and a root process owns the guest anyway.
+func checkCwd(cwd string) error {
+	if cwd == "" {
+		return nil
+	}
+	fd, err := openNoFollow("run: cwd", cwd, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
+	return nil
 }
 
 // runSetup is one run's process before it starts.

@@ -9,6 +9,8 @@
 // qemu-guest-agent. Images are cached under <StateDir>/images/<hash>/ where
 // hash is the SHA-256 of every input (file contents, guest paths, modes,
 // the recipe version); a second Build with the same inputs does no work.
+// What Build writes there (and in the package cache) is its user's alone:
+// directories 0700, files 0600, as everything in the state directory.
 //
 // Build is safe to call from several processes at once: each builds into
 // its own temporary directory and renames it into place; the first rename
@@ -46,6 +48,14 @@ var initScript []byte
 
 //go:embed rootfs/shutdown
 var shutdownScript []byte
+
+// dirMode and fileMode are the modes of what Build writes under the state
+// directory, which only vmgate's own user may read (internal/lab's
+// DirMode and FileMode, which this package cannot import).
+const (
+	dirMode  = 0o700
+	fileMode = 0o600
+)
 
 // ErrInvalidOptions is wrapped by every error about bad Options.
 var ErrInvalidOptions = errors.New("invalid image options")
@@ -173,7 +183,7 @@ func Build(ctx context.Context, opts Options) (Image, error) {
 	addParents(tree)
 
 	progress("writing initramfs")
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dir), dirMode); err != nil {
 		return Image{}, fmt.Errorf("image: build: %w", err)
 	}
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".build-")
@@ -184,7 +194,7 @@ func Build(ctx context.Context, opts Options) (Image, error) {
 	if err := writeInitrd(filepath.Join(tmp, InitrdName), tree); err != nil {
 		return Image{}, fmt.Errorf("image: build: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(tmp, KernelName), kf.vmlinuz, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, KernelName), kf.vmlinuz, fileMode); err != nil {
 		return Image{}, fmt.Errorf("image: build: %w", err)
 	}
 	man := Manifest{Hash: hash, Recipe: recipeVersion, KernelPackage: pkg, KernelDeb: debSum,
@@ -193,10 +203,10 @@ func Build(ctx context.Context, opts Options) (Image, error) {
 	if err != nil {
 		return Image{}, fmt.Errorf("image: build: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(tmp, ManifestName), append(mb, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, ManifestName), append(mb, '\n'), fileMode); err != nil {
 		return Image{}, fmt.Errorf("image: build: %w", err)
 	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	if err := os.Chmod(tmp, dirMode); err != nil {
 		return Image{}, fmt.Errorf("image: build: %w", err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
@@ -482,7 +492,7 @@ func writeInitrd(file string, tree map[string]*entry) error {
 	if err := zw.Close(); err != nil {
 		return fmt.Errorf("gzip: %w", err)
 	}
-	return os.WriteFile(file, buf.Bytes(), 0o644)
+	return os.WriteFile(file, buf.Bytes(), fileMode)
 }
 
 func manifestEntries(tree map[string]*entry) []ManifestEntry {

@@ -94,7 +94,7 @@ func TestBuild(t *testing.T) {
 	requireTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	state, cache := t.TempDir(), sharedCache(t)
+	state, cache := filepath.Join(t.TempDir(), "state"), sharedCache(t) // Build makes state
 	src := filepath.Join(t.TempDir(), "helper")
 	if err := os.WriteFile(src, []byte("one"), 0o600); err != nil {
 		t.Fatal(err)
@@ -106,6 +106,21 @@ func TestBuild(t *testing.T) {
 	}
 	if img.Cached || img.Dir != filepath.Join(state, "images", img.Hash) {
 		t.Errorf("Build() = %+v; want a fresh image in images/<hash>", img)
+	}
+	// Only vmgate's user may read the state directory: Build made it, and
+	// what it wrote there, private.
+	for _, p := range []string{state, filepath.Join(state, "images"), img.Dir, img.Kernel, img.Initrd, filepath.Join(img.Dir, image.ManifestName)} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := os.FileMode(0o600)
+		if fi.IsDir() {
+			want = 0o700
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s has mode %04o; want %04o", p, fi.Mode().Perm(), want)
+		}
 	}
 	m, err := image.ReadManifest(img.Dir)
 	if err != nil {

@@ -61,7 +61,7 @@ func kernelDeb(ctx context.Context, cacheDir string, progress func(string)) (pkg
 		sort.Strings(m)
 		return pkg, m[len(m)-1], nil
 	}
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+	if err := os.MkdirAll(cacheDir, dirMode); err != nil {
 		return "", "", fmt.Errorf("kernel: %w", err)
 	}
 	tmp, err := os.MkdirTemp(cacheDir, ".download-")
@@ -80,6 +80,9 @@ func kernelDeb(ctx context.Context, cacheDir string, progress func(string)) (pkg
 		return "", "", fmt.Errorf("apt-get download %s: expected one .deb, found %d", pkg, len(got))
 	}
 	debPath = filepath.Join(cacheDir, filepath.Base(got[0]))
+	if err := os.Chmod(got[0], fileMode); err != nil { // apt-get wrote it with its umask
+		return "", "", fmt.Errorf("kernel: cache %s: %w", pkg, err)
+	}
 	if err := os.Rename(got[0], debPath); err != nil {
 		return "", "", fmt.Errorf("kernel: cache %s: %w", pkg, err)
 	}

@@ -18,9 +18,15 @@ const (
 	DefaultMaxOutputBytes = 1 << 20
 )
 
-// cwdScript runs "$@" in directory "$1". The directory and argv are passed
-// as arguments, never interpolated into the script.
-const cwdScript = `cd "$1" && shift && exec "$@"`
+// cwdScript runs "$@" in directory "$1", which it enters following no
+// symlink: cd -P goes to the physical directory, and the command runs only
+// when that is "$1" itself. So a path through a symlink (or a magic link
+// such as /proc/1/root), swapped in after the server checked the path, is
+// refused with status 126 and a message on stderr. The directory and argv
+// are passed as arguments, never interpolated into the script.
+const cwdScript = `cd -P "$1" || exit; if [ "$(pwd -P)" != "$1" ]; then ` +
+	`printf 'vmgate: cwd %s leads through a symlink (to %s); the command did not run\n' "$1" "$(pwd -P)" >&2; exit 126; fi; ` +
+	`shift; exec "$@"`
 
 // ExecRequest is a command to run in the guest.
 type ExecRequest struct {
@@ -36,10 +42,10 @@ type ExecRequest struct {
 	// Stdin is written to the command's standard input, which is then closed.
 	Stdin []byte
 	// Cwd is the working directory; it must be absolute. guest-exec has no
-	// cwd, so a non-empty Cwd runs the command through
-	// /bin/sh -c 'cd "$1" && shift && exec "$@"' sh Cwd Path Args...
-	// (everything passed as argv, nothing interpolated); a missing directory
-	// makes the shell exit with status 2 and a message on stderr.
+	// cwd, so a non-empty Cwd runs the command through /bin/sh -c cwdScript
+	// sh Cwd Path Args... (everything passed as argv, nothing interpolated);
+	// a missing directory makes the shell exit with status 2 and a message
+	// on stderr, a Cwd that leads through a symlink with status 126.
 	Cwd string
 	// Timeout, when positive, bounds the run time in Exec: when it fires the
 	// process and its whole tree are killed (SIGKILL through a second

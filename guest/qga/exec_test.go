@@ -93,6 +93,8 @@ func TestExecRequestRefused(t *testing.T) {
 }
 
 func TestExecArguments(t *testing.T) {
+	b, _ := json.Marshal(cwdScript)
+	script := string(b)
 	tests := []struct {
 		name string
 		req  ExecRequest
@@ -105,9 +107,9 @@ func TestExecArguments(t *testing.T) {
 		{"env through env(1)", ExecRequest{Path: "-weird", Args: []string{"x"}, Env: []string{"A=1", "B_2=x=y"}},
 			`{"path":"env","arg":["A=1","B_2=x=y","-weird","x"],"capture-output":true}`},
 		{"cwd through sh, no interpolation", ExecRequest{Path: "ls", Args: []string{"-l"}, Cwd: "/tmp/a'b\"$(c)"},
-			`{"path":"/bin/sh","arg":["-c","cd \"$1\" \u0026\u0026 shift \u0026\u0026 exec \"$@\"","sh","/tmp/a'b\"$(c)","ls","-l"],"capture-output":true}`},
+			`{"path":"/bin/sh","arg":["-c",` + script + `,"sh","/tmp/a'b\"$(c)","ls","-l"],"capture-output":true}`},
 		{"cwd and env", ExecRequest{Path: "pwd", Cwd: "/", Env: []string{"A=1"}},
-			`{"path":"/bin/sh","arg":["-c","cd \"$1\" \u0026\u0026 shift \u0026\u0026 exec \"$@\"","sh","/","env","A=1","pwd"],"capture-output":true}`},
+			`{"path":"/bin/sh","arg":["-c",` + script + `,"sh","/","env","A=1","pwd"],"capture-output":true}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

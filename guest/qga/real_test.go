@@ -131,6 +131,12 @@ func testCtx(t testing.TB, d time.Duration) context.Context {
 func TestRealExec(t *testing.T) {
 	c, _ := newRealClient(t)
 	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "real"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dir, "real"), filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name             string
 		req              ExecRequest
@@ -145,6 +151,12 @@ func TestRealExec(t *testing.T) {
 		{name: "signal", req: ExecRequest{Path: "sh", Args: []string{"-c", "kill -TERM $$"}}, code: -1, signal: int(syscall.SIGTERM)},
 		{name: "cwd", req: ExecRequest{Path: "pwd", Cwd: dir}, stdout: dir + "\n"},
 		{name: "cwd with hostile name", req: ExecRequest{Path: "pwd", Cwd: dir + "/no such $(dir)"}, code: 2},
+		{name: "cwd through a symlink", req: ExecRequest{Path: "pwd", Cwd: dir + "/link"}, code: 126,
+			stderr: "vmgate: cwd " + dir + "/link leads through a symlink (to " + dir + "/real); the command did not run\n"},
+		{name: "cwd through a magic link", req: ExecRequest{Path: "pwd", Cwd: "/proc/self/root" + dir}, code: 126,
+			stderr: "vmgate: cwd /proc/self/root" + dir + " leads through a symlink (to " + dir + "); the command did not run\n"},
+		{name: "cwd with dot-dot", req: ExecRequest{Path: "pwd", Cwd: dir + "/real/.."}, code: 126,
+			stderr: "vmgate: cwd " + dir + "/real/.. leads through a symlink (to " + dir + "); the command did not run\n"},
 		{name: "output cap", req: ExecRequest{Path: "sh", Args: []string{"-c", "printf 0123456789; printf abcdefghij >&2"}, MaxOutputBytes: 4}, stdout: "0123", stderr: "abcd", outTrunc: true, errTrc: true},
 		{name: "output at cap", req: ExecRequest{Path: "printf", Args: []string{"0123"}, MaxOutputBytes: 4}, stdout: "0123"},
 	}

@@ -61,15 +61,15 @@ func Create(ctx context.Context, spec Spec, mark string) (*VM, error) {
 	}
 	spec.Daemonize = true
 	dir := filepath.Join(spec.StateDir, "lab", spec.Name)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dir), DirMode); err != nil {
 		return nil, fmt.Errorf("lab: create %s: %w", spec.Name, err)
 	}
-	if err := os.Mkdir(dir, 0o755); errors.Is(err, fs.ErrExist) {
+	if err := os.Mkdir(dir, DirMode); errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("lab: create %s: %w (%s)", spec.Name, ErrExists, dir)
 	} else if err != nil {
 		return nil, fmt.Errorf("lab: create %s: %w", spec.Name, err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, OwnerFileName), []byte(mark+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, OwnerFileName), []byte(mark+"\n"), FileMode); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("lab: create %s: %w", spec.Name, err)
 	}

@@ -56,7 +56,7 @@ func baseDisk(ctx context.Context, qemuImg, stateDir string, sizeMB int) (string
 	if fi, err := os.Stat(base); err == nil && fi.Mode().IsRegular() {
 		return base, nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, DirMode); err != nil {
 		return "", err
 	}
 	tmp, err := os.CreateTemp(dir, ".blank-*.qcow2")
@@ -66,6 +66,9 @@ func baseDisk(ctx context.Context, qemuImg, stateDir string, sizeMB int) (string
 	tmp.Close()
 	defer os.Remove(tmp.Name())
 	if err := runQEMUImg(ctx, qemuImg, "create", "-q", "-f", "qcow2", tmp.Name(), strconv.Itoa(sizeMB)+"M"); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(tmp.Name(), FileMode); err != nil {
 		return "", err
 	}
 	if err := os.Rename(tmp.Name(), base); err != nil {
@@ -82,6 +85,12 @@ func makeOverlay(ctx context.Context, qemuImg, base, dst string) error {
 	tmp := dst + ".tmp"
 	os.Remove(tmp)
 	if err := runQEMUImg(ctx, qemuImg, "create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", tmp); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	// qemu-img creates with its umask: the disk will hold the guest's
+	// files and, in its snapshots, the guest's memory.
+	if err := os.Chmod(tmp, FileMode); err != nil {
 		os.Remove(tmp)
 		return err
 	}

@@ -246,32 +246,7 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 		img = &built
 	}
 
-	dir := filepath.Join(spec.StateDir, "lab", spec.Name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
-	}
-	for _, f := range []string{QMPSocketName, QGASocketName, PIDFileName, StateFileName} {
-		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
-		}
-	}
-	progress("making the disk")
-	disk, err := prepareDisk(ctx, spec, dir)
-	if err != nil {
-		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
-	}
-	v := &VM{
-		Name:       spec.Name,
-		Dir:        dir,
-		QMPSocket:  filepath.Join(dir, QMPSocketName),
-		QGASocket:  filepath.Join(dir, QGASocketName),
-		SerialLog:  filepath.Join(dir, SerialLogName),
-		ImageHash:  img.Hash,
-		Daemonized: spec.Daemonize,
-	}
-	v.Argv = append(qemuArgv(qemu, v, spec, img), diskArgv(disk)...)
-
-	logf, err := os.OpenFile(filepath.Join(dir, QEMULogName), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	v, logf, err := setUp(ctx, spec, qemu, img)
 	if err != nil {
 		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
 	}
@@ -301,10 +276,77 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 		_ = v.Stop(context.Background())
 		return nil, fmt.Errorf("lab: start %s: %w; guest console: %s", spec.Name, err, tail(v.SerialLog))
 	}
+	if err := v.privateSockets(); err != nil {
+		_ = v.Stop(context.Background())
+		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
+	}
 	v.BootTime = time.Since(v.Started)
 	v.State = StateRunning
 	progress(fmt.Sprintf("%s ready in %.1fs (pid %d)", spec.Name, v.BootTime.Seconds(), v.PID))
 	return v, nil
+}
+
+// setUp lays out the VM's directory for a boot: the directory (DirMode),
+// no stale sockets, pid file or vm.json, a fresh disk overlay and empty
+// logs, all private (FileMode). It returns the VM to launch and QEMU's log,
+// open for QEMU's stderr.
+func setUp(ctx context.Context, spec Spec, qemu string, img *image.Image) (*VM, *os.File, error) {
+	progress := spec.Progress
+	if progress == nil {
+		progress = func(string) {}
+	}
+	dir := filepath.Join(spec.StateDir, "lab", spec.Name)
+	if err := os.MkdirAll(dir, DirMode); err != nil {
+		return nil, nil, err
+	}
+	for _, f := range []string{QMPSocketName, QGASocketName, PIDFileName, StateFileName} {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, err
+		}
+	}
+	progress("making the disk")
+	disk, err := prepareDisk(ctx, spec, dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	v := &VM{
+		Name:       spec.Name,
+		Dir:        dir,
+		QMPSocket:  filepath.Join(dir, QMPSocketName),
+		QGASocket:  filepath.Join(dir, QGASocketName),
+		SerialLog:  filepath.Join(dir, SerialLogName),
+		ImageHash:  img.Hash,
+		Daemonized: spec.Daemonize,
+	}
+	v.Argv = append(qemuArgv(qemu, v, spec, img), diskArgv(disk)...)
+	logf, err := v.createLogs()
+	if err != nil {
+		return nil, nil, err
+	}
+	return v, logf, nil
+}
+
+// createLogs makes the VM's log files private (FileMode), empty: QEMU's
+// own log, returned open for QEMU's stderr, and the console log, which
+// QEMU opens itself without changing the mode of a file that exists.
+func (v *VM) createLogs() (*os.File, error) {
+	serial, err := createPrivate(v.SerialLog)
+	if err != nil {
+		return nil, err
+	}
+	serial.Close()
+	return createPrivate(filepath.Join(v.Dir, QEMULogName))
+}
+
+// privateSockets gives the QMP and QGA sockets, which QEMU made with its
+// umask, mode FileMode (the VM directory keeps others out already).
+func (v *VM) privateSockets() error {
+	for _, sock := range []string{v.QMPSocket, v.QGASocket} {
+		if err := os.Chmod(sock, FileMode); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // launch starts QEMU: daemonized, it returns once the launcher has exited
@@ -530,10 +572,33 @@ func writeState(v *VM) error {
 		return err
 	}
 	tmp := filepath.Join(v.Dir, StateFileName+".tmp")
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+	f, err := createPrivate(tmp)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(b, '\n'))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
 	return os.Rename(tmp, filepath.Join(v.Dir, StateFileName))
+}
+
+// createPrivate creates or truncates the file p with mode FileMode, also
+// when it existed with another mode (which O_CREAT would keep), never
+// following a symlink at p.
+func createPrivate(p string) (*os.File, error) {
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW, FileMode)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Chmod(FileMode); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // Get reads the named VM's vm.json and checks whether it runs.

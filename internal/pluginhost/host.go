@@ -141,6 +141,9 @@ func New(opts Options) *Host {
 type command struct {
 	path string
 	args []string
+	// external: a vmgate-plugin-NAME of plugin_dir, checked (trust.go)
+	// and run from its open file at every start.
+	external bool
 }
 
 // resolve validates spec and finds how to run it. No side effect.
@@ -164,41 +167,36 @@ func (h *Host) resolve(spec Spec) (command, Builtin, error) {
 	if h.opts.PluginDir == "" {
 		return command{}, nil, fmt.Errorf("%w: %q is not built in and no plugin directory is configured", ErrUnknownDriver, spec.Driver)
 	}
-	path := filepath.Join(h.opts.PluginDir, ExternalPrefix+spec.Driver)
-	if err := checkExecutable(path); err != nil {
+	dir, err := filepath.Abs(h.opts.PluginDir)
+	if err != nil {
+		return command{}, nil, fmt.Errorf("plugin directory: %w", err)
+	}
+	path := filepath.Join(dir, ExternalPrefix+spec.Driver)
+	if err := checkExecutable(path); errors.Is(err, ErrUntrustedPlugin) {
+		return command{}, nil, fmt.Errorf("driver %s: %w", spec.Driver, err)
+	} else if err != nil {
 		return command{}, nil, fmt.Errorf("%w: %q: %w", ErrUnknownDriver, spec.Driver, err)
 	}
-	return command{path: path}, nil, nil
+	return command{path: path, external: true}, nil, nil
 }
 
-// checkExecutable accepts a regular, executable file that neither it nor its
-// directory is writable by others (anyone could swap the driver otherwise).
+// checkExecutable accepts an executable file that root or this user owns
+// and nobody else can change, on a path nobody else can change (trust.go).
 func checkExecutable(path string) error {
-	fi, err := os.Stat(path)
+	f, err := openTrusted(path)
 	if err != nil {
 		return err
 	}
-	switch {
-	case !fi.Mode().IsRegular():
-		return fmt.Errorf("%s is not a regular file", path)
-	case fi.Mode().Perm()&0o111 == 0:
-		return fmt.Errorf("%s is not executable", path)
-	case fi.Mode().Perm()&0o002 != 0:
-		return fmt.Errorf("%s is writable by others", path)
-	}
-	di, err := os.Stat(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	if di.Mode().Perm()&0o002 != 0 && di.Mode()&os.ModeSticky == 0 {
-		return fmt.Errorf("plugin directory %s is writable by others", filepath.Dir(path))
-	}
-	return nil
+	return f.Close()
 }
 
 // Discover lists the external drivers in dir: the NAMEs of its executable
-// vmgate-plugin-NAME files, sorted.
+// vmgate-plugin-NAME files that Launch would run (trust.go), sorted.
 func Discover(dir string) ([]string, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("pluginhost: discover: %w", err)
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("pluginhost: discover: %w", err)

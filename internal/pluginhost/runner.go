@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -19,7 +20,11 @@ import (
 // go-plugin's own runner hands the plugin the host's stdin (the MCP stream)
 // and sets no parent-death signal. Here the plugin's stdin is /dev/null, it
 // gets SIGKILL when the host dies (Pdeathsig), and exited is closed once the
-// process has been waited for (go-plugin calls Wait exactly once).
+// process has been waited for (go-plugin calls Wait exactly once). An
+// external plugin is executed from the file trust.go checked and opened:
+// the child gets it as fd 3 and execs /proc/self/fd/3, so a file renamed
+// into the plugin's place after the check is not what runs (argv[0] stays
+// the plugin's path).
 type procRunner struct {
 	cmd    *exec.Cmd
 	stdout io.ReadCloser
@@ -34,8 +39,12 @@ type procRunner struct {
 
 var _ runner.Runner = (*procRunner)(nil)
 
-func newProcRunner(path string, args, env []string) (*procRunner, error) {
+func newProcRunner(path string, args, env []string, exe *os.File) (*procRunner, error) {
 	cmd := exec.Command(path, args...)
+	if exe != nil {
+		cmd.Path = "/proc/self/fd/" + strconv.Itoa(execFD)
+		cmd.ExtraFiles = []*os.File{exe} // fd 3 in the child
+	}
 	cmd.Env = env
 	cmd.Stdin = nil // /dev/null: the host's stdin is the MCP stream
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -57,6 +66,9 @@ func newProcRunner(path string, args, env []string) (*procRunner, error) {
 func (r *procRunner) Start(context.Context) error {
 	if err := r.cmd.Start(); err != nil {
 		close(r.exited)
+		if len(r.cmd.ExtraFiles) > 0 && errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w (the plugin runs from its open file through /proc/self/fd: is /proc mounted?)", err)
+		}
 		return err
 	}
 	r.mu.Lock()
@@ -86,7 +98,7 @@ func (r *procRunner) Kill(context.Context) error {
 
 func (r *procRunner) Stdout() io.ReadCloser { return r.stdout }
 func (r *procRunner) Stderr() io.ReadCloser { return r.stderr }
-func (r *procRunner) Name() string          { return r.cmd.Path }
+func (r *procRunner) Name() string          { return r.cmd.Args[0] }
 
 func (r *procRunner) ID() string { return strconv.Itoa(r.PID()) }
 

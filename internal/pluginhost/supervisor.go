@@ -201,8 +201,20 @@ func (s *Supervisor) current() (*instance, error) {
 	return s.cur, nil
 }
 
-// start launches one plugin process, completes the handshake and configures it.
+// start launches one plugin process, completes the handshake and configures
+// it. An external plugin is checked again (it may have changed since the
+// last start) and run from the file the check opened.
 func (s *Supervisor) start(ctx context.Context) (*instance, error) {
+	var exe *os.File
+	if s.cmd.external {
+		f, err := openTrusted(s.cmd.path)
+		if err != nil {
+			s.log.Error("driver plugin refused: not trusted", "path", s.cmd.path, "err", err)
+			return nil, fmt.Errorf("start %s: %w", s.cmd.path, err)
+		}
+		exe = f
+		defer exe.Close() // the plugin process has its own copy once started
+	}
 	var proc *procRunner
 	// No AutoMTLS: the plugin's sockets live in a directory go-plugin makes
 	// for it (os.MkdirTemp, 0700), which both sides check is private to
@@ -220,7 +232,7 @@ func (s *Supervisor) start(ctx context.Context) (*instance, error) {
 			gp.SocketDir = socketDir
 			env := append(pluginEnv(), spec.Env...) // spec.Env: go-plugin's handshake variables
 			var err error
-			proc, err = newProcRunner(s.cmd.path, s.cmd.args, env)
+			proc, err = newProcRunner(s.cmd.path, s.cmd.args, env, exe)
 			return proc, err
 		},
 	})

@@ -294,6 +294,18 @@ func TestServeRefusesBadBackends(t *testing.T) {
 		t.Fatal(err)
 	}
 	fakePlugin(t, pluginDir, "fake", "badcookie")
+	// A plugin another user could change runs as the server: never.
+	nobodys := filepath.Join(pluginDir, "vmgate-plugin-nobodys")
+	b, err := os.ReadFile(fakeBuild.get(t, "fakeplugin", "../pluginhost/testdata/fakeplugin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(nobodys, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(nobodys, 65534, 65534); err != nil {
+		t.Fatalf("chown to nobody (the tests run as root): %v", err)
+	}
 	secret := writeFile(t, dir, "pve.secret", "s3cret\n")
 	head := fmt.Sprintf("state_dir: %q\nplugin_dir: %q\ngrants: [{name: local, policy: builtin:default}]\n", filepath.Join(dir, "state"), pluginDir)
 	// want is the message's start (after "vmgate: ") and what it says further on.
@@ -316,6 +328,9 @@ func TestServeRefusesBadBackends(t *testing.T) {
 		{"external plugin with a wrong handshake",
 			"backends: [{name: bad, driver: badcookie}]\n",
 			"serve: backend bad (driver badcookie): ", "plugin handshake failed"},
+		{"external plugin owned by nobody",
+			"backends: [{name: ext, driver: nobodys}]\n",
+			"serve: backend ext (driver nobodys): ", "untrusted plugin: plugin " + nobodys + " (owner uid 65534 (nobody), mode 0755) is owned by neither root nor vmgate's user"},
 		{"external plugin refusing its settings",
 			"backends: [{name: ext, driver: fake, settings: {vms: [a], surprise: 1}}]\n",
 			"serve: backend ext (driver fake): ", `fakeplugin: config: invalid argument: json: unknown field "surprise"`},

@@ -198,7 +198,7 @@ func imageLocked(ctx context.Context) error {
 	}
 	real, err := lab.DefaultStateDir()
 	if err == nil {
-		err = os.MkdirAll(real, 0o755)
+		err = os.MkdirAll(real, lab.DirMode)
 	}
 	if err != nil {
 		real = stateDir
