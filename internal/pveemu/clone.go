@@ -6,14 +6,16 @@ import (
 	"time"
 )
 
-// vmClone is qemu-server src/PVE/API2/Qemu.pm clone_vm: $load_and_check runs
-// before the qmclone task (named after the source vmid) and again in it; the
-// new VM is locked 'clone' until the copy is done. Its Machine comes from
+// vmClone is qemu-server src/PVE/API2/Qemu.pm clone_vm: check_running, then
+// $load_and_check before the qmclone task (named after the source vmid) and
+// again in it; the new VM is locked 'clone' until the copy is done. Its Machine comes from
 // Options.NewMachine; without one the clone is power-state only.
 func (e *Emulator) vmClone(r *request) (any, *apiError) {
-	v, err := e.loadVM(r)
-	if err != nil {
-		return nil, err
+	// check_running comes first, asserting the config is on the node.
+	vmid, node := vmParams(r)
+	v := e.vmAt(vmid, node)
+	if v == nil {
+		return nil, notOnNode(node, vmid)
 	}
 	newid := int(intParam(r.params, "newid", 0))
 	snapname, _ := strParam(r.params, "snapname")

@@ -173,6 +173,11 @@ func decodeURLEncoded(data string, into map[string]any) {
 // answer writes a handler's result: PVE::HTTPServer::rest_handler's
 // response, formatted by Formatter/Standard.pm's json formatter.
 func (e *Emulator) answer(w http.ResponseWriter, reqLine string, data any, err *apiError) {
+	if err != nil && err.bare {
+		e.record(reqLine, err.code, err.msg, nil)
+		writeBare(w, err.code, err.msg)
+		return
+	}
 	code := http.StatusOK
 	body := map[string]any{"data": data}
 	reason := "OK"
