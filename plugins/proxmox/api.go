@@ -125,6 +125,10 @@ type api struct {
 	c      *proxmox.Client
 	client *http.Client
 	log    *slog.Logger
+	// route, when set, sends what do is given: the driver's placement
+	// (cluster.go), which puts a request about a VM on the VM's node. It
+	// is set once, before the first request.
+	route func(ctx context.Context, method, path string, query url.Values, body, out any) error
 }
 
 func newAPI(cfg Config, log *slog.Logger) (*api, error) {
@@ -183,10 +187,19 @@ const maxResponseBytes = 128 << 20
 // maxErrorBytes bounds the body of an error answer.
 const maxErrorBytes = 64 << 10
 
-// do sends one request through go-proxmox. path is relative to /api2/json
-// and already built from validated parts; query and body (JSON) are
-// optional. The answer's "data" is decoded into out (nil: discarded).
+// do sends one request: through route when it is set, else as it is
+// (send). Every request of the driver goes through here.
 func (a *api) do(ctx context.Context, method, path string, query url.Values, body any, out any) error {
+	if a.route != nil {
+		return a.route(ctx, method, path, query, body, out)
+	}
+	return a.send(ctx, method, path, query, body, out)
+}
+
+// send sends one request through go-proxmox. path is relative to
+// /api2/json and already built from validated parts; query and body (JSON)
+// are optional. The answer's "data" is decoded into out (nil: discarded).
+func (a *api) send(ctx context.Context, method, path string, query url.Values, body any, out any) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
