@@ -116,6 +116,7 @@ type placement struct {
 	dirty   bool   // cur must be read again before it is trusted
 	started uint64 // reads begun
 	reading *viewRead
+	waiting int // callers waiting for reading (tests look)
 }
 
 func newPlacement(a *api, log *slog.Logger) *placement {
@@ -163,16 +164,31 @@ func (p *placement) read(ctx context.Context, after uint64) (*view, error) {
 		if r == nil {
 			r = p.startRead()
 		}
+		p.waiting++
 		p.mu.Unlock()
+		var err error
 		select {
 		case <-r.done:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			err = ctx.Err()
+		}
+		p.mu.Lock()
+		p.waiting--
+		p.mu.Unlock()
+		if err != nil {
+			return nil, err
 		}
 		if r.seq > after {
 			return r.v, r.err
 		}
 	}
+}
+
+// waiters is how many callers wait for the read in flight.
+func (p *placement) waiters() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waiting
 }
 
 // startRead begins read number started+1 (mu held).
