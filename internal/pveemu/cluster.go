@@ -21,8 +21,8 @@ func (e *Emulator) getVersion(*request) (any, *apiError) {
 // last status until pmxcfs drops it after rrdExpire (cfs_rrd_dump). Sampled
 // lazily, at most every statInterval.
 func (e *Emulator) sample() map[int]string {
-	now := e.now()
 	e.mu.Lock()
+	now := e.nowLocked()
 	stale := now.Sub(e.lastSample) >= statInterval
 	e.mu.Unlock()
 	if stale {

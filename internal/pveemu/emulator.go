@@ -62,11 +62,8 @@ type Emulator struct {
 	opts    Options
 	routes  []route
 
-	// now is the clock of the status broadcasts (time.Now; tests move it).
-	now func() time.Time
-
 	// mu guards tokens, vms, tasks, transcript, nextPID, lastSample/rrd,
-	// offline/nodeSeen and pidStat.
+	// offline/nodeSeen, skew and pidStat.
 	mu         sync.Mutex
 	tokens     map[string]*Token
 	vms        map[int]*vm
@@ -77,6 +74,7 @@ type Emulator struct {
 	lastSample time.Time
 	offline    map[string]bool      // members whose corosync link is down
 	nodeSeen   map[string]time.Time // a node's last status broadcast
+	skew       time.Duration        // how far tests moved the broadcasts' clock
 	pidStat    map[int]pidCPU       // vmstatus's $last_proc_pid_stat, by QEMU pid
 
 	// wg counts running tasks and background work.
@@ -114,7 +112,7 @@ func New(opts Options) (*Emulator, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Emulator{version: opts.Version, nodes: nodes, log: log, opts: opts,
 		tokens: map[string]*Token{}, vms: map[int]*vm{}, tasks: map[string]*task{}, rrd: map[int]rrdEntry{},
-		offline: map[string]bool{}, nodeSeen: map[string]time.Time{}, nextPID: 4000, now: time.Now, ctx: ctx, cancel: cancel}
+		offline: map[string]bool{}, nodeSeen: map[string]time.Time{}, nextPID: 4000, ctx: ctx, cancel: cancel}
 	e.routes = e.routeTable()
 	e.srv = httptest.NewUnstartedServer(http.HandlerFunc(e.serveHTTP))
 	e.srv.Config.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelDebug)

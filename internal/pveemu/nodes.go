@@ -49,15 +49,19 @@ func (e *Emulator) SetNodeOnline(node string, online bool) error {
 	if online {
 		// Its pvestatd broadcasts again; its VMs follow with the next sample.
 		delete(e.offline, node)
-		e.nodeSeen[node] = e.now()
+		e.nodeSeen[node] = e.nowLocked()
 		return nil
 	}
 	if !e.offline[node] {
 		e.offline[node] = true
-		e.nodeSeen[node] = e.now()
+		e.nodeSeen[node] = e.nowLocked()
 	}
 	return nil
 }
+
+// nowLocked is the clock of the status broadcasts (mu held): the time, or
+// later when a test moved it.
+func (e *Emulator) nowLocked() time.Time { return time.Now().Add(e.skew) }
 
 // nodeOnline reports whether node is a member with its corosync link up.
 func (e *Emulator) nodeOnline(node string) bool {
@@ -104,8 +108,8 @@ func proxyFailure() *apiError {
 // on /nodes/{node} (level and the maxima also without). The figures are
 // this host's, since every emulated node is.
 func (e *Emulator) nodeStats(node string, canAudit bool) map[string]any {
-	now := e.now()
 	e.mu.Lock()
+	now := e.nowLocked()
 	seen, ok := e.nodeSeen[node]
 	offline := e.offline[node]
 	e.mu.Unlock()
