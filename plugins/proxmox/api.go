@@ -5,9 +5,10 @@
 // (status, message, parameter errors) instead of go-proxmox's bare "not
 // authorized" and status line.
 //
-// VMs are QEMU guests listed by GET /cluster/resources?type=vm; vmgate
-// names them by vmid ("101", so "pve/101" on the server) and resolves the
-// node from the same listing. Guest operations go through Proxmox's
+// VMs are QEMU guests listed by GET /cluster/resources; vmgate names them
+// by vmid ("101", so "pve/101" on the server) and finds each one's node, and
+// which nodes are offline, in the same listing. A VM that migrated is
+// followed, a VM on an offline node reported so (cluster.go). Guest operations go through Proxmox's
 // agent/* endpoints, which relay to the VM's QEMU guest agent: exec and
 // exec-status are mapped onto guest/qga's Caller, so timeouts, output caps,
 // env and cwd work exactly as with the QEMU backend; file-read and
