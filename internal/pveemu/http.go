@@ -1,6 +1,7 @@
 package pveemu
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -228,27 +229,38 @@ func (e *Emulator) plainError(w http.ResponseWriter, reqLine string, code int, m
 // would write the standard one). Answers with code >= 400 close the
 // connection, as AnyEvent.pm's response does.
 func writeRaw(w http.ResponseWriter, code int, reason, ctype string, body []byte, keepAlive bool) {
-	hj, ok := w.(http.Hijacker)
-	if !ok || keepAlive {
+	if !keepAlive && hijack(w, func(buf *bufio.ReadWriter) {
+		fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\n", code, reason)
 		if ctype != "" {
-			w.Header().Set("Content-Type", ctype)
+			fmt.Fprintf(buf, "Content-Type: %s\r\n", ctype)
 		}
-		w.Header().Set("Server", "pve-api-daemon/3.0")
-		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-		w.WriteHeader(code)
-		w.Write(body)
+		fmt.Fprintf(buf, "Server: pve-api-daemon/3.0\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", len(body))
+		buf.Write(body)
+	}) {
 		return
+	}
+	if ctype != "" {
+		w.Header().Set("Content-Type", ctype)
+	}
+	w.Header().Set("Server", "pve-api-daemon/3.0")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(code)
+	w.Write(body)
+}
+
+// hijack takes w's connection, writes an answer of its own on it with
+// write and closes it; false when w cannot be taken.
+func hijack(w http.ResponseWriter, write func(*bufio.ReadWriter)) bool {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		return false
 	}
 	conn, buf, err := hj.Hijack()
 	if err != nil {
-		return
+		return true // the connection is gone
 	}
 	defer conn.Close()
-	fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\n", code, reason)
-	if ctype != "" {
-		fmt.Fprintf(buf, "Content-Type: %s\r\n", ctype)
-	}
-	fmt.Fprintf(buf, "Server: pve-api-daemon/3.0\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", len(body))
-	buf.Write(body)
+	write(buf)
 	buf.Flush()
+	return true
 }

@@ -1,6 +1,7 @@
 package pveemu
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"fmt"
 	"net/http"
@@ -188,18 +189,11 @@ func (e *Emulator) clusterStatus(r *request) (any, *apiError) {
 // the status line, its own headers, no body (so no Content-Length), and the
 // connection closed (AnyEvent.pm response: keep_alive off for code >= 400).
 func writeBare(w http.ResponseWriter, code int, reason string) {
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		w.WriteHeader(code)
-		return
-	}
-	conn, buf, err := hj.Hijack()
-	if err != nil {
-		return
-	}
-	defer conn.Close()
 	date := time.Now().UTC().Format(http.TimeFormat)
-	fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\nCache-Control: max-age=0\r\nConnection: close\r\nDate: %s\r\nPragma: no-cache\r\n"+
-		"Server: pve-api-daemon/3.0\r\nExpires: %s\r\n\r\n", code, reason, date, date)
-	buf.Flush()
+	if !hijack(w, func(buf *bufio.ReadWriter) {
+		fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\nCache-Control: max-age=0\r\nConnection: close\r\nDate: %s\r\nPragma: no-cache\r\n"+
+			"Server: pve-api-daemon/3.0\r\nExpires: %s\r\n\r\n", code, reason, date, date)
+	}) {
+		w.WriteHeader(code)
+	}
 }
