@@ -11,11 +11,9 @@ import (
 // again in it; the new VM is locked 'clone' until the copy is done. Its Machine comes from
 // Options.NewMachine; without one the clone is power-state only.
 func (e *Emulator) vmClone(r *request) (any, *apiError) {
-	// check_running comes first, asserting the config is on the node.
-	vmid, node := vmParams(r)
-	v := e.vmAt(vmid, node)
-	if v == nil {
-		return nil, notOnNode(node, vmid)
+	v, err := e.assertOnNode(r)
+	if err != nil {
+		return nil, err
 	}
 	newid := int(intParam(r.params, "newid", 0))
 	snapname, _ := strParam(r.params, "snapname")

@@ -175,27 +175,40 @@ func TestProxyToOfflineNode(t *testing.T) {
 	}
 }
 
-// TestMigrate: migrate_vm's checks, the qmigrate task on the source node,
+// migrateEmu is a three-node emulator with VMs 101 (running) and 102
+// (stopped) on pve, and the CI token allowed to migrate.
+func migrateEmu(t *testing.T) (*Emulator, client) {
+	return emuNodes(t, PVE92, threeNodes, append(allVMPrivs(PVE92), "VM.Migrate"),
+		VMSpec{VMID: 101, Node: "pve", Name: "on", Running: true}, VMSpec{VMID: 102, Node: "pve", Name: "off"})
+}
+
+// migrate posts migrate_vm.
+func (c client) migrate(node string, vmid int, params url.Values) reply {
+	c.t.Helper()
+	return c.do("POST", fmt.Sprintf("/nodes/%s/qemu/%d/migrate", node, vmid), params)
+}
+
+// taskLog is a task's log lines.
+func (c client) taskLog(node string, st map[string]any) string {
+	c.t.Helper()
+	var lines []map[string]any
+	c.do("GET", "/nodes/"+node+"/tasks/"+url.PathEscape(fmt.Sprint(st["upid"]))+"/log", nil).data(c.t, &lines)
+	var s []string
+	for _, l := range lines {
+		s = append(s, fmt.Sprint(l["t"]))
+	}
+	return strings.Join(s, "\n")
+}
+
+// stamp starts a line of AbstractMigrate's log.
+const stamp = `\d{4}-\d\d-\d\d \d\d:\d\d:\d\d `
+
+// TestMigrate: the qmigrate task on the source node, offline and online,
 // and where the VM is afterwards.
 func TestMigrate(t *testing.T) {
-	privs := append(allVMPrivs(PVE92), "VM.Migrate")
-	e, c := emuNodes(t, PVE92, threeNodes, privs,
-		VMSpec{VMID: 101, Node: "pve", Name: "on", Running: true}, VMSpec{VMID: 102, Node: "pve", Name: "off"})
-	migrate := func(node string, vmid int, params url.Values) reply {
-		return c.do("POST", fmt.Sprintf("/nodes/%s/qemu/%d/migrate", node, vmid), params)
-	}
-	logOf := func(node string, st map[string]any) string {
-		var lines []map[string]any
-		c.do("GET", "/nodes/"+node+"/tasks/"+url.PathEscape(fmt.Sprint(st["upid"]))+"/log", nil).data(t, &lines)
-		var s []string
-		for _, l := range lines {
-			s = append(s, fmt.Sprint(l["t"]))
-		}
-		return strings.Join(s, "\n")
-	}
-	stamp := `\d{4}-\d\d-\d\d \d\d:\d\d:\d\d `
-	st := c.taskOf("pve", migrate("pve", 102, url.Values{"target": {"pve-2"}}))
-	log := logOf("pve", st)
+	e, c := migrateEmu(t)
+	st := c.taskOf("pve", c.migrate("pve", 102, url.Values{"target": {"pve-2"}}))
+	log := c.taskLog("pve", st)
 	if st["type"] != "qmigrate" || st["id"] != "102" || st["node"] != "pve" || st["exitstatus"] != "OK" ||
 		!regexp.MustCompile("(?m)^"+stamp+`starting migration of VM 102 to node 'pve-2' \(192\.0\.2\.2\)$`).MatchString(log) ||
 		!regexp.MustCompile("(?m)^"+stamp+`migration finished successfully \(duration 00:00:0\d\)$`).MatchString(log) ||
@@ -208,11 +221,11 @@ func TestMigrate(t *testing.T) {
 	if r := c.do("GET", "/nodes/pve-2/qemu/102/status/current", nil); r.code != 200 {
 		t.Errorf("status/current on the target = %d %q; want 200", r.code, r.reason)
 	}
-	if r := migrate("pve", 101, url.Values{"target": {"pve-2"}}); r.code != 500 || r.reason != "can't migrate running VM without --online" {
+	if r := c.migrate("pve", 101, url.Values{"target": {"pve-2"}}); r.code != 500 || r.reason != "can't migrate running VM without --online" {
 		t.Errorf("migrate of a running VM without online = %d %q", r.code, r.reason)
 	}
-	st = c.taskOf("pve", migrate("pve", 101, url.Values{"target": {"pve-2"}, "online": {"1"}}))
-	if log := logOf("pve", st); st["exitstatus"] != "OK" || !strings.Contains(log, "starting online/live migration on unix:/run/qemu-server/101.migrate") || !e.Running(101) {
+	st = c.taskOf("pve", c.migrate("pve", 101, url.Values{"target": {"pve-2"}, "online": {"1"}}))
+	if log := c.taskLog("pve", st); st["exitstatus"] != "OK" || !strings.Contains(log, "starting online/live migration on unix:/run/qemu-server/101.migrate") || !e.Running(101) {
 		t.Errorf("online migration = %v, running %v, log:\n%s\nwant OK, still running, phase2's lines", st, e.Running(101), log)
 	}
 	_, byID := c.entries("vm")
@@ -220,14 +233,20 @@ func TestMigrate(t *testing.T) {
 		t.Errorf("cluster/resources after the migrations = %v; want both on pve-2, unlocked", byID)
 	}
 	e.SetNodeOnline("pve-3", false)
-	st = c.taskOf("pve-2", migrate("pve-2", 102, url.Values{"target": {"pve-3"}}))
-	if log := logOf("pve-2", st); st["exitstatus"] != "migration aborted" ||
+	st = c.taskOf("pve-2", c.migrate("pve-2", 102, url.Values{"target": {"pve-3"}}))
+	if log := c.taskLog("pve-2", st); st["exitstatus"] != "migration aborted" ||
 		!regexp.MustCompile("(?m)^"+stamp+`ERROR: migration aborted \(duration 00:00:0\d\): Can't connect to destination address using public key$`).MatchString(log) {
 		t.Errorf("migration to an offline node = %v, log:\n%s\nwant aborted: the target cannot be reached", st, log)
 	}
 	if r := c.do("GET", "/nodes/pve-2/qemu/102/config", nil); r.code != 200 {
 		t.Errorf("config after a failed migration = %d %q; want the VM still on pve-2", r.code, r.reason)
 	}
+}
+
+// TestMigrateRefused: migrate_vm's checks before the task.
+func TestMigrateRefused(t *testing.T) {
+	e, c := migrateEmu(t)
+	e.SetNodeOnline("pve-3", false)
 	for _, tc := range []struct {
 		node   string
 		params url.Values
@@ -235,22 +254,21 @@ func TestMigrate(t *testing.T) {
 		reason string
 		errors map[string]string
 	}{
-		{"pve-2", url.Values{"target": {"pve-2"}}, 400, "Parameter verification failed.", map[string]string{"target": "target is local node."}},
-		{"pve-2", url.Values{"target": {"nope"}}, 500, "no such cluster node 'nope'", nil},
-		{"pve-2", url.Values{"target": {"pve"}, "force": {"1"}}, 400, "Parameter verification failed.", map[string]string{"force": "Only root may use this option."}},
-		{"pve-2", url.Values{"target": {"pve"}, "migration_type": {"insecure"}}, 400, "Parameter verification failed.", map[string]string{"migration_type": "Only root may use this option."}},
-		{"pve", url.Values{"target": {"pve-2"}}, 500, "Configuration file 'nodes/pve/qemu-server/101.conf' does not exist", nil},
+		{"pve", url.Values{"target": {"pve"}}, 400, "Parameter verification failed.", map[string]string{"target": "target is local node."}},
+		{"pve", url.Values{"target": {"nope"}}, 500, "no such cluster node 'nope'", nil},
+		{"pve", url.Values{"target": {"pve-2"}, "force": {"1"}}, 400, "Parameter verification failed.", map[string]string{"force": "Only root may use this option."}},
+		{"pve", url.Values{"target": {"pve-2"}, "migration_type": {"insecure"}}, 400, "Parameter verification failed.", map[string]string{"migration_type": "Only root may use this option."}},
+		{"pve-2", url.Values{"target": {"pve"}}, 500, "Configuration file 'nodes/pve-2/qemu-server/101.conf' does not exist", nil},
 		{"pve-3", url.Values{"target": {"pve"}}, 595, "No route to host", nil},
-		{"pve-2", url.Values{}, 400, "Parameter verification failed.", map[string]string{"target": "property is missing and it is not optional"}},
+		{"pve", url.Values{}, 400, "Parameter verification failed.", map[string]string{"target": "property is missing and it is not optional"}},
 	} {
-		r := migrate(tc.node, 101, tc.params)
+		r := c.migrate(tc.node, 101, tc.params)
 		if r.code != tc.code || r.reason != tc.reason || fmt.Sprint(r.body.Errors) != fmt.Sprint(tc.errors) {
 			t.Errorf("migrate 101 on %s %v = %d %q %v; want %d %q %v", tc.node, tc.params, r.code, r.reason, r.body.Errors, tc.code, tc.reason, tc.errors)
 		}
 	}
-	// Without VM.Migrate.
 	e.AddToken(Token{ID: tokID, Secret: tokSecret, ACL: []ACL{{Path: "/vms", Privs: allVMPrivs(PVE92), Propagate: true}}})
-	if r := migrate("pve-2", 101, url.Values{"target": {"pve"}}); r.code != 403 || r.reason != "Permission check failed (/vms/101, VM.Migrate)" {
+	if r := c.migrate("pve", 101, url.Values{"target": {"pve-2"}}); r.code != 403 || r.reason != "Permission check failed (/vms/101, VM.Migrate)" {
 		t.Errorf("migrate without VM.Migrate = %d %q", r.code, r.reason)
 	}
 }

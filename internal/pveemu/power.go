@@ -229,16 +229,16 @@ func (e *Emulator) vmReset(r *request) (any, *apiError) {
 	if err := rootOnly(r, "skiplock"); err != nil {
 		return nil, err
 	}
-	vmid, node := vmParams(r)
-	v := e.vmAt(vmid, node)
-	if v == nil {
-		return nil, notOnNode(node, vmid)
+	v, err := e.assertOnNode(r)
+	if err != nil {
+		return nil, err
 	}
 	if v.machine.PID() == 0 {
 		return nil, die("VM %d not running", v.vmid)
 	}
+	_, node := vmParams(r)
 	return e.forkWorker(r, "qmreset", strconv.Itoa(v.vmid), func(t *task) *apiError {
-		if err := e.lockOn(v, node, vmid, noConfig); err != nil {
+		if err := e.lockOn(v, node, v.vmid, noConfig); err != nil {
 			return err
 		}
 		defer v.cfgMu.Unlock()

@@ -243,6 +243,16 @@ func notOnNode(node string, vmid int) *apiError {
 	return die("unable to find configuration file for VM %d on node '%s'", vmid, node)
 }
 
+// assertOnNode is PVE::QemuConfig::assert_config_exists_on_node for the
+// request's VM and node, check_running's first step.
+func (e *Emulator) assertOnNode(r *request) (*vm, *apiError) {
+	vmid, node := vmParams(r)
+	if v := e.vmAt(vmid, node); v != nil {
+		return v, nil
+	}
+	return nil, notOnNode(node, vmid)
+}
+
 // lockOn is a worker's first step: lock_config, then the config looked
 // up on node, worded by wrong (noConfig or notOnNode) when it is not there
 // (v nil, or a migration moved it while the worker waited for the lock).

@@ -111,9 +111,11 @@ type placement struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu      sync.Mutex
-	cur     *view
-	dirty   bool   // cur must be read again before it is trusted
+	mu  sync.Mutex
+	cur *view
+	// suspect: views from reads numbered up to it are not trusted (a
+	// node could not be reached after they began).
+	suspect uint64
 	started uint64 // reads begun
 	reading *viewRead
 	waiting int // callers waiting for reading (tests look)
@@ -202,7 +204,7 @@ func (p *placement) startRead() *viewRead {
 		v, err := p.fetch(ctx, r.seq)
 		p.mu.Lock()
 		if err == nil && (p.cur == nil || v.seq > p.cur.seq) {
-			p.cur, p.dirty = v, false
+			p.cur = v
 		}
 		p.reading = nil
 		r.v, r.err = v, err
@@ -212,12 +214,13 @@ func (p *placement) startRead() *viewRead {
 	return r
 }
 
-// list reads the view (sharing a read in flight).
+// list reads the view (sharing a read in flight that began after the
+// current view's and after any node was found unreachable).
 func (p *placement) list(ctx context.Context) (*view, error) {
 	p.mu.Lock()
-	after := uint64(0)
+	after := p.suspect
 	if p.cur != nil {
-		after = p.cur.seq
+		after = max(after, p.cur.seq)
 	}
 	p.mu.Unlock()
 	return p.read(ctx, after)
@@ -229,7 +232,7 @@ func (p *placement) list(ctx context.Context) (*view, error) {
 func (p *placement) locate(ctx context.Context, vmid int) (r resource, nodeState string, ok bool, err error) {
 	p.mu.Lock()
 	v := p.cur
-	fresh := v != nil && !p.dirty && p.now().Sub(v.at) < p.ttl
+	fresh := v != nil && v.seq > p.suspect && p.now().Sub(v.at) < p.ttl
 	p.mu.Unlock()
 	if !fresh || v.byID[vmid].VMID == 0 {
 		if v, err = p.list(ctx); err != nil {
@@ -312,14 +315,14 @@ func (p *placement) do(ctx context.Context, method, path string, query url.Value
 
 // reached turns pveproxy's failure to forward a request to node (the
 // AnyEvent::HTTP statuses 595 to 599 it passes on) into a *NodeError and
-// has the view read again at the next call.
+// has the view read again, by a read begun from now on, at the next call.
 func (p *placement) reached(node string, vmid int, err error) error {
 	var ae *APIError
 	if node == "" || !errors.As(err, &ae) || ae.StatusCode < 595 || ae.StatusCode > 599 {
 		return err
 	}
 	p.mu.Lock()
-	p.dirty = true
+	p.suspect = p.started
 	p.mu.Unlock()
 	return &NodeError{Node: node, VMID: vmid, Err: ae}
 }

@@ -142,96 +142,118 @@ const (
 	noConfOther = "Configuration file 'nodes/pve-9/qemu-server/101.conf' does not exist"
 )
 
-// TestPlacement: how the driver finds a VM's node, trusts it, follows a VM
-// that moved, and treats an offline node: the exact requests, in order,
-// against answers worded as Proxmox words them.
+// placementCall is what a placement case does with the driver.
+type placementCall func(t *testing.T, d *Driver) (string, error)
+
+// status is Status(101) as "STATE DETAIL".
+func status(t *testing.T, d *Driver) (string, error) {
+	st, err := d.Status(ctxT(t), "101")
+	return fmt.Sprintf("%s %s", st.State, st.Detail), err
+}
+
+// statusTwice is status, then status with the view stale.
+func statusTwice(t *testing.T, d *Driver) (string, error) {
+	if _, err := status(t, d); err != nil {
+		return "", err
+	}
+	d.place.now = func() time.Time { return time.Now().Add(nodeTTL) }
+	return status(t, d)
+}
+
+// statusBoth is status twice, both results.
+func statusBoth(t *testing.T, d *Driver) (string, error) {
+	a, _ := status(t, d)
+	b, err := status(t, d)
+	return a + "; " + b, err
+}
+
+func power(a hypervisor.PowerAction) placementCall {
+	return func(t *testing.T, d *Driver) (string, error) { return "", d.Power(ctxT(t), "101", a) }
+}
+
+// placementCases: how the driver finds a VM's node, trusts it, follows a
+// VM that moved, and treats an offline node.
+var placementCases = []struct {
+	name    string
+	steps   []step
+	call    placementCall
+	want    string   // the call's result
+	wantErr []error  // the error is all of these
+	errHas  []string // and says these
+}{
+	{name: "one read for two calls",
+		steps: []step{resources("101@pve", "pve=online"), {req: "GET /nodes/pve/qemu/101/status/current", data: stopped},
+			{req: "GET /nodes/pve/qemu/101/status/current", data: stopped}},
+		call: func(t *testing.T, d *Driver) (string, error) { status(t, d); return status(t, d) }, want: "stopped stopped"},
+	{name: "a stale view is read again",
+		steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", data: stopped},
+			resources("101@pve-2"), {req: "GET /nodes/pve-2/qemu/101/status/current", data: stopped}},
+		call: statusTwice, want: "stopped stopped"},
+	{name: "load_config's wrong node: read again, sent again",
+		steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", code: 500, data: noConf},
+			resources("101@pve-2"), {req: "GET /nodes/pve-2/qemu/101/status/current", data: stopped}},
+		call: status, want: "stopped stopped"},
+	{name: "check_running's wrong node (reset): sent again",
+		steps: join([]step{resources("101@pve"), {req: "POST /nodes/pve/qemu/101/status/reset", code: 500, data: notOnPVE},
+			resources("101@pve-2")}, task("/nodes/pve-2/qemu/101/status/reset", "pve-2", "qmreset", "OK")),
+		call: power(hypervisor.PowerReset)},
+	{name: "a task that found no config (stop) is started again on the new node",
+		steps: join([]step{resources("101@pve")}, task("/nodes/pve/qemu/101/status/stop", "pve", "qmstop", notOnPVE),
+			[]step{resources("101@pve-2")}, task("/nodes/pve-2/qemu/101/status/stop", "pve-2", "qmstop", "OK")),
+		call: power(hypervisor.PowerStop)},
+	{name: "a task is started again once only",
+		steps: join([]step{resources("101@pve")}, task("/nodes/pve/qemu/101/status/start", "pve", "qmstart", noConf),
+			[]step{resources("101@pve-2")}, task("/nodes/pve-2/qemu/101/status/start", "pve-2", "qmstart", noConfPVE2)),
+		call: power(hypervisor.PowerStart), wantErr: []error{hypervisor.ErrBackend}, errHas: []string{noConfPVE2}},
+	{name: "sent again once only",
+		steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", code: 500, data: noConf},
+			resources("101@pve-2"), {req: "GET /nodes/pve-2/qemu/101/status/current", code: 500, data: noConfPVE2}},
+		call: status, wantErr: []error{hypervisor.ErrUnknownVM}},
+	{name: "a VM gone from the cluster is unknown",
+		steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", code: 500, data: noConf},
+			resources("102@pve")},
+		call: status, wantErr: []error{hypervisor.ErrUnknownVM}},
+	{name: "a VM the cluster still puts there is unknown",
+		steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", code: 500, data: noConf},
+			resources("101@pve")},
+		call: status, wantErr: []error{hypervisor.ErrUnknownVM}},
+	{name: "words naming another node are no move",
+		steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", code: 500, data: noConfOther}},
+		call:  status, wantErr: []error{hypervisor.ErrUnknownVM}},
+	{name: "a VM on an offline node: nothing sent to it",
+		steps: []step{resources("101@pve-3", "pve=online", "pve-3=offline")},
+		call:  power(hypervisor.PowerStart), wantErr: []error{hypervisor.ErrBackend},
+		errHas: []string{"VM 101 is on node pve-3, which is offline"}},
+	{name: "the status of a VM on an offline node is unknown",
+		steps: []step{resources("101@pve-3", "pve-3=offline")},
+		call:  status, want: "unknown node pve-3 offline"},
+	{name: "a VM that moved to an offline node",
+		steps: []step{resources("101@pve"), {req: "POST /nodes/pve/qemu/101/status/reset", code: 500, data: notOnPVE},
+			resources("101@pve-3", "pve-3=offline")},
+		call: power(hypervisor.PowerReset), wantErr: []error{hypervisor.ErrBackend}, errHas: []string{"node pve-3, which is offline"}},
+	{name: "a node Proxmox cannot reach: never sent again",
+		steps: []step{resources("101@pve-3", "pve-3=online"), {req: "POST /nodes/pve-3/qemu/101/status/reset", code: 595, data: "No route to host"}},
+		call:  power(hypervisor.PowerReset), wantErr: []error{hypervisor.ErrBackend},
+		errHas: []string{"could not reach node pve-3", "No route to host"}},
+	{name: "after an unreachable node the view is read again",
+		steps: []step{resources("101@pve-3", "pve-3=online"), {req: "GET /nodes/pve-3/qemu/101/status/current", code: 595, data: "No route to host"},
+			resources("101@pve-3", "pve-3=offline")},
+		call: statusBoth,
+		want: "unknown node pve-3 unreachable: HTTP 595: No route to host; unknown node pve-3 offline"},
+	{name: "a node lost during a task",
+		steps: []step{resources("101@pve-3", "pve-3=online"), {req: "POST /nodes/pve-3/qemu/101/status/start", data: `"UPID:pve-3:00000010:00000020:00000030:qmstart:101:` + emuTokenID + `:"`},
+			{req: "GET /nodes/pve-3/tasks/UPID:pve-3:00000010:00000020:00000030:qmstart:101:" + emuTokenID + ":/status", code: 595, data: "No route to host"}},
+		call: power(hypervisor.PowerStart), wantErr: []error{hypervisor.ErrBackend}, errHas: []string{"could not reach node pve-3", "No route to host"}},
+}
+
+// TestPlacement runs placementCases: the exact requests, in order, against
+// answers worded as Proxmox words them.
 func TestPlacement(t *testing.T) {
-	status := func(d *Driver) (string, error) {
-		st, err := d.Status(ctxT(t), "101")
-		return fmt.Sprintf("%s %s", st.State, st.Detail), err
-	}
-	twice := func(d *Driver) (string, error) {
-		if _, err := status(d); err != nil {
-			return "", err
-		}
-		d.place.now = func() time.Time { return time.Now().Add(nodeTTL) } // the view is now stale
-		return status(d)
-	}
-	power := func(a hypervisor.PowerAction) func(d *Driver) (string, error) {
-		return func(d *Driver) (string, error) { return "", d.Power(ctxT(t), "101", a) }
-	}
-	for _, tc := range []struct {
-		name    string
-		steps   []step
-		call    func(d *Driver) (string, error)
-		want    string   // the call's result
-		wantErr []error  // the error is all of these
-		errHas  []string // and says these
-	}{
-		{name: "one read for two calls",
-			steps: []step{resources("101@pve", "pve=online"), {req: "GET /nodes/pve/qemu/101/status/current", data: stopped},
-				{req: "GET /nodes/pve/qemu/101/status/current", data: stopped}},
-			call: func(d *Driver) (string, error) { status(d); return status(d) }, want: "stopped stopped"},
-		{name: "a stale view is read again",
-			steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", data: stopped},
-				resources("101@pve-2"), {req: "GET /nodes/pve-2/qemu/101/status/current", data: stopped}},
-			call: twice, want: "stopped stopped"},
-		{name: "load_config's wrong node: read again, sent again",
-			steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", code: 500, data: noConf},
-				resources("101@pve-2"), {req: "GET /nodes/pve-2/qemu/101/status/current", data: stopped}},
-			call: status, want: "stopped stopped"},
-		{name: "check_running's wrong node (reset): sent again",
-			steps: join([]step{resources("101@pve"), {req: "POST /nodes/pve/qemu/101/status/reset", code: 500, data: notOnPVE},
-				resources("101@pve-2")}, task("/nodes/pve-2/qemu/101/status/reset", "pve-2", "qmreset", "OK")),
-			call: power(hypervisor.PowerReset)},
-		{name: "a task that found no config (stop) is started again on the new node",
-			steps: join([]step{resources("101@pve")}, task("/nodes/pve/qemu/101/status/stop", "pve", "qmstop", notOnPVE),
-				[]step{resources("101@pve-2")}, task("/nodes/pve-2/qemu/101/status/stop", "pve-2", "qmstop", "OK")),
-			call: power(hypervisor.PowerStop)},
-		{name: "a task is started again once only",
-			steps: join([]step{resources("101@pve")}, task("/nodes/pve/qemu/101/status/start", "pve", "qmstart", noConf),
-				[]step{resources("101@pve-2")}, task("/nodes/pve-2/qemu/101/status/start", "pve-2", "qmstart", noConfPVE2)),
-			call: power(hypervisor.PowerStart), wantErr: []error{hypervisor.ErrBackend}, errHas: []string{noConfPVE2}},
-		{name: "sent again once only",
-			steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", code: 500, data: noConf},
-				resources("101@pve-2"), {req: "GET /nodes/pve-2/qemu/101/status/current", code: 500, data: noConfPVE2}},
-			call: status, wantErr: []error{hypervisor.ErrUnknownVM}},
-		{name: "a VM gone from the cluster is unknown",
-			steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", code: 500, data: noConf},
-				resources("102@pve")},
-			call: status, wantErr: []error{hypervisor.ErrUnknownVM}},
-		{name: "a VM the cluster still puts there is unknown",
-			steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", code: 500, data: noConf},
-				resources("101@pve")},
-			call: status, wantErr: []error{hypervisor.ErrUnknownVM}},
-		{name: "words naming another node are no move",
-			steps: []step{resources("101@pve"), {req: "GET /nodes/pve/qemu/101/status/current", code: 500, data: noConfOther}},
-			call:  status, wantErr: []error{hypervisor.ErrUnknownVM}},
-		{name: "a VM on an offline node: nothing sent to it",
-			steps: []step{resources("101@pve-3", "pve=online", "pve-3=offline")},
-			call:  power(hypervisor.PowerStart), wantErr: []error{hypervisor.ErrBackend},
-			errHas: []string{"VM 101 is on node pve-3, which is offline"}},
-		{name: "the status of a VM on an offline node is unknown",
-			steps: []step{resources("101@pve-3", "pve-3=offline")},
-			call:  status, want: "unknown node pve-3 offline"},
-		{name: "a VM that moved to an offline node",
-			steps: []step{resources("101@pve"), {req: "POST /nodes/pve/qemu/101/status/reset", code: 500, data: notOnPVE},
-				resources("101@pve-3", "pve-3=offline")},
-			call: power(hypervisor.PowerReset), wantErr: []error{hypervisor.ErrBackend}, errHas: []string{"node pve-3, which is offline"}},
-		{name: "a node Proxmox cannot reach: never sent again",
-			steps: []step{resources("101@pve-3", "pve-3=online"), {req: "POST /nodes/pve-3/qemu/101/status/reset", code: 595, data: "No route to host"}},
-			call:  power(hypervisor.PowerReset), wantErr: []error{hypervisor.ErrBackend},
-			errHas: []string{"could not reach node pve-3", "No route to host"}},
-		{name: "after an unreachable node the view is read again",
-			steps: []step{resources("101@pve-3", "pve-3=online"), {req: "GET /nodes/pve-3/qemu/101/status/current", code: 595, data: "No route to host"},
-				resources("101@pve-3", "pve-3=offline")},
-			call: func(d *Driver) (string, error) { a, _ := status(d); b, err := status(d); return a + "; " + b, err },
-			want: "unknown node pve-3 unreachable: HTTP 595: No route to host; unknown node pve-3 offline"},
-	} {
+	for _, tc := range placementCases {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, s := scriptServer(t, tc.steps)
 			d := newDriver(t, cfg)
-			got, err := tc.call(d)
+			got, err := tc.call(t, d)
 			s.done(t, tc.name)
 			if len(tc.wantErr) == 0 && (err != nil || got != tc.want) {
 				t.Errorf("%s = %q, %v; want %q, nil", tc.name, got, err, tc.want)

@@ -55,7 +55,8 @@ func (d *Driver) waitTask(ctx context.Context, v vmRef, upid string) error {
 	var b hypervisor.Backoff
 	for {
 		if err := t.Ping(ctx); err != nil {
-			return unwrapAPIError(err)
+			// A node that went offline during the task names itself.
+			return d.place.reached(m[1], 0, unwrapAPIError(err))
 		}
 		if t.Status == "stopped" {
 			break
