@@ -72,6 +72,11 @@ type Harness struct {
 	// VM's snapshots cover (the lab guest's /data); RunSnapshots then also
 	// checks that files there are reverted.
 	DiskDir string
+	// BeforeGroup, when set, runs before each group of Run with the group's
+	// name: a harness changes the world between checks there (the Proxmox
+	// cluster test migrates VM from node to node). Run's checks must pass
+	// whatever it does to VM short of stopping it.
+	BeforeGroup func(t *testing.T, group string)
 }
 
 func (h Harness) unknownVM() string {
@@ -205,6 +210,9 @@ func Run(t *testing.T, h Harness) {
 	for _, g := range suite {
 		if (g.name == "Network" && !h.Capabilities.GuestNetwork) || (g.name == "Metrics" && !h.Capabilities.Metrics) {
 			continue // the driver has not got it, as Capabilities/Declared checks
+		}
+		if h.BeforeGroup != nil {
+			h.BeforeGroup(t, g.name)
 		}
 		t.Run(g.name, func(t *testing.T) {
 			for _, c := range g.checks {

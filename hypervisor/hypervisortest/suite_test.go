@@ -77,6 +77,26 @@ func TestRunPassesOnLocalDriver(t *testing.T) {
 	Run(t, d.harness(t))
 }
 
+// TestBeforeGroup: Run calls the hook before each group it runs, in order,
+// and not again inside a group.
+func TestBeforeGroup(t *testing.T) {
+	d := newLocalDriver(t)
+	h := d.harness(t)
+	var got []string
+	h.BeforeGroup = func(_ *testing.T, group string) { got = append(got, group) }
+	Run(t, h)
+	var want []string
+	for _, g := range suite {
+		if (g.name == "Network" && !h.Capabilities.GuestNetwork) || (g.name == "Metrics" && !h.Capabilities.Metrics) {
+			continue
+		}
+		want = append(want, g.name)
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("BeforeGroup saw %q; want %q", got, want)
+	}
+}
+
 func TestEveryCheckPassesOnLocalDriver(t *testing.T) {
 	// The same as Run, through the recorder: proves the recorder does not
 	// invent failures, so the failures below are the checks' own.

@@ -6,12 +6,12 @@ import (
 	"time"
 )
 
-// vmClone is qemu-server src/PVE/API2/Qemu.pm clone_vm: $load_and_check runs
-// before the qmclone task (named after the source vmid) and again in it; the
-// new VM is locked 'clone' until the copy is done. Its Machine comes from
+// vmClone is qemu-server src/PVE/API2/Qemu.pm clone_vm: check_running, then
+// $load_and_check before the qmclone task (named after the source vmid) and
+// again in it; the new VM is locked 'clone' until the copy is done. Its Machine comes from
 // Options.NewMachine; without one the clone is power-state only.
 func (e *Emulator) vmClone(r *request) (any, *apiError) {
-	v, err := e.loadVM(r)
+	v, err := e.assertOnNode(r)
 	if err != nil {
 		return nil, err
 	}

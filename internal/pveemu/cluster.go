@@ -3,6 +3,8 @@ package pveemu
 import (
 	"encoding/json"
 	"runtime"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -12,82 +14,115 @@ func (e *Emulator) getVersion(*request) (any, *apiError) {
 }
 
 // sample is pvestatd's status update (pve-manager PVE/Service/pvestatd.pm,
-// update_qemu_status, every $updatetime seconds): /cluster/resources reports
-// a VM's status as pvestatd last broadcast it, "unknown" before the first
-// broadcast that included it. Sampled lazily, at most every statInterval.
+// update_qemu_status, every $updatetime seconds) as pmxcfs keeps it:
+// /cluster/resources reports a VM's status as pvestatd last broadcast it,
+// "unknown" before the first broadcast that included it. Each node's
+// pvestatd broadcasts its own VMs, so a VM on an offline node keeps its
+// last status until pmxcfs drops it after rrdExpire (cfs_rrd_dump). Sampled
+// lazily, at most every statInterval.
 func (e *Emulator) sample() map[int]string {
-	ids := e.sortedVMIDs()
 	e.mu.Lock()
-	stale := time.Since(e.lastSample) >= statInterval
+	now := e.nowLocked()
+	stale := now.Sub(e.lastSample) >= statInterval
 	e.mu.Unlock()
 	if stale {
 		st := map[int]string{}
-		for _, id := range ids {
-			if v := e.vmByID(id); v != nil {
-				st[id] = "stopped"
-				if v.machine.PID() != 0 {
-					st[id] = "running"
-				}
-			}
-		}
-		e.mu.Lock()
-		e.rrd, e.lastSample = st, time.Now()
-		e.mu.Unlock()
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out := make(map[int]string, len(e.rrd))
-	for k, v := range e.rrd {
-		out[k] = v
-	}
-	return out
-}
-
-// clusterResources is pve-manager PVE/API2/Cluster.pm "resources": every VM
-// the caller has VM.Audit on (others are left out silently), with
-// PVE::API2Tools::extract_vm_stats's fields, then the nodes.
-func (e *Emulator) clusterResources(r *request) (any, *apiError) {
-	typ, _ := strParam(r.params, "type")
-	out := []map[string]any{}
-	if typ == "" || typ == "vm" {
-		rrd := e.sample()
 		for _, id := range e.sortedVMIDs() {
 			v := e.vmByID(id)
 			if v == nil {
 				continue
 			}
-			if e.check(r.token, "/vms/"+itoa(id), "VM.Audit") != nil {
+			v.mu.Lock()
+			node := v.node
+			v.mu.Unlock()
+			if !e.nodeOnline(node) {
 				continue
 			}
-			v.mu.Lock()
-			entry := map[string]any{"id": "qemu/" + itoa(id), "vmid": id, "node": v.node, "type": "qemu", "status": "unknown"}
-			if st, ok := rrd[id]; ok {
-				entry["status"] = st
-				entry["name"] = v.name
-				entry["template"] = b2i(v.template)
-				entry["maxcpu"] = v.cores
-				entry["maxmem"] = int64(v.memoryMB) << 20
-				entry["cpu"], entry["mem"], entry["maxdisk"], entry["disk"] = 0, 0, 0, 0
-				entry["netin"], entry["netout"], entry["diskread"], entry["diskwrite"] = 0, 0, 0, 0
-				entry["uptime"] = 0
-				if st == "running" {
-					entry["uptime"] = int64(time.Since(v.started).Seconds())
-				}
+			st[id] = "stopped"
+			if v.machine.PID() != 0 {
+				st[id] = "running"
 			}
-			if v.lock != "" {
-				entry["lock"] = v.lock
-			}
-			v.mu.Unlock()
-			out = append(out, entry)
 		}
+		e.mu.Lock()
+		for id, status := range st {
+			e.rrd[id] = rrdEntry{status: status, at: now}
+		}
+		for _, n := range e.nodes {
+			if !e.offline[n] {
+				e.nodeSeen[n] = now
+			}
+		}
+		e.lastSample = now
+		e.mu.Unlock()
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[int]string, len(e.rrd))
+	for id, r := range e.rrd {
+		if now.Sub(r.at) > rrdExpire {
+			delete(e.rrd, id)
+			continue
+		}
+		out[id] = r.status
+	}
+	return out
+}
+
+// clusterResources is pve-manager PVE/API2/Cluster.pm "resources"
+// (permissions user => 'all'): every VM the caller has VM.Audit on (others
+// are left out silently), with PVE::API2Tools::extract_vm_stats's fields,
+// in "sort keys" order (as strings); then every node, whatever the
+// caller's privileges (extract_node_stats, see nodeStats). Storage and SDN
+// are not emulated: their entries are missing, as for a token without
+// Datastore.Audit or SDN.Audit.
+func (e *Emulator) clusterResources(r *request) (any, *apiError) {
+	typ, _ := strParam(r.params, "type")
+	out := []map[string]any{}
+	if typ == "" || typ == "vm" {
+		out = append(out, e.vmEntries(r)...)
 	}
 	if typ == "" || typ == "node" {
-		// extract_node_stats (every member is online here).
-		for _, n := range e.nodes {
-			out = append(out, map[string]any{"id": "node/" + n, "node": n, "type": "node", "status": "online"})
-		}
+		out = append(out, e.nodeEntries(r)...)
 	}
 	return out, nil
+}
+
+// vmEntries are the VM entries of cluster/resources.
+func (e *Emulator) vmEntries(r *request) []map[string]any {
+	rrd := e.sample()
+	ids := e.sortedVMIDs()
+	slices.SortFunc(ids, func(a, b int) int { return strings.Compare(itoa(a), itoa(b)) })
+	var out []map[string]any
+	for _, id := range ids {
+		v := e.vmByID(id)
+		if v == nil {
+			continue
+		}
+		if e.check(r.token, "/vms/"+itoa(id), "VM.Audit") != nil {
+			continue
+		}
+		v.mu.Lock()
+		entry := map[string]any{"id": "qemu/" + itoa(id), "vmid": id, "node": v.node, "type": "qemu", "status": "unknown"}
+		if st, ok := rrd[id]; ok {
+			entry["status"] = st
+			entry["name"] = v.name
+			entry["template"] = b2i(v.template)
+			entry["maxcpu"] = v.cores
+			entry["maxmem"] = int64(v.memoryMB) << 20
+			entry["cpu"], entry["mem"], entry["maxdisk"], entry["disk"] = 0, 0, 0, 0
+			entry["netin"], entry["netout"], entry["diskread"], entry["diskwrite"] = 0, 0, 0, 0
+			entry["uptime"] = 0
+			if st == "running" {
+				entry["uptime"] = int64(time.Since(v.started).Seconds())
+			}
+		}
+		if v.lock != "" {
+			entry["lock"] = v.lock
+		}
+		v.mu.Unlock()
+		out = append(out, entry)
+	}
+	return out
 }
 
 // accessPermissions is pve-access-control src/PVE/API2/AccessControl.pm

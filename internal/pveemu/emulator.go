@@ -19,7 +19,9 @@ import (
 type Options struct {
 	// Version is the Proxmox VE the emulator is. Required (see PVE84 ...).
 	Version Version
-	// Nodes are the cluster's node names; empty means ["pve"].
+	// Nodes are the cluster's node names; empty means ["pve"]. The first
+	// serves the API; requests for the others are forwarded to them as
+	// pveproxy does (nodes.go). Every node starts online (SetNodeOnline).
 	Nodes []string
 	// NewMachine, when set, makes the Machine of a VM that clone creates
 	// (the new VM's vmid and name); nil: clones have no Machine and their
@@ -60,17 +62,20 @@ type Emulator struct {
 	opts    Options
 	routes  []route
 
-	// mu guards tokens, vms, tasks, transcript, nextPID, lastSample/rrd and
-	// pidStat.
+	// mu guards tokens, vms, tasks, transcript, nextPID, lastSample/rrd,
+	// offline/nodeSeen, skew and pidStat.
 	mu         sync.Mutex
 	tokens     map[string]*Token
 	vms        map[int]*vm
 	tasks      map[string]*task
 	transcript []Exchange
 	nextPID    int
-	rrd        map[int]string // vmid -> status as pvestatd last saw it
+	rrd        map[int]rrdEntry // vmid -> status as pvestatd last broadcast it
 	lastSample time.Time
-	pidStat    map[int]pidCPU // vmstatus's $last_proc_pid_stat, by QEMU pid
+	offline    map[string]bool      // members whose corosync link is down
+	nodeSeen   map[string]time.Time // a node's last status broadcast
+	skew       time.Duration        // how far tests moved the broadcasts' clock
+	pidStat    map[int]pidCPU       // vmstatus's $last_proc_pid_stat, by QEMU pid
 
 	// wg counts running tasks and background work.
 	wg     sync.WaitGroup
@@ -106,8 +111,8 @@ func New(opts Options) (*Emulator, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Emulator{version: opts.Version, nodes: nodes, log: log, opts: opts,
-		tokens: map[string]*Token{}, vms: map[int]*vm{}, tasks: map[string]*task{}, rrd: map[int]string{},
-		nextPID: 4000, ctx: ctx, cancel: cancel}
+		tokens: map[string]*Token{}, vms: map[int]*vm{}, tasks: map[string]*task{}, rrd: map[int]rrdEntry{},
+		offline: map[string]bool{}, nodeSeen: map[string]time.Time{}, nextPID: 4000, ctx: ctx, cancel: cancel}
 	e.routes = e.routeTable()
 	e.srv = httptest.NewUnstartedServer(http.HandlerFunc(e.serveHTTP))
 	e.srv.Config.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelDebug)

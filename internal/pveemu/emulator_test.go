@@ -155,7 +155,13 @@ func tokenAuth(id, secret string) string { return "PVEAPIToken=" + id + "=" + se
 // /vms (propagated) and the VMs given.
 func emu(t *testing.T, v Version, privs []string, vms ...VMSpec) (*Emulator, client) {
 	t.Helper()
-	e := Start(t, Options{Version: v, Nodes: []string{"pve", "pve-2"}})
+	return emuNodes(t, v, []string{"pve", "pve-2"}, privs, vms...)
+}
+
+// emuNodes is emu with the given nodes.
+func emuNodes(t *testing.T, v Version, nodes, privs []string, vms ...VMSpec) (*Emulator, client) {
+	t.Helper()
+	e := Start(t, Options{Version: v, Nodes: nodes})
 	if err := e.AddToken(Token{ID: tokID, Secret: tokSecret, ACL: []ACL{{Path: "/vms", Privs: privs, Propagate: true}}}); err != nil {
 		t.Fatal(err)
 	}

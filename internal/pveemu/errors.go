@@ -13,6 +13,9 @@ type apiError struct {
 	code   int
 	msg    string // as Perl holds it, usually ending in "\n"
 	errors map[string]string
+	// bare: pveproxy's own answer to a forward that failed (proxyFailure):
+	// msg is the status line's reason and there is no body.
+	bare bool
 }
 
 func (e *apiError) Error() string { return e.msg }

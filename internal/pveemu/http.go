@@ -1,6 +1,7 @@
 package pveemu
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -173,6 +174,11 @@ func decodeURLEncoded(data string, into map[string]any) {
 // answer writes a handler's result: PVE::HTTPServer::rest_handler's
 // response, formatted by Formatter/Standard.pm's json formatter.
 func (e *Emulator) answer(w http.ResponseWriter, reqLine string, data any, err *apiError) {
+	if err != nil && err.bare {
+		e.record(reqLine, err.code, err.msg, nil)
+		writeBare(w, err.code, err.msg)
+		return
+	}
 	code := http.StatusOK
 	body := map[string]any{"data": data}
 	reason := "OK"
@@ -223,27 +229,38 @@ func (e *Emulator) plainError(w http.ResponseWriter, reqLine string, code int, m
 // would write the standard one). Answers with code >= 400 close the
 // connection, as AnyEvent.pm's response does.
 func writeRaw(w http.ResponseWriter, code int, reason, ctype string, body []byte, keepAlive bool) {
-	hj, ok := w.(http.Hijacker)
-	if !ok || keepAlive {
+	if !keepAlive && hijack(w, func(buf *bufio.ReadWriter) {
+		fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\n", code, reason)
 		if ctype != "" {
-			w.Header().Set("Content-Type", ctype)
+			fmt.Fprintf(buf, "Content-Type: %s\r\n", ctype)
 		}
-		w.Header().Set("Server", "pve-api-daemon/3.0")
-		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-		w.WriteHeader(code)
-		w.Write(body)
+		fmt.Fprintf(buf, "Server: pve-api-daemon/3.0\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", len(body))
+		buf.Write(body)
+	}) {
 		return
+	}
+	if ctype != "" {
+		w.Header().Set("Content-Type", ctype)
+	}
+	w.Header().Set("Server", "pve-api-daemon/3.0")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(code)
+	w.Write(body)
+}
+
+// hijack takes w's connection, writes an answer of its own on it with
+// write and closes it; false when w cannot be taken.
+func hijack(w http.ResponseWriter, write func(*bufio.ReadWriter)) bool {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		return false
 	}
 	conn, buf, err := hj.Hijack()
 	if err != nil {
-		return
+		return true // the connection is gone
 	}
 	defer conn.Close()
-	fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\n", code, reason)
-	if ctype != "" {
-		fmt.Fprintf(buf, "Content-Type: %s\r\n", ctype)
-	}
-	fmt.Fprintf(buf, "Server: pve-api-daemon/3.0\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", len(body))
-	buf.Write(body)
+	write(buf)
 	buf.Flush()
+	return true
 }

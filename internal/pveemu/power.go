@@ -83,16 +83,21 @@ func (e *Emulator) paused(ctx context.Context, v *vm) bool {
 	return st.Status == "paused" || st.Status == "prelaunch" || st.Status == "suspended"
 }
 
+// vmStart is vm_start: the config is loaded in the qmstart worker, under
+// the config lock (QemuServer.pm vm_start), so a VM whose config is not on
+// the node fails the task, not the call.
 func (e *Emulator) vmStart(r *request) (any, *apiError) {
 	if err := rootOnly(r, "skiplock"); err != nil {
 		return nil, err
 	}
-	v, err := e.loadVM(r)
-	if err != nil {
-		return nil, err
-	}
-	return e.forkWorker(r, "qmstart", strconv.Itoa(v.vmid), func(t *task) *apiError {
-		return e.startVM(v)
+	vmid, node := vmParams(r)
+	return e.forkWorker(r, "qmstart", strconv.Itoa(vmid), func(t *task) *apiError {
+		v := e.vmByID(vmid)
+		if err := e.lockOn(v, node, vmid, noConfig); err != nil {
+			return err
+		}
+		defer v.cfgMu.Unlock()
+		return e.startLocked(v)
 	}), nil
 }
 
@@ -100,6 +105,11 @@ func (e *Emulator) vmStart(r *request) (any, *apiError) {
 func (e *Emulator) startVM(v *vm) *apiError {
 	v.cfgMu.Lock()
 	defer v.cfgMu.Unlock()
+	return e.startLocked(v)
+}
+
+// startLocked is vm_start's work once the config is loaded (lock held).
+func (e *Emulator) startLocked(v *vm) *apiError {
 	v.mu.Lock()
 	template := v.template
 	v.mu.Unlock()
@@ -128,61 +138,71 @@ func (e *Emulator) launch(v *vm) *apiError {
 	return nil
 }
 
+// vmStop is vm_stop: vm_stop's lock_config, then _do_vm_stop's
+// check_running, which asserts the config is on the node, in the worker.
 func (e *Emulator) vmStop(r *request) (any, *apiError) {
 	if err := rootOnly(r, "skiplock", "keepActive"); err != nil {
 		return nil, err
 	}
-	v, err := e.loadVM(r)
-	if err != nil {
-		return nil, err
-	}
+	vmid, node := vmParams(r)
 	timeout := time.Duration(intParam(r.params, "timeout", -1)) * time.Second
-	return e.forkWorker(r, "qmstop", strconv.Itoa(v.vmid), func(t *task) *apiError {
-		v.cfgMu.Lock()
+	return e.forkWorker(r, "qmstop", strconv.Itoa(vmid), func(t *task) *apiError {
+		v := e.vmByID(vmid)
+		if err := e.lockOn(v, node, vmid, notOnNode); err != nil {
+			return err
+		}
 		defer v.cfgMu.Unlock()
 		return e.doStop(t, v, timeout, false, true)
 	}), nil
 }
 
+// vmShutdown is vm_shutdown: vm_is_paused looks at the VM first (its
+// assert_config_exists_on_node only warns), then the worker as vm_stop's.
 func (e *Emulator) vmShutdown(r *request) (any, *apiError) {
 	if err := rootOnly(r, "skiplock", "keepActive"); err != nil {
 		return nil, err
 	}
-	v, err := e.loadVM(r)
-	if err != nil {
-		return nil, err
-	}
+	vmid, node := vmParams(r)
 	force := boolParam(r.params, "forceStop", false)
 	shutdown := true
 	// Sending a graceful shutdown to a paused VM runs into timeouts.
-	if e.paused(r.ctx, v) {
+	if v := e.vmAt(vmid, node); v != nil && e.paused(r.ctx, v) {
 		if !force {
 			return nil, die("VM is paused - cannot shutdown")
 		}
 		shutdown = false
 	}
 	timeout := time.Duration(intParam(r.params, "timeout", -1)) * time.Second
-	return e.forkWorker(r, "qmshutdown", strconv.Itoa(v.vmid), func(t *task) *apiError {
-		v.cfgMu.Lock()
+	return e.forkWorker(r, "qmshutdown", strconv.Itoa(vmid), func(t *task) *apiError {
+		v := e.vmByID(vmid)
+		if err := e.lockOn(v, node, vmid, notOnNode); err != nil {
+			return err
+		}
 		defer v.cfgMu.Unlock()
 		return e.doStop(t, v, timeout, shutdown, force)
 	}), nil
 }
 
+// vmReboot is vm_reboot: vm_is_paused, then check_running (the config must
+// be on the node) before the worker; QemuServer.pm vm_reboot checks again
+// under the lock.
 func (e *Emulator) vmReboot(r *request) (any, *apiError) {
-	v, err := e.loadVM(r)
-	if err != nil {
-		return nil, err
-	}
-	if e.paused(r.ctx, v) {
+	vmid, node := vmParams(r)
+	v := e.vmAt(vmid, node)
+	if v != nil && e.paused(r.ctx, v) {
 		return nil, die("VM is paused - cannot shutdown")
+	}
+	if v == nil {
+		return nil, notOnNode(node, vmid)
 	}
 	if v.machine.PID() == 0 {
 		return nil, die("VM %d not running", v.vmid)
 	}
 	timeout := time.Duration(intParam(r.params, "timeout", -1)) * time.Second
 	return e.forkWorker(r, "qmreboot", strconv.Itoa(v.vmid), func(t *task) *apiError {
-		v.cfgMu.Lock()
+		if err := e.lockOn(v, node, vmid, notOnNode); err != nil {
+			return err
+		}
 		if v.machine.PID() == 0 { // only reboot if running
 			v.cfgMu.Unlock()
 			return nil
@@ -203,19 +223,24 @@ func (e *Emulator) vmReboot(r *request) (any, *apiError) {
 	}), nil
 }
 
+// vmReset is vm_reset: check_running before the worker, then
+// QemuServer.pm vm_reset's lock_config and load_config in it.
 func (e *Emulator) vmReset(r *request) (any, *apiError) {
 	if err := rootOnly(r, "skiplock"); err != nil {
 		return nil, err
 	}
-	v, err := e.loadVM(r)
+	v, err := e.assertOnNode(r)
 	if err != nil {
 		return nil, err
 	}
 	if v.machine.PID() == 0 {
 		return nil, die("VM %d not running", v.vmid)
 	}
+	_, node := vmParams(r)
 	return e.forkWorker(r, "qmreset", strconv.Itoa(v.vmid), func(t *task) *apiError {
-		v.cfgMu.Lock()
+		if err := e.lockOn(v, node, v.vmid, noConfig); err != nil {
+			return err
+		}
 		defer v.cfgMu.Unlock()
 		if err := v.checkLock(); err != nil {
 			return err

@@ -59,3 +59,56 @@ func TestRealUPIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestRealCluster: the emulator's cluster/resources entries have the
+// fields real ones have, a VM on a node long offline is what a real
+// server listed, and a forward to an offline node fails as a real
+// pveproxy's does.
+func TestRealCluster(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(realDir, "cluster-resources.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var real struct{ Data []map[string]any }
+	if err := json.Unmarshal(raw, &real); err != nil {
+		t.Fatal(err)
+	}
+	realKeys := map[string]string{}
+	for _, x := range real.Data {
+		delete(x, "tags") // only for tagged VMs
+		realKeys[fmt.Sprint(x["type"])] = keys(x)
+	}
+	e := Start(t, Options{Version: PVE92, Nodes: threeNodes})
+	e.AddToken(Token{ID: tokID, Secret: tokSecret, ACL: []ACL{{Path: "/vms", Privs: []string{"VM.Audit"}, Propagate: true},
+		{Path: "/nodes", Privs: []string{"Sys.Audit"}, Propagate: true}}})
+	e.AddVM(VMSpec{VMID: 100, Node: "pve-2", Name: "server1", Running: true})
+	e.AddVM(VMSpec{VMID: 1002, Node: "pve-3", Running: true})
+	c := newClient(t, e, tokenAuth(tokID, tokSecret))
+	_, byID := c.entries("")
+	for typ, id := range map[string]string{"qemu": "qemu/100", "node": "node/pve"} {
+		if got := keys(byID[id]); got != realKeys[typ] {
+			t.Errorf("%s entry has %s; a real one has %s", typ, got, realKeys[typ])
+		}
+	}
+
+	raw, err = os.ReadFile(filepath.Join(realDir, "cluster-resources-offline-vm.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offline struct{ Data []map[string]any }
+	if err := json.Unmarshal(raw, &offline); err != nil {
+		t.Fatal(err)
+	}
+	e.SetNodeOnline("pve-3", false)
+	e.advance(rrdExpire + statInterval)
+	_, byID = c.entries("vm")
+	if got, want := keys(byID["qemu/1002"]), keys(offline.Data[0]); got != want || byID["qemu/1002"]["status"] != offline.Data[0]["status"] {
+		t.Errorf("VM on a node offline for five minutes = %v; a real one is %v", byID["qemu/1002"], offline.Data[0])
+	}
+
+	line, body := readReal(t, "proxy-no-route.response")
+	r := c.do("GET", "/nodes/pve-3/qemu/1002/status/current", nil)
+	if got := fmt.Sprintf("%d %s", r.code, r.reason); got != line || r.raw != string(body) {
+		t.Errorf("a request for an offline node = %s %q; want the real %s %q", got, r.raw, line, body)
+	}
+}

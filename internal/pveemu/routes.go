@@ -33,6 +33,9 @@ func (e *Emulator) routeTable() []route {
 		{method: "GET", path: "/version", schema: schema{props: map[string]prop{}}, run: (*Emulator).getVersion},
 		{method: "GET", path: "/cluster/resources", run: (*Emulator).clusterResources,
 			schema: schema{props: map[string]prop{"type": {typ: "string", optional: true, enum: []string{"vm", "storage", "node", "sdn"}}}}},
+		{method: "GET", path: "/cluster/status", perm: rootPerm("Sys.Audit"), schema: schema{props: map[string]prop{}}, run: (*Emulator).clusterStatus},
+		{method: "GET", path: "/nodes", schema: schema{props: map[string]prop{}}, run: (*Emulator).nodesIndex},
+		e.migrateRoute(),
 		{method: "GET", path: "/access/permissions", run: (*Emulator).accessPermissions,
 			schema: schema{props: map[string]prop{"userid": {typ: "string", optional: true}, "path": {typ: "string", optional: true}}}},
 		{method: "GET", path: "/nodes/{node}/tasks/{upid}/status", proxyto: true, run: (*Emulator).taskStatus,
@@ -101,6 +104,11 @@ func vmPerm(privs ...string) func(e *Emulator, r *request) *apiError {
 	return func(e *Emulator, r *request) *apiError {
 		return e.check(r.token, "/vms/"+scalar(r.params["vmid"]), privs...)
 	}
+}
+
+// rootPerm is check => ['perm', '/', [PRIVS]].
+func rootPerm(privs ...string) func(e *Emulator, r *request) *apiError {
+	return func(e *Emulator, r *request) *apiError { return e.check(r.token, "/", privs...) }
 }
 
 // vmPermAny is check => ['perm', '/vms/{vmid}', [PRIVS], any => 1].
@@ -180,6 +188,11 @@ func (e *Emulator) restHandler(r *request) (any, *apiError) {
 			// back to PVE::Network::get_ip_from_hostname.
 			return nil, die("hostname lookup '%s' failed - failed to get address info for: %s: Name or service not known", node, node)
 		}
+		if !e.nodeOnline(node) {
+			// The permission check ran on the node answering; the forward
+			// fails (proxy_request, see proxyFailure).
+			return nil, proxyFailure()
+		}
 	}
 	if err := rt.schema.validate(r.params); err != nil {
 		return nil, err
@@ -190,16 +203,68 @@ func (e *Emulator) restHandler(r *request) (any, *apiError) {
 // loadVM is PVE::QemuConfig->load_config on the node the request was
 // proxied to: the config must exist there.
 func (e *Emulator) loadVM(r *request) (*vm, *apiError) {
-	vmid := int(intParam(r.params, "vmid", 0))
-	node := scalar(r.params["node"])
-	v := e.vmByID(vmid)
-	if v != nil {
-		v.mu.Lock()
-		same := v.node == node
-		v.mu.Unlock()
-		if same {
-			return v, nil
-		}
+	vmid, node := vmParams(r)
+	if v := e.vmAt(vmid, node); v != nil {
+		return v, nil
 	}
-	return nil, die("Configuration file 'nodes/%s/qemu-server/%d.conf' does not exist", node, vmid)
+	return nil, noConfig(node, vmid)
+}
+
+// vmParams are the request's vmid and node.
+func vmParams(r *request) (int, string) {
+	return int(intParam(r.params, "vmid", 0)), scalar(r.params["node"])
+}
+
+// vmAt is the VM whose config is on node, or nil.
+func (e *Emulator) vmAt(vmid int, node string) *vm {
+	if v := e.vmByID(vmid); v != nil && v.on(node) {
+		return v
+	}
+	return nil
+}
+
+// on reports whether v's config is on node.
+func (v *vm) on(node string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.node == node
+}
+
+// noConfig is PVE::AbstractConfig::load_config's error for a VM whose
+// config is not on node (pve-guest-common src/PVE/AbstractConfig.pm).
+func noConfig(node string, vmid int) *apiError {
+	return die("Configuration file 'nodes/%s/qemu-server/%d.conf' does not exist", node, vmid)
+}
+
+// notOnNode is PVE::QemuConfig::assert_config_exists_on_node's error
+// (qemu-server src/PVE/QemuConfig.pm), which PVE::QemuServer::check_running
+// runs first.
+func notOnNode(node string, vmid int) *apiError {
+	return die("unable to find configuration file for VM %d on node '%s'", vmid, node)
+}
+
+// assertOnNode is PVE::QemuConfig::assert_config_exists_on_node for the
+// request's VM and node, check_running's first step.
+func (e *Emulator) assertOnNode(r *request) (*vm, *apiError) {
+	vmid, node := vmParams(r)
+	if v := e.vmAt(vmid, node); v != nil {
+		return v, nil
+	}
+	return nil, notOnNode(node, vmid)
+}
+
+// lockOn is a worker's first step: lock_config, then the config looked
+// up on node, worded by wrong (noConfig or notOnNode) when it is not there
+// (v nil, or a migration moved it while the worker waited for the lock).
+// On success the config lock is held and the caller unlocks it.
+func (e *Emulator) lockOn(v *vm, node string, vmid int, wrong func(string, int) *apiError) *apiError {
+	if v == nil {
+		return wrong(node, vmid)
+	}
+	v.cfgMu.Lock()
+	if !v.on(node) {
+		v.cfgMu.Unlock()
+		return wrong(node, vmid)
+	}
+	return nil
 }

@@ -138,15 +138,15 @@ func (e *Emulator) withSnapshotter(v *vm, f func(ctx context.Context, s Snapshot
 // snapshotRollback is "rollback": start needs VM.PowerMgmt; the rest runs in
 // a qmrollback task.
 func (e *Emulator) snapshotRollback(r *request) (any, *apiError) {
-	v, err := e.loadVM(r)
-	if err != nil {
-		return nil, err
-	}
 	start := boolParam(r.params, "start", false)
 	if start {
-		if err := e.check(r.token, "/vms/"+strconv.Itoa(v.vmid), "VM.PowerMgmt"); err != nil {
+		if err := e.check(r.token, "/vms/"+scalar(r.params["vmid"]), "VM.PowerMgmt"); err != nil {
 			return nil, err
 		}
+	}
+	v, err := e.loadVM(r)
+	if err != nil {
+		return e.failedWorker(r, "qmrollback", err), nil
 	}
 	name, _ := strParam(r.params, "snapname")
 	return e.forkWorker(r, "qmrollback", strconv.Itoa(v.vmid), func(t *task) *apiError {
@@ -206,7 +206,7 @@ func (e *Emulator) rollback(t *task, v *vm, name string) *apiError {
 func (e *Emulator) snapshotDelete(r *request) (any, *apiError) {
 	v, err := e.loadVM(r)
 	if err != nil {
-		return nil, err
+		return e.failedWorker(r, "qmdelsnapshot", err), nil
 	}
 	name, _ := strParam(r.params, "snapname")
 	force := boolParam(r.params, "force", false)

@@ -27,6 +27,8 @@ type task struct {
 	warnings   int
 	exitstatus string // set when the task has ended
 	done       bool
+	// finished is closed when the task has ended.
+	finished chan struct{}
 }
 
 // print adds a line to the task log.
@@ -56,7 +58,8 @@ func (e *Emulator) forkWorker(r *request, typ, id string, run func(t *task) *api
 	e.mu.Lock()
 	e.nextPID++
 	t := &task{node: node, typ: typ, id: id, user: r.token.ID, pid: e.nextPID,
-		pstart: int(time.Since(processStart) / (10 * time.Millisecond)), starttime: time.Now().Unix()}
+		pstart: int(time.Since(processStart) / (10 * time.Millisecond)), starttime: time.Now().Unix(),
+		finished: make(chan struct{})}
 	t.upid = fmt.Sprintf("UPID:%s:%08X:%08X:%08X:%s:%s:%s:", t.node, t.pid, t.pstart, t.starttime, t.typ, t.id, t.user)
 	e.tasks[t.upid] = t
 	e.mu.Unlock()
@@ -76,8 +79,17 @@ func (e *Emulator) forkWorker(r *request, typ, id string, run func(t *task) *api
 			t.lines = append(t.lines, "TASK OK")
 		}
 		t.done = true
+		close(t.finished)
 	})
 	return t.upid
+}
+
+// failedWorker is a worker whose first step, loading the VM's config under
+// lock_config, fails with err: the method answers its UPID and the task
+// ends with err (rollback and delsnapshot, whose handlers do not look at
+// the config before forking).
+func (e *Emulator) failedWorker(r *request, typ string, err *apiError) string {
+	return e.forkWorker(r, typ, scalar(r.params["vmid"]), func(*task) *apiError { return err })
 }
 
 // processStart stands in for the host's boot time in pstart.

@@ -5,9 +5,10 @@
 // (status, message, parameter errors) instead of go-proxmox's bare "not
 // authorized" and status line.
 //
-// VMs are QEMU guests listed by GET /cluster/resources?type=vm; vmgate
-// names them by vmid ("101", so "pve/101" on the server) and resolves the
-// node from the same listing. Guest operations go through Proxmox's
+// VMs are QEMU guests listed by GET /cluster/resources; vmgate names them
+// by vmid ("101", so "pve/101" on the server) and finds each one's node, and
+// which nodes are offline, in the same listing. A VM that migrated is
+// followed, a VM on an offline node reported so (cluster.go). Guest operations go through Proxmox's
 // agent/* endpoints, which relay to the VM's QEMU guest agent: exec and
 // exec-status are mapped onto guest/qga's Caller, so timeouts, output caps,
 // env and cwd work exactly as with the QEMU backend; file-read and
@@ -125,6 +126,10 @@ type api struct {
 	c      *proxmox.Client
 	client *http.Client
 	log    *slog.Logger
+	// route, when set, sends what do is given: the driver's placement
+	// (cluster.go), which puts a request about a VM on the VM's node. It
+	// is set once, before the first request.
+	route func(ctx context.Context, method, path string, query url.Values, body, out any) error
 }
 
 func newAPI(cfg Config, log *slog.Logger) (*api, error) {
@@ -183,10 +188,19 @@ const maxResponseBytes = 128 << 20
 // maxErrorBytes bounds the body of an error answer.
 const maxErrorBytes = 64 << 10
 
-// do sends one request through go-proxmox. path is relative to /api2/json
-// and already built from validated parts; query and body (JSON) are
-// optional. The answer's "data" is decoded into out (nil: discarded).
+// do sends one request: through route when it is set, else as it is
+// (send). Every request of the driver goes through here.
 func (a *api) do(ctx context.Context, method, path string, query url.Values, body any, out any) error {
+	if a.route != nil {
+		return a.route(ctx, method, path, query, body, out)
+	}
+	return a.send(ctx, method, path, query, body, out)
+}
+
+// send sends one request through go-proxmox. path is relative to
+// /api2/json and already built from validated parts; query and body (JSON)
+// are optional. The answer's "data" is decoded into out (nil: discarded).
+func (a *api) send(ctx context.Context, method, path string, query url.Values, body any, out any) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,10 +70,12 @@ type Driver struct {
 	// caches agent/info per VM.
 	core *agentexec.Core
 
+	// place is the view of the cluster: the node of each VM, the state of
+	// each node (cluster.go). Every request goes through it (api.route).
+	place *placement
+
 	// mu guards the fields below. Never held across I/O.
-	mu      sync.Mutex
-	nodes   map[int]resource
-	nodesAt time.Time
+	mu sync.Mutex
 	// major and minor are the Proxmox VE version CheckAccess read (0: unknown).
 	major, minor int
 	// noCount: file-read refused "count" (qemu-server before 9.1.5).
@@ -86,16 +87,6 @@ var (
 	_ hypervisor.Runner = (*Driver)(nil)
 	_ hypervisor.Closer = (*Driver)(nil)
 )
-
-// resource is one entry of /cluster/resources?type=vm.
-type resource struct {
-	ID     string `json:"id"`
-	VMID   int    `json:"vmid"`
-	Node   string `json:"node"`
-	Name   string `json:"name"`
-	Status string `json:"status"`
-	Type   string `json:"type"`
-}
 
 // New checks cfg, reads the token secret and CA file, and returns a Driver.
 // Nothing is contacted yet (Open also checks the version and privileges).
@@ -115,83 +106,75 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Driver{api: a, log: log, tokenID: cfg.TokenID}
+	d := &Driver{api: a, log: log, tokenID: cfg.TokenID, place: newPlacement(a, log)}
+	a.route = d.place.do
 	d.core = agentexec.NewCore(agentexec.CoreConfig{Driver: "proxmox", Reach: d.reach, MapErr: d.classify,
 		ExecTimeout: cfg.ExecTimeout, InfoTTL: infoTTL, MaxStdin: MaxInputData, Logger: log})
 	d.Exec = d.core.Exec()
 	return d, nil
 }
 
-// Close stops the exec watchdogs and drops idle connections.
+// Close stops the exec watchdogs and the view's reads and drops idle
+// connections.
 func (d *Driver) Close() error {
 	d.core.Close()
+	d.place.close()
 	d.api.client.CloseIdleConnections()
 	return nil
 }
 
-// resources fetches the VM list.
+// resources reads the cluster's QEMU VMs, by vmid (a new read of the
+// view, or the one in flight).
 func (d *Driver) resources(ctx context.Context) ([]resource, error) {
-	var rs []resource
-	if err := d.api.do(ctx, "GET", "/cluster/resources", url.Values{"type": {"vm"}}, nil, &rs); err != nil {
+	v, err := d.place.list(ctx)
+	if err != nil {
 		return nil, err
 	}
-	out := rs[:0]
-	for _, r := range rs {
-		if r.Type != "qemu" {
-			continue // containers have no guest agent
-		}
-		if r.VMID < MinVMID || r.VMID > MaxVMID || CheckNode(r.Node) != nil {
-			d.log.Warn("skipping a cluster resource with an invalid vmid or node", "vmid", r.VMID, "node", r.Node)
-			continue
-		}
-		out = append(out, r)
-	}
-	slices.SortFunc(out, func(a, b resource) int { return a.VMID - b.VMID })
-	nodes := make(map[int]resource, len(out))
-	for _, r := range out {
-		nodes[r.VMID] = r
-	}
-	d.mu.Lock()
-	d.nodes, d.nodesAt = nodes, time.Now()
-	d.mu.Unlock()
-	return out, nil
+	return v.vms, nil
 }
 
-// vmRef is a validated VM: the path prefix of its API calls.
+// vmRef is a validated VM: the path prefix of its API calls, on the node
+// the view put it on when the call began (the placement sends each request
+// to the node the view gives at that time).
 type vmRef struct {
 	vmid int
 	node string
 	path string // /nodes/{node}/qemu/{vmid}
 }
 
-// lookup validates name, resolves its node and returns the VM.
+// lookup validates name and resolves its node, which must not be offline.
 func (d *Driver) lookup(ctx context.Context, op, name string) (vmRef, error) {
+	v, offline, err := d.locate(ctx, op, name)
+	if err != nil {
+		return vmRef{}, err
+	}
+	if offline {
+		return vmRef{}, fmt.Errorf("proxmox: %s: %w", op, &NodeError{Node: v.node, VMID: v.vmid})
+	}
+	return v, nil
+}
+
+// locate validates name and resolves its node, saying whether the node is
+// offline.
+func (d *Driver) locate(ctx context.Context, op, name string) (vmRef, bool, error) {
 	vmid, err := ParseVMID(name)
 	if err != nil {
-		return vmRef{}, fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrUnknownVM, err)
+		return vmRef{}, false, fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrUnknownVM, err)
 	}
 	if err := ctx.Err(); err != nil {
-		return vmRef{}, d.classify(op, err)
+		return vmRef{}, false, d.classify(op, err)
 	}
-	d.mu.Lock()
-	r, ok := d.nodes[vmid]
-	fresh := time.Since(d.nodesAt) < nodeTTL
-	d.mu.Unlock()
-	if !ok || !fresh {
-		if _, err := d.resources(ctx); err != nil {
-			return vmRef{}, d.classify(op, err)
-		}
-		d.mu.Lock()
-		r, ok = d.nodes[vmid]
-		d.mu.Unlock()
-	}
-	if !ok {
-		return vmRef{}, fmt.Errorf("proxmox: %s: %w: %d", op, hypervisor.ErrUnknownVM, vmid)
+	r, state, ok, err := d.place.locate(ctx, vmid)
+	switch {
+	case err != nil:
+		return vmRef{}, false, d.classify(op, err)
+	case !ok:
+		return vmRef{}, false, fmt.Errorf("proxmox: %s: %w: %d", op, hypervisor.ErrUnknownVM, vmid)
 	}
 	if err := CheckNode(r.Node); err != nil {
-		return vmRef{}, fmt.Errorf("proxmox: %s: %w", op, err)
+		return vmRef{}, false, fmt.Errorf("proxmox: %s: %w", op, err)
 	}
-	return vmRef{vmid: vmid, node: r.Node, path: "/nodes/" + r.Node + "/qemu/" + strconv.Itoa(vmid)}, nil
+	return vmRef{vmid: vmid, node: r.Node, path: vmPath(r.Node, vmid)}, state == nodeOffline, nil
 }
 
 // agentOf is how the driver reaches v's guest agent: qga's command logic
@@ -226,34 +209,47 @@ func stateOf(status, qmpstatus string) hypervisor.State {
 	return hypervisor.StateUnknown
 }
 
-// ListVMs lists the cluster's QEMU VMs by vmid.
+// ListVMs lists the cluster's QEMU VMs by vmid. A VM on a node the cluster
+// lists offline has state unknown (its own status there is its node's last
+// broadcast), and its info says so.
 func (d *Driver) ListVMs(ctx context.Context) ([]hypervisor.VM, error) {
-	rs, err := d.resources(ctx)
+	v, err := d.place.list(ctx)
 	if err != nil {
 		return nil, d.classify("list vms", err)
 	}
-	vms := make([]hypervisor.VM, 0, len(rs))
-	for _, r := range rs {
-		info := "node " + r.Node
-		if r.Name != "" {
-			info += ", " + r.Name
+	vms := make([]hypervisor.VM, 0, len(v.vms))
+	for _, r := range v.vms {
+		vm := hypervisor.VM{Name: strconv.Itoa(r.VMID), State: stateOf(r.Status, ""), Info: "node " + r.Node}
+		if v.nodes[r.Node] == nodeOffline {
+			vm.State, vm.Info = hypervisor.StateUnknown, vm.Info+" (offline)"
 		}
-		vms = append(vms, hypervisor.VM{Name: strconv.Itoa(r.VMID), State: stateOf(r.Status, ""), Info: info})
+		if r.Name != "" {
+			vm.Info += ", " + r.Name
+		}
+		vms = append(vms, vm)
 	}
 	return vms, nil
 }
 
-// Status reads status/current and, for a running VM, pings the agent.
+// Status reads status/current and, for a running VM, pings the agent. A VM
+// whose node is offline, or that Proxmox cannot reach, has state unknown
+// with the node in Detail.
 func (d *Driver) Status(ctx context.Context, name string) (hypervisor.Status, error) {
-	v, err := d.lookup(ctx, "status", name)
+	v, offline, err := d.locate(ctx, "status", name)
 	if err != nil {
 		return hypervisor.Status{}, err
+	}
+	if offline {
+		return hypervisor.Status{Name: name, State: hypervisor.StateUnknown, Detail: (&NodeError{Node: v.node}).detail()}, nil
 	}
 	var cur struct {
 		Status    string `json:"status"`
 		QMPStatus string `json:"qmpstatus"`
 	}
 	if err := d.api.do(ctx, "GET", v.path+"/status/current", nil, nil, &cur); err != nil {
+		if ne := (*NodeError)(nil); errors.As(err, &ne) {
+			return hypervisor.Status{Name: name, State: hypervisor.StateUnknown, Detail: ne.detail()}, nil
+		}
 		return hypervisor.Status{}, d.classify("status", err)
 	}
 	st := hypervisor.Status{Name: name, State: stateOf(cur.Status, cur.QMPStatus), Detail: cur.Status}
@@ -449,12 +445,7 @@ func (d *Driver) Power(ctx context.Context, name string, action hypervisor.Power
 		return err
 	}
 	op := "power " + string(action)
-	var upid string
-	if err := d.api.do(ctx, "POST", v.path+"/status/"+string(action), nil, struct{}{}, &upid); err != nil {
-		return d.classify(op, err)
-	}
-	d.log.Info("power task started", "vmid", v.vmid, "node", v.node, "action", action, "upid", upid)
-	if err := d.waitTask(ctx, v, upid); err != nil {
+	if err := d.runTask(ctx, v, op, "POST", v.path+"/status/"+string(action), nil, struct{}{}); err != nil {
 		return d.classify(op, err)
 	}
 	return nil

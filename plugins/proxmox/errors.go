@@ -24,13 +24,20 @@ var (
 )
 
 // classify maps an API error of operation op to the hypervisor sentinels:
-// a refused token or privilege is ErrBackend with Proxmox's reason and what
-// to grant; "VM N not running" ErrVMNotRunning; a VM config gone
-// ErrUnknownVM; any other error answer ErrBackend with Proxmox's message.
+// a node that could not be reached is its *NodeError (ErrBackend); a
+// refused token or privilege is ErrBackend with Proxmox's reason and what
+// to grant; "VM N not running" ErrVMNotRunning; a VM config gone (still,
+// after the placement followed a migration) ErrUnknownVM; any other error
+// answer ErrBackend with Proxmox's message.
 // Agent errors map through agentexec.MapError. The message holds no secret:
 // Proxmox's messages name paths, privileges and the token id, never its
 // secret.
 func (d *Driver) classify(op string, err error) error {
+	// A node that could not be reached names itself (it may hold the
+	// proxy's APIError).
+	if ne := (*NodeError)(nil); errors.As(err, &ne) {
+		return fmt.Errorf("proxmox: %s: %w", op, ne)
+	}
 	var ae *APIError
 	if !errors.As(err, &ae) {
 		// Any other error reply of the guest agent is its own reason
@@ -50,7 +57,7 @@ func (d *Driver) classify(op string, err error) error {
 		return fmt.Errorf("proxmox: %s: %w: %w: %w%s", op, hypervisor.ErrBackend, ErrAuth, ae, hint)
 	case notRunningRE.MatchString(msg):
 		return fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrVMNotRunning, ae)
-	case noConfigRE.MatchString(msg):
+	case noConfigRE.MatchString(msg), notOnNodeRE.MatchString(msg):
 		return fmt.Errorf("proxmox: %s: %w: %w", op, hypervisor.ErrUnknownVM, ae)
 	}
 	if mapped := agentexec.MapError(err); mapped != err {

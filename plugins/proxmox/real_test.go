@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -193,5 +194,46 @@ func TestOpenWithoutPermissionsAPI(t *testing.T) {
 	defer d.Close()
 	if d.pveMajor() != 9 {
 		t.Errorf("Open() read major version %d; want 9", d.pveMajor())
+	}
+}
+
+// TestRealCluster: real cluster/resources answers give the VMs their nodes
+// (storage entries skipped), a VM whose node long went silent is unknown,
+// and pveproxy's real 595 for an offline node is the node's error.
+func TestRealCluster(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		want string
+	}{
+		{"cluster-resources.json", "[{100 running node node2, server1 false} {101 stopped node node1, leap154 false} {102 stopped node node1, machine-test false} {200 stopped node node1, VM 200 false}]"},
+		{"cluster-resources-offline-vm.json", "[{1002 unknown node pve2 false}]"},
+	} {
+		raw, err := os.ReadFile(filepath.Join(realDir, tc.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var env struct{ Data json.RawMessage }
+		if err := json.Unmarshal(raw, &env); err != nil {
+			t.Fatal(err)
+		}
+		cfg, s := scriptServer(t, []step{{req: "GET /cluster/resources", data: string(env.Data)}})
+		vms, err := newDriver(t, cfg).ListVMs(ctxT(t))
+		s.done(t, tc.file)
+		if got := fmt.Sprint(vms); err != nil || got != tc.want {
+			t.Errorf("ListVMs() of %s = %s, %v; want %s", tc.file, got, err, tc.want)
+		}
+	}
+
+	code, reason, body := readReal(t, "proxy-no-route")
+	if code != 595 || len(body) != 0 {
+		t.Fatalf("proxy-no-route.response = %d %q %q; want a 595 without a body", code, reason, body)
+	}
+	cfg, s := scriptServer(t, []step{resources("101@dell", "dell=online"),
+		{req: "POST /nodes/dell/qemu/101/status/start", code: code, data: reason}})
+	err := newDriver(t, cfg).Power(ctxT(t), "101", hypervisor.PowerStart)
+	s.done(t, "start on an offline node")
+	var ne *NodeError
+	if !errors.As(err, &ne) || ne.Node != "dell" || !errors.Is(err, hypervisor.ErrBackend) || !strings.Contains(err.Error(), "HTTP 595: No route to host") {
+		t.Errorf("Power(start) answered the real 595 = %v; want a NodeError for node dell with Proxmox's words", err)
 	}
 }

@@ -188,12 +188,7 @@ func (d *Driver) running(ctx context.Context, v vmRef) (bool, error) {
 // snapshotTask starts a snapshot task and waits for it, mapping Proxmox's
 // words for a missing or taken name to the sentinels.
 func (d *Driver) snapshotTask(ctx context.Context, v vmRef, op, method, path string, query url.Values, body any) error {
-	var upid string
-	err := d.api.do(ctx, method, path, query, body, &upid)
-	if err == nil {
-		d.log.Info("snapshot task started", "vmid", v.vmid, "node", v.node, "op", op, "upid", upid)
-		err = d.waitTask(ctx, v, upid)
-	}
+	err := d.runTask(ctx, v, op, method, path, query, body)
 	if err == nil {
 		return nil
 	}

@@ -2,7 +2,9 @@ package proxmox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 // "OK" or "WARNINGS: N" (pve-common src/PVE/UPID.pm, status_is_error): the
 // exit status is the task's error message.
 type TaskError struct {
+	Node       string // where it ran
 	Type       string // qmstart, qmstop, ...
 	ID         string // the vmid
 	ExitStatus string
@@ -45,14 +48,15 @@ const maxTaskPoll = time.Second
 // context). It returns a *TaskError for a failed task.
 func (d *Driver) waitTask(ctx context.Context, v vmRef, upid string) error {
 	m := upidRE.FindStringSubmatch(upid)
-	if m == nil || m[1] != v.node {
+	if m == nil || (m[1] != v.node && !d.place.isAt(v.vmid, m[1])) {
 		return fmt.Errorf("%w: answer %q is not a UPID of node %s", hypervisor.ErrBackend, upid, v.node)
 	}
 	t := proxmox.NewTask(proxmox.UPID(upid), d.api.c)
 	var b hypervisor.Backoff
 	for {
 		if err := t.Ping(ctx); err != nil {
-			return unwrapAPIError(err)
+			// A node that went offline during the task names itself.
+			return d.place.reached(m[1], 0, unwrapAPIError(err))
 		}
 		if t.Status == "stopped" {
 			break
@@ -68,5 +72,32 @@ func (d *Driver) waitTask(ctx context.Context, v vmRef, upid string) error {
 		d.log.Warn("task ended with warnings", "upid", upid, "exitstatus", t.ExitStatus)
 		return nil
 	}
-	return &TaskError{Type: m[6], ID: m[7], ExitStatus: t.ExitStatus}
+	return &TaskError{Node: m[1], Type: m[6], ID: m[7], ExitStatus: t.ExitStatus}
+}
+
+// runTask starts a worker task of VM v (method on path answers its UPID)
+// and waits for it. A task whose first step found no config of the VM on
+// its node did nothing (the VM migrated before the worker took the config
+// lock, see cluster.go): it is started once more, on the VM's node now.
+func (d *Driver) runTask(ctx context.Context, v vmRef, op, method, path string, query url.Values, body any) error {
+	for attempt := 0; ; attempt++ {
+		var upid string
+		if err := d.api.do(ctx, method, path, query, body, &upid); err != nil {
+			return err
+		}
+		d.log.Info("task started", "op", op, "vmid", v.vmid, "upid", upid)
+		err := d.waitTask(ctx, v, upid)
+		var te *TaskError
+		if attempt > 0 || !errors.As(err, &te) || !wrongNodeMessage(te.ExitStatus, te.Node, v.vmid) {
+			return err
+		}
+		to, rerr := d.place.relocate(ctx, v.vmid, te.Node)
+		if ne := (*NodeError)(nil); errors.As(rerr, &ne) {
+			return ne
+		}
+		if rerr != nil || to == "" {
+			return err
+		}
+		d.log.Info("VM moved before its task ran; starting the task on its node", "op", op, "vmid", v.vmid, "node", to)
+	}
 }
