@@ -28,7 +28,7 @@ type Sentinel struct {
 	// require one.
 	SentinelPasswordFile string `yaml:"sentinel_password_file"`
 	// AckTimeoutMS bounds how long a write waits for a replica's
-	// acknowledgement before the call is refused (0: 100).
+	// acknowledgement before the call is refused (0: 250).
 	AckTimeoutMS int `yaml:"ack_timeout_ms"`
 }
 
@@ -93,7 +93,7 @@ func (c *Config) validateSentinel() error {
 		seen[a] = i
 	}
 	if sn.AckTimeoutMS < 0 || sn.AckTimeoutMS > maxAckTimeoutMS {
-		return c.fieldError("store.sentinel.ack_timeout_ms", "%d out of range [0, %d] (0 means the default, 100)", sn.AckTimeoutMS, maxAckTimeoutMS)
+		return c.fieldError("store.sentinel.ack_timeout_ms", "%d out of range [0, %d] (0 means the default, 250)", sn.AckTimeoutMS, maxAckTimeoutMS)
 	}
 	return nil
 }

@@ -60,7 +60,7 @@ func TestParseStoreBad(t *testing.T) {
 		{"addr port out of range", "store:\n  type: redis\n  sentinel:\n    master: m\n    addrs: ['h:70000']\n", `store.sentinel.addrs[0]: "h:70000": port "70000" is not a number from 1 to 65535 (line 7)`},
 		{"addr without host", "store:\n  type: redis\n  sentinel: {master: m, addrs: [':26379']}\n", `store.sentinel.addrs[0]: ":26379" is not host:port (line 5)`},
 		{"duplicate addr", "store:\n  type: redis\n  sentinel:\n    master: m\n    addrs: ['h:1', 'h:1']\n", `store.sentinel.addrs[1]: "h:1" is also addrs[0] (line 7)`},
-		{"ack timeout", "store:\n  type: redis\n  sentinel:\n    master: m\n    addrs: ['h:1']\n    ack_timeout_ms: 20000\n", "store.sentinel.ack_timeout_ms: 20000 out of range [0, 10000] (0 means the default, 100) (line 8)"},
+		{"ack timeout", "store:\n  type: redis\n  sentinel:\n    master: m\n    addrs: ['h:1']\n    ack_timeout_ms: 20000\n", "store.sentinel.ack_timeout_ms: 20000 out of range [0, 10000] (0 means the default, 250) (line 8)"},
 		{"unknown sentinel key", "store:\n  type: redis\n  sentinel: {master: m, addrs: ['h:1'], password: x}\n", "field password not found"},
 		{"addrs not a list", "store:\n  type: redis\n  sentinel: {master: m, addrs: 'h:1'}\n", "cannot unmarshal"},
 		{"bad replica label", "metrics: {replica: 'a b'}\n", `metrics.replica: "a b": want 1 to 128 of [A-Za-z0-9._:@-] (line 3)`},

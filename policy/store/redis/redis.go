@@ -46,10 +46,10 @@
 // writes and the lease writes. When no replica acknowledges within
 // Options.AckTimeout (DefaultAckTimeout) the call fails with
 // store.ErrUnavailable wrapping errNotReplicated, and the caller denies:
-// fail closed. The write itself may stay on the primary (a reservation
-// then counts without its call having run, an approval stays consumed
-// unused): a failover can only cost calls that were refused, never allow
-// one that was not counted. Sentinel promotes the replica with the largest
+// fail closed. A refused reservation is taken back at once (best effort);
+// other writes stay on the primary (an approval stays consumed unused, a
+// lease is left to the reaper): a failover can only cost calls that were
+// refused, never allow one that was not counted. Sentinel promotes the replica with the largest
 // replication offset, so with one replica or more a write one replica
 // acknowledged survives the loss of the primary: the overshoot a failover
 // may cause is zero, and an approval consumed before it stays consumed.
@@ -97,10 +97,11 @@ const DefaultTimeout = 500 * time.Millisecond
 const DefaultPrefix = "vmgate:"
 
 // DefaultAckTimeout is how long a write through Sentinel waits for a
-// replica's acknowledgement when Options.AckTimeout is zero. On a LAN a
-// replica acknowledges in well under a millisecond; the timeout only
-// bounds how long a call waits when none does.
-const DefaultAckTimeout = 100 * time.Millisecond
+// replica's acknowledgement when Options.AckTimeout is zero. A replica on
+// a LAN acknowledges in well under a millisecond; the timeout bounds how
+// long a call waits when none does, and leaves room for a replica starved
+// of the CPU for a moment (a busy host, a fork) without refusing calls.
+const DefaultAckTimeout = 250 * time.Millisecond
 
 // errNotReplicated: WAIT returned before a replica acknowledged the write.
 var errNotReplicated = errors.New("no replica acknowledged the write (Redis WAIT 1): a write only the primary holds could be lost in a failover, so it does not count; check that a replica is connected (INFO replication)")
@@ -322,8 +323,9 @@ func (s *Store) ReserveAll(ctx context.Context, id string, now time.Time, counte
 	}
 	switch {
 	case len(res) == 1 && res[0] == 0 && ack != nil:
-		// Kept on the primary (it may be on the replica too): the call is
-		// refused, the reservation counts until its window ends.
+		// The call is refused: take the reservation back, best effort (if
+		// the refund is lost instead, the reservation counts: conservative).
+		_ = s.zrem(ctx, id, keys)
 		return unavailable("reserve", ack)
 	case len(res) == 1 && res[0] == 0:
 		return nil
@@ -348,16 +350,27 @@ func (s *Store) Refund(ctx context.Context, id string, now time.Time, counters [
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	_, err := s.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
-		for _, c := range counters {
-			p.ZRem(ctx, s.counterKey(c.Key), id)
-		}
-		return nil
-	})
-	if err != nil {
+	keys := make([]string, len(counters))
+	for i, c := range counters {
+		keys[i] = s.counterKey(c.Key)
+	}
+	if err := s.zrem(ctx, id, keys); err != nil {
 		return unavailable("refund", err)
 	}
 	return nil
+}
+
+// zrem removes reservation id from the counter keys, in one transaction.
+// It does not wait for a replica: a refund a failover loses makes the
+// counter stricter, never looser.
+func (s *Store) zrem(ctx context.Context, id string, keys []string) error {
+	_, err := s.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+		for _, k := range keys {
+			p.ZRem(ctx, k, id)
+		}
+		return nil
+	})
+	return err
 }
 
 // bindingKey names the set of approval ids bound to grant, tool, digest.

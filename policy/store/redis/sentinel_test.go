@@ -71,8 +71,8 @@ func TestOpenSentinelBadInput(t *testing.T) {
 // TestSentinelReplicaSilent: while the replica does not acknowledge (it is
 // stopped), every write that lets a call run fails with ErrUnavailable
 // within about the ack timeout, saying why: fail closed. The refused
-// reservation stays counted (conservative). Once the replica is back,
-// writes go through again.
+// reservation is taken back. Once the replica is back, writes go through
+// again.
 func TestSentinelReplicaSilent(t *testing.T) {
 	d := redistest.StartSentinel(t, redistest.SentinelOptions{Password: testPassword})
 	s := openSentinelTest(t, d, "")
@@ -117,10 +117,13 @@ func TestSentinelReplicaSilent(t *testing.T) {
 			break
 		}
 	}
-	// "before" and the refused "during" fill the max of 2.
+	if err != nil {
+		t.Fatalf("ReserveAll after the replica came back = %v; want nil (the refused reservation was taken back)", err)
+	}
+	// "before" and "after" fill the max of 2.
 	var le *store.LimitedError
-	if !errors.As(err, &le) {
-		t.Errorf("ReserveAll after the replica came back = %v; want the limit (the refused reservation stays counted)", err)
+	if err := s.ReserveAll(ctx, "third", storetest.T0, c); !errors.As(err, &le) {
+		t.Errorf("a third ReserveAll of a max-2 counter = %v; want the limit", err)
 	}
 }
 
@@ -148,7 +151,6 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer control.Close()
-	c := []policy.Counter{{Key: "once", Name: "once", Window: time.Hour, Max: 1}}
 	lease := storetest.NewLease("l1", "lab/vm1", 0)
 	// The control's writes first: the Sentinel store's acknowledged ones
 	// after them cover them (WAIT counts every earlier write).
@@ -163,70 +165,34 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 	if err := acked.AcquireLease(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
-
-	// The replica falls behind: stopped, and cut off by the primary.
-	d.Servers[1].Pause()
-	t.Cleanup(d.Servers[1].Resume)
-	pc := d.Client(old)
-	if err := pc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
-		t.Fatal(err)
-	}
-	pc.Close()
-	uses := map[*Store]int{}
-	grants := map[*Store]int{}
-	use := func(s *Store, id string) error {
-		_, ok, err := s.ConsumeApproval(ctx, "alice", "vm_power", "d", storetest.T0)
-		if err != nil {
-			return err
-		}
-		if ok {
-			uses[s]++
-		}
-		if err := s.ReserveAll(ctx, id, storetest.T0, c); err == nil {
-			grants[s]++
-		} else if le := (*store.LimitedError)(nil); !errors.As(err, &le) {
-			return err
-		}
-		return nil
-	}
-	if err := use(control, "c1"); err != nil {
+	cutReplica(t, d)
+	var ctl, ack useCount
+	if err := ctl.use(control, "c1"); err != nil {
 		t.Fatalf("control before the failover: %v", err)
 	}
-	if err := use(acked, "a1"); !errors.Is(err, errNotReplicated) {
+	if err := ack.use(acked, "a1"); !errors.Is(err, errNotReplicated) {
 		t.Fatalf("Sentinel store with the replica behind = %v; want it refused for want of an acknowledgement", err)
 	}
-	if err := acked.ReserveAll(ctx, "a1", storetest.T0, c); !errors.Is(err, errNotReplicated) {
+	if err := acked.ReserveAll(ctx, "a1", storetest.T0, onceCounter); !errors.Is(err, errNotReplicated) {
 		t.Fatalf("Sentinel store ReserveAll with the replica behind = %v; want it refused", err)
 	}
-
-	old.Stop() // SIGKILL
-	d.Servers[1].Resume()
-	primary, err := d.WaitFailover(old, 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.RestartAsReplica(old, primary, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	primary := failOver(t, d)
 	control2, err := Open("redis://:"+testPassword+"@"+primary.Addr(), Options{Prefix: control.prefix, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer control2.Close()
-	if err := use(control2, "c2"); err != nil {
+	if err := ctl.use(control2, "c2"); err != nil {
 		t.Fatal(err)
 	}
-	uses[control] += uses[control2]
-	grants[control] += grants[control2]
-	if uses[control] != 2 || grants[control] != 2 {
-		t.Fatalf("the control lost nothing (approval used %d times, %d grants of a max-1 counter): the scenario proves nothing", uses[control], grants[control])
+	if ctl.uses != 2 || ctl.grants != 2 {
+		t.Fatalf("the control lost nothing (approval used %d times, %d grants of a max-1 counter): the scenario proves nothing", ctl.uses, ctl.grants)
 	}
-	err = until(30*time.Second, func() error { return use(acked, "a2") })
-	if err != nil {
+	if err := until(30*time.Second, func() error { return ack.use(acked, "a2") }); err != nil {
 		t.Fatalf("Sentinel store after the failover: %v", err)
 	}
-	if uses[acked] != 1 || grants[acked] != 1 {
-		t.Errorf("through the failover the Sentinel store used its approval %d times and granted %d of a max-1 counter; want 1 and 1", uses[acked], grants[acked])
+	if ack.uses != 1 || ack.grants != 1 {
+		t.Errorf("through the failover the Sentinel store used its approval %d times and granted %d of a max-1 counter; want 1 and 1", ack.uses, ack.grants)
 	}
 	// Another replica's reaper takes the lease over on the new primary.
 	other := openSentinelTest(t, d, acked.prefix)
@@ -238,6 +204,61 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 	if _, err := other.UpdateLease(ctx, l); err != nil {
 		t.Errorf("another replica taking the lease over after the failover: %v", err)
 	}
+}
+
+var onceCounter = []policy.Counter{{Key: "once", Name: "once", Window: time.Hour, Max: 1}}
+
+// useCount counts the calls a store let run on approval "ap" and the
+// reservations it granted of onceCounter.
+type useCount struct{ uses, grants int }
+
+// use consumes the approval and reserves id, as a call would.
+func (u *useCount) use(s *Store, id string) error {
+	ctx := context.Background()
+	_, ok, err := s.ConsumeApproval(ctx, "alice", "vm_power", "d", storetest.T0)
+	if err != nil {
+		return err
+	}
+	if ok {
+		u.uses++
+	}
+	var le *store.LimitedError
+	switch err := s.ReserveAll(ctx, id, storetest.T0, onceCounter); {
+	case err == nil:
+		u.grants++
+	case !errors.As(err, &le):
+		return err
+	}
+	return nil
+}
+
+// cutReplica makes the replica fall behind: stopped (until failOver), and
+// its link dropped by the primary, so that what the primary writes next
+// never reaches it.
+func cutReplica(t *testing.T, d *redistest.Deployment) {
+	d.Servers[1].Pause()
+	t.Cleanup(d.Servers[1].Resume)
+	pc := d.Client(d.Servers[0])
+	defer pc.Close()
+	if err := pc.Do(context.Background(), "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// failOver kills the primary (SIGKILL), lets the replica go on, waits for
+// Sentinel to promote it and brings the old primary back as its replica.
+func failOver(t *testing.T, d *redistest.Deployment) *redistest.Server {
+	old := d.Servers[0]
+	old.Stop()
+	d.Servers[1].Resume()
+	primary, err := d.WaitFailover(old, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.RestartAsReplica(old, primary, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return primary
 }
 
 // until calls f every 20 ms until it returns an error that is not
