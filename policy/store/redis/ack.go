@@ -81,7 +81,8 @@ func (s *Store) acked(wait *goredis.Cmd) error {
 	case err != nil:
 		return fmt.Errorf("wait for a replica: %w", err)
 	case n < int64(s.acks):
-		return fmt.Errorf("%w within %v", errNotReplicated, s.ackTimeout)
+		return fmt.Errorf("%w within %v (Redis WAIT %d): a write only the primary holds could be lost in a failover, so it does not count; check that a replica is connected and in sync (INFO replication on the primary)",
+			errNotReplicated, s.ackTimeout, s.acks)
 	}
 	return nil
 }

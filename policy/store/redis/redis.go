@@ -43,16 +43,21 @@
 // go in one pipeline on one connection (WAIT covers that connection's
 // writes), or WAIT follows EXEC on a transaction's connection. That is
 // ReserveAll, CreateApproval, DecideApproval, ConsumeApproval, the session
-// writes and the lease writes. When no replica acknowledges within
-// Options.AckTimeout (DefaultAckTimeout) the call fails with
-// store.ErrUnavailable wrapping errNotReplicated, and the caller denies:
-// fail closed. A refused reservation is taken back at once (best effort);
-// other writes stay on the primary (an approval stays consumed unused, a
-// lease is left to the reaper): a failover can only cost calls that were
-// refused, never allow one that was not counted. Sentinel promotes the replica with the largest
+// writes (TouchSession too: it shares their transaction) and the lease
+// writes. When no replica acknowledges within Options.AckTimeout
+// (DefaultAckTimeout) the call fails with store.ErrUnavailable wrapping
+// errNotReplicated, and the caller denies: fail closed. A refused
+// reservation is taken back at once (best effort); other writes stay on
+// the primary (an approval stays consumed unused, a lease is left to the
+// reaper): a failover can only cost calls that were refused, never allow
+// one that was not counted. Sentinel promotes the replica with the largest
 // replication offset, so with one replica or more a write one replica
-// acknowledged survives the loss of the primary: the overshoot a failover
-// may cause is zero, and an approval consumed before it stays consumed.
+// acknowledged survives the loss of the primary (unless that replica is
+// lost too, or was cut off for longer than Sentinel accepts of a
+// candidate): the overshoot a failover may cause is zero, and an approval
+// consumed before it stays consumed. A primary cut off by a partition gets
+// no acknowledgement either, so what it is still sent is refused.
+//
 // The price: a write waits for the replica's acknowledgement, one more
 // exchange between the primary and its replica in the same round trip (on
 // loopback, on a busy 2-core machine, the median reservation took 29-152
@@ -62,12 +67,12 @@
 // refused. Run two replicas to keep serving through the loss of one
 // server.
 //
-// Refund, TouchSession and the rewriting of ended approvals do not wait:
-// losing one in a failover is conservative (a reservation counts again, a
-// session looks idle earlier, arguments are dropped at the next listing).
-// A primary restarted empty (no persistence) before Sentinel failed it
-// over would be taken back with no data at all; WAIT cannot help there
-// (README: "Running several replicas").
+// Refund and the rewriting of ended approvals do not wait: losing one in a
+// failover is conservative (a reservation counts again, arguments are
+// dropped at the next listing). A primary restarted empty (no
+// persistence) before Sentinel failed it over would be taken back with no
+// data at all; WAIT cannot help there (README: "Running several
+// replicas").
 package redis
 
 import (
@@ -106,7 +111,7 @@ const DefaultPrefix = "vmgate:"
 const DefaultAckTimeout = 250 * time.Millisecond
 
 // errNotReplicated: WAIT returned before a replica acknowledged the write.
-var errNotReplicated = errors.New("no replica acknowledged the write (Redis WAIT 1): a write only the primary holds could be lost in a failover, so it does not count; check that a replica is connected (INFO replication)")
+var errNotReplicated = errors.New("no replica acknowledged the write")
 
 // Options configure Open.
 type Options struct {
