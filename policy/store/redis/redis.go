@@ -49,8 +49,9 @@
 // errNotReplicated, and the caller denies: fail closed. A refused
 // reservation is taken back at once (best effort); other writes stay on
 // the primary (an approval stays consumed unused, a lease is left to the
-// reaper): a failover can only cost calls that were refused, never allow
-// one that was not counted. Sentinel promotes the replica with the largest
+// reaper, a grant the operator was told failed can still be used once
+// after a later write there is acknowledged): a failover can only cost
+// calls that were refused, never allow one that was not counted. Sentinel promotes the replica with the largest
 // replication offset, so with one replica or more a write one replica
 // acknowledged survives the loss of the primary (unless that replica is
 // lost too, or was cut off for longer than Sentinel accepts of a
