@@ -47,10 +47,16 @@ type configOpts struct {
 	store    string // "" (bolt), "memory" or "redis"
 	redisURL string
 	prefix   string
+	// sentinel, with store "redis" and no redisURL, is the store's
+	// sentinel section (YAML flow mapping).
+	sentinel string
 	auditDir string // "" : the state directory
 	grants   []grantSpec
 	vms      []*lab.VM
-	metrics  bool // serve /metrics on a loopback port of its own (metrics.addr)
+	metrics  bool   // serve /metrics on a loopback port of its own (metrics.addr)
+	replica  string // metrics.replica, with metrics
+	// operatorToken, when set, opens /ui to the operator.
+	operatorToken string
 	// http is the config's http section (YAML flow mapping); empty: a
 	// request budget far above the default, since the campaign's load is
 	// far above an agent's (the budget and the session caps have their
@@ -71,7 +77,11 @@ func writeConfig(t *testing.T, o configOpts) setup {
 	fmt.Fprintf(&b, "state_dir: %q\n", s.state)
 	switch o.store {
 	case "redis":
-		fmt.Fprintf(&b, "store:\n  type: redis\n  url: %q\n  prefix: %q\n", o.redisURL, o.prefix)
+		where := fmt.Sprintf("url: %q", o.redisURL)
+		if o.sentinel != "" {
+			where = "sentinel: " + o.sentinel
+		}
+		fmt.Fprintf(&b, "store:\n  type: redis\n  %s\n  prefix: %q\n", where, o.prefix)
 	case "memory":
 		b.WriteString("store:\n  type: memory\n")
 	}
@@ -82,7 +92,11 @@ func writeConfig(t *testing.T, o configOpts) setup {
 		fmt.Fprintf(&b, "  path: %q\n  key_file: %q\n", s.auditLog, filepath.Join(dir, "audit.key"))
 	}
 	if o.metrics {
-		b.WriteString("metrics: {addr: \"127.0.0.1:0\"}\n")
+		fmt.Fprintf(&b, "metrics: {addr: \"127.0.0.1:0\", replica: %q}\n", o.replica)
+	}
+	if o.operatorToken != "" {
+		sum := sha256.Sum256([]byte(o.operatorToken))
+		fmt.Fprintf(&b, "operator: {token_sha256: %s}\n", hex.EncodeToString(sum[:]))
 	}
 	if o.http == "" {
 		o.http = "{requests_per_minute: 1000000}"

@@ -87,14 +87,37 @@ type Operator struct {
 // the operator token (Authorization: Bearer), or not at all without one.
 type Metrics struct {
 	Addr string `yaml:"addr"`
+	// Replica is the value of the constant label replica on every series,
+	// so that the replicas behind one address tell themselves apart. With
+	// store type redis it defaults to the host name (set it when several
+	// replicas share a host); otherwise there is no such label.
+	Replica string `yaml:"replica"`
+}
+
+// replicaRE is what a replica label may be.
+var replicaRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$`)
+
+// ReplicaLabel is the replica label of this process's metrics: metrics.replica,
+// else the host name with store type redis, else "" (no label).
+func (c *Config) ReplicaLabel() string {
+	if c.Metrics.Replica != "" || c.Store.Type != StoreRedis {
+		return c.Metrics.Replica
+	}
+	if h, err := os.Hostname(); err == nil && replicaRE.MatchString(h) {
+		return h
+	}
+	return "unknown"
 }
 
 // Store selects the counter and approval store.
 type Store struct {
 	Type   string `yaml:"type"`   // bolt (default), memory or redis
 	Path   string `yaml:"path"`   // bolt: the file (default <state_dir>/store.db)
-	URL    string `yaml:"url"`    // redis: redis://…
+	URL    string `yaml:"url"`    // redis: redis://… (one server)
 	Prefix string `yaml:"prefix"` // redis: key prefix
+	// Sentinel (redis, instead of url): the primary Redis Sentinel
+	// watches, followed through failovers (store.go).
+	Sentinel *Sentinel `yaml:"sentinel"`
 }
 
 // Audit configures the audit log.
@@ -248,6 +271,9 @@ func (c *Config) fill(dir string) {
 		c.Store.Path = filepath.Join(c.StateDir, "store.db")
 	}
 	c.Store.Path = abs(c.Store.Path)
+	if sn := c.Store.Sentinel; sn != nil {
+		sn.PasswordFile, sn.SentinelPasswordFile = abs(sn.PasswordFile), abs(sn.SentinelPasswordFile)
+	}
 	if c.Audit.Path == "" && c.StateDir != "" {
 		c.Audit.Path = filepath.Join(c.StateDir, "audit.log")
 	}
@@ -278,17 +304,8 @@ func (c *Config) Validate() error {
 	if c.StateDir == "" {
 		return errors.New("state_dir: required (no default state directory)")
 	}
-	switch c.Store.Type {
-	case StoreBolt, StoreMemory:
-		if c.Store.URL != "" || c.Store.Prefix != "" {
-			return fmt.Errorf("store: url and prefix are for type redis, not %s", c.Store.Type)
-		}
-	case StoreRedis:
-		if c.Store.URL == "" {
-			return errors.New("store.url: required for type redis")
-		}
-	default:
-		return fmt.Errorf("store.type: unknown store %q (want bolt, memory or redis)", c.Store.Type)
+	if err := c.validateStore(); err != nil {
+		return err
 	}
 	if c.Audit.Fsync != FsyncAlways && c.Audit.Fsync != FsyncInterval {
 		return fmt.Errorf("audit.fsync: %q (want always or interval)", c.Audit.Fsync)
@@ -350,6 +367,9 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.Metrics.Addr); err != nil {
 			return fmt.Errorf("metrics.addr: %w", err)
 		}
+	}
+	if c.Metrics.Replica != "" && !replicaRE.MatchString(c.Metrics.Replica) {
+		return c.fieldError("metrics.replica", "%q: want 1 to 128 of [A-Za-z0-9._:@-]", c.Metrics.Replica)
 	}
 	if err := c.validateHTTPLimits(); err != nil {
 		return err

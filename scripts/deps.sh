@@ -13,9 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The lab VM (qemu, the guest agent, busybox and cpio for the initramfs),
-# qemu-img for snapshots and overlays, Redis for the replica store, libvirt
-# for the libvirt driver, chromium for the approvals page.
-pkgs=(qemu-system-x86 qemu-utils qemu-guest-agent busybox-static cpio redis-server
+# qemu-img for snapshots and overlays, Redis and its Sentinel for the replica
+# store and its failover, libvirt for the libvirt driver, chromium for the
+# approvals page.
+pkgs=(qemu-system-x86 qemu-utils qemu-guest-agent busybox-static cpio redis-server redis-sentinel
 	libvirt-daemon-system libvirt-clients chromium)
 
 stop_libvirt=0

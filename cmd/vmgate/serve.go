@@ -232,7 +232,7 @@ func openStore(ctx context.Context, cfg *config.Config, auditPath string) (store
 		m := memory.New()
 		return m, restoreCounters(ctx, auditPath, m.Restore)
 	case config.StoreRedis:
-		r, err := redis.Open(cfg.Store.URL, redis.Options{Prefix: cfg.Store.Prefix})
+		r, err := openRedis(cfg.Store)
 		if err != nil {
 			return nil, fmt.Errorf("serve: store: %w", err)
 		}
@@ -253,6 +253,21 @@ func openStore(ctx context.Context, cfg *config.Config, auditPath string) (store
 		}
 		return s, nil
 	}
+}
+
+// openRedis opens the Redis store: one server (url), or the primary the
+// Sentinels watch (sentinel), with the passwords from their files.
+func openRedis(st config.Store) (*redis.Store, error) {
+	sn := st.Sentinel
+	if sn == nil {
+		return redis.Open(st.URL, redis.Options{Prefix: st.Prefix})
+	}
+	pw, spw, err := sn.Passwords()
+	if err != nil {
+		return nil, err
+	}
+	return redis.OpenSentinel(redis.Sentinel{Master: sn.Master, Addrs: sn.Addrs, Password: pw, SentinelPassword: spw},
+		redis.Options{Prefix: st.Prefix, AckTimeout: time.Duration(sn.AckTimeoutMS) * time.Millisecond})
 }
 
 // serveGCPercent is the garbage collector's target for `vmgate serve` when

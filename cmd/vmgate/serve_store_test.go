@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,4 +116,36 @@ func TestSetGCPercent(t *testing.T) {
 			t.Errorf("setGCPercent(%q) left GC percent %d; want %d", tt.gogc, got, tt.want)
 		}
 	}
+}
+
+// openStore with a Sentinel store reads its password file first: one that
+// others may read stops the start with the reason, before any connection.
+func TestOpenStoreSentinelPasswordFile(t *testing.T) {
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "redis.pass")
+	if err := os.WriteFile(pw, []byte("pw\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(pw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.Config{}
+	cfg.Store.Type = config.StoreRedis
+	cfg.Store.Sentinel = &config.Sentinel{Master: "m", Addrs: []string{"127.0.0.1:1"}, PasswordFile: pw}
+	st, err := openStore(context.Background(), cfg, filepath.Join(dir, "audit.log"))
+	if err == nil {
+		st.Close()
+		t.Fatal("openStore with a world-readable password file = nil; want an error")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "store.sentinel.password_file") || !strings.Contains(msg, "chmod 600") {
+		t.Errorf("openStore error %q does not name the file's problem", msg)
+	}
+	if err := os.Chmod(pw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err = openStore(context.Background(), cfg, filepath.Join(dir, "audit.log"))
+	if err != nil {
+		t.Fatalf("openStore with a 0600 password file = %v; want a store (it connects lazily)", err)
+	}
+	st.Close()
 }

@@ -1,6 +1,8 @@
-// Package redistest starts a real redis-server for tests: on a free
-// loopback port, without persistence, in the test's temporary directory,
-// owned (waited for) by the test and killed by pid when it ends.
+// Package redistest starts real Redis processes for tests: a redis-server
+// (Start), or a primary, its replica and three Sentinels (StartSentinel,
+// sentinel.go). Each listens on a free loopback port, without persistence,
+// in the test's temporary directory, owned (waited for) by the test and
+// killed by pid when it ends.
 //
 // A test skips when redis-server is not on PATH, unless VMGATE_REQUIRE_VM is
 // set (CI sets it): then it fails.
@@ -20,12 +22,16 @@ import (
 	"time"
 )
 
-// Server is one redis-server process the test owns.
+// Server is one redis-server (or redis-sentinel) process the test owns.
 type Server struct {
 	t    testing.TB
 	bin  string
 	dir  string
 	port int
+	// args are the command's arguments for the port it starts on;
+	// password is what ping authenticates with ("": none).
+	args     func(port int, dir string) ([]string, error)
+	password string
 
 	mu   sync.Mutex // mu guards cmd and done.
 	cmd  *exec.Cmd
@@ -38,6 +44,20 @@ type Server struct {
 // stops the server.
 func Start(t testing.TB) (addr string, stop func(), restart func()) {
 	t.Helper()
+	s := newServer(t, serverBin(t), serverArgs(""), "")
+	return s.Addr(), s.Stop, func() {
+		t.Helper()
+		s.Stop()
+		if err := s.start(); err != nil {
+			t.Fatalf("redistest: restart: %v", err)
+		}
+	}
+}
+
+// serverBin is the path of redis-server; a test without it skips (fails
+// when VMGATE_REQUIRE_VM is set).
+func serverBin(t testing.TB) string {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		if os.Getenv("VMGATE_REQUIRE_VM") != "" {
@@ -45,12 +65,37 @@ func Start(t testing.TB) (addr string, stop func(), restart func()) {
 		}
 		t.Skipf("redistest: redis-server not on PATH: %v", err)
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir()}
+	return bin
+}
+
+// serverArgs are a redis-server's arguments: loopback only, no
+// persistence, a full sync at once (no diskless-sync delay), the password
+// when there is one, then extra.
+func serverArgs(password string, extra ...string) func(port int, dir string) ([]string, error) {
+	return func(port int, dir string) ([]string, error) {
+		args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no",
+			"--protected-mode", "yes", "--loglevel", "warning", "--logfile", "",
+			"--repl-diskless-sync-delay", "0"}
+		if password != "" {
+			args = append(args, "--requirepass", password, "--masterauth", password)
+		}
+		return append(args, extra...), nil
+	}
+}
+
+// newServer starts bin with args on a free port in a directory of its own
+// (password: what it requires); t.Cleanup stops it.
+func newServer(t testing.TB, bin string, args func(port int, dir string) ([]string, error), password string) *Server {
+	t.Helper()
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), args: args, password: password}
 	var startErr error
 	for range 5 { // a free port can be taken between probing and binding
-		if s.port, err = freePort(); err != nil {
+		port, err := freePort()
+		if err != nil {
 			t.Fatalf("redistest: %v", err)
 		}
+		s.port = port
 		if startErr = s.start(); startErr == nil {
 			break
 		}
@@ -59,13 +104,7 @@ func Start(t testing.TB) (addr string, stop func(), restart func()) {
 		t.Fatalf("redistest: %v", startErr)
 	}
 	t.Cleanup(s.Stop)
-	return s.Addr(), s.Stop, func() {
-		t.Helper()
-		s.Stop()
-		if err := s.start(); err != nil {
-			t.Fatalf("redistest: restart: %v", err)
-		}
-	}
+	return s
 }
 
 // Addr is host:port.
@@ -80,13 +119,15 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// start runs redis-server and waits until it answers PING.
+// start runs the server and waits until it answers PING.
 func (s *Server) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cmd := exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no",
-		"--protected-mode", "yes", "--loglevel", "warning", "--logfile", "")
+	args, err := s.args(s.port, s.dir)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out := &lockedWriter{}
@@ -99,33 +140,43 @@ func (s *Server) start() error {
 	s.cmd, s.done = cmd, done
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if err := ping(s.Addr()); err == nil {
+		if err := ping(s.Addr(), s.password); err == nil {
 			return nil
 		}
 		select {
 		case <-done:
 			s.cmd = nil
-			return fmt.Errorf("redis-server on port %d exited: %s", s.port, strings.TrimSpace(out.String()))
+			return fmt.Errorf("%s on port %d exited: %s", s.bin, s.port, strings.TrimSpace(out.String()))
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			s.stopLocked()
-			return fmt.Errorf("redis-server on port %d did not answer PING within 10s", s.port)
+			return fmt.Errorf("%s on port %d did not answer PING within 10s", s.bin, s.port)
 		}
 	}
 }
 
-func ping(addr string) error {
+// ping sends PING (after AUTH password, when there is one) and wants PONG.
+func ping(addr, password string) error {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(time.Second))
+	r := bufio.NewReader(c)
+	if password != "" {
+		if _, err := fmt.Fprintf(c, "*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n", len(password), password); err != nil {
+			return err
+		}
+		if line, err := r.ReadString('\n'); err != nil || line != "+OK\r\n" {
+			return fmt.Errorf("AUTH answered %q (%v)", line, err)
+		}
+	}
 	if _, err := c.Write([]byte("PING\r\n")); err != nil {
 		return err
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	line, err := r.ReadString('\n')
 	if err != nil {
 		return err
 	}
@@ -147,9 +198,25 @@ func (s *Server) stopLocked() {
 	if s.cmd == nil {
 		return
 	}
+	syscall.Kill(s.cmd.Process.Pid, syscall.SIGCONT) // a paused server dies as well
 	syscall.Kill(s.cmd.Process.Pid, syscall.SIGKILL)
 	<-s.done
 	s.cmd = nil
+}
+
+// Pause stops the server with SIGSTOP: it keeps its port and connections
+// but answers nothing (a replica that does not acknowledge) until Resume.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		syscall.Kill(s.cmd.Process.Pid, sig)
+	}
 }
 
 // lockedWriter collects the server's output for error messages.

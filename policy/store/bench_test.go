@@ -38,6 +38,16 @@ func BenchmarkReserveAll(b *testing.B) {
 			}
 			return s
 		}},
+		// Through Sentinel every reservation waits for the replica (WAIT 1
+		// in the same round trip): compare with redis.
+		{"redis-sentinel", func(b *testing.B) store.Store {
+			d := redistest.StartSentinel(b, redistest.SentinelOptions{})
+			s, err := redis.OpenSentinel(redis.Sentinel{Master: redistest.MasterName, Addrs: d.SentinelAddrs()}, redis.Options{Timeout: 5 * time.Second})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return s
+		}},
 	}
 	for _, st := range stores {
 		b.Run(st.name, func(b *testing.B) {

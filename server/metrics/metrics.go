@@ -87,6 +87,11 @@ type Options struct {
 	PendingApprovals func(ctx context.Context) (int, error)
 	// ScrapeTimeout bounds each scrape-time call (default 2 s).
 	ScrapeTimeout time.Duration
+	// Replica, when set, is the value of a constant label replica on every
+	// series (the Go and process collectors' too), so that each of several
+	// replicas behind one address labels itself. One value per process:
+	// it adds no series.
+	Replica string
 }
 
 type callKey struct{ tool, decision, grant string }
@@ -164,8 +169,12 @@ func New(o Options) (*Metrics, error) {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}
+	var reg prometheus.Registerer = m.reg
+	if o.Replica != "" {
+		reg = prometheus.WrapRegistererWith(prometheus.Labels{"replica": o.Replica}, m.reg)
+	}
 	for _, c := range append(process, calls, outcomes, duration, commit, auditErrors, storeErrors, &scrapeCollector{m: m}) {
-		if err := m.reg.Register(c); err != nil {
+		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: new: %w", err)
 		}
 	}
@@ -201,7 +210,8 @@ func closedSet(names []string) []string {
 	return out
 }
 
-// Registry is the private registry (for tests and extra collectors).
+// Registry is the private registry (for tests and extra collectors; a
+// collector registered there directly has no replica label).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
 // Handler serves the registry in the Prometheus text format.

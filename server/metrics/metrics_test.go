@@ -445,3 +445,35 @@ func TestSessionStoreErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaLabel: with Options.Replica every sample line carries the
+// constant label replica (one value: no series added); without it none does.
+func TestReplicaLabel(t *testing.T) {
+	for _, replica := range []string{"gate-2", ""} {
+		m := newMetrics(t, Options{Replica: replica, PendingApprovals: func(context.Context) (int, error) { return 1, nil }})
+		if _, err := m.Auditor(okAuditor()).Append(context.Background(), audit.Record{Kind: audit.KindDecision, Tool: "list_vms", Grant: "local", Decision: "allow"}); err != nil {
+			t.Fatal(err)
+		}
+		text := scrape(t, m)
+		lines, labelled := 0, 0
+		for line := range strings.SplitSeq(text, "\n") {
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			lines++
+			if strings.Contains(line, `replica="gate-2"`) {
+				labelled++
+			}
+		}
+		want := 0
+		if replica != "" {
+			want = lines
+		}
+		if lines == 0 || labelled != want {
+			t.Errorf("Replica %q: %d of %d sample lines carry replica=\"gate-2\"; want %d", replica, labelled, lines, want)
+		}
+		if replica != "" && value(text, `vmgate_calls_total{decision="allow",grant="local",replica="gate-2",tool="list_vms"}`) != "1" {
+			t.Errorf("the allowed call is not counted under its replica label:\n%s", text)
+		}
+	}
+}

@@ -98,12 +98,15 @@ func (s *Store) AcquireLease(ctx context.Context, l store.Lease) error {
 	for _, q := range l.Quotas {
 		args = append(args, q.Max, q.Weight)
 	}
-	res, err := acquireLeaseScript.Run(ctx, s.client, s.leaseKeys(l), args...).Slice()
+	cmd, ack := s.script(ctx, acquireLeaseScript, s.leaseKeys(l), args...)
+	res, err := cmd.Slice()
 	if err != nil {
 		return unavailable("acquire lease", err)
 	}
 	code, _ := res[0].(int64)
 	switch {
+	case code == 0 && len(res) == 1 && ack != nil:
+		return unavailable("acquire lease", ack)
 	case code == 0 && len(res) == 1:
 		return nil
 	case code == 1 && len(res) == 1:
@@ -239,9 +242,13 @@ func (s *Store) UpdateLease(ctx context.Context, l store.Lease) (store.Lease, er
 	if err != nil {
 		return store.Lease{}, fmt.Errorf("redis: update lease: %w", err)
 	}
-	ok, err := updateLeaseScript.Run(ctx, s.client, []string{s.leaseKey(l.ID)}, raw, v).Int64()
+	cmd, ack := s.script(ctx, updateLeaseScript, []string{s.leaseKey(l.ID)}, raw, v)
+	ok, err := cmd.Int64()
 	if err != nil {
 		return store.Lease{}, unavailable("update lease", err)
+	}
+	if ok == 1 && ack != nil {
+		return store.Lease{}, unavailable("update lease", ack)
 	}
 	if ok == 0 {
 		// Changed or released between the read and the script.
@@ -268,9 +275,13 @@ func (s *Store) ReleaseLease(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("redis: release lease: %w", err)
 	}
-	done, err := releaseLeaseScript.Run(ctx, s.client, s.leaseKeys(l), id).Int64()
+	cmd, ack := s.script(ctx, releaseLeaseScript, s.leaseKeys(l), id)
+	done, err := cmd.Int64()
 	if err != nil {
 		return unavailable("release lease", err)
+	}
+	if done == 1 && ack != nil {
+		return unavailable("release lease", ack)
 	}
 	if done == 0 {
 		return fmt.Errorf("redis: release lease: lease %q: %w", id, store.ErrUnknownLease)

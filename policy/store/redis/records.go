@@ -72,12 +72,16 @@ func (s *Store) createRecord(ctx context.Context, op string, k recordKind, id st
 		px = strconv.FormatInt(keep.Milliseconds(), 10)
 	}
 	keys := append([]string{s.recordKey(k, id), s.idsKey(k)}, sets...)
-	created, err := createScript.Run(ctx, s.client, keys, raw, id, px).Int64()
+	cmd, ack := s.script(ctx, createScript, keys, raw, id, px)
+	created, err := cmd.Int64()
 	if err != nil {
 		return unavailable(op, err)
 	}
 	if created == 0 {
 		return fmt.Errorf("redis: %s: %w: %s %q", op, store.ErrDuplicate, k.what, id)
+	}
+	if ack != nil {
+		return unavailable(op, ack)
 	}
 	return nil
 }
@@ -202,7 +206,7 @@ func updateRecord[T any](ctx context.Context, s *Store, op string, k recordKind,
 		if err != nil || !write {
 			return err
 		}
-		return setRecord(ctx, tx, key, next, keep)
+		return s.setRecord(ctx, tx, key, next, keep)
 	})
 	if err != nil {
 		return txError(op, err, append(pass, k.unknown)...)
@@ -211,8 +215,9 @@ func updateRecord[T any](ctx context.Context, s *Store, op string, k recordKind,
 }
 
 // setRecord writes v as record key in tx, expiring after keep (0: the
-// key's expiry stays as it was).
-func setRecord(ctx context.Context, tx *goredis.Tx, key string, v any, keep time.Duration) error {
+// key's expiry stays as it was), and waits for a replica to acknowledge it
+// when the store does.
+func (s *Store) setRecord(ctx context.Context, tx *goredis.Tx, key string, v any, keep time.Duration) error {
 	raw, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -225,7 +230,10 @@ func setRecord(ctx context.Context, tx *goredis.Tx, key string, v any, keep time
 		}
 		return nil
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	return s.ackOn(ctx, tx)
 }
 
 // txError is the error of operation op from err, the outcome of watch:
