@@ -331,10 +331,12 @@ func (a *Agent) removeSessionFiles(id, cg string, trash time.Duration, res *wire
 				continue
 			}
 		}
-		// os.RemoveAll walks with openat/unlinkat and O_NOFOLLOW: a symlink is
-		// unlinked, never followed (TestDestroyDoesNotFollowSymlinks checks it).
-		if err := os.RemoveAll(dir); err != nil {
-			return fmt.Errorf("%s: %w", dir, err)
+		// By descriptor, with a bounded number of them open however deep the
+		// tree (removeTree): a symlink is unlinked, never followed
+		// (TestDestroyDoesNotFollowSymlinks checks it). The session's
+		// processes are gone: nothing adds to the tree meanwhile.
+		if err := removePath(dir); err != nil {
+			return err
 		}
 	}
 	if err := os.Remove(a.metaPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -229,6 +229,10 @@ type RestoreResult struct {
 	From    string   `json:"from"`
 	Workdir string   `json:"workdir"`
 	Entries []string `json:"entries"`
+	// KeptOwner counts the entries that kept their owner instead of
+	// becoming ID's: device nodes, and files with other hard links that
+	// session From did not own (giving them away would give every name).
+	KeptOwner int `json:"kept_owner,omitempty"`
 }
 
 // ReapResult lists the sessions reap destroyed.
