@@ -31,6 +31,7 @@ func (c *creation) run() error {
 		{"plan", c.plan},
 		{"layout", c.layout},
 		{"ids", c.ids},
+		{"write access", c.writeAccess},
 		{"workdir", c.workdir},
 		{"tmp", c.tmp},
 		{"cgroup", c.cgroup},

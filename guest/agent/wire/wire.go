@@ -108,6 +108,10 @@ type RunResult struct {
 	// Killed is how many processes the timeout's tree kill signalled.
 	Killed     int   `json:"killed,omitempty"`
 	DurationMS int64 `json:"duration_ms"`
+	// WriteBlocked, for a command of a sandboxed session that failed, is
+	// the session's Enforced.WriteBlocked: write paths its uid cannot
+	// write for the files' own permissions, which a refusal may come from.
+	WriteBlocked []BlockedPath `json:"write_blocked,omitempty"`
 }
 
 // KillResult is what kill returns.
