@@ -168,12 +168,14 @@ var heldRights = []struct {
 	{"ioctl_dev", 5, false},
 }
 
-// heldBy says, per right, what denies it outside the session's paths.
+// heldBy says, per right, what denies it outside the session's paths. A
+// read-only mount holds against a root session only under Landlock, which
+// keeps it from remounting.
 func heldBy(e wire.Enforced, user wire.UserMode) map[string]string {
 	out := make(map[string]string, len(heldRights))
 	for _, r := range heldRights {
 		byLL := e.Landlock.FS && r.abi > 0 && e.Landlock.ABI >= r.abi
-		ro := r.ro && e.ReadOnlyOutside
+		ro := r.ro && e.ReadOnlyOutside && (user != wire.UserRoot || e.Landlock.FS)
 		switch {
 		case byLL && ro:
 			out[r.name] = wire.HeldBoth

@@ -78,6 +78,25 @@ func TestPlan(t *testing.T) {
 				t.Errorf("net = %+v, notes %q; want a namespace, said", e.Net, e.NotEnforced)
 			}
 		}},
+		{name: "held by, lab kernel", k: lab, check: func(t *testing.T, e wire.Enforced) {
+			wantHeld(t, e, map[string]string{"truncate": wire.HeldMount, "chmod": wire.HeldMount, "xattr": wire.HeldMount,
+				"write": wire.HeldBoth, "link": wire.HeldBoth, "read": wire.HeldLandlock, "ioctl_dev": wire.HeldUID})
+		}},
+		{name: "held by, full kernel", k: full, check: func(t *testing.T, e wire.Enforced) {
+			wantHeld(t, e, map[string]string{"truncate": wire.HeldBoth, "chown": wire.HeldMount, "ioctl_dev": wire.HeldLandlock})
+		}},
+		{name: "no mount_setattr is required", k: kernel{landlockABI: 2, netns: true, mountns: true, cgroup: true}, refused: []string{"mountns"}},
+		{name: "no mount_setattr, best effort", sb: wire.Sandbox{BestEffort: []wire.Feature{wire.FeatureMountNS}},
+			k: kernel{landlockABI: 2, netns: true, mountns: true, cgroup: true}, check: func(t *testing.T, e wire.Enforced) {
+				if !e.PrivateTmp || e.ReadOnlyOutside || !hasNote(e, "not mounted read-only") {
+					t.Errorf("plan = %+v; want a private /tmp, nothing read-only, said", e)
+				}
+				wantHeld(t, e, map[string]string{"truncate": wire.HeldUID, "write": wire.HeldLandlock})
+			}},
+		{name: "held by, root without Landlock", sb: wire.Sandbox{User: wire.UserRoot, BestEffort: wire.Features},
+			k: kernel{netns: true, mountns: true, mountAPI: true}, check: func(t *testing.T, e wire.Enforced) {
+				wantHeld(t, e, map[string]string{"write": wire.HeldNothing, "chmod": wire.HeldNothing})
+			}},
 		{name: "no netns for net host is fine", sb: wire.Sandbox{Net: wire.NetHost}, k: kernel{landlockABI: 1, mountns: true, mountAPI: true, cgroup: true}, check: func(t *testing.T, e wire.Enforced) {
 			if len(e.NotEnforced) != 0 {
 				t.Errorf("notes = %q; want none", e.NotEnforced)
@@ -104,6 +123,19 @@ func TestPlan(t *testing.T) {
 			}
 			tt.check(t, e)
 		})
+	}
+}
+
+// wantHeld checks some of e.HeldBy, and that it names every right.
+func wantHeld(t *testing.T, e wire.Enforced, want map[string]string) {
+	t.Helper()
+	if len(e.HeldBy) != len(heldRights) {
+		t.Errorf("HeldBy = %v; want all %d rights", e.HeldBy, len(heldRights))
+	}
+	for r, w := range want {
+		if got := e.HeldBy[r]; got != w {
+			t.Errorf("HeldBy[%s] = %q; want %q", r, got, w)
+		}
 	}
 }
 
