@@ -257,7 +257,8 @@ const sandboxNote = "note: sessions are sandboxed: a command may write only in t
 	"policy allows it; create_session and list_sessions say what this guest enforces"
 
 // blockedNote names the write paths the guest says the session's uid
-// cannot write for their own permissions (guest data: bounded, quoted).
+// cannot write for their own permissions (guest data: bounded, and quoted
+// so that no control or bidirectional character reaches the agent raw).
 func blockedNote(blocked []wire.BlockedPath) string {
 	if len(blocked) == 0 {
 		return ""
@@ -268,7 +269,7 @@ func blockedNote(blocked []wire.BlockedPath) string {
 			parts = append(parts, fmt.Sprintf("and %d more", len(blocked)-i))
 			break
 		}
-		parts = append(parts, fmt.Sprintf("%q (%s)", clip(b.Path, 256), clip(b.Reason, 200)))
+		parts = append(parts, fmt.Sprintf("%q (%q)", clip(b.Path, 256), clip(b.Reason, 200)))
 	}
 	return "; the policy lets it write " + strings.Join(parts, ", ") +
 		", but the guest's own file permissions do not: change the owner or mode there (vm_agent_exec), or write elsewhere"

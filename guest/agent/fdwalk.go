@@ -62,8 +62,8 @@ type walkFrame struct {
 }
 
 // walk visits every entry below the directory top (an open directory
-// descriptor, which stays the caller's). Entries on another filesystem
-// than top are visited but not descended into.
+// descriptor, which stays the caller's). An entry on another file system
+// than top (a mount point) is neither visited nor descended into.
 func (w *dirWalk) walk(top int) (err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(top, &st); err != nil {
@@ -147,11 +147,14 @@ func (w *dirWalk) visit(dirfd int, name string, dev uint64) (int, unix.Stat_t, e
 	if err := unix.Fstat(fd, &st); err != nil {
 		return -1, st, fmt.Errorf("stat %s: %w", name, err)
 	}
+	if st.Dev != dev {
+		return -1, st, nil // a mount point: another file system's, left alone
+	}
 	err = w.enter(dirfd, name, fd, &st)
 	if err != nil && !errors.Is(err, errSkip) {
 		return -1, st, err
 	}
-	if err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Dev != dev {
+	if err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return -1, st, nil
 	}
 	// "." of the O_PATH descriptor: the directory just stat'ed, not the

@@ -181,7 +181,7 @@ func TestSandboxValidate(t *testing.T) {
 }
 
 // sandboxAgent is a host agent whose root the session uids can reach.
-func sandboxAgent(t *testing.T) *Agent {
+func sandboxAgent(t testing.TB) *Agent {
 	t.Helper()
 	a := hostAgent(t)
 	for dir := a.cfg.Root; dir != "/"; dir = filepath.Dir(dir) {

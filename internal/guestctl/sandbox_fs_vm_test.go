@@ -121,7 +121,9 @@ func TestLabSwappedRulePath(t *testing.T) {
 			ctx := testCtx(t, 5*time.Minute)
 			sh(t, ctx, h, vm, "rm -rf /data/d /sess-made-this /dev/shm/sess-made-this; mkdir -p /data/d/x /data/d/y /home/alice && chmod 0777 /data/d /data/d/x /data/d/y && "+
 				"echo alice-notes > /home/alice/notes && chmod 0644 /home/alice/notes")
-			t.Cleanup(func() { sh(t, context.Background(), h, vm, "rm -rf /data/d /home/alice /sess-made-this /dev/shm/sess-made-this") })
+			t.Cleanup(func() {
+				sh(t, context.Background(), h, vm, "rm -rf /data/d /home/alice /sess-made-this /dev/shm/sess-made-this")
+			})
 			s := sandboxSession(t, ctx, h, vm, wire.Sandbox{FS: wire.FSAccess{Write: []string{"/data/d", "/data/d/y"}, Read: []string{"/data/d/x"}}, BestEffort: bestEffort(vm)})
 			attack := "cat /data/d/x/home/alice/notes; echo x > /data/d/y/sess-made-this; echo x > /data/d/y/dev/shm/sess-made-this"
 			if res, err := h.Run(ctx, vm, RunRequest{Session: s.ID, Shell: attack}); err != nil || strings.Contains(string(res.Stdout), "alice-notes") {
@@ -174,7 +176,9 @@ func TestLabReadOnlyOutside(t *testing.T) {
 			uid, gid := strconv.Itoa(e.UID), strconv.Itoa(e.GID)
 			sh(t, ctx, h, vm, "rm -f /data/ww /data/ww-link /data/owned /data/owned2 /var/lib/ww; printf 12345 > /data/ww; printf 12345 > /var/lib/ww; chmod 0666 /data/ww /var/lib/ww; "+
 				"echo mine > /data/owned; chown "+uid+":"+gid+" /data/owned; chmod 0644 /data/owned")
-			t.Cleanup(func() { sh(t, context.Background(), h, vm, "rm -f /data/ww /data/ww-link /data/owned /data/owned2 /var/lib/ww") })
+			t.Cleanup(func() {
+				sh(t, context.Background(), h, vm, "rm -f /data/ww /data/ww-link /data/owned /data/owned2 /var/lib/ww")
+			})
 			watched := []string{"/data/ww", "/var/lib/ww", "/data/owned"}
 			before := guestFiles(t, ctx, h, vm, watched...) + string(sh(t, ctx, h, vm, "stat -c '%Y' /data/owned; "+escapeBin+" listxattr /data/ww").Stdout)
 			for _, op := range []string{"truncate /data/ww 1", "truncate /var/lib/ww 1", "setxattr /data/ww user.x v",
