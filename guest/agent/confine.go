@@ -191,10 +191,7 @@ func (c confinement) applySteps(lastName string, last func() error) error {
 	ruleset := -1
 	var flags uint32
 	var paths rulePaths
-	steps := []struct {
-		name string
-		run  func() error
-	}{
+	steps := []step{
 		{"mount namespace", c.mountNamespace},
 		{"sandbox paths", func() (err error) { paths, err = c.openPaths(); return err }},
 		{"landlock ruleset", func() (err error) { ruleset, flags, err = c.landlockRuleset(paths); return err }},
@@ -210,16 +207,7 @@ func (c confinement) applySteps(lastName string, last func() error) error {
 			unix.Close(ruleset)
 		}
 	}()
-	for _, s := range steps {
-		if err := s.run(); err != nil {
-			var we *wire.Error
-			if errors.As(err, &we) {
-				return err
-			}
-			return fmt.Errorf("%s: %w", s.name, err)
-		}
-	}
-	return nil
+	return runSteps(steps)
 }
 
 func (c confinement) enterNetNS() error {

@@ -24,10 +24,7 @@ type creation struct {
 }
 
 func (c *creation) run() error {
-	steps := []struct {
-		name string
-		run  func() error
-	}{
+	return runSteps([]step{
 		{"plan", c.plan},
 		{"layout", c.layout},
 		{"ids", c.ids},
@@ -38,17 +35,7 @@ func (c *creation) run() error {
 		{"netns", c.netns},
 		{"report", c.report},
 		{"metadata", c.metadata},
-	}
-	for _, s := range steps {
-		if err := s.run(); err != nil {
-			var we *wire.Error
-			if errors.As(err, &we) {
-				return err
-			}
-			return fmt.Errorf("%s: %w", s.name, err)
-		}
-	}
-	return nil
+	})
 }
 
 // undo reverts the steps that ran, last first.

@@ -155,26 +155,13 @@ type restoration struct {
 }
 
 func (r *restoration) run() error {
-	steps := []struct {
-		name string
-		run  func() error
-	}{
+	return runSteps([]step{
 		{"trash", r.openTrash},
 		{"workdir", r.openWorkdir},
 		{"owner", r.chown},
 		{"freeze", r.freeze},
 		{"move", r.move},
-	}
-	for _, s := range steps {
-		if err := s.run(); err != nil {
-			var we *wire.Error
-			if errors.As(err, &we) {
-				return err
-			}
-			return fmt.Errorf("%s: %w", s.name, err)
-		}
-	}
-	return nil
+	})
 }
 
 func (r *restoration) cleanup() {
