@@ -99,6 +99,11 @@ type HTTPOptions struct {
 	// BodyTimeout bounds how long a client takes to send a request body
 	// (default DefaultBodyTimeout).
 	BodyTimeout time.Duration
+	// BodyBytes and BodyBytesPerGrant bound the request bodies held in
+	// memory at once, in all and per grant (httpbody.go; defaults
+	// DefaultHTTPBodyBytes, DefaultHTTPBodyBytesPerGrant; both at least
+	// the largest body a message may have).
+	BodyBytes, BodyBytesPerGrant int64
 }
 
 // Config is what New needs. Store, Audit and at least one grant are required.
