@@ -13,7 +13,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -328,8 +327,8 @@ func (h *HTTPHandler) serve(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusForbidden, "forbidden: Host not allowed")
 		return
 	}
-	if o := r.Header.Values("Origin"); len(o) > 1 || len(o) == 1 && !slices.Contains(s.httpOpts.AllowedOrigins, o[0]) {
-		httpError(w, http.StatusForbidden, "forbidden: Origin not allowed")
+	if !originAllowed(r, s.httpOpts.AllowedOrigins) {
+		httpError(w, http.StatusForbidden, "forbidden: Origin not allowed (a loopback origin is accepted on a loopback listener; list others in http.allowed_origins)")
 		return
 	}
 	q := r.URL.Query()
