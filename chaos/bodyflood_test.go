@@ -43,7 +43,7 @@ func bodyFloodRounds() int {
 	if currentMode().name == "long" {
 		return 20
 	}
-	return 3
+	return 2
 }
 
 // bodyTally counts one kind of request's answers by what they were.

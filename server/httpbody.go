@@ -17,7 +17,9 @@ import (
 //   - at most the message limit (Limits.MaxMessageBytes, 8 MiB) plus
 //     bodySlack is read. A Content-Length beyond it is refused with 413
 //     before a byte of the body is read; a body without one (chunked) is
-//     refused with 413 as soon as it passes the bound. The slack lets a
+//     refused with 413 as soon as it passes the bound (what the client
+//     still sends after a refusal is discarded for a moment, so that it
+//     reads the refusal: lingerBody). The slack lets a
 //     message a little over the limit reach the gate, which refuses it as
 //     an audited [INVALID ARGUMENT] naming the limit;
 //   - the bytes of bodies held in memory are bounded in all
@@ -182,6 +184,7 @@ func (h *HTTPHandler) readBody(w http.ResponseWriter, r *http.Request, c *conn) 
 	limit := h.maxBody()
 	if r.ContentLength > limit {
 		refuseTooLarge(w, h.s.limits.MaxMessageBytes)
+		lingerBody(w, r)
 		return nil, nil, false
 	}
 	want := r.ContentLength
@@ -191,6 +194,7 @@ func (h *HTTPHandler) readBody(w http.ResponseWriter, r *http.Request, c *conn) 
 	hold, err := h.bodies.take(r.Context(), c.grant.Name, want, h.bodyWait)
 	if err != nil {
 		h.refuseBodyRoom(w, c, err)
+		lingerBody(w, r)
 		return nil, nil, false
 	}
 	body, err = readLimited(r.Body, r.ContentLength, limit)
@@ -199,6 +203,7 @@ func (h *HTTPHandler) readBody(w http.ResponseWriter, r *http.Request, c *conn) 
 		switch {
 		case errors.Is(err, errBodyTooLarge):
 			refuseTooLarge(w, h.s.limits.MaxMessageBytes)
+			lingerBody(w, r)
 		case bodyTimedOut(err):
 			w.Header().Set("Connection", "close")
 			httpError(w, http.StatusRequestTimeout, fmt.Sprintf("the request body did not arrive within %v", h.opts.BodyTimeout))
@@ -211,8 +216,8 @@ func (h *HTTPHandler) readBody(w http.ResponseWriter, r *http.Request, c *conn) 
 	return body, hold, true
 }
 
-// refuseTooLarge answers a body over the bound, and closes the connection
-// rather than read the rest of it.
+// refuseTooLarge answers a body over the bound; the connection is closed
+// rather than the rest of the body read.
 func refuseTooLarge(w http.ResponseWriter, limit int) {
 	w.Header().Set("Connection", "close")
 	httpError(w, http.StatusRequestEntityTooLarge,
@@ -222,6 +227,7 @@ func refuseTooLarge(w http.ResponseWriter, limit int) {
 // refuseBodyRoom answers a request whose body found no room.
 func (h *HTTPHandler) refuseBodyRoom(w http.ResponseWriter, c *conn, err error) {
 	w.Header().Set("Retry-After", "1")
+	w.Header().Set("Connection", "close")
 	all, mine, _ := h.bodies.inUse(c.grant.Name)
 	if errors.Is(err, errGrantBodiesFull) {
 		h.s.log.Warn("server: http: grant's request bodies over its share; request refused", "grant", c.grant.Name, "bytes", mine)
@@ -302,6 +308,32 @@ func readChunks(rd io.Reader, limit int64) ([]byte, error) {
 	}
 	chunks = nil
 	return out, nil
+}
+
+// Lingering: a client that sends its whole body before it reads the
+// answer (most do) would find the connection reset, the answer lost, if
+// the server closed it on a body it did not read. So after answering such
+// a request, the server reads and discards what the client still sends,
+// for at most lingerFor and lingerBytes (as nginx's lingering close),
+// keeping none of it, then closes the connection.
+const (
+	lingerFor   = 2 * time.Second
+	lingerBytes = 64 << 20
+)
+
+// lingerBody sends the answer written to w, then discards r's body within
+// the lingering bounds. Only on a real connection: a writer without read
+// deadlines (a test's recorder) gets no lingering.
+func lingerBody(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(time.Now().Add(lingerFor)); err != nil {
+		return
+	}
+	_ = rc.Flush()
+	if _, err := io.CopyN(io.Discard, r.Body, lingerBytes); errors.Is(err, io.EOF) {
+		// All of it came: the connection may serve another request.
+		_ = rc.SetReadDeadline(time.Time{})
+	}
 }
 
 // peekBody reads r's body if it holds at most bodyPeekBytes, for the

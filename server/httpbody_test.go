@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -284,6 +285,57 @@ func TestHTTPBodyBytesInFlight(t *testing.T) {
 	}
 	if all, _, waiting := h.bodies.inUse("local"); all != 0 || waiting != 0 {
 		t.Errorf("%d bytes held, %d waiting at the end; want none", all, waiting)
+	}
+}
+
+// A client that sends its whole body before it reads (Go's, most) gets
+// the refusal of a body the server does not read, not a reset connection:
+// the server reads and discards the rest for a while, keeping none of it.
+func TestHTTPRefusalsReachTheClient(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.s.grants["other"].RequestsPerMinute = 1
+	ts := httptest.NewServer(f.s.Handler())
+	defer ts.Close()
+	big := bytes.Repeat([]byte("x"), 20<<20)
+	post := func(token string, chunked bool) (int, string, error) {
+		var rd io.Reader = bytes.NewReader(big)
+		if chunked {
+			rd = struct{ io.Reader }{rd}
+		}
+		req, _ := http.NewRequest(http.MethodPost, ts.URL+"/mcp", rd)
+		if chunked {
+			req.ContentLength = -1
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), nil
+	}
+	if code, body, err := post("other-token", false); err != nil || code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("other's first request = %d %q, %v; want 413", code, body, err)
+	}
+	for i := range 5 {
+		for _, tt := range []struct {
+			token   string
+			chunked bool
+			want    int
+			text    string
+		}{
+			{"local-token", false, http.StatusRequestEntityTooLarge, "message too large"},
+			{"local-token", true, http.StatusRequestEntityTooLarge, "message too large"},
+			{"other-token", false, http.StatusTooManyRequests, TagRateLimited},
+			{"other-token", true, http.StatusTooManyRequests, TagRateLimited},
+		} {
+			code, body, err := post(tt.token, tt.chunked)
+			if err != nil || code != tt.want || !strings.Contains(body, tt.text) {
+				t.Errorf("20 MiB as %s (chunked %v), try %d = %d %.100q, %v; want %d %q", tt.token, tt.chunked, i, code, body, err, tt.want, tt.text)
+			}
+		}
 	}
 }
 

@@ -120,6 +120,7 @@ func (h *HTTPHandler) admit(w http.ResponseWriter, r *http.Request, c *conn) boo
 		httpError(w, http.StatusTooManyRequests, TagRateLimited+" "+msg)
 		return false
 	}
+	defer lingerBody(w, r) // what is left of the body is not read
 	var peek struct {
 		ID     json.RawMessage `json:"id"`
 		Method string          `json:"method"`
