@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -190,24 +189,7 @@ func TestBodyFlood(t *testing.T) {
 	near := nearLimitCall(messageLimit - 4<<10)
 	rounds := bodyFloodRounds()
 	flooding, stop := context.WithCancel(ctx)
-	var peak atomic.Int64
-	peak.Store(before)
-	sampled := make(chan struct{})
-	go func() { // the resident size, every 50 ms, until the flood ends
-		defer close(sampled)
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			if n, err := rssBytes(p.pid()); err == nil && n > peak.Load() {
-				peak.Store(n)
-			}
-			select {
-			case <-flooding.Done():
-				return
-			case <-tick.C:
-			}
-		}
-	}()
+	peakRSS := samplePeakRSS(flooding, p.pid(), before, 50*time.Millisecond)
 	var within, beyond, nearTally, pings bodyTally
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -231,7 +213,7 @@ func TestBodyFlood(t *testing.T) {
 	wg.Wait()
 	d := time.Since(start).Round(time.Millisecond)
 	stop()
-	<-sampled
+	peak := peakRSS()
 	<-pinged
 	after, err := rssBytes(p.pid())
 	if err != nil {
@@ -239,10 +221,10 @@ func TestBodyFlood(t *testing.T) {
 	}
 	mib := func(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 	t.Logf("body flood of %v: within its budget %v; beyond it %v; near the limit %v; pings %v; RSS %s before, peak %s, %s after",
-		d, &within, &beyond, &nearTally, &pings, mib(before), mib(peak.Load()), mib(after))
+		d, &within, &beyond, &nearTally, &pings, mib(before), mib(peak), mib(after))
 
-	if got := peak.Load() - before; got > bodyRSSBound {
-		t.Errorf("the server's RSS grew by %s during the flood (%s to %s); want at most %s", mib(got), mib(before), mib(peak.Load()), mib(bodyRSSBound))
+	if got := peak - before; got > bodyRSSBound {
+		t.Errorf("the server's RSS grew by %s during the flood (%s to %s); want at most %s", mib(got), mib(before), mib(peak), mib(bodyRSSBound))
 	}
 	checks := []struct {
 		name  string
@@ -291,5 +273,5 @@ func TestBodyFlood(t *testing.T) {
 		t.Error(err)
 	}
 	report.add("body flood", fmt.Sprintf("%v, 2×%d connections × %d of 33 MiB bodies (within and beyond the budget), %d under the limit", d, bodyFloodWorkers, rounds, bodyFloodNear),
-		fmt.Sprintf("RSS %s → peak %s (bound +%s); within %v, beyond %v, near %v", mib(before), mib(peak.Load()), mib(bodyRSSBound), &within, &beyond, &nearTally))
+		fmt.Sprintf("RSS %s → peak %s (bound +%s); within %v, beyond %v, near %v", mib(before), mib(peak), mib(bodyRSSBound), &within, &beyond, &nearTally))
 }

@@ -132,7 +132,7 @@ func TestHTTPOrigin(t *testing.T) {
 		if tt.token != "" {
 			hdr["Authorization"] = []string{"Bearer " + tt.token}
 		}
-		if got := originStatus(t, ts.URL+"/mcp", hdr); got != tt.want {
+		if got := initStatus(t, ts.URL+"/mcp", hdr); got != tt.want {
 			t.Errorf("%s: Origin %q on a loopback listener = %d; want %d", tt.name, tt.origins, got, tt.want)
 		}
 	}
@@ -166,24 +166,4 @@ func TestHTTPOrigin(t *testing.T) {
 			t.Errorf("Origin %q on a request to %s = %d %q; want %d", tt.origin, tt.local, rec.Code, rec.Body, tt.want)
 		}
 	}
-}
-
-// originStatus posts initialize to url with hdr and returns the status.
-func originStatus(t *testing.T, url string, hdr map[string][]string) int {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(initMsg))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	for k, vs := range hdr {
-		for _, v := range vs {
-			req.Header.Add(k, v)
-		}
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("POST: %v", err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode
 }
