@@ -19,9 +19,9 @@ import (
 //     before a byte of the body is read; a body without one (chunked) is
 //     refused with 413 as soon as it passes the bound (what the client
 //     still sends after a refusal is discarded for a moment, so that it
-//     reads the refusal: lingerBody). The slack lets a
-//     message a little over the limit reach the gate, which refuses it as
-//     an audited [INVALID ARGUMENT] naming the limit;
+//     reads the refusal: lingerBody). The slack lets a message a little
+//     over the limit reach the gate, which refuses it as an audited
+//     [INVALID ARGUMENT] naming the limit;
 //   - the bytes of bodies held in memory are bounded in all
 //     (HTTPOptions.BodyBytes) and per grant (HTTPOptions.BodyBytesPerGrant).
 //     A body takes its Content-Length from both before it is read (one
@@ -78,6 +78,23 @@ type bodyBytes struct {
 	grants  map[string]int64
 	waiting int           // requests waiting for room
 	wake    chan struct{} // closed (and replaced) whenever bytes are given back
+	refused int           // refusals since the last log line
+	logged  time.Time     // when the last refusal was logged
+}
+
+// logNow counts a refusal and reports whether to log it (the first of a
+// minute), with the number refused since the last line: a flood of
+// refusals must not become a flood of log lines.
+func (b *bodyBytes) logNow(now time.Time) (int, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refused++
+	if now.Sub(b.logged) < time.Minute {
+		return 0, false
+	}
+	n := b.refused
+	b.logged, b.refused = now, 0
+	return n, true
 }
 
 // newBodyBytes bounds bodies to total in all and perGrant per grant; both
@@ -221,7 +238,7 @@ func (h *HTTPHandler) readBody(w http.ResponseWriter, r *http.Request, c *conn) 
 func refuseTooLarge(w http.ResponseWriter, limit int) {
 	w.Header().Set("Connection", "close")
 	httpError(w, http.StatusRequestEntityTooLarge,
-		fmt.Sprintf("message too large: a message may hold at most %d bytes; send less at once (vm_file_write with offset or append, vm_archive_write in parts)", limit))
+		fmt.Sprintf("message too large: a message may hold at most %d bytes; send less at once (a large file in parts: vm_file_write with offset or append)", limit))
 }
 
 // refuseBodyRoom answers a request whose body found no room.
@@ -229,13 +246,15 @@ func (h *HTTPHandler) refuseBodyRoom(w http.ResponseWriter, c *conn, err error) 
 	w.Header().Set("Retry-After", "1")
 	w.Header().Set("Connection", "close")
 	all, mine, _ := h.bodies.inUse(c.grant.Name)
+	if n, ok := h.bodies.logNow(h.s.now()); ok {
+		h.s.log.Warn("server: http: request bodies at their bound; requests refused", "grant", c.grant.Name,
+			"grant_bytes", mine, "all_bytes", all, "refused_since_last_log", n)
+	}
 	if errors.Is(err, errGrantBodiesFull) {
-		h.s.log.Warn("server: http: grant's request bodies over its share; request refused", "grant", c.grant.Name, "bytes", mine)
 		httpError(w, http.StatusTooManyRequests, fmt.Sprintf("%s grant %s has %d bytes of request bodies in flight, the most one grant may: retry in 1 s, or send fewer large requests at once",
 			TagRateLimited, c.grant.Name, h.bodies.perGrant))
 		return
 	}
-	h.s.log.Warn("server: http: request bodies in memory at their bound; request refused", "grant", c.grant.Name, "bytes", all)
 	httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("the server holds %d bytes of request bodies, the most it may: retry in 1 s", h.bodies.total))
 }
 
