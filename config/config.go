@@ -374,6 +374,9 @@ func (c *Config) Validate() error {
 	if err := c.validateHTTPLimits(); err != nil {
 		return err
 	}
+	if err := c.validateHTTPOrigins(); err != nil {
+		return err
+	}
 	if (c.HTTP.TLSCert == "") != (c.HTTP.TLSKey == "") {
 		return errors.New("http: tls_cert and tls_key go together")
 	}

@@ -84,8 +84,9 @@ type Backend struct {
 // HTTPOptions configure Handler.
 type HTTPOptions struct {
 	// AllowedOrigins are the Origin values (scheme://host[:port]) a browser
-	// may send; a request with any other Origin gets 403. Requests without
-	// Origin (non-browser clients) are allowed.
+	// may send besides loopback origins on a loopback address
+	// (originAllowed, httpguard.go); a request with any other Origin gets
+	// 403. Requests without Origin (non-browser clients) are allowed.
 	AllowedOrigins []string
 	// AllowedHosts are the Host header values accepted besides loopback
 	// names (localhost, 127.0.0.1, [::1]) with any port; others get 403.
@@ -99,6 +100,11 @@ type HTTPOptions struct {
 	// BodyTimeout bounds how long a client takes to send a request body
 	// (default DefaultBodyTimeout).
 	BodyTimeout time.Duration
+	// BodyBytes and BodyBytesPerGrant bound the request bodies held in
+	// memory at once, in all and per grant (httpbody.go; defaults
+	// DefaultHTTPBodyBytes, DefaultHTTPBodyBytesPerGrant; both at least
+	// the largest body a message may have).
+	BodyBytes, BodyBytesPerGrant int64
 }
 
 // Config is what New needs. Store, Audit and at least one grant are required.
