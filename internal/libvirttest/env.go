@@ -47,7 +47,7 @@ func Available() (bool, string) {
 		}
 	}
 	if os.Geteuid() != 0 {
-		return false, "libvirttest runs a system libvirtd, which needs root"
+		return false, "libvirttest runs a root libvirtd in a mount namespace of its own, which needs root"
 	}
 	return true, ""
 }
