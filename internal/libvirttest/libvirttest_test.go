@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
+	"golang.org/x/sys/unix"
 )
 
 func TestSpecValidate(t *testing.T) {
@@ -302,5 +303,22 @@ func TestCapsCache(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(shared, "qemu.xml")); err != nil || string(b) != "<qemuCaps>two</qemuCaps>" || len(names) != 1 {
 		t.Errorf("shared dir = %v, qemu.xml = %q, %v; want only qemu.xml, the changed entry", names, b, err)
+	}
+}
+
+// TestOwnThreadNotMain: goOnOwnThread never runs f on the process's main
+// thread (whose namespace /proc/self shows), however often the scheduler
+// would have put the goroutine there.
+func TestOwnThreadNotMain(t *testing.T) {
+	const n = 200
+	tids := make(chan int, n)
+	for range n {
+		goOnOwnThread(func() { tids <- unix.Gettid() })
+	}
+	pid := os.Getpid()
+	for range n {
+		if tid := <-tids; tid == pid {
+			t.Fatalf("goOnOwnThread ran f on the main thread (tid %d = pid)", tid)
+		}
 	}
 }

@@ -42,8 +42,7 @@ type nsThread struct {
 func newNSThread(dir string) (*nsThread, error) {
 	t := &nsThread{calls: make(chan func()), done: make(chan struct{})}
 	ready := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked, see nsThread
+	goOnOwnThread(func() {
 		defer close(t.done)
 		if err := privateMounts(dir); err != nil {
 			ready <- err
@@ -53,12 +52,34 @@ func newNSThread(dir string) (*nsThread, error) {
 		for f := range t.calls {
 			f()
 		}
-	}()
+	})
 	if err := <-ready; err != nil {
 		<-t.done
 		return nil, err
 	}
 	return t, nil
+}
+
+// goOnOwnThread runs f in a new goroutine locked to an OS thread other than
+// the process's main thread, and never unlocked: the thread ends with f.
+// Not the main thread, because the process's view of itself (/proc/self is
+// the main thread's) must stay the host's; a goroutine that lands on it
+// holds it while the next one, which then cannot, takes another thread.
+func goOnOwnThread(f func()) {
+	go func() {
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			started := make(chan struct{})
+			goOnOwnThread(func() {
+				close(started)
+				f()
+			})
+			<-started
+			runtime.UnlockOSThread()
+			return
+		}
+		f()
+	}()
 }
 
 // privateMounts runs on the locked thread: it gives the thread a mount
