@@ -91,7 +91,9 @@ func saveCaps(dir, shared string) error {
 	if err != nil || len(names) == 0 {
 		return err
 	}
-	if err := os.MkdirAll(shared, 0o755); err != nil {
+	// Beside the lab image, private like it (lab.DirMode, lab.FileMode:
+	// os.CreateTemp's files are 0600).
+	if err := os.MkdirAll(shared, lab.DirMode); err != nil {
 		return err
 	}
 	for _, n := range names {

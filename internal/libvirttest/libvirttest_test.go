@@ -14,6 +14,8 @@ import (
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/internal/lab"
 )
 
 func TestSpecValidate(t *testing.T) {
@@ -303,6 +305,15 @@ func TestCapsCache(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(shared, "qemu.xml")); err != nil || string(b) != "<qemuCaps>two</qemuCaps>" || len(names) != 1 {
 		t.Errorf("shared dir = %v, qemu.xml = %q, %v; want only qemu.xml, the changed entry", names, b, err)
+	}
+	// Private, as everything in the lab's state directory.
+	for path, want := range map[string]os.FileMode{shared: lab.DirMode, filepath.Join(shared, "qemu.xml"): lab.FileMode} {
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Errorf("Stat(%s) = %v", path, err)
+		} else if st.Mode().Perm() != want {
+			t.Errorf("Stat(%s) mode = %v; want %v", path, st.Mode().Perm(), want)
+		}
 	}
 }
 
