@@ -247,7 +247,7 @@ func (d *Daemons) Boot(ctx context.Context, spec Spec, kernel, initrd string) (_
 	if err != nil {
 		return nil, fmt.Errorf("libvirttest: boot %s: %w\n%s", spec.Name, err, d.Logs())
 	}
-	dom.QEMUPID = readPID(filepath.Join("/run/libvirt/qemu", spec.Name+".pid"))
+	dom.QEMUPID = readPID(filepath.Join(d.Dir, "run", "qemu", spec.Name+".pid")) // the private /run/libvirt/qemu
 
 	ctx, cancel := context.WithTimeout(ctx, BootTimeout)
 	defer cancel()
