@@ -22,10 +22,10 @@ func TestToSnapshot(t *testing.T) {
 		{"system checkpoint of a running domain", `<domainsnapshot><name>s1</name><description>before &amp; after</description>
 <state>running</state><parent><name>s0</name></parent><creationTime>1796119094</creationTime>
 <memory snapshot='internal'/><disks><disk name='vda' snapshot='internal'/></disks><domain type='qemu'/></domainsnapshot>`,
-			hypervisor.Snapshot{Name: "s1", Description: "before & after", Parent: "s0", Memory: true, CreatedAt: time.Unix(1796119094, 0).UTC()}},
+			hypervisor.Snapshot{Name: "s1", ID: "libvirt:1796119094:running", Description: "before & after", Parent: "s0", Memory: true, CreatedAt: time.Unix(1796119094, 0).UTC()}},
 		{"disk snapshot of a shut off domain", `<domainsnapshot><name>off</name><state>shutoff</state>
 <creationTime>1796119000</creationTime><memory snapshot='no'/></domainsnapshot>`,
-			hypervisor.Snapshot{Name: "off", CreatedAt: time.Unix(1796119000, 0).UTC()}},
+			hypervisor.Snapshot{Name: "off", ID: "libvirt:1796119000:shutoff", CreatedAt: time.Unix(1796119000, 0).UTC()}},
 		{"older libvirt without a memory element", `<domainsnapshot><name>old</name><state>running</state></domainsnapshot>`,
 			hypervisor.Snapshot{Name: "old", Memory: true}},
 		{"external disk-only", `<domainsnapshot><name>ext</name><state>disk-snapshot</state><memory snapshot='no'/><creationTime>x</creationTime></domainsnapshot>`,
