@@ -84,11 +84,21 @@ func TestSnapshotOwnership(t *testing.T) {
 		others bool
 		want   string // "" for allowed; else in the [POLICY DENIED] text
 	}{
-		{"own", func(t *testing.T, f *fixture, sf *snapFake) { mustCall(t, f, "local", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`) }, false, ""},
-		{"another grant's", func(t *testing.T, f *fixture, sf *snapFake) { mustCall(t, f, "other", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`) }, false, "belongs to grant other"},
-		{"another grant's, others allowed", func(t *testing.T, f *fixture, sf *snapFake) { mustCall(t, f, "other", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`) }, true, ""},
-		{"made outside vmgate", func(t *testing.T, f *fixture, sf *snapFake) { sf.put("vm1", hypervisor.Snapshot{Name: "s1", ID: "fake:outside"}) }, false, "was not made through vmgate"},
-		{"made outside vmgate, others allowed", func(t *testing.T, f *fixture, sf *snapFake) { sf.put("vm1", hypervisor.Snapshot{Name: "s1", ID: "fake:outside"}) }, true, ""},
+		{"own", func(t *testing.T, f *fixture, sf *snapFake) {
+			mustCall(t, f, "local", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
+		}, false, ""},
+		{"another grant's", func(t *testing.T, f *fixture, sf *snapFake) {
+			mustCall(t, f, "other", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
+		}, false, "belongs to grant other"},
+		{"another grant's, others allowed", func(t *testing.T, f *fixture, sf *snapFake) {
+			mustCall(t, f, "other", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
+		}, true, ""},
+		{"made outside vmgate", func(t *testing.T, f *fixture, sf *snapFake) {
+			sf.put("vm1", hypervisor.Snapshot{Name: "s1", ID: "fake:outside"})
+		}, false, "was not made through vmgate"},
+		{"made outside vmgate, others allowed", func(t *testing.T, f *fixture, sf *snapFake) {
+			sf.put("vm1", hypervisor.Snapshot{Name: "s1", ID: "fake:outside"})
+		}, true, ""},
 		{"own, made anew outside vmgate", func(t *testing.T, f *fixture, sf *snapFake) {
 			mustCall(t, f, "local", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
 			sf.put("vm1", hypervisor.Snapshot{Name: "s1", ID: "fake:replaced"})
