@@ -367,9 +367,8 @@ func TestUndoRevertsOnlyTheRecordedSnapshot(t *testing.T) {
 	if err := json.Unmarshal([]byte(a.FullArgs), &args); err != nil {
 		t.Fatal(err)
 	}
-	callArgs, _ := args["undoes_arguments"].(map[string]any)
-	if args["snapshot_taken"] != taken.CreatedAt.Format(time.RFC3339Nano) || args["undoes_tool"] != "vm_power" || args["undoes_grant"] != "local" ||
-		args["snapshot_id"] != taken.ID || args["vm"] != "lab/vm1" || callArgs["action"] != "reset" || args["undoes_call_time"] == "" {
+	if args["snapshot_taken"] != taken.CreatedAt.Format(time.RFC3339Nano) || args["call.tool"] != "vm_power" || args["call.grant"] != "local" ||
+		args["snapshot_id"] != taken.ID || args["vm"] != "lab/vm1" || args["call.args.action"] != "reset" || args["call.time"] == "" || args["call"] != call1 {
 		t.Errorf("approval arguments = %v; want when the snapshot was taken and the call it undoes", args)
 	}
 	grant(parked.ApprovalID)

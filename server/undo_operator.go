@@ -116,16 +116,20 @@ func (s *Server) findUndo(callID string) (undoCall, error) {
 	return u, nil
 }
 
-// approvalArgs are what the operator approves: the snapshot, when it was
-// taken, and the call it undoes with its arguments as the audit log has
-// them. The approval's digest covers them all.
+// approvalArgs are what the operator approves: the snapshot and when it
+// was taken, and the call it undoes ("call.*") with each of its arguments
+// as the audit log has them ("call.args.<name>", redacted), one by one so
+// that each shows as text. The approval's digest covers them all.
 func (u undoCall) approvalArgs() map[string]any {
-	return map[string]any{
-		"call": u.Call, "vm": u.VM, "snapshot": u.Name, "snapshot_id": u.ID,
+	m := map[string]any{
+		"vm": u.VM, "snapshot": u.Name, "snapshot_id": u.ID,
 		"snapshot_taken": u.Taken.UTC().Format(time.RFC3339Nano), "snapshot_expires": u.Expires.UTC().Format(time.RFC3339),
-		"undoes_tool": u.Tool, "undoes_grant": u.Grant, "undoes_call_time": u.Time.UTC().Format(time.RFC3339Nano),
-		"undoes_arguments": u.Args,
+		"call": u.Call, "call.tool": u.Tool, "call.grant": u.Grant, "call.time": u.Time.UTC().Format(time.RFC3339Nano),
 	}
+	for k, v := range u.Args {
+		m["call.args."+k] = v
+	}
+	return m
 }
 
 // checkUndoSnapshot verifies that u's VM still has u's snapshot, the same
