@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -164,5 +166,26 @@ func TestSnapshotRulesErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("Parse(%s) = %v; want an error containing %q", tt.doc, err, tt.want)
 		}
+	}
+}
+
+// TestReadmeSnapshotsExample: README's policy with a snapshots block
+// parses and bounds as the text says.
+func TestReadmeSnapshotsExample(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```json\n(\\{[^`]*\"snapshots\": \\{\"max_count\"[^`]*)```").FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README has no policy with a top-level snapshots block")
+	}
+	e, err := Parse("readme.json", m[1])
+	if err != nil {
+		t.Fatalf("README's snapshots example does not parse: %v", err)
+	}
+	d := e.Decide(Call{Grant: "g", Tool: "snapshot_revert", VM: "lab/vm1"})
+	if d.Verdict != Allow || d.Snapshots.MaxCount != 4 || d.Snapshots.MaxBytes != 2048<<20 || !d.Snapshots.Others {
+		t.Errorf("README's example: Decide(snapshot_revert) = %v, %+v; want allowed, 4 snapshots, 2048 MiB, others", d.Verdict, d.Snapshots)
 	}
 }
