@@ -283,6 +283,13 @@ func checkSnapshotIdentity(t testing.TB, h Harness) {
 	if err := hypervisor.RevertSnapshotID(h.ctx(t), s, h.VM, req.Name, first.ID); !errors.Is(err, hypervisor.ErrSnapshotChanged) {
 		t.Errorf("RevertSnapshotID(%q, %q, the first snapshot's ID) = %v; want %v", h.VM, req.Name, err, hypervisor.ErrSnapshotChanged)
 	}
+	// A driver that checks the identity itself refuses too, without the
+	// caller's check in front of it.
+	if r, ok := s.(hypervisor.SnapshotIDReverter); ok {
+		if err := r.SnapshotRevertID(h.ctx(t), h.VM, req.Name, first.ID); !errors.Is(err, hypervisor.ErrSnapshotChanged) {
+			t.Errorf("SnapshotRevertID(%q, %q, the first snapshot's ID) = %v; want %v", h.VM, req.Name, err, hypervisor.ErrSnapshotChanged)
+		}
+	}
 	if !exists(t, h, added) {
 		t.Fatalf("%s is gone after a refused RevertSnapshotID; want nothing reverted", added)
 	}
