@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -85,13 +86,13 @@ func TestSnapshotOwnership(t *testing.T) {
 		want   string // "" for allowed; else in the [POLICY DENIED] text
 	}{
 		{"own", func(t *testing.T, f *fixture, sf *snapFake) {
-			mustCall(t, f, "local", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
+			okCall(t, f, "local", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
 		}, false, ""},
 		{"another grant's", func(t *testing.T, f *fixture, sf *snapFake) {
-			mustCall(t, f, "other", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
+			okCall(t, f, "other", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
 		}, false, "belongs to grant other"},
 		{"another grant's, others allowed", func(t *testing.T, f *fixture, sf *snapFake) {
-			mustCall(t, f, "other", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
+			okCall(t, f, "other", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
 		}, true, ""},
 		{"made outside vmgate", func(t *testing.T, f *fixture, sf *snapFake) {
 			sf.put("vm1", hypervisor.Snapshot{Name: "s1", ID: "fake:outside"})
@@ -100,7 +101,7 @@ func TestSnapshotOwnership(t *testing.T) {
 			sf.put("vm1", hypervisor.Snapshot{Name: "s1", ID: "fake:outside"})
 		}, true, ""},
 		{"own, made anew outside vmgate", func(t *testing.T, f *fixture, sf *snapFake) {
-			mustCall(t, f, "local", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
+			okCall(t, f, "local", "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`)
 			sf.put("vm1", hypervisor.Snapshot{Name: "s1", ID: "fake:replaced"})
 		}, false, "was not made through vmgate"},
 		{"no identity from the backend", func(t *testing.T, f *fixture, sf *snapFake) { sf.put("vm1", hypervisor.Snapshot{Name: "s1"}) }, false, "was not made through vmgate"},
@@ -131,46 +132,24 @@ func TestSnapshotOwnership(t *testing.T) {
 	}
 }
 
-// mustCall runs tool as grant and fails t unless it succeeds.
-func mustCall(t *testing.T, f *fixture, grant, tool, args string) rpcReply {
-	t.Helper()
-	r := f.sendAs(t, grant, toolCall(1, tool, args))
-	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("%s as %s (%s) = %q; want success", tool, grant, args, r.text())
-	}
-	return r
-}
-
 // TestSnapshotListOwners: snapshot_list names each snapshot's owner, to
 // any grant that may see the VM.
 func TestSnapshotListOwners(t *testing.T) {
 	sf := newSnapFake()
 	f := newFixture(t, fixtureOpts{driver: sf.driver(bothModes), otherVMs: []string{"lab/*"}})
 	t.Cleanup(func() { f.s.Close() })
-	mustCall(t, f, "local", "snapshot_create", `{"vm":"lab/vm1","name":"mine"}`)
-	mustCall(t, f, "other", "snapshot_create", `{"vm":"lab/vm1","name":"theirs"}`)
+	okCall(t, f, "local", "snapshot_create", `{"vm":"lab/vm1","name":"mine"}`)
+	okCall(t, f, "other", "snapshot_create", `{"vm":"lab/vm1","name":"theirs"}`)
 	sf.put("vm1", hypervisor.Snapshot{Name: "outside", ID: "fake:o", CreatedAt: time.Unix(1800000000, 0)})
-	r := mustCall(t, f, "other", "snapshot_list", `{"vm":"lab/vm1"}`)
+	r := okCall(t, f, "other", "snapshot_list", `{"vm":"lab/vm1"}`)
 	owners := map[string]any{}
 	for _, s := range r.Result.StructuredContent["snapshots"].([]any) {
 		m := s.(map[string]any)
 		owners[m["name"].(string)] = m["owner"]
 	}
-	if want := map[string]any{"mine": "local", "theirs": "other", "outside": nil}; !mapsEqual(owners, want) {
+	if want := map[string]any{"mine": "local", "theirs": "other", "outside": nil}; !maps.Equal(owners, want) {
 		t.Errorf("snapshot_list owners = %v; want %v", owners, want)
 	}
-}
-
-func mapsEqual(a, b map[string]any) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // boundsPolicy bounds local's snapshots per VM and snapshots every stop.
@@ -308,7 +287,7 @@ func TestSnapshotBoundsPruneOrder(t *testing.T) {
 	var names []string
 	for range 4 {
 		f.advance(time.Minute)
-		r := mustCall(t, f, "local", "vm_power", `{"vm":"lab/vm1","action":"reset"}`)
+		r := okCall(t, f, "local", "vm_power", `{"vm":"lab/vm1","action":"reset"}`)
 		names = append(names, r.Result.StructuredContent["undo_snapshot"].(string))
 	}
 	want := []string{"vm1 " + names[0], "vm1 " + names[1]}

@@ -267,25 +267,22 @@ func (d *Driver) withSnapshot(ctx context.Context, op, name, snap string, fn fun
 // The guest agent is back in the snapshot's state: the driver's cached
 // guest-info and tracked commands are dropped.
 func (d *Driver) SnapshotRevert(ctx context.Context, name, snap string) error {
-	return d.revert(ctx, name, snap, "")
+	return d.revert(ctx, name, snap, nil)
 }
 
 // SnapshotRevertID implements hypervisor.SnapshotIDReverter: the snapshot
 // the revert is given is the one whose description was just read and
 // checked, on the same connection.
 func (d *Driver) SnapshotRevertID(ctx context.Context, name, snap, id string) error {
-	if id == "" {
-		return fmt.Errorf("libvirt: snapshot revert: %w: no identity to check %q against", hypervisor.ErrInvalidArgument, snap)
-	}
-	return d.revert(ctx, name, snap, id)
+	return d.revert(ctx, name, snap, &id)
 }
 
-// revert is SnapshotRevert, bound to identity id unless it is empty.
-func (d *Driver) revert(ctx context.Context, name, snap, id string) error {
+// revert is SnapshotRevert, bound to identity *id when id is set.
+func (d *Driver) revert(ctx context.Context, name, snap string, id *string) error {
 	const op = "snapshot revert"
 	var changed error
 	s, err := d.withSnapshot(ctx, op, name, snap, func(c snapConn, sn golibvirt.DomainSnapshot) error {
-		if id != "" {
+		if id != nil {
 			x, err := c.DomainSnapshotGetXMLDesc(sn, 0)
 			if err != nil {
 				return err
@@ -294,7 +291,7 @@ func (d *Driver) revert(ctx context.Context, name, snap, id string) error {
 			if err != nil {
 				return err
 			}
-			if changed = hypervisor.CheckSnapshotID(cur, id); changed != nil {
+			if changed = hypervisor.CheckSnapshotID(cur, *id); changed != nil {
 				return nil
 			}
 		}

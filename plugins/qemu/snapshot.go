@@ -283,21 +283,18 @@ func (d *Driver) SnapshotList(ctx context.Context, name string) ([]hypervisor.Sn
 // disks return to that moment. The agent connection is reset (the guest
 // agent is back in the snapshot's state).
 func (d *Driver) SnapshotRevert(ctx context.Context, name, snap string) error {
-	return d.revert(ctx, name, snap, "")
+	return d.revert(ctx, name, snap, nil)
 }
 
 // SnapshotRevertID implements hypervisor.SnapshotIDReverter: the identity
 // is checked on the disks read under the VM's snapshot lock, on the QMP
 // connection that then starts the load.
 func (d *Driver) SnapshotRevertID(ctx context.Context, name, snap, id string) error {
-	if id == "" {
-		return fmt.Errorf("qemu: snapshot revert: %w: no identity to check %q against", hypervisor.ErrInvalidArgument, snap)
-	}
-	return d.revert(ctx, name, snap, id)
+	return d.revert(ctx, name, snap, &id)
 }
 
-// revert is SnapshotRevert, bound to identity id unless it is empty.
-func (d *Driver) revert(ctx context.Context, name, snap, id string) error {
+// revert is SnapshotRevert, bound to identity *id when id is set.
+func (d *Driver) revert(ctx context.Context, name, snap string, id *string) error {
 	const op = "snapshot revert"
 	if err := hypervisor.ValidateSnapshotName(snap); err != nil {
 		return fmt.Errorf("qemu: %s: %w", op, err)
@@ -305,8 +302,8 @@ func (d *Driver) revert(ctx context.Context, name, snap, id string) error {
 	var wasRunning bool
 	p, err := d.prepare(ctx, op, name, func(s qmpSession, disks snapDisks) error {
 		sn, ok := disks.find(snap)
-		if ok && id != "" {
-			if err := hypervisor.CheckSnapshotID(toSnapshot(sn, ""), id); err != nil {
+		if ok && id != nil {
+			if err := hypervisor.CheckSnapshotID(toSnapshot(sn, ""), *id); err != nil {
 				return err
 			}
 		}

@@ -134,28 +134,25 @@ func (d *Driver) SnapshotList(ctx context.Context, vm string) ([]hypervisor.Snap
 // powered off first (restore refuses it), and started again after, as is
 // a machine restored to a saved state: it runs on from the snapshot.
 func (d *Driver) SnapshotRevert(ctx context.Context, vm, name string) error {
-	return d.revert(ctx, vm, name, "")
+	return d.revert(ctx, vm, name, nil)
 }
 
 // SnapshotRevertID implements hypervisor.SnapshotIDReverter: the identity
 // is the snapshot's UUID, which is what `snapshot restore` is given, so a
 // snapshot made anew under the name is never the one restored.
 func (d *Driver) SnapshotRevertID(ctx context.Context, vm, name, id string) error {
-	if id == "" {
-		return fmt.Errorf("virtualbox: snapshot revert: %w: no identity to check %q against", hypervisor.ErrInvalidArgument, name)
-	}
-	return d.revert(ctx, vm, name, id)
+	return d.revert(ctx, vm, name, &id)
 }
 
-// revert is SnapshotRevert, bound to identity id unless it is empty.
-func (d *Driver) revert(ctx context.Context, vm, name, id string) error {
+// revert is SnapshotRevert, bound to identity *id when id is set.
+func (d *Driver) revert(ctx context.Context, vm, name string, id *string) error {
 	const op = "snapshot revert"
 	s, mi, err := d.resolveSnapshot(ctx, op, vm, name)
 	if err != nil {
 		return err
 	}
-	if id != "" {
-		if err := hypervisor.CheckSnapshotID(s.Snapshot, id); err != nil {
+	if id != nil {
+		if err := hypervisor.CheckSnapshotID(s.Snapshot, *id); err != nil {
 			return fmt.Errorf("virtualbox: %s: %w", op, err)
 		}
 	}

@@ -3,7 +3,6 @@ package memory
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/vmgate/vmgate/policy/store"
 )
@@ -12,36 +11,14 @@ var _ store.Snapshots = (*Snapshots)(nil)
 
 // Snapshots is an in-memory store.Snapshots (tests, and servers whose
 // store keeps no snapshot records of its own; nothing survives the
-// process). mu guards m and closed. Safe for concurrent use.
+// process). The guard's mu guards m. Safe for concurrent use.
 type Snapshots struct {
-	mu     sync.Mutex
-	m      map[string]store.SnapshotRecord // by store.SnapshotKey
-	closed bool
+	guard
+	m map[string]store.SnapshotRecord // by store.SnapshotKey
 }
 
 // NewSnapshots returns an empty snapshot register.
 func NewSnapshots() *Snapshots { return &Snapshots{m: make(map[string]store.SnapshotRecord)} }
-
-// Close makes later calls fail with store.ErrUnavailable.
-func (s *Snapshots) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	return nil
-}
-
-// lockLive takes mu after checking ctx; the caller unlocks on success.
-func (s *Snapshots) lockLive(ctx context.Context, op string) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("memory: %s: %w: %w", op, store.ErrUnavailable, err)
-	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return fmt.Errorf("memory: %s: %w: store is closed", op, store.ErrUnavailable)
-	}
-	return nil
-}
 
 // PutSnapshot implements store.Snapshots.
 func (s *Snapshots) PutSnapshot(ctx context.Context, r store.SnapshotRecord) error {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -24,22 +26,20 @@ type SnapshotStore interface {
 // puts, bad input that changes nothing and cancelled contexts. newStore is
 // called once per subtest and must return an empty store.
 func RunSnapshots(t *testing.T, newStore func(t *testing.T) SnapshotStore) {
-	tests := []struct {
-		name string
-		fn   func(*testing.T, SnapshotStore)
-	}{
-		{"LifeCycle", testSnapshotLifeCycle},
-		{"Replace", testSnapshotReplace},
-		{"HostileKeys", testSnapshotHostileKeys},
-		{"Concurrent", testSnapshotConcurrent},
-		{"BadInput", testSnapshotBadInput},
-		{"Cancelled", testSnapshotCancelled},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+	runSuite(t, newStore, map[string]func(*testing.T, SnapshotStore){
+		"LifeCycle": testSnapshotLifeCycle, "Replace": testSnapshotReplace, "HostileKeys": testSnapshotHostileKeys,
+		"Concurrent": testSnapshotConcurrent, "BadInput": testSnapshotBadInput, "Cancelled": testSnapshotCancelled,
+	})
+}
+
+// runSuite runs each test of a suite as a subtest, in name order, on a
+// store of its own that is closed when it ends.
+func runSuite[S interface{ Close() error }](t *testing.T, newStore func(t *testing.T) S, tests map[string]func(*testing.T, S)) {
+	for _, name := range slices.Sorted(maps.Keys(tests)) {
+		t.Run(name, func(t *testing.T) {
 			s := newStore(t)
 			t.Cleanup(func() { s.Close() })
-			tt.fn(t, s)
+			tests[name](t, s)
 		})
 	}
 }
