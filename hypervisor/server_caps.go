@@ -55,7 +55,16 @@ func (s *server) SnapshotRevert(ctx context.Context, req *pb.SnapshotNameRequest
 	if !ok {
 		return nil, notSupported("snapshot revert", "snapshots")
 	}
-	if err := sn.SnapshotRevert(ctx, req.GetVm(), req.GetName()); err != nil {
+	revert := func() error { return sn.SnapshotRevert(ctx, req.GetVm(), req.GetName()) }
+	if id := req.GetExpectId(); id != "" {
+		revert = func() error {
+			if r, ok := sn.(SnapshotIDReverter); ok {
+				return r.SnapshotRevertID(ctx, req.GetVm(), req.GetName(), id)
+			}
+			return RevertSnapshotID(ctx, sn, req.GetVm(), req.GetName(), id)
+		}
+	}
+	if err := revert(); err != nil {
 		return nil, toStatus(err)
 	}
 	return &pb.SnapshotRevertResponse{}, nil
@@ -117,7 +126,7 @@ func capabilitiesFromPB(k *pb.CapabilitySet) Capabilities {
 func snapshotToPB(s Snapshot) *pb.Snapshot {
 	out := &pb.Snapshot{
 		Name: s.Name, Description: s.Description, Memory: s.Memory, SizeBytes: s.SizeBytes,
-		Parent: s.Parent, Current: s.Current,
+		Parent: s.Parent, Current: s.Current, Id: s.ID,
 	}
 	if !s.CreatedAt.IsZero() {
 		out.HasCreatedAt, out.CreatedAtUnixNs = true, s.CreatedAt.UnixNano()
@@ -128,7 +137,7 @@ func snapshotToPB(s Snapshot) *pb.Snapshot {
 func snapshotFromPB(s *pb.Snapshot) Snapshot {
 	out := Snapshot{
 		Name: s.GetName(), Description: s.GetDescription(), Memory: s.GetMemory(), SizeBytes: s.GetSizeBytes(),
-		Parent: s.GetParent(), Current: s.GetCurrent(),
+		Parent: s.GetParent(), Current: s.GetCurrent(), ID: s.GetId(),
 	}
 	if s.GetHasCreatedAt() {
 		out.CreatedAt = time.Unix(0, s.GetCreatedAtUnixNs())

@@ -185,7 +185,7 @@ func (b *builder) name(s string, off int, l loc, what string, extra string) bool
 func (b *builder) engine(root *node) *Engine {
 	e := &Engine{tools: map[string]*toolRule{}, hidden: map[string]string{}}
 	top := loc{}
-	m, ok := b.object(root, top, "version", "default", "mode", "hide", "all_tools", "sandbox", "tools")
+	m, ok := b.object(root, top, "version", "default", "mode", "hide", "all_tools", "sandbox", "snapshots", "tools")
 	if !ok {
 		return e
 	}
@@ -236,6 +236,9 @@ func (b *builder) engine(root *node) *Engine {
 	if v, ok := m["sandbox"]; ok {
 		e.sandbox = b.sandbox(v, top.key("sandbox"))
 	}
+	if v, ok := m["snapshots"]; ok {
+		e.snapshots = b.snapshotLimits(v, top.key("snapshots"))
+	}
 	if v, ok := m["tools"]; ok {
 		l := top.key("tools")
 		if v.kind != kindObject {
@@ -281,7 +284,7 @@ func (b *builder) mode(v *node, l loc) (shadow bool) {
 
 func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	t := &toolRule{name: name, ptr: l.ptr, action: Allow, actionPtr: l.ptr, shadow: shadow}
-	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox", "files", "snapshot_before", "keep_files", "lease")
+	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox", "files", "snapshot_before", "keep_files", "lease", "snapshots")
 	if !ok {
 		return t
 	}
@@ -360,6 +363,10 @@ func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	}
 	if v, ok := m["snapshot_before"]; ok {
 		t.snapshot = b.snapshotBefore(name, v, l.key("snapshot_before"))
+	}
+	if v, ok := m["snapshots"]; ok {
+		ls := l.key("snapshots")
+		t.snapOthers, t.snapOthersPtr = b.snapshotOthers(name, v, ls), ls.ptr+"/others"
 	}
 	t.denyReason = t.reason
 	if t.denyReason == "" {

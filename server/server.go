@@ -132,6 +132,13 @@ type Config struct {
 	Templates      []config.Template
 	Leases         store.Leases
 	LeaseReapEvery time.Duration
+	// Snapshots keeps who made each snapshot (snapowners.go; default:
+	// Store, when it keeps them, else memory).
+	Snapshots store.Snapshots
+	// AuditRecords reads the audit log's records in order; `vmgate undo`
+	// finds a call's undo snapshot there (undo_operator.go). Nil: undo
+	// refuses.
+	AuditRecords func(fn func(audit.Record) error) error
 }
 
 // Server is the MCP server with its gate.
@@ -162,6 +169,8 @@ type Server struct {
 	stdioGrant    string
 	guest         *guestTools
 	undo          *undoKeeper // undo snapshots (undo.go)
+	snaps         *snapOwners // who made each snapshot, and the bounds (snapowners.go)
+	auditRecords  func(fn func(audit.Record) error) error
 	templates     map[string]*config.Template
 	leases        *vmLeases // nil: no lease store
 	// direct holds the calls handle runs without mcp-go (dispatch.go);
@@ -271,6 +280,8 @@ func New(cfg Config) (*Server, error) {
 		s.backends[b.Name] = b.Driver
 	}
 	s.undo = newUndoKeeper(s)
+	s.snaps = newSnapOwners(s, cfg)
+	s.auditRecords = cfg.AuditRecords
 	s.guest = newGuestTools(s, cfg)
 	if err := s.setupLeases(cfg); err != nil {
 		return nil, err

@@ -1377,8 +1377,10 @@ type Snapshot struct {
 	SizeBytes       int64  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	Parent          string `protobuf:"bytes,7,opt,name=parent,proto3" json:"parent,omitempty"`
 	Current         bool   `protobuf:"varint,8,opt,name=current,proto3" json:"current,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// id is the backend's identity of the snapshot (hypervisor.Snapshot.ID).
+	Id            string `protobuf:"bytes,9,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
@@ -1467,6 +1469,13 @@ func (x *Snapshot) GetCurrent() bool {
 	return false
 }
 
+func (x *Snapshot) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 type SnapshotListResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Snapshots     []*Snapshot            `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
@@ -1512,9 +1521,12 @@ func (x *SnapshotListResponse) GetSnapshots() []*Snapshot {
 }
 
 type SnapshotNameRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Vm            string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Vm    string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// expect_id, on SnapshotRevert: revert only while the snapshot's identity
+	// is this (hypervisor.RevertSnapshotID); empty: any.
+	ExpectId      string `protobuf:"bytes,3,opt,name=expect_id,json=expectId,proto3" json:"expect_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1559,6 +1571,13 @@ func (x *SnapshotNameRequest) GetVm() string {
 func (x *SnapshotNameRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *SnapshotNameRequest) GetExpectId() string {
+	if x != nil {
+		return x.ExpectId
 	}
 	return ""
 }
@@ -2351,7 +2370,7 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x16\n" +
-	"\x06memory\x18\x04 \x01(\bR\x06memory\"\xfc\x01\n" +
+	"\x06memory\x18\x04 \x01(\bR\x06memory\"\x8c\x02\n" +
 	"\bSnapshot\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12+\n" +
@@ -2361,12 +2380,14 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\x12\x16\n" +
 	"\x06parent\x18\a \x01(\tR\x06parent\x12\x18\n" +
-	"\acurrent\x18\b \x01(\bR\acurrent\"T\n" +
+	"\acurrent\x18\b \x01(\bR\acurrent\x12\x0e\n" +
+	"\x02id\x18\t \x01(\tR\x02id\"T\n" +
 	"\x14SnapshotListResponse\x12<\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x1e.vmgate.hypervisor.v1.SnapshotR\tsnapshots\"9\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1e.vmgate.hypervisor.v1.SnapshotR\tsnapshots\"V\n" +
 	"\x13SnapshotNameRequest\x12\x0e\n" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\x18\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1b\n" +
+	"\texpect_id\x18\x03 \x01(\tR\bexpectId\"\x18\n" +
 	"\x16SnapshotRevertResponse\"\x18\n" +
 	"\x16SnapshotDeleteResponse\"U\n" +
 	"\tIPAddress\x12\x16\n" +

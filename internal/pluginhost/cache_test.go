@@ -75,6 +75,7 @@ func TestStateCache(t *testing.T) {
 			return err
 		}},
 		{"SnapshotRevert", func() error { return s.SnapshotRevert(ctx, "vm1", "s1") }},
+		{"SnapshotRevertID", func() error { return s.SnapshotRevertID(ctx, "vm1", "s1", "fake:s1") }},
 		{"SnapshotDelete", func() error { return s.SnapshotDelete(ctx, "vm1", "s1") }},
 		{"CreateVM", func() error {
 			_, err := s.CreateVM(ctx, hypervisor.CreateRequest{Name: "c1", Mark: "Lcachetest01"})
