@@ -22,7 +22,7 @@ func newAuditCmd() *cobra.Command {
 		Short: "Work with the audit log",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(newAuditVerifyCmd())
+	cmd.AddCommand(newAuditVerifyCmd(), newAuditSearchCmd(), newAuditTailCmd(), newAuditShowCmd())
 	return cmd
 }
 
