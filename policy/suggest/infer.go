@@ -1,0 +1,297 @@
+package suggest
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/vmgate/vmgate/policy/audit"
+)
+
+// Conditions from values. For every path a tool's calls had a value at
+// (the VM, and args.<name>[.<name>…] into objects), the narrowest
+// condition that holds for every value seen:
+//
+//   - strings: "in" the set seen, when it is small and stable (no value
+//     with a volatile token: see shape.go); else a "glob" of their one
+//     shape, or a "regex" of their few shapes; paths too varied for that
+//     by their directories; none when even those are many;
+//   - numbers: "gte" the smallest and "lte" the largest, with headroom;
+//   - booleans: "in" the values seen (which also refuses another type);
+//   - lists and objects as values: none (conditions cannot address list
+//     elements); stdin, env and file content: none (the log has digests).
+//
+// A path every call had goes into require. One some calls left out goes
+// into deny_if, negated (not_in, lt, gt), so that leaving it out is still
+// allowed: a glob or regex cannot be negated, so an optional value of many
+// shapes gets no condition. An argument of the tool no call sent at all
+// gets deny_if exists.
+
+// condition is one suggested condition, as the document holds it.
+type condition struct {
+	Path  string `json:"path"`
+	Op    string `json:"op"`
+	Value any    `json:"value,omitempty"`
+	Why   string `json:"_why,omitempty"`
+}
+
+// facts are the values one path took in a tool's calls.
+type facts struct {
+	path    string
+	present int // calls that had a value there
+	strs    []string
+	nums    []float64
+	bools   []bool
+	other   int  // lists, objects held whole, null
+	secret  bool // stdin, env, content: only its presence is known
+}
+
+// gather collects the facts of every path of calls, sorted by path.
+func gather(calls []*Call) []*facts {
+	byPath := map[string]*facts{}
+	get := func(p string) *facts {
+		f := byPath[p]
+		if f == nil {
+			f = &facts{path: p}
+			byPath[p] = f
+		}
+		return f
+	}
+	for _, c := range calls {
+		if c.VM != "" {
+			f := get("vm")
+			f.present++
+			f.strs = append(f.strs, c.VM)
+		}
+		for k, v := range c.Args {
+			if k == "vm" {
+				continue // the same as the call's VM
+			}
+			walk(get, "args."+k, k, v)
+		}
+	}
+	out := make([]*facts, 0, len(byPath))
+	for _, f := range byPath {
+		out = append(out, f)
+	}
+	slices.SortFunc(out, func(a, b *facts) int {
+		if (a.path == "vm") != (b.path == "vm") {
+			if a.path == "vm" {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.path, b.path)
+	})
+	return out
+}
+
+// walk records value v of path p, whose last name is name.
+func walk(get func(string) *facts, p, name string, v any) {
+	f := get(p)
+	f.present++
+	if audit.IsSecretArg(name) {
+		f.secret = true
+		return
+	}
+	switch v := v.(type) {
+	case string:
+		f.strs = append(f.strs, v)
+	case bool:
+		f.bools = append(f.bools, v)
+	case map[string]any:
+		f.other++
+		for k, e := range v {
+			walk(get, p+"."+k, k, e)
+		}
+	default:
+		if x, ok := number(v); ok {
+			f.nums = append(f.nums, x)
+		} else {
+			f.other++
+		}
+	}
+}
+
+func number(v any) (float64, bool) {
+	switch x := v.(type) {
+	case float64:
+		return x, true
+	case json.Number:
+		f, err := x.Float64()
+		return f, err == nil
+	case int:
+		return float64(x), true
+	case int64:
+		return float64(x), true
+	}
+	return 0, false
+}
+
+// conditions are the conditions of f for a tool called total times: the
+// require ones, the deny_if ones, and a note when there is none and why.
+func (f *facts) conditions(total int, o *Options) (require, denyIf []condition, note string) {
+	optional := f.present < total
+	var cs []condition
+	switch n := f.present; {
+	case f.secret:
+		return nil, nil, f.path + ": only its digest is logged: no condition on its value"
+	case f.other > 0 || len(f.strs) != n && len(f.nums) != n && len(f.bools) != n:
+		return nil, nil, ""
+	case len(f.strs) == n:
+		cs, note = f.stringConditions(optional, o)
+	case len(f.nums) == n:
+		cs = f.numberConditions(o)
+	default:
+		cs = []condition{{Path: f.path, Op: "in", Value: boolSet(f.bools), Why: seenWhy(f.bools)}}
+	}
+	if !optional {
+		return cs, nil, note
+	}
+	for _, c := range cs {
+		c.Op = map[string]string{"in": "not_in", "gte": "lt", "lte": "gt"}[c.Op]
+		c.Why = fmt.Sprintf("sent in %d of %s; %s", f.present, callsWord(total), c.Why)
+		denyIf = append(denyIf, c)
+	}
+	return nil, denyIf, note
+}
+
+func boolSet(bs []bool) []any {
+	var out []any
+	for _, v := range []bool{false, true} {
+		if slices.Contains(bs, v) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// seenWhy lists the values seen with their counts, the commonest first.
+func seenWhy[T comparable](vs []T) string {
+	counts := map[T]int{}
+	var order []T
+	for _, v := range vs {
+		if counts[v] == 0 {
+			order = append(order, v)
+		}
+		counts[v]++
+	}
+	slices.SortStableFunc(order, func(a, b T) int { return counts[b] - counts[a] })
+	var parts []string
+	for i, v := range order {
+		if i == 6 {
+			parts = append(parts, fmt.Sprintf("%d more", len(order)-i))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s ×%d", short(fmt.Sprint(v)), counts[v]))
+	}
+	return "seen: " + strings.Join(parts, ", ")
+}
+
+func short(s string) string {
+	if len(s) <= 60 {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(s[:57] + "…")
+}
+
+// stringConditions is the narrowest string condition of f (see the notes
+// at the top of the file).
+func (f *facts) stringConditions(optional bool, o *Options) ([]condition, string) {
+	distinct := slices.Compact(slices.Sorted(slices.Values(f.strs)))
+	if len(distinct) <= o.MaxIn && !slices.ContainsFunc(distinct, func(s string) bool { return !stable(s) }) {
+		set := make([]any, len(distinct))
+		for i, s := range distinct {
+			set[i] = s
+		}
+		return []condition{{Path: f.path, Op: "in", Value: set, Why: seenWhy(f.strs)}}, ""
+	}
+	if optional {
+		return nil, fmt.Sprintf("%s: %d different values in %d calls, not always sent: a shape cannot be required of an argument that may be left out", f.path, len(distinct), f.present)
+	}
+	shapes, how := shapesOf(distinct, o.MaxShapes)
+	why := fmt.Sprintf("%d different values in %d calls, %s", len(distinct), f.present, how)
+	switch {
+	case shapes == nil:
+		return nil, f.path + ": " + why + ": too varied for a condition"
+	case len(shapes) == 1 && trivial(shapes[0]):
+		return nil, f.path + ": " + why + ": every value is an id that changes"
+	case len(shapes) == 1 && !strings.Contains(shapes[0], "**"):
+		return []condition{{Path: f.path, Op: "glob", Value: shapes[0], Why: why}}, ""
+	}
+	alts := make([]string, len(shapes))
+	for i, s := range shapes {
+		alts[i] = globRegex(s)
+	}
+	re := "^(?:" + strings.Join(alts, "|") + ")$"
+	if len(re) > maxPattern {
+		return nil, f.path + ": " + why + ": the pattern would be too long"
+	}
+	return []condition{{Path: f.path, Op: "regex", Value: re, Why: why}}, ""
+}
+
+// maxPattern is the policy parser's limit on a pattern.
+const maxPattern = 1024
+
+// shapesOf returns the few shapes of values (sorted), coarser ones (by
+// directory) when there are more than max; nil when there are still too
+// many. how says which.
+func shapesOf(values []string, max int) (shapes []string, how string) {
+	for _, level := range []struct {
+		shape func(string) string
+		how   string
+	}{
+		{globShape, "shaped with their numbers and ids as *"},
+		{func(s string) string {
+			if d := dirShape(s); d != "" {
+				return d
+			}
+			return globShape(s)
+		}, "shaped by their directories"},
+	} {
+		set := map[string]bool{}
+		for _, v := range values {
+			set[level.shape(v)] = true
+		}
+		if len(set) <= max {
+			for s := range set {
+				shapes = append(shapes, s)
+			}
+			slices.Sort(shapes)
+			return shapes, level.how
+		}
+	}
+	return nil, "with more shapes than " + strconv.Itoa(max)
+}
+
+// numberConditions bound f's numbers with headroom: gte the smallest
+// divided by it, lte the largest times it (whole numbers when every value
+// was one).
+func (f *facts) numberConditions(o *Options) []condition {
+	lo, hi := slices.Min(f.nums), slices.Max(f.nums)
+	whole := !slices.ContainsFunc(f.nums, func(x float64) bool { return x != math.Trunc(x) })
+	h := o.Headroom
+	lower, upper := lo/h, hi*h
+	if lo < 0 {
+		lower = lo * h
+	}
+	if hi < 0 {
+		upper = hi / h
+	}
+	if whole {
+		lower, upper = math.Floor(lower), math.Ceil(upper)
+	}
+	if upper == 0 {
+		upper = 0 // not -0
+	}
+	why := fmt.Sprintf("%d values from %s to %s, ×%s headroom", len(f.nums), fmtNum(lo), fmtNum(hi), fmtNum(h))
+	return []condition{
+		{Path: f.path, Op: "gte", Value: lower, Why: why},
+		{Path: f.path, Op: "lte", Value: upper, Why: why},
+	}
+}
+
+func fmtNum(x float64) string { return strconv.FormatFloat(x, 'f', -1, 64) }
