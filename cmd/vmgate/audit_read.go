@@ -41,18 +41,19 @@ func (a *auditLogFlags) path(op, file string) (string, error) {
 	return cfg.Audit.Path, nil
 }
 
-// openLog opens the log for reading, saying what is wrong in words.
+// openLog opens the log for reading, saying what is wrong in words; op
+// ("audit search") starts its errors.
 func openLog(op, path string) (*os.File, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("audit %s: there is no audit log at %s%s", op, path, defaultLogHint())
+		return nil, fmt.Errorf("%s: there is no audit log at %s%s", op, path, defaultLogHint())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("audit %s: %w", op, err)
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	if fi, err := f.Stat(); err == nil && fi.IsDir() {
 		f.Close()
-		return nil, fmt.Errorf("audit %s: %s is a directory; give the log file (audit.log in it?)", op, path)
+		return nil, fmt.Errorf("%s: %s is a directory; give the log file (audit.log in it?)", op, path)
 	}
 	return f, nil
 }
@@ -189,7 +190,7 @@ func firstArg(args []string) string {
 }
 
 func runAuditSearch(out, errOut io.Writer, path string, f audit.Filter, output string, count bool) error {
-	file, err := openLog("search", path)
+	file, err := openLog("audit search", path)
 	if err != nil {
 		return err
 	}
@@ -343,7 +344,7 @@ acknowledged), and when the file is replaced.`,
 			if err != nil {
 				return err
 			}
-			file, err := openLog("tail", path)
+			file, err := openLog("audit tail", path)
 			if err != nil {
 				return err
 			}
@@ -430,7 +431,7 @@ func runAuditShow(out io.Writer, path, callID string, asJSON bool) error {
 	var cr callRecords
 	cr.CallID = callID
 	collect := func(f audit.Filter, raw *[]json.RawMessage, recs *[]audit.Record) error {
-		file, err := openLog("show", path)
+		file, err := openLog("audit show", path)
 		if err != nil {
 			return err
 		}

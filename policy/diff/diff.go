@@ -52,10 +52,28 @@ func Compare(old, new policy.Summary, catalogue []string) []Change {
 		}
 	}
 	slices.Sort(names)
+	var unlisted []string // in neither document, only the mode differs
+	var tools []Change
 	for _, name := range slices.Compact(names) {
-		out = append(out, toolChanges(name, view(old, name), view(new, name))...)
+		o, n := view(old, name), view(new, name)
+		if !o.listed && !n.listed && !o.hidden && !n.hidden && o.verdict == n.verdict && o.rule.Shadow != n.rule.Shadow && (o.restricts() || n.restricts()) {
+			unlisted = append(unlisted, name)
+			continue
+		}
+		tools = append(tools, toolChanges(name, o, n)...)
 	}
-	return out
+	if len(unlisted) > 0 {
+		// The same verdict on both sides (the same default): only the
+		// mode differs.
+		shadow, enforcing, e := "OLD", "NEW", Tighter
+		if new.Shadow {
+			shadow, enforcing, e = "NEW", "OLD", Looser
+		}
+		words := view(old, unlisted[0]).words()
+		out = append(out, Change{Effect: e, Text: fmt.Sprintf("the %d tools neither lists (%s): %s runs them in shadow mode, so every call goes through (it would say: it %s); %s %s",
+			len(unlisted), strings.Join(unlisted, ", "), shadow, words, enforcing, words)})
+	}
+	return append(out, tools...)
 }
 
 func documentChanges(old, new policy.Summary) []Change {
@@ -296,9 +314,17 @@ func conditionChanges(tool, list string, old, new []policy.ConditionSummary) []C
 
 func conditionWords(has, lacks, list string, c policy.ConditionSummary) string {
 	if list == "require" {
-		return fmt.Sprintf("%s requires %s, %s does not: %s denies the calls where it does not hold", has, c.Src, lacks, has)
+		return fmt.Sprintf("%s requires %s, %s does not: %s denies the calls where it does not hold", has, condText(c), lacks, has)
 	}
-	return fmt.Sprintf("%s denies calls where %s, %s does not", has, c.Src, lacks)
+	return fmt.Sprintf("%s denies calls where %s, %s does not", has, condText(c), lacks)
+}
+
+// condText is a condition on one line, however the document spread it.
+func condText(c policy.ConditionSummary) string {
+	if c.Op == "exists" {
+		return c.Path + " exists"
+	}
+	return c.Path + " " + c.Op + " " + jsonOf(c.Value)
 }
 
 func sameCondition(a, b policy.ConditionSummary) bool {
@@ -313,7 +339,7 @@ func jsonOf(v any) string {
 // changedCondition words a condition whose value changed, saying which
 // way for sets and bounds.
 func changedCondition(tool, list string, o, n policy.ConditionSummary) Change {
-	c := Change{Tool: tool, Effect: Other, Text: fmt.Sprintf("%s %s: OLD %s, NEW %s", list, o.Path, o.Src, n.Src)}
+	c := Change{Tool: tool, Effect: Other, Text: fmt.Sprintf("%s %s: OLD %s, NEW %s", list, o.Path, condText(o), condText(n))}
 	denies := list == "deny_if"
 	switch o.Op {
 	case "in", "not_in":
@@ -382,6 +408,9 @@ func limitChanges(tool, what string, old, new []policy.LimitSummary) []Change {
 			})
 		}
 		if i < 0 {
+			i = pair(n, func(o policy.LimitSummary) bool { return o.Quota == n.Quota && o.Window == n.Window })
+		}
+		if i < 0 {
 			unpaired = append(unpaired, n)
 			continue
 		}
@@ -441,13 +470,17 @@ func changedLimit(o, n policy.LimitSummary) (Change, bool) {
 	}
 	c := Change{Effect: Other}
 	verb := "changed"
-	if slices.Equal(o.Scope, n.Scope) && o.Weight == n.Weight {
+	// A scope that is a subset of the other's keys a coarser budget (per
+	// grant covers every VM of the grant; global covers all).
+	coarser := !slices.ContainsFunc(n.Scope, func(s string) bool { return !slices.Contains(o.Scope, s) })
+	finer := !slices.ContainsFunc(o.Scope, func(s string) bool { return !slices.Contains(n.Scope, s) })
+	if o.Weight == n.Weight {
 		oldRate := float64(o.Max) / max(o.Window.Seconds(), 1)
 		newRate := float64(n.Max) / max(n.Window.Seconds(), 1)
 		switch {
-		case n.Max <= o.Max && newRate <= oldRate:
+		case coarser && n.Max <= o.Max && newRate <= oldRate:
 			c.Effect, verb = Tighter, "tightened"
-		case n.Max >= o.Max && newRate >= oldRate:
+		case finer && n.Max >= o.Max && newRate >= oldRate:
 			c.Effect, verb = Looser, "loosened"
 		}
 	}

@@ -186,7 +186,11 @@ func seenWhy[T comparable](vs []T) string {
 			parts = append(parts, fmt.Sprintf("%d more", len(order)-i))
 			break
 		}
-		parts = append(parts, fmt.Sprintf("%s ×%d", short(fmt.Sprint(v)), counts[v]))
+		word := fmt.Sprint(v)
+		if s, ok := any(v).(string); ok {
+			word = short(s)
+		}
+		parts = append(parts, fmt.Sprintf("%s ×%d", word, counts[v]))
 	}
 	return "seen: " + strings.Join(parts, ", ")
 }
@@ -288,6 +292,9 @@ func (f *facts) numberConditions(o *Options) []condition {
 		upper = 0 // not -0
 	}
 	why := fmt.Sprintf("%d values from %s to %s, ×%s headroom", len(f.nums), fmtNum(lo), fmtNum(hi), fmtNum(h))
+	if lo == hi {
+		why = fmt.Sprintf("seen: %s ×%d, ×%s headroom", fmtNum(lo), len(f.nums), fmtNum(h))
+	}
 	return []condition{
 		{Path: f.path, Op: "gte", Value: lower, Why: why},
 		{Path: f.path, Op: "lte", Value: upper, Why: why},

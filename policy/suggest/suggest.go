@@ -1,8 +1,6 @@
 package suggest
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -109,14 +107,10 @@ func Suggest(ev *Evidence, o Options) (*Result, error) {
 		doc.Tools[name] = rule
 		res.Notes = append(res.Notes, notes...)
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(doc); err != nil {
+	var err error
+	if res.Document, err = doc.encode(); err != nil {
 		return nil, fmt.Errorf("suggest: %w", err)
 	}
-	res.Document = buf.Bytes()
 	if err := check(res.Document, ev.Grant, byTool); err != nil {
 		return nil, err
 	}
@@ -124,25 +118,21 @@ func Suggest(ev *Evidence, o Options) (*Result, error) {
 	return &res, nil
 }
 
-// document is the suggested policy, its members in the order written.
+// document is the suggested policy (encode.go writes it).
 type document struct {
-	Version  string               `json:"version"`
-	Why      string               `json:"_why"`
-	Default  string               `json:"default"`
-	AllTools *allTools            `json:"all_tools,omitempty"`
-	Tools    map[string]*toolRule `json:"tools"`
+	Version, Why, Default string
+	AllTools              *allTools
+	Tools                 map[string]*toolRule
 }
 
 type allTools struct {
-	Limits []limitJSON `json:"limits"`
+	Limits []limitJSON
 }
 
 type toolRule struct {
-	Why     string      `json:"_why"`
-	Action  string      `json:"action,omitempty"`
-	Require []condition `json:"require,omitempty"`
-	DenyIf  []condition `json:"deny_if,omitempty"`
-	Limits  []limitJSON `json:"limits,omitempty"`
+	Why, Action     string
+	Require, DenyIf []condition
+	Limits          []limitJSON
 }
 
 type limitJSON struct {
