@@ -119,9 +119,9 @@ func (c *condition) value() any {
 		return slices.Clone(c.set)
 	case opLt, opLte, opGt, opGte:
 		return c.num
-	case opRegex:
+	case opRegex, opNotRegex:
 		return c.re.String()
-	case opGlob:
+	case opGlob, opNotGlob:
 		return c.glob
 	}
 	return nil

@@ -681,7 +681,7 @@ func (b *builder) condition(n *node, l loc) (condition, bool) {
 	}
 	op, known := opNames[s]
 	if !known {
-		b.errorf(ov.off, lo.path, "unknown op %q (want eq, neq, in, not_in, lt, lte, gt, gte, regex, glob, contains or exists)", s)
+		b.errorf(ov.off, lo.path, "unknown op %q (want eq, neq, in, not_in, lt, lte, gt, gte, regex, not_regex, glob, not_glob, contains or exists)", s)
 		return c, false
 	}
 	c.op = op
