@@ -216,7 +216,7 @@ func toolChanges(name string, o, n state) []Change {
 		return out
 	case o.verdict == policy.Deny:
 		add(Looser, "OLD %s; NEW %s%s", o.words(), n.words(), conditionsWord(n.rule))
-		return out
+		return append(out, allowedWhen(name, n)...)
 	case n.verdict == policy.Deny:
 		add(Tighter, "OLD %s%s; NEW %s", o.words(), conditionsWord(o.rule), n.words())
 		return out
@@ -231,6 +231,22 @@ func toolChanges(name string, o, n state) []Change {
 	out = append(out, conditionChanges(name, "deny_if", o.rule.DenyIf, n.rule.DenyIf)...)
 	out = append(out, limitChanges(name, "its calls", o.rule.Limits, n.rule.Limits)...)
 	out = append(out, blockChanges(name, o.rule, n.rule)...)
+	return out
+}
+
+// allowedWhen lists what holds back the calls of a tool NEW lets through
+// and OLD denied: its conditions and limits, one a line.
+func allowedWhen(name string, n state) []Change {
+	var out []Change
+	for _, c := range n.rule.Require {
+		out = append(out, Change{Tool: name, Effect: Other, Text: "NEW lets it through only when " + condText(c)})
+	}
+	for _, c := range n.rule.DenyIf {
+		out = append(out, Change{Tool: name, Effect: Other, Text: "NEW refuses it when " + condText(c)})
+	}
+	for _, l := range n.rule.Limits {
+		out = append(out, Change{Tool: name, Effect: Other, Text: "NEW limits its calls to " + limitWords(l)})
+	}
 	return out
 }
 
@@ -331,9 +347,13 @@ func sameCondition(a, b policy.ConditionSummary) bool {
 	return a.Path == b.Path && a.Op == b.Op && jsonOf(a.Value) == jsonOf(b.Value)
 }
 
+// jsonOf is v as compact JSON, "<", ">" and "&" as themselves.
 func jsonOf(v any) string {
-	b, _ := json.Marshal(v)
-	return string(b)
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // changedCondition words a condition whose value changed, saying which

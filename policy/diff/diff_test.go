@@ -38,7 +38,10 @@ func TestCompareWording(t *testing.T) {
 			[]string{"kill_process - OLD allows it; NEW denies every call (not listed; the default is deny)"}},
 		{"denied, then allowed under conditions", doc(kill + `{"action":"deny","reason":"no kills"}`),
 			doc(kill + `{"require":[{"path":"args.signal","op":"in","value":["TERM"]}]}`),
-			[]string{"kill_process + OLD denies every call (action deny: no kills); NEW allows it (under 1 condition)"}},
+			[]string{
+				"kill_process + OLD denies every call (action deny: no kills); NEW allows it (under 1 condition)",
+				`kill_process ~ NEW lets it through only when args.signal in ["TERM"]`,
+			}},
 		{"approval added", doc(kill + `{}`), doc(kill + `{"action":"approve"}`),
 			[]string{"kill_process - OLD allows calls without an approval; NEW needs an operator's approval for each"}},
 		{"approval changed", doc(kill + `{"action":"approve"}`), doc(kill + `{"action":"approve","approval":{"channel":"client","ttl":"1m"}}`),

@@ -17,18 +17,18 @@ import (
 //
 //   - strings: "in" the set seen, when it is small and stable (no value
 //     with a volatile token: see shape.go); else a "glob" of their one
-//     shape, or a "regex" of their few shapes; paths too varied for that
-//     by their directories; none when even those are many;
+//     shape (paths, VM ids), or a "regex" of their few shapes; paths too
+//     varied for that by their directories; none when even those are many;
 //   - numbers: "gte" the smallest and "lte" the largest, with headroom;
 //   - booleans: "in" the values seen (which also refuses another type);
-//   - lists and objects as values: none (conditions cannot address list
-//     elements); stdin, env and file content: none (the log has digests).
+//   - lists: their first element as a value of its own (args.command.0,
+//     an argv's program), the list itself none; objects: their members;
+//   - stdin, env and file content: none (the log has their digests).
 //
 // A path every call had goes into require. One some calls left out goes
-// into deny_if, negated (not_in, lt, gt), so that leaving it out is still
-// allowed: a glob or regex cannot be negated, so an optional value of many
-// shapes gets no condition. An argument of the tool no call sent at all
-// gets deny_if exists.
+// into deny_if, negated (not_in, lt, gt, not_glob, not_regex), so that
+// leaving it out is still allowed and sending it takes what require would
+// have. An argument of the tool no call sent at all gets deny_if exists.
 
 // condition is one suggested condition, as the document holds it.
 type condition struct {
@@ -107,6 +107,13 @@ func walk(get func(string) *facts, p, name string, v any) {
 		for k, e := range v {
 			walk(get, p+"."+k, k, e)
 		}
+	case []any:
+		// A list's first element (an argv's program) gets a condition of
+		// its own; the list as a whole none.
+		f.other++
+		if len(v) > 0 {
+			walk(get, p+".0", "0", v[0])
+		}
 	default:
 		if x, ok := number(v); ok {
 			f.nums = append(f.nums, x)
@@ -142,7 +149,7 @@ func (f *facts) conditions(total int, o *Options) (require, denyIf []condition, 
 	case f.other > 0 || len(f.strs) != n && len(f.nums) != n && len(f.bools) != n:
 		return nil, nil, ""
 	case len(f.strs) == n:
-		cs, note = f.stringConditions(optional, o)
+		cs, note = f.stringConditions(o)
 	case len(f.nums) == n:
 		cs = f.numberConditions(o)
 	default:
@@ -152,12 +159,17 @@ func (f *facts) conditions(total int, o *Options) (require, denyIf []condition, 
 		return cs, nil, note
 	}
 	for _, c := range cs {
-		c.Op = map[string]string{"in": "not_in", "gte": "lt", "lte": "gt"}[c.Op]
+		c.Op = negated[c.Op]
 		c.Why = fmt.Sprintf("sent in %d of %s; %s", f.present, callsWord(total), c.Why)
 		denyIf = append(denyIf, c)
 	}
 	return nil, denyIf, note
 }
+
+// negated is the op that holds for a present value (of the kind op
+// compares) where op does not: deny_if with it refuses what require with
+// op would have, and still lets a call leave the value out.
+var negated = map[string]string{"in": "not_in", "gte": "lt", "lte": "gt", "glob": "not_glob", "regex": "not_regex"}
 
 func boolSet(bs []bool) []any {
 	var out []any
@@ -204,7 +216,7 @@ func short(s string) string {
 
 // stringConditions is the narrowest string condition of f (see the notes
 // at the top of the file).
-func (f *facts) stringConditions(optional bool, o *Options) ([]condition, string) {
+func (f *facts) stringConditions(o *Options) ([]condition, string) {
 	distinct := slices.Compact(slices.Sorted(slices.Values(f.strs)))
 	if len(distinct) <= o.MaxIn && !slices.ContainsFunc(distinct, func(s string) bool { return !stable(s) }) {
 		set := make([]any, len(distinct))
@@ -213,58 +225,67 @@ func (f *facts) stringConditions(optional bool, o *Options) ([]condition, string
 		}
 		return []condition{{Path: f.path, Op: "in", Value: set, Why: seenWhy(f.strs)}}, ""
 	}
-	if optional {
-		return nil, fmt.Sprintf("%s: %d different values in %d calls, not always sent: a shape cannot be required of an argument that may be left out", f.path, len(distinct), f.present)
-	}
 	shapes, how := shapesOf(distinct, o.MaxShapes)
 	why := fmt.Sprintf("%d different values in %d calls, %s", len(distinct), f.present, how)
+	paths := !slices.ContainsFunc(distinct, func(s string) bool { return !strings.Contains(s, "/") })
+	var c condition
 	switch {
 	case shapes == nil:
 		return nil, f.path + ": " + why + ": too varied for a condition"
-	case len(shapes) == 1 && trivial(shapes[0]):
+	case len(shapes) == 1 && paths && shapes[0].trivial():
 		return nil, f.path + ": " + why + ": every value is an id that changes"
-	case len(shapes) == 1 && !strings.Contains(shapes[0], "**"):
-		return []condition{{Path: f.path, Op: "glob", Value: shapes[0], Why: why}}, ""
+	case len(shapes) == 1 && paths && !strings.Contains(shapes[0].glob(), "**"):
+		c = condition{Path: f.path, Op: "glob", Value: shapes[0].glob(), Why: why}
+	default:
+		alts := make([]string, len(shapes))
+		for i, s := range shapes {
+			alts[i] = s.regex()
+		}
+		re := "^(?:" + strings.Join(alts, "|") + ")$"
+		if len(re) > maxPattern {
+			return nil, f.path + ": " + why + ": the pattern would be too long"
+		}
+		c = condition{Path: f.path, Op: "regex", Value: re, Why: why}
 	}
-	alts := make([]string, len(shapes))
-	for i, s := range shapes {
-		alts[i] = globRegex(s)
-	}
-	re := "^(?:" + strings.Join(alts, "|") + ")$"
-	if len(re) > maxPattern {
-		return nil, f.path + ": " + why + ": the pattern would be too long"
-	}
-	return []condition{{Path: f.path, Op: "regex", Value: re, Why: why}}, ""
+	return []condition{c}, ""
 }
 
 // maxPattern is the policy parser's limit on a pattern.
 const maxPattern = 1024
 
-// shapesOf returns the few shapes of values (sorted), coarser ones (by
-// directory) when there are more than max; nil when there are still too
-// many. how says which.
-func shapesOf(values []string, max int) (shapes []string, how string) {
+// shapesOf returns the few shapes of values (in key order), coarser ones
+// (paths by their directories) when there are more than max; nil when
+// there are still too many. how says which.
+func shapesOf(values []string, max int) (shapes []shape, how string) {
 	for _, level := range []struct {
-		shape func(string) string
+		shape func(string) shape
 		how   string
 	}{
-		{globShape, "shaped with their numbers and ids as *"},
-		{func(s string) string {
-			if d := dirShape(s); d != "" {
+		{shapeOf, "shaped with their numbers and ids as patterns"},
+		{func(s string) shape {
+			if d := dirShape(s); d != nil {
 				return d
 			}
-			return globShape(s)
+			return shapeOf(s)
 		}, "shaped by their directories"},
 	} {
-		set := map[string]bool{}
+		byKey := map[string]shape{}
+		var keys []string
 		for _, v := range values {
-			set[level.shape(v)] = true
-		}
-		if len(set) <= max {
-			for s := range set {
-				shapes = append(shapes, s)
+			sh := level.shape(v)
+			k := sh.key()
+			if old, ok := byKey[k]; ok {
+				byKey[k] = old.widen(sh)
+				continue
 			}
-			slices.Sort(shapes)
+			byKey[k] = sh
+			keys = append(keys, k)
+		}
+		if len(keys) <= max {
+			slices.Sort(keys)
+			for _, k := range keys {
+				shapes = append(shapes, byKey[k])
+			}
 			return shapes, level.how
 		}
 	}

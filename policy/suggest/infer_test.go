@@ -11,35 +11,48 @@ import (
 
 func TestVolatileAndShapes(t *testing.T) {
 	tests := []struct {
-		in, shape string
-		stable    bool
+		in, glob, regex string
+		stable          bool
 	}{
-		{"lab/vm1", "lab/vm1", true},
-		{"lab/e2e", "lab/e2e", true},
-		{"/tmp/vmgate-e2e-agent-4711.bin", "/tmp/vmgate-e2e-agent-*.bin", false},
-		{"/var/lib/vmgate/sessions/0a1b2c3d4e5f60718293a4b5c6d7e8f9/vmgate-e2e-agent-99.junk", "/var/lib/vmgate/sessions/*/vmgate-e2e-agent-*.junk", false},
-		{"XK3JQ2M7PLA4ZB6TQ5RE3WNY7H", "*", false}, // rand.Text
-		{"xK3JQ2M7PLA4ZB6TQ5RE3WNY7H", "*", false},
-		{"2026-07-01", "*-*-*", false},
-		{"python3", "python3", true},
-		{"authorization", "authorization", true},
-		{"echo oops >&2; exit 3", "echo oops >&2; exit 3", true}, // free text is itself
-		{"a*b?c[d]\\", `a\*b\?c\[d]\\`, true},
-		{"/etc/hostname", "/etc/hostname", true},
+		{"lab/vm1", "lab/vm1", `lab/vm1`, true},
+		{"lab/e2e", "lab/e2e", `lab/e2e`, true},
+		{"/tmp/vmgate-e2e-agent-4711.bin", "/tmp/vmgate-e2e-agent-*.bin", `/tmp/vmgate-e2e-agent-[0-9]+\.bin`, false},
+		{"/var/lib/vmgate/sessions/0a1b2c3d4e5f60718293a4b5c6d7e8f9/vmgate-e2e-agent-99.junk", "/var/lib/vmgate/sessions/*/vmgate-e2e-agent-*.junk",
+			`/var/lib/vmgate/sessions/[0-9a-f]{32}/vmgate-e2e-agent-[0-9]+\.junk`, false},
+		{"XK3JQ2M7PLA4ZB6TQ5RE3WNY7H", "*", `[0-9A-Z]{26}`, false}, // rand.Text
+		{"xK3JQ2M7PLA4ZB6TQ5RE3WNY7H", "*", `[0-9A-Za-z]{26}`, false},
+		{"2026-07-01", "*-*-*", `[0-9]+-[0-9]+-[0-9]+`, false},
+		{"python3", "python3", `python3`, true},
+		{"authorization", "authorization", `authorization`, true},
+		{"echo oops >&2; exit 3", "echo oops >&2; exit 3", `echo oops >&2; exit 3`, true}, // free text is itself
+		{"a*b?c[d]\\", `a\*b\?c\[d]\\`, `a\*b\?c\[d\]\\`, true},
+		{"/etc/hostname", "/etc/hostname", `/etc/hostname`, true},
 	}
 	for _, tt := range tests {
-		if got := globShape(tt.in); got != tt.shape {
-			t.Errorf("globShape(%q) = %q; want %q", tt.in, got, tt.shape)
+		sh := shapeOf(tt.in)
+		if got := sh.glob(); got != tt.glob {
+			t.Errorf("shapeOf(%q).glob() = %q; want %q", tt.in, got, tt.glob)
+		}
+		if got := sh.regex(); got != tt.regex {
+			t.Errorf("shapeOf(%q).regex() = %q; want %q", tt.in, got, tt.regex)
 		}
 		if got := stable(tt.in); got != tt.stable {
 			t.Errorf("stable(%q) = %v; want %v", tt.in, got, tt.stable)
 		}
-		if m, err := path.Match(tt.shape, tt.in); !hasSpace(tt.in) && (err != nil || !m) {
-			t.Errorf("path.Match(%q, %q) = %v, %v; want the shape to match its value", tt.shape, tt.in, m, err)
+		if m, err := path.Match(tt.glob, tt.in); !hasSpace(tt.in) && (err != nil || !m) {
+			t.Errorf("path.Match(%q, %q) = %v, %v; want the shape to match its value", tt.glob, tt.in, m, err)
 		}
-		if re := regexp.MustCompile("^(?:" + globRegex(tt.shape) + ")$"); !re.MatchString(tt.in) {
-			t.Errorf("globRegex(%q) = %s does not match %q", tt.shape, re, tt.in)
+		if re := regexp.MustCompile("^(?:" + tt.regex + ")$"); !re.MatchString(tt.in) {
+			t.Errorf("regex %s does not match %q", re, tt.in)
 		}
+	}
+	// Shapes with the same literals are one, their tokens widened.
+	a, b := shapeOf("s-0a1b2c3d4e5f6071"), shapeOf("s-99887766554433221100")
+	if a.key() != b.key() {
+		t.Fatalf("keys %q and %q differ; want one shape", a.key(), b.key())
+	}
+	if got := a.widen(b).regex(); got != `s-[0-9a-f]{16,20}` {
+		t.Errorf("widened regex = %q; want s-[0-9a-f]{16,20}", got)
 	}
 }
 
@@ -81,13 +94,17 @@ func TestConditions(t *testing.T) {
 		{"optional set", strs("args.cwd", "/srv", "/tmp"), 5, nil, []string{`args.cwd not_in ["/srv","/tmp"]`}, ""},
 		{"one shape", strs("args.path", pids...), 3, []string{`args.path glob "/tmp/job-*.log"`}, nil, ""},
 		{"two shapes", strs("args.path", "/tmp/a-1.bin", "/var/lib/s/0a1b2c3d4e5f60718293a4b5c6d7e8f9/j-2.junk"), 2,
-			[]string{`args.path regex "^(?:/tmp/a-[^/]*\\.bin|/var/lib/s/[^/]*/j-[^/]*\\.junk)$"`}, nil, ""},
+			[]string{`args.path regex "^(?:/tmp/a-[0-9]+\\.bin|/var/lib/s/[0-9a-f]{32}/j-[0-9]+\\.junk)$"`}, nil, ""},
+		{"optional path", strs("args.cwd", pids...), 5, nil, []string{`args.cwd not_glob "/tmp/job-*.log"`}, ""},
+		{"paths of ids only", strs("args.p", "12/34", "56/7"), 2, nil, nil,
+			"args.p: 2 different values in 2 calls, shaped with their numbers and ids as patterns: every value is an id that changes"},
 		{"many files in few dirs", strs("args.path", manyDirs...), 20, []string{`args.path regex "^(?:/srv/a/[^/]*|/srv/b/[^/]*|/srv/c/[^/]*|/srv/d/[^/]*|/srv/e/[^/]*)$"`}, nil, ""},
 		{"too varied", strs("args.path", manyShapes...), 20, nil, nil, "args.path: 20 different values in 20 calls, with more shapes than 8: too varied for a condition"},
-		{"optional and varied", strs("args.session", "0a1b2c3d4e5f60718293a4b5c6d7e8f9", "1a1b2c3d4e5f60718293a4b5c6d7e8f9"), 4, nil, nil,
-			"args.session: 2 different values in 2 calls, not always sent: a shape cannot be required of an argument that may be left out"},
-		{"ids", strs("args.exec_id", "xK3JQ2M7PLA4ZB6TQ5RE3WNY7H", "xA3JQ2M7PLA4ZB6TQ5RE3WNY7H"), 2, nil, nil,
-			"args.exec_id: 2 different values in 2 calls, shaped with their numbers and ids as *: every value is an id that changes"},
+		{"optional id", strs("args.session", "0a1b2c3d4e5f60718293a4b5c6d7e8f9", "1a1b2c3d4e5f60718293a4b5c6d7e8f9"), 4, nil,
+			[]string{`args.session not_regex "^(?:[0-9a-f]{32})$"`}, ""},
+		{"ids", strs("args.exec_id", "xK3JQ2M7PLA4ZB6TQ5RE3WNY7H", "xA3JQ2M7PLA4ZB6TQ5RE3WNY7"), 2, []string{`args.exec_id regex "^(?:[0-9A-Za-z]{25,26})$"`}, nil, ""},
+		{"programs", strs("args.command.0", "rm", "/var/lib/s/0a1b2c3d4e5f60718293a4b5c6d7e8f9/x.junk", "true"), 5, nil,
+			[]string{`args.command.0 not_regex "^(?:/var/lib/s/[0-9a-f]{32}/x\\.junk|rm|true)$"`}, ""},
 		{"numbers", nums("args.timeout_s", 30, 300, 30), 3, []string{"args.timeout_s gte 15", "args.timeout_s lte 600"}, nil, ""},
 		{"fractions", nums("args.x", 0.5, 2.5), 2, []string{"args.x gte 0.25", "args.x lte 5"}, nil, ""},
 		{"negative", nums("args.x", -4, -1), 2, []string{"args.x gte -8", "args.x lte 0"}, nil, ""},
