@@ -465,21 +465,22 @@ func limitWords(l policy.LimitSummary) string {
 		}
 		return fmt.Sprintf("%d at once%s %s (quota %s)", l.Max, w, scope, l.Counter)
 	}
-	return fmt.Sprintf("%d a %s %s (counter %s)", l.Max, windowWords(l.Window), scope, l.Counter)
+	return fmt.Sprintf("%d %s %s (counter %s)", l.Max, windowWords(l.Window), scope, l.Counter)
 }
 
+// windowWords is "a minute", "per 10m0s".
 func windowWords(d time.Duration) string {
 	switch d {
 	case time.Second:
-		return "second"
+		return "a second"
 	case time.Minute:
-		return "minute"
+		return "a minute"
 	case time.Hour:
-		return "hour"
+		return "an hour"
 	case 24 * time.Hour:
-		return "day"
+		return "a day"
 	}
-	return d.String()
+	return "per " + d.String()
 }
 
 // changedLimit words a pair of limits that differ: tighter when NEW allows

@@ -74,7 +74,7 @@ func TestCompareWording(t *testing.T) {
 			[]string{
 				"kill_process - its calls: limit tightened from 10 a minute per grant (counter k) (OLD) to 4 a minute per grant (counter kills) (NEW)",
 				"kill_process - NEW limits its calls to 50 a day in all (counter d); OLD has no such limit",
-				"kill_process + OLD limits its calls to 100 a hour per grant and vm (counter h); NEW has no such limit",
+				"kill_process + OLD limits its calls to 100 an hour per grant and vm (counter h); NEW has no such limit",
 			}},
 		{"limit on a coarser scope", doc(kill + `{"limits":[{"counter":"k","window":"minute","max":60,"scope":["grant","vm"]}]}`),
 			doc(kill + `{"limits":[{"counter":"j","window":"minute","max":8,"scope":"grant"}]}`),

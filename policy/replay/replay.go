@@ -38,9 +38,9 @@ type Options struct {
 
 // Verdict is a decision and whether the call went through with it.
 type Verdict struct {
-	Decision string // allow, deny, approve, rate_limited
-	Shadow   bool   // decided in shadow mode: recorded, not enforced
-	Through  bool   // the call ran (or would run)
+	Decision string `json:"decision"` // allow, deny, approve, rate_limited
+	Shadow   bool   `json:"shadow"`   // decided in shadow mode: recorded, not enforced
+	Through  bool   `json:"through"`  // the call ran (or would run)
 }
 
 func (v Verdict) String() string {
@@ -53,26 +53,27 @@ func (v Verdict) String() string {
 
 // Change is a call whose decision the candidate changes.
 type Change struct {
-	CallID    string
-	Time      time.Time
-	Grant     string
-	Tool      string
-	VM        string
-	Recorded  Verdict
-	Candidate Verdict
-	Rule      string // the candidate's rule
-	Reason    string // the candidate's reason
+	CallID    string    `json:"call_id"`
+	Time      time.Time `json:"time"`
+	Grant     string    `json:"grant"`
+	Tool      string    `json:"tool"`
+	VM        string    `json:"vm,omitempty"`
+	Recorded  Verdict   `json:"recorded"`
+	Candidate Verdict   `json:"candidate"`
+	Rule      string    `json:"rule,omitempty"`   // the candidate's rule
+	Reason    string    `json:"reason,omitempty"` // the candidate's reason
 }
 
 // Result is what a replay found.
 type Result struct {
-	Replayed int
-	Skipped  map[string]int // records not replayed, by why
-	Changes  []Change
+	Replayed int            `json:"replayed"`
+	Skipped  map[string]int `json:"skipped"` // records not replayed, by why
+	Changes  []Change       `json:"changes"`
 	// Stopped counts the calls that went through and the candidate would
 	// refuse (or park for an approval); Started the refused ones it would
 	// let through.
-	Stopped, Started int
+	Stopped int `json:"stopped"`
+	Started int `json:"started"`
 }
 
 // Replay decides the calls of the log in r again with eng.

@@ -226,7 +226,7 @@ func (f *facts) stringConditions(o *Options) ([]condition, string) {
 		return []condition{{Path: f.path, Op: "in", Value: set, Why: seenWhy(f.strs)}}, ""
 	}
 	shapes, how := shapesOf(distinct, o.MaxShapes)
-	why := fmt.Sprintf("%d different values in %d calls, %s", len(distinct), f.present, how)
+	why := fmt.Sprintf("%s in %s, %s", valuesWord(len(distinct)), callsWord(f.present), how)
 	paths := !slices.ContainsFunc(distinct, func(s string) bool { return !strings.Contains(s, "/") })
 	var c condition
 	switch {
@@ -320,6 +320,14 @@ func (f *facts) numberConditions(o *Options) []condition {
 		{Path: f.path, Op: "gte", Value: lower, Why: why},
 		{Path: f.path, Op: "lte", Value: upper, Why: why},
 	}
+}
+
+// valuesWord is "1 value", "4 different values".
+func valuesWord(n int) string {
+	if n == 1 {
+		return "1 value"
+	}
+	return fmt.Sprintf("%d different values", n)
 }
 
 func fmtNum(x float64) string { return strconv.FormatFloat(x, 'f', -1, 64) }

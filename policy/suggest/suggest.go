@@ -194,7 +194,7 @@ func rateLimit(counter string, times []time.Time, o *Options) limitJSON {
 	peak, at := peakRate(times, o.Window)
 	limit := int64(math.Ceil(float64(peak) * o.Headroom))
 	return limitJSON{Counter: counter, Window: windowName(o.Window), Max: max(limit, 1), Scope: "grant",
-		Why: fmt.Sprintf("peak %s a %s (from %s), ×%s headroom", callsWord(peak), windowName(o.Window), stamp(at), fmtNum(o.Headroom))}
+		Why: fmt.Sprintf("peak %s in any %s (from %s), ×%s headroom", callsWord(peak), windowName(o.Window), stamp(at), fmtNum(o.Headroom))}
 }
 
 // peakRate is the most times within any window-long interval, and where
