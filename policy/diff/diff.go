@@ -468,7 +468,7 @@ func limitWords(l policy.LimitSummary) string {
 	return fmt.Sprintf("%d %s %s (counter %s)", l.Max, windowWords(l.Window), scope, l.Counter)
 }
 
-// windowWords is "a minute", "per 10m0s".
+// windowWords is "a minute", "in any 10m0s".
 func windowWords(d time.Duration) string {
 	switch d {
 	case time.Second:
@@ -480,7 +480,7 @@ func windowWords(d time.Duration) string {
 	case 24 * time.Hour:
 		return "a day"
 	}
-	return "per " + d.String()
+	return "in any " + d.String()
 }
 
 // changedLimit words a pair of limits that differ: tighter when NEW allows
