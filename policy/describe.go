@@ -146,3 +146,19 @@ func describeLimits(ls []limit) []LimitSummary {
 	}
 	return out
 }
+
+// WindowName is a limit's window as a document writes it: "second",
+// "minute", "hour", "day", or a duration ("10m0s").
+func WindowName(d time.Duration) string {
+	switch d {
+	case time.Second:
+		return "second"
+	case time.Minute:
+		return "minute"
+	case time.Hour:
+		return "hour"
+	case 24 * time.Hour:
+		return "day"
+	}
+	return d.String()
+}

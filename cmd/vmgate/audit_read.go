@@ -103,6 +103,34 @@ func (ff *filterFlags) filter(now time.Time) (audit.Filter, error) {
 	return f, nil
 }
 
+// readFlags are what search and tail share: the filters, the log, the
+// output format.
+type readFlags struct {
+	ff     filterFlags
+	lf     auditLogFlags
+	output string
+}
+
+func (r *readFlags) add(c *cobra.Command) {
+	r.ff.add(c)
+	r.lf.add(c)
+	c.Flags().StringVarP(&r.output, "output", "o", "table", "table or json (the records as stored, one per line)")
+}
+
+// resolve validates the flags and finds the log for the command op
+// ("search", "tail").
+func (r *readFlags) resolve(op string, args []string) (audit.Filter, string, error) {
+	f, err := r.ff.filter(time.Now())
+	if err != nil {
+		return f, "", fmt.Errorf("audit %s: %w", op, err)
+	}
+	if r.output != "table" && r.output != "json" {
+		return f, "", fmt.Errorf("audit %s: -o %q: want table or json", op, r.output)
+	}
+	path, err := r.lf.path(op, firstArg(args))
+	return f, path, err
+}
+
 // parseWhen reads a time flag: empty (unbounded), an RFC 3339 time, a
 // date (midnight UTC), or a duration before now with days allowed
 // ("7d", "1d12h", "90m").
@@ -143,9 +171,7 @@ func parseDays(s string) (time.Duration, error) {
 }
 
 func newAuditSearchCmd() *cobra.Command {
-	var ff filterFlags
-	var lf auditLogFlags
-	var output string
+	var rf readFlags
 	var count bool
 	c := &cobra.Command{
 		Use:   "search [FILE] [--grant G] [--tool T] [--vm V] [--decision D] [--outcome O] [--session S] [--text T] [--since 7d] [--until T] [-o table|json] [--count]",
@@ -161,23 +187,14 @@ locks; a last line still being written is left out. It does not check the
 hash chain: "vmgate audit verify" does.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := ff.filter(time.Now())
-			if err != nil {
-				return fmt.Errorf("audit search: %w", err)
-			}
-			if output != "table" && output != "json" {
-				return fmt.Errorf("audit search: -o %q: want table or json", output)
-			}
-			path, err := lf.path("search", firstArg(args))
+			f, path, err := rf.resolve("search", args)
 			if err != nil {
 				return err
 			}
-			return runAuditSearch(cmd.OutOrStdout(), cmd.ErrOrStderr(), path, f, output, count)
+			return runAuditSearch(cmd.OutOrStdout(), cmd.ErrOrStderr(), path, f, rf.output, count)
 		},
 	}
-	ff.add(c)
-	lf.add(c)
-	c.Flags().StringVarP(&output, "output", "o", "table", "table or json (the records as stored, one per line)")
+	rf.add(c)
 	c.Flags().BoolVar(&count, "count", false, "print only the number of matching records")
 	return c
 }
@@ -311,9 +328,7 @@ func cell(s string, n int) string {
 }
 
 func newAuditTailCmd() *cobra.Command {
-	var ff filterFlags
-	var lf auditLogFlags
-	var output string
+	var rf readFlags
 	var lines int
 	var follow bool
 	c := &cobra.Command{
@@ -330,17 +345,10 @@ takes back records after a write that failed part way (they were never
 acknowledged), and when the file is replaced.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := ff.filter(time.Now())
-			if err != nil {
-				return fmt.Errorf("audit tail: %w", err)
-			}
-			if output != "table" && output != "json" {
-				return fmt.Errorf("audit tail: -o %q: want table or json", output)
-			}
 			if lines < 0 {
 				return fmt.Errorf("audit tail: -n %d: want 0 or more", lines)
 			}
-			path, err := lf.path("tail", firstArg(args))
+			f, path, err := rf.resolve("tail", args)
 			if err != nil {
 				return err
 			}
@@ -350,12 +358,10 @@ acknowledged), and when the file is replaced.`,
 			}
 			file.Close()
 			o := audit.TailOptions{Last: lines, Follow: follow, Filter: f}
-			return runAuditTail(cmd, path, o, output)
+			return runAuditTail(cmd, path, o, rf.output)
 		},
 	}
-	ff.add(c)
-	lf.add(c)
-	c.Flags().StringVarP(&output, "output", "o", "table", "table or json (the records as stored, one per line)")
+	rf.add(c)
 	c.Flags().IntVarP(&lines, "lines", "n", 10, "how many of the last matching records to print first")
 	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing records as the server appends them")
 	return c

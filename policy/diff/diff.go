@@ -470,17 +470,14 @@ func limitWords(l policy.LimitSummary) string {
 
 // windowWords is "a minute", "in any 10m0s".
 func windowWords(d time.Duration) string {
-	switch d {
-	case time.Second:
-		return "a second"
-	case time.Minute:
-		return "a minute"
-	case time.Hour:
+	switch w := policy.WindowName(d); w {
+	case "second", "minute", "day":
+		return "a " + w
+	case "hour":
 		return "an hour"
-	case 24 * time.Hour:
-		return "a day"
+	default:
+		return "in any " + w
 	}
-	return "in any " + d.String()
 }
 
 // changedLimit words a pair of limits that differ: tighter when NEW allows

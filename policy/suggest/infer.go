@@ -1,7 +1,6 @@
 package suggest
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
@@ -123,16 +122,15 @@ func walk(get func(string) *facts, p, name string, v any) {
 	}
 }
 
+// number reads the numbers evidence holds: float64 from the log, the
+// int64 of a default (server.ArgsWithDefaults).
 func number(v any) (float64, bool) {
 	switch x := v.(type) {
 	case float64:
 		return x, true
-	case json.Number:
-		f, err := x.Float64()
-		return f, err == nil
-	case int:
-		return float64(x), true
 	case int64:
+		return float64(x), true
+	case int:
 		return float64(x), true
 	}
 	return 0, false

@@ -193,8 +193,8 @@ func toolRuleOf(name string, calls []*Call, t *Tool, rareCounts bool, o *Options
 func rateLimit(counter string, times []time.Time, o *Options) limitJSON {
 	peak, at := peakRate(times, o.Window)
 	limit := int64(math.Ceil(float64(peak) * o.Headroom))
-	return limitJSON{Counter: counter, Window: windowName(o.Window), Max: max(limit, 1), Scope: "grant",
-		Why: fmt.Sprintf("peak %s in any %s (from %s), ×%s headroom", callsWord(peak), windowName(o.Window), stamp(at), fmtNum(o.Headroom))}
+	return limitJSON{Counter: counter, Window: policy.WindowName(o.Window), Max: max(limit, 1), Scope: "grant",
+		Why: fmt.Sprintf("peak %s in any %s (from %s), ×%s headroom", callsWord(peak), policy.WindowName(o.Window), stamp(at), fmtNum(o.Headroom))}
 }
 
 // peakRate is the most times within any window-long interval, and where
@@ -212,20 +212,6 @@ func peakRate(times []time.Time, window time.Duration) (int, time.Time) {
 		}
 	}
 	return peak, at
-}
-
-func windowName(d time.Duration) string {
-	switch d {
-	case time.Second:
-		return "second"
-	case time.Minute:
-		return "minute"
-	case time.Hour:
-		return "hour"
-	case 24 * time.Hour:
-		return "day"
-	}
-	return d.String()
 }
 
 // check parses doc and decides every call of the evidence with it: each
