@@ -232,14 +232,29 @@ func TestSuggest(t *testing.T) {
 		t.Errorf("notes = %q; want the one on the file content", res.Notes)
 	}
 
-	// With only the calls the policy allowed, the shadow denials stay out.
-	o.OnlyAllowed, o.ApproveRare = true, 3
-	ev, _ = collect(t, path, o)
-	res, err = Suggest(ev, o)
+}
+
+// TestSuggestOnlyAllowed: with only the calls the policy in force
+// allowed, what the shadow policy would have refused stays refused; a
+// destructive tool within ApproveRare calls over days needs approval.
+func TestSuggestOnlyAllowed(t *testing.T) {
+	path := evidenceLog(t)
+	o := Options{Grant: "ci", Defaults: testDefaults, Tools: testTools, OnlyAllowed: true, ApproveRare: 3}
+	ev, err := collect(t, path, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, _ = policy.Parse("suggested.json", res.Document)
+	res, err := Suggest(ev, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := policy.Parse("suggested.json", res.Document)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide := func(tool string, args map[string]any) policy.Verdict {
+		return e.Decide(policy.Call{Grant: "ci", Tool: tool, VM: "lab/vm1", Args: testDefaults(tool, args)}).Verdict
+	}
 	if got := decide("vm_file_write", map[string]any{"vm": "lab/vm1", "path": "/srv/ci/out.txt", "content": "x"}); got != policy.Deny {
 		t.Errorf("OnlyAllowed: vm_file_write = %v; want deny (the shadow policy would have refused it)", got)
 	}
