@@ -36,6 +36,8 @@
 //	8       sandbox: exec in a sandboxed session against outside any session
 //	10      VMs on demand: vm_create to the first exec on the lab template against
 //	        lab.Create to the first raw guest-exec
+//	11      audit search: vmgate audit search on a 100,000-record log, by each
+//	        filter, against grep -c of the same value
 //
 // The table goes to standard output, progress to standard error. The exit
 // status is 1 when any row failed.
@@ -57,7 +59,7 @@ import (
 )
 
 // groups are the names -only accepts, in the order they run.
-var groups = []string{"decide", "scale", "audit", "plugin", "gate", "shipped", "lab", "snapshot", "create"}
+var groups = []string{"decide", "scale", "audit", "search", "plugin", "gate", "shipped", "lab", "snapshot", "create"}
 
 // options are the command's flags, validated.
 type options struct {
@@ -106,7 +108,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	}
-	return o, errors.Join(needs("vmgate", o.vmgate, "lab", "shipped", "snapshot", "create"),
+	return o, errors.Join(needs("vmgate", o.vmgate, "search", "lab", "shipped", "snapshot", "create"),
 		needs("tests", o.tests, "audit", "plugin", "gate"), needs("src", o.src, "audit", "plugin", "gate"))
 }
 
@@ -162,6 +164,8 @@ func main() {
 			rows = append(rows, listVMsRow(ctx, o.warmup, o.pairs))
 		case "audit":
 			rows = append(rows, auditRow(ctx, m, o.warmup, o.pairs))
+		case "search":
+			rows = append(rows, searchRow(ctx, o.vmgate, o.warmup, o.pairs))
 		case "plugin":
 			rows = append(rows, pluginRow(ctx, m, o.warmup, o.pairs))
 		case "gate":
