@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"golang.org/x/sys/unix"
@@ -331,5 +333,41 @@ func TestOwnThreadNotMain(t *testing.T) {
 		if tid := <-tids; tid == pid {
 			t.Fatalf("goOnOwnThread ran f on the main thread (tid %d = pid)", tid)
 		}
+	}
+}
+
+// TestNSThreadOutlivesStop: the namespace thread never ends, not even after
+// stop. It was one of the runtime's threads before it was locked, so a child
+// another test started from it with Pdeathsig (a lab VM's QEMU) would get
+// SIGKILL when it ended: the e2e lab VM died that way after the libvirt
+// e2e test closed its daemons.
+func TestNSThreadOutlivesStop(t *testing.T) {
+	Require(t)
+	dir := t.TempDir()
+	for _, s := range systemDirs {
+		if err := os.Mkdir(filepath.Join(dir, s.private), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ns, err := newNSThread(dir)
+	if err != nil {
+		t.Fatalf("newNSThread() = %v", err)
+	}
+	var tid int
+	if err := ns.do(func() { tid = unix.Gettid() }); err != nil {
+		t.Fatalf("do() = %v", err)
+	}
+	ns.stop()
+	select {
+	case <-ns.parked:
+	case <-time.After(ReadyTimeout):
+		t.Fatalf("after stop, the namespace thread's goroutine did not park within %v", ReadyTimeout)
+	}
+	task := filepath.Join("/proc/self/task", strconv.Itoa(tid))
+	if _, err := os.Stat(task); err != nil {
+		t.Fatalf("after stop, the namespace thread %d: %v; want it parked, alive", tid, err)
+	}
+	if err := ns.do(func() {}); !errors.Is(err, errNSStopped) {
+		t.Errorf("do() after stop = %v; want %v", err, errNSStopped)
 	}
 }
