@@ -16,7 +16,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
-	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest/fleet"
 	"github.com/vmgate/vmgate/internal/vmpage"
 )
 
@@ -124,7 +124,7 @@ func serveBareFleet(perBackend string) error {
 	}
 	backends := make([]vmpage.Backend, fleetBackends)
 	for i := range backends {
-		f, err := hypervisortest.NewFleet(context.Background(), &hypervisortest.FleetSettings{VMs: n})
+		f, err := fleet.New(context.Background(), &fleet.Settings{VMs: n})
 		if err != nil {
 			return err
 		}
@@ -226,7 +226,7 @@ func decodeFleet(r toolResult) (fleetAnswer, error) {
 // fleetCheck checks a 6c answer: want VMs from the fleet's first (by id),
 // and with paged the total of every VM.
 func fleetCheck(want, total int, paged bool) func(toolResult) error {
-	first := "pve0/" + hypervisortest.FleetVMName("", 1)
+	first := "pve0/" + fleet.VMName("", 1)
 	return func(r toolResult) error {
 		a, err := decodeFleet(r)
 		switch {

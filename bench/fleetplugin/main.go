@@ -8,12 +8,12 @@ package main
 
 import (
 	"github.com/vmgate/vmgate/hypervisor"
-	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest/fleet"
 	"github.com/vmgate/vmgate/hypervisor/registry"
 )
 
 func main() {
-	registry.Register("fleet", hypervisortest.NewFleet)
+	registry.Register("fleet", fleet.New)
 	d, _ := registry.Lookup("fleet")
 	hypervisor.Serve(hypervisor.NewDeferred(d.New))
 }

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
-	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest/fleet"
 	"github.com/vmgate/vmgate/hypervisor/registry"
 	"github.com/vmgate/vmgate/internal/vmpage"
 )
@@ -21,7 +21,7 @@ import (
 // flat as the fleet grows.
 
 func init() {
-	registry.Register("fleet", hypervisortest.NewFleet)
+	registry.Register("fleet", fleet.New)
 }
 
 var _ vmpage.SharedLister = (*Supervisor)(nil)
@@ -71,7 +71,7 @@ func pollAll(tb testing.TB, sups []*Supervisor, perBackend int) {
 func hitAllocs(t *testing.T, sups []*Supervisor) (list, shared, status float64) {
 	ctx := context.Background()
 	s := sups[0]
-	vm := hypervisortest.FleetVMName("", 1)
+	vm := fleet.VMName("", 1)
 	list = testing.AllocsPerRun(20, func() { _, _ = s.ListVMs(ctx) })
 	shared = testing.AllocsPerRun(20, func() { _, _ = s.ListVMsShared(ctx) })
 	status = testing.AllocsPerRun(20, func() { _, _ = s.Status(ctx, vm) })

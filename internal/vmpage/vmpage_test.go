@@ -15,6 +15,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest/fleet"
 )
 
 func vm(name string, st hypervisor.State) hypervisor.VM {
@@ -248,7 +249,7 @@ func TestPaginateWhileVMsComeAndGo(t *testing.T) {
 func fleetLists(t testing.TB, n, backends int) []Listing {
 	var lists []Listing
 	for b := range backends {
-		f, err := hypervisortest.NewFleet(context.Background(), &hypervisortest.FleetSettings{VMs: n / backends})
+		f, err := fleet.New(context.Background(), &fleet.Settings{VMs: n / backends})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest/fleet"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
@@ -478,13 +479,13 @@ func TestReplicaLabel(t *testing.T) {
 	}
 }
 
-// fleetBackends are backends fleet drivers (hypervisortest.Fleet) with n
+// fleetBackends are backends fleet drivers (fleet.Fleet) with n
 // VMs in all; vm00002 of the first is stopped.
 func fleetBackends(t *testing.T, backends, n int) []Backend {
 	t.Helper()
 	var out []Backend
 	for i := range backends {
-		f, err := hypervisortest.NewFleet(context.Background(), &hypervisortest.FleetSettings{VMs: n / backends})
+		f, err := fleet.New(context.Background(), &fleet.Settings{VMs: n / backends})
 		if err != nil {
 			t.Fatal(err)
 		}

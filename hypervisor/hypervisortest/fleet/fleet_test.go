@@ -1,4 +1,4 @@
-package hypervisortest
+package fleet
 
 import (
 	"context"
@@ -12,19 +12,19 @@ import (
 
 func TestFleetSettings(t *testing.T) {
 	for _, tt := range []struct {
-		s     FleetSettings
+		s     Settings
 		field string // "" when valid
 	}{
-		{FleetSettings{}, ""},
-		{FleetSettings{VMs: 1000, Prefix: "web-"}, ""},
-		{FleetSettings{VMs: MaxFleetVMs}, ""},
-		{FleetSettings{Prefix: "abcdefghijklmnopqrstuvwxyz"}, ""}, // 26 + "100000" = 32
-		{FleetSettings{VMs: -1}, "vms"},
-		{FleetSettings{VMs: MaxFleetVMs + 1}, "vms"},
-		{FleetSettings{Prefix: "Web"}, "prefix"},
-		{FleetSettings{Prefix: "-x"}, "prefix"},
-		{FleetSettings{Prefix: "a/b"}, "prefix"},
-		{FleetSettings{Prefix: "abcdefghijklmnopqrstuvwxyz01"}, "prefix"}, // 28 + "100000" > 32
+		{Settings{}, ""},
+		{Settings{VMs: 1000, Prefix: "web-"}, ""},
+		{Settings{VMs: MaxVMs}, ""},
+		{Settings{Prefix: "abcdefghijklmnopqrstuvwxyz"}, ""}, // 26 + "100000" = 32
+		{Settings{VMs: -1}, "vms"},
+		{Settings{VMs: MaxVMs + 1}, "vms"},
+		{Settings{Prefix: "Web"}, "prefix"},
+		{Settings{Prefix: "-x"}, "prefix"},
+		{Settings{Prefix: "a/b"}, "prefix"},
+		{Settings{Prefix: "abcdefghijklmnopqrstuvwxyz01"}, "prefix"}, // 28 + "100000" > 32
 	} {
 		err := tt.s.Validate()
 		var fe *registry.FieldError
@@ -34,8 +34,8 @@ func TestFleetSettings(t *testing.T) {
 		case tt.field != "" && (!errors.As(err, &fe) || fe.Field != tt.field):
 			t.Errorf("Validate(%+v) = %v; want a FieldError of %q", tt.s, err, tt.field)
 		}
-		if _, err := NewFleet(context.Background(), &tt.s); (err != nil) != (tt.field != "") {
-			t.Errorf("NewFleet(%+v) error %v; want an error: %v", tt.s, err, tt.field != "")
+		if _, err := New(context.Background(), &tt.s); (err != nil) != (tt.field != "") {
+			t.Errorf("New(%+v) error %v; want an error: %v", tt.s, err, tt.field != "")
 		}
 	}
 }
@@ -46,15 +46,15 @@ func TestFleetVMName(t *testing.T) {
 		i      int
 		want   string
 	}{{"", 1, "vm00001"}, {"web-", 250, "web-00250"}, {"x", 100000, "x100000"}} {
-		if got := FleetVMName(tt.prefix, tt.i); got != tt.want {
-			t.Errorf("FleetVMName(%q, %d) = %q; want %q", tt.prefix, tt.i, got, tt.want)
+		if got := VMName(tt.prefix, tt.i); got != tt.want {
+			t.Errorf("VMName(%q, %d) = %q; want %q", tt.prefix, tt.i, got, tt.want)
 		}
 	}
 }
 
 func TestFleet(t *testing.T) {
 	ctx := context.Background()
-	f, err := NewFleet(ctx, &FleetSettings{VMs: 3})
+	f, err := New(ctx, &Settings{VMs: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,8 @@
-package hypervisortest
+// Package fleet is hypervisortest's fleet driver: many VMs, no guests, for
+// measuring what vmgate costs as a fleet grows. It is a package of its own
+// because it registers with hypervisor/registry, whose tests use
+// hypervisortest.
+package fleet
 
 import (
 	"context"
@@ -15,7 +19,7 @@ import (
 // Fleet is an in-memory driver with many VMs and no guests, for measuring
 // what vmgate costs as a fleet grows (a thousand VMs over several
 // backends) through the real plugin boundary: register it under a name
-// (registry.Register("fleet", hypervisortest.NewFleet)) and launch it as a
+// (registry.Register("fleet", fleet.New)) and launch it as a
 // plugin, or serve it from an external plugin binary.
 //
 // ListVMs returns every VM sorted by name, as a new slice (what a real
@@ -41,27 +45,27 @@ var (
 	_ hypervisor.Creator = (*Fleet)(nil)
 )
 
-// MaxFleetVMs bounds FleetSettings.VMs.
-const MaxFleetVMs = 100_000
+// MaxVMs bounds Settings.VMs.
+const MaxVMs = 100_000
 
-// FleetInfo is the Info of every fleet VM.
-const FleetInfo = "fleet VM"
+// Info is the Info of every fleet VM.
+const Info = "fleet VM"
 
-// FleetSettings are a Fleet's settings, as a registered driver's: the
+// Settings are a Fleet's settings, as a registered driver's: the
 // number of running VMs it starts with and their name prefix. The VMs are
 // named Prefix followed by their number, from 1, in five digits
 // ("vm00001").
-type FleetSettings struct {
+type Settings struct {
 	VMs    int    `json:"vms"`
 	Prefix string `json:"prefix"`
 }
 
 // Validate checks the settings (hypervisor/registry's Settings).
-func (s *FleetSettings) Validate() error {
-	if s.VMs < 0 || s.VMs > MaxFleetVMs {
-		return registry.Fieldf("vms", "%d: want 0 to %d", s.VMs, MaxFleetVMs)
+func (s *Settings) Validate() error {
+	if s.VMs < 0 || s.VMs > MaxVMs {
+		return registry.Fieldf("vms", "%d: want 0 to %d", s.VMs, MaxVMs)
 	}
-	if s.Prefix != "" && !fleetNameOK(FleetVMName(s.Prefix, MaxFleetVMs)) {
+	if s.Prefix != "" && !fleetNameOK(VMName(s.Prefix, MaxVMs)) {
 		return registry.Fieldf("prefix", "%q: want [a-z0-9][a-z0-9-]*, at most 26 characters (a VM name is at most 32)", s.Prefix)
 	}
 	return nil
@@ -76,8 +80,8 @@ func fleetNameOK(name string) bool {
 	return strings.Trim(name, "abcdefghijklmnopqrstuvwxyz0123456789-") == ""
 }
 
-// FleetVMName is the name of the i-th VM (from 1) of a fleet with prefix.
-func FleetVMName(prefix string, i int) string {
+// VMName is the name of the i-th VM (from 1) of a fleet with prefix.
+func VMName(prefix string, i int) string {
 	if prefix == "" {
 		prefix = "vm"
 	}
@@ -88,15 +92,15 @@ func FleetVMName(prefix string, i int) string {
 	return prefix + n
 }
 
-// NewFleet returns a Fleet with s.VMs running VMs; its signature is a
+// New returns a Fleet with s.VMs running VMs; its signature is a
 // registry constructor's. The settings must have passed Validate.
-func NewFleet(_ context.Context, s *FleetSettings) (*Fleet, error) {
+func New(_ context.Context, s *Settings) (*Fleet, error) {
 	if err := s.Validate(); err != nil {
 		return nil, fmt.Errorf("fleet: config: %w: %w", hypervisor.ErrInvalidArgument, err)
 	}
 	f := &Fleet{vms: make(map[string]*fleetVM, s.VMs), names: make([]string, 0, s.VMs)}
 	for i := 1; i <= s.VMs; i++ {
-		name := FleetVMName(s.Prefix, i)
+		name := VMName(s.Prefix, i)
 		f.vms[name] = &fleetVM{state: hypervisor.StateRunning}
 		f.names = append(f.names, name)
 	}
@@ -114,7 +118,7 @@ func (f *Fleet) ListVMs(context.Context) ([]hypervisor.VM, error) {
 	defer f.mu.RUnlock()
 	out := make([]hypervisor.VM, len(f.names))
 	for i, n := range f.names {
-		out[i] = hypervisor.VM{Name: n, State: f.vms[n].state, Info: FleetInfo, Agent: true}
+		out[i] = hypervisor.VM{Name: n, State: f.vms[n].state, Info: Info, Agent: true}
 	}
 	return out, nil
 }
