@@ -151,20 +151,20 @@ const (
 
 // VM is a lab VM. The exported fields are what vm.json stores.
 type VM struct {
-	Name       string    `json:"name"`
-	PID        int       `json:"pid"`
-	Argv       []string  `json:"argv"`
-	Dir        string    `json:"dir"`
-	QMPSocket  string    `json:"qmp_socket"`
-	QGASocket  string    `json:"qga_socket"`
-	SerialLog  string    `json:"serial_log"`
+	Name      string   `json:"name"`
+	PID       int      `json:"pid"`
+	Argv      []string `json:"argv"`
+	Dir       string   `json:"dir"`
+	QMPSocket string   `json:"qmp_socket"`
+	QGASocket string   `json:"qga_socket"`
+	SerialLog string   `json:"serial_log"`
 	// ConsoleSocket and VNCSocket are empty for a VM an older vmgate
 	// started (its console went to SerialLog alone, it had no display).
-	ConsoleSocket string `json:"console_socket,omitempty"`
-	VNCSocket     string `json:"vnc_socket,omitempty"`
-	Started    time.Time `json:"started"`
-	ImageHash  string    `json:"image_hash"`
-	Daemonized bool      `json:"daemonized"`
+	ConsoleSocket string    `json:"console_socket,omitempty"`
+	VNCSocket     string    `json:"vnc_socket,omitempty"`
+	Started       time.Time `json:"started"`
+	ImageHash     string    `json:"image_hash"`
+	Daemonized    bool      `json:"daemonized"`
 	// State is set by List and Get (not stored).
 	State State `json:"-"`
 	// BootTime is how long Start took from launching QEMU to the first
