@@ -36,6 +36,8 @@
 //	8       sandbox: exec in a sandboxed session against outside any session
 //	10      VMs on demand: vm_create to the first exec on the lab template against
 //	        lab.Create to the first raw guest-exec
+//	11      screen: a screenshot through the QEMU driver's plugin against a raw
+//	        QMP screendump (the vm_screenshot tool's row, once it exists)
 //
 // The table goes to standard output, progress to standard error. The exit
 // status is 1 when any row failed.
@@ -57,7 +59,7 @@ import (
 )
 
 // groups are the names -only accepts, in the order they run.
-var groups = []string{"decide", "scale", "audit", "plugin", "gate", "shipped", "lab", "snapshot", "create"}
+var groups = []string{"decide", "scale", "audit", "plugin", "gate", "shipped", "lab", "snapshot", "create", "screen"}
 
 // options are the command's flags, validated.
 type options struct {
@@ -106,7 +108,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	}
-	return o, errors.Join(needs("vmgate", o.vmgate, "lab", "shipped", "snapshot", "create"),
+	return o, errors.Join(needs("vmgate", o.vmgate, "lab", "shipped", "snapshot", "create", "screen"),
 		needs("tests", o.tests, "audit", "plugin", "gate"), needs("src", o.src, "audit", "plugin", "gate"))
 }
 
@@ -174,6 +176,8 @@ func main() {
 			rows = append(rows, snapshotRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "create":
 			rows = append(rows, createRow(ctx, o.vmgate, o.warmup, o.pairs))
+		case "screen":
+			rows = append(rows, screenRow(ctx, o.vmgate, o.warmup, o.pairs))
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s took %v\n", g, time.Since(t0).Round(time.Second))
 	}
