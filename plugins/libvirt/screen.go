@@ -1,0 +1,164 @@
+package libvirt
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/keypace"
+)
+
+// The screen and the keyboard through libvirt, not the guest agent:
+//
+//   - Screenshot: virDomainScreenshot, a stream of the image in the format
+//     the hypervisor driver chose (libvirt's QEMU driver: PPM, or PNG
+//     where QEMU and libvirt agree on it), made a PNG and scaled here.
+//   - SendKeys: virDomainSendKey with the Linux key codes, one call per
+//     combination (libvirt's QEMU driver sends each as a QMP send-key,
+//     so it is paced as QEMU presses keys: plugins/internal/keypace).
+
+var (
+	_ hypervisor.Screener  = (*Driver)(nil)
+	_ hypervisor.KeySender = (*Driver)(nil)
+)
+
+// screenConn is what the screen and keyboard need of a libvirt
+// connection; *golibvirt.Libvirt implements it.
+type screenConn interface {
+	DomainScreenshot(dom golibvirt.Domain, inStream io.Writer, screen uint32, flags uint32) (golibvirt.OptString, error)
+	DomainSendKey(dom golibvirt.Domain, codeset uint32, holdtime uint32, keycodes []uint32, flags uint32) error
+}
+
+var _ screenConn = (*golibvirt.Libvirt)(nil)
+
+// maxScreenBytes bounds the image a screenshot stream may carry.
+const maxScreenBytes = 64 << 20
+
+// errTooLarge: the stream carried more than its bound.
+var errTooLarge = errors.New("more than the bound")
+
+// boundedBuffer is a bytes.Buffer that refuses to grow past max.
+type boundedBuffer struct {
+	bytes.Buffer
+	max int
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > b.max {
+		return 0, errTooLarge
+	}
+	return b.Buffer.Write(p)
+}
+
+func asScreenConn(c conn) (screenConn, error) {
+	sc, ok := c.(screenConn)
+	if !ok {
+		return nil, fmt.Errorf("this connection has no screenshots or key input")
+	}
+	return sc, nil
+}
+
+// Screenshot captures the domain's first screen as a PNG.
+func (d *Driver) Screenshot(ctx context.Context, name string, req hypervisor.ScreenshotRequest) (hypervisor.Screenshot, error) {
+	if err := req.Validate(); err != nil {
+		return hypervisor.Screenshot{}, fmt.Errorf("libvirt: %w", err)
+	}
+	s, err := d.lookup(ctx, "screenshot", name)
+	if err != nil {
+		return hypervisor.Screenshot{}, err
+	}
+	h := s.handle()
+	var mime string
+	var img boundedBuffer
+	err = d.call(ctx, false, func(c conn) error {
+		sc, err := asScreenConn(c)
+		if err != nil {
+			return err
+		}
+		img = boundedBuffer{max: maxScreenBytes}
+		m, err := sc.DomainScreenshot(h, &img, 0, 0)
+		if len(m) > 0 {
+			mime = m[0]
+		}
+		return err
+	})
+	if err != nil {
+		return hypervisor.Screenshot{}, screenshotError(err)
+	}
+	return decodeScreenshot(mime, img.Bytes(), req.MaxWidth)
+}
+
+// screenshotError says what a domain without a screen lacks.
+func screenshotError(err error) error {
+	if isLibvirtError(err) && strings.Contains(err.Error(), "no screens") {
+		return fmt.Errorf("libvirt: screenshot: %w: the domain has no video device (libvirt said %q): add <video><model type='vga'/></video> to its XML",
+			hypervisor.ErrNotSupported, err.Error())
+	}
+	return opError("screenshot", err)
+}
+
+// decodeScreenshot makes a Screenshot of the stream's image.
+func decodeScreenshot(mime string, b []byte, maxWidth int) (hypervisor.Screenshot, error) {
+	switch mime {
+	case "image/png":
+		shot, err := hypervisor.ScreenshotFromPNG(b, maxWidth)
+		if err != nil {
+			return hypervisor.Screenshot{}, fmt.Errorf("libvirt: %w", err)
+		}
+		return shot, nil
+	case "image/x-portable-pixmap":
+		img, err := hypervisor.DecodePPM(bytes.NewReader(b))
+		if err != nil {
+			return hypervisor.Screenshot{}, fmt.Errorf("libvirt: screenshot: %w", err)
+		}
+		shot, err := hypervisor.NewScreenshot(img, maxWidth)
+		if err != nil {
+			return hypervisor.Screenshot{}, fmt.Errorf("libvirt: %w", err)
+		}
+		return shot, nil
+	}
+	return hypervisor.Screenshot{}, fmt.Errorf("libvirt: screenshot: %w: libvirt sent an image of type %q; the driver reads PNG and PPM", hypervisor.ErrBackend, mime)
+}
+
+// SendKeys presses req's keys on the domain's keyboard.
+func (d *Driver) SendKeys(ctx context.Context, name string, req hypervisor.KeysRequest) error {
+	presses, err := req.Presses()
+	if err != nil {
+		return fmt.Errorf("libvirt: %w", err)
+	}
+	s, err := d.lookup(ctx, "send keys", name)
+	if err != nil {
+		return err
+	}
+	h := s.handle()
+	var pace keypace.Pacer
+	for _, combo := range presses {
+		if err := pace.Before(ctx, len(combo)); err != nil {
+			return opError("send keys", err)
+		}
+		codes := make([]uint32, len(combo))
+		for i, k := range combo {
+			codes[i] = uint32(k.Linux())
+		}
+		err := d.call(ctx, false, func(c conn) error {
+			sc, err := asScreenConn(c)
+			if err != nil {
+				return err
+			}
+			return sc.DomainSendKey(h, uint32(golibvirt.KeycodeSetLinux), 0, codes, 0)
+		})
+		if err != nil {
+			return opError("send keys", err)
+		}
+	}
+	if err := pace.Drain(ctx); err != nil {
+		return opError("send keys", err)
+	}
+	return nil
+}
