@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"image/png"
 	mrand "math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -145,19 +146,22 @@ func typeAndSee(t testing.TB, h Harness, token string) {
 	}
 	ctx := h.ctx(t)
 	var seen string
+	var last []byte
 	var b hypervisor.Backoff
 	for {
 		shot := screenshot(t, h, ctx, 0)
 		text, err := OCR(ctx, shot.PNG)
-		if err != nil {
+		if err != nil && ctx.Err() == nil {
 			t.Fatalf("OCR of the screenshot: %v", err)
 		}
-		if strings.Contains(strings.ReplaceAll(strings.ToLower(text), " ", ""), token) {
+		if err == nil && strings.Contains(strings.ReplaceAll(strings.ToLower(text), " ", ""), token) {
 			return
 		}
-		seen = text
-		if b.Sleep(ctx, 2*time.Second) != nil {
-			t.Fatalf("typed %q on %s; OCR of the screen never showed it; last read:\n%s", token, h.VM, seen)
+		if err == nil {
+			seen, last = text, shot.PNG
+		}
+		if ctx.Err() != nil || b.Sleep(ctx, 2*time.Second) != nil {
+			t.Fatalf("typed %q on %s; OCR of the screen never showed it; last read:\n%s%s", token, h.VM, seen, keepScreenshot(t, last))
 		}
 	}
 }
@@ -364,4 +368,22 @@ func RunWithoutAgent(t *testing.T, h Harness) {
 	} else if k.ConsoleRead {
 		t.Run("ConsoleRead", func(t *testing.T) { consoleCursor(t, h, h.ctx(t)) })
 	}
+}
+
+// keepScreenshot saves a screenshot a check failed on where the run's
+// artifacts go ($VMGATE_TEST_ARTIFACTS), and says where.
+func keepScreenshot(t testing.TB, png []byte) string {
+	dir := os.Getenv("VMGATE_TEST_ARTIFACTS")
+	if dir == "" || len(png) == 0 {
+		return ""
+	}
+	f, err := os.CreateTemp(dir, "screenshot-*.png")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if _, err := f.Write(png); err != nil {
+		return ""
+	}
+	return "\n(the screenshot: " + f.Name() + ")"
 }

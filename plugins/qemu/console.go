@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/consolebuf"
 )
 
 // The serial console, without QMP or the guest agent. A VM's console is a
@@ -77,40 +78,15 @@ func (d *Driver) ConsoleRead(ctx context.Context, name string, req hypervisor.Co
 		return hypervisor.ConsoleChunk{}, fmt.Errorf("qemu: console read: %w: no console log is configured for %s: give it console_log (the logfile= of its serial chardev)",
 			hypervisor.ErrNotSupported, name)
 	}
-	f, err := os.OpenFile(logPath, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := consolebuf.OpenLog(logPath)
 	if err != nil {
 		return hypervisor.ConsoleChunk{}, fmt.Errorf("qemu: console read: %w: the console log: %w", hypervisor.ErrBackend, err)
 	}
 	defer f.Close()
-	return readConsoleLog(f, req)
-}
-
-// readConsoleLog reads req's part of a console log.
-func readConsoleLog(f *os.File, req hypervisor.ConsoleReadRequest) (hypervisor.ConsoleChunk, error) {
-	fi, err := f.Stat()
+	c, err := consolebuf.ReadLog(f, req)
 	if err != nil {
-		return hypervisor.ConsoleChunk{}, fmt.Errorf("qemu: console read: %w", err)
+		return hypervisor.ConsoleChunk{}, fmt.Errorf("qemu: console read: %w: the console log %s: %w", hypervisor.ErrBackend, logPath, err)
 	}
-	if !fi.Mode().IsRegular() {
-		return hypervisor.ConsoleChunk{}, fmt.Errorf("qemu: console read: %w: the console log is not a regular file", hypervisor.ErrBackend)
-	}
-	size, limit := fi.Size(), int64(req.Limit())
-	var c hypervisor.ConsoleChunk
-	switch {
-	case req.TailBytes > 0:
-		c.Start = max(0, size-limit)
-	case req.Since > size:
-		c.Start, c.Reset = 0, true // a new QEMU process truncated the log
-	default:
-		c.Start = req.Since
-	}
-	n := min(size-c.Start, limit)
-	c.Data = make([]byte, n)
-	if _, err := f.ReadAt(c.Data, c.Start); err != nil && !errors.Is(err, io.EOF) {
-		return hypervisor.ConsoleChunk{}, fmt.Errorf("qemu: console read: %w", err)
-	}
-	c.Cursor = c.Start + n
-	c.More = c.Cursor < size
 	return c, nil
 }
 

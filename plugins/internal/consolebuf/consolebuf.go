@@ -1,4 +1,6 @@
-// Package consolebuf keeps a serial console's output for drivers whose
+// Package consolebuf reads serial consoles for the drivers: ReadLog reads
+// a console log file a backend appends to, by file offsets; a Ring keeps a
+// console's output for drivers whose
 // backend hands it out as a stream with no history (libvirt's
 // virDomainOpenConsole, Proxmox's termproxy): a reader goroutine the
 // driver owns writes what arrives into a Ring, and ConsoleRead calls read
@@ -11,7 +13,11 @@
 package consolebuf
 
 import (
+	"errors"
+	"io"
+	"os"
 	"sync"
+	"syscall"
 
 	"github.com/vmgate/vmgate/hypervisor"
 )
@@ -91,4 +97,45 @@ func (r *Ring) Read(req hypervisor.ConsoleReadRequest) hypervisor.ConsoleChunk {
 	c.Cursor = c.Start + n
 	c.More = c.Cursor < r.end
 	return c
+}
+
+// ReadLog answers a console read (req valid) from a console log file that
+// a backend appends to (QEMU's chardev logfile, VirtualBox's file-mode
+// UART): the offsets are the file's. A Since past the file's end means the
+// backend started the log afresh (a new process truncated it): the read
+// starts over from its beginning, with Reset.
+func ReadLog(f *os.File, req hypervisor.ConsoleReadRequest) (hypervisor.ConsoleChunk, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return hypervisor.ConsoleChunk{}, err
+	}
+	if !fi.Mode().IsRegular() {
+		return hypervisor.ConsoleChunk{}, errors.New("the console log is not a regular file")
+	}
+	size, limit := fi.Size(), int64(req.Limit())
+	var c hypervisor.ConsoleChunk
+	switch {
+	case req.TailBytes > 0:
+		c.Start = max(0, size-limit)
+	case req.Since > size:
+		c.Start, c.Reset = 0, true
+	default:
+		c.Start = req.Since
+	}
+	n := min(size-c.Start, limit)
+	c.Data = make([]byte, n)
+	got, err := f.ReadAt(c.Data, c.Start)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return hypervisor.ConsoleChunk{}, err
+	}
+	c.Data = c.Data[:got]
+	c.Cursor = c.Start + int64(got)
+	c.More = c.Cursor < size
+	return c, nil
+}
+
+// OpenLog opens a console log for ReadLog, not following a symlink in its
+// last component.
+func OpenLog(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 }

@@ -1,4 +1,4 @@
-package qemu
+package consolebuf
 
 import (
 	"os"
@@ -8,7 +8,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 )
 
-func TestReadConsoleLog(t *testing.T) {
+func TestReadLog(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "serial.log")
 	if err := os.WriteFile(p, []byte("0123456789"), 0o600); err != nil {
 		t.Fatal(err)
@@ -27,15 +27,15 @@ func TestReadConsoleLog(t *testing.T) {
 		{hypervisor.ConsoleReadRequest{Since: 99}, hypervisor.ConsoleChunk{Data: []byte("0123456789"), Start: 0, Cursor: 10, Reset: true}},
 	}
 	for _, tt := range tests {
-		f, err := os.Open(p)
+		f, err := OpenLog(p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := readConsoleLog(f, tt.req)
+		got, err := ReadLog(f, tt.req)
 		f.Close()
 		if err != nil || string(got.Data) != string(tt.want.Data) || got.Start != tt.want.Start || got.Cursor != tt.want.Cursor ||
 			got.More != tt.want.More || got.Reset != tt.want.Reset || got.Dropped != 0 {
-			t.Errorf("readConsoleLog(%+v) = %+v (%q), %v; want %+v (%q)", tt.req, got, got.Data, err, tt.want, tt.want.Data)
+			t.Errorf("ReadLog(%+v) = %+v (%q), %v; want %+v (%q)", tt.req, got, got.Data, err, tt.want, tt.want.Data)
 		}
 	}
 }
