@@ -154,7 +154,7 @@ func typeAndSee(t testing.TB, h Harness, token string) {
 		if err != nil && ctx.Err() == nil {
 			t.Fatalf("OCR of the screenshot: %v", err)
 		}
-		if err == nil && strings.Contains(strings.ReplaceAll(strings.ToLower(text), " ", ""), token) {
+		if err == nil && ocrFound(text, token) {
 			return
 		}
 		if err == nil {
@@ -164,6 +164,29 @@ func typeAndSee(t testing.TB, h Harness, token string) {
 			t.Fatalf("typed %q on %s; OCR of the screen never showed it; last read:\n%s%s", token, h.VM, seen, keepScreenshot(t, last))
 		}
 	}
+}
+
+// ocrFound reports whether text (OCR's reading of a screen) holds token,
+// allowing OCR two misread letters (on a VGA console it reads "w" as "y"
+// or "m" as "n" now and then): some stretch of a line, spaces left out,
+// within two substitutions of token. A random 13-letter token is that
+// close to nothing else on the screen by chance.
+func ocrFound(text, token string) bool {
+	for _, line := range strings.Split(strings.ToLower(text), "\n") {
+		line = strings.ReplaceAll(line, " ", "")
+		for i := 0; i+len(token) <= len(line); i++ {
+			diff := 0
+			for j := 0; j < len(token) && diff <= 2; j++ {
+				if line[i+j] != token[j] {
+					diff++
+				}
+			}
+			if diff <= 2 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // consoleMarker echoes marker to the guest's console through exec.

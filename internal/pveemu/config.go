@@ -81,6 +81,9 @@ func (v *vm) configMap() map[string]any {
 	if v.template {
 		conf["template"] = 1
 	}
+	if _, ok := v.machine.(consoleMachine); ok {
+		conf["serial0"] = "socket" // the lab VM's serial console (console.go)
+	}
 	if v.description != "" {
 		conf["description"] = v.description
 	}

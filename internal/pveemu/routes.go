@@ -29,7 +29,7 @@ func (e *Emulator) routeTable() []route {
 		return route{method: method, path: "/nodes/{node}/qemu/{vmid}/agent/" + name, perm: e.agentPerm(name),
 			schema: vmProps(extra), proxyto: true, run: run}
 	}
-	return append(e.configRoutes(), []route{
+	return append(append(e.configRoutes(), e.consoleRoutes()...), []route{
 		{method: "GET", path: "/version", schema: schema{props: map[string]prop{}}, run: (*Emulator).getVersion},
 		{method: "GET", path: "/cluster/resources", run: (*Emulator).clusterResources,
 			schema: schema{props: map[string]prop{"type": {typ: "string", optional: true, enum: []string{"vm", "storage", "node", "sdn"}}}}},
