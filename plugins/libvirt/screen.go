@@ -86,12 +86,33 @@ func (d *Driver) Screenshot(ctx context.Context, name string, req hypervisor.Scr
 		if len(m) > 0 {
 			mime = m[0]
 		}
+		if err != nil && img.Len() > 0 && strings.HasPrefix(err.Error(), "xdr:") {
+			// go-libvirt decodes the call's return value (the MIME type)
+			// from the stream's last packet, which has none (rpc.go
+			// requestStream returns processIncomingStream's response):
+			// the image itself arrived whole; its type is sniffed below.
+			err = nil
+		}
 		return err
 	})
 	if err != nil {
 		return hypervisor.Screenshot{}, screenshotError(err)
 	}
+	if mime == "" {
+		mime = sniffImage(img.Bytes())
+	}
 	return decodeScreenshot(mime, img.Bytes(), req.MaxWidth)
+}
+
+// sniffImage names the type of a screenshot stream's image by its magic.
+func sniffImage(b []byte) string {
+	switch {
+	case bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")):
+		return "image/png"
+	case bytes.HasPrefix(b, []byte("P6")):
+		return "image/x-portable-pixmap"
+	}
+	return "unknown"
 }
 
 // screenshotError says what a domain without a screen lacks.

@@ -57,11 +57,11 @@ func (d *Driver) SendKeys(ctx context.Context, name string, req hypervisor.KeysR
 
 // vncProxyAnswer is what vncproxy and termproxy return.
 type vncProxyAnswer struct {
-	User     string `json:"user"`
-	Ticket   string `json:"ticket"`
+	User     string  `json:"user"`
+	Ticket   string  `json:"ticket"`
 	Port     flexInt `json:"port"`
-	UPID     string `json:"upid"`
-	Password string `json:"password"`
+	UPID     string  `json:"upid"`
+	Password string  `json:"password"`
 }
 
 // Screenshot reads one frame of the VM's display over VNC.
