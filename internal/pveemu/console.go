@@ -108,24 +108,17 @@ func (e *Emulator) verifyVNCTicket(ticket, user, path string, port int) *apiErro
 
 // consoleRoutes are the console methods.
 func (e *Emulator) consoleRoutes() []route {
-	vmProps := func(extra map[string]prop) schema {
-		p := map[string]prop{"node": optNode, "vmid": optVMID}
-		for k, v := range extra {
-			p[k] = v
-		}
-		return schema{props: p}
-	}
 	return []route{
 		{method: "PUT", path: "/nodes/{node}/qemu/{vmid}/sendkey", perm: vmPerm("VM.Console"), proxyto: true,
-			schema: vmProps(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "key": {typ: "string"}}), run: (*Emulator).vmSendKey},
+			schema: vmSchema(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "key": {typ: "string"}}), run: (*Emulator).vmSendKey},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/vncproxy", perm: vmPerm("VM.Console"),
-			schema: vmProps(map[string]prop{"websocket": {typ: "boolean", optional: true}, "generate-password": {typ: "boolean", optional: true}}),
+			schema: vmSchema(map[string]prop{"websocket": {typ: "boolean", optional: true}, "generate-password": {typ: "boolean", optional: true}}),
 			run:    (*Emulator).vncProxy},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/termproxy", perm: vmPerm("VM.Console"),
-			schema: vmProps(map[string]prop{"serial": {typ: "string", optional: true, enum: []string{"serial0", "serial1", "serial2", "serial3"}}}),
+			schema: vmSchema(map[string]prop{"serial": {typ: "string", optional: true, enum: []string{"serial0", "serial1", "serial2", "serial3"}}}),
 			run:    (*Emulator).termProxy},
 		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/vncwebsocket", perm: vmPerm("VM.Console"),
-			schema: vmProps(map[string]prop{"vncticket": {typ: "string", maxLength: 512},
+			schema: vmSchema(map[string]prop{"vncticket": {typ: "string", maxLength: 512},
 				"port": {typ: "integer", minimum: num(vncPortFirst), maximum: num(vncPortLast)}}),
 			run: (*Emulator).vncWebsocket},
 	}
