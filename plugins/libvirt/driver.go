@@ -49,7 +49,8 @@ type Driver struct {
 	// name, so that starting one again says ErrNotSupported, not unknown VM.
 	destroyed map[string]string // name -> UUID
 
-	// dialConsole opens a connection for one console stream; tests
+	// dialConsole opens a connection for one stream (a console, a
+	// screenshot); tests
 	// replace it. consMu guards consoles; consWG counts the streams'
 	// goroutines (console.go).
 	dialConsole func() (consoleConn, error)

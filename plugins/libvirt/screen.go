@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"image/png"
 	"io"
 	"strings"
 
@@ -73,46 +74,75 @@ func (d *Driver) Screenshot(ctx context.Context, name string, req hypervisor.Scr
 	if err != nil {
 		return hypervisor.Screenshot{}, err
 	}
-	h := s.handle()
-	var mime string
-	var img boundedBuffer
-	err = d.call(ctx, false, func(c conn) error {
-		sc, err := asScreenConn(c)
+	// go-libvirt loses a screenshot stream's end now and then (the image
+	// comes short, or not at all, with the return value undecodable):
+	// an image that does not decode is taken again, a few times.
+	var last error
+	for range screenshotTries {
+		mime, img, err := d.screenshotStream(ctx, s.handle())
 		if err != nil {
-			return err
+			return hypervisor.Screenshot{}, screenshotError(err)
 		}
-		img = boundedBuffer{max: maxScreenBytes}
+		shot, err := decodeScreenshot(mime, img, req.MaxWidth)
+		if err == nil || ctx.Err() != nil {
+			return shot, err
+		}
+		last = err
+		d.log.Debug("screenshot stream incomplete; taking it again", "domain", name, "bytes", len(img), "err", err)
+	}
+	return hypervisor.Screenshot{}, last
+}
+
+// screenshotTries bounds the screenshots taken for one Screenshot.
+const screenshotTries = 4
+
+// screenshotStream reads one virDomainScreenshot stream on a connection
+// of its own (go-libvirt leaves a stream it has read half closed on its
+// connection, and the next screenshot stream there came short): the
+// image's MIME type (sniffed when go-libvirt cannot decode it) and bytes.
+func (d *Driver) screenshotStream(ctx context.Context, h golibvirt.Domain) (string, []byte, error) {
+	type result struct {
+		mime string
+		img  []byte
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() {
+		c, err := d.dialConsole()
+		if err != nil {
+			res <- result{err: fmt.Errorf("connection to libvirtd failed: %w", err)}
+			return
+		}
+		defer c.Disconnect()
+		sc, ok := c.(screenConn)
+		if !ok {
+			res <- result{err: errors.New("this connection has no screenshots")}
+			return
+		}
+		img := boundedBuffer{max: maxScreenBytes}
 		m, err := sc.DomainScreenshot(h, &img, 0, 0)
+		mime := ""
 		if len(m) > 0 {
 			mime = m[0]
 		}
-		if err != nil && img.Len() > 0 && strings.HasPrefix(err.Error(), "xdr:") {
+		if err != nil && strings.HasPrefix(err.Error(), "xdr:") {
 			// go-libvirt decodes the call's return value (the MIME type)
 			// from the stream's last packet, which has none (rpc.go
 			// requestStream returns processIncomingStream's response):
-			// the image itself arrived whole; its type is sniffed below.
+			// the image is sniffed instead, and checked by decoding it.
 			err = nil
 		}
-		return err
-	})
-	if err != nil {
-		return hypervisor.Screenshot{}, screenshotError(err)
+		if mime == "" {
+			mime = sniffImage(img.Bytes())
+		}
+		res <- result{mime, img.Bytes(), err}
+	}()
+	select {
+	case r := <-res:
+		return r.mime, r.img, r.err
+	case <-ctx.Done():
+		return "", nil, fmt.Errorf("%w: %w", hypervisor.ErrTimeout, ctx.Err())
 	}
-	if mime == "" {
-		mime = sniffImage(img.Bytes())
-	}
-	return decodeScreenshot(mime, img.Bytes(), req.MaxWidth)
-}
-
-// sniffImage names the type of a screenshot stream's image by its magic.
-func sniffImage(b []byte) string {
-	switch {
-	case bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")):
-		return "image/png"
-	case bytes.HasPrefix(b, []byte("P6")):
-		return "image/x-portable-pixmap"
-	}
-	return "unknown"
 }
 
 // screenshotError says what a domain without a screen lacks.
@@ -128,7 +158,18 @@ func screenshotError(err error) error {
 func decodeScreenshot(mime string, b []byte, maxWidth int) (hypervisor.Screenshot, error) {
 	switch mime {
 	case "image/png":
-		shot, err := hypervisor.ScreenshotFromPNG(b, maxWidth)
+		// Decoded whole: a stream that came short shows here.
+		if _, err := hypervisor.ScreenshotFromPNG(b, 0); err != nil {
+			return hypervisor.Screenshot{}, fmt.Errorf("libvirt: %w", err)
+		}
+		img, err := png.Decode(bytes.NewReader(b))
+		if err != nil {
+			return hypervisor.Screenshot{}, fmt.Errorf("libvirt: screenshot: PNG: %w", err)
+		}
+		if w := img.Bounds().Dx(); maxWidth == 0 || w <= maxWidth {
+			return hypervisor.Screenshot{PNG: b, Width: w, Height: img.Bounds().Dy(), SourceWidth: w, SourceHeight: img.Bounds().Dy()}, nil
+		}
+		shot, err := hypervisor.NewScreenshot(img, maxWidth)
 		if err != nil {
 			return hypervisor.Screenshot{}, fmt.Errorf("libvirt: %w", err)
 		}
@@ -182,4 +223,15 @@ func (d *Driver) SendKeys(ctx context.Context, name string, req hypervisor.KeysR
 		return opError("send keys", err)
 	}
 	return nil
+}
+
+// sniffImage names the type of a screenshot stream's image by its magic.
+func sniffImage(b []byte) string {
+	switch {
+	case bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")):
+		return "image/png"
+	case bytes.HasPrefix(b, []byte("P6")):
+		return "image/x-portable-pixmap"
+	}
+	return "unknown"
 }
