@@ -40,7 +40,9 @@
 //	8       sandbox: exec in a sandboxed session against outside any session
 //	10      VMs on demand: vm_create to the first exec on the lab template against
 //	        lab.Create to the first raw guest-exec
-//	11      audit search: vmgate audit search on a 100,000-record log, by each
+//	11      screen: a screenshot through the QEMU driver's plugin against a raw
+//	        QMP screendump (the vm_screenshot tool's row, once it exists)
+//	13      audit search: vmgate audit search on a 100,000-record log, by each
 //	        filter, against grep -c of the same value
 //
 // The table goes to standard output, progress to standard error. The exit
@@ -63,7 +65,7 @@ import (
 )
 
 // groups are the names -only accepts, in the order they run.
-var groups = []string{"decide", "scale", "audit", "search", "plugin", "gate", "shipped", "fleet", "lab", "snapshot", "create"}
+var groups = []string{"decide", "scale", "audit", "search", "plugin", "gate", "shipped", "fleet", "lab", "snapshot", "create", "screen"}
 
 // options are the command's flags, validated.
 type options struct {
@@ -114,7 +116,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	}
-	return o, errors.Join(needs("vmgate", o.vmgate, "search", "lab", "shipped", "fleet", "snapshot", "create"),
+	return o, errors.Join(needs("vmgate", o.vmgate, "search", "lab", "shipped", "fleet", "snapshot", "create", "screen"),
 		needs("tests", o.tests, "audit", "plugin", "gate"), needs("src", o.src, "audit", "plugin", "gate"),
 		needs("plugins", o.plugins, "fleet"))
 }
@@ -187,6 +189,8 @@ func main() {
 			rows = append(rows, snapshotRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "create":
 			rows = append(rows, createRow(ctx, o.vmgate, o.warmup, o.pairs))
+		case "screen":
+			rows = append(rows, screenRow(ctx, o.vmgate, o.warmup, o.pairs))
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s took %v\n", g, time.Since(t0).Round(time.Second))
 	}

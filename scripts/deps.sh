@@ -14,9 +14,10 @@ cd "$(dirname "$0")/.."
 # The lab VM (qemu, the guest agent, busybox and cpio for the initramfs),
 # qemu-img for snapshots and overlays, Redis and its Sentinel for the replica
 # store and its failover, libvirt for the libvirt driver, chromium for the
-# approvals page.
+# approvals page, tesseract to read text typed on a VM's screen back from
+# its screenshot.
 pkgs=(qemu-system-x86 qemu-utils qemu-guest-agent busybox-static cpio redis-server redis-sentinel
-	libvirt-daemon-system libvirt-clients chromium)
+	libvirt-daemon-system libvirt-clients chromium tesseract-ocr)
 
 sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo

@@ -82,7 +82,7 @@ func TestDomainXML(t *testing.T) {
 		{"type", dom.Type, "qemu"},
 		{"name", dom.Name, "noexec"},
 		{"kernel", dom.OS.Kernel, "/k/vm&linuz"},
-		{"cmdline", dom.OS.Cmdline, "console=ttyS0 quiet panic=-1 no_timer_check LAB_NAME=noexec A=1 QGA_BLOCK=guest-exec"},
+		{"cmdline", dom.OS.Cmdline, "console=ttyS0 loglevel=6 panic=-1 no_timer_check LAB_NAME=noexec A=1 QGA_BLOCK=guest-exec"},
 		{"metadata namespace", dom.Metadata.VM.XMLName.Space, "https://example.org/vmgate"},
 		{"metadata text", dom.Metadata.VM.Text, "a&b"},
 		{"agent channel", dom.Channel.Target.Name, "org.qemu.guest_agent.0"},
@@ -94,6 +94,11 @@ func TestDomainXML(t *testing.T) {
 	}
 	if strings.Contains(got, "<disk") || strings.Contains(got, "<interface") {
 		t.Errorf("DomainXML() without Disk and NIC has a disk or an interface:\n%s", got)
+	}
+	for _, want := range []string{"<serial type='pty'><log file='/k/serial.log'", "<console type='pty'><target type='serial' port='0'/>", "<video><model type='vga'/></video>"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("DomainXML() has no %s (the screen and console tools need it):\n%s", want, got)
+		}
 	}
 }
 
