@@ -113,8 +113,12 @@ func privateMounts(dir string) error {
 	if err := unix.Mount("vmgate-libvirttest", "/run", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
 		return fmt.Errorf("libvirttest: tmpfs on /run: %w", err)
 	}
-	if err := os.Mkdir("/run/libvirt", 0o755); err != nil {
-		return fmt.Errorf("libvirttest: %w", err)
+	// /run/lock (/var/lock links there): libvirtd locks a console's pty
+	// in it (LCK.._pts_N) before it hands the console out.
+	for _, d := range []string{"/run/libvirt", "/run/lock"} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return fmt.Errorf("libvirttest: %w", err)
+		}
 	}
 	for _, s := range systemDirs {
 		// The mount points outside /run come with the libvirt packages;

@@ -97,7 +97,7 @@ func envDriver(t testing.TB, cfg Config) (*libvirttest.Daemons, *Driver) {
 func TestConformance(t *testing.T) {
 	_, d := envDriver(t, Config{})
 	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: vmT1, NoExecVM: vmNoExec,
-		Capabilities: withScreen(libvirtCapabilities), DiskDir: "/data"})
+		Capabilities: libvirtCapabilities, DiskDir: "/data"})
 }
 
 func TestFilters(t *testing.T) {
