@@ -18,22 +18,12 @@ import (
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 )
 
-// screenCapabilities are the screen, keyboard and console capabilities,
-// which the QEMU driver has on every VM.
-var screenCapabilities = hypervisor.Capabilities{Screenshot: true, SendKeys: true, ConsoleRead: true, ConsoleWrite: true}
-
-// withScreen adds the screen capabilities to k.
-func withScreen(k hypervisor.Capabilities) hypervisor.Capabilities {
-	k.Screenshot, k.SendKeys, k.ConsoleRead, k.ConsoleWrite = true, true, true, true
-	return k
-}
-
 // TestConsoleBootAndNoAgent, on a lab VM of its own: the console shows
 // the kernel's boot messages after a reset; then, with the guest agent
 // stopped, the screen, the keys and the console still work.
 func TestConsoleBootAndNoAgent(t *testing.T) {
 	v := labtest.Start(t, lab.Spec{Name: "noagent"})
-	h := hypervisortest.Harness{Driver: labDriver(t, v), VM: "noagent", Capabilities: withScreen(labCapabilities)}
+	h := hypervisortest.Harness{Driver: labDriver(t, v), VM: "noagent", Capabilities: labCapabilities}
 	t.Run("Boot", func(t *testing.T) { hypervisortest.RunConsoleBoot(t, h) })
 	h.StopAgent = hypervisortest.StopAgentByExec(h)
 	h.ResumeAgent = hypervisortest.ResumeAgentByConsole(h)
