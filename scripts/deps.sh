@@ -14,9 +14,10 @@ cd "$(dirname "$0")/.."
 # The lab VM (qemu, the guest agent, busybox and cpio for the initramfs),
 # qemu-img for snapshots and overlays, Redis and its Sentinel for the replica
 # store and its failover, libvirt for the libvirt driver, chromium for the
-# approvals page.
+# approvals page, Vagrant with its libvirt provider for README's Vagrant
+# lines (internal/readmetest runs `vagrant validate`).
 pkgs=(qemu-system-x86 qemu-utils qemu-guest-agent busybox-static cpio redis-server redis-sentinel
-	libvirt-daemon-system libvirt-clients chromium)
+	libvirt-daemon-system libvirt-clients chromium vagrant vagrant-libvirt)
 
 sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo
