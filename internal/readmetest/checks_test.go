@@ -380,11 +380,7 @@ const policyCases = `[
 // policy.json (and the cases above as cases.json) and exits 0.
 func checkPolicyCommands(t *testing.T, e *env, b block) []result {
 	dir := t.TempDir()
-	pol, found := e.blocks["Policy #1"]
-	if !found {
-		t.Fatal("README has no block Policy #1 (the policy the commands check)")
-	}
-	writeFile(t, dir, "policy.json", pol.text)
+	writeFile(t, dir, "policy.json", e.block(t, "Policy #1").text)
 	writeFile(t, dir, "cases.json", policyCases)
 	var rs []result
 	for i, l := range b.lines() {
@@ -410,11 +406,7 @@ func loadStrict(t *testing.T, dir, text string) error {
 // policy); and vmgate serve --config serves HTTP on its http.addr.
 func checkFullConfig(t *testing.T, e *env, b block) []result {
 	dir := t.TempDir()
-	pol, found := e.blocks["Policy #1"]
-	if !found {
-		t.Fatal("README has no block Policy #1")
-	}
-	writeFile(t, dir, "policies/ci.json", pol.text)
+	writeFile(t, dir, "policies/ci.json", e.block(t, "Policy #1").text)
 	text := mustReplace(t, b.text, "state_dir: /var/lib/vmgate", "state_dir: "+filepath.Join(dir, "state"))
 	var rs []result
 	if err := loadStrict(t, dir, text); err != nil {
@@ -544,10 +536,7 @@ func checkVagrant(t *testing.T, e *env, b block) []result {
 // checkSentinelConf: every line is a sentinel directive on the master the
 // store block names.
 func checkSentinelConf(t *testing.T, e *env, b block) []result {
-	store, found := e.blocks["Running several replicas #1"]
-	if !found {
-		t.Fatal("README has no store block before the Sentinel's")
-	}
+	store := e.block(t, "Running several replicas #1")
 	var c struct {
 		Store struct {
 			Sentinel struct{ Master string } `yaml:"sentinel"`

@@ -63,6 +63,16 @@ func newEnv(t *testing.T, blocks []block) *env {
 	return e
 }
 
+// block is README's block id, which another block's check uses.
+func (e *env) block(t *testing.T, id string) block {
+	t.Helper()
+	b, found := e.blocks[id]
+	if !found {
+		t.Fatalf("README has no block %q, which this check uses", id)
+	}
+	return b
+}
+
 // command is name with args in dir, with the test's PATH and state
 // directory and extra in its environment, ended with the test (Pdeathsig).
 func (e *env) command(dir string, extra []string, name string, args ...string) *exec.Cmd {
@@ -308,11 +318,7 @@ var sha256sumRE = regexp.MustCompile(`^([0-9a-f]{64})  -\n$`)
 // leaves in $token) and returns the token and its hex SHA-256.
 func (e *env) newToken(t *testing.T) (string, string) {
 	t.Helper()
-	b, ok := e.blocks[tokenBlock]
-	if !ok {
-		t.Fatalf("README has no block %q (the token lines)", tokenBlock)
-	}
-	r := e.sh("", nil, b.text+"\nprintf '%s' \"$token\" >&2")
+	r := e.sh("", nil, e.block(t, tokenBlock).text+"\nprintf '%s' \"$token\" >&2")
 	m := sha256sumRE.FindStringSubmatch(r.stdout)
 	if r.code != 0 || m == nil || len(r.stderr) < 40 {
 		t.Fatalf("README's token lines: %v; want a token and its sha256sum", r)
