@@ -40,13 +40,7 @@ var classes = map[string]entry{
 // part) that do not work as written yet, with the finding that fixes them.
 // Each must still fail; when one passes, remove it.
 var knownBroken = map[string]string{
-	"The demo and your MCP client #4 / line 2":                                                   "issue 32 item 1: `vmgate call list_vms -- serve --grant local` runs `vmgate serve serve`: unknown command \"serve\"",
-	"Configuration #1 / vmgate serve --config serves HTTP on http.addr":                          "issue 32 item 5: http.addr is ignored; serve --config serves stdio",
-	"The demo and your MCP client / serve --http on embedded defaults says no grant has a token": "issue 32 item 4: every request gets 401 and nothing says why",
-	"The demo and your MCP client / vmgate clients on embedded defaults":                         "issue 32 item 4: it says to export the grant's token when no grant has one",
-	"The demo and your MCP client / vmgate call beside a running server says what to do":         "issue 32 item 6: audit.log is in use by another process, with no hint (--url, or another state directory)",
-	"Tools / list_vms, vm_status: arguments":                                                     "issue 32 item 7: README gives list_vms a vm argument it refuses",
-	"Tools / the missing-file example":                                                           "issue 32 item 7: the real answer is [INVALID ARGUMENT] with a PATH hint",
+	"Tools / the missing-file example": "issue 32 item 7: the real answer is [INVALID ARGUMENT] with a PATH hint",
 }
 
 // proseCheck checks README statements that are not blocks (tables,
