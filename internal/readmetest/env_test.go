@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -312,7 +314,10 @@ func (e *env) httpServer(t *testing.T) *server {
 // tokenBlock is the id of README's block that makes a grant's token.
 const tokenBlock = "Install #2"
 
-var sha256sumRE = regexp.MustCompile(`^([0-9a-f]{64})  -\n$`)
+var (
+	sha256sumRE = regexp.MustCompile(`^([0-9a-f]{64})  -\n$`)
+	tokenRE     = regexp.MustCompile(`^[A-Za-z0-9]{21,43}$`)
+)
 
 // newToken runs README's token lines (and prints the token, which README
 // leaves in $token) and returns the token and its hex SHA-256.
@@ -320,8 +325,11 @@ func (e *env) newToken(t *testing.T) (string, string) {
 	t.Helper()
 	r := e.sh("", nil, e.block(t, tokenBlock).text+"\nprintf '%s' \"$token\" >&2")
 	m := sha256sumRE.FindStringSubmatch(r.stdout)
-	if r.code != 0 || m == nil || len(r.stderr) < 40 {
-		t.Fatalf("README's token lines: %v; want a token and its sha256sum", r)
+	// 32 random bytes are 43 base64 characters, less each '/' and '+' the
+	// lines drop (about 1.3 on average; 20 or fewer left: below 1e-12).
+	sum := sha256.Sum256([]byte(r.stderr))
+	if r.code != 0 || m == nil || !tokenRE.MatchString(r.stderr) || m[1] != hex.EncodeToString(sum[:]) {
+		t.Fatalf("README's token lines: %v; want a token of 21 to 43 letters and digits and its sha256sum", r)
 	}
 	return r.stderr, m[1]
 }
