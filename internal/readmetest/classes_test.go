@@ -31,6 +31,14 @@ var classes = map[string]entry{
 	"Vagrant #1": {class: absent, has: "vagrant up", check: checkVagrant,
 		why: "vagrant up downloads the debian/bookworm64 box and boots it under KVM (vagrant-libvirt) or VirtualBox; apt-get install needs root " +
 			"and the network (scripts/deps.sh installs those packages); here: the packages are there, vagrant validate runs, the Vagrantfile has both providers"},
+	"Tightening a policy #1": {class: absent, has: "vmgate policy suggest", check: checkCommandFlags,
+		why: "the audit log of a grant ci that worked under a shadow policy, and trial.json, are the reader's own " +
+			"(e2e's TestNodeSDKSuggest runs these commands on a real log); here: each subcommand and every flag it uses exist"},
+	"Tightening a policy #2": {class: parsed, has: `"kill_process": {`, check: checkSuggestedExcerpt},
+	"Tightening a policy #3": {class: absent, has: "$ vmgate policy test --replay", check: checkCommandFlags,
+		why: "the output of a replay of TestNodeSDKSuggest's log; here: the command's subcommand and flags exist"},
+	"Tightening a policy #4": {class: absent, has: "kill_process", check: checkDiffExcerpt,
+		why: "an excerpt of policy diff's output for TestNodeSDKSuggest's policies; here: the tools it names exist"},
 	"Running several replicas #1": {class: parsed, has: "sentinel:", check: checkConfigFragment},
 	"Running several replicas #2": {class: absent, has: "sentinel monitor", check: checkSentinelConf,
 		why: "a Sentinel's configuration for Redis servers at 10.0.0.x; here: its directives name the master the store block configures"},
