@@ -102,15 +102,27 @@ func (a *Agent) ArchiveWrite(ctx context.Context, target string, o ArchiveWriteO
 	if r, err = src(); err != nil {
 		return wire.ArchiveWritten{}, err
 	}
+	x.applied = true
 	if _, err := wire.ScanArchive(r, o.Limits, x.apply); err != nil {
 		res = x.result()
 		return wire.ArchiveWritten{}, fmt.Errorf("%s: %s: stopped after writing %d entries (each complete): %w", op, target, res.Written, err)
 	}
 	x.finishDirs()
-	if err := unix.Syncfs(x.root); err != nil {
+	if err := syncFS(x.root); err != nil {
 		return wire.ArchiveWritten{}, fmt.Errorf("%s: %s: written, but syncing the filesystem failed: %w", op, target, err)
 	}
 	return x.result(), nil
+}
+
+// syncFS syncs the filesystem holding the directory dfd (an O_PATH
+// descriptor, which syncfs refuses, so through a reopen of ".").
+func syncFS(dfd int) error {
+	fd, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
 }
 
 // archiveErr words a limit or format error of the plan.
@@ -181,6 +193,7 @@ type extractor struct {
 	// refusedNames are the names of refused entries: nothing is written
 	// beneath them.
 	refusedNames map[string]bool
+	applied      bool // the second pass ran
 }
 
 func (x *extractor) close() {
@@ -197,7 +210,9 @@ func (x *extractor) result() wire.ArchiveWritten {
 	for _, e := range x.entries {
 		switch e.Action {
 		case wire.ActionCreate, wire.ActionReplace:
-			res.Written++
+			if x.applied {
+				res.Written++
+			}
 		case wire.ActionRefused:
 			res.Refused++
 		}

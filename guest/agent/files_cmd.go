@@ -186,7 +186,7 @@ func (a *Agent) archiveCommand(ctx context.Context, args []string, d *dataIO) (a
 		if err := parseFlags(fs, args[1:]); err != nil {
 			return nil, err
 		}
-		if err := lim.Validate(); err != nil {
+		if err := lim.Validate(); err != nil { // 0 given is no default here
 			return nil, invalidf("archive read: %v", err)
 		}
 		if d.mode == outDefault {
@@ -206,6 +206,9 @@ func (a *Agent) archiveCommand(ctx context.Context, args []string, d *dataIO) (a
 	skip := fs.String("skip", "", "entries the policy refused, by index: 1,4,7-9")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return nil, err
+	}
+	if err := lim.Validate(); err != nil {
+		return nil, invalidf("archive write: %v", err)
 	}
 	var err error
 	if o.Skip, err = parseIndexes(*skip); err != nil {
