@@ -200,8 +200,10 @@ func (t *execTransport) dataOut(ctx context.Context, vm string, c Command, d *wi
 		if err != nil {
 			return nil, fmt.Errorf("helper: %s: reading staged piece %d of %d: %w", c.Op, i+1, len(d.Staged), err)
 		}
-		if int64(len(fc.Data)) != p.Bytes || fc.Truncated {
-			return nil, bad("staged piece %s holds %d bytes (truncated %v); the reply says %d", p.Path, len(fc.Data), fc.Truncated, p.Bytes)
+		// Truncated is no matter: the piece is as long as the reply says
+		// (Proxmox calls a read of exactly its 16 MiB maximum truncated).
+		if int64(len(fc.Data)) != p.Bytes {
+			return nil, bad("staged piece %s holds %d bytes; the reply says %d", p.Path, len(fc.Data), p.Bytes)
 		}
 		out = append(out, fc.Data...)
 	}
