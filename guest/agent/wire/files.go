@@ -55,7 +55,7 @@ const (
 	DefaultDirDepth   = 1
 	MaxDirDepth       = 64
 	DefaultDirEntries = 1000
-	MaxDirEntries     = 100000
+	MaxDirEntries     = 50000
 )
 
 // Limits of the archive commands; the host passes the policy's, within these.
