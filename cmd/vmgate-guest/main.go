@@ -5,7 +5,7 @@
 // Data flags may come before a command: --in P1:N1,P2:N2,... makes staging
 // files of file stage (each of the size given) the command's data input
 // instead of stdin; --out inline|stage|auto sends its data output after the
-// reply's line, to staging files the reply lists, or inline up to 1 MiB and
+// reply's line, to staging files the reply lists, or inline up to 256 KiB and
 // staged beyond.
 //
 //	vmgate-guest version --json

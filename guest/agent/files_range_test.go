@@ -136,7 +136,7 @@ func stagedData(t *testing.T, a *Agent, d *wire.DataOut) []byte {
 
 // TestFileReadOut: the data of a ranged read follows the reply inline, or
 // goes to staging pieces (of at most wire.PieceBytes) the reply lists;
-// auto switches at inlineMax; file unstage removes the pieces.
+// auto switches at wire.InlineMax; file unstage removes the pieces.
 func TestFileReadOut(t *testing.T) {
 	ft := newFileTree(t)
 	a := newFileAgent(t)
@@ -151,8 +151,8 @@ func TestFileReadOut(t *testing.T) {
 		pieces         int // 0: inline
 	}{
 		{"inline", 10, 100, 0},
-		{"auto", 10, inlineMax, 0},
-		{"auto", 10, inlineMax + 1, 1},
+		{"auto", 10, wire.InlineMax, 0},
+		{"auto", 10, wire.InlineMax + 1, 1},
 		{"stage", 0, 100, 1},
 		{"stage", 0, len(data), 2},
 	}

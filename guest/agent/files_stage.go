@@ -190,11 +190,8 @@ const (
 	outDefault = ""       // the command's own way (file read without --raw: base64 in the reply)
 	outInline  = "inline" // after the reply's line on stdout
 	outStage   = "stage"  // in staging files
-	outAuto    = "auto"   // inline up to inlineMax, staged beyond
+	outAuto    = "auto"   // inline up to wire.InlineMax, staged beyond
 )
-
-// inlineMax is where --out auto switches from inline to staged output.
-const inlineMax = 1 << 20
 
 // dataIO is one command's bulk data: what it reads (stdin, or the staged
 // pieces of --in one after another) and where its data output goes.
@@ -305,7 +302,7 @@ func (d *dataIO) writer(op string, max int64) *dataSink {
 }
 
 // dataSink collects a command's data output: in memory (inline, and auto
-// until inlineMax) or in staging files of at most wire.PieceBytes.
+// until wire.InlineMax) or in staging files of at most wire.PieceBytes.
 type dataSink struct {
 	a      *Agent
 	op     string
@@ -325,7 +322,7 @@ func (s *dataSink) Write(p []byte) (int, error) {
 	if s.n+int64(len(p)) > s.max {
 		return 0, fmt.Errorf("%s: %w of %d bytes", s.op, errOverMax, s.max)
 	}
-	if s.mode == outStage || s.mode == outAuto && s.buf.Len()+len(p) > inlineMax || s.cur != nil {
+	if s.mode == outStage || s.mode == outAuto && s.buf.Len()+len(p) > wire.InlineMax || s.cur != nil {
 		if err := s.spill(); err != nil {
 			return 0, err
 		}

@@ -65,10 +65,9 @@ func (h *Helper) transport() Transport {
 }
 
 // inlineMax is the most data output that comes back inline with the reply
-// (vmgate-guest --out auto); beyond it, staging files. qemu-ga returns exec
-// output whole and slowly (16 MiB: twice the time of the file channel on a
-// lab guest), so large data takes the file channel.
-const inlineMax = 1 << 20
+// (vmgate-guest --out auto); beyond it, staging files and the file channel
+// (see wire.InlineMax for the figures).
+const inlineMax = wire.InlineMax
 
 // execTransport is the Transport over the driver's exec and file channels
 // (see guest/agent/files_stage.go for the guest's half).
