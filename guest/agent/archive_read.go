@@ -54,7 +54,7 @@ func (a *Agent) ArchiveRead(ctx context.Context, p string, gz bool, lim wire.Arc
 	ar := &archiver{a: a, op: op, top: p, lim: lim, tw: tar.NewWriter(out), res: wire.ArchiveRead{Path: p, Gzip: gz}}
 	wk := &walker{ctx: ctx, maxLevel: archiveDepth, maxNames: lim.MaxEntries, visit: ar.visit,
 		fail: func(e *walkEntry, err error) error {
-			ar.res.Skipped = append(ar.res.Skipped, wire.ArchiveSkip{Path: e.rel, Type: kindOf(&e.st), Reason: err.Error()})
+			ar.skip(wire.ArchiveSkip{Path: e.rel, Type: kindOf(&e.st), Reason: err.Error()})
 			return nil
 		},
 		truncated: func(rel string) error {
@@ -98,7 +98,7 @@ func (ar *archiver) visit(e *walkEntry) (bool, error) {
 	switch kind {
 	case "dir", "symlink", "file":
 	default:
-		ar.res.Skipped = append(ar.res.Skipped, wire.ArchiveSkip{Path: e.rel, Type: kind, Reason: wire.ReasonSpecial})
+		ar.skip(wire.ArchiveSkip{Path: e.rel, Type: kind, Reason: wire.ReasonSpecial})
 		return false, nil
 	}
 	if ar.res.Entries == ar.lim.MaxEntries {
@@ -112,7 +112,7 @@ func (ar *archiver) visit(e *walkEntry) (bool, error) {
 	case "symlink":
 		target, err := readlinkat(int(e.dir.Fd()), e.name)
 		if err != nil {
-			ar.res.Skipped = append(ar.res.Skipped, wire.ArchiveSkip{Path: e.rel, Type: kind, Reason: err.Error()})
+			ar.skip(wire.ArchiveSkip{Path: e.rel, Type: kind, Reason: err.Error()})
 			return false, nil
 		}
 		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
@@ -127,7 +127,7 @@ func (ar *archiver) visit(e *walkEntry) (bool, error) {
 func (ar *archiver) file(e *walkEntry, hdr *tar.Header) error {
 	f, st, err := ar.openListed(e)
 	if err != nil {
-		ar.res.Skipped = append(ar.res.Skipped, wire.ArchiveSkip{Path: e.rel, Type: "file", Reason: err.Error()})
+		ar.skip(wire.ArchiveSkip{Path: e.rel, Type: "file", Reason: err.Error()})
 		return nil
 	}
 	defer f.Close()
@@ -177,6 +177,15 @@ func (ar *archiver) openListed(e *walkEntry) (*os.File, unix.Stat_t, error) {
 	}
 	f, err := ar.a.reopen(ar.op, e.rel, pfd, unix.O_RDONLY)
 	return f, st, err
+}
+
+// skip lists an entry left out (the first wire.MaxSkipped, then a count).
+func (ar *archiver) skip(s wire.ArchiveSkip) {
+	if len(ar.res.Skipped) == wire.MaxSkipped {
+		ar.res.SkippedMore++
+		return
+	}
+	ar.res.Skipped = append(ar.res.Skipped, s)
 }
 
 // zeros reads as an endless run of zero bytes.

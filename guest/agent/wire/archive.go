@@ -98,12 +98,17 @@ type ArchiveRead struct {
 	// Bytes is the content of the regular files archived.
 	Bytes int64 `json:"bytes"`
 	Gzip  bool  `json:"gzip"`
-	// Skipped: devices, FIFOs, sockets, and what could not be read.
-	Skipped []ArchiveSkip `json:"skipped,omitempty"`
+	// Skipped: devices, FIFOs, sockets, and what could not be read (the
+	// first MaxSkipped; SkippedMore counts the rest).
+	Skipped     []ArchiveSkip `json:"skipped,omitempty"`
+	SkippedMore int           `json:"skipped_more,omitempty"`
 	// Changed: files whose size changed while they were read (archived
 	// cut or padded with zeros to the size they had when listed).
 	Changed []string `json:"changed,omitempty"`
 }
+
+// MaxSkipped bounds ArchiveRead.Skipped.
+const MaxSkipped = 1000
 
 // ErrArchiveLimit: the archive has more entries or content than its limits.
 var ErrArchiveLimit = errors.New("archive over its limits")
