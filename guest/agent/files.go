@@ -154,14 +154,12 @@ func fileErr(op, p string, err error) error {
 	return fmt.Errorf("%s: %s: %w", op, p, err)
 }
 
+// typeOf is FileInfo.Type: file, dir, symlink, or other (kindOf in
+// files_dir.go tells the others apart).
 func typeOf(st *unix.Stat_t) string {
-	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFREG:
-		return "file"
-	case unix.S_IFDIR:
-		return "dir"
-	case unix.S_IFLNK:
-		return "symlink"
+	switch k := kindOf(st); k {
+	case "file", "dir", "symlink":
+		return k
 	}
 	return "other"
 }
