@@ -224,7 +224,10 @@ func (x *extractor) writeFile(pfd int, base string, h wire.ArchiveHeader, body i
 		return "", err
 	}
 	defer tmp.discard()
-	n, err := io.CopyBuffer(tmp.f, io.LimitReader(body, h.Header.Size), make([]byte, readChunk))
+	if x.buf == nil {
+		x.buf = make([]byte, readChunk) // one for all the files: TCG guests pay dearly for fresh memory
+	}
+	n, err := io.CopyBuffer(tmp.f, io.LimitReader(body, h.Header.Size), x.buf)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", h.Name, err)
 	}

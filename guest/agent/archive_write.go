@@ -193,7 +193,8 @@ type extractor struct {
 	// refusedNames are the names of refused entries: nothing is written
 	// beneath them.
 	refusedNames map[string]bool
-	applied      bool // the second pass ran
+	applied      bool   // the second pass ran
+	buf          []byte // the copy buffer of every file
 }
 
 func (x *extractor) close() {
