@@ -36,6 +36,9 @@
 //	8       sandbox: exec in a sandboxed session against outside any session
 //	10      VMs on demand: vm_create to the first exec on the lab template against
 //	        lab.Create to the first raw guest-exec
+//	12a–12c files at the guestctl level: a 64 MiB file read and written in
+//	        16 MiB ranges, a 2,000-file tar extracted, against the guest
+//	        agent's raw file loops and tar through guest-exec (files.go)
 //
 // The table goes to standard output, progress to standard error. The exit
 // status is 1 when any row failed.
@@ -57,7 +60,7 @@ import (
 )
 
 // groups are the names -only accepts, in the order they run.
-var groups = []string{"decide", "scale", "audit", "plugin", "gate", "shipped", "lab", "snapshot", "create"}
+var groups = []string{"decide", "scale", "audit", "plugin", "gate", "shipped", "lab", "snapshot", "create", "files"}
 
 // options are the command's flags, validated.
 type options struct {
@@ -106,7 +109,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	}
-	return o, errors.Join(needs("vmgate", o.vmgate, "lab", "shipped", "snapshot", "create"),
+	return o, errors.Join(needs("vmgate", o.vmgate, "lab", "shipped", "snapshot", "create", "files"),
 		needs("tests", o.tests, "audit", "plugin", "gate"), needs("src", o.src, "audit", "plugin", "gate"))
 }
 
@@ -172,6 +175,8 @@ func main() {
 			rows = append(rows, labRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "snapshot":
 			rows = append(rows, snapshotRows(ctx, o.vmgate, o.warmup, o.pairs)...)
+		case "files":
+			rows = append(rows, fileRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "create":
 			rows = append(rows, createRow(ctx, o.vmgate, o.warmup, o.pairs))
 		}
