@@ -177,8 +177,8 @@ func benchTree() []byte {
 	return buf.Bytes()
 }
 
-// timed runs f and returns its rate: amount per second.
-func timed(amount float64, f func() error) (float64, error) {
+// rate runs f and returns its rate: amount per second.
+func rate(amount float64, f func() error) (float64, error) {
 	t0 := time.Now()
 	if err := f(); err != nil {
 		return 0, err
@@ -200,7 +200,7 @@ func order(i int, a, b func() error) error {
 func (fb *fileBench) readRound(ctx context.Context, i int) (vmgate, raw float64, err error) {
 	const vm, p = "vm1", benchGuestDir + "/read"
 	err = order(i, func() (err error) {
-		vmgate, err = timed(benchFileSize>>20, func() error {
+		vmgate, err = rate(benchFileSize>>20, func() error {
 			h := sha256.New()
 			for off := int64(0); off < benchFileSize; off += benchRange {
 				r, err := fb.h.FileReadRange(ctx, vm, p, guestctl.ReadOptions{Offset: off, Length: benchRange})
@@ -216,7 +216,7 @@ func (fb *fileBench) readRound(ctx context.Context, i int) (vmgate, raw float64,
 		})
 		return err
 	}, func() (err error) {
-		raw, err = timed(benchFileSize>>20, func() error {
+		raw, err = rate(benchFileSize>>20, func() error {
 			data, _, err := fb.raw.FileRead(ctx, p, benchFileSize)
 			if err == nil && sha256.Sum256(data) != fb.sum {
 				err = errors.New("the raw read is not the file")
@@ -231,7 +231,7 @@ func (fb *fileBench) readRound(ctx context.Context, i int) (vmgate, raw float64,
 func (fb *fileBench) writeRound(ctx context.Context, i int) (vmgate, raw float64, err error) {
 	const vm, pa, pb = "vm1", benchGuestDir + "/written-vmgate", benchGuestDir + "/written-raw"
 	err = order(i, func() (err error) {
-		vmgate, err = timed(benchFileSize>>20, func() error {
+		vmgate, err = rate(benchFileSize>>20, func() error {
 			for off := int64(0); off < benchFileSize; off += benchRange {
 				o := guestctl.WriteOptions{CreateMode: 0o644}
 				if off > 0 {
@@ -248,7 +248,7 @@ func (fb *fileBench) writeRound(ctx context.Context, i int) (vmgate, raw float64
 		}
 		return err
 	}, func() (err error) {
-		raw, err = timed(benchFileSize>>20, func() error { return fb.raw.FileWrite(ctx, pb, fb.data, 0) })
+		raw, err = rate(benchFileSize>>20, func() error { return fb.raw.FileWrite(ctx, pb, fb.data, 0) })
 		if err == nil {
 			err = fb.rawExec(ctx, nil, "rm", "-f", pb)
 		}
@@ -260,7 +260,7 @@ func (fb *fileBench) writeRound(ctx context.Context, i int) (vmgate, raw float64
 func (fb *fileBench) archiveRound(ctx context.Context, i int) (vmgate, raw float64, err error) {
 	const vm, pa, pb = "vm1", benchGuestDir + "/tree-vmgate", benchGuestDir + "/tree-raw"
 	err = order(i, func() (err error) {
-		vmgate, err = timed(benchTreeFiles, func() error {
+		vmgate, err = rate(benchTreeFiles, func() error {
 			w, err := fb.h.ArchiveWrite(ctx, vm, pa, fb.tree, guestctl.ArchiveWriteOptions{Create: true})
 			if err == nil && (w.Written != benchTreeFiles+50 || w.Refused != 0) {
 				err = fmt.Errorf("wrote %d entries, refused %d; want %d", w.Written, w.Refused, benchTreeFiles+50)
@@ -278,7 +278,7 @@ func (fb *fileBench) archiveRound(ctx context.Context, i int) (vmgate, raw float
 		if err := fb.rawExec(ctx, nil, "mkdir", "-p", pb); err != nil {
 			return err
 		}
-		raw, err = timed(benchTreeFiles, func() error { return fb.rawExec(ctx, fb.tree, "tar", "-x", "-C", pb) })
+		raw, err = rate(benchTreeFiles, func() error { return fb.rawExec(ctx, fb.tree, "tar", "-x", "-C", pb) })
 		if err == nil {
 			err = fb.rawExec(ctx, nil, "rm", "-rf", pb)
 		}

@@ -72,13 +72,14 @@ const gatedPolicy = `{
 `
 
 // elicitPolicy is the policy of the grant "elicit" (elicit.test.mjs):
-// vm_status needs the approval of the client's user.
+// vm_status and commands need the approval of the client's user.
 const elicitPolicy = `{
   "version": "1",
   "default": "deny",
   "tools": {
     "list_vms": {},
-    "vm_status": { "action": "approve", "approval": { "channel": "client", "ttl": "30s" } }
+    "vm_status": { "action": "approve", "approval": { "channel": "client", "ttl": "30s" } },
+    "vm_agent_exec": { "action": "approve", "approval": { "channel": "client", "ttl": "30s" } }
   }
 }
 `

@@ -5,22 +5,19 @@
 # by e2e/package-lock.json) when e2e/node_modules is missing or older than
 # the lock file. `make test` runs it first; .ci/run too.
 #
-# The libvirt packages socket-activate a system libvirtd and virtlogd on a
-# host with systemd; the libvirt tests start daemons of their own and refuse
-# to run while a system one answers. So when this script installs libvirt
-# it stops those units, and --stop-system-libvirt (CI) stops them always.
+# The libvirt tests start daemons of their own in private mount namespaces
+# (internal/libvirttest), so a system libvirtd the packages start is left
+# alone: the tests neither use nor disturb it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The lab VM (qemu, the guest agent, busybox and cpio for the initramfs),
 # qemu-img for snapshots and overlays, Redis and its Sentinel for the replica
 # store and its failover, libvirt for the libvirt driver, chromium for the
-# approvals page.
+# approvals page, tesseract to read text typed on a VM's screen back from
+# its screenshot.
 pkgs=(qemu-system-x86 qemu-utils qemu-guest-agent busybox-static cpio redis-server redis-sentinel
-	libvirt-daemon-system libvirt-clients chromium)
-
-stop_libvirt=0
-[ "${1:-}" = "--stop-system-libvirt" ] && stop_libvirt=1
+	libvirt-daemon-system libvirt-clients chromium tesseract-ocr)
 
 sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo
@@ -36,13 +33,6 @@ if [ "${#missing[@]}" -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	$sudo apt-get update
 	$sudo apt-get install -y --no-install-recommends "${missing[@]}"
-	case " ${missing[*]} " in *" libvirt-daemon-system "*) stop_libvirt=1 ;; esac
-fi
-
-if [ "$stop_libvirt" = 1 ] && [ -d /run/systemd/system ]; then
-	echo "deps: stopping the system libvirtd and virtlogd units (the libvirt tests run their own)"
-	$sudo systemctl stop libvirtd.service libvirtd.socket libvirtd-ro.socket libvirtd-admin.socket \
-		virtlogd.service virtlogd.socket virtlogd-admin.socket || true
 fi
 
 # The end-to-end tests drive vmgate with the official MCP TypeScript SDK.

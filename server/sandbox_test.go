@@ -271,4 +271,15 @@ func TestSessionExecSandboxNote(t *testing.T) {
 	if _, ok := r.Result.StructuredContent["sandbox_note"]; ok || strings.Contains(r.text(), "sandboxed") {
 		t.Errorf("vm_agent_exec(true) = %q; want no sandbox note", r.text())
 	}
+	// Issue 32: a write path the guest says Unix permissions block is named.
+	r = f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","shell":"echo x > /data/x","session":"`+id+`"}`)
+	want := `the policy lets it write "/data" ("owned by root, mode 0755: the session's uid cannot write"), but the guest's own file permissions do not`
+	if note, _ := r.Result.StructuredContent["sandbox_note"].(string); !strings.Contains(note, want) || !strings.Contains(r.text(), want) {
+		t.Errorf("vm_agent_exec(write /data) = %q; want the note to say %q", r.text(), want)
+	}
+	// Issue 29: a read-only mount's refusal gets the note too.
+	r = f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","shell":"truncate -s 1 /data/ww","session":"`+id+`"}`)
+	if r.Result.StructuredContent["sandbox_note"] != sandboxNote {
+		t.Errorf("vm_agent_exec(truncate) = %q; want the sandbox note", r.text())
+	}
 }

@@ -220,6 +220,13 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		if strings.Contains(rr.Shell, "> /root/") { // as a sandboxed session's shell answers
 			return reply(wire.RunResult{PID: 9, ExitCode: 2, Stderr: []byte("sh: 1: cannot create /root/x: Permission denied\n")})
 		}
+		if strings.Contains(rr.Shell, "> /data/") { // a write path the session's uid cannot write
+			return reply(wire.RunResult{PID: 9, ExitCode: 2, Stderr: []byte("sh: 1: cannot create /data/x: Permission denied\n"),
+				WriteBlocked: []wire.BlockedPath{{Path: "/data", Reason: "owned by root, mode 0755: the session's uid cannot write"}}})
+		}
+		if strings.Contains(rr.Shell, "truncate") { // outside the write paths, read-only
+			return reply(wire.RunResult{PID: 9, ExitCode: 1, Stderr: []byte("truncate: /data/ww: Read-only file system\n")})
+		}
 		return reply(wire.RunResult{PID: 9, Stdout: []byte("ran in " + rr.Session)})
 	case "kill":
 		pid, _ := strconv.Atoi(flag(a, "--pid"))

@@ -259,8 +259,9 @@ func (s *Server) runSessionExec(c *call, a *execArgs) result {
 			m["killed"] = res.Killed
 		}
 		if deniedBySandbox(er) {
-			m["sandbox_note"] = sandboxNote
-			out.text += "\n" + sandboxNote
+			note := sandboxNote + blockedNote(res.WriteBlocked)
+			m["sandbox_note"] = note
+			out.text += "\n" + note
 		}
 	}
 	return out
@@ -317,13 +318,40 @@ const sandboxNote = "note: sessions are sandboxed: a command may write only in t
 	"temporary directory (and the policy's extra paths), as an unprivileged user, without network unless the " +
 	"policy allows it; create_session and list_sessions say what this guest enforces"
 
+// blockedNote names the write paths the guest says the session's uid
+// cannot write for their own permissions (guest data: bounded, and quoted
+// so that no control or bidirectional character reaches the agent raw).
+func blockedNote(blocked []wire.BlockedPath) string {
+	if len(blocked) == 0 {
+		return ""
+	}
+	var parts []string
+	for i, b := range blocked {
+		if i == 8 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(blocked)-i))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%q (%q)", clip(b.Path, 256), clip(b.Reason, 200)))
+	}
+	return "; the policy lets it write " + strings.Join(parts, ", ") +
+		", but the guest's own file permissions do not: change the owner or mode there (vm_agent_exec), or write elsewhere"
+}
+
+// clip cuts s to at most n bytes.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
 // deniedBySandbox reports whether a failed command's stderr says it was
 // refused an access, which in a session is most likely the sandbox.
 func deniedBySandbox(res hypervisor.ExecResult) bool {
 	if res.ExitCode == 0 || res.TimedOut {
 		return false
 	}
-	for _, s := range []string{"Permission denied", "Operation not permitted", "Network is unreachable"} {
+	for _, s := range []string{"Permission denied", "Operation not permitted", "Read-only file system", "Network is unreachable"} {
 		if bytes.Contains(res.Stderr, []byte(s)) {
 			return true
 		}

@@ -132,7 +132,7 @@ func enforcedShape() map[string]any {
 		"sandboxed": oBoolean, "user": oString, "uid": oInteger, "gid": oInteger,
 		"no_new_privs": oBoolean, "capabilities": oString, "landlock": obj, "net": obj,
 		"private_tmp": oBoolean, "tmp": oString, "cgroup": obj, "membership": oString,
-		"not_enforced": oArray(oString),
+		"not_enforced": oArray(oString), "read_only_outside": oBoolean, "held_by": obj, "write_blocked": oArray(obj),
 	}, "sandboxed")
 }
 
@@ -368,6 +368,9 @@ func enforcedText(e wire.Enforced) string {
 		}
 	default:
 		b.WriteString("; no Landlock")
+	}
+	if e.ReadOnlyOutside {
+		b.WriteString("; everything else mounted read-only")
 	}
 	fmt.Fprintf(&b, "; net %s", e.Net.Mode)
 	if e.Net.Namespace {

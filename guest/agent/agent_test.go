@@ -272,7 +272,7 @@ func isCode(err error, code string) bool {
 
 // hostAgent is an agent on the host's /proc with a temporary root and no
 // cgroup: the marker tracking path.
-func hostAgent(t *testing.T) *Agent {
+func hostAgent(t testing.TB) *Agent {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {

@@ -44,6 +44,9 @@ type confinement struct {
 	// Tmp is bind-mounted on /tmp in a mount namespace of the run's own when PrivateTmp.
 	Tmp        string `json:"tmp,omitempty"`
 	PrivateTmp bool   `json:"private_tmp,omitempty"`
+	// ReadOnly, with PrivateTmp, makes every mount of that namespace
+	// read-only but the Write paths and /tmp (mounts.go).
+	ReadOnly bool `json:"read_only,omitempty"`
 	// LandlockABI is the kernel's ABI when Landlock holds; 0 for no Landlock.
 	LandlockABI int `json:"landlock_abi,omitempty"`
 	// Read and Write are the paths beyond the system's the rules allow.
@@ -56,9 +59,11 @@ type confinement struct {
 	// RlimitAS and RlimitNPROC are set when not 0 (sessions without cgroup).
 	RlimitAS    uint64 `json:"rlimit_as,omitempty"`
 	RlimitNPROC uint64 `json:"rlimit_nproc,omitempty"`
-	// cwd, on the thread road with PrivateTmp, is entered between the
-	// unshare and the mount on /tmp, so that it names the guest's
-	// directory, as it does for the shim (whose cwd is set before it runs).
+	// cwd, with PrivateTmp, is entered once the run's mounts are made
+	// (sessionMounts), so that the process's working directory is in its
+	// own view of the file system (a write path's writable mount, the
+	// session's /tmp), not the mount underneath. The thread road sets it
+	// from the run's cwd; the shim from its own working directory.
 	cwd string
 }
 
@@ -93,6 +98,13 @@ func sandboxExec(args []string) error {
 	// the exec runs on this one.
 	runtime.LockOSThread()
 	parent := os.Getppid()
+	if c.PrivateTmp {
+		wd, err := os.Getwd()
+		if err != nil {
+			return fmt.Errorf("cwd: %w", err)
+		}
+		c.cwd = wd
+	}
 	if err := c.apply(); err != nil {
 		return err
 	}
@@ -122,7 +134,7 @@ func sandboxExec(args []string) error {
 // confinement is what every run of the sandboxed session m applies.
 func (m meta) confinement() confinement {
 	e := m.Enforced
-	c := confinement{UID: -1, GID: -1, NetNS: m.NetNS, Tmp: e.Tmp, PrivateTmp: e.PrivateTmp,
+	c := confinement{UID: -1, GID: -1, NetNS: m.NetNS, Tmp: e.Tmp, PrivateTmp: e.PrivateTmp, ReadOnly: e.ReadOnlyOutside,
 		Read: m.Sandbox.FS.Read, Write: append([]string{m.Workdir, e.Tmp}, m.Sandbox.FS.Write...),
 		Scoped: len(e.Landlock.Scoped) > 0}
 	if e.User == wire.UserSession {
@@ -170,35 +182,32 @@ func (c confinement) apply() error { return c.applySteps("credentials", c.dropPr
 func (c confinement) applyThread() error { return c.applySteps("capabilities", c.dropChildCaps) }
 
 // applySteps confines the calling thread and runs last as its final
-// step. The Landlock ruleset is built first, while every path still names
-// what it names in the guest (the private /tmp hides what was under
-// /tmp), and enforced last before the final step.
+// step. The session's own paths are opened once (rulepaths.go), in the
+// run's mount namespace and before anything is mounted in it, and both
+// the Landlock ruleset and the mounts are made from those descriptors;
+// the ruleset is enforced last before the final step.
 func (c confinement) applySteps(lastName string, last func() error) error {
 	capLastCap() // read now, in the guest's namespaces, for the final step
 	ruleset := -1
 	var flags uint32
-	steps := []struct {
-		name string
-		run  func() error
-	}{
-		{"landlock ruleset", func() (err error) { ruleset, flags, err = c.landlockRuleset(); return err }},
+	var paths rulePaths
+	steps := []step{
+		{"mount namespace", c.mountNamespace},
+		{"sandbox paths", func() (err error) { paths, err = c.openPaths(); return err }},
+		{"landlock ruleset", func() (err error) { ruleset, flags, err = c.landlockRuleset(paths); return err }},
 		{"network namespace", c.enterNetNS},
-		{"private /tmp", c.privateTmp},
+		{"mounts", func() error { return c.sessionMounts(paths) }},
 		{"no_new_privs", noNewPrivs},
 		{"landlock", func() error { return restrictSelf(ruleset, flags) }},
 		{lastName, last},
 	}
 	defer func() {
+		paths.close()
 		if ruleset >= 0 {
 			unix.Close(ruleset)
 		}
 	}()
-	for _, s := range steps {
-		if err := s.run(); err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
-		}
-	}
-	return nil
+	return runSteps(steps)
 }
 
 func (c confinement) enterNetNS() error {
@@ -213,36 +222,14 @@ func (c confinement) enterNetNS() error {
 	return unix.Setns(fd, unix.CLONE_NEWNET)
 }
 
-// privateTmp gives the thread a mount namespace of its own in which no
-// mount propagates back to the guest, with Tmp on /tmp (nosuid, nodev).
-func (c confinement) privateTmp() error {
-	if !c.PrivateTmp {
-		return nil
-	}
-	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-		return err
-	}
-	if c.cwd != "" {
-		// The unshare gave the thread a working directory of its own.
-		if err := unix.Chdir(c.cwd); err != nil {
-			return fmt.Errorf("cwd %s: %w", c.cwd, err)
-		}
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("making / private: %w", err)
-	}
-	if err := unix.Mount(c.Tmp, "/tmp", "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind %s on /tmp: %w", c.Tmp, err)
-	}
-	return unix.Mount("", "/tmp", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV, "")
-}
-
 // landlockRuleset builds the session's Landlock ruleset: read and execute
 // the system directories and /etc without its secrets, read and write the
-// usual device files, read the extra Read paths, read and write (and move
-// files within and between) the Write paths, and, with TCP, bind and
-// connect only its ports. It returns -1 without Landlock.
-func (c confinement) landlockRuleset() (int, uint32, error) {
+// usual device files (all by name: they are root's), the session's own
+// paths from their descriptors (rulePaths.addRules: read the Read paths,
+// read and write, and move files within and between, the Write paths),
+// and, with TCP, bind and connect only its ports. It returns -1 without
+// Landlock.
+func (c confinement) landlockRuleset(paths rulePaths) (int, uint32, error) {
 	if c.LandlockABI == 0 {
 		return -1, 0, nil
 	}
@@ -254,11 +241,8 @@ func (c confinement) landlockRuleset() (int, uint32, error) {
 		landlock.RODirs(systemRead...).IgnoreIfMissing(),
 		landlock.RWFiles(systemDevices...).IgnoreIfMissing(),
 	}
-	for _, p := range append(readableBelow("/etc", etcSecrets), c.Read...) {
+	for _, p := range readableBelow("/etc", etcSecrets) {
 		rules = append(rules, readRule(p))
-	}
-	for _, p := range c.Write {
-		rules = append(rules, writeRule(p, c.LandlockABI >= 2))
 	}
 	if cfg.HandledAccessNet != 0 {
 		for _, p := range c.TCP.Bind {
@@ -272,7 +256,14 @@ func (c confinement) landlockRuleset() (int, uint32, error) {
 	if err == nil && fd < 0 {
 		err = errors.New("nothing to restrict") // cannot happen: every ABI handles file rights
 	}
-	return fd, flags, err
+	if err != nil {
+		return -1, 0, err
+	}
+	if err := paths.addRules(fd, uint64(cfg.HandledAccessFS)); err != nil {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	return fd, flags, nil
 }
 
 // restrictSelf enforces the ruleset on the calling thread (the one that
@@ -284,25 +275,13 @@ func restrictSelf(ruleset int, flags uint32) error {
 	return ll.LandlockRestrictSelf(ruleset, flags)
 }
 
-// readRule allows reading p: a directory's tree, or a file.
+// readRule allows reading p, an entry of /etc: a directory's tree, or a
+// file (a symlink is followed: only root writes /etc).
 func readRule(p string) landlock.Rule {
 	if st, err := os.Stat(p); err == nil && !st.IsDir() {
 		return landlock.ROFiles(p).IgnoreIfMissing()
 	}
 	return landlock.RODirs(p).IgnoreIfMissing()
-}
-
-// writeRule allows reading and writing p (and moving files within and
-// between write paths, with refer).
-func writeRule(p string, refer bool) landlock.Rule {
-	if st, err := os.Stat(p); err == nil && !st.IsDir() {
-		return landlock.RWFiles(p).IgnoreIfMissing()
-	}
-	r := landlock.RWDirs(p).IgnoreIfMissing()
-	if refer {
-		r = r.WithRefer()
-	}
-	return r
 }
 
 // noNewPrivs sets no_new_privs on the calling thread.

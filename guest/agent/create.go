@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vmgate/vmgate/guest/agent/wire"
 )
 
@@ -22,30 +24,18 @@ type creation struct {
 }
 
 func (c *creation) run() error {
-	steps := []struct {
-		name string
-		run  func() error
-	}{
+	return runSteps([]step{
 		{"plan", c.plan},
 		{"layout", c.layout},
 		{"ids", c.ids},
+		{"write access", c.writeAccess},
 		{"workdir", c.workdir},
 		{"tmp", c.tmp},
 		{"cgroup", c.cgroup},
 		{"netns", c.netns},
 		{"report", c.report},
 		{"metadata", c.metadata},
-	}
-	for _, s := range steps {
-		if err := s.run(); err != nil {
-			var we *wire.Error
-			if errors.As(err, &we) {
-				return err
-			}
-			return fmt.Errorf("%s: %w", s.name, err)
-		}
-	}
-	return nil
+	})
 }
 
 // undo reverts the steps that ran, last first.
@@ -127,19 +117,35 @@ func (c *creation) ids() error {
 	return nil
 }
 
-// ownedDir makes dir with mode, owned by the session's uid and gid.
+// ownedDir makes dir with mode, owned by the session's uid and gid, by
+// descriptor: made in its parent's descriptor, then opened without
+// following a symlink and given its mode and owner through that.
 func (c *creation) ownedDir(dir string, mode os.FileMode) error {
-	if err := os.Mkdir(dir, mode); err != nil {
-		if errors.Is(err, os.ErrExist) {
+	pfd, err := openNoFollowRaw(filepath.Dir(dir), unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	name := filepath.Base(dir)
+	if err := unix.Mkdirat(pfd, name, uint32(mode)); err != nil {
+		if errors.Is(err, unix.EEXIST) {
 			return &wire.Error{Code: wire.CodeExists, Message: dir + " exists (destroy the session first)"}
 		}
-		return err
+		return fmt.Errorf("mkdir %s: %w", dir, err)
 	}
-	c.undos = append(c.undos, func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, mode); err != nil { // the umask must not narrow it
-		return err
+	c.undos = append(c.undos, func() { _ = removePath(dir) })
+	fd, err := openBeneath(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dir, err)
 	}
-	return os.Lchown(dir, c.m.Enforced.UID, c.m.Enforced.GID)
+	defer unix.Close(fd)
+	if err := unix.Fchmod(fd, uint32(mode)); err != nil { // the umask must not narrow it
+		return fmt.Errorf("chmod %s: %w", dir, err)
+	}
+	if err := unix.Fchown(fd, c.m.Enforced.UID, c.m.Enforced.GID); err != nil {
+		return fmt.Errorf("chown %s: %w", dir, err)
+	}
+	return nil
 }
 
 func (c *creation) workdir() error {

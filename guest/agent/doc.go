@@ -7,18 +7,26 @@
 //
 // A session created with a wire.Sandbox is confined, without eBPF: every
 // process started in it is forked by a thread of its run that first
-// enters the session's network namespace, gives itself a mount namespace
-// with the session's private /tmp, sets no_new_privs, drops the
-// capabilities a child could keep and enforces a Landlock ruleset
-// (go-landlock; read and execute the system, write the session's
-// directories); the child switches to the session's own uid and gid
-// (which clears its capabilities) and execs the command, confined from
-// its first instruction (runSetup.startConfined). A session whose limits
+// gives itself a mount namespace, opens the session's own paths once
+// without following symlinks (rulepaths.go), builds a Landlock ruleset
+// from them (go-landlock; read and execute the system, write the
+// session's directories), enters the session's network namespace, mounts
+// everything read-only but the write paths and the session's private
+// /tmp (mounts.go), sets no_new_privs, drops the capabilities a child
+// could keep and enforces the ruleset; the child switches to the
+// session's own uid and gid (which clears its capabilities) and execs the
+// command, confined from its first instruction (runSetup.startConfined). A session whose limits
 // are rlimits (no cgroup v2) uses the sandbox shim instead (SandboxMain,
 // a re-exec of vmgate-guest that does the same to itself, rlimits last).
 // Session create decides what this kernel can give (plan), refuses what a
 // request requires and the kernel lacks, and reports what holds
-// (wire.Enforced) in create's reply and in list.
+// (wire.Enforced, with what denies each right outside the session's
+// paths) in create's reply and in list.
+//
+// Root-side work on a session's files (restore, destroy, the trash) goes
+// by file descriptor, never by a name a session controls, with a bounded
+// number of descriptors however deep the tree (fdwalk.go); restore
+// freezes the receiving session while it moves files in (freeze.go).
 //
 // The host runs one vmgate-guest process per command through the guest
 // agent's exec channel: arguments as flags, the run request as JSON on stdin,

@@ -180,6 +180,9 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 	}
 	res.Stdout, res.StdoutTruncated = stdout.result()
 	res.Stderr, res.StderrTruncated = stderr.result()
+	if res.ExitCode != 0 {
+		res.WriteBlocked = r.writeBlocked
+	}
 	return res, nil
 }
 
@@ -212,6 +215,9 @@ type runSetup struct {
 	runCgroup string   // the run's cgroup, "" without one
 	cgroupFD  *os.File // open on runCgroup for CLONE_INTO_CGROUP
 	sandboxed bool     // argv starts with the sandbox shim
+	// writeBlocked is the session's Enforced.WriteBlocked, for a failed
+	// command's result.
+	writeBlocked []wire.BlockedPath
 	// confine, when set, is applied to a thread of the run's own, which
 	// starts the process (startConfined); release ends that thread.
 	confine *confinement
@@ -261,6 +267,7 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (release func(), e
 	}
 	switch {
 	case m.Sandbox != nil:
+		r.writeBlocked = m.Enforced.WriteBlocked
 		c := m.confinement()
 		r.env = sandboxEnv(r.env, m, req.Env)
 		if c.RlimitAS == 0 && c.RlimitNPROC == 0 {
@@ -373,7 +380,7 @@ func (r *runSetup) startConfined(stdin []byte, stdout, stderr io.Writer) (*exec.
 	c := r.confine
 	r.confine = nil // start below runs the plain road, on the confined thread
 	if c.PrivateTmp {
-		c.cwd, r.cwd = r.cwd, "" // entered by the thread, before /tmp is mounted over
+		c.cwd, r.cwd = r.cwd, "" // entered by the thread, once its mounts are made
 	}
 	r.release = make(chan struct{})
 	release, done := r.release, make(chan started, 1)

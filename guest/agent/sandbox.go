@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/landlock-lsm/go-landlock/landlock"
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 )
@@ -22,6 +24,7 @@ type kernel struct {
 	landlockABI int
 	netns       bool // network namespaces
 	mountns     bool // mount namespaces
+	mountAPI    bool // open_tree, move_mount and mount_setattr (Linux 5.12)
 	cgroup      bool // a writable cgroup v2 mount
 }
 
@@ -35,6 +38,9 @@ func (a *Agent) probeKernel() kernel {
 	k.netns = err == nil
 	_, err = os.Stat("/proc/self/ns/mnt")
 	k.mountns = err == nil
+	// A bad descriptor is EBADF where mount_setattr exists, ENOSYS where not.
+	err = unix.MountSetattr(-1, "", unix.AT_EMPTY_PATH, &unix.MountAttr{})
+	k.mountAPI = !errors.Is(err, unix.ENOSYS)
 	return k
 }
 
@@ -116,9 +122,14 @@ func plan(sb wire.Sandbox, k kernel) (wire.Enforced, error) {
 		e.Net.GuestLoopback = true
 		lack(wire.FeatureNetNS, "this kernel has no network namespaces", "the session has the guest's network")
 	}
-	if k.mountns {
+	switch {
+	case k.mountns && k.mountAPI:
+		e.PrivateTmp, e.ReadOnlyOutside = true, true
+	case k.mountns:
 		e.PrivateTmp = true
-	} else {
+		lack(wire.FeatureMountNS, "this kernel has no mount_setattr (Linux 5.12)",
+			"the file system outside the session's paths is not mounted read-only: Landlock and the uid alone hold writes there")
+	default:
 		lack(wire.FeatureMountNS, "this kernel has no mount namespaces",
 			"/tmp is the guest's (not writable from the session); TMPDIR is the session's private directory")
 	}
@@ -140,7 +151,45 @@ func plan(sb wire.Sandbox, k kernel) (wire.Enforced, error) {
 			strings.Join(missing, "; "))
 	}
 	e.NotEnforced = notes
+	e.HeldBy = heldBy(e, sb.User)
 	return e, nil
+}
+
+// heldRights are the keys of wire.Enforced.HeldBy, with the lowest
+// Landlock ABI that handles each (0: none does).
+var heldRights = []struct {
+	name string
+	abi  int
+	ro   bool // a read-only mount denies it
+}{
+	{"read", 1, false}, {"execute", 1, false}, {"write", 1, true}, {"create", 1, true},
+	{"remove", 1, true}, {"rename", 1, true}, {"link", 1, true}, {"truncate", 3, true},
+	{"chmod", 0, true}, {"chown", 0, true}, {"xattr", 0, true}, {"utime", 0, true},
+	{"ioctl_dev", 5, false},
+}
+
+// heldBy says, per right, what denies it outside the session's paths. A
+// read-only mount holds against a root session only under Landlock, which
+// keeps it from remounting.
+func heldBy(e wire.Enforced, user wire.UserMode) map[string]string {
+	out := make(map[string]string, len(heldRights))
+	for _, r := range heldRights {
+		byLL := e.Landlock.FS && r.abi > 0 && e.Landlock.ABI >= r.abi
+		ro := r.ro && e.ReadOnlyOutside && (user != wire.UserRoot || e.Landlock.FS)
+		switch {
+		case byLL && ro:
+			out[r.name] = wire.HeldBoth
+		case byLL:
+			out[r.name] = wire.HeldLandlock
+		case ro:
+			out[r.name] = wire.HeldMount
+		case user == wire.UserRoot:
+			out[r.name] = wire.HeldNothing
+		default:
+			out[r.name] = wire.HeldUID
+		}
+	}
+	return out
 }
 
 // unsandboxed is the report of a session created without a Sandbox.

@@ -5,6 +5,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,9 +19,9 @@ import (
 )
 
 func TestPlan(t *testing.T) {
-	full := kernel{landlockABI: 7, netns: true, mountns: true, cgroup: true}
+	full := kernel{landlockABI: 7, netns: true, mountns: true, mountAPI: true, cgroup: true}
 	old := kernel{} // no Landlock, no namespaces, no cgroup v2
-	lab := kernel{landlockABI: 2, netns: true, mountns: true, cgroup: true}
+	lab := kernel{landlockABI: 2, netns: true, mountns: true, mountAPI: true, cgroup: true}
 	all := wire.Sandbox{BestEffort: wire.Features}
 	tcp := &wire.TCPPorts{Connect: []uint16{443}}
 	tests := []struct {
@@ -77,7 +78,26 @@ func TestPlan(t *testing.T) {
 				t.Errorf("net = %+v, notes %q; want a namespace, said", e.Net, e.NotEnforced)
 			}
 		}},
-		{name: "no netns for net host is fine", sb: wire.Sandbox{Net: wire.NetHost}, k: kernel{landlockABI: 1, mountns: true, cgroup: true}, check: func(t *testing.T, e wire.Enforced) {
+		{name: "held by, lab kernel", k: lab, check: func(t *testing.T, e wire.Enforced) {
+			wantHeld(t, e, map[string]string{"truncate": wire.HeldMount, "chmod": wire.HeldMount, "xattr": wire.HeldMount,
+				"write": wire.HeldBoth, "link": wire.HeldBoth, "read": wire.HeldLandlock, "ioctl_dev": wire.HeldUID})
+		}},
+		{name: "held by, full kernel", k: full, check: func(t *testing.T, e wire.Enforced) {
+			wantHeld(t, e, map[string]string{"truncate": wire.HeldBoth, "chown": wire.HeldMount, "ioctl_dev": wire.HeldLandlock})
+		}},
+		{name: "no mount_setattr is required", k: kernel{landlockABI: 2, netns: true, mountns: true, cgroup: true}, refused: []string{"mountns"}},
+		{name: "no mount_setattr, best effort", sb: wire.Sandbox{BestEffort: []wire.Feature{wire.FeatureMountNS}},
+			k: kernel{landlockABI: 2, netns: true, mountns: true, cgroup: true}, check: func(t *testing.T, e wire.Enforced) {
+				if !e.PrivateTmp || e.ReadOnlyOutside || !hasNote(e, "not mounted read-only") {
+					t.Errorf("plan = %+v; want a private /tmp, nothing read-only, said", e)
+				}
+				wantHeld(t, e, map[string]string{"truncate": wire.HeldUID, "write": wire.HeldLandlock})
+			}},
+		{name: "held by, root without Landlock", sb: wire.Sandbox{User: wire.UserRoot, BestEffort: wire.Features},
+			k: kernel{netns: true, mountns: true, mountAPI: true}, check: func(t *testing.T, e wire.Enforced) {
+				wantHeld(t, e, map[string]string{"write": wire.HeldNothing, "chmod": wire.HeldNothing})
+			}},
+		{name: "no netns for net host is fine", sb: wire.Sandbox{Net: wire.NetHost}, k: kernel{landlockABI: 1, mountns: true, mountAPI: true, cgroup: true}, check: func(t *testing.T, e wire.Enforced) {
 			if len(e.NotEnforced) != 0 {
 				t.Errorf("notes = %q; want none", e.NotEnforced)
 			}
@@ -103,6 +123,19 @@ func TestPlan(t *testing.T) {
 			}
 			tt.check(t, e)
 		})
+	}
+}
+
+// wantHeld checks some of e.HeldBy, and that it names every right.
+func wantHeld(t *testing.T, e wire.Enforced, want map[string]string) {
+	t.Helper()
+	if len(e.HeldBy) != len(heldRights) {
+		t.Errorf("HeldBy = %v; want all %d rights", e.HeldBy, len(heldRights))
+	}
+	for r, w := range want {
+		if got := e.HeldBy[r]; got != w {
+			t.Errorf("HeldBy[%s] = %q; want %q", r, got, w)
+		}
 	}
 }
 
@@ -148,7 +181,7 @@ func TestSandboxValidate(t *testing.T) {
 }
 
 // sandboxAgent is a host agent whose root the session uids can reach.
-func sandboxAgent(t *testing.T) *Agent {
+func sandboxAgent(t testing.TB) *Agent {
 	t.Helper()
 	a := hostAgent(t)
 	for dir := a.cfg.Root; dir != "/"; dir = filepath.Dir(dir) {
@@ -316,8 +349,8 @@ func TestHostSandboxCreateRefusals(t *testing.T) {
 		msg  string
 	}{
 		{"cgroup required", wire.Sandbox{}, wire.CodeRefused, "cgroup (this guest has no writable cgroup v2)"},
-		{"a symlink", wire.Sandbox{FS: wire.FSAccess{Write: []string{filepath.Join(dir, "link")}}, BestEffort: wire.Features}, wire.CodeInvalid, "resolves through a symlink"},
-		{"below a symlink", wire.Sandbox{FS: wire.FSAccess{Read: []string{filepath.Join(dir, "link", "x")}}, BestEffort: wire.Features}, wire.CodeInvalid, "resolves through a symlink"},
+		{"a symlink", wire.Sandbox{FS: wire.FSAccess{Write: []string{filepath.Join(dir, "link")}}, BestEffort: wire.Features}, wire.CodeInvalid, "link is a symlink"},
+		{"below a symlink", wire.Sandbox{FS: wire.FSAccess{Read: []string{filepath.Join(dir, "link", "x")}}, BestEffort: wire.Features}, wire.CodeInvalid, "link is a symlink"},
 		{"missing", wire.Sandbox{FS: wire.FSAccess{Read: []string{filepath.Join(dir, "nothing")}}, BestEffort: wire.Features}, wire.CodeInvalid, "no such file"},
 		{"vmgate's state", wire.Sandbox{FS: wire.FSAccess{Read: []string{a.metaDir()}}, BestEffort: wire.Features}, wire.CodeInvalid, "inside vmgate-guest's state"},
 		{"unknown feature", wire.Sandbox{BestEffort: []wire.Feature{"seccomp"}}, wire.CodeInvalid, `best_effort "seccomp"`},
@@ -340,5 +373,221 @@ func TestHostSandboxCreateRefusals(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestOpenRulePath: a sandbox's own paths are opened following no
+// symlink; one in any component refuses, naming it.
+func TestOpenRulePath(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{"real/sub", "other"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "real", "file"), []byte("f"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range [][2]string{{"/", "root"}, {filepath.Join(dir, "real"), "link"}, {"real/file", "real/flink"}} {
+		if err := os.Symlink(l[0], filepath.Join(dir, l[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		path    string
+		dir     bool
+		code    string // "" for success
+		mention string
+		enoent  bool
+	}{
+		{path: dir + "/real", dir: true},
+		{path: dir + "/real/sub", dir: true},
+		{path: dir + "/real/file"},
+		{path: dir + "/root", code: wire.CodeRefused, mention: dir + "/root is a symlink (to \"/\")"},
+		{path: dir + "/link/sub", code: wire.CodeRefused, mention: dir + "/link is a symlink"},
+		{path: dir + "/real/flink", code: wire.CodeRefused, mention: dir + "/real/flink is a symlink"},
+		{path: dir + "/missing", enoent: true},
+		{path: "relative", code: wire.CodeInvalid, mention: "not absolute"},
+		{path: dir + "/real/../other", code: wire.CodeInvalid, mention: "not clean"},
+	}
+	for _, tt := range tests {
+		bothWalks(t, func(t *testing.T) {
+			fd, st, err := openRulePath(tt.path)
+			switch {
+			case tt.enoent:
+				if !errors.Is(err, syscall.ENOENT) {
+					t.Errorf("openRulePath(%s) = %v; want ENOENT", tt.path, err)
+				}
+			case tt.code != "":
+				var we *wire.Error
+				if !errors.As(err, &we) || we.Code != tt.code || !strings.Contains(we.Message, tt.mention) {
+					t.Errorf("openRulePath(%s) = %v; want %s naming %q", tt.path, err, tt.code, tt.mention)
+				}
+				if tt.code == wire.CodeRefused && we != nil && we.Reason != wire.ReasonSymlink {
+					t.Errorf("openRulePath(%s) reason = %q; want %q", tt.path, we.Reason, wire.ReasonSymlink)
+				}
+			case err != nil:
+				t.Errorf("openRulePath(%s) = %v; want nil", tt.path, err)
+			default:
+				if isDir := st.Mode&syscall.S_IFMT == syscall.S_IFDIR; isDir != tt.dir {
+					t.Errorf("openRulePath(%s): directory %v; want %v", tt.path, isDir, tt.dir)
+				}
+			}
+			if err == nil {
+				syscall.Close(fd)
+			}
+		})
+	}
+}
+
+// outsideDir is a temporary directory outside /tmp (which a sandboxed
+// session sees as its own), reachable by a session uid.
+func outsideDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/var/tmp", "vmgate-agent-test-")
+	if err != nil {
+		t.Skipf("no /var/tmp for a directory outside /tmp: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// hostSandbox creates a sandboxed session on the host (no cgroup) with
+// sb's extra paths, or skips where the host kernel lacks what it needs.
+func hostSandbox(t *testing.T, id string, fs wire.FSAccess) (*Agent, wire.Session) {
+	t.Helper()
+	k := (&Agent{cfg: DefaultConfig()}).probeKernel()
+	if k.landlockABI == 0 || !k.netns || !k.mountns || !k.mountAPI {
+		t.Skipf("this host kernel lacks Landlock, namespaces or mount_setattr (%+v); the lab VM test covers the sandbox", k)
+	}
+	a := sandboxAgent(t)
+	s, err := a.SessionCreate(context.Background(), wire.SessionCreate{ID: id, Sandbox: &wire.Sandbox{FS: fs, BestEffort: []wire.Feature{wire.FeatureCgroup}}})
+	if err != nil {
+		t.Fatalf("SessionCreate = %v", err)
+	}
+	t.Cleanup(func() { _, _ = a.SessionDestroy(context.Background(), id) })
+	return a, s
+}
+
+// TestHostReadOnlyOutside: outside its write paths a session can change
+// nothing, not even what Landlock does not handle (chmod, chown, utime on
+// a file its uid owns; truncate where the ABI lacks it) or what a file's
+// mode allows (a world-writable file): the mounts are read-only.
+func TestHostReadOnlyOutside(t *testing.T) {
+	out := outsideDir(t)
+	w := filepath.Join(out, "w")
+	if err := os.Mkdir(w, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(w, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	a, s := hostSandbox(t, "5a4db0c5a4db0c000011", wire.FSAccess{Write: []string{w}})
+	e := s.Enforced
+	if !e.ReadOnlyOutside || e.HeldBy["chmod"] != wire.HeldMount || e.HeldBy["write"] != wire.HeldBoth {
+		t.Fatalf("Enforced = %+v; want read-only outside, chmod held by the mount, write by both", e)
+	}
+	ww, owned := filepath.Join(out, "ww"), filepath.Join(out, "owned")
+	if err := os.WriteFile(ww, []byte("12345"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(ww, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(owned, []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(owned, e.UID, e.GID); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.Stat(owned)
+	for _, attempt := range []string{
+		"truncate -s 1 " + ww, "chmod 0777 " + owned, fmt.Sprintf("chown %d:%d %s", e.UID, e.GID, owned),
+		"touch -d 2001-01-01 " + owned, "ln " + owned + " " + out + "/link", "mv " + owned + " " + out + "/moved",
+		"echo x >> " + ww,
+	} {
+		res, err := a.Run(context.Background(), wire.RunRequest{Session: s.ID, Shell: attempt, TimeoutMS: 20000})
+		if err != nil || res.ExitCode == 0 {
+			t.Errorf("%q in the session = exit %d, %v; want a failure", attempt, res.ExitCode, err)
+		}
+	}
+	if b, _ := os.ReadFile(ww); string(b) != "12345" {
+		t.Errorf("%s holds %q; want it untouched", ww, b)
+	}
+	after, err := os.Stat(owned)
+	if err != nil || after.Mode() != before.Mode() || !after.ModTime().Equal(before.ModTime()) {
+		t.Errorf("%s: %v, %v; want mode %v and mtime %v kept", owned, after, err, before.Mode(), before.ModTime())
+	}
+	for _, p := range []string{out + "/link", out + "/moved"} {
+		if exists(p) {
+			t.Errorf("%s was made from the session", p)
+		}
+	}
+	res, err := a.Run(context.Background(), wire.RunRequest{Session: s.ID, Shell: "echo in > " + w + "/f && truncate -s 1 " + w + "/f && echo ok > here && cat here"})
+	if err != nil || res.ExitCode != 0 || string(res.Stdout) != "ok\n" {
+		t.Errorf("writes in the write path and the workdir = %q, %q, %v; want ok", res.Stdout, res.Stderr, err)
+	}
+}
+
+// TestHostSwappedPathRefused: an extra path swapped for a symlink after
+// create refuses the next run, naming it, and nothing is read or written
+// through it.
+func TestHostSwappedPathRefused(t *testing.T) {
+	out := outsideDir(t)
+	d := filepath.Join(out, "d")
+	for _, p := range []string{d, d + "/x", d + "/y", out + "/target"} {
+		if err := os.Mkdir(p, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(out+"/target/secret", []byte("secret"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, s := hostSandbox(t, "5a4db0c5a4db0c000012", wire.FSAccess{Write: []string{d, d + "/y"}, Read: []string{d + "/x"}})
+	run := func(shell string) (wire.RunResult, error) {
+		return a.Run(context.Background(), wire.RunRequest{Session: s.ID, Shell: shell, TimeoutMS: 20000})
+	}
+	if res, err := run("cat " + out + "/target/secret"); err != nil || res.ExitCode == 0 {
+		t.Fatalf("reading the target before the swap = %q, %v; want refused (else this test proves nothing)", res.Stdout, err)
+	}
+	swap := fmt.Sprintf("cd %s && mv x x.old && ln -s %s/target x && mv y y.old && ln -s %s/target y", d, out, out)
+	if res, err := run(swap); err != nil || res.ExitCode != 0 {
+		t.Fatalf("swapping in the session = %q, %v", res.Stderr, err)
+	}
+	res, err := run("cat " + d + "/x/secret; echo made > " + d + "/y/made")
+	var we *wire.Error
+	if !errors.As(err, &we) || we.Reason != wire.ReasonSymlink || !strings.Contains(we.Message, d+"/x is a symlink") {
+		t.Errorf("the run after the swap = %+v, %v; want refused naming %s/x", res, err, d)
+	}
+	if strings.Contains(string(res.Stdout), "secret") || exists(out+"/target/made") {
+		t.Errorf("the session read or wrote through the swapped symlinks")
+	}
+}
+
+// TestHostWriteBlocked: a write path the session's uid cannot write for
+// its mode is reported at create and in a failed command's result.
+func TestHostWriteBlocked(t *testing.T) {
+	out := outsideDir(t)
+	rootOnly := filepath.Join(out, "data")
+	if err := os.Mkdir(rootOnly, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a, s := hostSandbox(t, "5a4db0c5a4db0c000013", wire.FSAccess{Write: []string{rootOnly}})
+	want := []wire.BlockedPath{{Path: rootOnly, Reason: "owned by root, mode 0755: the session's uid cannot write"}}
+	if !slices.Equal(s.Enforced.WriteBlocked, want) || !hasNote(s.Enforced, "fs.write "+rootOnly) {
+		t.Errorf("WriteBlocked = %+v, notes %q; want %+v, said", s.Enforced.WriteBlocked, s.Enforced.NotEnforced, want)
+	}
+	res, err := a.Run(context.Background(), wire.RunRequest{Session: s.ID, Shell: "echo x > " + rootOnly + "/f"})
+	if err != nil || res.ExitCode == 0 || !slices.Equal(res.WriteBlocked, want) {
+		t.Errorf("a refused write = exit %d, write_blocked %+v, %v; want it named", res.ExitCode, res.WriteBlocked, err)
+	}
+	if res, err := a.Run(context.Background(), wire.RunRequest{Session: s.ID, Shell: "true"}); err != nil || res.WriteBlocked != nil {
+		t.Errorf("a command that succeeded carries write_blocked %+v, %v; want none", res.WriteBlocked, err)
 	}
 }

@@ -154,15 +154,19 @@ func (a *Agent) validateCreate(req wire.SessionCreate) (*wire.Sandbox, error) {
 
 // checkSandboxPath refuses an extra path that does not exist, that goes
 // through a symlink (the rule would land on the target, which the policy
-// did not name), or that lies inside vmgate-guest's state.
+// did not name), or that lies inside vmgate-guest's state. It opens the
+// path as every run does (openRulePath); runs check again, as a session
+// may swap a path for a symlink later.
 func (a *Agent) checkSandboxPath(p string) error {
-	real, err := filepath.EvalSymlinks(p)
+	fd, _, err := openRulePath(p)
 	if err != nil {
-		return fmt.Errorf("%s: %w", p, err)
+		var we *wire.Error
+		if errors.As(err, &we) {
+			return errors.New(we.Message)
+		}
+		return err
 	}
-	if real != p {
-		return fmt.Errorf("%s resolves through a symlink to %s; give the real path", p, real)
-	}
+	unix.Close(fd)
 	if p == a.cfg.Root || strings.HasPrefix(p, a.cfg.Root+"/") {
 		return fmt.Errorf("%s is inside vmgate-guest's state (%s)", p, a.cfg.Root)
 	}
@@ -331,10 +335,12 @@ func (a *Agent) removeSessionFiles(id, cg string, trash time.Duration, res *wire
 				continue
 			}
 		}
-		// os.RemoveAll walks with openat/unlinkat and O_NOFOLLOW: a symlink is
-		// unlinked, never followed (TestDestroyDoesNotFollowSymlinks checks it).
-		if err := os.RemoveAll(dir); err != nil {
-			return fmt.Errorf("%s: %w", dir, err)
+		// By descriptor, with a bounded number of them open however deep the
+		// tree (removeTree): a symlink is unlinked, never followed
+		// (TestDestroyDoesNotFollowSymlinks checks it). The session's
+		// processes are gone: nothing adds to the tree meanwhile.
+		if err := removePath(dir); err != nil {
+			return err
 		}
 	}
 	if err := os.Remove(a.metaPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -59,7 +59,7 @@ func TestConformancePlugin(t *testing.T) {
 		t.Errorf("Status(%q) through the plugin error %v; want %v", vmOther, err, hypervisor.ErrUnknownVM)
 	}
 
-	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: vmT1, NoExecVM: vmNoExec, UnknownVM: vmOther, Capabilities: libvirtCapabilities})
+	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: vmT1, NoExecVM: vmNoExec, UnknownVM: vmOther, Capabilities: withScreen(libvirtCapabilities)})
 }
 
 // TestRegisteredSettings: every setting reaches the Config; bad settings are

@@ -222,7 +222,7 @@ func TestConformance(t *testing.T) {
 	v := labtest.VM(t, "t1")
 	labtest.VM(t, "noexec")
 	hypervisortest.Run(t, hypervisortest.Harness{Driver: labDriver(t, v), VM: "t1", NoExecVM: "noexec",
-		Capabilities: labCapabilities, DiskDir: "/data"})
+		Capabilities: withScreen(labCapabilities), DiskDir: "/data"})
 }
 
 // TestConformancePower runs the power suite (reset, stop, start) on a VM of

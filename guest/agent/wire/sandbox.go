@@ -248,6 +248,21 @@ type Enforced struct {
 	Net          NetReport      `json:"net"`
 	// PrivateTmp: /tmp is the session's own directory (a mount namespace).
 	PrivateTmp bool `json:"private_tmp"`
+	// ReadOnlyOutside: in the session's mount namespace every mount is
+	// read-only but its write paths (its workdir, its temporary directory
+	// on /tmp, the extra write paths): nothing outside them can be
+	// written, truncated, chmod'ed, chown'ed, given an xattr, linked or
+	// renamed, whatever Landlock's ABI handles.
+	ReadOnlyOutside bool `json:"read_only_outside"`
+	// HeldBy names, per right (read, execute, write, create, remove,
+	// rename, link, truncate, chmod, chown, xattr, utime, ioctl_dev), what
+	// denies it outside the session's paths: HeldLandlock, HeldMount,
+	// HeldBoth, HeldUID (only the session's uid and the files' modes) or,
+	// for a root session without either, HeldNothing.
+	HeldBy map[string]string `json:"held_by,omitempty"`
+	// WriteBlocked lists the extra write paths the sandbox allows but
+	// the session's uid cannot write for the files' own permissions.
+	WriteBlocked []BlockedPath `json:"write_blocked,omitempty"`
 	// Tmp is the session's private temporary directory (TMPDIR).
 	Tmp    string       `json:"tmp,omitempty"`
 	Cgroup CgroupReport `json:"cgroup"`
@@ -304,3 +319,18 @@ type CgroupReport struct {
 	// Limits says how Limits hold: "cgroup", "rlimit" or "none".
 	Limits string `json:"limits"`
 }
+
+// BlockedPath is a write path the session's uid cannot write, and why.
+type BlockedPath struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+}
+
+// What holds a right outside a sandboxed session's paths (Enforced.HeldBy).
+const (
+	HeldLandlock = "landlock"
+	HeldMount    = "read-only mount"
+	HeldBoth     = "landlock+read-only mount"
+	HeldUID      = "unix permissions only"
+	HeldNothing  = "nothing (root)"
+)

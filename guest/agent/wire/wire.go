@@ -112,6 +112,10 @@ type RunResult struct {
 	// Killed is how many processes the timeout's tree kill signalled.
 	Killed     int   `json:"killed,omitempty"`
 	DurationMS int64 `json:"duration_ms"`
+	// WriteBlocked, for a command of a sandboxed session that failed, is
+	// the session's Enforced.WriteBlocked: write paths its uid cannot
+	// write for the files' own permissions, which a refusal may come from.
+	WriteBlocked []BlockedPath `json:"write_blocked,omitempty"`
 }
 
 // KillResult is what kill returns.
@@ -233,6 +237,10 @@ type RestoreResult struct {
 	From    string   `json:"from"`
 	Workdir string   `json:"workdir"`
 	Entries []string `json:"entries"`
+	// KeptOwner counts the entries that kept their owner instead of
+	// becoming ID's: device nodes, and files with other hard links that
+	// session From did not own (giving them away would give every name).
+	KeptOwner int `json:"kept_owner,omitempty"`
 }
 
 // ReapResult lists the sessions reap destroyed.

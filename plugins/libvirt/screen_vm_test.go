@@ -1,0 +1,28 @@
+package libvirt
+
+import (
+	"testing"
+
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+)
+
+// withScreen adds the screen, keyboard and console capabilities, which the
+// libvirt driver has on every domain, to k.
+func withScreen(k hypervisor.Capabilities) hypervisor.Capabilities {
+	k.Screenshot, k.SendKeys, k.ConsoleRead, k.ConsoleWrite = true, true, true, true
+	return k
+}
+
+// TestConsoleBootAndNoAgent, on the persistent domain (as TestPower): the
+// console opened before a reset shows the kernel's boot messages; then,
+// with the guest agent stopped, the screen, the keys and the console
+// still work through libvirt.
+func TestConsoleBootAndNoAgent(t *testing.T) {
+	_, d := envDriver(t, Config{})
+	h := hypervisortest.Harness{Driver: d, VM: vmT1, Capabilities: withScreen(libvirtCapabilities)}
+	t.Run("Boot", func(t *testing.T) { hypervisortest.RunConsoleBoot(t, h) })
+	h.StopAgent = hypervisortest.StopAgentByExec(h)
+	h.ResumeAgent = hypervisortest.ResumeAgentByConsole(h)
+	t.Run("WithoutAgent", func(t *testing.T) { hypervisortest.RunWithoutAgent(t, h) })
+}
