@@ -59,7 +59,7 @@ func sumHex(b []byte) string {
 // guestSum is the sha256sum of path in the guest.
 func guestSum(t *testing.T, ctx context.Context, h *Helper, vm, path string) string {
 	t.Helper()
-	res := sh(t, ctx, h, vm, "sha256sum "+path)
+	res := shWithin(t, ctx, h, vm, "sha256sum "+path, 10*time.Minute)
 	f := strings.Fields(string(res.Stdout))
 	if res.ExitCode != 0 || len(f) == 0 {
 		t.Fatalf("sha256sum %s: exit %d, %q %q", path, res.ExitCode, res.Stdout, res.Stderr)
@@ -74,8 +74,8 @@ func fileSuite(t *testing.T, h *Helper, vm string) {
 	const d = "/tmp/vmgate-fs"
 	setup := "rm -rf " + d + "; mkdir -p " + d + "/target " + d + "/outside && printf 'top secret' > " + d + "/outside/secret && " +
 		"head -c " + strconv.Itoa(bigFile) + " /dev/urandom > " + d + "/big && printf 'old content' > " + d + "/atomic && chmod 0640 " + d + "/atomic && chown 1234:5678 " + d + "/atomic"
-	if res := sh(t, ctx, h, vm, setup); res.ExitCode != 0 {
-		t.Fatalf("setup: exit %d: %s", res.ExitCode, res.Stderr)
+	if res := shWithin(t, ctx, h, vm, setup, 10*time.Minute); res.ExitCode != 0 || res.TimedOut {
+		t.Fatalf("setup: exit %d (timed out: %v): %s", res.ExitCode, res.TimedOut, res.Stderr)
 	}
 	t.Cleanup(func() { sh(t, testCtx(t, time.Minute), h, vm, "rm -rf "+d) })
 

@@ -92,7 +92,14 @@ func testCtx(t testing.TB, d time.Duration) context.Context {
 // sh runs a shell line in the guest straight through the driver (not the helper).
 func sh(t testing.TB, ctx context.Context, h *Helper, vm, line string) hypervisor.ExecResult {
 	t.Helper()
-	res, err := hypervisor.Run(ctx, h.d, vm, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", line}, Timeout: time.Minute})
+	return shWithin(t, ctx, h, vm, line, time.Minute)
+}
+
+// shWithin is sh with its own timeout in the guest, for setup that moves
+// much data (a TCG guest on a loaded machine takes minutes for 64 MiB).
+func shWithin(t testing.TB, ctx context.Context, h *Helper, vm, line string, timeout time.Duration) hypervisor.ExecResult {
+	t.Helper()
+	res, err := hypervisor.Run(ctx, h.d, vm, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", line}, Timeout: timeout})
 	if err != nil {
 		t.Fatalf("sh %q on %s: %v", line, vm, err)
 	}
