@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 func TestPlanArgsRefusesMismatches(t *testing.T) {
@@ -106,7 +108,7 @@ func TestDecodeArgs(t *testing.T) {
 		{"list_vms", `{}`, &noArgs{}},
 	}
 	for _, tt := range tests {
-		raw, err := decodeStrict([]byte(tt.args))
+		raw, err := jsonrpc.Decode([]byte(tt.args))
 		if err != nil {
 			t.Fatal(err)
 		}

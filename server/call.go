@@ -15,6 +15,8 @@ import (
 	mcpclient "github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 // CallOptions say which MCP server Call talks to: the streamable HTTP
@@ -54,7 +56,7 @@ func Call(ctx context.Context, o CallOptions, tool string, args []byte) (CallRes
 	if len(args) == 0 {
 		args = []byte("{}")
 	}
-	v, err := decodeStrict(args)
+	v, err := jsonrpc.Decode(args)
 	if err != nil {
 		return CallResult{}, fmt.Errorf("call: %w: %w", ErrCallArgs, err)
 	}

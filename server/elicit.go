@@ -19,6 +19,7 @@ import (
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/server/argview"
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 // Approvals through the client (`approval.channel: client`).
@@ -297,7 +298,7 @@ func (s *Server) approveByClient(ctx context.Context, id any, rec *audit.Record,
 		res := mcpserver.NewInputRequestBuilder(signState(st)).Elicit(elicitInputID, req).ToolResult()
 		rec.Reason = "asked the client's user"
 		s.record(ctx, *rec, policy.Approve.String(), "approval requested through elicitation", "")
-		return verdict{reply: rpcResult(id, res)}, nil, true
+		return verdict{reply: jsonrpc.ResultReply(id, res)}, nil, true
 	}
 	state, _ := params[paramRequestState].(string)
 	if _, err := openState(state, rec.Grant, tool, digest, now); err != nil {

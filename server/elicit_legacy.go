@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 // Client approval for clients older than protocol 2026-07-28: the
@@ -152,7 +153,7 @@ func (c *clientRequests) close() {
 // clientResponse is a client's answer to one request: result or error.
 type clientResponse struct {
 	result    json.RawMessage
-	err       *rpcErrorBody
+	err       *jsonrpc.ErrorBody
 	malformed error // the response itself did not parse strictly
 }
 
@@ -209,11 +210,11 @@ func (c *clientRequests) deliver(raw []byte) bool {
 		return false
 	}
 	var r clientResponse
-	switch _, err := decodeStrict(raw); {
+	switch _, err := jsonrpc.Decode(raw); {
 	case err != nil:
 		r.malformed = err
 	case len(peek.Error) > 0 && string(peek.Error) != "null":
-		var e rpcErrorBody
+		var e jsonrpc.ErrorBody
 		if json.Unmarshal(peek.Error, &e) != nil {
 			r.malformed = errors.New("an error that is not a JSON-RPC error object")
 		} else {
@@ -286,7 +287,7 @@ func (s *stdioSession) RequestElicitation(ctx context.Context, req mcp.Elicitati
 		if r.err != nil {
 			return nil, fmt.Errorf("stdio: %w: %d %s", ErrClientError, r.err.Code, truncate(r.err.Message, 100))
 		}
-		v, err := decodeStrict(r.result)
+		v, err := jsonrpc.Decode(r.result)
 		if err != nil {
 			return nil, fmt.Errorf("stdio: malformed result: %w", err)
 		}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"reflect"
 	"testing"
+
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 // FuzzDecodeArguments drives the strict reader and every tool's validator
@@ -31,7 +33,7 @@ func FuzzDecodeArguments(f *testing.F) {
 	}
 	tools := catalogue(DefaultLimits.withDefaults())
 	f.Fuzz(func(t *testing.T, data []byte) {
-		v, err := decodeStrict(data)
+		v, err := jsonrpc.Decode(data)
 		if err != nil {
 			return
 		}
@@ -42,7 +44,7 @@ func FuzzDecodeArguments(f *testing.F) {
 			t.Fatalf("decodeStrict accepted %q but encoding/json refuses it: %v", data, err)
 		}
 		if !reflect.DeepEqual(v, std) {
-			t.Fatalf("decodeStrict(%q) = %#v; encoding/json reads %#v", data, v, std)
+			t.Fatalf("jsonrpc.Decode(%q) = %#v; encoding/json reads %#v", data, v, std)
 		}
 		args, ok := v.(map[string]any)
 		if !ok {
@@ -65,7 +67,7 @@ func FuzzDecodeArguments(f *testing.F) {
 			if err != nil {
 				t.Fatalf("%s.validate(%q) = %#v; does not encode: %v", spec.name, data, valid, err)
 			}
-			if _, err := decodeStrict(b); err != nil {
+			if _, err := jsonrpc.Decode(b); err != nil {
 				t.Fatalf("%s.validate(%q) encodes to %q, which the strict reader refuses: %v", spec.name, data, b, err)
 			}
 		}

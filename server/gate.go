@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 // The tags every error result starts with.
@@ -131,7 +131,6 @@ type verdict struct {
 	cancelsSet bool
 }
 
-var envelopeKeys = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "result": true, "error": true}
 var callParamKeys = map[string]bool{"name": true, "arguments": true, "_meta": true, paramRequestState: true, paramInputResponses: true}
 
 // gateMessage is the one chokepoint: every message of every transport goes
@@ -140,18 +139,22 @@ var callParamKeys = map[string]bool{"name": true, "arguments": true, "_meta": tr
 // one that passes them all reaches mcp-go, with its ticket.
 func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	ctx = withConn(ctx, c)
-	e, v, ok := s.readEnvelope(ctx, c, raw)
-	if !ok {
-		return v
+	e, err := jsonrpc.Read(raw, s.limits.MaxMessageBytes)
+	if err != nil {
+		var inv *jsonrpc.InvalidError
+		if errors.As(err, &inv) {
+			return verdict{reply: jsonrpc.ErrorReply(inv.ID, mcp.INVALID_REQUEST, inv.Msg)}
+		}
+		return s.refuseMalformed(ctx, c, raw, err)
 	}
-	if method, _ := e.m["method"].(string); method != string(mcp.MethodToolsCall) {
+	if method, _ := e.M["method"].(string); method != string(mcp.MethodToolsCall) {
 		v := verdict{ctx: ctx}
-		if method == string(mcp.MethodNotificationCancelled) && !e.hasID {
-			v.cancels, v.cancelsSet = cancelledID(e.m)
+		if method == string(mcp.MethodNotificationCancelled) && !e.HasID {
+			v.cancels, v.cancelsSet = jsonrpc.CancelledID(e.M)
 		}
 		return v
 	}
-	g := &gating{s: s, ctx: ctx, conn: c, raw: raw, envelope: e, start: s.now()}
+	g := &gating{s: s, ctx: ctx, conn: c, raw: raw, Envelope: e, start: s.now()}
 	// The decision record carries the reservation time, so the log alone
 	// can check every limit window exactly.
 	g.rec = audit.Record{Kind: audit.KindDecision, Time: g.start, CallID: rand.Text(), Grant: c.grant.Name, Transport: c.transport}
@@ -185,7 +188,7 @@ type gating struct {
 	ctx  context.Context
 	conn *conn
 	raw  []byte
-	envelope
+	jsonrpc.Envelope
 	start time.Time    // the decision and reservation time
 	rec   audit.Record // the decision record, filled in step by step
 
@@ -201,68 +204,16 @@ type gating struct {
 // refuse ends the call with a tagged tool error (or, for a notification,
 // no reply), recorded with decision.
 func (g *gating) refuse(decision, tag, msg string) (verdict, bool) {
-	return g.s.refuse(g.ctx, g.id, g.hasID, g.rec, decision, tag, msg, ""), true
+	return g.s.refuse(g.ctx, g.ID, g.HasID, g.rec, decision, tag, msg, ""), true
 }
 
 func (g *gating) invalid(msg string) (verdict, bool) {
 	return g.refuse(decisionInvalid, TagInvalid, msg)
 }
 
-// envelope is a message that passed the checks every message gets.
-type envelope struct {
-	m     map[string]any
-	id    any // the request id; hasID says whether there was one
-	hasID bool
-}
-
-// readEnvelope decodes raw strictly and checks the JSON-RPC envelope every
-// message shares. ok false: answer with v.
-func (s *Server) readEnvelope(ctx context.Context, c *conn, raw []byte) (e envelope, v verdict, ok bool) {
-	reply := func(id any, msg string) (envelope, verdict, bool) {
-		return envelope{}, verdict{reply: rpcError(id, mcp.INVALID_REQUEST, msg)}, false
-	}
-	if len(raw) > s.limits.MaxMessageBytes {
-		return envelope{}, s.refuseMalformed(ctx, c, raw, fmt.Errorf("message of %d bytes exceeds the limit of %d", len(raw), s.limits.MaxMessageBytes)), false
-	}
-	val, err := decodeStrict(raw)
-	if err != nil {
-		return envelope{}, s.refuseMalformed(ctx, c, raw, err), false
-	}
-	m, isObject := val.(map[string]any)
-	if !isObject {
-		if _, batch := val.([]any); batch {
-			return reply(nil, "batches are not supported")
-		}
-		return reply(nil, "a message must be a JSON object")
-	}
-	for k := range m {
-		if !envelopeKeys[k] {
-			return envelope{}, s.refuseMalformed(ctx, c, raw, fmt.Errorf("unknown member %q in the message", k)), false
-		}
-	}
-	// The id first: a reply must carry it byte for byte, and mcp-go reads
-	// numbers through float64, so only integers it holds exactly pass.
-	id, hasID := m["id"]
-	if hasID {
-		switch n := id.(type) {
-		case string:
-		case json.Number:
-			if !exactIntegerID(n) {
-				return reply(nil, "a number id must be an integer between -(2^53-1) and 2^53-1")
-			}
-		default:
-			return reply(nil, "id must be a string or a number")
-		}
-	}
-	if m["jsonrpc"] != "2.0" {
-		return reply(id, "jsonrpc must be \"2.0\"")
-	}
-	return envelope{m: m, id: id, hasID: hasID}, verdict{}, true
-}
-
 // decode reads params: a known tool's name and its arguments object.
 func (g *gating) decode() (verdict, bool) {
-	params, ok := g.m["params"].(map[string]any)
+	params, ok := g.M["params"].(map[string]any)
 	if !ok {
 		return g.invalid("params must be an object with name and arguments")
 	}
@@ -289,7 +240,7 @@ func (g *gating) decode() (verdict, bool) {
 	if len(g.raw) <= maxAuditArgsBytes {
 		g.rec.Args = g.args
 	}
-	if !g.hasID {
+	if !g.HasID {
 		return g.invalid("tools/call sent as a notification")
 	}
 	return verdict{}, false
@@ -305,7 +256,7 @@ func (g *gating) validate() (verdict, bool) {
 	g.args, g.rec.Args = valid, valid
 	typed, err := g.spec.decode(valid)
 	if err != nil {
-		return g.s.refuse(g.ctx, g.id, g.hasID, g.rec, decisionError, TagInvalid, "the server could not read these arguments", err.Error()), true
+		return g.s.refuse(g.ctx, g.ID, g.HasID, g.rec, decisionError, TagInvalid, "the server could not read these arguments", err.Error()), true
 	}
 	if ck, ok := typed.(argChecker); ok {
 		if err := ck.checkArgs(); err != nil {
@@ -405,7 +356,7 @@ func (g *gating) approve() (verdict, bool) {
 	}
 	s, name := g.s, g.spec.name
 	if isClientChannel(d) {
-		v, ask, done := s.approveByClient(g.ctx, g.id, &g.rec, d, name, g.call.vm, g.args, g.params, g.start)
+		v, ask, done := s.approveByClient(g.ctx, g.ID, &g.rec, d, name, g.call.vm, g.args, g.params, g.start)
 		g.elicit = ask
 		return v, done
 	}
@@ -416,7 +367,7 @@ func (g *gating) approve() (verdict, bool) {
 		return g.refuse(decisionError, TagDenied, "the approval store is unavailable, so the call is refused")
 	}
 	if !ok {
-		return s.park(g.ctx, g.id, g.rec, d, name, g.call.vm, g.args, digest, g.start), true
+		return s.park(g.ctx, g.ID, g.rec, d, name, g.call.vm, g.args, digest, g.start), true
 	}
 	g.rec.ApprovalID = a.ID
 	return verdict{}, false
@@ -443,7 +394,7 @@ func (g *gating) reserve() (verdict, bool) {
 		g.rec.Rule, g.rec.Reason = lim.Rule, lim.Reason
 		secs := max(int64(math.Ceil(le.RetryAfter.Seconds())), 1)
 		msg := fmt.Sprintf("%s: retry in %d s", lim.Reason, secs)
-		return g.s.refuseWith(g.ctx, g.id, g.rec, policy.RateLimited.String(), TagRateLimited, msg, map[string]any{"retry_after_s": secs}), true
+		return g.s.refuseWith(g.ctx, g.ID, g.rec, policy.RateLimited.String(), TagRateLimited, msg, map[string]any{"retry_after_s": secs}), true
 	default:
 		g.rec.Reason = "store: " + err.Error()
 		return g.refuse(decisionError, TagDenied, "the policy store is unavailable, so the call is refused")
@@ -461,14 +412,14 @@ func (g *gating) record() (verdict, bool) {
 		if len(g.counters) > 0 {
 			s.refund(callID, g.start, g.counters)
 		}
-		return verdict{reply: rpcResult(g.id, errorResult(TagDenied, auditRefusal(err), nil))}, true
+		return verdict{reply: jsonrpc.ResultReply(g.ID, errorResult(TagDenied, auditRefusal(err), nil))}, true
 	}
 	if !s.begin() {
 		if len(g.counters) > 0 {
 			s.refund(callID, g.start, g.counters)
 		}
 		s.outcome(g.rec, "not_run", "server shutting down", g.start, len(g.counters) > 0)
-		return verdict{reply: rpcResult(g.id, errorResult(TagBackend, "the server is shutting down", nil))}, true
+		return verdict{reply: jsonrpc.ResultReply(g.ID, errorResult(TagBackend, "the server is shutting down", nil))}, true
 	}
 	return verdict{}, false
 }
@@ -487,35 +438,8 @@ func (g *gating) pass() verdict {
 	callCtx, cancel := context.WithTimeout(g.ctx, deadline)
 	t := &ticket{server: g.s, call: cl, claimed: make(chan struct{}), start: g.start, counters: g.counters, cancel: cancel, elicit: g.elicit}
 	cl.ctx = callCtx
-	dm := &directMessage{m: g.m, id: g.id, params: g.params}
+	dm := &directMessage{m: g.M, id: g.ID, params: g.params}
 	return verdict{ctx: context.WithValue(g.ctx, ticketKey, t), t: t, direct: dm}
-}
-
-// cancelledID is the request id a notifications/cancelled names, as mcp-go
-// reads it (dispatch.go).
-func cancelledID(m map[string]any) (any, bool) {
-	params, _ := m["params"].(map[string]any)
-	raw, ok := params["requestId"]
-	if !ok {
-		return nil, false
-	}
-	return encodingJSONValue(raw)
-}
-
-// maxExactInteger is 2^53-1, the largest integer a float64 holds exactly
-// (and so every JSON reader, mcp-go's included).
-const maxExactInteger = 1<<53 - 1
-
-// exactIntegerID reports whether n is an id every reader echoes byte for
-// byte: an integer literal (no fraction, no exponent, no "-0") within
-// ±(2^53-1).
-func exactIntegerID(n json.Number) bool {
-	s := string(n)
-	if s == "-0" || strings.ContainsAny(s, ".eE") {
-		return false
-	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	return err == nil && v >= -maxExactInteger && v <= maxExactInteger
 }
 
 // maxVMNameBytes bounds the name part of a VM id.
@@ -606,7 +530,7 @@ func (s *Server) refuse(ctx context.Context, id any, hasID bool, rec audit.Recor
 
 func (s *Server) refuseWith(ctx context.Context, id any, rec audit.Record, decision, tag, msg string, extra map[string]any) verdict {
 	s.record(ctx, rec, decision, msg, "")
-	return verdict{reply: rpcResult(id, errorResult(tag, msg, extra))}
+	return verdict{reply: jsonrpc.ResultReply(id, errorResult(tag, msg, extra))}
 }
 
 func (s *Server) record(ctx context.Context, rec audit.Record, decision, msg, detail string) {
@@ -627,62 +551,22 @@ func (s *Server) record(ctx context.Context, rec audit.Record, decision, msg, de
 // a tagged tool error and an audit record; otherwise a JSON-RPC error.
 // Either way mcp-go never sees it.
 func (s *Server) refuseMalformed(ctx context.Context, c *conn, raw []byte, cause error) verdict {
-	var peek struct {
-		ID     json.RawMessage `json:"id"`
-		Method string          `json:"method"`
-		Params struct {
-			Name string `json:"name"`
-		} `json:"params"`
-	}
-	if err := json.Unmarshal(raw, &peek); err != nil {
-		// Not even encoding/json can read it: its method does not count
-		// (bytesContainsToolsCall below decides whether it is audited).
-		peek.Method = ""
-	}
-	var id any
-	if len(peek.ID) > 0 && (peek.ID[0] == '"' || peek.ID[0] == '-' || peek.ID[0] >= '0' && peek.ID[0] <= '9') {
-		id = json.RawMessage(peek.ID)
-	}
-	if peek.Method == string(mcp.MethodToolsCall) || bytesContainsToolsCall(raw) {
-		rec := audit.Record{Kind: audit.KindDecision, CallID: rand.Text(), Grant: c.grant.Name, Transport: c.transport, Tool: truncate(peek.Params.Name, 128)}
+	peek := jsonrpc.Peek(raw)
+	id := peek.ID
+	if peek.Method == string(mcp.MethodToolsCall) || jsonrpc.MayBeToolsCall(raw) {
+		rec := audit.Record{Kind: audit.KindDecision, CallID: rand.Text(), Grant: c.grant.Name, Transport: c.transport, Tool: truncate(peek.Tool, 128)}
 		rec.Reason = fmt.Sprintf("malformed tools/call of %d bytes", len(raw))
 		msg := "rejected: " + truncate(cause.Error(), 200)
 		if id == nil {
 			s.record(ctx, rec, decisionInvalid, msg, "")
-			return verdict{reply: rpcError(nil, mcp.INVALID_REQUEST, "invalid request: "+truncate(cause.Error(), 200))}
+			return verdict{reply: jsonrpc.ErrorReply(nil, mcp.INVALID_REQUEST, "invalid request: "+truncate(cause.Error(), 200))}
 		}
 		return s.refuseWith(ctx, id, rec, decisionInvalid, TagInvalid, msg, nil)
 	}
 	if id == nil {
-		return verdict{reply: rpcError(nil, mcp.PARSE_ERROR, "parse error: "+truncate(cause.Error(), 200))}
+		return verdict{reply: jsonrpc.ErrorReply(nil, mcp.PARSE_ERROR, "parse error: "+truncate(cause.Error(), 200))}
 	}
-	return verdict{reply: rpcError(id, mcp.INVALID_REQUEST, "invalid request: "+truncate(cause.Error(), 200))}
-}
-
-// bytesContainsToolsCall is a conservative test for a message that may be
-// a tools/call in some reader's eyes (escaped or oddly cased method names
-// included): such a message is audited when it is refused.
-func bytesContainsToolsCall(raw []byte) bool {
-	const n = len("tools/call")
-	for i := 0; i+n <= len(raw) && i < 1<<16; i++ {
-		if (raw[i] == 't' || raw[i] == 'T') && equalFoldASCII(raw[i:i+n], "tools/call") {
-			return true
-		}
-	}
-	return false
-}
-
-func equalFoldASCII(b []byte, s string) bool {
-	for i := range len(s) {
-		c := b[i]
-		if c >= 'A' && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != s[i] {
-			return false
-		}
-	}
-	return true
+	return verdict{reply: jsonrpc.ErrorReply(id, mcp.INVALID_REQUEST, "invalid request: "+truncate(cause.Error(), 200))}
 }
 
 // park creates (or finds) a pending approval for the call (digest: its
@@ -829,32 +713,4 @@ func (s *Server) filterTools(ctx context.Context, tools []mcp.Tool) []mcp.Tool {
 		}
 	}
 	return out
-}
-
-// JSON-RPC replies written by the gate itself.
-
-type rpcErrorBody struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-}
-
-func rpcError(id any, code int, msg string) []byte {
-	b, _ := json.Marshal(struct {
-		JSONRPC string       `json:"jsonrpc"`
-		ID      any          `json:"id"`
-		Error   rpcErrorBody `json:"error"`
-	}{"2.0", id, rpcErrorBody{code, msg}})
-	return b
-}
-
-func rpcResult(id any, r *mcp.CallToolResult) []byte {
-	b, err := json.Marshal(struct {
-		JSONRPC string              `json:"jsonrpc"`
-		ID      any                 `json:"id"`
-		Result  *mcp.CallToolResult `json:"result"`
-	}{"2.0", id, r})
-	if err != nil {
-		return rpcError(id, mcp.INTERNAL_ERROR, "cannot encode the result")
-	}
-	return b
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 // Number ids reach mcp-go, which reads them through float64: only
@@ -62,8 +64,8 @@ func TestExactIntegerID(t *testing.T) {
 		n    json.Number
 		want bool
 	}{{"42", true}, {"-9007199254740991", true}, {"9007199254740992", false}, {"2.0", false}, {"-0", false}, {"1e0", false}} {
-		if got := exactIntegerID(tt.n); got != tt.want {
-			t.Errorf("exactIntegerID(%v) = %v; want %v", tt.n, got, tt.want)
+		if got := jsonrpc.ExactIntegerID(tt.n); got != tt.want {
+			t.Errorf("jsonrpc.ExactIntegerID(%v) = %v; want %v", tt.n, got, tt.want)
 		}
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 // The request budget of the streamable HTTP transport: every authenticated
@@ -129,7 +131,7 @@ func (h *HTTPHandler) admit(w http.ResponseWriter, r *http.Request, c *conn) boo
 		_ = json.Unmarshal(b, &peek)
 	}
 	var id any
-	if validRawID(peek.ID) {
+	if jsonrpc.ValidRawID(peek.ID) {
 		id = peek.ID
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -137,41 +139,10 @@ func (h *HTTPHandler) admit(w http.ResponseWriter, r *http.Request, c *conn) boo
 		// A tool error, as the policy's own rate limits answer: the agent
 		// reads it where it reads every other refusal.
 		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(rpcResult(id, errorResult(TagRateLimited, msg, map[string]any{"retry_after_s": secs})))
+		_, _ = w.Write(jsonrpc.ResultReply(id, errorResult(TagRateLimited, msg, map[string]any{"retry_after_s": secs})))
 		return false
 	}
 	w.WriteHeader(http.StatusTooManyRequests)
-	_, _ = w.Write(rpcErrorData(id, codeRateLimited, TagRateLimited+" "+msg, map[string]any{"retry_after_s": secs}))
+	_, _ = w.Write(jsonrpc.ErrorDataReply(id, codeRateLimited, TagRateLimited+" "+msg, map[string]any{"retry_after_s": secs}))
 	return false
-}
-
-// validRawID reports whether raw is an id a reply can echo: a JSON string
-// or an integer within ±(2^53-1).
-func validRawID(raw json.RawMessage) bool {
-	if len(raw) == 0 {
-		return false
-	}
-	if raw[0] == '"' {
-		var s string
-		return json.Unmarshal(raw, &s) == nil
-	}
-	return exactIntegerID(json.Number(raw))
-}
-
-// rpcErrorData is a JSON-RPC error reply with data.
-func rpcErrorData(id any, code int, msg string, data any) []byte {
-	b, _ := json.Marshal(struct {
-		JSONRPC string `json:"jsonrpc"`
-		ID      any    `json:"id"`
-		Error   struct {
-			Code    int    `json:"code"`
-			Message string `json:"message"`
-			Data    any    `json:"data,omitempty"`
-		} `json:"error"`
-	}{JSONRPC: "2.0", ID: id, Error: struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-		Data    any    `json:"data,omitempty"`
-	}{code, msg, data}})
-	return b
 }

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 // The operator socket is how `vmgate approvals` reaches a running server:
@@ -277,7 +279,7 @@ func (o *OperatorListener) answer(ctx context.Context, c *net.UnixConn) Operator
 
 // decodeOperatorRequest decodes one request strictly and validates it.
 func decodeOperatorRequest(line []byte) (OperatorRequest, error) {
-	v, err := decodeStrict(line)
+	v, err := jsonrpc.Decode(line)
 	if err != nil {
 		return OperatorRequest{}, err
 	}

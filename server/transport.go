@@ -21,6 +21,7 @@ import (
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
 	"github.com/vmgate/vmgate/internal/hostguard"
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 // ShutdownGrace is how long ServeStdio lets calls in flight finish after
@@ -44,7 +45,7 @@ func (s *Server) handle(ctx context.Context, c *conn, raw []byte) (out []byte) {
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("server: panic while handling a message", "panic", p)
-			out = rpcError(nil, mcp.INTERNAL_ERROR, "internal error")
+			out = jsonrpc.ErrorReply(nil, mcp.INTERNAL_ERROR, "internal error")
 		}
 	}()
 	var resp mcp.JSONRPCMessage
@@ -64,7 +65,7 @@ func (s *Server) handle(ctx context.Context, c *conn, raw []byte) (out []byte) {
 	b, err := json.Marshal(resp)
 	if err != nil {
 		s.log.Error("server: cannot encode a response", "err", err)
-		return rpcError(nil, mcp.INTERNAL_ERROR, "cannot encode the response")
+		return jsonrpc.ErrorReply(nil, mcp.INTERNAL_ERROR, "cannot encode the response")
 	}
 	return b
 }
@@ -144,7 +145,7 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 		}
 		switch {
 		case line == nil: // a line over the limit
-			write(rpcError(nil, mcp.PARSE_ERROR, "message too large"))
+			write(jsonrpc.ErrorReply(nil, mcp.PARSE_ERROR, "message too large"))
 			return false, nil
 		case sess.requests.deliver(line): // the answer to a request of ours
 			return false, nil

@@ -1,4 +1,4 @@
-package server
+package jsonrpc
 
 import (
 	"encoding/json"
@@ -10,14 +10,14 @@ import (
 
 func TestDecodeStrictRefuses(t *testing.T) {
 	// The grammar is the lexer's (internal/strictjson tests every refusal);
-	// these check that decodeStrict reports each kind as errJSON.
+	// these check that Decode reports each kind as ErrMalformed.
 	tests := []struct {
 		name string
 		in   string
 	}{
 		{"duplicate key", `{"a":1,"a":2}`},
 		{"case-variant key", `{"vm":"x","VM":"y"}`},
-		{"nesting too deep", strings.Repeat("[", maxJSONDepth+1) + strings.Repeat("]", maxJSONDepth+1)},
+		{"nesting too deep", strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1)},
 		{"trailing data", `{} {}`},
 		{"lone high surrogate", `"\ud800"`},
 		{"invalid UTF-8", "\"\xff\""},
@@ -28,8 +28,8 @@ func TestDecodeStrictRefuses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if v, err := decodeStrict([]byte(tt.in)); !errors.Is(err, errJSON) {
-				t.Errorf("decodeStrict(%.60q) = %v, %v; want an errJSON error", tt.in, v, err)
+			if v, err := Decode([]byte(tt.in)); !errors.Is(err, ErrMalformed) {
+				t.Errorf("Decode(%.60q) = %v, %v; want an ErrMalformed error", tt.in, v, err)
 			}
 		})
 	}
@@ -45,13 +45,13 @@ func TestDecodeStrictAccepts(t *testing.T) {
 		{"escapes", `"a\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00"`},
 		{"numbers stay as written", `[0,-0,1.5e-3,99999999999999999999]`},
 		{"literals", `[true,false,null]`},
-		{"nesting at the limit", strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth)},
+		{"nesting at the limit", strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v, err := decodeStrict([]byte(tt.in))
+			v, err := Decode([]byte(tt.in))
 			if err != nil {
-				t.Fatalf("decodeStrict(%.60q) = %v; want success", tt.in, err)
+				t.Fatalf("Decode(%.60q) = %v; want success", tt.in, err)
 			}
 			dec := json.NewDecoder(strings.NewReader(tt.in))
 			dec.UseNumber()
@@ -60,7 +60,7 @@ func TestDecodeStrictAccepts(t *testing.T) {
 				t.Fatal(err)
 			}
 			if !reflect.DeepEqual(v, want) {
-				t.Errorf("decodeStrict(%.60q) = %#v; want %#v (encoding/json's reading)", tt.in, v, want)
+				t.Errorf("Decode(%.60q) = %#v; want %#v (encoding/json's reading)", tt.in, v, want)
 			}
 		})
 	}

@@ -1,4 +1,4 @@
-package server
+package jsonrpc
 
 import (
 	"encoding/json"
@@ -18,20 +18,20 @@ import (
 // UTF-8, nesting is bounded, and numbers stay json.Number so that a huge
 // pid is not rounded into a valid one.
 
-// maxJSONDepth bounds the nesting of a message.
-const maxJSONDepth = 64
+// MaxDepth bounds the nesting of a message.
+const MaxDepth = 64
 
-// errJSON wraps every strict-decoding failure.
-var errJSON = errors.New("malformed JSON")
+// ErrMalformed wraps every strict-decoding failure.
+var ErrMalformed = errors.New("malformed JSON")
 
-// lexers keeps the lexers of decodeStrict: one reused keeps the room its
+// lexers keeps the lexers of Decode: one reused keeps the room its
 // stack of keys took, so a message costs only the values it holds.
-var lexers = sync.Pool{New: func() any { return &strictjson.Lexer{MaxDepth: maxJSONDepth, Intern: intern} }}
+var lexers = sync.Pool{New: func() any { return &strictjson.Lexer{MaxDepth: MaxDepth, Intern: intern} }}
 
-// decodeStrict decodes one JSON value filling data (whitespace aside) into
+// Decode decodes one JSON value filling data (whitespace aside) into
 // map[string]any, []any, string, json.Number, bool or nil, through the
 // strict lexer (internal/strictjson).
-func decodeStrict(data []byte) (any, error) {
+func Decode(data []byte) (any, error) {
 	l := lexers.Get().(*strictjson.Lexer)
 	defer func() {
 		l.Reset(nil)
@@ -49,9 +49,9 @@ func decodeStrict(data []byte) (any, error) {
 	if err != nil {
 		var se *strictjson.SyntaxError
 		if errors.As(err, &se) {
-			return nil, fmt.Errorf("%w at byte %d: %s", errJSON, se.Off, se.Msg)
+			return nil, fmt.Errorf("%w at byte %d: %s", ErrMalformed, se.Off, se.Msg)
 		}
-		return nil, fmt.Errorf("%w: %w", errJSON, err)
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	return v, nil
 }
