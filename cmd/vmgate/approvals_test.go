@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/internal/mcpcall"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store/memory"
@@ -60,7 +61,7 @@ func approvalServer(t *testing.T) (sock string, call func(args string) string) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		res, err := server.Call(ctx, server.CallOptions{URL: ts.URL + "/mcp", Token: "agent-token"}, "vm_agent_exec", []byte(args))
+		res, err := mcpcall.Call(ctx, mcpcall.Options{URL: ts.URL + "/mcp", Token: "agent-token"}, "vm_agent_exec", []byte(args))
 		if err != nil || !strings.HasPrefix(res.Text, server.TagApproval) {
 			t.Fatalf("vm_agent_exec(%s) = %+v, %v; want %s", args, res, err, server.TagApproval)
 		}

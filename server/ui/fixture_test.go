@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/internal/mcpcall"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
@@ -128,11 +129,11 @@ func newFixture(t *testing.T) *fixture {
 }
 
 // call makes one tools/call as the agent over streamable HTTP.
-func (f *fixture) call(t *testing.T, tool, args string) server.CallResult {
+func (f *fixture) call(t *testing.T, tool, args string) mcpcall.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := server.Call(ctx, server.CallOptions{URL: f.url + "/mcp", Token: agentToken}, tool, []byte(args))
+	res, err := mcpcall.Call(ctx, mcpcall.Options{URL: f.url + "/mcp", Token: agentToken}, tool, []byte(args))
 	if err != nil {
 		t.Fatalf("Call(%s, %s) = %v", tool, args, err)
 	}

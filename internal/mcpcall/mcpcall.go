@@ -1,4 +1,8 @@
-package server
+// Package mcpcall is the MCP client of `vmgate call`: one tools/call
+// against a streamable HTTP endpoint or a stdio server it starts as a child,
+// with the result as a script reads it. It is the client side of the
+// protocol only; it imports neither the gate nor a transport.
+package mcpcall
 
 import (
 	"context"
@@ -19,9 +23,9 @@ import (
 	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
-// CallOptions say which MCP server Call talks to: the streamable HTTP
+// Options say which MCP server Call talks to: the streamable HTTP
 // endpoint URL, or else a server command run as a child over stdio.
-type CallOptions struct {
+type Options struct {
 	// URL is a streamable HTTP endpoint (http://127.0.0.1:8707/mcp).
 	URL string
 	// Token is the bearer token for URL.
@@ -34,34 +38,37 @@ type CallOptions struct {
 	Stderr io.Writer
 	// Timeout bounds the whole call, start-up included (default 5 minutes).
 	Timeout time.Duration
+	// ClientVersion is the version the client names in initialize
+	// (default "dev").
+	ClientVersion string
 }
 
-// CallResult is a tools/call result as `vmgate call` prints it.
-type CallResult struct {
+// Result is a tools/call result as `vmgate call` prints it.
+type Result struct {
 	StructuredContent any    `json:"structuredContent,omitempty"`
 	IsError           bool   `json:"isError"`
 	Text              string `json:"text"`
 }
 
-// ErrCallArgs: the arguments given to Call are not one JSON object.
-var ErrCallArgs = errors.New("arguments must be one JSON object")
+// ErrArgs: the arguments given to Call are not one JSON object.
+var ErrArgs = errors.New("arguments must be one JSON object")
 
 // Call runs one tools/call of tool with args (a JSON object) against the
 // server o names, and returns its result. A tool error (isError) is a
 // result, not an error; an error means the call could not be made.
-func Call(ctx context.Context, o CallOptions, tool string, args []byte) (CallResult, error) {
+func Call(ctx context.Context, o Options, tool string, args []byte) (Result, error) {
 	if tool == "" || len(tool) > 128 || strings.ContainsFunc(tool, func(r rune) bool { return r < 0x21 || r == 0x7f }) {
-		return CallResult{}, fmt.Errorf("call: invalid tool name %q", truncate(tool, 40))
+		return Result{}, fmt.Errorf("call: invalid tool name %q", truncate(tool, 40))
 	}
 	if len(args) == 0 {
 		args = []byte("{}")
 	}
 	v, err := jsonrpc.Decode(args)
 	if err != nil {
-		return CallResult{}, fmt.Errorf("call: %w: %w", ErrCallArgs, err)
+		return Result{}, fmt.Errorf("call: %w: %w", ErrArgs, err)
 	}
 	if _, ok := v.(map[string]any); !ok {
-		return CallResult{}, fmt.Errorf("call: %w", ErrCallArgs)
+		return Result{}, fmt.Errorf("call: %w", ErrArgs)
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Minute
@@ -74,7 +81,7 @@ func Call(ctx context.Context, o CallOptions, tool string, args []byte) (CallRes
 	case o.URL != "":
 		u, err := url.Parse(o.URL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return CallResult{}, fmt.Errorf("call: --url %q: want http(s)://host:port/mcp", o.URL)
+			return Result{}, fmt.Errorf("call: --url %q: want http(s)://host:port/mcp", o.URL)
 		}
 		var opts []transport.StreamableHTTPCOption
 		if o.Token != "" {
@@ -82,7 +89,7 @@ func Call(ctx context.Context, o CallOptions, tool string, args []byte) (CallRes
 		}
 		c, err = mcpclient.NewStreamableHttpClient(o.URL, opts...)
 		if err != nil {
-			return CallResult{}, fmt.Errorf("call: %w", err)
+			return Result{}, fmt.Errorf("call: %w", err)
 		}
 	case o.Command != "":
 		stderr := o.Stderr
@@ -100,26 +107,30 @@ func Call(ctx context.Context, o CallOptions, tool string, args []byte) (CallRes
 			}))
 		c = mcpclient.NewClient(t)
 	default:
-		return CallResult{}, errors.New("call: no server: give a URL or a server command")
+		return Result{}, errors.New("call: no server: give a URL or a server command")
 	}
 	defer c.Close()
 	if err := c.Start(ctx); err != nil {
-		return CallResult{}, fmt.Errorf("call: start: %w", err)
+		return Result{}, fmt.Errorf("call: start: %w", err)
 	}
 	init := mcp.InitializeRequest{}
 	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "vmgate-call", Version: Version}
+	version := o.ClientVersion
+	if version == "" {
+		version = "dev"
+	}
+	init.Params.ClientInfo = mcp.Implementation{Name: "vmgate-call", Version: version}
 	if _, err := c.Initialize(ctx, init); err != nil {
-		return CallResult{}, fmt.Errorf("call: initialize: %w", err)
+		return Result{}, fmt.Errorf("call: initialize: %w", err)
 	}
 	req := mcp.CallToolRequest{}
 	req.Params.Name = tool
 	req.Params.Arguments = json.RawMessage(args)
 	res, err := c.CallTool(ctx, req)
 	if err != nil {
-		return CallResult{}, fmt.Errorf("call: %s: %w", tool, err)
+		return Result{}, fmt.Errorf("call: %s: %w", tool, err)
 	}
-	out := CallResult{StructuredContent: res.StructuredContent, IsError: res.IsError}
+	out := Result{StructuredContent: res.StructuredContent, IsError: res.IsError}
 	var texts []string
 	for _, ct := range res.Content {
 		if tc, ok := ct.(mcp.TextContent); ok {
@@ -128,4 +139,12 @@ func Call(ctx context.Context, o CallOptions, tool string, args []byte) (CallRes
 	}
 	out.Text = strings.Join(texts, "\n")
 	return out, nil
+}
+
+// truncate cuts s to n bytes for a message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
