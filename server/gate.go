@@ -292,8 +292,8 @@ func (g *gating) resolve() (verdict, bool) {
 	if !ok {
 		return g.refuse(decisionUnknownVM, TagUnknownVM, unknownVMText(vm))
 	}
-	// Another grant's created VM does not exist for this one (vmowners.go).
-	if hidden, err := g.s.hiddenVM(g.ctx, g.conn.grant, vm, backend); err != nil {
+	// Another grant's created VM does not exist for this one (lease/owners.go).
+	if hidden, err := g.s.leases.Hidden(g.ctx, g.conn.grant.Name, vm, backend); err != nil {
 		g.rec.Reason = err.Error()
 		return g.refuse(decisionError, TagBackend, err.Error())
 	} else if hidden {

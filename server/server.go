@@ -44,6 +44,7 @@ import (
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server/lease"
 )
 
 // Name and Version are what the server reports in initialize.
@@ -172,7 +173,7 @@ type Server struct {
 	snaps         *snapOwners // who made each snapshot, and the bounds (snapowners.go)
 	auditRecords  func(fn func(audit.Record) error) error
 	templates     map[string]*config.Template
-	leases        *vmLeases // nil: no lease store
+	leases        *lease.Keeper // nil: no lease store
 	// direct holds the calls handle runs without mcp-go (dispatch.go);
 	// noDirect, set only by tests, sends every call through mcp-go.
 	direct   directCalls
@@ -318,7 +319,7 @@ func (s *Server) Close() error {
 		s.endAdvance(a)
 	}
 	if s.leases != nil {
-		s.leases.close()
+		s.leases.Close()
 	}
 	var errs []error
 	for name, d := range s.backends {
@@ -389,5 +390,36 @@ func (s *Server) SetPolicy(grant string, eng *policy.Engine) error {
 		return fmt.Errorf("server: set policy of %q: nil engine", grant)
 	}
 	p.Store(eng)
+	return nil
+}
+
+// setupLeases takes cfg's templates and lease store and starts the lease
+// reaper. Every template must name a backend of cfg.
+func (s *Server) setupLeases(cfg Config) error {
+	s.templates = make(map[string]*config.Template, len(cfg.Templates))
+	for i := range cfg.Templates {
+		t := &cfg.Templates[i]
+		if _, ok := s.backends[t.Backend]; !ok {
+			return fmt.Errorf("server: new: template %q names backend %q, which the server does not have", t.Name, t.Backend)
+		}
+		if _, dup := s.templates[t.Name]; dup {
+			return fmt.Errorf("server: new: template %q defined twice", t.Name)
+		}
+		s.templates[t.Name] = t
+	}
+	ls := cfg.Leases
+	if ls == nil {
+		ls, _ = cfg.Store.(store.Leases)
+	}
+	if ls == nil {
+		return nil
+	}
+	s.leases = lease.New(lease.Options{
+		Store: ls, Templates: s.templates, Now: s.now, Log: s.log, Every: cfg.LeaseReapEvery,
+		Creator: func(backend string) (hypervisor.Creator, bool) {
+			c, ok := s.backends[backend].(hypervisor.Creator)
+			return c, ok
+		},
+	})
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server/lease"
 )
 
 // VMs on demand: vm_create and vm_delete. The life of a created VM (its
@@ -102,7 +103,7 @@ func (a *createArgs) complete(s *Server, valid map[string]any) error {
 }
 
 // deadline: a TCG guest on a loaded machine may take minutes to boot.
-func (a *createArgs) deadline(Limits) time.Duration { return CreateDeadline }
+func (a *createArgs) deadline(Limits) time.Duration { return lease.CreateDeadline }
 
 // templateNames lists the templates for a refusal.
 func (s *Server) templateNames() string {
@@ -146,9 +147,9 @@ func (s *Server) runCreate(c *call, a *createArgs) result {
 		asked = time.Duration(*a.TTLS) * time.Second
 	}
 	ttl, clamped := spec.TTL(asked)
-	l, err := s.leases.create(c.ctx, createRequest{
-		backend: t.Backend, name: name, grant: c.grant.Name, template: t.Name, callID: c.id,
-		source: t.SourceJSON, memoryMB: *a.MemoryMB, cpus: *a.CPUs, ttl: ttl, quotas: c.quotas,
+	l, err := s.leases.Create(c.ctx, lease.CreateRequest{
+		Backend: t.Backend, Name: name, Grant: c.grant.Name, Template: t.Name, CallID: c.id,
+		Source: t.SourceJSON, MemoryMB: *a.MemoryMB, CPUs: *a.CPUs, TTL: ttl, Quotas: c.quotas,
 	})
 	if err != nil {
 		return createFailure(id, err)
@@ -216,7 +217,7 @@ func (s *Server) runDelete(c *call, _ *noArgs) result {
 	if s.leases == nil {
 		return notCreated
 	}
-	l, ok, err := s.leases.find(c.ctx, c.vm)
+	l, ok, err := s.leases.Find(c.ctx, c.vm)
 	switch {
 	case err != nil:
 		r := failure(TagBackend, "the lease store does not answer, so nothing was deleted; retry", true)
@@ -229,45 +230,12 @@ func (s *Server) runDelete(c *call, _ *noArgs) result {
 	case l.State == store.LeaseCreating:
 		return failure(TagInvalid, fmt.Sprintf("%s is still being created: delete it once its vm_create has returned", c.vm), true)
 	}
-	err = s.leases.deleteNow(c.ctx, l, "delete@"+c.id)
+	err = s.leases.DeleteNow(c.ctx, l, "delete@"+c.id)
 	switch {
-	case errors.Is(err, errLeaseBusy):
+	case errors.Is(err, lease.ErrBusy):
 		return failure(TagInvalid, fmt.Sprintf("%s is being deleted already (its lease ended or another call deletes it)", c.vm), true)
 	case err != nil:
 		return driverFailure(err)
 	}
 	return success(map[string]any{"vm": c.vm, "deleted": true}, c.vm+" deleted")
-}
-
-// leaseInfo is what list_vms shows of a created VM.
-type leaseInfo struct {
-	CreatedBy string `json:"created_by"`
-	Template  string `json:"template"`
-	LeaseEnds string `json:"lease_ends,omitempty"`
-	Lease     string `json:"lease_state"`
-}
-
-// leasesByVM maps the ids of the VMs vmgate created to their lease; nil
-// without a lease store. An error is the store's.
-func (s *Server) leasesByVM(c *call) (map[string]leaseInfo, error) {
-	if s.leases == nil {
-		return nil, nil
-	}
-	list, err := s.leases.store.ListLeases(c.ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]leaseInfo, len(list))
-	for _, l := range list {
-		id := l.VM
-		if id == "" {
-			id = l.Name
-		}
-		li := leaseInfo{CreatedBy: l.Grant, Template: l.Template, Lease: string(l.State)}
-		if !l.Expires.IsZero() {
-			li.LeaseEnds = l.Expires.UTC().Format(time.RFC3339)
-		}
-		out[id] = li
-	}
-	return out, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server/lease"
 )
 
 // lifecyclePolicy lets a grant hold 2 VMs and 1024 MiB, leases of 10 min
@@ -51,7 +52,7 @@ func teamTemplate() config.Template {
 // "other" that both see every VM.
 type lifecycle struct {
 	*fixture
-	fake    *fakeCreator
+	fake    *hypervisortest.Creator
 	creates atomic.Int64
 	leases  *memory.Store
 	policy  string
@@ -64,7 +65,7 @@ func newLifecycle(t *testing.T) *lifecycle {
 
 func newLifecycleWith(t *testing.T, pol string) *lifecycle {
 	t.Helper()
-	lc := &lifecycle{fake: newFakeCreator(), leases: memory.New(), policy: pol}
+	lc := &lifecycle{fake: &hypervisortest.Creator{}, leases: memory.New(), policy: pol}
 	f := &fixture{calls: new(atomic.Int64), now: new(atomic.Int64), rec: &recorder{}, store: lc.leases}
 	f.now.Store(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano())
 	lc.fixture = f
@@ -82,7 +83,7 @@ func (lc *lifecycle) server(t *testing.T) *Server {
 	drv := &hypervisortest.Fake{
 		ListVMsFunc: func(ctx context.Context) ([]hypervisor.VM, error) {
 			vms := []hypervisor.VM{{Name: "vm1", State: hypervisor.StateRunning}}
-			for _, n := range lc.fake.names() {
+			for _, n := range lc.fake.Names() {
 				vms = append(vms, hypervisor.VM{Name: n, State: hypervisor.StateRunning, Agent: true})
 			}
 			return vms, nil
@@ -93,7 +94,7 @@ func (lc *lifecycle) server(t *testing.T) *Server {
 		},
 		DeleteVMFunc: lc.fake.DeleteVM,
 		StatusFunc: func(ctx context.Context, vm string) (hypervisor.Status, error) {
-			if vm != "vm1" && !slices.Contains(lc.fake.names(), vm) {
+			if vm != "vm1" && !slices.Contains(lc.fake.Names(), vm) {
 				return hypervisor.Status{}, fmt.Errorf("fake: %w: %s", hypervisor.ErrUnknownVM, vm)
 			}
 			return hypervisor.Status{Name: vm, State: hypervisor.StateRunning}, nil
@@ -117,9 +118,9 @@ func (lc *lifecycle) server(t *testing.T) *Server {
 	return s
 }
 
-func (lc *lifecycle) reapNow(t *testing.T) leaseReport {
+func (lc *lifecycle) reapNow(t *testing.T) lease.Report {
 	t.Helper()
-	return lc.s.leases.reap(context.Background())
+	return lc.s.leases.Reap(context.Background())
 }
 
 func (lc *lifecycle) leaseCount(t *testing.T) int {
@@ -171,7 +172,7 @@ func TestVMCreateQuotaDelete(t *testing.T) {
 	if d := lc.call(t, "vm_delete", `{"vm":"lab/lab-a"}`); d.Result == nil || d.Result.IsError {
 		t.Fatalf("vm_delete(lab/lab-a) = %q; want success", d.text())
 	}
-	if got := lc.fake.names(); !slices.Equal(got, []string{"lab-b"}) {
+	if got := lc.fake.Names(); !slices.Equal(got, []string{"lab-b"}) {
 		t.Errorf("VMs after vm_delete = %v; want [lab-b]", got)
 	}
 	if r := lc.call(t, "vm_create", `{"template":"lab","name":"c","memory_mb":512}`); r.Result == nil || r.Result.IsError {
@@ -249,10 +250,8 @@ func TestVMDeleteRefusals(t *testing.T) {
 			t.Errorf("vm_delete(%s) as %s = %q; want %s containing %q", tc.args, tc.grant, r.text(), tc.tag, tc.want)
 		}
 	}
-	lc.fake.mu.Lock()
-	deletes := len(lc.fake.deletes)
-	lc.fake.mu.Unlock()
-	if got := lc.fake.names(); deletes != 0 || !slices.Equal(got, []string{"lab-mine"}) {
+	deletes := len(lc.fake.Deletes())
+	if got := lc.fake.Names(); deletes != 0 || !slices.Equal(got, []string{"lab-mine"}) {
 		t.Errorf("after refusals: %d DeleteVM calls, VMs %v; want none, [lab-mine]", deletes, got)
 	}
 }
@@ -286,7 +285,7 @@ func TestVMLeaseEnds(t *testing.T) {
 	if rep := lc.reapNow(t); len(rep.Errors) != 0 {
 		t.Errorf("reap after the restart = %+v", rep)
 	}
-	if got, n := lc.fake.names(), lc.leaseCount(t); len(got) != 0 || n != 0 {
+	if got, n := lc.fake.Names(), lc.leaseCount(t); len(got) != 0 || n != 0 {
 		t.Errorf("after the leases ended: VMs %v, %d leases; want none", got, n)
 	}
 }
@@ -295,7 +294,7 @@ func TestVMLeaseEnds(t *testing.T) {
 // the quota unit comes back.
 func TestVMCreateDriverFailure(t *testing.T) {
 	lc := newLifecycle(t)
-	lc.fake.create = func(req hypervisor.CreateRequest) (hypervisor.CreatedVM, error) {
+	lc.fake.CreateFunc = func(req hypervisor.CreateRequest) (hypervisor.CreatedVM, error) {
 		return hypervisor.CreatedVM{}, errors.New("fake: disk full")
 	}
 	for range 3 {
@@ -339,13 +338,11 @@ func TestVMDeleteAfterABackendRefusal(t *testing.T) {
 		t.Fatalf("vm_create = %q", r.text())
 	}
 	var refusals atomic.Int64
-	lc.fake.delete = func(req hypervisor.DeleteRequest) error {
+	lc.fake.DeleteFunc = func(req hypervisor.DeleteRequest) error {
 		if refusals.Add(1) == 1 {
 			return fmt.Errorf("%w: can't remove VM 100 - protection mode enabled", hypervisor.ErrBackend)
 		}
-		lc.fake.mu.Lock()
-		defer lc.fake.mu.Unlock()
-		delete(lc.fake.vms, req.Name)
+		lc.fake.Remove(req.Name)
 		return nil
 	}
 	r := lc.call(t, "vm_delete", `{"vm":"lab/lab-kept"}`)
@@ -361,7 +358,7 @@ func TestVMDeleteAfterABackendRefusal(t *testing.T) {
 	if r := lc.call(t, "vm_delete", `{"vm":"lab/lab-kept"}`); r.Result == nil || r.Result.IsError {
 		t.Fatalf("vm_delete after the cause is gone = %q; want success", r.text())
 	}
-	if got, n := lc.fake.names(), lc.leaseCount(t); len(got) != 0 || n != 0 {
+	if got, n := lc.fake.Names(), lc.leaseCount(t); len(got) != 0 || n != 0 {
 		t.Errorf("after the second vm_delete: VMs %v, %d leases; want none", got, n)
 	}
 	if n := refusals.Load(); n != 2 {

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/server/lease"
 )
 
 // The VM inventory: list_vms and vm_status, straight to the driver.
@@ -41,7 +42,7 @@ type vmEntry struct {
 	Info  string           `json:"info,omitempty"`
 	Agent bool             `json:"agent,omitempty"`
 	// Created is set for a VM vm_create made.
-	Created *leaseInfo `json:"created,omitempty"`
+	Created *lease.Info `json:"created,omitempty"`
 }
 
 func (s *Server) runListVMs(c *call, _ *noArgs) result {
@@ -53,7 +54,7 @@ func (s *Server) runListVMs(c *call, _ *noArgs) result {
 	vms := []vmEntry{}
 	var errs []map[string]string
 	var details []string
-	leases, leaseErr := s.leasesByVM(c)
+	leases, leaseErr := s.leases.ByVM(c.ctx)
 	if leaseErr != nil {
 		details = append(details, "leases: "+leaseErr.Error())
 	}
@@ -114,28 +115,15 @@ func (s *Server) runListVMs(c *call, _ *noArgs) result {
 
 // listed says whether list_vms shows grant g the VM id of backend, and
 // its lease when vm_create made it: a VM its vms globs cover, unless
-// another grant created it (vmowners.go). leases is the store's answer;
-// when it gave none (leaseErr), the server's index of created VMs decides,
-// and a VM it cannot tell about is left out.
-func (s *Server) listed(g *Grant, backend, id string, leases map[string]leaseInfo, leaseErr error) (*leaseInfo, bool) {
+// another grant created it (lease/owners.go).
+func (s *Server) listed(g *Grant, backend, id string, leases map[string]lease.Info, leaseErr error) (*lease.Info, bool) {
 	if !g.vmVisible(id) {
 		return nil, false
 	}
-	if leaseErr != nil {
-		o, known, loaded := s.leases.owners.get(id)
-		switch {
-		case known:
-			return nil, s.sees(g.Name, o.grant, o.template)
-		case !loaded:
-			return nil, !s.makesVMs(backend, "")
-		}
-		return nil, !s.makesVMs(backend, id[len(backend)+1:])
-	}
-	li, ok := leases[id]
-	if !ok {
+	if s.leases == nil {
 		return nil, true
 	}
-	return &li, s.sees(g.Name, li.CreatedBy, li.Template)
+	return s.leases.Listed(g.Name, backend, id, leases, leaseErr)
 }
 
 func (s *Server) runStatus(c *call, _ *noArgs) result {

@@ -1,4 +1,10 @@
-package server
+// Package lease keeps the VMs vmgate creates (vm_create): each under a
+// lease in the store with the quotas the policy named, deleted when the
+// lease ends by the reaper of any replica, and whose each created VM is, so
+// that another grant never sees it (owners.go). It imports neither the
+// gate nor a transport; the gate asks it whether a VM is hidden, the VM
+// tools create, find and delete through it.
+package lease
 
 import (
 	"context"
@@ -34,9 +40,9 @@ import (
 // lease in the store whose holding time or expiry passes, and the reaper of
 // any replica, this one after a restart included, deletes the VM then.
 //
-// vmLeases is safe for concurrent use; every method's context bounds its
+// A Keeper is safe for concurrent use; every method's context bounds its
 // driver and store calls.
-type vmLeases struct {
+type Keeper struct {
 	store   store.Leases
 	creator func(backend string) (hypervisor.Creator, bool)
 	now     func() time.Time
@@ -50,8 +56,10 @@ type vmLeases struct {
 	// every is how often the reaper runs.
 	every time.Duration
 
-	// owners says whose each created VM is (vmowners.go).
-	owners ownerIndex
+	// owners says whose each created VM is (owners.go); templates are
+	// the config's, by name.
+	owners    ownerIndex
+	templates map[string]*config.Template
 
 	// stop ends the reaper; done is closed when it has.
 	stop context.CancelFunc
@@ -72,37 +80,37 @@ const (
 	DefaultLeaseReapEvery = 5 * time.Second
 )
 
-// errLeaseBusy: another call or replica is deleting the VM right now.
-var errLeaseBusy = errors.New("the VM is being deleted already")
+// ErrBusy: another call or replica is deleting the VM right now.
+var ErrBusy = errors.New("the VM is being deleted already")
 
-// createRequest is a VM to make under a new lease.
-type createRequest struct {
-	backend, name string // backend and backend-local name asked for
-	grant         string
-	template      string
-	callID        string
-	source        json.RawMessage
-	memoryMB      int64
-	cpus          int64
-	ttl           time.Duration
-	quotas        []policy.Quota
+// CreateRequest is a VM to make under a new lease.
+type CreateRequest struct {
+	Backend, Name string // backend and backend-local name asked for
+	Grant         string
+	Template      string
+	CallID        string
+	Source        json.RawMessage
+	MemoryMB      int64
+	CPUs          int64
+	TTL           time.Duration
+	Quotas        []policy.Quota
 }
 
 // newLeaseID mints a lease id: random, unguessable, a valid mark.
 func newLeaseID() string { return "L" + rand.Text() }
 
-// create acquires the lease, makes the VM and makes the lease live. A
+// Create acquires the lease, makes the VM and makes the lease live. A
 // *store.QuotaError means a quota was full and nothing was made.
-func (v *vmLeases) create(ctx context.Context, req createRequest) (store.Lease, error) {
-	c, ok := v.creator(req.backend)
+func (v *Keeper) Create(ctx context.Context, req CreateRequest) (store.Lease, error) {
+	c, ok := v.creator(req.Backend)
 	if !ok {
-		return store.Lease{}, fmt.Errorf("server: create: %w: backend %s cannot make VMs", hypervisor.ErrNotSupported, req.backend)
+		return store.Lease{}, fmt.Errorf("server: create: %w: backend %s cannot make VMs", hypervisor.ErrNotSupported, req.Backend)
 	}
 	now := v.now()
 	l := store.Lease{
-		ID: newLeaseID(), Name: req.backend + "/" + req.name, Grant: req.grant, Template: req.template, CallID: req.callID,
-		MemoryMB: req.memoryMB, CPUs: req.cpus, TTL: req.ttl, Quotas: req.quotas,
-		Created: now, Until: now.Add(v.createHold), Holder: req.callID,
+		ID: newLeaseID(), Name: req.Backend + "/" + req.Name, Grant: req.Grant, Template: req.Template, CallID: req.CallID,
+		MemoryMB: req.MemoryMB, CPUs: req.CPUs, TTL: req.TTL, Quotas: req.Quotas,
+		Created: now, Until: now.Add(v.createHold), Holder: req.CallID,
 	}
 	l, err := store.ValidateLease(l) // as the store keeps it (revision 1)
 	if err != nil {
@@ -112,13 +120,13 @@ func (v *vmLeases) create(ctx context.Context, req createRequest) (store.Lease, 
 		return store.Lease{}, err
 	}
 	v.owners.put(l)
-	made, err := c.CreateVM(ctx, hypervisor.CreateRequest{Name: req.name, Source: req.source, MemoryMB: req.memoryMB, CPUs: req.cpus, Mark: l.ID})
+	made, err := c.CreateVM(ctx, hypervisor.CreateRequest{Name: req.Name, Source: req.Source, MemoryMB: req.MemoryMB, CPUs: req.CPUs, Mark: l.ID})
 	if err != nil {
 		return store.Lease{}, v.abandon(l.ID, req, err)
 	}
 	live := l
-	live.State, live.VM, live.Holder = store.LeaseLive, req.backend+"/"+made.Name, ""
-	live.Until, live.Expires = time.Time{}, v.now().Add(req.ttl)
+	live.State, live.VM, live.Holder = store.LeaseLive, req.Backend+"/"+made.Name, ""
+	live.Until, live.Expires = time.Time{}, v.now().Add(req.TTL)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if live, err = v.store.UpdateLease(sctx, live); err != nil {
@@ -133,7 +141,7 @@ func (v *vmLeases) create(ctx context.Context, req createRequest) (store.Lease, 
 // abandon undoes a creation that failed with cause: it deletes whatever
 // the driver left under the lease's mark and releases the lease. When the
 // deletion itself fails the lease stays, deleting, for the reaper.
-func (v *vmLeases) abandon(id string, req createRequest, cause error) error {
+func (v *Keeper) abandon(id string, req CreateRequest, cause error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), DeleteDeadline)
 	defer cancel()
 	l, err := v.store.GetLease(ctx, id)
@@ -141,15 +149,15 @@ func (v *vmLeases) abandon(id string, req createRequest, cause error) error {
 		v.log.Warn("server: create failed and its lease cannot be read; the reaper deletes the VM when the lease's hold ends", "lease", id, "err", err)
 		return cause
 	}
-	if err := v.deleteLease(ctx, l, "abandon@"+req.callID); err != nil {
+	if err := v.deleteLease(ctx, l, "abandon@"+req.CallID); err != nil {
 		v.log.Warn("server: create failed and its VM could not be deleted yet; the reaper retries", "lease", id, "vm", l.Name, "err", err)
 	}
 	return cause
 }
 
-// find returns the lease of the VM id vm (its VM, or its name while the
+// Find returns the lease of the VM id vm (its VM, or its name while the
 // backend has not named it).
-func (v *vmLeases) find(ctx context.Context, vm string) (store.Lease, bool, error) {
+func (v *Keeper) Find(ctx context.Context, vm string) (store.Lease, bool, error) {
 	list, err := v.store.ListLeases(ctx)
 	if err != nil {
 		return store.Lease{}, false, err
@@ -163,35 +171,35 @@ func (v *vmLeases) find(ctx context.Context, vm string) (store.Lease, bool, erro
 }
 
 // deleteLease takes lease l for deletion (by names the taker), deletes its
-// VM and releases it. errLeaseBusy when another taker holds it. When the
+// VM and releases it. ErrBusy when another taker holds it. When the
 // backend does not delete the VM, the lease stays deleting, held by by
 // until deleteHold passes; then the reaper tries again (the reaper's and an
 // abandoned creation's way: a retry every pass would hammer a backend that
 // keeps refusing).
-func (v *vmLeases) deleteLease(ctx context.Context, l store.Lease, by string) error {
+func (v *Keeper) deleteLease(ctx context.Context, l store.Lease, by string) error {
 	return v.takeAndDelete(ctx, l, by, false)
 }
 
-// deleteNow is vm_delete's deleteLease: when the backend does not delete
+// DeleteNow is vm_delete's deleteLease: when the backend does not delete
 // the VM (Proxmox: "can't remove VM 100 - protection mode enabled"), the
 // lease goes back to the state it was taken in (live, with its expiry),
 // so that the next vm_delete, once the cause is fixed, tries again at
 // once, and the reaper when the lease ends.
-func (v *vmLeases) deleteNow(ctx context.Context, l store.Lease, by string) error {
+func (v *Keeper) DeleteNow(ctx context.Context, l store.Lease, by string) error {
 	return v.takeAndDelete(ctx, l, by, true)
 }
 
-func (v *vmLeases) takeAndDelete(ctx context.Context, l store.Lease, by string, giveBack bool) error {
+func (v *Keeper) takeAndDelete(ctx context.Context, l store.Lease, by string, giveBack bool) error {
 	now := v.now()
 	if l.State == store.LeaseDeleting && now.Before(l.Until) && l.Holder != by {
-		return errLeaseBusy
+		return ErrBusy
 	}
 	take := l
 	take.State, take.Until, take.Holder = store.LeaseDeleting, now.Add(v.deleteHold), by
 	taken, err := v.store.UpdateLease(ctx, take)
 	switch {
 	case errors.Is(err, store.ErrStaleLease):
-		return errLeaseBusy // changed under us: someone else took it
+		return ErrBusy // changed under us: someone else took it
 	case errors.Is(err, store.ErrUnknownLease):
 		return nil // released meanwhile
 	case err != nil:
@@ -225,7 +233,7 @@ func (v *vmLeases) takeAndDelete(ctx context.Context, l store.Lease, by string, 
 // state after a deletion that did not happen. Failing that (the store does
 // not answer, another replica took it), the lease stays deleting until its
 // hold passes, and is logged.
-func (v *vmLeases) giveBack(ctx context.Context, from, taken store.Lease) {
+func (v *Keeper) giveBack(ctx context.Context, from, taken store.Lease) {
 	back := from
 	back.Rev = taken.Rev
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -253,18 +261,18 @@ func localName(l store.Lease) string {
 	return name
 }
 
-// leaseReport says what one reaper pass did.
-type leaseReport struct {
+// Report says what one reaper pass did.
+type Report struct {
 	Deleted []string // VM names whose lease ran out and were deleted
 	Errors  []error
 }
 
-// reap deletes the VM of every lease that is due: live past its expiry,
+// Reap deletes the VM of every lease that is due: live past its expiry,
 // or creating or deleting past its holder's time.
-func (v *vmLeases) reap(ctx context.Context) leaseReport {
+func (v *Keeper) Reap(ctx context.Context) Report {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	var rep leaseReport
+	var rep Report
 	since := v.owners.mark()
 	list, err := v.store.ListLeases(ctx)
 	if err != nil && ctx.Err() != nil {
@@ -288,7 +296,7 @@ func (v *vmLeases) reap(ctx context.Context) leaseReport {
 		case err == nil:
 			rep.Deleted = append(rep.Deleted, l.Name)
 			v.log.Info("server: deleted a VM whose lease ended", "vm", l.Name, "lease", l.ID, "grant", l.Grant, "state", l.State)
-		case errors.Is(err, errLeaseBusy):
+		case errors.Is(err, ErrBusy):
 		default:
 			rep.Errors = append(rep.Errors, err)
 			v.log.Warn("server: lease reaper", "vm", l.Name, "lease", l.ID, "err", err)
@@ -299,7 +307,7 @@ func (v *vmLeases) reap(ctx context.Context) leaseReport {
 
 // start runs the reaper until close: a pass at once (leases that ran out
 // while no server ran) and then every v.every.
-func (v *vmLeases) start() {
+func (v *Keeper) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	v.stop, v.done = cancel, make(chan struct{})
 	go func() {
@@ -307,7 +315,7 @@ func (v *vmLeases) start() {
 		t := time.NewTicker(v.every)
 		defer t.Stop()
 		for {
-			v.reap(ctx)
+			v.Reap(ctx)
 			select {
 			case <-ctx.Done():
 				return
@@ -317,61 +325,53 @@ func (v *vmLeases) start() {
 	}()
 }
 
-// close stops the reaper and waits for its pass in flight.
-func (v *vmLeases) close() {
+// Close stops the reaper and waits for its pass in flight.
+func (v *Keeper) Close() {
 	if v.stop != nil {
 		v.stop()
 		<-v.done
 	}
 }
 
-// setupLeases takes cfg's templates and lease store and starts the lease
-// reaper. Every template must name a backend of cfg.
-func (s *Server) setupLeases(cfg Config) error {
-	s.templates = make(map[string]*config.Template, len(cfg.Templates))
-	for i := range cfg.Templates {
-		t := &cfg.Templates[i]
-		if _, ok := s.backends[t.Backend]; !ok {
-			return fmt.Errorf("server: new: template %q names backend %q, which the server does not have", t.Name, t.Backend)
-		}
-		if _, dup := s.templates[t.Name]; dup {
-			return fmt.Errorf("server: new: template %q defined twice", t.Name)
-		}
-		s.templates[t.Name] = t
+// Options configure New.
+type Options struct {
+	// Store keeps the leases; required.
+	Store store.Leases
+	// Creator returns backend's driver as a hypervisor.Creator.
+	Creator func(backend string) (hypervisor.Creator, bool)
+	// Templates are the config's templates by name (owners.go: which
+	// backends make VMs, and which VMs are shared).
+	Templates map[string]*config.Template
+	Now       func() time.Time
+	Log       *slog.Logger
+	// Every is how often the reaper runs (default DefaultLeaseReapEvery).
+	Every time.Duration
+}
+
+// New makes a Keeper, reads whose the created VMs are and starts the
+// reaper; Close stops it.
+func New(o Options) *Keeper {
+	if o.Every <= 0 {
+		o.Every = DefaultLeaseReapEvery
 	}
-	ls := cfg.Leases
-	if ls == nil {
-		ls, _ = cfg.Store.(store.Leases)
-	}
-	if ls == nil {
-		return nil
-	}
-	every := cfg.LeaseReapEvery
-	if every <= 0 {
-		every = DefaultLeaseReapEvery
-	}
-	s.leases = &vmLeases{
-		store: ls,
-		creator: func(backend string) (hypervisor.Creator, bool) {
-			c, ok := s.backends[backend].(hypervisor.Creator)
-			return c, ok
-		},
-		now: s.now, log: s.log,
+	v := &Keeper{
+		store: o.Store, creator: o.Creator, templates: o.Templates,
+		now: o.Now, log: o.Log,
 		holder:     "reaper@" + rand.Text()[:10],
 		createHold: CreateDeadline + time.Minute,
 		deleteHold: DeleteDeadline + time.Minute,
-		every:      every,
+		every:      o.Every,
 	}
 	// Whose the created VMs are is known before the first call: without
-	// it, every VM of a backend that makes VMs is refused (vmowners.go)
+	// it, every VM of a backend that makes VMs is refused (owners.go)
 	// until a reaper pass reads the leases.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if list, err := ls.ListLeases(ctx); err != nil {
-		s.log.Warn("server: the lease store does not answer: VMs of backends that make VMs are refused until it does", "err", err)
+	if list, err := o.Store.ListLeases(ctx); err != nil {
+		v.log.Warn("server: the lease store does not answer: VMs of backends that make VMs are refused until it does", "err", err)
 	} else {
-		s.leases.owners.reset(list, s.leases.owners.mark())
+		v.owners.reset(list, v.owners.mark())
 	}
-	s.leases.start()
-	return nil
+	v.start()
+	return v
 }

@@ -1,10 +1,11 @@
-package server
+package lease
 
 import (
 	"context"
 	"errors"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vmgate/vmgate/policy/store"
 )
@@ -118,44 +119,101 @@ func (x *ownerIndex) get(id string) (o vmOwner, known, loaded bool) {
 var errOwnerUnknown = errors.New("the lease store does not answer, so vmgate cannot tell whether this VM is another grant's; retry")
 
 // sees reports whether grant sees a VM created from template by owner.
-func (s *Server) sees(grant, owner, template string) bool {
+func (v *Keeper) sees(grant, owner, template string) bool {
 	if owner == grant {
 		return true
 	}
-	t, ok := s.templates[template]
+	t, ok := v.templates[template]
 	return ok && t.Shared
 }
 
-// hiddenVM reports whether the VM id on backend is a created VM that g
+// Hidden reports whether the VM id on backend is a created VM that grant
 // must not see. It reads the store only for an id the index does not know
-// that is named like the VMs of one of the backend's templates.
-func (s *Server) hiddenVM(ctx context.Context, g *Grant, id, backend string) (bool, error) {
-	if s.leases == nil {
+// that is named like the VMs of one of the backend's templates. A nil
+// Keeper (no lease store) hides nothing.
+func (v *Keeper) Hidden(ctx context.Context, grant, id, backend string) (bool, error) {
+	if v == nil {
 		return false, nil
 	}
-	o, known, loaded := s.leases.owners.get(id)
+	o, known, loaded := v.owners.get(id)
 	switch {
 	case known:
-		return !s.sees(g.Name, o.grant, o.template), nil
-	case !loaded && s.makesVMs(backend, ""):
+		return !v.sees(grant, o.grant, o.template), nil
+	case !loaded && v.makesVMs(backend, ""):
 		return true, errOwnerUnknown
-	case !s.makesVMs(backend, id[len(backend)+1:]):
+	case !v.makesVMs(backend, id[len(backend)+1:]):
 		return false, nil
 	}
-	l, ok, err := s.leases.find(ctx, id)
+	l, ok, err := v.Find(ctx, id)
 	if err != nil {
 		return true, errOwnerUnknown
 	}
-	return ok && !s.sees(g.Name, l.Grant, l.Template), nil
+	return ok && !v.sees(grant, l.Grant, l.Template), nil
 }
 
 // makesVMs reports whether one of backend's templates makes VMs, named
 // like name when name is not "".
-func (s *Server) makesVMs(backend, name string) bool {
-	for _, t := range s.templates {
+func (v *Keeper) makesVMs(backend, name string) bool {
+	for _, t := range v.templates {
 		if t.Backend == backend && (name == "" || strings.HasPrefix(name, t.Prefix())) {
 			return true
 		}
 	}
 	return false
+}
+
+// Info is what list_vms shows of a created VM.
+type Info struct {
+	CreatedBy string `json:"created_by"`
+	Template  string `json:"template"`
+	LeaseEnds string `json:"lease_ends,omitempty"`
+	Lease     string `json:"lease_state"`
+}
+
+// ByVM maps the ids of the VMs vmgate created to their lease; nil for a
+// nil Keeper. An error is the store's.
+func (v *Keeper) ByVM(ctx context.Context) (map[string]Info, error) {
+	if v == nil {
+		return nil, nil
+	}
+	list, err := v.store.ListLeases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]Info, len(list))
+	for _, l := range list {
+		id := l.VM
+		if id == "" {
+			id = l.Name
+		}
+		li := Info{CreatedBy: l.Grant, Template: l.Template, Lease: string(l.State)}
+		if !l.Expires.IsZero() {
+			li.LeaseEnds = l.Expires.UTC().Format(time.RFC3339)
+		}
+		out[id] = li
+	}
+	return out, nil
+}
+
+// Listed says whether list_vms shows grant (whose vms globs cover the VM)
+// the VM id of backend, and its lease when vm_create made it: unless
+// another grant created it. leases is ByVM's answer; when it gave none
+// (leaseErr), the index of created VMs decides, and a VM it cannot tell
+// about is left out.
+func (v *Keeper) Listed(grant, backend, id string, leases map[string]Info, leaseErr error) (*Info, bool) {
+	if leaseErr != nil {
+		o, known, loaded := v.owners.get(id)
+		switch {
+		case known:
+			return nil, v.sees(grant, o.grant, o.template)
+		case !loaded:
+			return nil, !v.makesVMs(backend, "")
+		}
+		return nil, !v.makesVMs(backend, id[len(backend)+1:])
+	}
+	li, ok := leases[id]
+	if !ok {
+		return nil, true
+	}
+	return &li, v.sees(grant, li.CreatedBy, li.Template)
 }
