@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"reflect"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -19,8 +18,25 @@ import (
 // DriverQEMU is the driver of the default backend ("lab").
 const DriverQEMU = "qemu"
 
-// backendNameRE: a backend name is the prefix of its VM ids ("lab/vm1").
-var backendNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+// BackendNameRule says what ValidBackendName accepts, for messages.
+const BackendNameRule = "[a-z0-9][a-z0-9-], at most 32"
+
+// ValidBackendName reports whether s is a backend name: a lowercase letter
+// or digit, then at most 31 of them or '-'. A backend's name is the prefix
+// of its VM ids ("lab/vm1"): the config, the server and the gate's VM-id
+// rule all ask here, so there is one rule for it.
+func ValidBackendName(s string) bool {
+	if s == "" || len(s) > 32 || s[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // Backend is one hypervisor backend: a driver and its settings.
 type Backend struct {
@@ -120,8 +136,8 @@ func (b *Backend) resolve(abs func(string) string, stateDir string) {
 func (c *Config) validateBackends() error {
 	seen := map[string]bool{}
 	for i, b := range c.Backends {
-		if !backendNameRE.MatchString(b.Name) {
-			return fmt.Errorf("backends[%d].name: %q (want [a-z0-9][a-z0-9-], at most 32: it prefixes the VM ids)", i, b.Name)
+		if !ValidBackendName(b.Name) {
+			return fmt.Errorf("backends[%d].name: %q (want %s: it prefixes the VM ids)", i, b.Name, BackendNameRule)
 		}
 		if seen[b.Name] {
 			return fmt.Errorf("backends[%d].name: %q defined twice", i, b.Name)

@@ -28,6 +28,8 @@ import (
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/bolt"
 	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
 // The gate's cost, as DESIGN.md's performance budget and issue 4 ask.
@@ -67,11 +69,11 @@ func bareMCP(tb testing.TB) *mcpserver.MCPServer {
 	var calls atomic.Int64
 	drv := countingFake(&calls)
 	s := mcpserver.NewMCPServer("bare", "1", mcpserver.WithToolCapabilities(false))
-	spec := catalogue(DefaultLimits)[1] // vm_status
-	if spec.name != "vm_status" {
-		tb.Fatalf("catalogue()[1] = %s; want vm_status", spec.name)
+	spec := tools.Catalogue(catalog.DefaultLimits())[1] // vm_status
+	if spec.Name != "vm_status" {
+		tb.Fatalf("Catalogue()[1] = %s; want vm_status", spec.Name)
 	}
-	s.AddTool(spec.mcpTool(), func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	s.AddTool(spec.MCPTool(), func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		st, err := drv.Status(ctx, "vm1")
 		if err != nil {
 			return nil, err

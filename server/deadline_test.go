@@ -10,15 +10,14 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // A driver that blocks past the call's deadline (a paused VM) gets its
 // context cut at the deadline, and the client gets a [TIMED OUT] tool
 // result over both transports, not an empty reply.
 func TestCallPastItsDeadlineAnswersTimedOut(t *testing.T) {
-	old := callDeadline
-	callDeadline = 300 * time.Millisecond
-	t.Cleanup(func() { callDeadline = old })
+	const callDeadline = 300 * time.Millisecond
 
 	var sawDeadline atomic.Bool
 	drv := countingFake(new(atomic.Int64))
@@ -28,7 +27,7 @@ func TestCallPastItsDeadlineAnswersTimedOut(t *testing.T) {
 		<-ctx.Done() // a paused VM never answers
 		return hypervisor.Status{}, fmt.Errorf("fake: status: %w", ctx.Err())
 	}
-	f := newFixture(t, fixtureOpts{driver: drv})
+	f := newFixture(t, fixtureOpts{driver: drv, timeouts: catalog.Timeouts{Call: callDeadline}})
 
 	check := func(transport string, r rpcReply, id string, took time.Duration) {
 		t.Helper()

@@ -108,7 +108,7 @@ func (s *Server) callDirect(v verdict) (resp mcp.JSONRPCMessage, ok bool) {
 		return nil, false
 	}
 	req := mcp.CallToolRequest{Request: mcp.Request{Method: string(mcp.MethodToolsCall)}}
-	req.Params.Name = spec.name
+	req.Params.Name = spec.Name
 	req.Params.Arguments = dm.params["arguments"]
 	if !jsonrpc.NumbersFit(req.Params.Arguments) {
 		return nil, false
@@ -125,7 +125,7 @@ func (s *Server) callDirect(v verdict) (resp mcp.JSONRPCMessage, ok bool) {
 		req.Params.Meta = mcp.NewMetaFromMap(std.(map[string]any))
 	}
 	version := req.Params.Meta.ProtocolVersion()
-	if mcp.IsModernProtocol(version) || len(s.filterTools(v.ctx, []mcp.Tool{{Name: spec.name}})) != 1 {
+	if mcp.IsModernProtocol(version) || len(s.filterTools(v.ctx, []mcp.Tool{{Name: spec.Name}})) != 1 {
 		return nil, false
 	}
 	ctx := mcpserver.WithRequestProtocolInfo(v.ctx, &mcpserver.RequestProtocolInfo{ProtocolVersion: version})

@@ -13,6 +13,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // dispatchPeer is a server with a stdio session of grant "local", and
@@ -26,7 +27,7 @@ type dispatchPeer struct {
 	direct  atomic.Bool   // the last driver call ran on the direct path
 }
 
-func newDispatchPeer(t *testing.T, noDirect bool) *dispatchPeer {
+func newDispatchPeer(t *testing.T, noDirect bool, callTimeout time.Duration) *dispatchPeer {
 	p := &dispatchPeer{release: make(chan struct{}, 1), entered: make(chan struct{}, 1)}
 	drv := countingFake(new(atomic.Int64))
 	drv.StatusFunc = func(ctx context.Context, vm string) (hypervisor.Status, error) {
@@ -54,7 +55,7 @@ func newDispatchPeer(t *testing.T, noDirect bool) *dispatchPeer {
 		}
 		return hypervisor.Status{}, fmt.Errorf("fake: status of %s: %w", vm, hypervisor.ErrUnknownVM)
 	}
-	p.f = newFixture(t, fixtureOpts{driver: drv})
+	p.f = newFixture(t, fixtureOpts{driver: drv, timeouts: catalog.Timeouts{Call: callTimeout}})
 	p.f.s.noDirect = noDirect
 	p.f.s.progressEvery = 5 * time.Millisecond
 	p.sess = &stdioSession{id: "stdio-local-test", notifications: make(chan mcp.JSONRPCNotification, 64)}
@@ -91,9 +92,6 @@ func (p *dispatchPeer) exchange(msg string) (out []byte, tokens []string) {
 // it with, on a server that sends every call through mcp-go; the messages
 // the direct path leaves to mcp-go go there (and get the same answer).
 func TestDirectDispatchMatchesMCPGo(t *testing.T) {
-	old := callDeadline
-	callDeadline = 200 * time.Millisecond
-	t.Cleanup(func() { callDeadline = old })
 
 	call := func(id, vm, extra string) string {
 		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"vm_status","arguments":{"vm":%q}%s}}`, id, vm, extra)
@@ -124,7 +122,7 @@ func TestDirectDispatchMatchesMCPGo(t *testing.T) {
 		{"number past float64", call("22", "lab/vm1", `,"_meta":{"n":1e400}`), false, false},
 		{"modern _meta", call("23", "lab/vm1", `,"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}`), false, false},
 	}
-	direct, viaMCP := newDispatchPeer(t, false), newDispatchPeer(t, true)
+	direct, viaMCP := newDispatchPeer(t, false, 200*time.Millisecond), newDispatchPeer(t, true, 200*time.Millisecond)
 	for _, tt := range tests {
 		got, gotTokens := direct.exchange(tt.msg)
 		sawDirect := direct.direct.Load()
@@ -157,7 +155,7 @@ func TestDirectDispatchMatchesMCPGo(t *testing.T) {
 // is not answered, even though its driver call went on to succeed.
 func TestDirectCallCancelled(t *testing.T) {
 	for _, id := range []string{"31", `"c-31"`} {
-		p := newDispatchPeer(t, false)
+		p := newDispatchPeer(t, false, 0)
 		var wg sync.WaitGroup
 		var answer []byte
 		wg.Go(func() {

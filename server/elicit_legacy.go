@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/server/catalog"
 	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
@@ -51,21 +52,21 @@ var ErrNoElicitation = errors.New("the client did not declare the elicitation ca
 
 // elicitApproval asks the client of ctx's session to approve t's call. It
 // returns ok=true when the user approved explicitly, else the denial.
-func (s *Server) elicitApproval(ctx context.Context, t *ticket) (r result, ok bool) {
+func (s *Server) elicitApproval(ctx context.Context, t *ticket) (r catalog.Result, ok bool) {
 	cl := t.call
 	rec := audit.Record{
-		Kind: audit.KindDecision, CallID: cl.id, Grant: cl.grant.Name, Transport: cl.transport,
-		Tool: cl.spec.name, VM: cl.vm, ApprovalID: approvalIDClient,
+		Kind: audit.KindDecision, CallID: cl.ID, Grant: cl.Grant.Name, Transport: cl.Transport,
+		Tool: cl.spec.Name, VM: cl.VM, ApprovalID: approvalIDClient,
 	}
-	deny := func(reason, msg string) (result, bool) {
+	deny := func(reason, msg string) (catalog.Result, bool) {
 		rec.Decision, rec.Reason = policy.Deny.String(), "client approval: "+reason
 		if err := s.audit.AppendLazy(context.WithoutCancel(ctx), rec); err != nil {
-			s.log.Error("server: audit record of a client's denial failed", "call", cl.id, "err", err)
+			s.log.Error("server: audit record of a client's denial failed", "call", cl.ID, "err", err)
 		}
-		return result{tag: TagDenied, text: msg, noEffect: true, detail: rec.Reason}, false
+		return catalog.Result{Tag: TagDenied, Text: msg, NoEffect: true, Detail: rec.Reason}, false
 	}
 
-	answer, err := askClient(ctx, cl.ctx, s.mcp, t.elicit)
+	answer, err := askClient(ctx, cl.Ctx, s.mcp, t.elicit)
 	switch {
 	case errors.Is(err, ErrNoElicitation), errors.Is(err, mcpserver.ErrNoActiveSession), errors.Is(err, mcpserver.ErrElicitationNotSupported):
 		return deny("the client has no elicitation capability",
@@ -74,22 +75,22 @@ func (s *Server) elicitApproval(ctx context.Context, t *ticket) (r result, ok bo
 		return deny("no answer in time",
 			"your user did not answer the approval request in time; the call is refused")
 	case err != nil:
-		return deny(truncate(err.Error(), 200),
-			"the approval request failed ("+truncate(err.Error(), 120)+"); the call is refused")
+		return deny(catalog.Truncate(err.Error(), 200),
+			"the approval request failed ("+catalog.Truncate(err.Error(), 120)+"); the call is refused")
 	case !approved(string(answer.Action), answer.Content):
 		action := string(answer.Action)
 		if action == "" {
 			action = "no action"
 		}
-		return deny(truncate(action, 20), "your user did not approve this call ("+truncate(action, 20)+")")
+		return deny(catalog.Truncate(action, 20), "your user did not approve this call ("+catalog.Truncate(action, 20)+")")
 	}
 	rec.Decision, rec.Reason = policy.Allow.String(), "approved by the client's user through elicitation/create"
 	// Durable before the call runs, like every decision that lets one run.
 	if _, err := s.audit.Append(context.WithoutCancel(ctx), rec); err != nil {
-		s.log.Error("server: audit record of a client's approval failed; call refused", "call", cl.id, "err", err)
-		return result{tag: TagDenied, text: auditRefusal(err), noEffect: true, detail: "audit: " + err.Error()}, false
+		s.log.Error("server: audit record of a client's approval failed; call refused", "call", cl.ID, "err", err)
+		return catalog.Result{Tag: TagDenied, Text: auditRefusal(err), NoEffect: true, Detail: "audit: " + err.Error()}, false
 	}
-	return result{}, true
+	return catalog.Result{}, true
 }
 
 // askClient sends ask to the client of ctx's session (ctx: the context
@@ -285,7 +286,7 @@ func (s *stdioSession) RequestElicitation(ctx context.Context, req mcp.Elicitati
 			return nil, fmt.Errorf("stdio: malformed response: %w", r.malformed)
 		}
 		if r.err != nil {
-			return nil, fmt.Errorf("stdio: %w: %d %s", ErrClientError, r.err.Code, truncate(r.err.Message, 100))
+			return nil, fmt.Errorf("stdio: %w: %d %s", ErrClientError, r.err.Code, catalog.Truncate(r.err.Message, 100))
 		}
 		v, err := jsonrpc.Decode(r.result)
 		if err != nil {

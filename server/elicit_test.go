@@ -181,10 +181,10 @@ func TestClientApprovalRefused(t *testing.T) {
 func TestClientApprovalStateBoundToGrant(t *testing.T) {
 	f := newFixture(t, fixtureOpts{policy: clientApprovalPolicy})
 	state := ask(t, f, "reboot")
-	if _, err := openState(state, "other", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err == nil {
+	if _, err := f.s.elicitStates.open(state, "other", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err == nil {
 		t.Errorf("openState for grant other succeeded; want ErrBadRequestState")
 	}
-	if _, err := openState(state, "local", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err != nil {
+	if _, err := f.s.elicitStates.open(state, "local", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err != nil {
 		t.Errorf("openState for its own call = %v; want nil", err)
 	}
 }

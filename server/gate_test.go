@@ -88,14 +88,14 @@ func TestCatalogue(t *testing.T) {
 			t.Errorf("tools/list lacks %q", name)
 		}
 	}
-	kill := f.s.tools["kill_process"].mcpTool()
+	kill := f.s.tools["kill_process"].MCPTool()
 	schema := string(kill.RawInputSchema)
 	for _, frag := range []string{`"minimum":1`, `"maximum":4194304`, `"enum":["TERM","KILL","INT","HUP","QUIT","USR1","USR2","STOP","CONT"]`, `"required":["vm","pid"]`} {
 		if !strings.Contains(schema, frag) {
 			t.Errorf("kill_process schema %s lacks %s", schema, frag)
 		}
 	}
-	if p := string(f.s.tools["vm_power"].mcpTool().RawInputSchema); !strings.Contains(p, `"enum":["shutdown","reboot","reset","stop","start"]`) {
+	if p := string(f.s.tools["vm_power"].MCPTool().RawInputSchema); !strings.Contains(p, `"enum":["shutdown","reboot","reset","stop","start"]`) {
 		t.Errorf("vm_power schema %s lacks the action enum", p)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // recorder is an Auditor keeping records in memory; its function fields
@@ -136,6 +137,8 @@ type fixtureOpts struct {
 	rec         *recorder
 	driver      *hypervisortest.Fake // nil: countingFake
 	bins        guestctl.Binaries    // nil: the host's builds
+	timeouts    catalog.Timeouts     // zero values: the defaults
+	grace       time.Duration        // 0: DefaultShutdownGrace
 }
 
 func newFixture(t testing.TB, o fixtureOpts) *fixture {
@@ -177,11 +180,13 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 			{Name: "local", Policy: eng, VMs: o.vms, TokenSHA256: sha256hex("local-token")},
 			{Name: "other", Policy: other, VMs: o.otherVMs, TokenSHA256: sha256hex("other-token")},
 		},
-		Backends:     []Backend{{Name: "lab", Driver: drv}, {Name: "other", Driver: drv}},
-		Store:        f.store,
-		Audit:        f.rec,
-		AuditRecords: f.rec.each,
-		Now:          func() time.Time { return time.Unix(0, f.now.Load()) },
+		Backends:      []Backend{{Name: "lab", Driver: drv}, {Name: "other", Driver: drv}},
+		Store:         f.store,
+		Audit:         f.rec,
+		AuditRecords:  f.rec.each,
+		Now:           func() time.Time { return time.Unix(0, f.now.Load()) },
+		Timeouts:      o.timeouts,
+		ShutdownGrace: o.grace,
 
 		GuestBinaries: o.bins,
 	})

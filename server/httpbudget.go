@@ -11,6 +11,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/vmgate/vmgate/server/catalog"
 	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
@@ -139,7 +140,7 @@ func (h *HTTPHandler) admit(w http.ResponseWriter, r *http.Request, c *conn) boo
 		// A tool error, as the policy's own rate limits answer: the agent
 		// reads it where it reads every other refusal.
 		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(jsonrpc.ResultReply(id, errorResult(TagRateLimited, msg, map[string]any{"retry_after_s": secs})))
+		_, _ = w.Write(jsonrpc.ResultReply(id, catalog.ErrorResult(TagRateLimited, msg, map[string]any{"retry_after_s": secs})))
 		return false
 	}
 	w.WriteHeader(http.StatusTooManyRequests)

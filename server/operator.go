@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vmgate/vmgate/server/catalog"
 	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
@@ -291,7 +292,7 @@ func decodeOperatorRequest(line []byte) (OperatorRequest, error) {
 	for k, val := range m {
 		s, ok := val.(string)
 		if !ok {
-			return OperatorRequest{}, fmt.Errorf("%q must be a string", truncate(k, 40))
+			return OperatorRequest{}, fmt.Errorf("%q must be a string", catalog.Truncate(k, 40))
 		}
 		switch k {
 		case "op":
@@ -301,7 +302,7 @@ func decodeOperatorRequest(line []byte) (OperatorRequest, error) {
 		case "reason":
 			req.Reason = s
 		default:
-			return OperatorRequest{}, fmt.Errorf("unknown member %q", truncate(k, 40))
+			return OperatorRequest{}, fmt.Errorf("unknown member %q", catalog.Truncate(k, 40))
 		}
 	}
 	switch req.Op {
@@ -330,7 +331,7 @@ func decodeOperatorRequest(line []byte) (OperatorRequest, error) {
 			}
 		}
 	default:
-		return OperatorRequest{}, fmt.Errorf("unknown op %q (want list, show, grant, deny or undo)", truncate(req.Op, 40))
+		return OperatorRequest{}, fmt.Errorf("unknown op %q (want list, show, grant, deny or undo)", catalog.Truncate(req.Op, 40))
 	}
 	return req, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/internal/guestctl"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
 // fakeEnforced is what the fake guest says holds for a sandboxed session:
@@ -264,7 +265,7 @@ func TestSessionExecSandboxNote(t *testing.T) {
 	if txt := r.text(); !strings.Contains(txt, "exit 2") || !strings.Contains(txt, "Permission denied") || !strings.Contains(txt, "sessions are sandboxed") {
 		t.Errorf("vm_agent_exec text = %q; want exit 2, the shell's Permission denied and the sandbox note", txt)
 	}
-	if r.Result.StructuredContent["sandbox_note"] != sandboxNote {
+	if r.Result.StructuredContent["sandbox_note"] != tools.SandboxNote {
 		t.Errorf("structured = %v; want sandbox_note", r.Result.StructuredContent)
 	}
 	r = f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","shell":"true","session":"`+id+`"}`)
@@ -279,7 +280,7 @@ func TestSessionExecSandboxNote(t *testing.T) {
 	}
 	// Issue 29: a read-only mount's refusal gets the note too.
 	r = f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","shell":"truncate -s 1 /data/ww","session":"`+id+`"}`)
-	if r.Result.StructuredContent["sandbox_note"] != sandboxNote {
+	if r.Result.StructuredContent["sandbox_note"] != tools.SandboxNote {
 		t.Errorf("vm_agent_exec(truncate) = %q; want the sandbox note", r.text())
 	}
 }

@@ -30,7 +30,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,14 +43,26 @@ import (
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server/catalog"
 	"github.com/vmgate/vmgate/server/lease"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
-// Name and Version are what the server reports in initialize.
+// Name is what the server reports in initialize.
 const Name = "vmgate"
 
-// Version is reported in initialize; cmd/vmgate sets it at start.
-var Version = "dev"
+// The tags every error result starts with (catalog's).
+const (
+	TagDenied      = catalog.TagDenied
+	TagRateLimited = catalog.TagRateLimited
+	TagApproval    = catalog.TagApproval
+	TagInvalid     = catalog.TagInvalid
+	TagUnknownVM   = catalog.TagUnknownVM
+	TagBackend     = catalog.TagBackend
+	TagTimedOut    = catalog.TagTimedOut
+	TagQuota       = catalog.TagQuota
+)
 
 // Auditor is the audit log as the gate uses it; *audit.Log implements it.
 type Auditor interface {
@@ -114,18 +125,28 @@ type Config struct {
 	Backends []Backend
 	Store    store.Store
 	Audit    Auditor
-	Limits   Limits
-	HTTP     HTTPOptions
+	Limits   catalog.Limits
+	// Timeouts bound each call by what it does (zero values: the defaults,
+	// catalog.DefaultTimeouts).
+	Timeouts catalog.Timeouts
+	// Version is what initialize reports (default "dev").
+	Version string
+	// ShutdownGrace is how long ServeStdio lets calls in flight finish
+	// after its context ends or its input closes, before it cancels them
+	// (default DefaultShutdownGrace).
+	ShutdownGrace time.Duration
+	HTTP          HTTPOptions
 	// StdioGrant is the grant ServeStdio serves as (default "local").
 	StdioGrant string
 	Logger     *slog.Logger     // default slog.Default()
 	Now        func() time.Time // default time.Now
 	// Sessions, GuestBinaries and ReapEvery configure the session and
-	// process tools (see guest.go and tool_sessions.go).
+	// process tools (catalog/guest.go, tools/sessions.go; the reaper in
+	// reaper.go).
 	Sessions      store.Sessions
 	GuestBinaries guestctl.Binaries
 	ReapEvery     time.Duration
-	// Templates are what vm_create makes VMs from (tool_lifecycle.go);
+	// Templates are what vm_create makes VMs from (tools/lifecycle.go);
 	// each names one of Backends. Leases keeps the created VMs' leases
 	// (default: Store, when it keeps leases); without it vm_create refuses.
 	// LeaseReapEvery is how often the lease reaper runs (default
@@ -133,7 +154,7 @@ type Config struct {
 	Templates      []config.Template
 	Leases         store.Leases
 	LeaseReapEvery time.Duration
-	// Snapshots keeps who made each snapshot (snapowners.go; default:
+	// Snapshots keeps who made each snapshot (catalog/snapowners.go; default:
 	// Store, when it keeps them, else memory).
 	Snapshots store.Snapshots
 	// AuditRecords reads the audit log's records in order; `vmgate undo`
@@ -144,9 +165,11 @@ type Config struct {
 
 // Server is the MCP server with its gate.
 type Server struct {
-	mcp      *mcpserver.MCPServer
-	specs    []*toolSpec
-	tools    map[string]*toolSpec
+	mcp   *mcpserver.MCPServer
+	specs []*catalog.Tool
+	tools map[string]*catalog.Tool
+	// env is what every tool handler gets besides its call.
+	env      *catalog.Env
 	grants   map[string]*Grant
 	tokens   []tokenEntry
 	backends map[string]hypervisor.Driver
@@ -155,10 +178,12 @@ type Server struct {
 	// advances are the durable reservations read-only calls use
 	// (advance.go).
 	advances advanceSet
-	limits   Limits
+	limits   catalog.Limits
 	httpOpts HTTPOptions
-	log      *slog.Logger
-	now      func() time.Time
+	// grace is Config.ShutdownGrace.
+	grace time.Duration
+	log   *slog.Logger
+	now   func() time.Time
 	// policies holds each grant's current engine by grant name. The map is
 	// fixed at New; SetPolicy swaps an engine atomically, so a call uses the
 	// engine it loaded for its whole decision and a reload never tears one.
@@ -166,11 +191,10 @@ type Server struct {
 	// progressEvery is how often a call whose client sent a progress token
 	// is reported on while it runs (see progress.go).
 	progressEvery time.Duration
-	execs         execTable
 	stdioGrant    string
-	guest         *guestTools
-	undo          *undoKeeper // undo snapshots (undo.go)
-	snaps         *snapOwners // who made each snapshot, and the bounds (snapowners.go)
+	undo          *undoKeeper   // undo snapshots (undo.go)
+	elicitStates  *elicitStates // the client approvals' request states (elicit.go)
+	reaper        *reaper       // sessions and undo snapshots past their time (reaper.go)
 	auditRecords  func(fn func(audit.Record) error) error
 	templates     map[string]*config.Template
 	leases        *lease.Keeper // nil: no lease store
@@ -194,18 +218,8 @@ type tokenEntry struct {
 // SetPolicy).
 var ErrUnknownGrant = errors.New("unknown grant")
 
-// backendName reports whether s is a valid backend name: [a-z0-9_-]{1,64}.
-func backendName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
+// DefaultShutdownGrace is Config.ShutdownGrace when it is not set.
+const DefaultShutdownGrace = 10 * time.Second
 
 // New builds a Server from cfg. It validates cfg before doing anything.
 func New(cfg Config) (*Server, error) {
@@ -218,6 +232,20 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.Grants) == 0 {
 		return nil, errors.New("server: new: no grants")
 	}
+	s := newServer(cfg)
+	for _, step := range []func(Config) error{s.setupGrants, s.setupBackends, s.setupLeases} {
+		if err := step(cfg); err != nil {
+			return nil, err
+		}
+	}
+	s.setupTools(cfg)
+	s.setupMCP(cfg.Version)
+	s.reaper = startReaper(s, cfg.ReapEvery)
+	return s, nil
+}
+
+// newServer is s with cfg's plain settings and their defaults.
+func newServer(cfg Config) *Server {
 	s := &Server{
 		progressEvery: defaultProgressEvery,
 		grants:        make(map[string]*Grant, len(cfg.Grants)),
@@ -225,14 +253,20 @@ func New(cfg Config) (*Server, error) {
 		backends:      make(map[string]hypervisor.Driver, len(cfg.Backends)),
 		store:         cfg.Store,
 		audit:         cfg.Audit,
-		limits:        cfg.Limits.withDefaults(),
+		limits:        cfg.Limits.WithDefaults(),
 		httpOpts:      cfg.HTTP,
+		grace:         cfg.ShutdownGrace,
 		log:           cfg.Logger,
 		now:           cfg.Now,
 		stdioGrant:    cfg.StdioGrant,
+		auditRecords:  cfg.AuditRecords,
+		elicitStates:  newElicitStates(),
 	}
 	if s.stdioGrant == "" {
 		s.stdioGrant = "local"
+	}
+	if s.grace <= 0 {
+		s.grace = DefaultShutdownGrace
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -240,23 +274,28 @@ func New(cfg Config) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	return s
+}
+
+// setupGrants checks and keeps cfg's grants, their tokens and policies.
+func (s *Server) setupGrants(cfg Config) error {
 	for i := range cfg.Grants {
 		g := cfg.Grants[i]
 		if g.Name == "" || strings.ContainsAny(g.Name, "\x00\n") {
-			return nil, fmt.Errorf("server: new: grant %d: invalid name %q", i, g.Name)
+			return fmt.Errorf("server: new: grant %d: invalid name %q", i, g.Name)
 		}
 		if _, dup := s.grants[g.Name]; dup {
-			return nil, fmt.Errorf("server: new: grant %q defined twice", g.Name)
+			return fmt.Errorf("server: new: grant %q defined twice", g.Name)
 		}
 		for _, glob := range g.VMs {
 			if _, err := path.Match(glob, ""); err != nil {
-				return nil, fmt.Errorf("server: new: grant %q: vms glob %q: %w", g.Name, glob, err)
+				return fmt.Errorf("server: new: grant %q: vms glob %q: %w", g.Name, glob, err)
 			}
 		}
 		if g.TokenSHA256 != "" {
 			h, err := hex.DecodeString(g.TokenSHA256)
 			if err != nil || len(h) != 32 {
-				return nil, fmt.Errorf("server: new: grant %q: token_sha256 is not 64 hex digits", g.Name)
+				return fmt.Errorf("server: new: grant %q: token_sha256 is not 64 hex digits", g.Name)
 			}
 			var e tokenEntry
 			copy(e.hash[:], h)
@@ -268,38 +307,78 @@ func New(cfg Config) (*Server, error) {
 		p.Store(g.Policy)
 		s.policies[g.Name] = p
 	}
+	return nil
+}
+
+// setupBackends checks and keeps cfg's backends.
+func (s *Server) setupBackends(cfg Config) error {
 	for _, b := range cfg.Backends {
-		if !backendName(b.Name) {
-			return nil, fmt.Errorf("server: new: invalid backend name %q (want [a-z0-9_-]{1,64})", b.Name)
+		if !config.ValidBackendName(b.Name) {
+			return fmt.Errorf("server: new: invalid backend name %q (want %s)", b.Name, config.BackendNameRule)
 		}
 		if b.Driver == nil {
-			return nil, fmt.Errorf("server: new: backend %q has no driver", b.Name)
+			return fmt.Errorf("server: new: backend %q has no driver", b.Name)
 		}
 		if _, dup := s.backends[b.Name]; dup {
-			return nil, fmt.Errorf("server: new: backend %q defined twice", b.Name)
+			return fmt.Errorf("server: new: backend %q defined twice", b.Name)
 		}
 		s.backends[b.Name] = b.Driver
 	}
-	s.undo = newUndoKeeper(s)
-	s.snaps = newSnapOwners(s, cfg)
-	s.auditRecords = cfg.AuditRecords
-	s.guest = newGuestTools(s, cfg)
-	if err := s.setupLeases(cfg); err != nil {
-		return nil, err
+	return nil
+}
+
+// setupTools builds the catalogue and what its handlers share (the Env):
+// the guest helpers with the session store, the snapshot owners and the
+// undo keeper.
+func (s *Server) setupTools(cfg Config) {
+	sessions := cfg.Sessions
+	if sessions == nil {
+		if ss, ok := cfg.Store.(store.Sessions); ok {
+			sessions = ss
+		} else {
+			s.log.Warn("server: the store keeps no sessions; they are kept in memory and a restart forgets them")
+			sessions = memory.NewSessions()
+		}
 	}
-	s.specs = catalogue(s.limits)
-	s.tools = make(map[string]*toolSpec, len(s.specs))
-	s.mcp = mcpserver.NewMCPServer(Name, Version,
+	snaps := cfg.Snapshots
+	if snaps == nil {
+		if ss, ok := cfg.Store.(store.Snapshots); ok {
+			snaps = ss
+		} else {
+			s.log.Warn("server: the store keeps no snapshot owners; they are kept in memory and a restart forgets them")
+			snaps = memory.NewSnapshots()
+		}
+	}
+	s.undo = newUndoKeeper(s)
+	s.env = &catalog.Env{
+		Limits: s.limits, Timeouts: cfg.Timeouts.WithDefaults(), Now: s.now, Log: s.log,
+		Backends: s.backends, Execs: &catalog.ExecTable{}, Leases: s.leases, Templates: s.templates,
+		Guest:     catalog.NewGuest(sessions, cfg.GuestBinaries, s.backends, s.now, s.log),
+		Snapshots: catalog.NewSnapOwners(snaps, s.now, s.log, s.undo.forgetPruned),
+		Policy:    redecider{s},
+	}
+	s.specs = tools.Catalogue(s.limits)
+	s.tools = make(map[string]*catalog.Tool, len(s.specs))
+	for _, t := range s.specs {
+		s.tools[t.Name] = t
+	}
+}
+
+// setupMCP makes the mcp-go server that serves everything but the gated
+// calls' handlers, with every tool registered.
+func (s *Server) setupMCP(version string) {
+	if version == "" {
+		version = "dev"
+	}
+	s.mcp = mcpserver.NewMCPServer(Name, version,
 		mcpserver.WithToolCapabilities(false),
 		mcpserver.WithToolFilter(s.filterTools),
 		mcpserver.WithInstructions("vmgate runs tools inside virtual machines. Call list_vms first; "+
 			"every call is checked by a policy and audited. Errors start with a tag such as [POLICY DENIED] or [RATE LIMITED]."),
 	)
-	for _, spec := range s.specs {
-		s.tools[spec.name] = spec
-		s.mcp.AddTool(spec.mcpTool(), s.toolHandler(spec))
+	for _, t := range s.specs {
+		s.mcp.AddTool(t.MCPTool(), s.toolHandler(t))
 	}
-	return s, nil
 }
 
 // MCP returns the underlying mcp-go server. Messages sent to it directly
@@ -313,7 +392,7 @@ func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
-	s.guest.stop()
+	s.reaper.stop()
 	s.calls.Wait()
 	for _, a := range s.advances.retireAll() {
 		s.endAdvance(a)
@@ -343,27 +422,19 @@ func (s *Server) begin() bool {
 	return true
 }
 
-// vmVisible reports whether grant g may see the VM id.
-func (g *Grant) vmVisible(id string) bool {
-	if len(g.VMs) == 0 {
-		return true
-	}
-	return slices.ContainsFunc(g.VMs, func(glob string) bool {
-		ok, _ := path.Match(glob, id)
-		return ok
-	})
-}
+// callGrant is g as a tool handler sees it.
+func (g *Grant) callGrant() catalog.Grant { return catalog.Grant{Name: g.Name, VMs: g.VMs} }
 
 // resolveVM splits a VM id and finds its backend, as grant g sees it: an
-// id of another grant's VM, of an unknown backend or one validVMID refuses
-// are all the same "unknown VM".
+// id of another grant's VM, of an unknown backend or one catalog.ValidVMID
+// refuses are all the same "unknown VM".
 func (s *Server) resolveVM(g *Grant, id string) (backend string, name string, d hypervisor.Driver, ok bool) {
-	if !validVMID(id) {
+	if !catalog.ValidVMID(id) {
 		return "", "", nil, false
 	}
 	backend, name, _ = strings.Cut(id, "/")
 	d, ok = s.backends[backend]
-	if !ok || !g.vmVisible(id) {
+	if !ok || !g.callGrant().Sees(id) {
 		return "", "", nil, false
 	}
 	return backend, name, d, true
@@ -422,4 +493,20 @@ func (s *Server) setupLeases(cfg Config) error {
 		},
 	})
 	return nil
+}
+
+// redecider is the gate as its tools' catalog.Decider: a grant's current
+// policy, asked again about a call.
+type redecider struct{ s *Server }
+
+func (r redecider) Decide(c *catalog.Call, args map[string]any) (policy.Decision, bool) {
+	g := r.s.grants[c.Grant.Name]
+	if g == nil {
+		return policy.Decision{}, false
+	}
+	eng := r.s.policyOf(g)
+	if eng == nil {
+		return policy.Decision{}, false
+	}
+	return eng.Decide(policy.Call{Grant: c.Grant.Name, Transport: c.Transport, Tool: c.Tool, VM: c.VM, Args: args}), true
 }

@@ -484,14 +484,14 @@ func TestReaper(t *testing.T) {
 	ctx := context.Background()
 
 	f.advance(20 * time.Second)
-	if rep := f.s.guest.reap(ctx); len(rep.Destroyed)+len(rep.Reaped)+len(rep.Errors) != 0 {
+	if rep := f.s.env.Guest.Reap(ctx); len(rep.Destroyed)+len(rep.Reaped)+len(rep.Errors) != 0 {
 		t.Fatalf("reap at +20 s = %+v; want nothing", rep)
 	}
 	f.guest.mu.Lock()
 	f.guest.reaped, f.guest.reapVM = []string{byGuest}, "vm1"
 	f.guest.mu.Unlock()
 	f.advance(41 * time.Second) // +61 s: short is past its ttl, idle past its idle time
-	rep := f.s.guest.reap(ctx)
+	rep := f.s.env.Guest.Reap(ctx)
 	slices.Sort(rep.Destroyed)
 	want := []string{short, idle}
 	slices.Sort(want)
@@ -527,7 +527,7 @@ func (failingSessions) GetSession(context.Context, string) (store.Session, error
 
 func TestSessionStoreDown(t *testing.T) {
 	f := newSessFixture(t, haveBins(), "")
-	f.s.guest.sessions = failingSessions{}
+	f.s.env.Guest.Sessions = failingSessions{}
 	for _, tt := range []struct{ tool, args string }{
 		{"create_session", `{"vm":"lab/vm1"}`},
 		{"destroy_session", `{"vm":"lab/vm1","session":"0123456789abcdef0123456789abcdef"}`},

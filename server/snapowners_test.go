@@ -12,6 +12,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // TestSnapshotNamesReserved: names in the server's namespace, in any case
@@ -39,8 +40,8 @@ func TestSnapshotNamesReserved(t *testing.T) {
 		{"vmgateundo-x", false},
 	}
 	for _, tt := range tests {
-		if got := reservedSnapshotName(tt.name); got != tt.reserved {
-			t.Errorf("reservedSnapshotName(%q) = %v; want %v", tt.name, got, tt.reserved)
+		if got := catalog.ReservedSnapshotName(tt.name); got != tt.reserved {
+			t.Errorf("catalog.ReservedSnapshotName(%q) = %v; want %v", tt.name, got, tt.reserved)
 		}
 		if !tt.reserved {
 			continue
@@ -227,7 +228,7 @@ func TestSnapshotBounds(t *testing.T) {
 			if tt.refusedBy != "" && !strings.Contains(refused.text(), tt.refusedBy) {
 				t.Errorf("refusal = %q; want it to contain %q", refused.text(), tt.refusedBy)
 			}
-			recs, _ := f.s.snaps.store.ListSnapshots(context.Background(), "lab/vm1")
+			recs, _ := f.s.env.Snapshots.Store.ListSnapshots(context.Background(), "lab/vm1")
 			var got []string
 			for _, r := range recs {
 				sn, ok := sf.get("vm1", r.Name)
@@ -439,7 +440,7 @@ func TestUndoForgedNames(t *testing.T) {
 func TestUndoOwnerRecord(t *testing.T) {
 	u := newUndoFixture(t, undoPolicy, bothModes)
 	call, snap := undoCallOf(t, u, "lab/vm1")
-	r, err := u.s.snaps.store.GetSnapshot(context.Background(), "lab/vm1", snap)
+	r, err := u.s.env.Snapshots.Store.GetSnapshot(context.Background(), "lab/vm1", snap)
 	if err != nil || r.Grant != "local" || !r.Undo || r.CallID != call || r.Expires.IsZero() {
 		t.Fatalf("owner record of %s = %+v, %v; want local's undo snapshot of call %s", snap, r, err, call)
 	}
@@ -447,7 +448,7 @@ func TestUndoOwnerRecord(t *testing.T) {
 	if errs := u.s.undo.reap(context.Background()); len(errs) != 0 {
 		t.Fatalf("reap = %v", errs)
 	}
-	if _, err := u.s.snaps.store.GetSnapshot(context.Background(), "lab/vm1", snap); err == nil {
+	if _, err := u.s.env.Snapshots.Store.GetSnapshot(context.Background(), "lab/vm1", snap); err == nil {
 		t.Errorf("owner record of %s kept after the reaper deleted it", snap)
 	} else if !strings.Contains(err.Error(), store.ErrUnknownSnapshot.Error()) {
 		t.Errorf("GetSnapshot after the reap = %v; want unknown", err)

@@ -224,11 +224,9 @@ func TestServeStdioLongLineAndPanic(t *testing.T) {
 }
 
 // TestServeStdioDrain: when the input ends, a call in flight still gets
-// its reply; one still running ShutdownGrace later is cancelled, and
+// its reply; one still running the shutdown grace later is cancelled, and
 // ServeStdio returns.
 func TestServeStdioDrain(t *testing.T) {
-	old := ShutdownGrace
-	t.Cleanup(func() { ShutdownGrace = old })
 	entered := make(chan string, 2)
 	release := make(chan struct{})
 	var cancelled atomic.Bool
@@ -251,9 +249,8 @@ func TestServeStdioDrain(t *testing.T) {
 		{"finishes within the grace", time.Hour, true},
 		{"cancelled after the grace", 50 * time.Millisecond, false},
 	} {
-		ShutdownGrace = tt.grace
 		cancelled.Store(false)
-		f := newFixture(t, fixtureOpts{driver: drv})
+		f := newFixture(t, fixtureOpts{driver: drv, grace: tt.grace})
 		c := serveStdioPipes(t, f.s)
 		c.initialize(t)
 		c.send(t, toolCall(5, "vm_status", `{"vm":"lab/vm1"}`))

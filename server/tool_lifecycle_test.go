@@ -18,6 +18,7 @@ import (
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server/catalog"
 	"github.com/vmgate/vmgate/server/lease"
 )
 
@@ -405,7 +406,7 @@ func TestCreatedVMExistsOnlyForItsCreator(t *testing.T) {
 		return ids
 	}
 	never := lc.sendAs(t, "other", toolCall(1, "vm_status", `{"vm":"lab/lab-never"}`)).text()
-	if want := TagUnknownVM + " " + unknownVMText("lab/lab-never"); never != want {
+	if want := TagUnknownVM + " " + catalog.UnknownVMText("lab/lab-never"); never != want {
 		t.Fatalf("vm_status of a VM that never existed = %q; want %q", never, want)
 	}
 	restarted := lc.server(t)

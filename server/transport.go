@@ -24,10 +24,6 @@ import (
 	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
-// ShutdownGrace is how long ServeStdio lets calls in flight finish after
-// its context ends or its input closes, before it cancels them.
-var ShutdownGrace = 10 * time.Second
-
 // maxConcurrentCalls bounds the messages one stdio connection serves at once.
 const maxConcurrentCalls = 64
 
@@ -102,7 +98,7 @@ var _ mcpserver.ClientSession = (*stdioSession)(nil)
 // ServeStdio serves one MCP client over newline-delimited JSON-RPC on in
 // and out, as the config's StdioGrant. It returns when in ends or ctx is
 // done, after the calls in flight finished (or were cancelled
-// ShutdownGrace later).
+// Config.ShutdownGrace later).
 func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) error {
 	grant := s.stdioGrant
 	g, ok := s.grants[grant]
@@ -213,13 +209,13 @@ func forwardNotifications(ctx context.Context, sess *stdioSession, write func([]
 }
 
 // drainStdio waits for the calls in flight (wg), cancelling them
-// ShutdownGrace later.
+// Config.ShutdownGrace later.
 func (s *Server) drainStdio(wg *sync.WaitGroup, cancel context.CancelFunc) {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(ShutdownGrace):
+	case <-time.After(s.grace):
 		s.log.Warn("server: stdio: cancelling calls still running after the grace period")
 		cancel()
 		<-done

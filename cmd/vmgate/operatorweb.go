@@ -14,6 +14,7 @@ import (
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/server"
 	"github.com/vmgate/vmgate/server/metrics"
+	"github.com/vmgate/vmgate/server/tools"
 	"github.com/vmgate/vmgate/server/ui"
 )
 
@@ -40,7 +41,7 @@ func newOperatorWeb(cfg *config.Config, backends []server.Backend) (*operatorWeb
 		mb[i] = metrics.Backend{Name: b.Name, Driver: b.Driver}
 	}
 	m, err := metrics.New(metrics.Options{
-		Tools: server.ToolNames(), Grants: grants, Backends: mb, Replica: cfg.ReplicaLabel(),
+		Tools: tools.Names(), Grants: grants, Backends: mb, Replica: cfg.ReplicaLabel(),
 		PendingApprovals: func(ctx context.Context) (int, error) {
 			if w.store == nil {
 				return 0, errors.New("no store")

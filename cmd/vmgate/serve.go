@@ -28,6 +28,7 @@ import (
 	"github.com/vmgate/vmgate/policy/store/memory"
 	"github.com/vmgate/vmgate/policy/store/redis"
 	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 func init() { commands = append(commands, newServeCmd) }
@@ -154,7 +155,6 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 			err = errors.Join(err, fmt.Errorf("serve: stop drivers: %w", cerr))
 		}
 	}()
-	server.Version = version
 	web, err := newOperatorWeb(cfg, backends) // metrics and the /ui page (operatorweb.go)
 	if err != nil {
 		return err
@@ -166,8 +166,9 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		Grants: grants, Backends: backends, Store: countedStore, Audit: countedLog, StdioGrant: o.grant,
 		Templates: cfg.Templates, Leases: leases, Snapshots: snaps,
 		AuditRecords: func(fn func(audit.Record) error) error { return audit.Read(log.Path(), fn) },
-		Limits:       server.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
-		HTTP:         httpOptions(cfg.HTTP),
+		Limits:       catalog.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
+		Version:      version, ShutdownGrace: o.grace,
+		HTTP: httpOptions(cfg.HTTP),
 	})
 	if err != nil {
 		return err
@@ -177,7 +178,6 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 			err = errors.Join(err, cerr)
 		}
 	}()
-	server.ShutdownGrace = o.grace
 	stopOperator, err := startOperator(ctx, srv, cfg.StateDir)
 	if err != nil {
 		return err

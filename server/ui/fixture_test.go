@@ -21,6 +21,7 @@ import (
 	"github.com/vmgate/vmgate/policy/store/memory"
 	"github.com/vmgate/vmgate/server"
 	"github.com/vmgate/vmgate/server/metrics"
+	"github.com/vmgate/vmgate/server/tools"
 	"github.com/vmgate/vmgate/server/ui"
 )
 
@@ -82,7 +83,7 @@ func newFixture(t *testing.T) *fixture {
 	}
 	mem := memory.New()
 	m, err := metrics.New(metrics.Options{
-		Tools: server.ToolNames(), Grants: []string{"agent"},
+		Tools: tools.Names(), Grants: []string{"agent"},
 		Backends: []metrics.Backend{{Name: "lab", Driver: drv}},
 		PendingApprovals: func(ctx context.Context) (int, error) {
 			list, err := mem.ListApprovals(ctx, time.Now())

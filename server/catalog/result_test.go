@@ -1,4 +1,4 @@
-package server
+package catalog
 
 import (
 	"context"
@@ -52,15 +52,15 @@ func TestDriverFailure(t *testing.T) {
 			TagBackend, true, "the VM is not running (qemu: exec"},
 	}
 	for _, tt := range tests {
-		r := driverFailure(tt.err)
-		if r.tag != tt.tag || r.noEffect != tt.noEffect || !strings.Contains(r.text, tt.text) {
-			t.Errorf("driverFailure(%v) = %s %q noEffect %v; want %s %q noEffect %v", tt.err, r.tag, r.text, r.noEffect, tt.tag, tt.text, tt.noEffect)
+		r := DriverFailure(tt.err)
+		if r.Tag != tt.tag || r.NoEffect != tt.noEffect || !strings.Contains(r.Text, tt.text) {
+			t.Errorf("DriverFailure(%v) = %s %q noEffect %v; want %s %q noEffect %v", tt.err, r.Tag, r.Text, r.NoEffect, tt.tag, tt.text, tt.noEffect)
 		}
-		if len(r.text) > maxReason+len("…")+maxAdvice {
-			t.Errorf("driverFailure(%v).text is %d bytes; want at most %d", tt.err, len(r.text), maxReason+maxAdvice)
+		if len(r.Text) > maxReason+len("…")+maxAdvice {
+			t.Errorf("DriverFailure(%v).text is %d bytes; want at most %d", tt.err, len(r.Text), maxReason+maxAdvice)
 		}
-		if r.detail != tt.err.Error() {
-			t.Errorf("driverFailure(%v).detail = %q; want the whole error for the audit log", tt.err, r.detail)
+		if r.Detail != tt.err.Error() {
+			t.Errorf("DriverFailure(%v).detail = %q; want the whole error for the audit log", tt.err, r.Detail)
 		}
 	}
 }
@@ -83,11 +83,11 @@ func TestCleanReason(t *testing.T) {
 		{"two\nlines\t here", "two lines here"},
 	}
 	for _, tt := range tests {
-		if got := cleanReason(tt.in); got != tt.want {
-			t.Errorf("cleanReason(%q) = %q; want %q", tt.in, got, tt.want)
+		if got := CleanReason(tt.in); got != tt.want {
+			t.Errorf("CleanReason(%q) = %q; want %q", tt.in, got, tt.want)
 		}
 	}
-	long := cleanReason(strings.Repeat("é", 300))
+	long := CleanReason(strings.Repeat("é", 300))
 	if len(long) > maxReason+len("…") || !strings.HasSuffix(long, "…") || !utf8.ValidString(long) {
 		t.Errorf("cleanReason of 600 bytes = %d bytes %q; want at most %d, cut at a rune with …", len(long), long[len(long)-8:], maxReason)
 	}

@@ -1,4 +1,4 @@
-package server
+package tools
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // Sessions: create_session, list_sessions and destroy_session, through
@@ -28,50 +29,50 @@ import (
 // destroys sessions past their ttl or idle time. The guest gets the ttl
 // only, as a backstop the reaper's SessionReap applies.
 
-func createSessionTool() *toolSpec {
-	return newTool(toolSpec{
-		name: "create_session", title: "Create a session",
-		desc: "Create a session in a VM: a work directory whose processes are tracked together and can be limited " +
+func createSessionTool() *catalog.Tool {
+	return catalog.NewTool(catalog.Tool{
+		Name: "create_session", Title: "Create a session",
+		Desc: "Create a session in a VM: a work directory whose processes are tracked together and can be limited " +
 			"and destroyed as one. Its processes are confined (sandbox): by default an unprivileged user of their own, " +
 			"writes only in the session's directories, no network; the policy sets the loosest sandbox a call may ask for. " +
 			"The result says what this guest enforces. vmgate installs its vmgate-guest helper in the VM on first use.",
-		fields: []field{
-			vmField(true),
-			{name: "ttl_s", kind: kindInteger, desc: "Seconds until the session is destroyed.", min: 1, max: 7 * 86400},
-			{name: "idle_s", kind: kindInteger, desc: "Seconds without activity until the session is destroyed.", min: 1, max: 7 * 86400},
-			{name: "limits", kind: kindObject, desc: "Resource limits for the session's processes.", fields: []field{
-				{name: "memory_mb", kind: kindInteger, desc: "Memory cap in MiB.", min: 1, max: 1 << 20},
-				{name: "pids", kind: kindInteger, desc: "Cap on the number of processes.", min: 1, max: MaxPID},
-				{name: "cpu_percent", kind: kindInteger, desc: "CPU cap in percent of one CPU.", min: 1, max: 100000},
+		Fields: []catalog.Field{
+			catalog.VMField(true),
+			{Name: "ttl_s", Kind: catalog.KindInteger, Desc: "Seconds until the session is destroyed.", Min: 1, Max: 7 * 86400},
+			{Name: "idle_s", Kind: catalog.KindInteger, Desc: "Seconds without activity until the session is destroyed.", Min: 1, Max: 7 * 86400},
+			{Name: "limits", Kind: catalog.KindObject, Desc: "Resource limits for the session's processes.", Fields: []catalog.Field{
+				{Name: "memory_mb", Kind: catalog.KindInteger, Desc: "Memory cap in MiB.", Min: 1, Max: 1 << 20},
+				{Name: "pids", Kind: catalog.KindInteger, Desc: "Cap on the number of processes.", Min: 1, Max: MaxPID},
+				{Name: "cpu_percent", Kind: catalog.KindInteger, Desc: "CPU cap in percent of one CPU.", Min: 1, Max: 100000},
 			}},
 			sandboxField(),
 		},
-		output: []map[string]any{sessionShape()},
-	}, (*Server).runCreateSession)
+		Output: []map[string]any{sessionShape()},
+	}, runCreateSession)
 }
 
-func listSessionsTool() *toolSpec {
-	return newTool(toolSpec{
-		name: "list_sessions", title: "List sessions", readOnly: true, idempotent: true,
-		desc:   "List your sessions, in one VM or in all. vmgate installs its vmgate-guest helper in the VM on first use.",
-		fields: []field{vmField(false)},
-		output: []map[string]any{oObject(map[string]any{
-			"sessions": oArray(sessionShape()),
-			"errors":   oArray(oObject(map[string]any{"vm": oString, "error": oString}, "vm", "error")),
+func listSessionsTool() *catalog.Tool {
+	return catalog.NewTool(catalog.Tool{
+		Name: "list_sessions", Title: "List sessions", ReadOnly: true, Idempotent: true,
+		Desc:   "List your sessions, in one VM or in all. vmgate installs its vmgate-guest helper in the VM on first use.",
+		Fields: []catalog.Field{catalog.VMField(false)},
+		Output: []map[string]any{catalog.OObject(map[string]any{
+			"sessions": catalog.OArray(sessionShape()),
+			"errors":   catalog.OArray(catalog.OObject(map[string]any{"vm": catalog.OString(), "error": catalog.OString()}, "vm", "error")),
 		}, "sessions")},
-	}, (*Server).runListSessions)
+	}, runListSessions)
 }
 
-func destroySessionTool() *toolSpec {
-	return newTool(toolSpec{
-		name: "destroy_session", title: "Destroy a session", destructive: true, idempotent: true,
-		desc:   "Kill every process of a session and remove its work directory. Destroying a session twice is harmless. vmgate installs its vmgate-guest helper in the VM on first use.",
-		fields: []field{vmField(true), {name: "session", kind: kindString, desc: "Session id from create_session.", required: true, maxLen: 128}},
-		output: []map[string]any{
-			oObject(map[string]any{"session": oString, "vm": oString, "existed": oBoolean, "killed": oNonNeg, "took_ms": oNonNeg, "files_kept_until": oTime}, "session", "vm", "existed", "killed"),
-			oObject(map[string]any{"session": oString, "vm": oString, "existed": oBoolean, "destroyed_at": oTime}, "session", "vm", "existed", "destroyed_at"),
+func destroySessionTool() *catalog.Tool {
+	return catalog.NewTool(catalog.Tool{
+		Name: "destroy_session", Title: "Destroy a session", Destructive: true, Idempotent: true,
+		Desc:   "Kill every process of a session and remove its work directory. Destroying a session twice is harmless. vmgate installs its vmgate-guest helper in the VM on first use.",
+		Fields: []catalog.Field{catalog.VMField(true), {Name: "session", Kind: catalog.KindString, Desc: "Session id from create_session.", Required: true, MaxLen: 128}},
+		Output: []map[string]any{
+			catalog.OObject(map[string]any{"session": catalog.OString(), "vm": catalog.OString(), "existed": catalog.OBoolean(), "killed": catalog.ONonNeg(), "took_ms": catalog.ONonNeg(), "files_kept_until": catalog.OTime()}, "session", "vm", "existed", "killed"),
+			catalog.OObject(map[string]any{"session": catalog.OString(), "vm": catalog.OString(), "existed": catalog.OBoolean(), "destroyed_at": catalog.OTime()}, "session", "vm", "existed", "destroyed_at"),
 		},
-	}, (*Server).runDestroySession)
+	}, runDestroySession)
 }
 
 // sandboxField is create_session's sandbox argument. Only its shape is
@@ -79,20 +80,20 @@ func destroySessionTool() *toolSpec {
 // wire.MaxSandboxPaths of them); whether it is within the policy's is the
 // policy's decision (policy/sandbox.go), and whether a path is a symlink
 // the guest's (it refuses one).
-func sandboxField() field {
-	paths := func(name, desc string) field {
-		return field{name: name, kind: kindStringArray, desc: desc, maxLen: wire.MaxSandboxPaths, allowEmpty: true, valid: wire.ValidateSandboxPath}
+func sandboxField() catalog.Field {
+	paths := func(name, desc string) catalog.Field {
+		return catalog.Field{Name: name, Kind: catalog.KindStringArray, Desc: desc, MaxLen: wire.MaxSandboxPaths, AllowEmpty: true, Valid: wire.ValidateSandboxPath}
 	}
-	return field{name: "sandbox", kind: kindObject,
-		desc: "How the session's processes are confined; a field left out gets the loosest value the policy allows. " +
+	return catalog.Field{Name: "sandbox", Kind: catalog.KindObject,
+		Desc: "How the session's processes are confined; a field left out gets the loosest value the policy allows. " +
 			"Asking for more than the policy allows is denied, naming what was too loose.",
-		fields: []field{
-			{name: "net", kind: kindString, enum: []string{"none", "loopback", "host"},
-				desc: "none: a network namespace with only its own loopback; loopback is enforced as none (a stock kernel cannot share the guest's loopback alone); host: the guest's network."},
-			{name: "user", kind: kindString, enum: []string{"session", "root"},
-				desc: "session: an unprivileged uid and gid of the session's own, no capabilities; root: root, unconfined by uid."},
-			{name: "fs", kind: kindObject, desc: "Extra paths beyond the system directories (read) and the session's own directories (write).",
-				fields: []field{
+		Fields: []catalog.Field{
+			{Name: "net", Kind: catalog.KindString, Enum: []string{"none", "loopback", "host"},
+				Desc: "none: a network namespace with only its own loopback; loopback is enforced as none (a stock kernel cannot share the guest's loopback alone); host: the guest's network."},
+			{Name: "user", Kind: catalog.KindString, Enum: []string{"session", "root"},
+				Desc: "session: an unprivileged uid and gid of the session's own, no capabilities; root: root, unconfined by uid."},
+			{Name: "fs", Kind: catalog.KindObject, Desc: "Extra paths beyond the system directories (read) and the session's own directories (write).",
+				Fields: []catalog.Field{
 					paths("read", "Absolute paths the session may also read and execute (no symlinks)."),
 					paths("write", "Absolute paths the session may also write (no symlinks)."),
 				}},
@@ -102,24 +103,24 @@ func sandboxField() field {
 // sessionShape is a session as sessionView shows it (with processes and
 // in_guest when list_sessions asked the guest).
 func sessionShape() map[string]any {
-	return oObject(map[string]any{
-		"session": oString, "vm": oString, "created": oTime, "last_used": oTime,
-		"workdir": oString, "tracking": oString,
-		"limits": oObject(map[string]any{"memory_mb": oNonNeg, "pids": oNonNeg, "cpu_percent": oNonNeg}),
-		"ttl_s":  oInteger, "expires_at": oTime, "idle_s": oInteger, "idle_expires_at": oTime,
-		"processes": oNonNeg, "in_guest": oBoolean,
+	return catalog.OObject(map[string]any{
+		"session": catalog.OString(), "vm": catalog.OString(), "created": catalog.OTime(), "last_used": catalog.OTime(),
+		"workdir": catalog.OString(), "tracking": catalog.OString(),
+		"limits": catalog.OObject(map[string]any{"memory_mb": catalog.ONonNeg(), "pids": catalog.ONonNeg(), "cpu_percent": catalog.ONonNeg()}),
+		"ttl_s":  catalog.OInteger(), "expires_at": catalog.OTime(), "idle_s": catalog.OInteger(), "idle_expires_at": catalog.OTime(),
+		"processes": catalog.ONonNeg(), "in_guest": catalog.OBoolean(),
 		"sandbox": sandboxShape(), "enforced": enforcedShape(),
 	}, "session", "vm", "created", "last_used", "limits")
 }
 
 // sandboxShape is the sandbox a session runs under (wire.Sandbox).
 func sandboxShape() map[string]any {
-	paths := oArray(oString)
-	return oObject(map[string]any{
-		"net": oString, "user": oString,
-		"fs":          oObject(map[string]any{"read": paths, "write": paths}),
+	paths := catalog.OArray(catalog.OString())
+	return catalog.OObject(map[string]any{
+		"net": catalog.OString(), "user": catalog.OString(),
+		"fs":          catalog.OObject(map[string]any{"read": paths, "write": paths}),
 		"tcp":         map[string]any{"type": "object"},
-		"best_effort": oArray(oString),
+		"best_effort": catalog.OArray(catalog.OString()),
 	})
 }
 
@@ -128,11 +129,11 @@ func sandboxShape() map[string]any {
 // are the guest's and may grow.
 func enforcedShape() map[string]any {
 	obj := map[string]any{"type": "object"}
-	return oObject(map[string]any{
-		"sandboxed": oBoolean, "user": oString, "uid": oInteger, "gid": oInteger,
-		"no_new_privs": oBoolean, "capabilities": oString, "landlock": obj, "net": obj,
-		"private_tmp": oBoolean, "tmp": oString, "cgroup": obj, "membership": oString,
-		"not_enforced": oArray(oString), "read_only_outside": oBoolean, "held_by": obj, "write_blocked": oArray(obj),
+	return catalog.OObject(map[string]any{
+		"sandboxed": catalog.OBoolean(), "user": catalog.OString(), "uid": catalog.OInteger(), "gid": catalog.OInteger(),
+		"no_new_privs": catalog.OBoolean(), "capabilities": catalog.OString(), "landlock": obj, "net": obj,
+		"private_tmp": catalog.OBoolean(), "tmp": catalog.OString(), "cgroup": obj, "membership": catalog.OString(),
+		"not_enforced": catalog.OArray(catalog.OString()), "read_only_outside": catalog.OBoolean(), "held_by": obj, "write_blocked": catalog.OArray(obj),
 	}, "sandboxed")
 }
 
@@ -162,62 +163,9 @@ type destroySessionArgs struct {
 	Session string `arg:"session"`
 }
 
-// unknownSession is the one answer for every session a grant may not use.
-func unknownSession() result {
-	return failure(TagInvalid, "unknown session", true)
-}
-
-// ownedSession finds session id for c's grant on c's VM. Another grant's
-// session, one on another VM and one that never existed are all unknown;
-// live says whether it has not been deleted.
-func (g *guestTools) ownedSession(c *call, id string) (store.Session, *result) {
-	if wire.ValidateSessionID(id) != nil {
-		r := unknownSession()
-		return store.Session{}, &r
-	}
-	sess, err := g.sessions.GetSession(c.ctx, id)
-	switch {
-	case errors.Is(err, store.ErrUnknownSession):
-		r := unknownSession()
-		return store.Session{}, &r
-	case err != nil:
-		r := storeFailure(err)
-		return store.Session{}, &r
-	case sess.Grant != c.grant.Name || sess.VM != c.vm:
-		r := unknownSession()
-		return store.Session{}, &r
-	}
-	return sess, nil
-}
-
-// liveSession is ownedSession for a session that must still exist, touched
-// as used now.
-func (g *guestTools) liveSession(c *call, id string) (store.Session, *result) {
-	sess, r := g.ownedSession(c, id)
-	if r != nil {
-		return sess, r
-	}
-	now := g.s.now()
-	if !sess.Deleted.IsZero() || sess.Expired(now) {
-		rr := failure(TagInvalid, "session "+id+" has ended", true)
-		return sess, &rr
-	}
-	if err := g.sessions.TouchSession(c.ctx, id, now); err != nil {
-		if errors.Is(err, store.ErrUnknownSession) {
-			rr := failure(TagInvalid, "session "+id+" has ended", true)
-			return sess, &rr
-		}
-		rr := storeFailure(err)
-		return sess, &rr
-	}
-	return sess, nil
-}
-
-func storeFailure(err error) result {
-	r := failure(TagBackend, "the session store did not answer; try again", true)
-	r.detail = err.Error()
-	return r
-}
+// UndoApplies: a policy's snapshot_before applies to every destroy
+// (catalog.Undoable).
+func (a *destroySessionArgs) UndoApplies() bool { return true }
 
 // sessionView is a session as the tools show it.
 func sessionView(sess store.Session) map[string]any {
@@ -246,9 +194,9 @@ func sessionView(sess store.Session) map[string]any {
 	return out
 }
 
-func (s *Server) runCreateSession(c *call, a *createSessionArgs) result {
-	g := s.guest
-	h, r := g.helperFor(c)
+func runCreateSession(e *catalog.Env, c *catalog.Call, a *createSessionArgs) catalog.Result {
+	g := e.Guest
+	h, r := g.HelperFor(c)
 	if r != nil {
 		return *r
 	}
@@ -256,55 +204,55 @@ func (s *Server) runCreateSession(c *call, a *createSessionArgs) result {
 	ttl, idle := a.TTLS, a.IdleS
 	wl := wire.Limits{MemoryMB: limits.MemoryMB, Pids: limits.Pids, CPUPercent: limits.CPUPercent}
 	if err := wl.Validate(); err != nil {
-		return failure(TagInvalid, "limits: "+err.Error(), true)
+		return catalog.Failure(catalog.TagInvalid, "limits: "+err.Error(), true)
 	}
-	sb, r := wireSandbox(c.sandbox)
+	sb, r := wireSandbox(c.Rules.Sandbox)
 	if r != nil {
 		return *r
 	}
-	now := s.now()
+	now := e.Now()
 	sess := store.Session{
-		ID: guestctl.NewSessionID(), Grant: c.grant.Name, VM: c.vm, Created: now, LastUsed: now,
+		ID: guestctl.NewSessionID(), Grant: c.Grant.Name, VM: c.VM, Created: now, LastUsed: now,
 		TTL: time.Duration(ttl) * time.Second, Idle: time.Duration(idle) * time.Second, Limits: limits,
 	}
 	// The store first: a session the guest has is always one the server knows.
-	if err := g.sessions.CreateSession(c.ctx, sess); err != nil {
-		return storeFailure(err)
+	if err := g.Sessions.CreateSession(c.Ctx, sess); err != nil {
+		return catalog.StoreFailure(err)
 	}
-	gs, err := h.SessionCreate(c.ctx, c.name, guestctl.SessionCreate{ID: sess.ID, TTLS: ttl, Limits: wl, Sandbox: sb})
+	gs, err := h.SessionCreate(c.Ctx, c.Name, guestctl.SessionCreate{ID: sess.ID, TTLS: ttl, Limits: wl, Sandbox: sb})
 	if err != nil {
-		s.forgetFailedSession(c, h, sess.ID, err)
+		forgetFailedSession(e, c, h, sess.ID, err)
 		return sessionCreateFailure(err)
 	}
 	sess.Workdir, sess.Tracking = gs.Workdir, string(gs.Tracking)
 	out := sessionView(sess)
 	addEnforced(out, gs)
-	text := fmt.Sprintf("session %s in %s (workdir %s, tracked by %s)\n%s", sess.ID, c.vm, gs.Workdir, gs.Tracking, enforcedText(gs.Enforced))
-	return success(out, text)
+	text := fmt.Sprintf("session %s in %s (workdir %s, tracked by %s)\n%s", sess.ID, c.VM, gs.Workdir, gs.Tracking, enforcedText(gs.Enforced))
+	return catalog.Success(out, text)
 }
 
 // forgetFailedSession undoes what a failed create left: the store's
 // record, and whatever part of the session the guest made (unless it
 // refused before making anything).
-func (s *Server) forgetFailedSession(c *call, h *guestctl.Helper, id string, err error) {
-	g := s.guest
-	if _, derr := g.sessions.DeleteSession(context.WithoutCancel(c.ctx), id, s.now()); derr != nil {
-		s.log.Error("server: forget a session the guest did not create", "session", id, "err", derr)
+func forgetFailedSession(e *catalog.Env, c *catalog.Call, h *guestctl.Helper, id string, err error) {
+	g := e.Guest
+	if _, derr := g.Sessions.DeleteSession(context.WithoutCancel(c.Ctx), id, e.Now()); derr != nil {
+		e.Log.Error("server: forget a session the guest did not create", "session", id, "err", derr)
 	}
 	if errors.Is(err, guestctl.ErrRefused) || errors.Is(err, hypervisor.ErrInvalidArgument) {
 		return
 	}
-	if _, derr := h.SessionDestroy(context.WithoutCancel(c.ctx), c.name, id); derr != nil {
-		s.log.Warn("server: clean up a failed session", "vm", c.vm, "session", id, "err", derr)
+	if _, derr := h.SessionDestroy(context.WithoutCancel(c.Ctx), c.Name, id); derr != nil {
+		e.Log.Warn("server: clean up a failed session", "vm", c.VM, "session", id, "err", derr)
 	}
 }
 
 // wireSandbox is the policy's sandbox for the call as vmgate-guest takes
 // it. Every create_session has one (the policy's default at least): a
 // call without one is refused, never run unconfined.
-func wireSandbox(sb *policy.Sandbox) (*wire.Sandbox, *result) {
+func wireSandbox(sb *policy.Sandbox) (*wire.Sandbox, *catalog.Result) {
 	if sb == nil {
-		r := failure(TagDenied, "the policy gave no sandbox for this session, so it is not created", true)
+		r := catalog.Failure(catalog.TagDenied, "the policy gave no sandbox for this session, so it is not created", true)
 		return nil, &r
 	}
 	ws := wire.Sandbox{
@@ -318,7 +266,7 @@ func wireSandbox(sb *policy.Sandbox) (*wire.Sandbox, *result) {
 		ws.BestEffort = append(ws.BestEffort, wire.Feature(f))
 	}
 	if err := ws.Validate(); err != nil {
-		r := failure(TagDenied, "the policy's sandbox cannot be sent to the guest: "+err.Error(), true)
+		r := catalog.Failure(catalog.TagDenied, "the policy's sandbox cannot be sent to the guest: "+err.Error(), true)
 		return nil, &r
 	}
 	return &ws, nil
@@ -327,16 +275,16 @@ func wireSandbox(sb *policy.Sandbox) (*wire.Sandbox, *result) {
 // sessionCreateFailure is helperFailure, but a guest whose kernel lacks
 // a feature the policy's sandbox requires is a [BACKEND ERROR] (the call
 // was fine; the guest cannot confine it) that says who can change that.
-func sessionCreateFailure(err error) result {
+func sessionCreateFailure(err error) catalog.Result {
 	var he *guestctl.Error
 	if errors.As(err, &he) && he.Code == wire.CodeRefused && he.Reason == wire.ReasonSandboxUnavailable {
-		r := failure(TagBackend, he.Message+" (best_effort is the grant's policy's to set, in its sandbox block; "+
+		r := catalog.Failure(catalog.TagBackend, he.Message+" (best_effort is the grant's policy's to set, in its sandbox block; "+
 			"or use a guest whose kernel has the feature)", true)
-		r.detail = err.Error()
-		r.structured = map[string]any{"error": strings.Trim(TagBackend, "[]"), "message": r.text, "refused": he.Reason}
+		r.Detail = err.Error()
+		r.Structured = map[string]any{"error": strings.Trim(catalog.TagBackend, "[]"), "message": r.Text, "refused": he.Reason}
 		return r
 	}
-	return helperFailure(err)
+	return catalog.HelperFailure(err)
 }
 
 // addEnforced adds to a session's view what it asked the guest for and
@@ -389,28 +337,28 @@ func enforcedText(e wire.Enforced) string {
 	return b.String()
 }
 
-func (s *Server) runListSessions(c *call, _ *noArgs) result {
+func runListSessions(e *catalog.Env, c *catalog.Call, _ *catalog.NoArgs) catalog.Result {
 	// A named VM must exist: sessions are listed from the store, which
 	// would answer "none" for any name. Only the backend's "no such VM"
 	// refuses; a backend that cannot answer leaves the store's answer.
-	if c.vm != "" {
-		if _, err := c.driver.Status(c.ctx, c.name); errors.Is(err, hypervisor.ErrUnknownVM) {
-			return driverFailure(err)
+	if c.VM != "" {
+		if _, err := c.Driver.Status(c.Ctx, c.Name); errors.Is(err, hypervisor.ErrUnknownVM) {
+			return catalog.DriverFailure(err)
 		}
 	}
-	g := s.guest
-	if !g.available() {
-		return failure(TagBackend, errNoHelper, true)
+	g := e.Guest
+	if !g.Available() {
+		return catalog.Failure(catalog.TagBackend, catalog.ErrNoHelper, true)
 	}
-	list, err := g.sessions.ListSessions(c.ctx, c.grant.Name, c.vm)
+	list, err := g.Sessions.ListSessions(c.Ctx, c.Grant.Name, c.VM)
 	if err != nil {
-		return storeFailure(err)
+		return catalog.StoreFailure(err)
 	}
-	now := s.now()
+	now := e.Now()
 	views := []map[string]any{}
 	byVM := map[string][]map[string]any{}
 	for _, sess := range list {
-		if !c.grant.vmVisible(sess.VM) || sess.Expired(now) {
+		if !c.Grant.Sees(sess.VM) || sess.Expired(now) {
 			continue
 		}
 		v := sessionView(sess)
@@ -423,13 +371,13 @@ func (s *Server) runListSessions(c *call, _ *noArgs) result {
 	var details []string
 	for vm, vs := range byVM {
 		backend, name, _ := strings.Cut(vm, "/")
-		h := g.helpers[backend]
+		h := g.Helpers[backend]
 		if h == nil {
 			continue
 		}
-		gl, err := h.SessionList(c.ctx, name)
+		gl, err := h.SessionList(c.Ctx, name)
 		if err != nil {
-			errs = append(errs, map[string]string{"vm": vm, "error": helperFailure(err).text})
+			errs = append(errs, map[string]string{"vm": vm, "error": catalog.HelperFailure(err).Text})
 			details = append(details, vm+": "+err.Error())
 			continue
 		}
@@ -472,41 +420,41 @@ func (s *Server) runListSessions(c *call, _ *noArgs) result {
 	for _, e := range errs {
 		fmt.Fprintf(&b, "\n%s: %s", e["vm"], e["error"])
 	}
-	r := success(out, b.String())
-	r.detail = strings.Join(details, "; ")
+	r := catalog.Success(out, b.String())
+	r.Detail = strings.Join(details, "; ")
 	return r
 }
 
-func (s *Server) runDestroySession(c *call, a *destroySessionArgs) result {
-	g := s.guest
-	h, r := g.helperFor(c)
+func runDestroySession(e *catalog.Env, c *catalog.Call, a *destroySessionArgs) catalog.Result {
+	g := e.Guest
+	h, r := g.HelperFor(c)
 	if r != nil {
 		return *r
 	}
 	id := a.Session
-	sess, r := g.ownedSession(c, id)
+	sess, r := g.OwnedSession(c, id)
 	if r != nil {
 		return *r
 	}
 	if !sess.Deleted.IsZero() {
-		out := map[string]any{"session": id, "vm": c.vm, "existed": false, "destroyed_at": sess.Deleted.UTC()}
-		return success(out, fmt.Sprintf("session %s was already gone (destroyed at %s)", id, sess.Deleted.UTC().Format(time.RFC3339)))
+		out := map[string]any{"session": id, "vm": c.VM, "existed": false, "destroyed_at": sess.Deleted.UTC()}
+		return catalog.Success(out, fmt.Sprintf("session %s was already gone (destroyed at %s)", id, sess.Deleted.UTC().Format(time.RFC3339)))
 	}
-	dr, err := h.SessionTrash(c.ctx, c.name, id, c.keepFiles) // tool_trash.go
+	dr, err := h.SessionTrash(c.Ctx, c.Name, id, c.Rules.KeepFiles) // tool_trash.go
 	if err != nil {
-		return helperFailure(err)
+		return catalog.HelperFailure(err)
 	}
-	if _, err := g.sessions.DeleteSession(c.ctx, id, s.now()); err != nil && !errors.Is(err, store.ErrUnknownSession) {
-		r := failure(TagBackend, "the session was destroyed in the guest but the store did not record it; destroy it again", false)
-		r.detail = err.Error()
+	if _, err := g.Sessions.DeleteSession(c.Ctx, id, e.Now()); err != nil && !errors.Is(err, store.ErrUnknownSession) {
+		r := catalog.Failure(catalog.TagBackend, "the session was destroyed in the guest but the store did not record it; destroy it again", false)
+		r.Detail = err.Error()
 		return r
 	}
-	out := map[string]any{"session": id, "vm": c.vm, "existed": dr.Existed, "killed": dr.Killed, "took_ms": dr.TookMS}
+	out := map[string]any{"session": id, "vm": c.VM, "existed": dr.Existed, "killed": dr.Killed, "took_ms": dr.TookMS}
 	if !dr.Existed {
-		return success(out, fmt.Sprintf("session %s was already gone in the guest", id))
+		return catalog.Success(out, fmt.Sprintf("session %s was already gone in the guest", id))
 	}
 	if dr.TrashUntilMS > 0 {
 		return trashed(out, id, dr)
 	}
-	return success(out, fmt.Sprintf("destroyed session %s: killed %d process(es), removed its files", id, dr.Killed))
+	return catalog.Success(out, fmt.Sprintf("destroyed session %s: killed %d process(es), removed its files", id, dr.Killed))
 }

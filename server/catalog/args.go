@@ -1,4 +1,4 @@
-package server
+package catalog
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 // tags naming its catalogue fields. newTool checks, when the catalogue is
 // built, that the struct and the field list agree (every field has a
 // struct field of its kind, and nothing more), and the gate decodes the
-// validated arguments into a fresh struct once (toolSpec.decode), so a
+// validated arguments into a fresh struct once (Tool.Decode), so a
 // handler reads a.PID, never c.args["pid"].
 //
 // Field kind → Go type: string → string or *string; integer → int64 or
@@ -20,8 +20,8 @@ import (
 // map[string]string; object → a struct or *struct described the same way.
 // A pointer is nil when the argument was not given: use one where "given"
 // matters (an empty shell is still a shell; wait defaults to true). The
-// top-level vm field is the gate's own (it becomes call.vm and
-// call.driver), so argument structs do not repeat it.
+// top-level vm field is the gate's own (it becomes Call.VM and
+// Call.Driver), so argument structs do not repeat it.
 
 // argPlan maps the fields of one object to the fields of its struct type.
 type argPlan struct {
@@ -33,7 +33,7 @@ type argPlan struct {
 type argSlot struct {
 	name  string
 	index int // of the struct field
-	kind  fieldKind
+	kind  Kind
 	ptr   bool     // the struct field is a pointer to the value
 	sub   *argPlan // objects: the plan of the nested struct
 }
@@ -44,7 +44,7 @@ var errArgPlan = errors.New("argument struct does not match the catalogue")
 
 // planArgs builds the plan that fills a value of struct type t from fields.
 // top says t holds a tool's arguments, whose vm field the gate consumes.
-func planArgs(t reflect.Type, fields []field, top bool) (*argPlan, error) {
+func planArgs(t reflect.Type, fields []Field, top bool) (*argPlan, error) {
 	if t.Kind() != reflect.Struct {
 		return nil, fmt.Errorf("%w: %s is not a struct", errArgPlan, t)
 	}
@@ -59,14 +59,14 @@ func planArgs(t reflect.Type, fields []field, top bool) (*argPlan, error) {
 	p := &argPlan{typ: t}
 	for i := range fields {
 		f := &fields[i]
-		if top && f.name == "vm" {
+		if top && f.Name == "vm" {
 			continue
 		}
-		idx, ok := byTag[f.name]
+		idx, ok := byTag[f.Name]
 		if !ok {
-			return nil, fmt.Errorf("%w: %s has no field for argument %q", errArgPlan, t, f.name)
+			return nil, fmt.Errorf("%w: %s has no field for argument %q", errArgPlan, t, f.Name)
 		}
-		delete(byTag, f.name)
+		delete(byTag, f.Name)
 		slot, err := planSlot(t.Field(idx), idx, f)
 		if err != nil {
 			return nil, err
@@ -80,39 +80,39 @@ func planArgs(t reflect.Type, fields []field, top bool) (*argPlan, error) {
 	return p, nil
 }
 
-func planSlot(sf reflect.StructField, idx int, f *field) (argSlot, error) {
-	slot := argSlot{name: f.name, index: idx, kind: f.kind}
+func planSlot(sf reflect.StructField, idx int, f *Field) (argSlot, error) {
+	slot := argSlot{name: f.Name, index: idx, kind: f.Kind}
 	ft := sf.Type
 	if ft.Kind() == reflect.Pointer {
 		slot.ptr, ft = true, ft.Elem()
 	}
 	var ok bool
-	switch f.kind {
-	case kindString:
+	switch f.Kind {
+	case KindString:
 		ok = ft.Kind() == reflect.String
-	case kindInteger:
+	case KindInteger:
 		ok = ft.Kind() == reflect.Int64
-	case kindBoolean:
+	case KindBoolean:
 		ok = ft.Kind() == reflect.Bool
-	case kindStringArray:
+	case KindStringArray:
 		ok = !slot.ptr && ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.String
-	case kindStringMap:
+	case KindStringMap:
 		ok = !slot.ptr && ft.Kind() == reflect.Map && ft.Key().Kind() == reflect.String && ft.Elem().Kind() == reflect.String
-	case kindObject:
-		sub, err := planArgs(ft, f.fields, false)
+	case KindObject:
+		sub, err := planArgs(ft, f.Fields, false)
 		if err != nil {
 			return slot, err
 		}
 		slot.sub, ok = sub, true
 	}
 	if !ok {
-		return slot, fmt.Errorf("%w: field %s (%s) cannot hold argument %q", errArgPlan, sf.Name, sf.Type, f.name)
+		return slot, fmt.Errorf("%w: field %s (%s) cannot hold argument %q", errArgPlan, sf.Name, sf.Type, f.Name)
 	}
 	return slot, nil
 }
 
 // fill sets dst (a struct of p.typ) from valid, the output of
-// toolSpec.validate for the same fields.
+// Tool.Validate for the same fields.
 func (p *argPlan) fill(valid map[string]any, dst reflect.Value) error {
 	for i := range p.slots {
 		sl := &p.slots[i]
@@ -138,30 +138,30 @@ var errArgType = errors.New("validated argument of an unexpected type")
 
 func (sl *argSlot) set(fv reflect.Value, v any) error {
 	switch sl.kind {
-	case kindString:
+	case KindString:
 		if s, ok := v.(string); ok {
 			fv.SetString(s)
 			return nil
 		}
-	case kindInteger:
+	case KindInteger:
 		if n, ok := v.(int64); ok {
 			fv.SetInt(n)
 			return nil
 		}
-	case kindBoolean:
+	case KindBoolean:
 		if b, ok := v.(bool); ok {
 			fv.SetBool(b)
 			return nil
 		}
-	case kindStringArray:
+	case KindStringArray:
 		if a, ok := v.([]any); ok {
 			return setStrings(fv, a)
 		}
-	case kindStringMap:
+	case KindStringMap:
 		if m, ok := v.(map[string]any); ok {
 			return setStringMap(fv, m)
 		}
-	case kindObject:
+	case KindObject:
 		if m, ok := v.(map[string]any); ok {
 			return sl.sub.fill(m, fv)
 		}
@@ -196,29 +196,36 @@ func setStringMap(fv reflect.Value, m map[string]any) error {
 	return nil
 }
 
-// newTool completes t with its argument struct A and its handler: the
+// A Handler runs one call of a tool: with the server's shared state (Env),
+// the call as the gate let it through (Call) and its typed arguments.
+type Handler[A any] func(e *Env, c *Call, a *A) Result
+
+// NewTool completes t with its argument struct A and its handler: the
 // gate decodes t's validated arguments into a new A, and run gets it. A
-// struct that does not match t.fields panics (a programming error, caught
+// struct that does not match t.Fields panics (a programming error, caught
 // by every test that builds the catalogue).
-func newTool[A any](t toolSpec, run func(s *Server, c *call, a *A) result) *toolSpec {
-	plan, err := planArgs(reflect.TypeFor[A](), t.fields, true)
+func NewTool[A any](t Tool, run Handler[A]) *Tool {
+	plan, err := planArgs(reflect.TypeFor[A](), t.Fields, true)
 	if err != nil {
-		panic(fmt.Sprintf("server: catalogue: %s: %v", t.name, err))
+		panic(fmt.Sprintf("server: catalogue: %s: %v", t.Name, err))
 	}
 	t.plan = plan
-	t.run = func(s *Server, c *call) result { return run(s, c, c.args.(*A)) }
+	t.run = func(e *Env, c *Call) Result { return run(e, c, c.Args.(*A)) }
 	return &t
 }
 
-// decode turns validated arguments into the tool's argument struct (a
+// Decode turns validated arguments into the tool's argument struct (a
 // pointer to it, as the handler gets it).
-func (t *toolSpec) decode(valid map[string]any) (any, error) {
+func (t *Tool) Decode(valid map[string]any) (any, error) {
 	v := reflect.New(t.plan.typ)
 	if err := t.plan.fill(valid, v.Elem()); err != nil {
-		return nil, fmt.Errorf("server: decode arguments of %s: %w", t.name, err)
+		return nil, fmt.Errorf("server: decode arguments of %s: %w", t.Name, err)
 	}
 	return v.Interface(), nil
 }
 
-// noArgs is the argument struct of a tool whose only argument, if any, is vm.
-type noArgs struct{}
+// Run runs c (whose Args Decode made) through t's handler.
+func (t *Tool) Run(e *Env, c *Call) Result { return t.run(e, c) }
+
+// NoArgs is the argument struct of a tool whose only argument, if any, is vm.
+type NoArgs struct{}

@@ -1,4 +1,4 @@
-package server
+package tools
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/vmgate/vmgate/internal/guestctl"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // Processes: list_processes and kill_process, through vmgate-guest. The
@@ -21,8 +22,10 @@ import (
 // MaxPID is the largest pid a Linux guest can have (PID_MAX_LIMIT).
 const MaxPID = 4194304
 
-// Signals are the signals kill_process accepts.
-var Signals = []string{"TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT"}
+// signals are the signals kill_process accepts.
+func signals() []string {
+	return []string{"TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT"}
+}
 
 // defaultSignal is kill_process's signal when the call gives none.
 const defaultSignal = "TERM"
@@ -31,37 +34,37 @@ const defaultSignal = "TERM"
 // structured result has them all).
 const maxProcessRows = 200
 
-func listProcessesTool() *toolSpec {
-	return newTool(toolSpec{
-		name: "list_processes", title: "List processes", readOnly: true, idempotent: true,
-		desc:   "List the processes in a VM (pid, name, user, start time), optionally only those of one session; other grants' sessions' processes are left out. vmgate installs its vmgate-guest helper in the VM on first use.",
-		fields: []field{vmField(true), sessionField()},
-		output: []map[string]any{oObject(map[string]any{
-			"vm": oString, "session": oString,
-			"processes": oArray(oObject(map[string]any{
-				"pid": oInteger, "ppid": oInteger, "user": oString, "name": oString, "cmdline": oString,
-				"started_at": oInteger, "state": oString, "rss_bytes": oNonNeg, "cpu_percent": oNumber, "session": oString,
+func listProcessesTool() *catalog.Tool {
+	return catalog.NewTool(catalog.Tool{
+		Name: "list_processes", Title: "List processes", ReadOnly: true, Idempotent: true,
+		Desc:   "List the processes in a VM (pid, name, user, start time), optionally only those of one session; other grants' sessions' processes are left out. vmgate installs its vmgate-guest helper in the VM on first use.",
+		Fields: []catalog.Field{catalog.VMField(true), catalog.SessionField()},
+		Output: []map[string]any{catalog.OObject(map[string]any{
+			"vm": catalog.OString(), "session": catalog.OString(),
+			"processes": catalog.OArray(catalog.OObject(map[string]any{
+				"pid": catalog.OInteger(), "ppid": catalog.OInteger(), "user": catalog.OString(), "name": catalog.OString(), "cmdline": catalog.OString(),
+				"started_at": catalog.OInteger(), "state": catalog.OString(), "rss_bytes": catalog.ONonNeg(), "cpu_percent": catalog.ONumber(), "session": catalog.OString(),
 			}, "pid", "ppid", "name", "started_at", "state")),
 		}, "vm", "processes")},
-	}, (*Server).runListProcesses)
+	}, runListProcesses)
 }
 
-func killProcessTool() *toolSpec {
-	return newTool(toolSpec{
-		name: "kill_process", title: "Signal a process", destructive: true,
-		desc: "Send a signal (default TERM) to a process in a VM and report whether it exited. " +
+func killProcessTool() *catalog.Tool {
+	return catalog.NewTool(catalog.Tool{
+		Name: "kill_process", Title: "Signal a process", Destructive: true,
+		Desc: "Send a signal (default TERM) to a process in a VM and report whether it exited. " +
 			"pid 1, kernel threads, the guest agent and vmgate-guest are refused ([INVALID ARGUMENT] refused: <reason>), " +
 			"and so is a pid that no longer has the given started_at.",
-		fields: []field{
-			vmField(true),
-			{name: "pid", kind: kindInteger, desc: "Process id in the guest (from list_processes or vm_agent_exec).", required: true, min: 1, max: MaxPID},
-			{name: "signal", kind: kindString, desc: "Signal name without SIG (default TERM).", enum: Signals, def: defaultSignal},
-			{name: "started_at", kind: kindInteger, desc: "The process start time in ms since the Unix epoch, as list_processes and vm_agent_exec (wait: false) return it; the kill is refused when the pid now belongs to another process.", min: 1, max: math.MaxInt64},
+		Fields: []catalog.Field{
+			catalog.VMField(true),
+			{Name: "pid", Kind: catalog.KindInteger, Desc: "Process id in the guest (from list_processes or vm_agent_exec).", Required: true, Min: 1, Max: MaxPID},
+			{Name: "signal", Kind: catalog.KindString, Desc: "Signal name without SIG (default TERM).", Enum: signals(), Default: defaultSignal},
+			{Name: "started_at", Kind: catalog.KindInteger, Desc: "The process start time in ms since the Unix epoch, as list_processes and vm_agent_exec (wait: false) return it; the kill is refused when the pid now belongs to another process.", Min: 1, Max: math.MaxInt64},
 		},
-		output: []map[string]any{oObject(map[string]any{
-			"pid": oInteger, "signal": oString, "exited": oBoolean, "waited_ms": oNonNeg, "state": oString,
+		Output: []map[string]any{catalog.OObject(map[string]any{
+			"pid": catalog.OInteger(), "signal": catalog.OString(), "exited": catalog.OBoolean(), "waited_ms": catalog.ONonNeg(), "state": catalog.OString(),
 		}, "pid", "signal", "exited")},
-	}, (*Server).runKillProcess)
+	}, runKillProcess)
 }
 
 // listProcessesArgs are list_processes' arguments.
@@ -69,27 +72,27 @@ type listProcessesArgs struct {
 	Session string `arg:"session"` // "": every process
 }
 
-func (s *Server) runListProcesses(c *call, a *listProcessesArgs) result {
-	g := s.guest
-	h, r := g.helperFor(c)
+func runListProcesses(e *catalog.Env, c *catalog.Call, a *listProcessesArgs) catalog.Result {
+	g := e.Guest
+	h, r := g.HelperFor(c)
 	if r != nil {
 		return *r
 	}
 	session := a.Session
 	if session != "" {
-		if _, r := g.liveSession(c, session); r != nil {
+		if _, r := g.LiveSession(c, session); r != nil {
 			return *r
 		}
 	}
-	procs, err := h.PS(c.ctx, c.name, session)
+	procs, err := h.PS(c.Ctx, c.Name, session)
 	if err != nil {
-		return helperFailure(err)
+		return catalog.HelperFailure(err)
 	}
-	procs, r = g.visibleProcesses(c, procs)
+	procs, r = visibleProcesses(g, c, procs)
 	if r != nil {
 		return *r
 	}
-	out := map[string]any{"vm": c.vm, "processes": procs}
+	out := map[string]any{"vm": c.VM, "processes": procs}
 	if session != "" {
 		out["session"] = session
 	}
@@ -110,10 +113,10 @@ func (s *Server) runListProcesses(c *call, a *listProcessesArgs) result {
 		if cmd == "" {
 			cmd = "[" + p.Name + "]"
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%s\n", p.PID, p.PPID, p.User, p.State, p.StartedAt, truncate(cmd, 120))
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%s\n", p.PID, p.PPID, p.User, p.State, p.StartedAt, catalog.Truncate(cmd, 120))
 	}
 	tw.Flush()
-	return success(out, strings.TrimRight(b.String(), "\n"))
+	return catalog.Success(out, strings.TrimRight(b.String(), "\n"))
 }
 
 // visibleProcesses keeps of procs what c's grant may see: every process
@@ -121,15 +124,15 @@ func (s *Server) runListProcesses(c *call, a *listProcessesArgs) result {
 // one's too: a daemon that outlived it). The processes of another grant's
 // session, or of a session the store does not know, are left out whole,
 // command line and all: another grant's sessions are "unknown" to this one.
-func (g *guestTools) visibleProcesses(c *call, procs []guestctl.Process) ([]guestctl.Process, *result) {
+func visibleProcesses(g *catalog.Guest, c *catalog.Call, procs []guestctl.Process) ([]guestctl.Process, *catalog.Result) {
 	mine := map[string]bool{}
 	out := make([]guestctl.Process, 0, len(procs))
 	for _, p := range procs {
 		if p.Session != "" {
 			ok, seen := mine[p.Session]
 			if !seen {
-				_, r := g.ownedSession(c, p.Session)
-				if r != nil && r.tag != TagInvalid { // the store did not answer
+				_, r := g.OwnedSession(c, p.Session)
+				if r != nil && r.Tag != catalog.TagInvalid { // the store did not answer
 					return nil, r
 				}
 				ok = r == nil
@@ -162,18 +165,18 @@ func (a *killArgs) signal() string {
 // runKillProcess asks vmgate-guest to signal the process. The guards are
 // the guest's (guest/agent/kill.go): the host only validated the arguments
 // (pid range, signal name, started_at), and maps a refusal to its tag.
-func (s *Server) runKillProcess(c *call, a *killArgs) result {
-	h, r := s.guest.helperFor(c)
+func runKillProcess(e *catalog.Env, c *catalog.Call, a *killArgs) catalog.Result {
+	h, r := e.Guest.HelperFor(c)
 	if r != nil {
 		return *r
 	}
-	kr, err := h.Kill(c.ctx, c.name, int(a.PID), a.signal(), a.StartedAt)
+	kr, err := h.Kill(c.Ctx, c.Name, int(a.PID), a.signal(), a.StartedAt)
 	if err != nil {
-		r := helperFailure(err)
+		r := catalog.HelperFailure(err)
 		if errors.Is(err, guestctl.ErrNotFound) {
-			r.text = fmt.Sprintf("no process %d in %s", a.PID, c.vm)
+			r.Text = fmt.Sprintf("no process %d in %s", a.PID, c.VM)
 		}
-		if m, ok := r.structured.(map[string]any); ok {
+		if m, ok := r.Structured.(map[string]any); ok {
 			m["pid"] = a.PID
 		}
 		return r
@@ -183,7 +186,7 @@ func (s *Server) runKillProcess(c *call, a *killArgs) result {
 		out["state"] = kr.State
 	}
 	if kr.Exited {
-		return success(out, fmt.Sprintf("sent SIG%s to %d; it exited", kr.Signal, kr.PID))
+		return catalog.Success(out, fmt.Sprintf("sent SIG%s to %d; it exited", kr.Signal, kr.PID))
 	}
-	return success(out, fmt.Sprintf("sent SIG%s to %d; it is still running (state %s)", kr.Signal, kr.PID, kr.State))
+	return catalog.Success(out, fmt.Sprintf("sent SIG%s to %d; it is still running (state %s)", kr.Signal, kr.PID, kr.State))
 }
