@@ -11,16 +11,35 @@ import (
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
+	mcpserver "github.com/mark3labs/mcp-go/server"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/server/catalog"
 )
+
+// testSession is the mcp-go client session the direct dispatch's calls are
+// served in (a stdio client's, as server/stdio registers one).
+type testSession struct {
+	id            string
+	notifications chan mcp.JSONRPCNotification
+	initialized   atomic.Bool
+}
+
+func (s *testSession) SessionID() string { return s.id }
+func (s *testSession) NotificationChannel() chan<- mcp.JSONRPCNotification {
+	return s.notifications
+}
+func (s *testSession) Initialize()       { s.initialized.Store(true) }
+func (s *testSession) Initialized() bool { return s.initialized.Load() }
+
+var _ mcpserver.ClientSession = (*testSession)(nil)
 
 // dispatchPeer is a server with a stdio session of grant "local", and
 // what its driver saw.
 type dispatchPeer struct {
 	f       *fixture
-	sess    *stdioSession
+	sess    *testSession
 	ctx     context.Context
 	release chan struct{} // lab/slowvm's status waits for one
 	entered chan struct{} // lab/slowvm's status was called
@@ -29,7 +48,7 @@ type dispatchPeer struct {
 
 func newDispatchPeer(t *testing.T, noDirect bool, callTimeout time.Duration) *dispatchPeer {
 	p := &dispatchPeer{release: make(chan struct{}, 1), entered: make(chan struct{}, 1)}
-	drv := countingFake(new(atomic.Int64))
+	drv := hypervisortest.Counting(new(atomic.Int64))
 	drv.StatusFunc = func(ctx context.Context, vm string) (hypervisor.Status, error) {
 		n := 0
 		p.f.s.direct.m.Range(func(any, any) bool { n++; return true })
@@ -58,7 +77,7 @@ func newDispatchPeer(t *testing.T, noDirect bool, callTimeout time.Duration) *di
 	p.f = newFixture(t, fixtureOpts{driver: drv, timeouts: catalog.Timeouts{Call: callTimeout}})
 	p.f.s.noDirect = noDirect
 	p.f.s.progressEvery = 5 * time.Millisecond
-	p.sess = &stdioSession{id: "stdio-local-test", notifications: make(chan mcp.JSONRPCNotification, 64)}
+	p.sess = &testSession{id: "stdio-local-test", notifications: make(chan mcp.JSONRPCNotification, 64)}
 	p.sess.Initialize()
 	p.ctx = p.f.s.mcp.WithContext(context.Background(), p.sess)
 	return p
@@ -71,7 +90,7 @@ func (p *dispatchPeer) exchange(msg string) (out []byte, tokens []string) {
 	p.direct.Store(false)
 	done := make(chan []byte, 1)
 	go func() {
-		done <- p.f.s.handle(p.ctx, &conn{grant: p.f.s.grants["local"], transport: "stdio"}, []byte(msg))
+		done <- p.f.s.Handle(p.ctx, &Conn{Grant: p.f.s.grants["local"], Transport: "stdio"}, []byte(msg))
 	}()
 	for {
 		select {
@@ -166,7 +185,7 @@ func TestDirectCallCancelled(t *testing.T) {
 		if _, ok := p.f.s.direct.m.Load(key); !ok {
 			t.Fatalf("id %s: no direct call registered under %q", id, key)
 		}
-		out := p.f.s.handle(p.ctx, &conn{grant: p.f.s.grants["local"], transport: "stdio"},
+		out := p.f.s.Handle(p.ctx, &Conn{Grant: p.f.s.grants["local"], Transport: "stdio"},
 			[]byte(fmt.Sprintf(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":%s}}`, id)))
 		if out != nil {
 			t.Errorf("id %s: notifications/cancelled answered %s; want nothing", id, out)

@@ -26,8 +26,8 @@ import (
 // gateMessage reads every message strictly (jsonrpc.Read); a tools/call
 // then goes through gateSteps in order, and only one that passes them all
 // reaches its handler, with its ticket.
-func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
-	ctx = withConn(ctx, c)
+func (s *Server) gateMessage(ctx context.Context, c *Conn, raw []byte) verdict {
+	ctx = ConnContext(ctx, c)
 	e, err := jsonrpc.Read(raw, s.limits.MaxMessageBytes)
 	if err != nil {
 		var inv *jsonrpc.InvalidError
@@ -46,7 +46,7 @@ func (s *Server) gateMessage(ctx context.Context, c *conn, raw []byte) verdict {
 	g := &gating{s: s, ctx: ctx, conn: c, raw: raw, Envelope: e, start: s.now()}
 	// The decision record carries the reservation time, so the log alone
 	// can check every limit window exactly.
-	g.rec = audit.Record{Kind: audit.KindDecision, Time: g.start, CallID: rand.Text(), Grant: c.grant.Name, Transport: c.transport}
+	g.rec = audit.Record{Kind: audit.KindDecision, Time: g.start, CallID: rand.Text(), Grant: c.Grant.Name, Transport: c.Transport}
 	for _, step := range gateSteps {
 		if v, done := step.run(g); done {
 			return v
@@ -75,7 +75,7 @@ var gateSteps = [...]struct {
 type gating struct {
 	s    *Server
 	ctx  context.Context
-	conn *conn
+	conn *Conn
 	raw  []byte
 	jsonrpc.Envelope
 	start time.Time    // the decision and reservation time
@@ -146,7 +146,7 @@ func (g *gating) validate() (verdict, bool) {
 		return g.invalid(err.Error())
 	}
 	c := g.conn
-	g.call = &call{spec: g.spec, Call: catalog.Call{ID: g.rec.CallID, Grant: c.grant.callGrant(), Transport: c.transport, Tool: g.spec.Name, Args: typed}}
+	g.call = &call{spec: g.spec, Call: catalog.Call{ID: g.rec.CallID, Grant: c.Grant.callGrant(), Transport: c.Transport, Tool: g.spec.Name, Args: typed}}
 	return verdict{}, false
 }
 
@@ -157,12 +157,12 @@ func (g *gating) resolve() (verdict, bool) {
 		return verdict{}, false
 	}
 	g.rec.VM = catalog.Truncate(vm, 512)
-	backend, name, d, ok := g.s.resolveVM(g.conn.grant, vm)
+	backend, name, d, ok := g.s.resolveVM(g.conn.Grant, vm)
 	if !ok {
 		return g.refuse(refusal{decision: decisionUnknownVM, tag: TagUnknownVM, msg: catalog.UnknownVMText(vm)})
 	}
 	// Another grant's created VM does not exist for this one (lease/owners.go).
-	if hidden, err := g.s.leases.Hidden(g.ctx, g.conn.grant.Name, vm, backend); err != nil {
+	if hidden, err := g.s.leases.Hidden(g.ctx, g.conn.Grant.Name, vm, backend); err != nil {
 		g.rec.Reason = err.Error()
 		return g.refuse(refusal{decision: decisionError, tag: TagBackend, msg: err.Error()})
 	} else if hidden {
@@ -176,7 +176,7 @@ func (g *gating) resolve() (verdict, bool) {
 // decide asks the grant's policy. A denial ends the call; in shadow mode
 // the decision is recorded and the call goes on.
 func (g *gating) decide() (verdict, bool) {
-	eng := g.s.policyOf(g.conn.grant)
+	eng := g.s.policyOf(g.conn.Grant)
 	if eng == nil {
 		g.rec.Reason = "grant has no policy"
 		return g.refuse(denied("this grant has no policy, so it can do nothing"))
@@ -185,7 +185,7 @@ func (g *gating) decide() (verdict, bool) {
 	name := g.spec.Name
 	// Conditions see the arguments as the handler runs them: defaults filled in.
 	args := g.spec.WithDefaults(g.args)
-	d := eng.Decide(policy.Call{Grant: g.conn.grant.Name, Transport: g.conn.transport, Tool: name, VM: g.call.VM, Session: session, Args: args})
+	d := eng.Decide(policy.Call{Grant: g.conn.Grant.Name, Transport: g.conn.Transport, Tool: name, VM: g.call.VM, Session: session, Args: args})
 	g.decision = d
 	g.call.snapshot = d.Snapshot
 	g.call.Rules = catalog.Rules{Files: d.Files, Sandbox: d.Sandbox, Snapshots: d.Snapshots, KeepFiles: d.KeepFiles, Quotas: d.Quotas, Lease: d.Lease}
@@ -229,7 +229,7 @@ func (g *gating) approve() (verdict, bool) {
 	}
 	name := g.spec.Name
 	digest := argsDigest(name, g.args)
-	a, ok, err := g.s.store.ConsumeApproval(g.ctx, g.conn.grant.Name, name, digest, g.start)
+	a, ok, err := g.s.store.ConsumeApproval(g.ctx, g.conn.Grant.Name, name, digest, g.start)
 	if err != nil {
 		g.rec.Reason = "approval store: " + err.Error()
 		return g.refuse(refusal{decision: decisionError, tag: TagDenied, msg: "the approval store is unavailable, so the call is refused"})

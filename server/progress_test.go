@@ -10,13 +10,15 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // TestProgressNotifications: a long vm_agent_exec whose client sent a
 // progress token gets increasing notifications/progress carrying that token
 // before its result; the same call without a token gets none.
 func TestProgressNotifications(t *testing.T) {
-	drv := countingFake(new(atomic.Int64))
+	drv := hypervisortest.Counting(new(atomic.Int64))
 	var started atomic.Int64
 	drv.ExecStartFunc = func(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 		started.Store(time.Now().UnixNano())
@@ -33,7 +35,7 @@ func TestProgressNotifications(t *testing.T) {
 
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
-	go func() { f.s.ServeStdio(context.Background(), inR, outW); outW.Close() }()
+	go func() { serveStdio(context.Background(), f.s, "local", inR, outW); outW.Close() }()
 	t.Cleanup(func() { inW.Close() })
 	lines := bufio.NewScanner(outR)
 	lines.Buffer(nil, 1<<20)
@@ -72,7 +74,7 @@ func TestProgressNotifications(t *testing.T) {
 		t.Fatalf("no response with id %s: %v", id, lines.Err())
 		return nil
 	}
-	send(initMsg)
+	send(mcptest.InitMsg)
 	readUntil("1")
 	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
 

@@ -93,12 +93,12 @@ func (s *Server) record(ctx context.Context, rec audit.Record, r refusal) {
 // encoding/json (what mcp-go uses) would read it as a tools/call, it gets
 // a tagged tool error and an audit record; otherwise a JSON-RPC error.
 // Either way mcp-go never sees it.
-func (s *Server) refuseMalformed(ctx context.Context, c *conn, raw []byte, cause error) verdict {
+func (s *Server) refuseMalformed(ctx context.Context, c *Conn, raw []byte, cause error) verdict {
 	peek := jsonrpc.Peek(raw)
 	id := peek.ID
 	why := catalog.Truncate(cause.Error(), 200)
 	if peek.Method == string(mcp.MethodToolsCall) || jsonrpc.MayBeToolsCall(raw) {
-		rec := audit.Record{Kind: audit.KindDecision, CallID: rand.Text(), Grant: c.grant.Name, Transport: c.transport, Tool: catalog.Truncate(peek.Tool, 128)}
+		rec := audit.Record{Kind: audit.KindDecision, CallID: rand.Text(), Grant: c.Grant.Name, Transport: c.Transport, Tool: catalog.Truncate(peek.Tool, 128)}
 		rec.Reason = fmt.Sprintf("malformed tools/call of %d bytes", len(raw))
 		r := invalidArg("rejected: " + why)
 		if id == nil {

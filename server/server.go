@@ -82,8 +82,8 @@ type Grant struct {
 	Policy *policy.Engine
 	// VMs are path.Match globs over VM ids ("lab/*"); empty means every VM.
 	VMs []string
-	// RequestsPerMinute overrides HTTPOptions.RequestsPerMinute for this
-	// grant (0: the server's).
+	// RequestsPerMinute overrides the HTTP transport's request budget
+	// (mcphttp.Options.RequestsPerMinute) for this grant (0: the server's).
 	RequestsPerMinute int
 }
 
@@ -91,32 +91,6 @@ type Grant struct {
 type Backend struct {
 	Name   string
 	Driver hypervisor.Driver
-}
-
-// HTTPOptions configure Handler.
-type HTTPOptions struct {
-	// AllowedOrigins are the Origin values (scheme://host[:port]) a browser
-	// may send besides loopback origins on a loopback address
-	// (originAllowed, httpguard.go); a request with any other Origin gets
-	// 403. Requests without Origin (non-browser clients) are allowed.
-	AllowedOrigins []string
-	// AllowedHosts are the Host header values accepted besides loopback
-	// names (localhost, 127.0.0.1, [::1]) with any port; others get 403.
-	AllowedHosts []string
-	// Sessions bound the HTTP sessions (httpsessions.go).
-	Sessions HTTPSessionLimits
-	// RequestsPerMinute is each grant's request budget (httpbudget.go;
-	// default DefaultHTTPRequestsPerMinute); Grant.RequestsPerMinute
-	// overrides it.
-	RequestsPerMinute int
-	// BodyTimeout bounds how long a client takes to send a request body
-	// (default DefaultBodyTimeout).
-	BodyTimeout time.Duration
-	// BodyBytes and BodyBytesPerGrant bound the request bodies held in
-	// memory at once, in all and per grant (httpbody.go; defaults
-	// DefaultHTTPBodyBytes, DefaultHTTPBodyBytesPerGrant; both at least
-	// the largest body a message may have).
-	BodyBytes, BodyBytesPerGrant int64
 }
 
 // Config is what New needs. Store, Audit and at least one grant are required.
@@ -135,11 +109,8 @@ type Config struct {
 	// after its context ends or its input closes, before it cancels them
 	// (default DefaultShutdownGrace).
 	ShutdownGrace time.Duration
-	HTTP          HTTPOptions
-	// StdioGrant is the grant ServeStdio serves as (default "local").
-	StdioGrant string
-	Logger     *slog.Logger     // default slog.Default()
-	Now        func() time.Time // default time.Now
+	Logger        *slog.Logger     // default slog.Default()
+	Now           func() time.Time // default time.Now
 	// Sessions, GuestBinaries and ReapEvery configure the session and
 	// process tools (catalog/guest.go, tools/sessions.go; the reaper in
 	// reaper.go).
@@ -179,7 +150,6 @@ type Server struct {
 	// (advance.go).
 	advances advanceSet
 	limits   catalog.Limits
-	httpOpts HTTPOptions
 	// grace is Config.ShutdownGrace.
 	grace time.Duration
 	log   *slog.Logger
@@ -191,7 +161,6 @@ type Server struct {
 	// progressEvery is how often a call whose client sent a progress token
 	// is reported on while it runs (see progress.go).
 	progressEvery time.Duration
-	stdioGrant    string
 	undo          *undoKeeper   // undo snapshots (undo.go)
 	elicitStates  *elicitStates // the client approvals' request states (elicit.go)
 	reaper        *reaper       // sessions and undo snapshots past their time (reaper.go)
@@ -254,16 +223,11 @@ func newServer(cfg Config) *Server {
 		store:         cfg.Store,
 		audit:         cfg.Audit,
 		limits:        cfg.Limits.WithDefaults(),
-		httpOpts:      cfg.HTTP,
 		grace:         cfg.ShutdownGrace,
 		log:           cfg.Logger,
 		now:           cfg.Now,
-		stdioGrant:    cfg.StdioGrant,
 		auditRecords:  cfg.AuditRecords,
 		elicitStates:  newElicitStates(),
-	}
-	if s.stdioGrant == "" {
-		s.stdioGrant = "local"
 	}
 	if s.grace <= 0 {
 		s.grace = DefaultShutdownGrace

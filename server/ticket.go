@@ -23,21 +23,6 @@ const (
 	ticketKey
 )
 
-// conn is who is calling and how; the transports put it in the context.
-type conn struct {
-	grant     *Grant
-	transport string // "stdio" or "http"
-}
-
-func withConn(ctx context.Context, c *conn) context.Context {
-	return context.WithValue(ctx, connKey, c)
-}
-
-func connFrom(ctx context.Context) *conn {
-	c, _ := ctx.Value(connKey).(*conn)
-	return c
-}
-
 // call is one tools/call that passed the gate: what its handler gets
 // (catalog.Call) and what the gate keeps of it.
 type call struct {
@@ -181,11 +166,11 @@ func (s *Server) refund(id string, at time.Time, counters []policy.Counter) {
 
 // filterTools hides from tools/list what the caller's policy hides.
 func (s *Server) filterTools(ctx context.Context, tools []mcp.Tool) []mcp.Tool {
-	c := connFrom(ctx)
+	c := ConnFrom(ctx)
 	if c == nil {
 		return nil
 	}
-	eng := s.policyOf(c.grant)
+	eng := s.policyOf(c.Grant)
 	if eng == nil {
 		return nil
 	}

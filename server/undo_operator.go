@@ -31,18 +31,11 @@ import (
 // consumes it, checks the identity once more and reverts, bound to it.
 // Everything is audited.
 
-// OpUndo is the operator socket's undo operation (ID: the call id).
-const OpUndo = "undo"
-
 // Undo approvals are bound to this grant and tool name.
 const (
 	undoGrant = "operator"
 	undoTool  = "undo"
 )
-
-// undoTimeout bounds an undo over the operator socket (a revert loads a
-// VM's memory).
-const undoTimeout = 10 * time.Minute
 
 // callIDRE is a call id as the gate mints them (rand.Text: base32).
 var callIDRE = regexp.MustCompile(`^[A-Za-z2-7]{12,26}$`)

@@ -19,6 +19,8 @@ import (
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store/memory"
 	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/mcphttp"
+	"github.com/vmgate/vmgate/server/operator"
 )
 
 // approvalServer is a server whose policy parks every vm_agent_exec, with
@@ -48,9 +50,9 @@ func approvalServer(t *testing.T) (sock string, call func(args string) string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(srv.Handler())
+	ts := httptest.NewServer(mcphttp.New(srv, mcphttp.Options{}))
 	t.Cleanup(ts.Close)
-	o, err := srv.ListenOperator(filepath.Join(dir, server.OperatorSocketName))
+	o, err := operator.Listen(srv, filepath.Join(dir, operator.SocketName))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/vmgate/vmgate/internal/hostguard"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/mcphttp"
 	"github.com/vmgate/vmgate/server/metrics"
 	"github.com/vmgate/vmgate/server/tools"
 	"github.com/vmgate/vmgate/server/ui"
@@ -112,11 +113,11 @@ func (w *operatorWeb) serveMetrics(ctx context.Context) (stop func(), err error)
 // within the configured body timeout.
 func (w *operatorWeb) handler(srv *server.Server, tlsOn bool) (http.Handler, error) {
 	mux := http.NewServeMux()
-	mux.Handle("/", srv.Handler())
+	mux.Handle("/", mcphttp.New(srv, httpOptions(w.cfg.HTTP)))
 	bodyTimeout := httpOptions(w.cfg.HTTP).BodyTimeout
 	if w.cfg.Operator.TokenSHA256 == "" {
 		slog.Info("vmgate: no operator token in the config: the approvals page /ui is off")
-		return server.LimitBodyTime(mux, bodyTimeout), nil
+		return mcphttp.LimitBodyTime(mux, bodyTimeout), nil
 	}
 	backends := make([]ui.Backend, len(w.backends))
 	for i, b := range w.backends {
@@ -135,7 +136,7 @@ func (w *operatorWeb) handler(srv *server.Server, tlsOn bool) (http.Handler, err
 	if w.cfg.Metrics.Addr == "" {
 		mux.Handle("/metrics", page.OperatorOnly(w.metrics.Handler()))
 	}
-	return server.LimitBodyTime(mux, bodyTimeout), nil
+	return mcphttp.LimitBodyTime(mux, bodyTimeout), nil
 }
 
 // metricsHostGuard refuses a /metrics request on metrics.addr whose Host is

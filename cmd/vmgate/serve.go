@@ -29,6 +29,7 @@ import (
 	"github.com/vmgate/vmgate/policy/store/redis"
 	"github.com/vmgate/vmgate/server"
 	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/stdio"
 )
 
 func init() { commands = append(commands, newServeCmd) }
@@ -163,12 +164,11 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	leases, _ := st.(store.Leases)   // every store type keeps them; the metrics wrapper does not pass them on
 	snaps, _ := st.(store.Snapshots) // bbolt and Redis keep them (memory: the server's own)
 	srv, err := server.New(server.Config{
-		Grants: grants, Backends: backends, Store: countedStore, Audit: countedLog, StdioGrant: o.grant,
+		Grants: grants, Backends: backends, Store: countedStore, Audit: countedLog,
 		Templates: cfg.Templates, Leases: leases, Snapshots: snaps,
 		AuditRecords: func(fn func(audit.Record) error) error { return audit.Read(log.Path(), fn) },
 		Limits:       catalog.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
 		Version:      version, ShutdownGrace: o.grace,
-		HTTP: httpOptions(cfg.HTTP),
 	})
 	if err != nil {
 		return err
@@ -200,7 +200,7 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	addr := o.httpAddr
 	if addr == "" {
 		slog.Info("vmgate: serving MCP on stdio", "grant", o.grant, "state", cfg.StateDir)
-		return srv.ServeStdio(ctx, os.Stdin, os.Stdout)
+		return stdio.Serve(ctx, srv, o.grant, os.Stdin, os.Stdout)
 	}
 	return serveHTTP(ctx, srv, web, cfg, addr, o)
 }

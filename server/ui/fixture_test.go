@@ -20,6 +20,7 @@ import (
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
 	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/mcphttp"
 	"github.com/vmgate/vmgate/server/metrics"
 	"github.com/vmgate/vmgate/server/tools"
 	"github.com/vmgate/vmgate/server/ui"
@@ -117,7 +118,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatalf("ui.New: %v", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/", f.srv.Handler())
+	mux.Handle("/", mcphttp.New(f.srv, mcphttp.Options{}))
 	mux.Handle(ui.Prefix+"/", f.page)
 	mux.Handle("/metrics", m.Handler())
 	ts := httptest.NewServer(mux)

@@ -1,4 +1,4 @@
-package server
+package mcphttp
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // The request bodies of the streamable HTTP transport, bounded before they
@@ -23,7 +26,7 @@ import (
 //     over the limit reach the gate, which refuses it as an audited
 //     [INVALID ARGUMENT] naming the limit;
 //   - the bytes of bodies held in memory are bounded in all
-//     (HTTPOptions.BodyBytes) and per grant (HTTPOptions.BodyBytesPerGrant).
+//     (Options.BodyBytes) and per grant (Options.BodyBytesPerGrant).
 //     A body takes its Content-Length from both before it is read (one
 //     without takes the whole bound while it is read, and what it did not
 //     use is given back once it is in), and gives it back when its request
@@ -41,10 +44,10 @@ import (
 // in proportion), and one grant at most BodyBytesPerGrant of them, so one
 // grant cannot take the others' share.
 
-// Defaults of the body bounds (HTTPOptions.BodyBytes, BodyBytesPerGrant).
+// Defaults of the body bounds (Options.BodyBytes, BodyBytesPerGrant).
 const (
-	DefaultHTTPBodyBytes         = 32 << 20
-	DefaultHTTPBodyBytesPerGrant = 16 << 20
+	DefaultBodyBytes         = 32 << 20
+	DefaultBodyBytesPerGrant = 16 << 20
 )
 
 // bodySlack is how far past the message limit a body is read, so that a
@@ -193,14 +196,14 @@ func (b *bodyBytes) inUse(grant string) (all, mine int64, waiting int) {
 }
 
 // maxBody is the most a POST's body may hold.
-func (h *HTTPHandler) maxBody() int64 { return int64(h.s.limits.MaxMessageBytes) + bodySlack }
+func (h *Handler) maxBody() int64 { return int64(h.s.MaxMessageBytes()) + bodySlack }
 
 // readBody reads r's body within the bounds above. ok false: r has been
 // answered. Otherwise the caller releases hold once r is answered.
-func (h *HTTPHandler) readBody(w http.ResponseWriter, r *http.Request, c *conn) (body []byte, hold *bodyHold, ok bool) {
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, c *server.Conn) (body []byte, hold *bodyHold, ok bool) {
 	limit := h.maxBody()
 	if r.ContentLength > limit {
-		refuseTooLarge(w, h.s.limits.MaxMessageBytes)
+		refuseTooLarge(w, h.s.MaxMessageBytes())
 		lingerBody(w, r)
 		return nil, nil, false
 	}
@@ -208,7 +211,7 @@ func (h *HTTPHandler) readBody(w http.ResponseWriter, r *http.Request, c *conn) 
 	if want < 0 {
 		want = limit + bodyChunk // its chunks, the last one perhaps not full
 	}
-	hold, err := h.bodies.take(r.Context(), c.grant.Name, want, h.bodyWait)
+	hold, err := h.bodies.take(r.Context(), c.Grant.Name, want, h.bodyWait)
 	if err != nil {
 		h.refuseBodyRoom(w, c, err)
 		lingerBody(w, r)
@@ -219,7 +222,7 @@ func (h *HTTPHandler) readBody(w http.ResponseWriter, r *http.Request, c *conn) 
 		hold.release()
 		switch {
 		case errors.Is(err, errBodyTooLarge):
-			refuseTooLarge(w, h.s.limits.MaxMessageBytes)
+			refuseTooLarge(w, h.s.MaxMessageBytes())
 			lingerBody(w, r)
 		case bodyTimedOut(err):
 			w.Header().Set("Connection", "close")
@@ -242,17 +245,17 @@ func refuseTooLarge(w http.ResponseWriter, limit int) {
 }
 
 // refuseBodyRoom answers a request whose body found no room.
-func (h *HTTPHandler) refuseBodyRoom(w http.ResponseWriter, c *conn, err error) {
+func (h *Handler) refuseBodyRoom(w http.ResponseWriter, c *server.Conn, err error) {
 	w.Header().Set("Retry-After", "1")
 	w.Header().Set("Connection", "close")
-	all, mine, _ := h.bodies.inUse(c.grant.Name)
-	if n, ok := h.bodies.logNow(h.s.now()); ok {
-		h.s.log.Warn("server: http: request bodies at their bound; requests refused", "grant", c.grant.Name,
+	all, mine, _ := h.bodies.inUse(c.Grant.Name)
+	if n, ok := h.bodies.logNow(h.s.Now()); ok {
+		h.s.Logger().Warn("server: http: request bodies at their bound; requests refused", "grant", c.Grant.Name,
 			"grant_bytes", mine, "all_bytes", all, "refused_since_last_log", n)
 	}
 	if errors.Is(err, errGrantBodiesFull) {
 		httpError(w, http.StatusTooManyRequests, fmt.Sprintf("%s grant %s has %d bytes of request bodies in flight, the most one grant may: retry in 1 s, or send fewer large requests at once",
-			TagRateLimited, c.grant.Name, h.bodies.perGrant))
+			catalog.TagRateLimited, c.Grant.Name, h.bodies.perGrant))
 		return
 	}
 	httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("the server holds %d bytes of request bodies, the most it may: retry in 1 s", h.bodies.total))

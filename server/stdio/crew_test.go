@@ -1,4 +1,4 @@
-package server
+package stdio
 
 import (
 	"bufio"
@@ -15,7 +15,11 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/mcptest"
+	"github.com/vmgate/vmgate/server/servertest"
 )
 
 // feed is a crew's read: it hands out the lines sent on lines, counting
@@ -135,20 +139,20 @@ func TestStdioCrewReuse(t *testing.T) {
 	}
 }
 
-// stdioConn is a ServeStdio of grant "local" over pipes.
+// stdioConn is a Serve of grant "local" over pipes.
 type stdioConn struct {
 	in      *io.PipeWriter
 	replies *bufio.Scanner
 	done    chan error
 }
 
-func serveStdioPipes(t *testing.T, s *Server) *stdioConn {
+func serveStdioPipes(t *testing.T, s *server.Server) *stdioConn {
 	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	c := &stdioConn{in: inW, replies: bufio.NewScanner(outR), done: make(chan error, 1)}
 	c.replies.Buffer(nil, 1<<20)
-	go func() { c.done <- s.ServeStdio(context.Background(), inR, outW); outW.Close() }()
+	go func() { c.done <- Serve(context.Background(), s, "local", inR, outW); outW.Close() }()
 	t.Cleanup(func() { inW.Close(); outR.Close() })
 	return c
 }
@@ -163,18 +167,18 @@ func (c *stdioConn) send(t *testing.T, msg string) {
 // initialize completes the MCP handshake.
 func (c *stdioConn) initialize(t *testing.T) {
 	t.Helper()
-	c.send(t, initMsg)
+	c.send(t, mcptest.InitMsg)
 	if r := c.reply(t); r.Result == nil {
 		t.Fatalf("initialize = %+v", r.Error)
 	}
 }
 
-func (c *stdioConn) reply(t *testing.T) rpcReply {
+func (c *stdioConn) reply(t *testing.T) mcptest.Reply {
 	t.Helper()
 	if !c.replies.Scan() {
 		t.Fatalf("no reply: %v", c.replies.Err())
 	}
-	var r rpcReply
+	var r mcptest.Reply
 	if err := json.Unmarshal(c.replies.Bytes(), &r); err != nil {
 		t.Fatalf("reply %.200q: %v", c.replies.Bytes(), err)
 	}
@@ -186,34 +190,34 @@ func (c *stdioConn) reply(t *testing.T) rpcReply {
 // connection (and the worker that ran the panicking call) serves on, and
 // the panicking call's outcome is recorded as an error, not refunded.
 func TestServeStdioLongLineAndPanic(t *testing.T) {
-	drv := countingFake(new(atomic.Int64))
+	drv := hypervisortest.Counting(new(atomic.Int64))
 	drv.StatusFunc = func(ctx context.Context, vm string) (hypervisor.Status, error) {
 		if vm == "boom" {
 			panic("fake: driver bug")
 		}
 		return hypervisor.Status{Name: vm, State: hypervisor.StateRunning}, nil
 	}
-	f := newFixture(t, fixtureOpts{driver: drv})
-	c := serveStdioPipes(t, f.s)
+	f := servertest.New(t, servertest.Options{Driver: drv})
+	c := serveStdioPipes(t, f.S)
 	c.initialize(t)
-	c.send(t, `{"jsonrpc":"2.0","id":2,"method":"ping","params":{"pad":"`+strings.Repeat("x", 4*f.s.limits.MaxMessageBytes)+`"}}`)
+	c.send(t, `{"jsonrpc":"2.0","id":2,"method":"ping","params":{"pad":"`+strings.Repeat("x", 4*f.S.MaxMessageBytes())+`"}}`)
 	if r := c.reply(t); r.Error == nil || r.Error.Code != mcp.PARSE_ERROR || r.Error.Message != "message too large" || string(r.ID) != "null" {
 		t.Errorf("a line over the limit = id %s, error %+v; want %d message too large, id null", r.ID, r.Error, mcp.PARSE_ERROR)
 	}
-	c.send(t, toolCall(3, "vm_status", `{"vm":"lab/boom"}`))
+	c.send(t, mcptest.ToolCall(3, "vm_status", `{"vm":"lab/boom"}`))
 	if r := c.reply(t); r.Error == nil || r.Error.Code != mcp.INTERNAL_ERROR {
-		t.Errorf("a call whose driver panics = %+v, %q; want error %d", r.Error, r.text(), mcp.INTERNAL_ERROR)
+		t.Errorf("a call whose driver panics = %+v, %q; want error %d", r.Error, r.Text(), mcp.INTERNAL_ERROR)
 	}
-	c.send(t, toolCall(4, "vm_status", `{"vm":"lab/vm1"}`))
+	c.send(t, mcptest.ToolCall(4, "vm_status", `{"vm":"lab/vm1"}`))
 	if r := c.reply(t); r.Result == nil || r.Result.IsError || string(r.ID) != "4" {
-		t.Errorf("vm_status after the panic = id %s, %q; want a result", r.ID, r.text())
+		t.Errorf("vm_status after the panic = id %s, %q; want a result", r.ID, r.Text())
 	}
 	c.in.Close()
 	if err := <-c.done; err != nil {
 		t.Errorf("ServeStdio = %v; want nil at EOF", err)
 	}
 	var outcomes []string
-	for _, rec := range f.rec.records() {
+	for _, rec := range f.Rec.Records() {
 		if rec.Kind == audit.KindOutcome && rec.VM == "lab/boom" {
 			outcomes = append(outcomes, fmt.Sprintf("%s refunded=%v", rec.Outcome, rec.Refunded))
 		}
@@ -230,7 +234,7 @@ func TestServeStdioDrain(t *testing.T) {
 	entered := make(chan string, 2)
 	release := make(chan struct{})
 	var cancelled atomic.Bool
-	drv := countingFake(new(atomic.Int64))
+	drv := hypervisortest.Counting(new(atomic.Int64))
 	drv.StatusFunc = func(ctx context.Context, vm string) (hypervisor.Status, error) {
 		entered <- vm
 		select {
@@ -250,10 +254,10 @@ func TestServeStdioDrain(t *testing.T) {
 		{"cancelled after the grace", 50 * time.Millisecond, false},
 	} {
 		cancelled.Store(false)
-		f := newFixture(t, fixtureOpts{driver: drv, grace: tt.grace})
-		c := serveStdioPipes(t, f.s)
+		f := servertest.New(t, servertest.Options{Driver: drv, Grace: tt.grace})
+		c := serveStdioPipes(t, f.S)
 		c.initialize(t)
-		c.send(t, toolCall(5, "vm_status", `{"vm":"lab/vm1"}`))
+		c.send(t, mcptest.ToolCall(5, "vm_status", `{"vm":"lab/vm1"}`))
 		<-entered
 		c.in.Close()
 		if tt.release {
@@ -261,7 +265,7 @@ func TestServeStdioDrain(t *testing.T) {
 		}
 		r := c.reply(t)
 		if string(r.ID) != "5" || r.Result == nil || r.Result.IsError == tt.release {
-			t.Errorf("%s: the call in flight at EOF = id %s, %q (error %+v); want its reply, isError %v", tt.name, r.ID, r.text(), r.Error, !tt.release)
+			t.Errorf("%s: the call in flight at EOF = id %s, %q (error %+v); want its reply, isError %v", tt.name, r.ID, r.Text(), r.Error, !tt.release)
 		}
 		if err := <-c.done; err != nil {
 			t.Errorf("%s: ServeStdio = %v; want nil at EOF", tt.name, err)
@@ -279,7 +283,7 @@ func TestServeStdioDrain(t *testing.T) {
 func TestServeStdioReadsWhileACallRuns(t *testing.T) {
 	entered := make(chan string, 1)
 	cancelled := make(chan struct{})
-	drv := countingFake(new(atomic.Int64))
+	drv := hypervisortest.Counting(new(atomic.Int64))
 	drv.StatusFunc = func(ctx context.Context, vm string) (hypervisor.Status, error) {
 		if vm != "lab/slow" && vm != "slow" {
 			return hypervisor.Status{Name: vm, State: hypervisor.StateRunning}, nil
@@ -289,14 +293,14 @@ func TestServeStdioReadsWhileACallRuns(t *testing.T) {
 		close(cancelled)
 		return hypervisor.Status{}, fmt.Errorf("fake: status: %w", ctx.Err())
 	}
-	f := newFixture(t, fixtureOpts{driver: drv})
-	c := serveStdioPipes(t, f.s)
+	f := servertest.New(t, servertest.Options{Driver: drv})
+	c := serveStdioPipes(t, f.S)
 	c.initialize(t)
-	c.send(t, toolCall(2, "vm_status", `{"vm":"lab/slow"}`))
+	c.send(t, mcptest.ToolCall(2, "vm_status", `{"vm":"lab/slow"}`))
 	<-entered
-	c.send(t, toolCall(3, "vm_status", `{"vm":"lab/vm1"}`))
+	c.send(t, mcptest.ToolCall(3, "vm_status", `{"vm":"lab/vm1"}`))
 	if r := c.reply(t); string(r.ID) != "3" || r.Result == nil || r.Result.IsError {
-		t.Fatalf("the call sent while another runs = id %s, %q (error %+v); want its result first", r.ID, r.text(), r.Error)
+		t.Fatalf("the call sent while another runs = id %s, %q (error %+v); want its result first", r.ID, r.Text(), r.Error)
 	}
 	c.send(t, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}`)
 	select {

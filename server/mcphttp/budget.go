@@ -1,4 +1,4 @@
-package server
+package mcphttp
 
 import (
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/vmgate/vmgate/server"
 	"github.com/vmgate/vmgate/server/catalog"
 	"github.com/vmgate/vmgate/server/jsonrpc"
 )
@@ -18,7 +19,7 @@ import (
 // The request budget of the streamable HTTP transport: every authenticated
 // request (initialize, tools/list, a tools/call, a notification, a GET
 // stream, a DELETE) takes one unit of its grant's budget, at most
-// HTTPOptions.RequestsPerMinute in any minute (a sliding, exact window,
+// Options.RequestsPerMinute in any minute (a sliding, exact window,
 // like the policy's limits). A request over the budget is refused before
 // anything else is done for it: a tools/call gets a [RATE LIMITED] tool
 // result, anything else a JSON-RPC error, with HTTP status 429 and
@@ -32,10 +33,10 @@ import (
 // still goes through the policy and its all_tools limits, which are exact
 // across replicas. The refusals are logged, once per grant and window.
 
-// DefaultHTTPRequestsPerMinute is the per-grant request budget of a config
+// DefaultRequestsPerMinute is the per-grant request budget of a config
 // that sets none: room for an agent's bursts (20 requests per second
 // sustained), far below what a flood sends.
-const DefaultHTTPRequestsPerMinute = 1200
+const DefaultRequestsPerMinute = 1200
 
 // budgetWindow is the window of the request budget.
 const budgetWindow = time.Minute
@@ -102,25 +103,25 @@ func (b *requestBudget) take(grant string, max int, now time.Time) (retry time.D
 // a JSON-RPC reply (read from its body when that holds at most
 // bodyPeekBytes: a tools/call then gets a tool result), anything else as
 // text.
-func (h *HTTPHandler) admit(w http.ResponseWriter, r *http.Request, c *conn) bool {
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request, c *server.Conn) bool {
 	s := h.s
 	limit := h.opts.RequestsPerMinute
-	if c.grant.RequestsPerMinute > 0 {
-		limit = c.grant.RequestsPerMinute
+	if c.Grant.RequestsPerMinute > 0 {
+		limit = c.Grant.RequestsPerMinute
 	}
-	retry, ok, logNow, refused := h.budget.take(c.grant.Name, limit, s.now())
+	retry, ok, logNow, refused := h.budget.take(c.Grant.Name, limit, s.Now())
 	if ok {
 		return true
 	}
 	if logNow {
-		s.log.Warn("server: http: grant over its request budget; requests refused",
-			"grant", c.grant.Name, "per_minute", limit, "refused_since_last_log", refused)
+		s.Logger().Warn("server: http: grant over its request budget; requests refused",
+			"grant", c.Grant.Name, "per_minute", limit, "refused_since_last_log", refused)
 	}
 	secs := max(int64(math.Ceil(retry.Seconds())), 1)
-	msg := fmt.Sprintf("grant %s sent more than %d requests in a minute: retry in %d s", c.grant.Name, limit, secs)
+	msg := fmt.Sprintf("grant %s sent more than %d requests in a minute: retry in %d s", c.Grant.Name, limit, secs)
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	if r.Method != http.MethodPost {
-		httpError(w, http.StatusTooManyRequests, TagRateLimited+" "+msg)
+		httpError(w, http.StatusTooManyRequests, catalog.TagRateLimited+" "+msg)
 		return false
 	}
 	defer lingerBody(w, r) // what is left of the body is not read
@@ -140,10 +141,10 @@ func (h *HTTPHandler) admit(w http.ResponseWriter, r *http.Request, c *conn) boo
 		// A tool error, as the policy's own rate limits answer: the agent
 		// reads it where it reads every other refusal.
 		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(jsonrpc.ResultReply(id, catalog.ErrorResult(TagRateLimited, msg, map[string]any{"retry_after_s": secs})))
+		_, _ = w.Write(jsonrpc.ResultReply(id, catalog.ErrorResult(catalog.TagRateLimited, msg, map[string]any{"retry_after_s": secs})))
 		return false
 	}
 	w.WriteHeader(http.StatusTooManyRequests)
-	_, _ = w.Write(jsonrpc.ErrorDataReply(id, codeRateLimited, TagRateLimited+" "+msg, map[string]any{"retry_after_s": secs}))
+	_, _ = w.Write(jsonrpc.ErrorDataReply(id, codeRateLimited, catalog.TagRateLimited+" "+msg, map[string]any{"retry_after_s": secs}))
 	return false
 }

@@ -1,4 +1,4 @@
-package server
+package mcphttp
 
 import (
 	"bytes"
@@ -15,6 +15,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/mcptest"
+	"github.com/vmgate/vmgate/server/servertest"
 )
 
 // countingReader counts what is read of r.
@@ -169,10 +173,10 @@ func serveBody(h http.Handler, token string, body io.Reader, length int64) (*htt
 // the bound; a message a little over the limit reaches the gate, which
 // refuses it as an audited tool error.
 func TestHTTPBodyReadWithinBounds(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	f.s.grants["other"].RequestsPerMinute = 1
-	h := f.s.Handler()
-	limit := int64(f.s.limits.MaxMessageBytes)
+	f := servertest.New(t, servertest.Options{})
+	grantOf(t, f, "other").RequestsPerMinute = 1
+	h := New(f.S, Options{})
+	limit := int64(f.S.MaxMessageBytes())
 	huge := int64(33 << 20)
 	if rec, _ := serveBody(h, "other-token", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`), -1); rec.Code == http.StatusTooManyRequests {
 		t.Fatalf("other's first request = %d; want it within its budget", rec.Code)
@@ -190,8 +194,8 @@ func TestHTTPBodyReadWithinBounds(t *testing.T) {
 		{"no Content-Length, past the limit", "local-token", endless{}, -1, http.StatusRequestEntityTooLarge, limit + bodySlack + 1, "message too large"},
 		{"a wrong token", "wrong-token", endless{}, huge, http.StatusUnauthorized, 0, "unauthorized"},
 		{"a wrong token, no Content-Length", "wrong-token", endless{}, -1, http.StatusUnauthorized, 0, "unauthorized"},
-		{"beyond the budget", "other-token", endless{}, huge, http.StatusTooManyRequests, 0, TagRateLimited},
-		{"beyond the budget, no Content-Length", "other-token", endless{}, -1, http.StatusTooManyRequests, bodyPeekBytes + 1, TagRateLimited},
+		{"beyond the budget", "other-token", endless{}, huge, http.StatusTooManyRequests, 0, catalog.TagRateLimited},
+		{"beyond the budget, no Content-Length", "other-token", endless{}, -1, http.StatusTooManyRequests, bodyPeekBytes + 1, catalog.TagRateLimited},
 	}
 	for _, tt := range tests {
 		rec, read := serveBody(h, tt.token, tt.body, tt.length)
@@ -205,14 +209,14 @@ func TestHTTPBodyReadWithinBounds(t *testing.T) {
 
 	// A little over the limit: read, and refused by the gate with the
 	// call's id, in the audit log.
-	over := toolCall(42, "list_vms", `{"pad":"`+strings.Repeat("x", int(limit))+`"}`)
-	recs := len(f.rec.records())
+	over := mcptest.ToolCall(42, "list_vms", `{"pad":"`+strings.Repeat("x", int(limit))+`"}`)
+	recs := len(f.Rec.Records())
 	rec, _ := serveBody(h, "local-token", strings.NewReader(over), int64(len(over)))
-	var r rpcReply
-	if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil || rec.Code != http.StatusOK || string(r.ID) != "42" || !hasTag(r, TagInvalid) || !strings.Contains(r.text(), strconv.Itoa(int(limit))) {
-		t.Errorf("a call %d bytes over the limit = %d %.200q; want a %s tool error naming the limit, id 42", int64(len(over))-limit, rec.Code, rec.Body, TagInvalid)
+	var r mcptest.Reply
+	if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil || rec.Code != http.StatusOK || string(r.ID) != "42" || !mcptest.HasTag(r, catalog.TagInvalid) || !strings.Contains(r.Text(), strconv.Itoa(int(limit))) {
+		t.Errorf("a call %d bytes over the limit = %d %.200q; want a %s tool error naming the limit, id 42", int64(len(over))-limit, rec.Code, rec.Body, catalog.TagInvalid)
 	}
-	if len(f.rec.records()) == recs {
+	if len(f.Rec.Records()) == recs {
 		t.Errorf("the refused call left no audit record")
 	}
 }
@@ -223,9 +227,8 @@ func TestHTTPBodyReadWithinBounds(t *testing.T) {
 // read; a small one that fits goes on; one waiting gets in as soon as room
 // is given back.
 func TestHTTPBodyBytesInFlight(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	f.s.httpOpts.BodyBytes, f.s.httpOpts.BodyBytesPerGrant = 1, 1 // raised to the largest body
-	h := f.s.Handler()
+	f := servertest.New(t, servertest.Options{})
+	h := New(f.S, Options{BodyBytes: 1, BodyBytesPerGrant: 1}) // raised to the largest body
 	h.bodyWait = 2 * time.Second
 	largest := h.maxBody() + bodyChunk
 	if h.bodies.total != largest || h.bodies.perGrant != largest {
@@ -262,13 +265,13 @@ func TestHTTPBodyBytesInFlight(t *testing.T) {
 				name, rec.Code, rec.Header().Get("Retry-After"), rec.Body, reads[name], want)
 		}
 	}
-	small := toolCall(3, "list_vms", `{"pad":1}`)
-	if rec, _ := serveBody(h, "other-token", strings.NewReader(small), int64(len(small))); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), TagInvalid) {
+	small := mcptest.ToolCall(3, "list_vms", `{"pad":1}`)
+	if rec, _ := serveBody(h, "other-token", strings.NewReader(small), int64(len(small))); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), catalog.TagInvalid) {
 		t.Errorf("a small body that fits = %d %.200q; want 200 and the gate's answer", rec.Code, rec.Body)
 	}
 
 	// One waiting gets in once A gives its bytes back.
-	padded := toolCall(4, "list_vms", `{"pad":"`+strings.Repeat("x", int(mb))+`"}`)
+	padded := mcptest.ToolCall(4, "list_vms", `{"pad":"`+strings.Repeat("x", int(mb))+`"}`)
 	eDone := make(chan *httptest.ResponseRecorder)
 	go func() {
 		rec, _ := serveBody(h, "other-token", strings.NewReader(padded), int64(len(padded)))
@@ -279,8 +282,8 @@ func TestHTTPBodyBytesInFlight(t *testing.T) {
 	if code := <-aDone; code != http.StatusBadRequest {
 		t.Errorf("A, its body cut = %d; want 400", code)
 	}
-	var r rpcReply
-	if rec := <-eDone; rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &r) != nil || !hasTag(r, TagInvalid) {
+	var r mcptest.Reply
+	if rec := <-eDone; rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &r) != nil || !mcptest.HasTag(r, catalog.TagInvalid) {
 		t.Errorf("E, once A gave its bytes back = %d %.200q; want 200 and the gate's answer", rec.Code, rec.Body)
 	}
 	if all, _, waiting := h.bodies.inUse("local"); all != 0 || waiting != 0 {
@@ -292,9 +295,9 @@ func TestHTTPBodyBytesInFlight(t *testing.T) {
 // the refusal of a body the server does not read, not a reset connection:
 // the server reads and discards the rest for a while, keeping none of it.
 func TestHTTPRefusalsReachTheClient(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	f.s.grants["other"].RequestsPerMinute = 1
-	ts := httptest.NewServer(f.s.Handler())
+	f := servertest.New(t, servertest.Options{})
+	grantOf(t, f, "other").RequestsPerMinute = 1
+	ts := httptest.NewServer(New(f.S, Options{}))
 	defer ts.Close()
 	big := bytes.Repeat([]byte("x"), 20<<20)
 	post := func(token string, chunked bool) (int, string, error) {
@@ -328,8 +331,8 @@ func TestHTTPRefusalsReachTheClient(t *testing.T) {
 		}{
 			{"local-token", false, http.StatusRequestEntityTooLarge, "message too large"},
 			{"local-token", true, http.StatusRequestEntityTooLarge, "message too large"},
-			{"other-token", false, http.StatusTooManyRequests, TagRateLimited},
-			{"other-token", true, http.StatusTooManyRequests, TagRateLimited},
+			{"other-token", false, http.StatusTooManyRequests, catalog.TagRateLimited},
+			{"other-token", true, http.StatusTooManyRequests, catalog.TagRateLimited},
 		} {
 			code, body, err := post(tt.token, tt.chunked)
 			if err != nil || code != tt.want || !strings.Contains(body, tt.text) {

@@ -1,4 +1,4 @@
-package server
+package mcphttp
 
 import (
 	"bufio"
@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/server/mcptest"
+	"github.com/vmgate/vmgate/server/servertest"
 )
 
 // slowPost sends the headers and the first bytes of a body of n bytes, then
@@ -41,9 +44,8 @@ func slowPost(t *testing.T, addr, path string, hdr map[string]string, n int) (st
 // An authenticated client that holds a request body open is cut off once
 // the body timeout passes: 408, the connection closed.
 func TestHTTPBodyTimeout(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	f.s.httpOpts.BodyTimeout = 300 * time.Millisecond
-	ts := httptest.NewServer(f.s.Handler())
+	f := servertest.New(t, servertest.Options{})
+	ts := httptest.NewServer(New(f.S, Options{BodyTimeout: 300 * time.Millisecond}))
 	defer ts.Close()
 	addr := strings.TrimPrefix(ts.URL, "http://")
 	status, took := slowPost(t, addr, "/mcp", map[string]string{"Authorization": "Bearer local-token", "Content-Type": "application/json"}, 1000)
@@ -54,7 +56,7 @@ func TestHTTPBodyTimeout(t *testing.T) {
 		t.Errorf("cut off after %v; want no earlier than the timeout of 300ms", took)
 	}
 	// A body that arrives in time is served.
-	if r, sid := post(t, ts.URL+"/mcp", "local-token", "", initMsg); sid == "" || r.Error != nil {
+	if r, sid := mcptest.Post(t, ts.URL+"/mcp", "local-token", "", mcptest.InitMsg); sid == "" || r.Error != nil {
 		t.Errorf("initialize = %+v, session %q; want a session", r.Error, sid)
 	}
 }
@@ -99,9 +101,8 @@ func TestLimitBodyTime(t *testing.T) {
 // refuse non-localhost origins, accept localhost ones); every other origin
 // is refused unless listed, and the token is required either way.
 func TestHTTPOrigin(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	f.s.httpOpts.AllowedOrigins = []string{"https://ops.example", "http://localhost:6274"}
-	h := f.s.Handler()
+	f := servertest.New(t, servertest.Options{})
+	h := New(f.S, Options{AllowedOrigins: []string{"https://ops.example", "http://localhost:6274"}})
 	ts := httptest.NewServer(h) // on 127.0.0.1
 	defer ts.Close()
 	port := ts.URL[strings.LastIndexByte(ts.URL, ':')+1:]
@@ -132,7 +133,7 @@ func TestHTTPOrigin(t *testing.T) {
 		if tt.token != "" {
 			hdr["Authorization"] = []string{"Bearer " + tt.token}
 		}
-		if got := initStatus(t, ts.URL+"/mcp", hdr); got != tt.want {
+		if got := mcptest.InitStatus(t, ts.URL+"/mcp", hdr); got != tt.want {
 			t.Errorf("%s: Origin %q on a loopback listener = %d; want %d", tt.name, tt.origins, got, tt.want)
 		}
 	}
@@ -150,7 +151,7 @@ func TestHTTPOrigin(t *testing.T) {
 		{"192.0.2.5:8707", "https://ops.example", http.StatusOK},
 		{"[::ffff:127.0.0.1]:8707", "http://localhost:8707", http.StatusOK},
 	} {
-		req := httptest.NewRequest(http.MethodPost, "http://127.0.0.1:8707/mcp", strings.NewReader(initMsg))
+		req := httptest.NewRequest(http.MethodPost, "http://127.0.0.1:8707/mcp", strings.NewReader(mcptest.InitMsg))
 		local, err := net.ResolveTCPAddr("tcp", tt.local)
 		if err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package server
+package mcphttp
 
 import (
 	"net/http"
@@ -6,6 +6,9 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/vmgate/vmgate/server/mcptest"
+	"github.com/vmgate/vmgate/server/servertest"
 )
 
 // heapAfterGC is the live heap after a full collection.
@@ -19,7 +22,7 @@ func heapAfterGC() uint64 {
 
 // initializeDirect runs one initialize through h without a network.
 func initializeDirect(t testing.TB, h http.Handler) string {
-	req := httptest.NewRequest(http.MethodPost, "http://127.0.0.1/mcp", strings.NewReader(initMsg))
+	req := httptest.NewRequest(http.MethodPost, "http://127.0.0.1/mcp", strings.NewReader(mcptest.InitMsg))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Authorization", "Bearer local-token")
@@ -39,10 +42,8 @@ func initializeDirect(t testing.TB, h http.Handler) string {
 // cap's sessions cost, not 20 times that.
 func TestHTTPSessionMemory(t *testing.T) {
 	const live = 2000
-	f := newFixture(t, fixtureOpts{})
-	f.s.httpOpts.Sessions = HTTPSessionLimits{MaxPerGrant: live, MaxTotal: live}
-	f.s.httpOpts.RequestsPerMinute = 1 << 20
-	h := f.s.Handler()
+	f := servertest.New(t, servertest.Options{})
+	h := New(f.S, Options{Sessions: SessionLimits{MaxPerGrant: live, MaxTotal: live}, RequestsPerMinute: 1 << 20})
 	initializeDirect(t, h) // warm up pools and lazily built state
 	before := heapAfterGC()
 	for range live {
@@ -58,10 +59,8 @@ func TestHTTPSessionMemory(t *testing.T) {
 	}
 
 	const capped = 64
-	f2 := newFixture(t, fixtureOpts{})
-	f2.s.httpOpts.Sessions = HTTPSessionLimits{MaxPerGrant: capped, MaxTotal: capped}
-	f2.s.httpOpts.RequestsPerMinute = 1 << 20
-	h2 := f2.s.Handler()
+	f2 := servertest.New(t, servertest.Options{})
+	h2 := New(f2.S, Options{Sessions: SessionLimits{MaxPerGrant: capped, MaxTotal: capped}, RequestsPerMinute: 1 << 20})
 	initializeDirect(t, h2)
 	before = heapAfterGC()
 	for range 20 * capped * 4 {

@@ -1,4 +1,4 @@
-package server
+package mcphttp
 
 import (
 	"bufio"
@@ -10,6 +10,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/mcptest"
+	"github.com/vmgate/vmgate/server/servertest"
 )
 
 // rawHTTP sends one request and returns its status, headers and body.
@@ -33,10 +37,9 @@ func rawHTTP(t *testing.T, method, url string, hdr map[string]string, body strin
 }
 
 // sessionServer serves f's HTTP handler with the given session limits.
-func sessionServer(t *testing.T, f *fixture, l HTTPSessionLimits) (*HTTPHandler, string) {
+func sessionServer(t *testing.T, f *servertest.Fixture, o Options) (*Handler, string) {
 	t.Helper()
-	f.s.httpOpts.Sessions = l
-	h := f.s.Handler()
+	h := New(f.S, o)
 	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
 	return h, ts.URL + "/mcp"
@@ -44,7 +47,7 @@ func sessionServer(t *testing.T, f *fixture, l HTTPSessionLimits) (*HTTPHandler,
 
 func initialize(t *testing.T, url, token string) string {
 	t.Helper()
-	_, sid := post(t, url, token, "", initMsg)
+	_, sid := mcptest.Post(t, url, token, "", mcptest.InitMsg)
 	if sid == "" {
 		t.Fatalf("initialize as %s gave no Mcp-Session-Id", token)
 	}
@@ -78,8 +81,8 @@ func wantLive(t *testing.T, url, token string, live, gone []string) {
 // A grant's sessions beyond its cap evict its least recently used ones;
 // using a session makes it recent.
 func TestHTTPSessionsPerGrantCapEvictsLeastRecentlyUsed(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	h, url := sessionServer(t, f, HTTPSessionLimits{MaxPerGrant: 3, MaxTotal: 10})
+	f := servertest.New(t, servertest.Options{})
+	h, url := sessionServer(t, f, Options{Sessions: SessionLimits{MaxPerGrant: 3, MaxTotal: 10}})
 	a, b, c := initialize(t, url, "local-token"), initialize(t, url, "local-token"), initialize(t, url, "local-token")
 	wantLive(t, url, "local-token", []string{a}, nil) // a is now the most recent
 	d := initialize(t, url, "local-token")            // evicts b
@@ -94,8 +97,8 @@ func TestHTTPSessionsPerGrantCapEvictsLeastRecentlyUsed(t *testing.T) {
 // At the total cap, the grant holding the most sessions pays: another
 // grant's sessions survive a flood.
 func TestHTTPSessionsTotalCapEvictsFromTheBiggestGrant(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	h, url := sessionServer(t, f, HTTPSessionLimits{MaxPerGrant: 4, MaxTotal: 5})
+	f := servertest.New(t, servertest.Options{})
+	h, url := sessionServer(t, f, Options{Sessions: SessionLimits{MaxPerGrant: 4, MaxTotal: 5}})
 	o1, o2 := initialize(t, url, "other-token"), initialize(t, url, "other-token")
 	var mine []string
 	for range 20 {
@@ -116,8 +119,8 @@ func TestHTTPSessionsTotalCapEvictsFromTheBiggestGrant(t *testing.T) {
 // initialize even if nobody uses it again); an open GET stream keeps its
 // session alive, and dropping the session ends the stream.
 func TestHTTPSessionsIdleAndStreams(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	h, url := sessionServer(t, f, HTTPSessionLimits{MaxPerGrant: 2, MaxTotal: 10, Idle: time.Minute})
+	f := servertest.New(t, servertest.Options{})
+	h, url := sessionServer(t, f, Options{Sessions: SessionLimits{MaxPerGrant: 2, MaxTotal: 10, Idle: time.Minute}})
 	idle := initialize(t, url, "local-token")
 	streaming := initialize(t, url, "local-token")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -132,7 +135,7 @@ func TestHTTPSessionsIdleAndStreams(t *testing.T) {
 		t.Fatalf("GET stream = %v, %v; want 200", resp, err)
 	}
 	defer resp.Body.Close()
-	f.advance(2 * time.Minute)
+	f.Advance(2 * time.Minute)
 	other := initialize(t, url, "other-token") // sweeps
 	if st := h.SessionStats(); st.Live != 2 || st.Expired != 1 {
 		t.Errorf("SessionStats() after the idle time = %+v; want 2 live (the streaming one and other's), 1 expired", st)
@@ -159,8 +162,8 @@ func TestHTTPSessionsIdleAndStreams(t *testing.T) {
 // A 2026-07-28 client needs no session: it calls without initialize and
 // leaves nothing in the registry.
 func TestHTTPStatelessClientsNeedNoSession(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	h, url := sessionServer(t, f, HTTPSessionLimits{})
+	f := servertest.New(t, servertest.Options{})
+	h, url := sessionServer(t, f, Options{})
 	meta := `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}`
 	for i := range 50 {
 		body := `{"jsonrpc":"2.0","id":` + strconv.Itoa(i+1) + `,"method":"tools/call","params":{"name":"list_vms","arguments":{},` + meta + `}}`
@@ -181,27 +184,27 @@ func TestHTTPStatelessClientsNeedNoSession(t *testing.T) {
 // audited when malformed) and runs nowhere; one in a session this handler
 // does not hold is refused before the gate.
 func TestHTTPSessionRequired(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	_, url := sessionServer(t, f, HTTPSessionLimits{})
+	f := servertest.New(t, servertest.Options{})
+	_, url := sessionServer(t, f, Options{})
 	hdr := map[string]string{"Authorization": "Bearer local-token"}
 	st, _, body := rawHTTP(t, http.MethodPost, url, hdr, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"vm_status","arguments":{"vm":"lab/vm1","vm":"lab/vm2"}}}`)
-	if st != http.StatusOK || !strings.Contains(body, TagInvalid) {
-		t.Errorf("malformed tools/call without a session = %d %q; want the gate's %s", st, body, TagInvalid)
+	if st != http.StatusOK || !strings.Contains(body, catalog.TagInvalid) {
+		t.Errorf("malformed tools/call without a session = %d %q; want the gate's %s", st, body, catalog.TagInvalid)
 	}
-	st, _, body = rawHTTP(t, http.MethodPost, url, hdr, toolCall(2, "vm_status", `{"vm":"lab/vm1"}`))
+	st, _, body = rawHTTP(t, http.MethodPost, url, hdr, mcptest.ToolCall(2, "vm_status", `{"vm":"lab/vm1"}`))
 	if st != http.StatusNotFound {
 		t.Errorf("tools/call without a session = %d %q; want 404", st, body)
 	}
-	n := len(f.rec.records())
+	n := len(f.Rec.Records())
 	hdr["Mcp-Session-Id"] = "mcp-session-NOTMINE"
-	st, _, body = rawHTTP(t, http.MethodPost, url, hdr, toolCall(3, "vm_status", `{"vm":"lab/vm1"}`))
+	st, _, body = rawHTTP(t, http.MethodPost, url, hdr, mcptest.ToolCall(3, "vm_status", `{"vm":"lab/vm1"}`))
 	if st != http.StatusNotFound || !strings.Contains(body, "initialize again") {
 		t.Errorf("tools/call in an unknown session = %d %q; want 404 saying to initialize again", st, body)
 	}
-	if got := len(f.rec.records()) - n; got != 0 {
+	if got := len(f.Rec.Records()) - n; got != 0 {
 		t.Errorf("%d audit records for a call in an unknown session; want 0 (refused before the gate)", got)
 	}
-	if c := f.calls.Load(); c != 0 {
+	if c := f.Calls.Load(); c != 0 {
 		t.Errorf("%d driver calls; want 0", c)
 	}
 }

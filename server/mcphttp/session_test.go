@@ -1,4 +1,4 @@
-package server
+package mcphttp
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/server/mcptest"
+	"github.com/vmgate/vmgate/server/servertest"
 )
 
 // httpStatus sends one request and returns its status (a GET stream is
@@ -39,20 +42,20 @@ func httpStatus(t *testing.T, method, url, token, session, body string) int {
 // was terminated or idled out are all unknown (404) on POST, GET and
 // DELETE, and nothing reaches the driver through them.
 func TestHTTPSessionIDsAreIssuedAndBoundToTheirGrant(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	ts := httptest.NewServer(f.s.Handler())
+	f := servertest.New(t, servertest.Options{})
+	ts := httptest.NewServer(New(f.S, Options{}))
 	defer ts.Close()
 	url := ts.URL + "/mcp"
-	_, mine := post(t, url, "local-token", "", initMsg)
-	_, theirs := post(t, url, "other-token", "", initMsg)
+	_, mine := mcptest.Post(t, url, "local-token", "", mcptest.InitMsg)
+	_, theirs := mcptest.Post(t, url, "other-token", "", mcptest.InitMsg)
 	if mine == "" || theirs == "" || mine == theirs {
 		t.Fatalf("session ids %q and %q; want two distinct ids", mine, theirs)
 	}
-	call := toolCall(2, "list_vms", `{}`) // both grants may call it: the gate lets it through to the session check
-	if r, _ := post(t, url, "local-token", mine, call); r.Result == nil || r.Result.IsError {
-		t.Fatalf("list_vms in my own session = %q (%+v); want a result", r.text(), r.Error)
+	call := mcptest.ToolCall(2, "list_vms", `{}`) // both grants may call it: the gate lets it through to the session check
+	if r, _ := mcptest.Post(t, url, "local-token", mine, call); r.Result == nil || r.Result.IsError {
+		t.Fatalf("list_vms in my own session = %q (%+v); want a result", r.Text(), r.Error)
 	}
-	before := f.calls.Load()
+	before := f.Calls.Load()
 	forged := "mcp-session-00000000-0000-0000-0000-000000000000"
 	tests := []struct {
 		name, method, token, session string
@@ -77,15 +80,15 @@ func TestHTTPSessionIDsAreIssuedAndBoundToTheirGrant(t *testing.T) {
 			t.Errorf("%s: %s = %d; want %d", tt.name, tt.method, got, tt.want)
 		}
 	}
-	if n := f.calls.Load() - before; n != 0 {
+	if n := f.Calls.Load() - before; n != 0 {
 		t.Errorf("the driver was called %d times through refused sessions; want 0", n)
 	}
 	// The refusals left the sessions alone.
 	if got := httpStatus(t, http.MethodGet, url, "local-token", mine, ""); got != http.StatusOK {
 		t.Errorf("GET in my own session = %d; want 200", got)
 	}
-	if r, _ := post(t, url, "other-token", theirs, toolCall(3, "vm_status", `{"vm":"other/vm1"}`)); r.Result == nil || r.Result.IsError {
-		t.Errorf("vm_status in the other grant's own session = %q; want a result", r.text())
+	if r, _ := mcptest.Post(t, url, "other-token", theirs, mcptest.ToolCall(3, "vm_status", `{"vm":"other/vm1"}`)); r.Result == nil || r.Result.IsError {
+		t.Errorf("vm_status in the other grant's own session = %q; want a result", r.Text())
 	}
 	// Terminated: unknown from then on.
 	if got := httpStatus(t, http.MethodDelete, url, "local-token", mine, ""); got != http.StatusOK {
@@ -95,8 +98,8 @@ func TestHTTPSessionIDsAreIssuedAndBoundToTheirGrant(t *testing.T) {
 		t.Errorf("POST after DELETE = %d; want 404", got)
 	}
 	// Idled out: unknown too.
-	f.advance(DefaultHTTPSessionIdle + time.Second)
+	f.Advance(DefaultSessionIdle + time.Second)
 	if got := httpStatus(t, http.MethodPost, url, "other-token", theirs, call); got != http.StatusNotFound {
-		t.Errorf("POST in a session idle for %v = %d; want 404", DefaultHTTPSessionIdle+time.Second, got)
+		t.Errorf("POST in a session idle for %v = %d; want 404", DefaultSessionIdle+time.Second, got)
 	}
 }

@@ -1,4 +1,4 @@
-package server
+package mcphttp
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	mcpserver "github.com/mark3labs/mcp-go/server"
+
+	"github.com/vmgate/vmgate/server"
 )
 
 // HTTP sessions (protocol versions before 2026-07-28; a 2026-07-28 client
@@ -17,7 +19,7 @@ import (
 // issues at initialize, each bound to the grant whose initialize minted it.
 //
 // They are bounded three ways, so no client can make the server hold more
-// than HTTPSessionLimits.MaxTotal of them however fast it initializes:
+// than SessionLimits.MaxTotal of them however fast it initializes:
 //
 //   - at most MaxPerGrant per grant: a grant's new session evicts that
 //     grant's least recently used one;
@@ -32,8 +34,8 @@ import (
 // open GET streams are ended. What one session costs is measured by
 // TestHTTPSessionMemory (a few kilobytes, almost all of it mcp-go's).
 
-// HTTPSessionLimits bound the sessions of the streamable HTTP transport.
-type HTTPSessionLimits struct {
+// SessionLimits bound the sessions of the streamable HTTP transport.
+type SessionLimits struct {
 	// MaxPerGrant bounds the live sessions of one grant (default 64).
 	MaxPerGrant int
 	// MaxTotal bounds the live sessions of all grants (default 1024).
@@ -45,20 +47,20 @@ type HTTPSessionLimits struct {
 
 // The session limits of a config that sets none.
 const (
-	DefaultHTTPSessionsPerGrant = 64
-	DefaultHTTPSessionsTotal    = 1024
-	DefaultHTTPSessionIdle      = 30 * time.Minute
+	DefaultSessionsPerGrant = 64
+	DefaultSessionsTotal    = 1024
+	DefaultSessionIdle      = 30 * time.Minute
 )
 
-func (l HTTPSessionLimits) withDefaults() HTTPSessionLimits {
+func (l SessionLimits) withDefaults() SessionLimits {
 	if l.MaxPerGrant <= 0 {
-		l.MaxPerGrant = DefaultHTTPSessionsPerGrant
+		l.MaxPerGrant = DefaultSessionsPerGrant
 	}
 	if l.MaxTotal <= 0 {
-		l.MaxTotal = DefaultHTTPSessionsTotal
+		l.MaxTotal = DefaultSessionsTotal
 	}
 	if l.Idle <= 0 {
-		l.Idle = DefaultHTTPSessionIdle
+		l.Idle = DefaultSessionIdle
 	}
 	return l
 }
@@ -75,7 +77,7 @@ var errUnknownHTTPSession = errors.New("unknown session")
 // mu held, after the sessions it names left the registry.
 type httpSessions struct {
 	now     func() time.Time
-	limits  HTTPSessionLimits
+	limits  SessionLimits
 	release func(ids []string) // frees mcp-go's state of dropped sessions (set by Handler)
 
 	mu      sync.Mutex
@@ -102,7 +104,7 @@ type grantSessionList struct {
 	n          int
 }
 
-func newHTTPSessions(now func() time.Time, limits HTTPSessionLimits) *httpSessions {
+func newHTTPSessions(now func() time.Time, limits SessionLimits) *httpSessions {
 	return &httpSessions{
 		now: now, limits: limits.withDefaults(), release: func([]string) {},
 		byID: map[string]*httpSession{}, grants: map[string]*grantSessionList{},
@@ -307,18 +309,18 @@ func (h *httpSessions) terminate(grant, id string) error {
 	return nil
 }
 
-// HTTPSessionStats is what the session registry holds and has dropped.
-type HTTPSessionStats struct {
+// SessionStats is what the session registry holds and has dropped.
+type SessionStats struct {
 	Live    int            // live sessions
 	ByGrant map[string]int // live sessions per grant
 	Evicted uint64         // dropped because a cap was reached
 	Expired uint64         // dropped for idling
 }
 
-func (h *httpSessions) stats() HTTPSessionStats {
+func (h *httpSessions) stats() SessionStats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	st := HTTPSessionStats{Live: h.total, ByGrant: make(map[string]int, len(h.grants)), Evicted: h.evicted, Expired: h.expired}
+	st := SessionStats{Live: h.total, ByGrant: make(map[string]int, len(h.grants)), Evicted: h.evicted, Expired: h.expired}
 	for g, l := range h.grants {
 		st.ByGrant[g] = l.n
 	}
@@ -331,8 +333,8 @@ func (h *httpSessions) stats() HTTPSessionStats {
 func (h *httpSessions) ResolveSessionIdManager(r *http.Request) mcpserver.SessionIdManager {
 	v := grantSessions{reg: h}
 	if r != nil {
-		if c := connFrom(r.Context()); c != nil {
-			v.grant = c.grant.Name
+		if c := server.ConnFrom(r.Context()); c != nil {
+			v.grant = c.Grant.Name
 		}
 	}
 	return v
@@ -391,19 +393,19 @@ func (d discardResponse) Write(b []byte) (int, error) { return len(b), nil }
 func (d discardResponse) WriteHeader(int)             {}
 
 // withDefaults fills the HTTP options a config left out.
-func (o HTTPOptions) withDefaults() HTTPOptions {
+func (o Options) withDefaults() Options {
 	o.Sessions = o.Sessions.withDefaults()
 	if o.RequestsPerMinute <= 0 {
-		o.RequestsPerMinute = DefaultHTTPRequestsPerMinute
+		o.RequestsPerMinute = DefaultRequestsPerMinute
 	}
 	if o.BodyTimeout <= 0 {
 		o.BodyTimeout = DefaultBodyTimeout
 	}
 	if o.BodyBytes <= 0 {
-		o.BodyBytes = DefaultHTTPBodyBytes
+		o.BodyBytes = DefaultBodyBytes
 	}
 	if o.BodyBytesPerGrant <= 0 {
-		o.BodyBytesPerGrant = DefaultHTTPBodyBytesPerGrant
+		o.BodyBytesPerGrant = DefaultBodyBytesPerGrant
 	}
 	return o
 }

@@ -1,4 +1,12 @@
-package server
+// Package operator is the operator socket of a running vmgate serve: a
+// unix socket in the state directory (mode 0600) on which `vmgate
+// approvals` and `vmgate undo` list, show, grant and deny parked calls and
+// revert a call's VM to its undo snapshot, one JSON request and one JSON
+// response per connection. The operator is who the kernel says
+// (SO_PEERCRED). Listen serves it; Call is its client.
+//
+// Only cmd/vmgate imports it.
+package operator
 
 import (
 	"bufio"
@@ -17,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vmgate/vmgate/server"
 	"github.com/vmgate/vmgate/server/catalog"
 	"github.com/vmgate/vmgate/server/jsonrpc"
 )
@@ -30,18 +39,18 @@ import (
 // name in the audit log. Only the owner of the socket (and root) can
 // connect, because of its mode.
 
-// OperatorSocketName is the operator socket's file name in the state directory.
-const OperatorSocketName = "operator.sock"
+// SocketName is the operator socket's file name in the state directory.
+const SocketName = "operator.sock"
 
 // operatorLockName is the lock file held by the server that owns the socket.
 const operatorLockName = "operator.lock"
 
-// maxOperatorRequest bounds one request line.
-const maxOperatorRequest = 64 << 10
+// maxRequest bounds one request line.
+const maxRequest = 64 << 10
 
-// maxOperatorResponse bounds one response line (show of an approval with
+// maxResponse bounds one response line (show of an approval with
 // 16 MiB of binary arguments, as a hex dump in JSON, stays below it).
-const maxOperatorResponse = 256 << 20
+const maxResponse = 256 << 20
 
 // operatorTimeout bounds one operator connection.
 const operatorTimeout = 30 * time.Second
@@ -52,37 +61,42 @@ const (
 	OpShow  = "show"
 	OpGrant = "grant"
 	OpDeny  = "deny"
+	OpUndo  = "undo" // ID: the call id (server.Undo)
 )
 
-// OperatorRequest is one request on the operator socket.
-type OperatorRequest struct {
+// undoTimeout bounds an undo over the operator socket (a revert loads a
+// VM's memory).
+const undoTimeout = 10 * time.Minute
+
+// Request is one request on the operator socket.
+type Request struct {
 	Op     string `json:"op"`               // list, show, grant or deny
 	ID     string `json:"id,omitempty"`     // the approval id (show, grant, deny)
 	Reason string `json:"reason,omitempty"` // why (grant, deny)
 }
 
-// OperatorResponse is the server's answer. list carries every approval
-// with its arguments cut to ApprovalPreviewBytes each; show one approval
+// Response is the server's answer. list carries every approval with its
+// arguments cut to server.ApprovalPreviewBytes each; show one approval
 // with all of its arguments.
-type OperatorResponse struct {
-	Error     string         `json:"error,omitempty"`
-	Operator  string         `json:"operator,omitempty"` // who the server took the caller to be
-	Approvals []ApprovalView `json:"approvals,omitempty"`
-	Approval  *ApprovalView  `json:"approval,omitempty"`
-	Undo      *UndoResult    `json:"undo,omitempty"` // undo (undo_operator.go)
+type Response struct {
+	Error     string                `json:"error,omitempty"`
+	Operator  string                `json:"operator,omitempty"` // who the server took the caller to be
+	Approvals []server.ApprovalView `json:"approvals,omitempty"`
+	Approval  *server.ApprovalView  `json:"approval,omitempty"`
+	Undo      *server.UndoResult    `json:"undo,omitempty"` // undo (server/undo_operator.go)
 }
 
-// ErrOperatorBusy: another live server owns the operator socket of the state directory.
-var ErrOperatorBusy = errors.New("another vmgate server owns the operator socket")
+// ErrBusy: another live server owns the operator socket of the state directory.
+var ErrBusy = errors.New("another vmgate server owns the operator socket")
 
-// OperatorError is a refusal the server sent over the operator socket.
-type OperatorError struct{ Msg string }
+// Error is a refusal the server sent over the operator socket.
+type Error struct{ Msg string }
 
-func (e *OperatorError) Error() string { return "server refused: " + e.Msg }
+func (e *Error) Error() string { return "server refused: " + e.Msg }
 
-// OperatorListener serves the operator socket of one Server.
-type OperatorListener struct {
-	s    *Server
+// Listener serves the operator socket of one server.
+type Listener struct {
+	s    *server.Server
 	path string
 	ln   *net.UnixListener
 	lock *os.File
@@ -93,11 +107,11 @@ type OperatorListener struct {
 	conns  sync.WaitGroup
 }
 
-// ListenOperator creates the operator socket at path (mode 0600). It holds
-// an exclusive lock on a lock file beside it while it runs, so a socket
-// left by a crashed server is replaced safely, and a live server's socket
-// is never taken over (ErrOperatorBusy).
-func (s *Server) ListenOperator(path string) (*OperatorListener, error) {
+// Listen creates the operator socket of s at path (mode 0600). It holds an
+// exclusive lock on a lock file beside it while it runs, so a socket left
+// by a crashed server is replaced safely, and a live server's socket is
+// never taken over (ErrBusy).
+func Listen(s *server.Server, path string) (*Listener, error) {
 	dir := filepath.Dir(path)
 	// The socket is bound under a temporary name 16 bytes longer than
 	// path; sun_path holds 107 bytes.
@@ -111,11 +125,11 @@ func (s *Server) ListenOperator(path string) (*OperatorListener, error) {
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		lock.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("server: operator socket %s: %w", path, ErrOperatorBusy)
+			return nil, fmt.Errorf("server: operator socket %s: %w", path, ErrBusy)
 		}
 		return nil, fmt.Errorf("server: operator socket: lock: %w", err)
 	}
-	fail := func(err error) (*OperatorListener, error) {
+	fail := func(err error) (*Listener, error) {
 		lock.Close()
 		return nil, fmt.Errorf("server: operator socket: %w", err)
 	}
@@ -147,14 +161,14 @@ func (s *Server) ListenOperator(path string) (*OperatorListener, error) {
 		os.Remove(tmp)
 		return fail(err)
 	}
-	return &OperatorListener{s: s, path: path, ln: ln, lock: lock}, nil
+	return &Listener{s: s, path: path, ln: ln, lock: lock}, nil
 }
 
 // Path is the socket's path.
-func (o *OperatorListener) Path() string { return o.path }
+func (o *Listener) Path() string { return o.path }
 
 // Serve answers operator requests until ctx is done or Close is called.
-func (o *OperatorListener) Serve(ctx context.Context) error {
+func (o *Listener) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { o.Close() })
 	defer stop()
 	for {
@@ -190,7 +204,7 @@ func (o *OperatorListener) Serve(ctx context.Context) error {
 
 // Close stops accepting, waits for the requests being served, removes the
 // socket and releases the lock. It is safe to call more than once.
-func (o *OperatorListener) Close() error {
+func (o *Listener) Close() error {
 	o.mu.Lock()
 	if o.closed {
 		o.mu.Unlock()
@@ -210,37 +224,37 @@ func (o *OperatorListener) Close() error {
 	return nil
 }
 
-func (o *OperatorListener) serveConn(ctx context.Context, c *net.UnixConn) {
+func (o *Listener) serveConn(ctx context.Context, c *net.UnixConn) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(operatorTimeout))
 	resp := o.answer(ctx, c)
 	b, err := json.Marshal(resp)
 	if err != nil {
-		b, _ = json.Marshal(OperatorResponse{Error: "cannot encode the response"})
+		b, _ = json.Marshal(Response{Error: "cannot encode the response"})
 	}
 	_, _ = c.Write(append(b, '\n'))
 }
 
-func (o *OperatorListener) answer(ctx context.Context, c *net.UnixConn) OperatorResponse {
+func (o *Listener) answer(ctx context.Context, c *net.UnixConn) Response {
 	who, err := peerUser(c)
 	if err != nil {
-		o.s.log.Warn("server: operator socket: unknown peer", "err", err)
-		return OperatorResponse{Error: "cannot identify the caller: " + err.Error()}
+		o.s.Logger().Warn("server: operator socket: unknown peer", "err", err)
+		return Response{Error: "cannot identify the caller: " + err.Error()}
 	}
-	line, err := readLine(c, maxOperatorRequest)
+	line, err := readLine(c, maxRequest)
 	if err != nil {
-		return OperatorResponse{Operator: who, Error: "bad request: " + err.Error()}
+		return Response{Operator: who, Error: "bad request: " + err.Error()}
 	}
-	req, err := decodeOperatorRequest(line)
+	req, err := decodeRequest(line)
 	if err != nil {
-		return OperatorResponse{Operator: who, Error: "bad request: " + err.Error()}
+		return Response{Operator: who, Error: "bad request: " + err.Error()}
 	}
 	a := o.s.Approvals()
 	switch req.Op {
 	case OpUndo:
 		_ = c.SetDeadline(time.Now().Add(undoTimeout))
 		u, err := o.s.Undo(ctx, req.ID, who)
-		resp := OperatorResponse{Operator: who, Undo: &u}
+		resp := Response{Operator: who, Undo: &u}
 		if err != nil {
 			resp.Error = err.Error()
 		}
@@ -248,20 +262,20 @@ func (o *OperatorListener) answer(ctx context.Context, c *net.UnixConn) Operator
 	case OpList:
 		list, err := a.List(ctx)
 		if err != nil {
-			return OperatorResponse{Operator: who, Error: err.Error()}
+			return Response{Operator: who, Error: err.Error()}
 		}
-		views := make([]ApprovalView, len(list))
+		views := make([]server.ApprovalView, len(list))
 		for i, ap := range list {
-			views[i] = View(ap, ApprovalPreviewBytes)
+			views[i] = server.View(ap, server.ApprovalPreviewBytes)
 		}
-		return OperatorResponse{Operator: who, Approvals: views}
+		return Response{Operator: who, Approvals: views}
 	case OpShow:
 		ap, err := a.Get(ctx, req.ID)
 		if err != nil {
-			return OperatorResponse{Operator: who, Error: err.Error()}
+			return Response{Operator: who, Error: err.Error()}
 		}
-		v := View(ap, 0)
-		return OperatorResponse{Operator: who, Approval: &v}
+		v := server.View(ap, 0)
+		return Response{Operator: who, Approval: &v}
 	case OpGrant, OpDeny:
 		decide := a.Grant
 		if req.Op == OpDeny {
@@ -269,30 +283,30 @@ func (o *OperatorListener) answer(ctx context.Context, c *net.UnixConn) Operator
 		}
 		ap, err := decide(ctx, req.ID, who, req.Reason)
 		if err != nil {
-			return OperatorResponse{Operator: who, Error: err.Error()}
+			return Response{Operator: who, Error: err.Error()}
 		}
-		o.s.log.Info("server: approval decided", "op", req.Op, "id", req.ID, "operator", who)
-		v := View(ap, ApprovalPreviewBytes)
-		return OperatorResponse{Operator: who, Approval: &v}
+		o.s.Logger().Info("server: approval decided", "op", req.Op, "id", req.ID, "operator", who)
+		v := server.View(ap, server.ApprovalPreviewBytes)
+		return Response{Operator: who, Approval: &v}
 	}
-	return OperatorResponse{Operator: who, Error: "unreachable"}
+	return Response{Operator: who, Error: "unreachable"}
 }
 
-// decodeOperatorRequest decodes one request strictly and validates it.
-func decodeOperatorRequest(line []byte) (OperatorRequest, error) {
+// decodeRequest decodes one request strictly and validates it.
+func decodeRequest(line []byte) (Request, error) {
 	v, err := jsonrpc.Decode(line)
 	if err != nil {
-		return OperatorRequest{}, err
+		return Request{}, err
 	}
 	m, ok := v.(map[string]any)
 	if !ok {
-		return OperatorRequest{}, errors.New("a request must be a JSON object")
+		return Request{}, errors.New("a request must be a JSON object")
 	}
-	var req OperatorRequest
+	var req Request
 	for k, val := range m {
 		s, ok := val.(string)
 		if !ok {
-			return OperatorRequest{}, fmt.Errorf("%q must be a string", catalog.Truncate(k, 40))
+			return Request{}, fmt.Errorf("%q must be a string", catalog.Truncate(k, 40))
 		}
 		switch k {
 		case "op":
@@ -302,36 +316,36 @@ func decodeOperatorRequest(line []byte) (OperatorRequest, error) {
 		case "reason":
 			req.Reason = s
 		default:
-			return OperatorRequest{}, fmt.Errorf("unknown member %q", catalog.Truncate(k, 40))
+			return Request{}, fmt.Errorf("unknown member %q", catalog.Truncate(k, 40))
 		}
 	}
 	switch req.Op {
 	case OpList:
 		if req.ID != "" || req.Reason != "" {
-			return OperatorRequest{}, errors.New("list takes no id or reason")
+			return Request{}, errors.New("list takes no id or reason")
 		}
 	case OpShow:
 		if req.ID == "" || req.Reason != "" {
-			return OperatorRequest{}, errors.New("show takes an approval id and no reason")
+			return Request{}, errors.New("show takes an approval id and no reason")
 		}
 	case OpUndo:
 		if req.ID == "" || req.Reason != "" {
-			return OperatorRequest{}, errors.New("undo takes a call id and no reason")
+			return Request{}, errors.New("undo takes a call id and no reason")
 		}
 	case OpGrant, OpDeny:
 		if req.ID == "" {
-			return OperatorRequest{}, fmt.Errorf("%s needs an approval id", req.Op)
+			return Request{}, fmt.Errorf("%s needs an approval id", req.Op)
 		}
 		if len(req.Reason) > 1024 {
-			return OperatorRequest{}, errors.New("reason is longer than 1024 bytes")
+			return Request{}, errors.New("reason is longer than 1024 bytes")
 		}
 		for _, r := range req.Reason {
 			if r < 0x20 || r == 0x7f {
-				return OperatorRequest{}, errors.New("reason contains control characters")
+				return Request{}, errors.New("reason contains control characters")
 			}
 		}
 	default:
-		return OperatorRequest{}, fmt.Errorf("unknown op %q (want list, show, grant, deny or undo)", catalog.Truncate(req.Op, 40))
+		return Request{}, fmt.Errorf("unknown op %q (want list, show, grant, deny or undo)", catalog.Truncate(req.Op, 40))
 	}
 	return req, nil
 }
@@ -377,13 +391,13 @@ func peerUser(c *net.UnixConn) (string, error) {
 	return "uid:" + uid, nil
 }
 
-// OperatorCall sends one request to the operator socket at path and
-// returns the server's answer; a refusal is an *OperatorError.
-func OperatorCall(ctx context.Context, path string, req OperatorRequest) (OperatorResponse, error) {
+// Call sends one request to the operator socket at path and returns the
+// server's answer; a refusal is an *Error.
+func Call(ctx context.Context, path string, req Request) (Response, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return OperatorResponse{}, fmt.Errorf("operator: connect %s: %w (is vmgate serve running with this state directory?)", path, err)
+		return Response{}, fmt.Errorf("operator: connect %s: %w (is vmgate serve running with this state directory?)", path, err)
 	}
 	defer c.Close()
 	timeout := operatorTimeout
@@ -397,21 +411,21 @@ func OperatorCall(ctx context.Context, path string, req OperatorRequest) (Operat
 	_ = c.SetDeadline(deadline)
 	b, err := json.Marshal(req)
 	if err != nil {
-		return OperatorResponse{}, fmt.Errorf("operator: %w", err)
+		return Response{}, fmt.Errorf("operator: %w", err)
 	}
 	if _, err := c.Write(append(b, '\n')); err != nil {
-		return OperatorResponse{}, fmt.Errorf("operator: send: %w", err)
+		return Response{}, fmt.Errorf("operator: send: %w", err)
 	}
-	line, err := readLine(c, maxOperatorResponse)
+	line, err := readLine(c, maxResponse)
 	if err != nil {
-		return OperatorResponse{}, fmt.Errorf("operator: read: %w", err)
+		return Response{}, fmt.Errorf("operator: read: %w", err)
 	}
-	var resp OperatorResponse
+	var resp Response
 	if err := json.Unmarshal(line, &resp); err != nil {
-		return OperatorResponse{}, fmt.Errorf("operator: decode: %w", err)
+		return Response{}, fmt.Errorf("operator: decode: %w", err)
 	}
 	if resp.Error != "" {
-		return resp, fmt.Errorf("operator: %s: %w", req.Op, &OperatorError{Msg: resp.Error})
+		return resp, fmt.Errorf("operator: %s: %w", req.Op, &Error{Msg: resp.Error})
 	}
 	return resp, nil
 }

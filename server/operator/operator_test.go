@@ -1,4 +1,4 @@
-package server
+package operator
 
 import (
 	"context"
@@ -12,16 +12,19 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/mcptest"
+	"github.com/vmgate/vmgate/server/servertest"
 )
 
 const approvePolicy = `{"version":"1","default":"allow","tools":{"vm_power":{"action":"approve","approval":{"ttl":"10m"}}}}`
 
 // startOperator serves f's operator socket in dir until the test ends.
-func startOperator(t *testing.T, f *fixture, dir string) *OperatorListener {
+func startOperator(t *testing.T, f *servertest.Fixture, dir string) *Listener {
 	t.Helper()
-	o, err := f.s.ListenOperator(filepath.Join(dir, OperatorSocketName))
+	o, err := Listen(f.S, filepath.Join(dir, SocketName))
 	if err != nil {
-		t.Fatalf("ListenOperator: %v", err)
+		t.Fatalf("Listen: %v", err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- o.Serve(context.Background()) }()
@@ -37,7 +40,7 @@ func startOperator(t *testing.T, f *fixture, dir string) *OperatorListener {
 }
 
 func TestOperatorGrantFlow(t *testing.T) {
-	f := newFixture(t, fixtureOpts{policy: approvePolicy})
+	f := servertest.New(t, servertest.Options{Policy: approvePolicy})
 	o := startOperator(t, f, t.TempDir())
 	fi, err := os.Stat(o.Path())
 	if err != nil {
@@ -47,15 +50,15 @@ func TestOperatorGrantFlow(t *testing.T) {
 		t.Errorf("socket mode = %v; want a socket with 0600", fi.Mode())
 	}
 	args := `{"vm":"lab/vm1","action":"reboot"}`
-	r := f.call(t, "vm_power", args)
-	if !hasTag(r, TagApproval) {
-		t.Fatalf("first call = %q; want %s", r.text(), TagApproval)
+	r := f.Call(t, "vm_power", args)
+	if !mcptest.HasTag(r, catalog.TagApproval) {
+		t.Fatalf("first call = %q; want %s", r.Text(), catalog.TagApproval)
 	}
 	id, _ := r.Result.StructuredContent["approval_id"].(string)
 	ctx := context.Background()
-	list, err := OperatorCall(ctx, o.Path(), OperatorRequest{Op: OpList})
+	list, err := Call(ctx, o.Path(), Request{Op: OpList})
 	if err != nil {
-		t.Fatalf("OperatorCall(list) = %v", err)
+		t.Fatalf("Call(list) = %v", err)
 	}
 	if len(list.Approvals) != 1 || list.Approvals[0].ID != id || list.Approvals[0].State != store.ApprovalPending {
 		t.Fatalf("list = %+v; want one pending approval %s", list.Approvals, id)
@@ -67,54 +70,54 @@ func TestOperatorGrantFlow(t *testing.T) {
 	if list.Operator != me.Username {
 		t.Errorf("operator = %q; want %q (from the peer credentials)", list.Operator, me.Username)
 	}
-	resp, err := OperatorCall(ctx, o.Path(), OperatorRequest{Op: OpGrant, ID: id, Reason: "planned reboot"})
+	resp, err := Call(ctx, o.Path(), Request{Op: OpGrant, ID: id, Reason: "planned reboot"})
 	if err != nil {
-		t.Fatalf("OperatorCall(grant) = %v", err)
+		t.Fatalf("Call(grant) = %v", err)
 	}
 	if resp.Approval == nil || resp.Approval.State != store.ApprovalGranted {
 		t.Fatalf("grant = %+v; want state granted", resp.Approval)
 	}
 	var audited bool
-	for _, rec := range f.rec.records() {
+	for _, rec := range f.Rec.Records() {
 		if rec.Transport == "operator" && rec.ApprovalID == id && rec.Decision == "approval_granted" &&
 			strings.Contains(rec.Reason, me.Username) && strings.Contains(rec.Reason, "planned reboot") {
 			audited = true
 		}
 	}
 	if !audited {
-		t.Errorf("no audit record of the grant by %s with its reason in %+v", me.Username, f.rec.records())
+		t.Errorf("no audit record of the grant by %s with its reason in %+v", me.Username, f.Rec.Records())
 	}
-	before := f.calls.Load()
-	if r := f.call(t, "vm_power", args); r.Result == nil || r.Result.IsError {
-		t.Fatalf("retry after grant = %q; want success", r.text())
+	before := f.Calls.Load()
+	if r := f.Call(t, "vm_power", args); r.Result == nil || r.Result.IsError {
+		t.Fatalf("retry after grant = %q; want success", r.Text())
 	}
-	if f.calls.Load() == before {
+	if f.Calls.Load() == before {
 		t.Errorf("driver calls unchanged after the granted retry")
 	}
-	if r := f.call(t, "vm_power", args); !hasTag(r, TagApproval) {
-		t.Errorf("second retry = %q; want %s (single use)", r.text(), TagApproval)
+	if r := f.Call(t, "vm_power", args); !mcptest.HasTag(r, catalog.TagApproval) {
+		t.Errorf("second retry = %q; want %s (single use)", r.Text(), catalog.TagApproval)
 	}
 	// Granting the same approval again is refused by the store.
-	if _, err := OperatorCall(ctx, o.Path(), OperatorRequest{Op: OpGrant, ID: id}); err == nil {
+	if _, err := Call(ctx, o.Path(), Request{Op: OpGrant, ID: id}); err == nil {
 		t.Errorf("second grant of %s succeeded; want an error", id)
 	}
 }
 
 func TestOperatorDeny(t *testing.T) {
-	f := newFixture(t, fixtureOpts{policy: approvePolicy})
+	f := servertest.New(t, servertest.Options{Policy: approvePolicy})
 	o := startOperator(t, f, t.TempDir())
 	args := `{"vm":"lab/vm1","action":"reset"}`
-	r := f.call(t, "vm_power", args)
+	r := f.Call(t, "vm_power", args)
 	id, _ := r.Result.StructuredContent["approval_id"].(string)
-	resp, err := OperatorCall(context.Background(), o.Path(), OperatorRequest{Op: OpDeny, ID: id, Reason: "no"})
+	resp, err := Call(context.Background(), o.Path(), Request{Op: OpDeny, ID: id, Reason: "no"})
 	if err != nil || resp.Approval == nil || resp.Approval.State != store.ApprovalDenied {
 		t.Fatalf("deny = %+v, %v; want state denied", resp.Approval, err)
 	}
-	before := f.calls.Load()
-	if r := f.call(t, "vm_power", args); r.Result == nil || !r.Result.IsError {
-		t.Errorf("retry after deny = %q; want an error", r.text())
+	before := f.Calls.Load()
+	if r := f.Call(t, "vm_power", args); r.Result == nil || !r.Result.IsError {
+		t.Errorf("retry after deny = %q; want an error", r.Text())
 	}
-	if f.calls.Load() != before {
+	if f.Calls.Load() != before {
 		t.Errorf("the driver ran after a deny")
 	}
 }
@@ -122,9 +125,9 @@ func TestOperatorDeny(t *testing.T) {
 // TestOperatorBadRequests sends hostile requests as raw lines: each gets an
 // error and nothing is decided.
 func TestOperatorBadRequests(t *testing.T) {
-	f := newFixture(t, fixtureOpts{policy: approvePolicy})
+	f := servertest.New(t, servertest.Options{Policy: approvePolicy})
 	o := startOperator(t, f, t.TempDir())
-	r := f.call(t, "vm_power", `{"vm":"lab/vm1","action":"reboot"}`)
+	r := f.Call(t, "vm_power", `{"vm":"lab/vm1","action":"reboot"}`)
 	id, _ := r.Result.StructuredContent["approval_id"].(string)
 	tests := []struct {
 		name, line, want string
@@ -145,7 +148,7 @@ func TestOperatorBadRequests(t *testing.T) {
 		{"undo with reason", `{"op":"undo","id":"ABCDEFGHIJKLMN","reason":"x"}`, "undo takes a call id and no reason"},
 		{"undo path", `{"op":"undo","id":"../../etc/passwd"}`, "is not a call id"},
 		{"undo unknown call", `{"op":"undo","id":"ABCDEFGHIJKLMNOPQRSTUVWXYZ"}`, "no undo snapshot"},
-		{"huge", `{"op":"grant","id":"` + strings.Repeat("A", maxOperatorRequest) + `"}`, "longer than"},
+		{"huge", `{"op":"grant","id":"` + strings.Repeat("A", maxRequest) + `"}`, "longer than"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -170,11 +173,11 @@ func TestOperatorBadRequests(t *testing.T) {
 			}
 		})
 	}
-	list, err := f.s.Approvals().List(context.Background())
+	list, err := f.S.Approvals().List(context.Background())
 	if err != nil || len(list) != 1 || list[0].State != store.ApprovalPending {
 		t.Errorf("approvals after the bad requests = %+v, %v; want the one still pending", list, err)
 	}
-	for _, rec := range f.rec.records() {
+	for _, rec := range f.Rec.Records() {
 		if rec.Transport == "operator" {
 			t.Errorf("a bad request was recorded as a decision: %+v", rec)
 		}
@@ -183,8 +186,8 @@ func TestOperatorBadRequests(t *testing.T) {
 
 func TestOperatorSocketLifecycle(t *testing.T) {
 	dir := t.TempDir()
-	f := newFixture(t, fixtureOpts{})
-	path := filepath.Join(dir, OperatorSocketName)
+	f := servertest.New(t, servertest.Options{})
+	path := filepath.Join(dir, SocketName)
 
 	// A stale socket of a crashed server (bound, then its listener gone
 	// without unlinking) is replaced.
@@ -194,22 +197,22 @@ func TestOperatorSocketLifecycle(t *testing.T) {
 	}
 	stale.SetUnlinkOnClose(false)
 	stale.Close()
-	o, err := f.s.ListenOperator(path)
+	o, err := Listen(f.S, path)
 	if err != nil {
 		t.Fatalf("ListenOperator over a stale socket = %v; want it replaced", err)
 	}
 	go o.Serve(context.Background())
-	if _, err := OperatorCall(context.Background(), path, OperatorRequest{Op: OpList}); err != nil {
+	if _, err := Call(context.Background(), path, Request{Op: OpList}); err != nil {
 		t.Errorf("list on the new socket = %v", err)
 	}
 
 	// A second server on the same state directory is refused and leaves the
 	// first one's socket alone.
-	g := newFixture(t, fixtureOpts{})
-	if _, err := g.s.ListenOperator(path); !errors.Is(err, ErrOperatorBusy) {
-		t.Errorf("second ListenOperator = %v; want ErrOperatorBusy", err)
+	g := servertest.New(t, servertest.Options{})
+	if _, err := Listen(g.S, path); !errors.Is(err, ErrBusy) {
+		t.Errorf("second ListenOperator = %v; want ErrBusy", err)
 	}
-	if _, err := OperatorCall(context.Background(), path, OperatorRequest{Op: OpList}); err != nil {
+	if _, err := Call(context.Background(), path, Request{Op: OpList}); err != nil {
 		t.Errorf("first server's socket broken by the second: %v", err)
 	}
 
@@ -219,7 +222,7 @@ func TestOperatorSocketLifecycle(t *testing.T) {
 	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket after Close: %v; want it removed", err)
 	}
-	if _, err := OperatorCall(context.Background(), path, OperatorRequest{Op: OpList}); err == nil {
+	if _, err := Call(context.Background(), path, Request{Op: OpList}); err == nil {
 		t.Errorf("OperatorCall after Close succeeded")
 	}
 
@@ -227,14 +230,14 @@ func TestOperatorSocketLifecycle(t *testing.T) {
 	if err := os.WriteFile(path, []byte("keep"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.s.ListenOperator(path); err == nil || !strings.Contains(err.Error(), "not a socket") {
+	if _, err := Listen(g.S, path); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Errorf("ListenOperator over a regular file = %v; want a 'not a socket' error", err)
 	}
 	if b, err := os.ReadFile(path); err != nil || string(b) != "keep" {
 		t.Errorf("regular file after refused ListenOperator = %q, %v; want it unchanged", b, err)
 	}
-	long := filepath.Join(dir, strings.Repeat("d", 120), OperatorSocketName)
-	if _, err := g.s.ListenOperator(long); err == nil {
+	long := filepath.Join(dir, strings.Repeat("d", 120), SocketName)
+	if _, err := Listen(g.S, long); err == nil {
 		t.Errorf("ListenOperator(%d-byte path) succeeded; want an error", len(long))
 	}
 }
