@@ -161,11 +161,9 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		return err
 	}
 	countedStore, countedLog := web.wrap(st, log)
-	leases, _ := st.(store.Leases)   // every store type keeps them; the metrics wrapper does not pass them on
-	snaps, _ := st.(store.Snapshots) // bbolt and Redis keep them (memory: the server's own)
 	srv, err := server.New(server.Config{
 		Grants: grants, Backends: backends, Store: countedStore, Audit: countedLog,
-		Templates: cfg.Templates, Leases: leases, Snapshots: snaps,
+		Templates:    cfg.Templates, // the store keeps the leases and snapshot owners (the metrics wrapper passes them on)
 		AuditRecords: func(fn func(audit.Record) error) error { return audit.Read(log.Path(), fn) },
 		Limits:       catalog.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
 		Version:      version, ShutdownGrace: o.grace,

@@ -113,9 +113,13 @@ type Metrics struct {
 }
 
 // StoreOps are the op label values of vmgate_store_errors_total.
-var StoreOps = []string{
-	"reserve", "refund", "create_approval", "get_approval", "list_approvals", "decide_approval", "consume_approval",
-	"create_session", "get_session", "list_sessions", "touch_session", "delete_session",
+func StoreOps() []string {
+	return []string{
+		"reserve", "refund", "create_approval", "get_approval", "list_approvals", "decide_approval", "consume_approval",
+		"create_session", "get_session", "list_sessions", "touch_session", "delete_session",
+		"acquire_lease", "get_lease", "list_leases", "update_lease", "release_lease",
+		"put_snapshot", "get_snapshot", "list_snapshots", "delete_snapshot",
+	}
 }
 
 // New builds the metrics and registers them in a new private registry.
@@ -193,7 +197,7 @@ func New(o Options) (*Metrics, error) {
 	for _, k := range []string{string(audit.KindDecision), string(audit.KindOutcome)} {
 		m.auditErrors[k] = auditErrors.WithLabelValues(k)
 	}
-	for _, op := range StoreOps {
+	for _, op := range StoreOps() {
 		m.storeErrors[op] = storeErrors.WithLabelValues(op)
 	}
 	return m, nil
