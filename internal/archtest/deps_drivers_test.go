@@ -1,4 +1,4 @@
-package hypervisor_test
+package archtest
 
 import (
 	"slices"
