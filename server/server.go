@@ -1,26 +1,34 @@
-// Package server is vmgate's MCP adapter: the tool catalogue, the gate every
-// tools/call passes through, and the stdio and streamable HTTP transports
-// with their authentication. It is the only package that imports mcp-go.
+// Package server is vmgate's gate: the one chokepoint every MCP message
+// passes before anything reaches a hypervisor. It reads every message
+// strictly (server/jsonrpc), runs a tools/call through seven named steps
+// (gate.go: decode, validate, resolve, decide, approve, reserve, record),
+// makes decisions durable (durability.go, advance.go), parks calls for an
+// operator or asks the client's user (park.go, elicit.go), takes undo
+// snapshots (undo.go), and hands a call that passed to its tool's handler
+// with a single-use ticket (ticket.go). docs/design.md describes the
+// whole.
 //
-// # The gate
+// # The rooms around it
+//
+// The tools live in server/tools on the contract of server/catalog: a
+// handler gets a catalog.Env and a catalog.Call, never the Server. The
+// transports (server/stdio, server/mcphttp, server/operator) import this
+// package and use its transport API (transport.go: Conn, Handle, Admit,
+// Grant, GrantForToken); only cmd/vmgate imports them.
 //
 // mcp-go validates arguments and filters tools before any tool middleware
 // runs, so a gate written as middleware would not see unknown tools or
 // malformed arguments. The gate therefore sits in front of mcp-go at the
-// JSON-RPC message level: ServeStdio runs its own line loop and Handler
-// wraps mcp-go's streamable HTTP handler, and both hand every message to
-// (*Server).gateMessage before (*MCPServer).HandleMessage sees it. A
-// message that fails strict decoding never reaches mcp-go. A tools/call
-// is decoded strictly, validated against the catalogue, decided by the
-// grant's policy, approved, reserved in the store and recorded durably in
-// the audit log; only then is it passed to mcp-go with a single-use ticket
-// in its context. Tool handlers refuse to run without that ticket and run
-// with the arguments the gate checked, not with mcp-go's own decoding.
+// JSON-RPC message level: a message that fails strict decoding never
+// reaches mcp-go, and a tools/call reaches its handler only with the
+// ticket the gate put in its context for exactly that call, with the
+// arguments the gate checked, not with mcp-go's own decoding.
 //
 // # Concurrency
 //
 // A Server is safe for concurrent use; its transports serve calls
-// concurrently. Grants, backends and the catalogue are immutable after New.
+// concurrently. Grants, backends, the catalogue and the Env are immutable
+// after New; a grant's policy is swapped atomically (SetPolicy).
 package server
 
 import (
@@ -70,27 +78,6 @@ type Auditor interface {
 	Append(ctx context.Context, rec audit.Record) (uint64, error)
 	// AppendLazy writes rec with the next batch without waiting (outcome records).
 	AppendLazy(ctx context.Context, rec audit.Record) error
-}
-
-// Grant is one identity with its policy.
-type Grant struct {
-	Name string
-	// TokenSHA256 is the lowercase hex SHA-256 of the grant's HTTP bearer
-	// token; empty means the grant cannot use HTTP.
-	TokenSHA256 string
-	// Policy decides the grant's calls; nil means the grant can do nothing.
-	Policy *policy.Engine
-	// VMs are path.Match globs over VM ids ("lab/*"); empty means every VM.
-	VMs []string
-	// RequestsPerMinute overrides the HTTP transport's request budget
-	// (mcphttp.Options.RequestsPerMinute) for this grant (0: the server's).
-	RequestsPerMinute int
-}
-
-// Backend is one hypervisor driver and the name its VM ids start with.
-type Backend struct {
-	Name   string
-	Driver hypervisor.Driver
 }
 
 // Config is what New needs. Store, Audit and at least one grant are required.
@@ -176,11 +163,6 @@ type Server struct {
 	mu     sync.Mutex
 	closed bool
 	calls  sync.WaitGroup
-}
-
-type tokenEntry struct {
-	hash  [32]byte
-	grant *Grant
 }
 
 // ErrUnknownGrant: a grant the server was not created with (ServeStdio,
@@ -386,48 +368,6 @@ func (s *Server) begin() bool {
 	return true
 }
 
-// callGrant is g as a tool handler sees it.
-func (g *Grant) callGrant() catalog.Grant { return catalog.Grant{Name: g.Name, VMs: g.VMs} }
-
-// resolveVM splits a VM id and finds its backend, as grant g sees it: an
-// id of another grant's VM, of an unknown backend or one catalog.ValidVMID
-// refuses are all the same "unknown VM".
-func (s *Server) resolveVM(g *Grant, id string) (backend string, name string, d hypervisor.Driver, ok bool) {
-	if !catalog.ValidVMID(id) {
-		return "", "", nil, false
-	}
-	backend, name, _ = strings.Cut(id, "/")
-	d, ok = s.backends[backend]
-	if !ok || !g.callGrant().Sees(id) {
-		return "", "", nil, false
-	}
-	return backend, name, d, true
-}
-
-// policyOf returns g's current policy engine; nil means g can do nothing.
-func (s *Server) policyOf(g *Grant) *policy.Engine {
-	if p := s.policies[g.Name]; p != nil {
-		return p.Load()
-	}
-	return nil
-}
-
-// SetPolicy replaces grant's policy engine (a reload). Calls already past
-// their decision keep the engine they used; counters live in the store and
-// carry over. A nil engine is refused: a reload never leaves a grant
-// without a policy by accident.
-func (s *Server) SetPolicy(grant string, eng *policy.Engine) error {
-	p := s.policies[grant]
-	if p == nil {
-		return fmt.Errorf("server: set policy: %w %q", ErrUnknownGrant, grant)
-	}
-	if eng == nil {
-		return fmt.Errorf("server: set policy of %q: nil engine", grant)
-	}
-	p.Store(eng)
-	return nil
-}
-
 // setupLeases takes cfg's templates and lease store and starts the lease
 // reaper. Every template must name a backend of cfg.
 func (s *Server) setupLeases(cfg Config) error {
@@ -457,20 +397,4 @@ func (s *Server) setupLeases(cfg Config) error {
 		},
 	})
 	return nil
-}
-
-// redecider is the gate as its tools' catalog.Decider: a grant's current
-// policy, asked again about a call.
-type redecider struct{ s *Server }
-
-func (r redecider) Decide(c *catalog.Call, args map[string]any) (policy.Decision, bool) {
-	g := r.s.grants[c.Grant.Name]
-	if g == nil {
-		return policy.Decision{}, false
-	}
-	eng := r.s.policyOf(g)
-	if eng == nil {
-		return policy.Decision{}, false
-	}
-	return eng.Decide(policy.Call{Grant: c.Grant.Name, Transport: c.Transport, Tool: c.Tool, VM: c.VM, Args: args}), true
 }
