@@ -95,8 +95,9 @@ func (s *Server) runTool(ctx context.Context, spec *catalog.Tool, req mcp.CallTo
 			return r.MCP()
 		}
 	}
-	stop := s.reportProgress(ctx, req, spec.Name)
+	prog, stop := s.reportProgress(ctx, req, spec.Name)
 	defer stop()
+	t.call.Progress = prog
 	r := s.run(t.call)
 	t.res = &r
 	return r.MCP()

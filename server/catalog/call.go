@@ -6,6 +6,7 @@ import (
 	"maps"
 	"path"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
@@ -36,6 +37,33 @@ type Call struct {
 	Driver            hypervisor.Driver
 	// Rules are what the policy's decision says for the handler.
 	Rules Rules
+	// Progress takes what the handler reports of the call while it runs
+	// (the latest line of a command's output): the gate's progress
+	// notifications carry it when the client asked for them. Nil when it
+	// did not; Report on a nil Progress does nothing.
+	Progress *Progress
+}
+
+// Progress is what a running call last reported of itself. Safe for
+// concurrent use; the zero value holds nothing.
+type Progress struct{ msg atomic.Pointer[string] }
+
+// Report makes msg what the call's next progress notification says.
+func (p *Progress) Report(msg string) {
+	if p != nil {
+		p.msg.Store(&msg)
+	}
+}
+
+// Latest is what was reported last ("" for nothing).
+func (p *Progress) Latest() string {
+	if p == nil {
+		return ""
+	}
+	if m := p.msg.Load(); m != nil {
+		return *m
+	}
+	return ""
 }
 
 // Rules are the parts of a policy decision a handler reads.
@@ -60,7 +88,7 @@ func (c *Call) FileRules() policy.FileRules {
 	if c.Rules.Files != nil {
 		return *c.Rules.Files
 	}
-	return policy.DefaultFileRules
+	return policy.DefaultFileRules()
 }
 
 // Grant is the caller as a handler sees it: its name and the VMs its vms

@@ -35,6 +35,9 @@ type Result struct {
 	// a VM, so its reservations are refunded.
 	NoEffect bool
 	Detail   string // for the audit log only
+	// Content is what the result carries after its text: an image
+	// (mcp.NewImageContent, vm_screenshot), embedded resources.
+	Content []mcp.Content
 }
 
 // MCP is r as the tools/call result the agent reads.
@@ -44,10 +47,11 @@ func (r Result) MCP() *mcp.CallToolResult {
 		if r.Structured != nil {
 			res.StructuredContent = r.Structured
 		}
+		res.Content = append(res.Content, r.Content...)
 		return res
 	}
 	return &mcp.CallToolResult{
-		Content:           []mcp.Content{mcp.NewTextContent(r.Text)},
+		Content:           append([]mcp.Content{mcp.NewTextContent(r.Text)}, r.Content...),
 		StructuredContent: r.Structured,
 	}
 }
