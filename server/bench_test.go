@@ -34,7 +34,7 @@ import (
 	"github.com/vmgate/vmgate/server/tools"
 )
 
-// The gate's cost, as DESIGN.md's performance budget and issue 4 ask.
+// The gate's cost, as the performance budget of docs/design.md asks.
 //
 // The no-op call is vm_status of lab/vm1 on the fake driver of the tests
 // (hypervisortest.Fake: a map lookup, no I/O). The bare server is a minimal

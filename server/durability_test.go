@@ -23,7 +23,7 @@ import (
 	"github.com/vmgate/vmgate/server/mcptest"
 )
 
-// TestDecisionDurabilityByToolClass holds DESIGN.md's performance budget
+// TestDecisionDurabilityByToolClass holds the performance budget of docs/design.md
 // with the real audit log (fsync always): a call that can change a guest
 // waits for one fsync; a read-only call that reserves nothing waits for
 // none; a read-only call that reserves a counter waits for the fsync of an

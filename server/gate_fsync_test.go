@@ -10,7 +10,7 @@ import (
 	"github.com/vmgate/vmgate/server/mcptest"
 )
 
-// TestOneFsyncPerCall holds DESIGN.md's budget with the real audit log: a
+// TestOneFsyncPerCall holds the budget of docs/design.md with the real audit log: a
 // sequential rate-limited read-only call (benchCall) costs one write(2)
 // (its decision record; the previous call's outcome rides along) and
 // shares the one fsync of the advance that holds its reservation

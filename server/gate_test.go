@@ -394,7 +394,7 @@ func TestListVMsHonoursVisibility(t *testing.T) {
 }
 
 // TestGateStepsOrder pins the order of the gate's steps: the flow of
-// DESIGN.md (arguments are valid before a policy sees them; counters are
+// docs/design.md (arguments are valid before a policy sees them; counters are
 // reserved only for a call that is allowed and approved; the decision
 // record is written last, before dispatch).
 func TestGateStepsOrder(t *testing.T) {

@@ -102,34 +102,10 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, stopProfile()) }()
-	cfg, err := loadConfig(o.config)
+	cfg, engines, grants, err := prepareServe(o)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(cfg.StateDir, lab.DirMode); err != nil {
-		return fmt.Errorf("serve: state directory: %w", err)
-	}
-	// Refused, not tightened: the operator may have opened it on purpose,
-	// and should know that what was in it could be read.
-	if err := lab.CheckStateDir(cfg.StateDir); err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	engines, err := loadPolicies(cfg.Grants)
-	if err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	warnNoBackends(slog.Default(), cfg, o.config)
-	grants := make([]server.Grant, 0, len(cfg.Grants))
-	for _, g := range cfg.Grants {
-		warnUnknownTools(slog.Default(), g.Name, engines[g.Name])
-		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs, RequestsPerMinute: g.RequestsPerMinute})
-	}
-	if o.httpAddr == "" {
-		if err := checkGrant(cfg, o.config, o.grant); err != nil {
-			return fmt.Errorf("serve: %w", err)
-		}
-	}
-
 	log, err := audit.Open(cfg.Audit.Path, audit.Options{KeyFile: cfg.Audit.KeyFile, Fsync: cfg.Audit.Fsync})
 	if err != nil {
 		return fmt.Errorf("serve: audit log: %w", err)
@@ -176,6 +152,47 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 			err = errors.Join(err, cerr)
 		}
 	}()
+	return serveServer(ctx, srv, web, cfg, engines, o)
+}
+
+// prepareServe loads the config, checks the state directory and loads
+// every grant's policy: what serve needs before it opens anything.
+func prepareServe(o serveOptions) (*config.Config, map[string]*policy.Engine, []server.Grant, error) {
+	cfg, err := loadConfig(o.config)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := os.MkdirAll(cfg.StateDir, lab.DirMode); err != nil {
+		return nil, nil, nil, fmt.Errorf("serve: state directory: %w", err)
+	}
+	// Refused, not tightened: the operator may have opened it on purpose,
+	// and should know that what was in it could be read.
+	if err := lab.CheckStateDir(cfg.StateDir); err != nil {
+		return nil, nil, nil, fmt.Errorf("serve: %w", err)
+	}
+	engines, err := loadPolicies(cfg.Grants)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("serve: %w", err)
+	}
+	warnNoBackends(slog.Default(), cfg, o.config)
+	grants := make([]server.Grant, 0, len(cfg.Grants))
+	for _, g := range cfg.Grants {
+		warnUnknownTools(slog.Default(), g.Name, engines[g.Name])
+		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs, RequestsPerMinute: g.RequestsPerMinute})
+	}
+	if o.httpAddr == "" {
+		if err := checkGrant(cfg, o.config, o.grant); err != nil {
+			return nil, nil, nil, fmt.Errorf("serve: %w", err)
+		}
+	}
+	return cfg, engines, grants, nil
+}
+
+// serveServer serves srv until ctx ends or its stdio input does: the
+// operator socket, the metrics listener, policy reloads on SIGHUP and when
+// a policy file changes, and the MCP transport (stdio, or HTTP on
+// --http).
+func serveServer(ctx context.Context, srv *server.Server, web *operatorWeb, cfg *config.Config, engines map[string]*policy.Engine, o serveOptions) error {
 	stopOperator, err := startOperator(ctx, srv, cfg.StateDir)
 	if err != nil {
 		return err
@@ -187,7 +204,6 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	}
 	defer stopMetrics()
 
-	// Policies reload on SIGHUP and when a policy file changes.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)

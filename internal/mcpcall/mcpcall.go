@@ -75,39 +75,9 @@ func Call(ctx context.Context, o Options, tool string, args []byte) (Result, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-
-	var c *mcpclient.Client
-	switch {
-	case o.URL != "":
-		u, err := url.Parse(o.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return Result{}, fmt.Errorf("call: --url %q: want http(s)://host:port/mcp", o.URL)
-		}
-		var opts []transport.StreamableHTTPCOption
-		if o.Token != "" {
-			opts = append(opts, transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + o.Token}))
-		}
-		c, err = mcpclient.NewStreamableHttpClient(o.URL, opts...)
-		if err != nil {
-			return Result{}, fmt.Errorf("call: %w", err)
-		}
-	case o.Command != "":
-		stderr := o.Stderr
-		if stderr == nil {
-			stderr = io.Discard
-		}
-		t := transport.NewStdioWithOptions(o.Command, nil, o.Args,
-			transport.WithCommandFunc(func(_ context.Context, command string, env, args []string) (*exec.Cmd, error) {
-				// Not CommandContext: the transport's Close is the one owner
-				// that ends and waits for the child.
-				cmd := exec.Command(command, args...)
-				cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-				cmd.Stderr = stderr
-				return cmd, nil
-			}))
-		c = mcpclient.NewClient(t)
-	default:
-		return Result{}, errors.New("call: no server: give a URL or a server command")
+	c, err := o.client()
+	if err != nil {
+		return Result{}, err
 	}
 	defer c.Close()
 	if err := c.Start(ctx); err != nil {
@@ -139,6 +109,43 @@ func Call(ctx context.Context, o Options, tool string, args []byte) (Result, err
 	}
 	out.Text = strings.Join(texts, "\n")
 	return out, nil
+}
+
+// client is the MCP client of the server o names: streamable HTTP to URL,
+// or stdio to a child running Command.
+func (o Options) client() (*mcpclient.Client, error) {
+	switch {
+	case o.URL != "":
+		u, err := url.Parse(o.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("call: --url %q: want http(s)://host:port/mcp", o.URL)
+		}
+		var opts []transport.StreamableHTTPCOption
+		if o.Token != "" {
+			opts = append(opts, transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + o.Token}))
+		}
+		c, err := mcpclient.NewStreamableHttpClient(o.URL, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("call: %w", err)
+		}
+		return c, nil
+	case o.Command != "":
+		stderr := o.Stderr
+		if stderr == nil {
+			stderr = io.Discard
+		}
+		t := transport.NewStdioWithOptions(o.Command, nil, o.Args,
+			transport.WithCommandFunc(func(_ context.Context, command string, env, args []string) (*exec.Cmd, error) {
+				// Not CommandContext: the transport's Close is the one owner
+				// that ends and waits for the child.
+				cmd := exec.Command(command, args...)
+				cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+				cmd.Stderr = stderr
+				return cmd, nil
+			}))
+		return mcpclient.NewClient(t), nil
+	}
+	return nil, errors.New("call: no server: give a URL or a server command")
 }
 
 // truncate cuts s to n bytes for a message.

@@ -105,7 +105,7 @@ func undoProps() map[string]any {
 func (t *Tool) OutputSchema() map[string]any {
 	shapes := make([]any, 0, len(t.Output)+1)
 	for _, s := range t.Output {
-		if slices.Contains(policy.SnapshotBeforeTools, t.Name) {
+		if slices.Contains(policy.SnapshotBeforeTools(), t.Name) {
 			s = withProps(s, undoProps())
 		}
 		shapes = append(shapes, s)

@@ -70,6 +70,8 @@ func validateObject(fields []Field, obj map[string]any, prefix string) (map[stri
 	return out, nil
 }
 
+// check validates v (as jsonrpc.Decode gives it) as f's value at path and
+// returns it normalised.
 func (f *Field) check(v any, path string) (any, error) {
 	switch f.Kind {
 	case KindString:
@@ -82,21 +84,7 @@ func (f *Field) check(v any, path string) (any, error) {
 		}
 		return s, nil
 	case KindInteger:
-		n, ok := v.(json.Number)
-		if !ok {
-			return nil, &argError{path, "want an integer, got " + jsonType(v)}
-		}
-		i, err := integer(n)
-		if err != nil {
-			return nil, &argError{path, err.Error()}
-		}
-		if i < f.Min || i > f.Max {
-			if f.Max == math.MaxInt64 {
-				return nil, &argError{path, fmt.Sprintf("%d is below the minimum %d", i, f.Min)}
-			}
-			return nil, &argError{path, fmt.Sprintf("%d is out of range [%d, %d]", i, f.Min, f.Max)}
-		}
-		return i, nil
+		return f.checkInteger(v, path)
 	case KindBoolean:
 		b, ok := v.(bool)
 		if !ok {
@@ -104,52 +92,9 @@ func (f *Field) check(v any, path string) (any, error) {
 		}
 		return b, nil
 	case KindStringArray:
-		a, ok := v.([]any)
-		if !ok {
-			return nil, &argError{path, "want an array of strings, got " + jsonType(v)}
-		}
-		if len(a) == 0 && !f.AllowEmpty {
-			return nil, &argError{path, "must not be empty"}
-		}
-		if f.MaxLen > 0 && len(a) > f.MaxLen {
-			return nil, &argError{path, fmt.Sprintf("more than %d items", f.MaxLen)}
-		}
-		out := make([]any, len(a))
-		for i, e := range a {
-			s, ok := e.(string)
-			if !ok {
-				return nil, &argError{fmt.Sprintf("%s[%d]", path, i), "want a string, got " + jsonType(e)}
-			}
-			if err := f.checkString(s, fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return nil, err
-			}
-			out[i] = s
-		}
-		return out, nil
+		return f.checkStringArray(v, path)
 	case KindStringMap:
-		m, ok := v.(map[string]any)
-		if !ok {
-			return nil, &argError{path, "want an object of strings, got " + jsonType(v)}
-		}
-		if f.MaxLen > 0 && len(m) > f.MaxLen {
-			return nil, &argError{path, fmt.Sprintf("more than %d entries", f.MaxLen)}
-		}
-		for k, e := range m {
-			if !envName(k) {
-				return nil, &argError{path + "." + k, "not a valid environment variable name"}
-			}
-			if reservedEnv(k) {
-				return nil, &argError{path + "." + k, "VMGATE_* variables are reserved: vmgate sets them itself (a session's membership), so a call may not name one; leave it out"}
-			}
-			s, ok := e.(string)
-			if !ok {
-				return nil, &argError{path + "." + k, "want a string, got " + jsonType(e)}
-			}
-			if strings.IndexByte(s, 0) >= 0 {
-				return nil, &argError{path + "." + k, "contains a NUL byte"}
-			}
-		}
-		return m, nil
+		return f.checkStringMap(v, path)
 	case KindObject:
 		m, ok := v.(map[string]any)
 		if !ok {
@@ -158,6 +103,80 @@ func (f *Field) check(v any, path string) (any, error) {
 		return validateObject(f.Fields, m, path+".")
 	}
 	return nil, &argError{path, "unsupported field kind"}
+}
+
+// checkInteger validates an integer within [Min, Max] as an int64.
+func (f *Field) checkInteger(v any, path string) (any, error) {
+	n, ok := v.(json.Number)
+	if !ok {
+		return nil, &argError{path, "want an integer, got " + jsonType(v)}
+	}
+	i, err := integer(n)
+	if err != nil {
+		return nil, &argError{path, err.Error()}
+	}
+	if i < f.Min || i > f.Max {
+		if f.Max == math.MaxInt64 {
+			return nil, &argError{path, fmt.Sprintf("%d is below the minimum %d", i, f.Min)}
+		}
+		return nil, &argError{path, fmt.Sprintf("%d is out of range [%d, %d]", i, f.Min, f.Max)}
+	}
+	return i, nil
+}
+
+// checkStringArray validates an array of at most MaxLen strings, each
+// as checkString does.
+func (f *Field) checkStringArray(v any, path string) (any, error) {
+	a, ok := v.([]any)
+	if !ok {
+		return nil, &argError{path, "want an array of strings, got " + jsonType(v)}
+	}
+	if len(a) == 0 && !f.AllowEmpty {
+		return nil, &argError{path, "must not be empty"}
+	}
+	if f.MaxLen > 0 && len(a) > f.MaxLen {
+		return nil, &argError{path, fmt.Sprintf("more than %d items", f.MaxLen)}
+	}
+	out := make([]any, len(a))
+	for i, e := range a {
+		s, ok := e.(string)
+		if !ok {
+			return nil, &argError{fmt.Sprintf("%s[%d]", path, i), "want a string, got " + jsonType(e)}
+		}
+		if err := f.checkString(s, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+			return nil, err
+		}
+		out[i] = s
+	}
+	return out, nil
+}
+
+// checkStringMap validates an environment: at most MaxLen variables with
+// valid names, none of them VMGATE_*, values without NUL.
+func (f *Field) checkStringMap(v any, path string) (any, error) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil, &argError{path, "want an object of strings, got " + jsonType(v)}
+	}
+	if f.MaxLen > 0 && len(m) > f.MaxLen {
+		return nil, &argError{path, fmt.Sprintf("more than %d entries", f.MaxLen)}
+	}
+	for k, e := range m {
+		if !envName(k) {
+			return nil, &argError{path + "." + k, "not a valid environment variable name"}
+		}
+		if reservedEnv(k) {
+			return nil, &argError{path + "." + k, "VMGATE_* variables are reserved: vmgate sets them itself (a session's membership), so a call may not name one; leave it out"}
+		}
+		s, ok := e.(string)
+		if !ok {
+			return nil, &argError{path + "." + k, "want a string, got " + jsonType(e)}
+		}
+		if strings.IndexByte(s, 0) >= 0 {
+			return nil, &argError{path + "." + k, "contains a NUL byte"}
+		}
+	}
+	return m, nil
 }
 
 func (f *Field) checkString(s, path string) error {

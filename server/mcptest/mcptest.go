@@ -5,6 +5,7 @@
 package mcptest
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -93,11 +94,10 @@ func InitStatus(t testing.TB, url string, hdr map[string][]string) int {
 	return resp.StatusCode
 }
 
-// Post sends one JSON-RPC message over streamable HTTP with token, in
-// session (if not ""), and returns the reply and the session id.
-func Post(t testing.TB, url, token, session, msg string) (Reply, string) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(msg))
+// Request is an MCP request over streamable HTTP: body (JSON) with token,
+// in session (if not "", of protocol 2025-06-18).
+func Request(ctx context.Context, method, url, token, session, body string) *http.Request {
+	req, _ := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Authorization", "Bearer "+token)
@@ -105,7 +105,14 @@ func Post(t testing.TB, url, token, session, msg string) (Reply, string) {
 		req.Header.Set("Mcp-Session-Id", session)
 		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
 	}
-	resp, err := http.DefaultClient.Do(req)
+	return req
+}
+
+// Post sends one JSON-RPC message over streamable HTTP with token, in
+// session (if not ""), and returns the reply and the session id.
+func Post(t testing.TB, url, token, session, msg string) (Reply, string) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(Request(context.Background(), http.MethodPost, url, token, session, msg))
 	if err != nil {
 		t.Fatalf("POST: %v", err)
 	}

@@ -47,13 +47,18 @@ const Other = "other"
 // words, "approved" is a call that went through on a granted approval and
 // "approval_required" a call that was parked (both are "approve" in the
 // log; the first is made durable before dispatch, the second is not).
-var Decisions = []string{
+func Decisions() []string { return slices.Clone(decisions) }
+
+// decisions are Decisions, read on every call.
+var decisions = []string{
 	"allow", "deny", "approved", "approval_required", "rate_limited", "invalid", "unknown_vm", "error",
 	"approval_granted", "approval_denied", Other,
 }
 
 // Outcomes are the outcome label values of finished calls.
-var Outcomes = []string{"ok", "error", "timed_out", "not_run", Other}
+func Outcomes() []string { return slices.Clone(outcomeNames) }
+
+var outcomeNames = []string{"ok", "error", "timed_out", "not_run", Other}
 
 // Auditor is the audit log as the gate uses it (the same method set as
 // server.Auditor, so a wrapped log plugs into server.Config.Audit).
@@ -183,12 +188,12 @@ func New(o Options) (*Metrics, error) {
 		}
 	}
 	for _, t := range tools {
-		for _, d := range Decisions {
+		for _, d := range decisions {
 			for _, g := range grants {
 				m.calls[callKey{t, d, g}] = calls.WithLabelValues(t, d, g)
 			}
 		}
-		for _, oc := range Outcomes {
+		for _, oc := range outcomeNames {
 			m.outcomes[outcomeKey{t, oc}] = outcomes.WithLabelValues(t, oc)
 		}
 		m.duration[t] = duration.WithLabelValues(t)
@@ -247,7 +252,7 @@ func (m *Metrics) fallback(k callKey) callKey {
 	if _, ok := m.duration[k.tool]; !ok {
 		k.tool = Other
 	}
-	if !slices.Contains(Decisions, k.decision) {
+	if !slices.Contains(decisions, k.decision) {
 		k.decision = Other
 	}
 	if _, ok := m.calls[callKey{Other, Other, k.grant}]; !ok {
@@ -357,7 +362,9 @@ var (
 )
 
 // States are the state label values of vmgate_vms (always all present).
-var States = []hypervisor.State{hypervisor.StateRunning, hypervisor.StatePaused, hypervisor.StateStopped, hypervisor.StateUnknown}
+func States() []hypervisor.State { return slices.Clone(states) }
+
+var states = []hypervisor.State{hypervisor.StateRunning, hypervisor.StatePaused, hypervisor.StateStopped, hypervisor.StateUnknown}
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pendingDesc
@@ -398,12 +405,12 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			by := map[hypervisor.State]float64{}
 			for _, vm := range vms {
 				st := vm.State
-				if !slices.Contains(States, st) {
+				if !slices.Contains(states, st) {
 					st = hypervisor.StateUnknown
 				}
 				by[st]++
 			}
-			for _, st := range States {
+			for _, st := range states {
 				ch <- prometheus.MustNewConstMetric(vmsDesc, prometheus.GaugeValue, by[st], b.Name, string(st))
 			}
 		})

@@ -80,58 +80,17 @@ func Serve(ctx context.Context, s *server.Server, grant string, in io.Reader, ou
 	defer cancelCalls()
 
 	lw := newLineWriter(out, s.Logger()) // concurrent answers share write(2) calls
-	write := lw.write
 	sess.send = lw.send
 	notifyDone := make(chan struct{})
-	go forwardNotifications(callCtx, sess, write, notifyDone)
+	go forwardNotifications(callCtx, sess, lw.write, notifyDone)
 
-	// The calls run on the crew's members (stdiocrew.go): the member that
-	// reads a call runs it, after passing the reading on. Answers to our
-	// own requests and lines over the limit are dealt with by the reader
-	// itself. routeMu and closed keep the reader from writing or admitting
-	// anything once ServeStdio is on its way out; calls counts the calls
-	// admitted, which drainStdio waits for.
-	var (
-		calls   sync.WaitGroup
-		routeMu sync.Mutex
-		closed  bool
-	)
-	admit := func(line []byte) (call bool, err error) {
-		routeMu.Lock()
-		defer routeMu.Unlock()
-		if closed || ctx.Err() != nil {
-			return false, errStdioClosed
-		}
-		switch {
-		case line == nil: // a line over the limit
-			write(jsonrpc.ErrorReply(nil, mcp.PARSE_ERROR, "message too large"))
-			return false, nil
-		case sess.requests.deliver(line): // the answer to a request of ours
-			return false, nil
-		}
-		calls.Add(1)
-		return true, nil
-	}
-	lines := newLineReader(in, 4*s.MaxMessageBytes())
-	next := func() ([]byte, error) {
-		for {
-			line, err := lines.next()
-			if err != nil {
-				return nil, err
-			}
-			call, err := admit(line)
-			if err != nil {
-				return nil, err
-			}
-			if call {
-				return line, nil
-			}
-		}
-	}
-	crew := newStdioCrew(maxConcurrentCalls, next, func(line []byte) {
-		defer calls.Done()
+	// The calls run on the crew's members (crew.go): the member that reads
+	// a call runs it, after passing the reading on.
+	r := &router{ctx: ctx, sess: sess, write: lw.write, lines: newLineReader(in, 4*s.MaxMessageBytes())}
+	crew := newStdioCrew(maxConcurrentCalls, r.next, func(line []byte) {
+		defer r.calls.Done()
 		if resp := s.Handle(callCtx, c, line); resp != nil {
-			write(resp)
+			lw.write(resp)
 		}
 	})
 	crew.start()
@@ -142,17 +101,74 @@ func Serve(ctx context.Context, s *server.Server, grant string, in io.Reader, ou
 	case err = <-crew.ended():
 	}
 	crew.stop()
-	routeMu.Lock()
-	closed = true
-	routeMu.Unlock()
+	r.close()
 	sess.requests.close() // requests to the client get no answer now
-	drain(s, &calls, cancelCalls)
+	drain(s, &r.calls, cancelCalls)
 	cancelCalls()
 	<-notifyDone
 	if errors.Is(err, io.EOF) || errors.Is(err, errStdioClosed) {
 		err = nil
 	}
 	return err
+}
+
+// router reads the client's lines for the crew: a call goes to the member
+// that read it; answers to our own requests and lines over the limit are
+// dealt with by the reader itself. mu and closed keep the reader from
+// writing or admitting anything once Serve is on its way out; calls counts
+// the calls admitted, which drain waits for.
+type router struct {
+	ctx   context.Context
+	sess  *session
+	write func([]byte)
+	lines *lineReader // read by the crew member holding the lead only
+	calls sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// next returns the next line that is a call to run.
+func (r *router) next() ([]byte, error) {
+	for {
+		line, err := r.lines.next()
+		if err != nil {
+			return nil, err
+		}
+		call, err := r.admit(line)
+		if err != nil {
+			return nil, err
+		}
+		if call {
+			return line, nil
+		}
+	}
+}
+
+// admit reports whether line is a call to run (counted in calls), after
+// dealing with one that is not.
+func (r *router) admit(line []byte) (call bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.ctx.Err() != nil {
+		return false, errStdioClosed
+	}
+	switch {
+	case line == nil: // a line over the limit
+		r.write(jsonrpc.ErrorReply(nil, mcp.PARSE_ERROR, "message too large"))
+		return false, nil
+	case r.sess.requests.deliver(line): // the answer to a request of ours
+		return false, nil
+	}
+	r.calls.Add(1)
+	return true, nil
+}
+
+// close admits nothing more.
+func (r *router) close() {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
 }
 
 // forwardNotifications writes sess's notifications with write until ctx

@@ -129,7 +129,7 @@ func runCreate(e *catalog.Env, c *catalog.Call, a *createArgs) catalog.Result {
 	if !c.Grant.Sees(id) {
 		return catalog.Failure(catalog.TagDenied, fmt.Sprintf("this grant could not use %s (its vms patterns do not cover it), so it is not created", id), true)
 	}
-	spec := policy.DefaultLease
+	spec := policy.DefaultLease()
 	if c.Rules.Lease != nil {
 		spec = *c.Rules.Lease
 	}

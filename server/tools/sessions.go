@@ -381,31 +381,44 @@ func runListSessions(e *catalog.Env, c *catalog.Call, _ *catalog.NoArgs) catalog
 			details = append(details, vm+": "+err.Error())
 			continue
 		}
-		inGuest := make(map[string]wire.Session, len(gl))
-		for _, gs := range gl {
-			inGuest[gs.ID] = gs
-		}
-		for _, v := range vs {
-			gs, ok := inGuest[v["session"].(string)]
-			v["processes"] = gs.Processes
-			v["in_guest"] = ok
-			if ok {
-				addEnforced(v, gs)
-			}
-			// The guest's own word on where the session lives and how its
-			// processes are tracked.
-			if ok && gs.Workdir != "" {
-				v["workdir"] = gs.Workdir
-			}
-			if ok && gs.Tracking != "" {
-				v["tracking"] = string(gs.Tracking)
-			}
-		}
+		addGuestViews(vs, gl)
 	}
 	out := map[string]any{"sessions": views}
 	if errs != nil {
 		out["errors"] = errs
 	}
+	r := catalog.Success(out, listSessionsText(views, errs))
+	r.Detail = strings.Join(details, "; ")
+	return r
+}
+
+// addGuestViews adds to the views of one VM's sessions what its guest
+// says of them (gl): members, enforcement, and the guest's own word on
+// where each lives and how its processes are tracked.
+func addGuestViews(views []map[string]any, gl []wire.Session) {
+	inGuest := make(map[string]wire.Session, len(gl))
+	for _, gs := range gl {
+		inGuest[gs.ID] = gs
+	}
+	for _, v := range views {
+		gs, ok := inGuest[v["session"].(string)]
+		v["processes"] = gs.Processes
+		v["in_guest"] = ok
+		if ok {
+			addEnforced(v, gs)
+		}
+		if ok && gs.Workdir != "" {
+			v["workdir"] = gs.Workdir
+		}
+		if ok && gs.Tracking != "" {
+			v["tracking"] = string(gs.Tracking)
+		}
+	}
+}
+
+// listSessionsText is list_sessions' text: each session with its members
+// and enforcement, then the guests that did not answer.
+func listSessionsText(views []map[string]any, errs []map[string]string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d session(s)", len(views))
 	for _, v := range views {
@@ -420,9 +433,7 @@ func runListSessions(e *catalog.Env, c *catalog.Call, _ *catalog.NoArgs) catalog
 	for _, e := range errs {
 		fmt.Fprintf(&b, "\n%s: %s", e["vm"], e["error"])
 	}
-	r := catalog.Success(out, b.String())
-	r.Detail = strings.Join(details, "; ")
-	return r
+	return b.String()
 }
 
 func runDestroySession(e *catalog.Env, c *catalog.Call, a *destroySessionArgs) catalog.Result {
