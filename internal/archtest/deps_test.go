@@ -13,9 +13,10 @@ import (
 	"time"
 )
 
-// The dependency test keeps the arrows of DESIGN.md's Layout pointing down.
-// It lists the module's packages with `go list` and checks each rule below
-// against their imports (direct) or dependencies (transitive, non-test).
+// The dependency test keeps the arrows of docs/design.md ("Layout") pointing
+// down. It lists the module's packages with `go list` and checks each rule
+// below against their imports (direct) or dependencies (transitive,
+// non-test).
 
 const module = "github.com/vmgate/vmgate"
 
@@ -64,7 +65,17 @@ func within(rel, dir string) bool {
 	return rel == dir || strings.HasPrefix(rel, dir+"/")
 }
 
+// transports are the packages that serve MCP to clients: only the binary
+// wires them up.
+var transports = []string{"server/stdio", "server/mcphttp", "server/operator"}
+
+func transport(rel string) bool { return slices.Contains(transports, rel) }
+
 const (
+	transportRule  = "only cmd/vmgate imports a transport (server/stdio, server/mcphttp, server/operator)"
+	catalogRule    = "the tool side (server/catalog, server/tools, server/lease) imports neither the gate (server) nor a transport"
+	jsonrpcRule    = "server/jsonrpc imports neither the gate (server) nor a transport"
+	mcpgoRule      = "no package but server (and its subpackages), cmd/vmgate and internal/mcpcall imports mcp-go"
 	argviewRule    = "server/argview imports only the standard library"
 	strictjsonRule = "internal/strictjson (the leaf policy may import) imports only the standard library"
 	auditRule      = "policy/audit imports only the standard library and policy (its counters are the policy's)"
@@ -81,8 +92,10 @@ var depRules = []depRule{
 		},
 	},
 	{
-		name:    "no package but server (and its subpackages) and cmd/vmgate imports mcp-go",
-		applies: func(pkg string) bool { return !within(pkg, "server") && pkg != "cmd/vmgate" },
+		name: mcpgoRule,
+		applies: func(pkg string) bool {
+			return !within(pkg, "server") && pkg != "cmd/vmgate" && pkg != "internal/mcpcall"
+		},
 		forbidden: func(dep string, ours bool) bool {
 			return !ours && within(dep, "github.com/mark3labs/mcp-go")
 		},
@@ -126,6 +139,26 @@ var depRules = []depRule{
 		forbidden: func(dep string, ours bool) bool {
 			return ours && dep != "policy" && dep != "internal/strictjson" || !ours && !standard(dep)
 		},
+	},
+	{
+		name:       transportRule,
+		applies:    func(pkg string) bool { return pkg != "cmd/vmgate" },
+		transitive: true,
+		forbidden:  func(dep string, ours bool) bool { return ours && transport(dep) },
+	},
+	{
+		name: catalogRule,
+		applies: func(pkg string) bool {
+			return within(pkg, "server/catalog") || within(pkg, "server/tools") || within(pkg, "server/lease")
+		},
+		transitive: true,
+		forbidden:  func(dep string, ours bool) bool { return ours && (dep == "server" || transport(dep)) },
+	},
+	{
+		name:       jsonrpcRule,
+		applies:    func(pkg string) bool { return pkg == "server/jsonrpc" },
+		transitive: true,
+		forbidden:  func(dep string, ours bool) bool { return ours && (dep == "server" || transport(dep)) },
 	},
 	{
 		name:       guestRule,
@@ -230,7 +263,12 @@ func TestDependencyRulesBite(t *testing.T) {
 		{ImportPath: m("plugins/qemu"), Imports: []string{m("hypervisor"), m("guest/qga")}, Deps: []string{m("hypervisor"), m("guest/qga"), "context"}},
 		{ImportPath: m("server"), Imports: []string{"github.com/mark3labs/mcp-go/server", m("policy")}, Deps: []string{"github.com/mark3labs/mcp-go/server", m("policy")}},
 		{ImportPath: m("server/auth"), Imports: []string{"github.com/mark3labs/mcp-go/mcp"}},
-		{ImportPath: m("cmd/vmgate"), Imports: []string{m("server"), "github.com/mark3labs/mcp-go/mcp"}},
+		{ImportPath: m("cmd/vmgate"), Imports: []string{m("server"), m("server/stdio"), "github.com/mark3labs/mcp-go/mcp"},
+			Deps: []string{m("server"), m("server/stdio"), m("server/catalog")}},
+		{ImportPath: m("server/stdio"), Imports: []string{m("server")}, Deps: []string{m("server"), m("server/catalog"), m("server/jsonrpc")}},
+		{ImportPath: m("server/catalog"), Imports: []string{m("server/lease")}, Deps: []string{m("server/lease"), m("policy")}},
+		{ImportPath: m("server/jsonrpc"), Imports: []string{m("internal/strictjson")}, Deps: []string{m("internal/strictjson")}},
+		{ImportPath: m("internal/mcpcall"), Imports: []string{"github.com/mark3labs/mcp-go/client"}, Deps: []string{m("server/jsonrpc")}},
 		// Not ours: the rules do not constrain other modules.
 		{ImportPath: "github.com/mark3labs/mcp-go/server", Imports: []string{"github.com/vmgate/vmgate/policy"}},
 	}
@@ -252,9 +290,20 @@ func TestDependencyRulesBite(t *testing.T) {
 		{"the guest agent reaches hypervisor transitively", listedPackage{ImportPath: m("guest/agent"), Imports: []string{m("guest/agent/wire")}, Deps: []string{m("guest/agent/wire"), m("hypervisor/proto")}}, guestRule},
 		{"host-side guest control imports hypervisor", listedPackage{ImportPath: m("internal/guestctl"), Imports: []string{m("hypervisor"), m("guest/agent/wire")}, Deps: []string{m("hypervisor"), m("guest/agent/wire")}}, ""},
 		{"the strict JSON lexer depends on a third party", listedPackage{ImportPath: m("internal/strictjson"), Imports: []string{"strings"}, Deps: []string{"strings", "golang.org/x/text"}}, strictjsonRule},
-		{"plugin imports mcp-go", listedPackage{ImportPath: m("plugins/proxmox"), Imports: []string{"github.com/mark3labs/mcp-go/mcp"}}, depRules[1].name},
-		{"policy/audit imports mcp-go", listedPackage{ImportPath: m("policy/audit"), Imports: []string{"github.com/mark3labs/mcp-go"}}, depRules[1].name},
-		{"a package named like server imports mcp-go", listedPackage{ImportPath: m("serverless"), Imports: []string{"github.com/mark3labs/mcp-go/server"}}, depRules[1].name},
+		{"plugin imports mcp-go", listedPackage{ImportPath: m("plugins/proxmox"), Imports: []string{"github.com/mark3labs/mcp-go/mcp"}}, mcpgoRule},
+		{"policy/audit imports mcp-go", listedPackage{ImportPath: m("policy/audit"), Imports: []string{"github.com/mark3labs/mcp-go"}}, mcpgoRule},
+		{"a package named like server imports mcp-go", listedPackage{ImportPath: m("serverless"), Imports: []string{"github.com/mark3labs/mcp-go/server"}}, mcpgoRule},
+		{"another internal package imports mcp-go", listedPackage{ImportPath: m("internal/mcpcallx"), Imports: []string{"github.com/mark3labs/mcp-go/client"}}, mcpgoRule},
+		{"the gate imports a transport", listedPackage{ImportPath: m("server"), Imports: []string{m("server/stdio")}, Deps: []string{m("server/stdio")}}, transportRule},
+		{"e2e reaches a transport through a helper", listedPackage{ImportPath: m("e2e/helper"), Imports: []string{m("internal/x")}, Deps: []string{m("internal/x"), m("server/mcphttp")}}, transportRule},
+		{"the ui imports the operator socket", listedPackage{ImportPath: m("server/ui"), Imports: []string{m("server/operator")}, Deps: []string{m("server/operator")}}, transportRule},
+		{"a transport's test helper is no transport", listedPackage{ImportPath: m("server/servertest"), Imports: []string{m("server")}, Deps: []string{m("server"), m("server/catalog")}}, ""},
+		{"the catalogue imports the gate", listedPackage{ImportPath: m("server/catalog"), Imports: []string{m("server")}, Deps: []string{m("server")}}, catalogRule},
+		{"a tool family reaches the gate", listedPackage{ImportPath: m("server/tools"), Imports: []string{m("server/catalog")}, Deps: []string{m("server/catalog"), m("server")}}, catalogRule},
+		{"the lease keeper reaches the gate", listedPackage{ImportPath: m("server/lease"), Imports: []string{m("internal/x")}, Deps: []string{m("internal/x"), m("server")}}, catalogRule},
+		{"the tools may import the catalogue", listedPackage{ImportPath: m("server/tools"), Imports: []string{m("server/catalog")}, Deps: []string{m("server/catalog"), m("server/lease")}}, ""},
+		{"jsonrpc imports the gate", listedPackage{ImportPath: m("server/jsonrpc"), Imports: []string{m("server")}, Deps: []string{m("server")}}, jsonrpcRule},
+		{"jsonrpc reaches the gate", listedPackage{ImportPath: m("server/jsonrpc"), Imports: []string{m("internal/x")}, Deps: []string{m("internal/x"), m("server")}}, jsonrpcRule},
 		{"an mcp-go look-alike is not mcp-go", listedPackage{ImportPath: m("internal/x"), Imports: []string{"github.com/mark3labs/mcp-golang"}}, ""},
 		{"mcp-go through server is not a direct import", listedPackage{ImportPath: m("e2e"), Imports: []string{m("server")}, Deps: []string{m("server"), "github.com/mark3labs/mcp-go/mcp"}}, ""},
 		{"plugin imports server", listedPackage{ImportPath: m("plugins/libvirt"), Imports: []string{m("server")}, Deps: []string{m("server")}}, depRules[2].name},
