@@ -21,6 +21,7 @@ import (
 	"github.com/vmgate/vmgate/policy/store/bolt"
 	"github.com/vmgate/vmgate/policy/store/memory"
 	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/stdio"
 )
 
 // manyVMs is a fake driver with n running VMs vm001…; listing them is a
@@ -202,7 +203,9 @@ func listVMsRow(ctx context.Context, warmup, pairs int) *Row {
 		return r
 	}
 	defer closeGated()
-	gated, stopGated, err := pipeServer(ctx, s.ServeStdio)
+	gated, stopGated, err := pipeServer(ctx, func(ctx context.Context, in io.Reader, out io.Writer) error {
+		return stdio.Serve(ctx, s, "local", in, out)
+	})
 	if err != nil {
 		r.Err = fmt.Errorf("scale: gated server: %w", err)
 		return r

@@ -12,7 +12,7 @@ import (
 // TestDefaultPolicySandbox: the built-in policy gives create_session the
 // tightest useful sandbox and denies a call that asks for more.
 func TestDefaultPolicySandbox(t *testing.T) {
-	e, err := policy.Parse("default_policy.json", DefaultPolicy)
+	e, err := policy.Parse("default_policy.json", DefaultPolicy())
 	if err != nil {
 		t.Fatalf("Parse(DefaultPolicy) = %v", err)
 	}
@@ -39,7 +39,7 @@ func TestDefaultPolicySandbox(t *testing.T) {
 // snapshots, network and metrics, take snapshots at a limited rate, and
 // revert or delete one only with an operator's approval.
 func TestDefaultPolicySnapshots(t *testing.T) {
-	e, err := policy.Parse("default_policy.json", DefaultPolicy)
+	e, err := policy.Parse("default_policy.json", DefaultPolicy())
 	if err != nil {
 		t.Fatalf("Parse(DefaultPolicy) = %v", err)
 	}
@@ -77,7 +77,7 @@ func TestDefaultPolicySnapshots(t *testing.T) {
 // TestDefaultPolicyKeepsFiles: a destroyed session's files stay in the
 // guest's trash for a day.
 func TestDefaultPolicyKeepsFiles(t *testing.T) {
-	e, err := policy.Parse("default_policy.json", DefaultPolicy)
+	e, err := policy.Parse("default_policy.json", DefaultPolicy())
 	if err != nil {
 		t.Fatalf("Parse(DefaultPolicy) = %v", err)
 	}

@@ -32,10 +32,12 @@ const (
 )
 
 // Handshake is the go-plugin handshake configuration host and plugins share.
-var Handshake = plugin.HandshakeConfig{
-	ProtocolVersion:  ProtocolVersion,
-	MagicCookieKey:   MagicCookieKey,
-	MagicCookieValue: MagicCookieValue,
+func Handshake() plugin.HandshakeConfig {
+	return plugin.HandshakeConfig{
+		ProtocolVersion:  ProtocolVersion,
+		MagicCookieKey:   MagicCookieKey,
+		MagicCookieValue: MagicCookieValue,
+	}
 }
 
 // ErrNotConfigured: a call reached a Deferred driver before Configure.
@@ -185,7 +187,7 @@ func Serve(d Driver) {
 	slog.SetDefault(slog.New(NewPluginLogHandler(os.Stderr, slog.LevelDebug)))
 	gp := &GRPCPlugin{Impl: d}
 	plugin.Serve(&plugin.ServeConfig{
-		HandshakeConfig: Handshake,
+		HandshakeConfig: Handshake(),
 		Plugins:         plugin.PluginSet{PluginName: gp},
 		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
 			opts = append(opts, grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))

@@ -26,7 +26,7 @@ import (
 // "default": "allow") the defaults apply: no symlinks, 0644, no special bits.
 
 // FileTools are the tools a files block may sit on.
-var FileTools = []string{"vm_file_read", "vm_file_write", ExecTool}
+func FileTools() []string { return []string{"vm_file_read", "vm_file_write", ExecTool} }
 
 // ExecTool is vm_agent_exec, whose files block has follow_symlinks only.
 const ExecTool = "vm_agent_exec"
@@ -39,13 +39,13 @@ type FileRules struct {
 }
 
 // DefaultFileRules are the rules without a files block.
-var DefaultFileRules = FileRules{DefaultMode: 0o644}
+func DefaultFileRules() FileRules { return FileRules{DefaultMode: 0o644} }
 
 // SpecialModeBits are setuid, setgid and sticky.
 const SpecialModeBits = 0o7000
 
 func isFileTool(name string) bool {
-	for _, t := range FileTools {
+	for _, t := range FileTools() {
 		if t == name {
 			return true
 		}
@@ -60,7 +60,7 @@ func fileRulesFor(t *toolRule, tool string) *FileRules {
 	if !isFileTool(tool) || tool == ExecTool && (t == nil || t.files == nil) {
 		return nil
 	}
-	r := DefaultFileRules
+	r := DefaultFileRules()
 	if t != nil && t.files != nil {
 		r = *t.files
 	}
@@ -68,7 +68,7 @@ func fileRulesFor(t *toolRule, tool string) *FileRules {
 }
 
 func (b *builder) files(n *node, l loc, tool string) *FileRules {
-	r := DefaultFileRules
+	r := DefaultFileRules()
 	keys := []string{"follow_symlinks", "default_mode", "special_bits"}
 	if tool == ExecTool {
 		keys = keys[:1] // a cwd is entered, never made

@@ -13,6 +13,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // The agent's side of every call (issue 17): what an agent gets back when
@@ -47,7 +48,7 @@ func TestGuestErrorsReachTheAgent(t *testing.T) {
 	}
 	for _, tt := range tests {
 		f := newFixture(t, fixtureOpts{})
-		drv := countingFake(f.calls)
+		drv := hypervisortest.Counting(f.calls)
 		drv.ExecStartFunc = func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 			return hypervisor.ExecHandle{}, tt.err
 		}
@@ -55,15 +56,15 @@ func TestGuestErrorsReachTheAgent(t *testing.T) {
 		f = newFixture(t, fixtureOpts{driver: drv})
 		r := f.call(t, tt.tool, tt.args)
 		for _, w := range tt.want {
-			if !strings.Contains(r.text(), w) {
-				t.Errorf("%s(%s) = %q; want it to contain %q", tt.tool, tt.args, r.text(), w)
+			if !strings.Contains(r.Text(), w) {
+				t.Errorf("%s(%s) = %q; want it to contain %q", tt.tool, tt.args, r.Text(), w)
 			}
 		}
-		if m, _ := r.Result.StructuredContent["message"].(string); !strings.Contains(r.text(), m) || m == "" {
+		if m, _ := r.Result.StructuredContent["message"].(string); !strings.Contains(r.Text(), m) || m == "" {
 			t.Errorf("%s(%s) structured message = %q; want the text's message", tt.tool, tt.args, m)
 		}
 		var detail string
-		for _, rec := range f.rec.records() {
+		for _, rec := range f.rec.Records() {
 			if rec.Kind == audit.KindOutcome {
 				detail = rec.Reason
 			}
@@ -95,12 +96,12 @@ func TestFileErrorsReachTheAgent(t *testing.T) {
 		f.guest.file = func([]string, []byte) hypervisor.ExecResult { return tt.reply }
 		r := f.as(t, "alice", "vm_file_read", tt.args)
 		for _, w := range tt.want {
-			if !strings.Contains(r.text(), w) {
-				t.Errorf("vm_file_read(%s) = %q; want it to contain %q", tt.args, r.text(), w)
+			if !strings.Contains(r.Text(), w) {
+				t.Errorf("vm_file_read(%s) = %q; want it to contain %q", tt.args, r.Text(), w)
 			}
 		}
 		var detail string
-		for _, rec := range f.rec.records() {
+		for _, rec := range f.rec.Records() {
 			if rec.Kind == audit.KindOutcome && rec.Tool == "vm_file_read" {
 				detail = rec.Reason
 			}
@@ -146,7 +147,7 @@ func TestFileReadBinaryIsBase64(t *testing.T) {
 // vm9Fake answers every call about lab/vm9 (not the backend's) with
 // ErrUnknownVM, as a backend does for a name the grant's globs let through.
 func vm9Fake(f *fixture) *hypervisortest.Fake {
-	drv := countingFake(f.calls)
+	drv := hypervisortest.Counting(f.calls)
 	unknown := fmt.Errorf("fake: %w", hypervisor.ErrUnknownVM)
 	drv.ExecStartFunc = func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 		return hypervisor.ExecHandle{}, unknown
@@ -172,8 +173,8 @@ func TestUnknownVMSameMessageEveryPath(t *testing.T) {
 	} {
 		r := f.call(t, c.tool, c.args)
 		want := fmt.Sprintf(`[UNKNOWN VM] no VM %q (list_vms shows the VMs you can use)`, c.vm)
-		if r.text() != want {
-			t.Errorf("%s(%s) = %q; want %q", c.tool, c.args, r.text(), want)
+		if r.Text() != want {
+			t.Errorf("%s(%s) = %q; want %q", c.tool, c.args, r.Text(), want)
 		}
 		if m := r.Result.StructuredContent["message"]; m != strings.TrimPrefix(want, TagUnknownVM+" ") {
 			t.Errorf("%s(%s) structured message = %q; want the text's", c.tool, c.args, m)
@@ -183,7 +184,7 @@ func TestUnknownVMSameMessageEveryPath(t *testing.T) {
 
 // procFake serves /proc/<pid>/stat and /proc/stat as a Linux guest does.
 func procFake(f *fixture, pid int64, startTicks, btime int64) *hypervisortest.Fake {
-	drv := countingFake(f.calls)
+	drv := hypervisortest.Counting(f.calls)
 	drv.FileReadFunc = func(_ context.Context, _, path string, _ int64) (hypervisor.FileContent, error) {
 		switch path {
 		case fmt.Sprintf("/proc/%d/stat", pid):
@@ -211,8 +212,8 @@ func TestExecStartedAtIsKillProcesss(t *testing.T) {
 		t.Fatalf("vm_agent_exec wait:false started_at = %v (%T); want %d ms", r.Result.StructuredContent["started_at"], r.Result.StructuredContent["started_at"], want)
 	}
 	k := f.call(t, "kill_process", fmt.Sprintf(`{"vm":"lab/vm1","pid":4242,"started_at":%d}`, int64(got)))
-	if hasTag(k, TagInvalid) {
-		t.Errorf("kill_process with exec's started_at = %q; want it accepted", k.text())
+	if mcptest.HasTag(k, TagInvalid) {
+		t.Errorf("kill_process with exec's started_at = %q; want it accepted", k.Text())
 	}
 	// A guest that cannot tell leaves started_at out rather than guess.
 	g := newFixture(t, fixtureOpts{})
@@ -222,30 +223,12 @@ func TestExecStartedAtIsKillProcesss(t *testing.T) {
 	}
 }
 
-func TestStatStartTicks(t *testing.T) {
-	for _, tt := range []struct {
-		in   string
-		want int64
-		ok   bool
-	}{
-		{"7 (a b) c)) S 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 1 2", 99, true},
-		{"7 (x) S 1 7", 0, false},
-		{"no parenthesis", 0, false},
-		{"7 (x) S 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 -5 1 2", 0, false},
-	} {
-		got, ok := statStartTicks([]byte(tt.in))
-		if got != tt.want || ok != tt.ok {
-			t.Errorf("statStartTicks(%q) = %d, %v; want %d, %v", tt.in, got, ok, tt.want, tt.ok)
-		}
-	}
-}
-
 // TestExecStatusWhileRunning: a running command has exited: false and no
 // made-up exit code; its output so far is shown when the guest hands it over.
 func TestExecStatusWhileRunning(t *testing.T) {
 	for _, partial := range []string{"", "line 1\n"} {
 		f := newFixture(t, fixtureOpts{})
-		drv := countingFake(f.calls)
+		drv := hypervisortest.Counting(f.calls)
 		drv.ExecStatusFunc = func(_ context.Context, _ string, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
 			return hypervisor.ExecResult{PID: h.PID, Stdout: []byte(partial)}, nil
 		}
@@ -260,11 +243,11 @@ func TestExecStatusWhileRunning(t *testing.T) {
 			t.Errorf("exec status while running has exit_code %v; want none", v)
 		}
 		if partial == "" {
-			if _, ok := sc["stdout"]; ok || !strings.Contains(r.text(), "no output so far") {
-				t.Errorf("exec status while running, no output = %v %q; want no stdout and a text saying so", sc, r.text())
+			if _, ok := sc["stdout"]; ok || !strings.Contains(r.Text(), "no output so far") {
+				t.Errorf("exec status while running, no output = %v %q; want no stdout and a text saying so", sc, r.Text())
 			}
-		} else if sc["stdout"] != partial || !strings.Contains(r.text(), "output so far") || !strings.Contains(r.text(), partial) {
-			t.Errorf("exec status while running with output = %v %q; want stdout %q", sc, r.text(), partial)
+		} else if sc["stdout"] != partial || !strings.Contains(r.Text(), "output so far") || !strings.Contains(r.Text(), partial) {
+			t.Errorf("exec status while running with output = %v %q; want stdout %q", sc, r.Text(), partial)
 		}
 	}
 }
@@ -289,12 +272,12 @@ func TestConditionsSeeDefaults(t *testing.T) {
 		{"vm_agent_exec", `{"vm":"lab/vm1","command":["true"],"wait":false}`, true},
 	} {
 		r := f.call(t, c.tool, c.args)
-		if hasTag(r, TagDenied) != c.denied {
-			t.Errorf("%s(%s) = %q; want denied %v", c.tool, c.args, r.text(), c.denied)
+		if mcptest.HasTag(r, TagDenied) != c.denied {
+			t.Errorf("%s(%s) = %q; want denied %v", c.tool, c.args, r.Text(), c.denied)
 		}
 	}
 	// The audit log keeps the arguments as sent.
-	for _, rec := range f.rec.records() {
+	for _, rec := range f.rec.Records() {
 		if rec.Kind == audit.KindDecision && rec.Tool == "kill_process" {
 			if _, ok := rec.Args["signal"]; !ok && rec.Args["pid"] != nil && len(rec.Args) == 2 {
 				return
@@ -309,7 +292,7 @@ func TestConditionsSeeDefaults(t *testing.T) {
 func TestPowerAlready(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	var powered []string
-	drv := countingFake(f.calls)
+	drv := hypervisortest.Counting(f.calls)
 	drv.StatusFunc = func(_ context.Context, vm string) (hypervisor.Status, error) {
 		st := hypervisor.StateRunning
 		if vm == "vm2" {
@@ -332,8 +315,8 @@ func TestPowerAlready(t *testing.T) {
 		{"lab/vm1", "reboot", "lab/vm1: reboot done", true},
 	} {
 		r := f.call(t, "vm_power", fmt.Sprintf(`{"vm":%q,"action":%q}`, c.vm, c.action))
-		if r.text() != c.text || r.Result.StructuredContent["done"] != c.done {
-			t.Errorf("vm_power %s %s = %q %v; want %q done %v", c.vm, c.action, r.text(), r.Result.StructuredContent, c.text, c.done)
+		if r.Text() != c.text || r.Result.StructuredContent["done"] != c.done {
+			t.Errorf("vm_power %s %s = %q %v; want %q done %v", c.vm, c.action, r.Text(), r.Result.StructuredContent, c.text, c.done)
 		}
 	}
 	if want := []string{"vm2 start", "vm1 reboot"}; fmt.Sprint(powered) != fmt.Sprint(want) {

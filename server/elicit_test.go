@@ -29,7 +29,7 @@ type elicitReply struct {
 	} `json:"result"`
 }
 
-func (r elicitReply) text() string {
+func (r elicitReply) Text() string {
 	if len(r.Result.Content) == 0 {
 		return ""
 	}
@@ -39,7 +39,7 @@ func (r elicitReply) text() string {
 func sendRaw(t *testing.T, f *fixture, grant, params string) elicitReply {
 	t.Helper()
 	raw := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{` + params + `}}`
-	out := f.s.handle(context.Background(), &conn{grant: f.s.grants[grant], transport: "stdio"}, []byte(raw))
+	out := f.s.Handle(context.Background(), &Conn{Grant: f.s.grants[grant], Transport: "stdio"}, []byte(raw))
 	var r elicitReply
 	if err := json.Unmarshal(out, &r); err != nil {
 		t.Fatalf("reply %.300q: %v", out, err)
@@ -83,21 +83,21 @@ func TestClientApprovalAccepted(t *testing.T) {
 	}
 	r := sendRaw(t, f, "local", powerParams("reboot", answer(state, approveYes)))
 	if r.Result.IsError || r.Result.ResultType == "input_required" {
-		t.Fatalf("approved retry = %q (%+v); want success", r.text(), r.Result)
+		t.Fatalf("approved retry = %q (%+v); want success", r.Text(), r.Result)
 	}
 	if n := f.calls.Load(); n != 1 {
 		t.Errorf("driver calls after the approved retry = %d; want 1", n)
 	}
 	// The same state again: single use.
 	r = sendRaw(t, f, "local", powerParams("reboot", answer(state, approveYes)))
-	if !r.Result.IsError || !strings.HasPrefix(r.text(), TagDenied+" ") {
-		t.Errorf("replayed state = %q; want %s", r.text(), TagDenied)
+	if !r.Result.IsError || !strings.HasPrefix(r.Text(), TagDenied+" ") {
+		t.Errorf("replayed state = %q; want %s", r.Text(), TagDenied)
 	}
 	if n := f.calls.Load(); n != 1 {
 		t.Errorf("driver calls after the replay = %d; want 1", n)
 	}
 	var asked, approved bool
-	for _, rec := range f.rec.records() {
+	for _, rec := range f.rec.Records() {
 		asked = asked || rec.Decision == "approve" && rec.Reason == "asked the client's user"
 		approved = approved || rec.Decision == "approve" && rec.ApprovalID == "client"
 	}
@@ -166,8 +166,8 @@ func TestClientApprovalRefused(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, fixtureOpts{policy: clientApprovalPolicy})
 			r := sendRaw(t, f, "local", tt.params(t, f))
-			if !r.Result.IsError || !strings.HasPrefix(r.text(), tt.wantTag+" ") {
-				t.Errorf("call = %q (%+v); want %s", r.text(), r.Result, tt.wantTag)
+			if !r.Result.IsError || !strings.HasPrefix(r.Text(), tt.wantTag+" ") {
+				t.Errorf("call = %q (%+v); want %s", r.Text(), r.Result, tt.wantTag)
 			}
 			if n := f.calls.Load(); n != 0 {
 				t.Errorf("driver calls = %d; want 0", n)
@@ -181,10 +181,10 @@ func TestClientApprovalRefused(t *testing.T) {
 func TestClientApprovalStateBoundToGrant(t *testing.T) {
 	f := newFixture(t, fixtureOpts{policy: clientApprovalPolicy})
 	state := ask(t, f, "reboot")
-	if _, err := openState(state, "other", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err == nil {
+	if _, err := f.s.elicitStates.open(state, "other", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err == nil {
 		t.Errorf("openState for grant other succeeded; want ErrBadRequestState")
 	}
-	if _, err := openState(state, "local", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err != nil {
+	if _, err := f.s.elicitStates.open(state, "local", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err != nil {
 		t.Errorf("openState for its own call = %v; want nil", err)
 	}
 }
@@ -207,7 +207,7 @@ func askedMessage(t *testing.T, args string) (modern, legacy string) {
 	r := sendRaw(t, f, "local", `"name":"vm_agent_exec","arguments":`+args+`,`+modernMeta)
 	in, ok := r.Result.InputRequests["approval"]
 	if r.Result.ResultType != "input_required" || !ok {
-		t.Fatalf("first call = %q (%+v); want input_required", r.text(), r.Result)
+		t.Fatalf("first call = %q (%+v); want input_required", r.Text(), r.Result)
 	}
 	modern, _ = in.Params["message"].(string)
 
@@ -282,7 +282,7 @@ func TestClientApprovalRefusesWhatDoesNotFit(t *testing.T) {
 			args := clientExecArgs(tt.shell)
 			r := sendRaw(t, f, "local", `"name":"vm_agent_exec","arguments":`+args+`,`+modernMeta)
 			legacy := f.send(t, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"vm_agent_exec","arguments":`+args+`}}`)
-			for road, text := range map[string]string{"2026-07-28": r.text(), "elicitation/create": legacy.text()} {
+			for road, text := range map[string]string{"2026-07-28": r.Text(), "elicitation/create": legacy.Text()} {
 				if !strings.HasPrefix(text, TagDenied+" ") || !strings.Contains(text, `approval channel "operator"`) || !strings.Contains(text, "nothing ran") {
 					t.Errorf("%s: call = %q; want %s saying to use the operator channel", road, text, TagDenied)
 				}
@@ -294,7 +294,7 @@ func TestClientApprovalRefusesWhatDoesNotFit(t *testing.T) {
 				t.Errorf("driver calls = %d; want 0", n)
 			}
 			refused := 0
-			for _, rec := range f.rec.records() {
+			for _, rec := range f.rec.Records() {
 				if rec.Decision == "deny" && strings.Contains(rec.Reason, "too long to show in full") {
 					refused++
 				}

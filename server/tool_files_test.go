@@ -10,6 +10,7 @@ import (
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/guestctl"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // guestFiles answers vmgate-guest's file commands for a guest with
@@ -95,11 +96,11 @@ func TestFileToolsResolveInTheGuest(t *testing.T) {
 			r := f.as(t, "alice", tc.tool, tc.args)
 			switch {
 			case tc.tag == "" && (r.Result == nil || r.Result.IsError):
-				t.Errorf("%s(%s) = %q; want success", tc.tool, tc.args, r.text())
-			case tc.tag != "" && !hasTag(r, tc.tag):
-				t.Errorf("%s(%s) = %q; want %s", tc.tool, tc.args, r.text(), tc.tag)
-			case !strings.Contains(r.text(), tc.text):
-				t.Errorf("%s(%s) = %q; want it to say %q", tc.tool, tc.args, r.text(), tc.text)
+				t.Errorf("%s(%s) = %q; want success", tc.tool, tc.args, r.Text())
+			case tc.tag != "" && !mcptest.HasTag(r, tc.tag):
+				t.Errorf("%s(%s) = %q; want %s", tc.tool, tc.args, r.Text(), tc.tag)
+			case !strings.Contains(r.Text(), tc.text):
+				t.Errorf("%s(%s) = %q; want it to say %q", tc.tool, tc.args, r.Text(), tc.text)
 			}
 			var last []string
 			for _, a := range f.guest.argvs {
@@ -123,8 +124,8 @@ func TestFileToolsWithoutHelperFailClosed(t *testing.T) {
 		{"vm_file_read", `{"vm":"lab/vm1","path":"/tmp/link"}`},
 		{"vm_file_write", `{"vm":"lab/vm1","path":"/tmp/link","content":"x"}`},
 	} {
-		if r := f.as(t, "alice", c.tool, c.args); !hasTag(r, TagBackend) || !strings.Contains(r.text(), "vmgate-guest") {
-			t.Errorf("%s without builds = %q; want %s naming vmgate-guest", c.tool, r.text(), TagBackend)
+		if r := f.as(t, "alice", c.tool, c.args); !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), "vmgate-guest") {
+			t.Errorf("%s without builds = %q; want %s naming vmgate-guest", c.tool, r.Text(), TagBackend)
 		}
 	}
 	if n := len(f.guest.argvs); n != 0 {
@@ -146,15 +147,15 @@ func TestFollowedPathNeedsItsOwnApproval(t *testing.T) {
 	args := `{"vm":"lab/vm1","path":"/tmp/inside"}`
 	r := f.as(t, "alice", "vm_file_read", args)
 	id, _ := r.Result.StructuredContent["approval_id"].(string)
-	if !hasTag(r, TagApproval) || id == "" {
-		t.Fatalf("first call = %q; want %s with an approval id", r.text(), TagApproval)
+	if !mcptest.HasTag(r, TagApproval) || id == "" {
+		t.Fatalf("first call = %q; want %s with an approval id", r.Text(), TagApproval)
 	}
 	if _, err := f.s.Approvals().Grant(context.Background(), id, "alice", "ok"); err != nil {
 		t.Fatal(err)
 	}
 	r = f.as(t, "alice", "vm_file_read", args)
-	if !hasTag(r, TagDenied) || !strings.Contains(r.text(), `needs an approval of its own: call again with path "/tmp/ok"`) {
-		t.Errorf("approved call through a symlink = %q; want %s naming /tmp/ok", r.text(), TagDenied)
+	if !mcptest.HasTag(r, TagDenied) || !strings.Contains(r.Text(), `needs an approval of its own: call again with path "/tmp/ok"`) {
+		t.Errorf("approved call through a symlink = %q; want %s naming /tmp/ok", r.Text(), TagDenied)
 	}
 	if n := f.guest.count(guestctl.GuestPath, "file", "read"); n != 0 {
 		t.Errorf("the guest read %d times; want none", n)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/operator"
 )
 
 func init() { commands = append(commands, newUndoCmd) }
@@ -48,7 +48,7 @@ func runUndo(ctx context.Context, out io.Writer, o approvalsOptions, callID stri
 	if err != nil {
 		return err
 	}
-	resp, err := server.OperatorCall(ctx, path, server.OperatorRequest{Op: server.OpUndo, ID: callID})
+	resp, err := operator.Call(ctx, path, operator.Request{Op: operator.OpUndo, ID: callID})
 	if err != nil {
 		return fmt.Errorf("undo %s: %w", callID, err)
 	}

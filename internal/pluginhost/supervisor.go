@@ -221,7 +221,7 @@ func (s *Supervisor) start(ctx context.Context) (*instance, error) {
 	// this user before using the call socket there (hypervisor/callsocket.go).
 	gp := &hypervisor.GRPCPlugin{Name: s.spec.Driver}
 	client := plugin.NewClient(&plugin.ClientConfig{
-		HandshakeConfig:  hypervisor.Handshake,
+		HandshakeConfig:  hypervisor.Handshake(),
 		Plugins:          plugin.PluginSet{hypervisor.PluginName: gp},
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		SkipHostEnv:      true,

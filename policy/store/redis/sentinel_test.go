@@ -80,7 +80,7 @@ func TestSentinelReplicaSilent(t *testing.T) {
 	s := openSentinelTest(t, d, "")
 	ctx := context.Background()
 	c := []policy.Counter{{Key: "silent", Name: "silent", Window: time.Hour, Max: 2}}
-	if err := s.ReserveAll(ctx, "before", storetest.T0, c); err != nil {
+	if err := s.ReserveAll(ctx, "before", storetest.T0(), c); err != nil {
 		t.Fatalf("ReserveAll with the replica up = %v; want nil", err)
 	}
 	if err := s.CreateApproval(ctx, testApproval("ap1")); err != nil {
@@ -89,12 +89,12 @@ func TestSentinelReplicaSilent(t *testing.T) {
 	d.Servers[1].Pause()
 	t.Cleanup(d.Servers[1].Resume)
 	calls := map[string]func() error{
-		"ReserveAll": func() error { return s.ReserveAll(ctx, "during", storetest.T0, c) },
+		"ReserveAll": func() error { return s.ReserveAll(ctx, "during", storetest.T0(), c) },
 		"CreateApproval": func() error {
 			return s.CreateApproval(ctx, testApproval("ap2"))
 		},
 		"DecideApproval": func() error {
-			_, err := s.DecideApproval(ctx, "ap1", true, "op", "", storetest.T0)
+			_, err := s.DecideApproval(ctx, "ap1", true, "op", "", storetest.T0())
 			return err
 		},
 		"AcquireLease": func() error {
@@ -115,7 +115,7 @@ func TestSentinelReplicaSilent(t *testing.T) {
 	d.Servers[1].Resume()
 	var err error
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if err = s.ReserveAll(ctx, "after", storetest.T0, c); !errors.Is(err, store.ErrUnavailable) {
+		if err = s.ReserveAll(ctx, "after", storetest.T0(), c); !errors.Is(err, store.ErrUnavailable) {
 			break
 		}
 	}
@@ -124,14 +124,14 @@ func TestSentinelReplicaSilent(t *testing.T) {
 	}
 	// "before" and "after" fill the max of 2.
 	var le *store.LimitedError
-	if err := s.ReserveAll(ctx, "third", storetest.T0, c); !errors.As(err, &le) {
+	if err := s.ReserveAll(ctx, "third", storetest.T0(), c); !errors.As(err, &le) {
 		t.Errorf("a third ReserveAll of a max-2 counter = %v; want the limit", err)
 	}
 }
 
 func testApproval(id string) store.Approval {
 	return store.Approval{ID: id, Grant: "alice", Tool: "vm_power", Digest: "d", State: store.ApprovalPending,
-		Created: storetest.T0, Expires: storetest.T0.Add(time.Hour), TTL: time.Hour}
+		Created: storetest.T0(), Expires: storetest.T0().Add(time.Hour), TTL: time.Hour}
 }
 
 // TestFailoverKeepsWhatItAcknowledged: the replica falls behind (it is
@@ -160,7 +160,7 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 		if err := s.CreateApproval(ctx, testApproval("ap")); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.DecideApproval(ctx, "ap", true, "op", "", storetest.T0); err != nil {
+		if _, err := s.DecideApproval(ctx, "ap", true, "op", "", storetest.T0()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -175,7 +175,7 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 	if err := ack.use(acked, "a1"); !errors.Is(err, errNotReplicated) {
 		t.Fatalf("Sentinel store with the replica behind = %v; want it refused for want of an acknowledgement", err)
 	}
-	if err := acked.ReserveAll(ctx, "a1", storetest.T0, onceCounter); !errors.Is(err, errNotReplicated) {
+	if err := acked.ReserveAll(ctx, "a1", storetest.T0(), onceCounter); !errors.Is(err, errNotReplicated) {
 		t.Fatalf("Sentinel store ReserveAll with the replica behind = %v; want it refused", err)
 	}
 	primary := failOver(t, d)
@@ -217,7 +217,7 @@ type useCount struct{ uses, grants int }
 // use consumes the approval and reserves id, as a call would.
 func (u *useCount) use(s *Store, id string) error {
 	ctx := context.Background()
-	_, ok, err := s.ConsumeApproval(ctx, "alice", "vm_power", "d", storetest.T0)
+	_, ok, err := s.ConsumeApproval(ctx, "alice", "vm_power", "d", storetest.T0())
 	if err != nil {
 		return err
 	}
@@ -225,7 +225,7 @@ func (u *useCount) use(s *Store, id string) error {
 		u.uses++
 	}
 	var le *store.LimitedError
-	switch err := s.ReserveAll(ctx, id, storetest.T0, onceCounter); {
+	switch err := s.ReserveAll(ctx, id, storetest.T0(), onceCounter); {
 	case err == nil:
 		u.grants++
 	case !errors.As(err, &le):
@@ -306,7 +306,7 @@ func BenchmarkAck(b *testing.B) {
 				for b.Loop() {
 					n++
 					start := time.Now()
-					if err := st.s.ReserveAll(ctx, strconv.FormatInt(n, 10), storetest.T0.Add(time.Duration(n)*time.Microsecond), c); err != nil {
+					if err := st.s.ReserveAll(ctx, strconv.FormatInt(n, 10), storetest.T0().Add(time.Duration(n)*time.Microsecond), c); err != nil {
 						b.Fatal(err)
 					}
 					took = append(took, time.Since(start))
