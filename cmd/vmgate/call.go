@@ -37,6 +37,7 @@ the command line. Otherwise it starts "vmgate serve" with the arguments after
 "--" as its child over stdio, and stops it afterwards:
 
   vmgate call list_vms
+  vmgate call list_vms -- serve --grant local     (or: -- --grant local)
   vmgate call vm_agent_exec --args '{"vm":"lab/vm1","command":["uname","-a"]}' -- --config vmgate.yaml
   VMGATE_TOKEN=… vmgate call list_vms --url http://127.0.0.1:8707/mcp`,
 		Args: cobra.MinimumNArgs(1),
@@ -65,7 +66,7 @@ the command line. Otherwise it starts "vmgate serve" with the arguments after
 				if err != nil {
 					return fmt.Errorf("call: cannot find the vmgate binary: %w", err)
 				}
-				o.Command, o.Args = exe, append([]string{"serve"}, serveArgs...)
+				o.Command, o.Args = exe, serveArgv(serveArgs)
 			}
 			res, err := mcpcall.Call(cmd.Context(), o, tool, []byte(args))
 			if err != nil {
@@ -87,4 +88,14 @@ the command line. Otherwise it starts "vmgate serve" with the arguments after
 	cmd.Flags().StringVar(&tokenEnv, "token-env", "VMGATE_TOKEN", "environment variable holding the bearer token for --url")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "bound on the whole call")
 	return cmd
+}
+
+// serveArgv is the command line of the stdio child: "serve" and the
+// arguments after "--". Those may name serve themselves ("-- serve --grant
+// local", as README writes it) or leave it out ("-- --grant local").
+func serveArgv(after []string) []string {
+	if len(after) > 0 && after[0] == "serve" {
+		after = after[1:]
+	}
+	return append([]string{"serve"}, after...)
 }
