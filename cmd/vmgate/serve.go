@@ -108,7 +108,7 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	}
 	log, err := audit.Open(cfg.Audit.Path, audit.Options{KeyFile: cfg.Audit.KeyFile, Fsync: cfg.Audit.Fsync})
 	if err != nil {
-		return fmt.Errorf("serve: audit log: %w", err)
+		return auditOpenError(cfg, err)
 	}
 	defer func() {
 		if cerr := log.Close(); cerr != nil {
@@ -153,6 +153,18 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		}
 	}()
 	return serveServer(ctx, srv, web, cfg, engines, o)
+}
+
+// auditOpenError is serve's error for an audit log that did not open; one
+// another process holds means another server runs on the same state
+// directory, and says what to do instead.
+func auditOpenError(cfg *config.Config, err error) error {
+	if errors.Is(err, audit.ErrInUse) {
+		return fmt.Errorf("serve: audit log: %w; another vmgate serve runs on the state directory %s: "+
+			"use that one (`vmgate call TOOL --url http://ADDR/mcp` when it serves --http ADDR), "+
+			"or give this one another state directory (VMGATE_STATE_DIR=DIR, or state_dir in --config)", err, cfg.StateDir)
+	}
+	return fmt.Errorf("serve: audit log: %w", err)
 }
 
 // prepareServe loads the config, checks the state directory and loads

@@ -233,4 +233,7 @@ var (
 	ErrTampered = errors.New("audit chain broken")
 	// ErrKeyFile wraps every problem with a key file (mode, size, content).
 	ErrKeyFile = errors.New("bad audit key file")
+	// ErrInUse: another process holds the log open (another server on the
+	// same state directory).
+	ErrInUse = errors.New("in use by another process")
 )
