@@ -37,6 +37,7 @@ func init() { commands = append(commands, newServeCmd) }
 type serveOptions struct {
 	config           string
 	grant            string
+	grantSet         bool // --grant was given
 	httpAddr         string
 	allowNonLoopback bool
 	grace            time.Duration
@@ -49,10 +50,11 @@ func newServeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the MCP server (stdio by default, --http for streamable HTTP)",
-		Long: `serve runs the MCP server. Over stdio (the default) it serves one client as
-the grant named by --grant. With --http ADDR it serves streamable HTTP at
-/mcp; every request needs "Authorization: Bearer <token>" whose SHA-256 is a
-grant's token_sha256. It binds loopback addresses only, unless TLS is
+		Long: `serve runs the MCP server. Over stdio it serves one client as the grant
+named by --grant. With --http ADDR, or when the config sets http.addr and
+--grant is not given, it serves streamable HTTP at /mcp; every request
+needs "Authorization: Bearer <token>" whose SHA-256 is a grant's
+token_sha256 (serve warns at start when no grant has one). It binds loopback addresses only, unless TLS is
 configured or --allow-non-loopback is given.
 
 Without --config the embedded defaults apply: state, bbolt store and audit
@@ -60,12 +62,13 @@ log in the state directory, the lab VMs as backend "lab", and grant "local"
 with the built-in policy.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.grantSet = cmd.Flags().Changed("grant")
 			return runServe(cmd.Context(), o)
 		},
 	}
 	cmd.Flags().StringVar(&o.config, "config", "", "config file (vmgate.yaml); default: embedded defaults")
-	cmd.Flags().StringVar(&o.grant, "grant", "local", "grant of the stdio client")
-	cmd.Flags().StringVar(&o.httpAddr, "http", "", "serve streamable HTTP on ADDR (e.g. 127.0.0.1:8707) instead of stdio")
+	cmd.Flags().StringVar(&o.grant, "grant", "local", "grant of the stdio client (given: stdio even when the config sets http.addr)")
+	cmd.Flags().StringVar(&o.httpAddr, "http", "", "serve streamable HTTP on ADDR (e.g. 127.0.0.1:8707) instead of stdio (default: the config's http.addr unless --grant is given)")
 	cmd.Flags().BoolVar(&o.allowNonLoopback, "allow-non-loopback", false, "allow --http on a non-loopback address without TLS")
 	cmd.Flags().BoolVar(&o.inProcess, "in-process", false, "run the built-in drivers inside the server instead of as plugin processes (debugging)")
 	cmd.Flags().DurationVar(&o.grace, "grace", 10*time.Second, "how long calls in flight may finish at shutdown before they are cancelled")
@@ -102,7 +105,7 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, stopProfile()) }()
-	cfg, engines, grants, err := prepareServe(o)
+	cfg, engines, grants, err := prepareServe(&o)
 	if err != nil {
 		return err
 	}
@@ -168,8 +171,9 @@ func auditOpenError(cfg *config.Config, err error) error {
 }
 
 // prepareServe loads the config, checks the state directory and loads
-// every grant's policy: what serve needs before it opens anything.
-func prepareServe(o serveOptions) (*config.Config, map[string]*policy.Engine, []server.Grant, error) {
+// every grant's policy: what serve needs before it opens anything. It sets
+// o.httpAddr to the address to serve HTTP on ("" for stdio).
+func prepareServe(o *serveOptions) (*config.Config, map[string]*policy.Engine, []server.Grant, error) {
 	cfg, err := loadConfig(o.config)
 	if err != nil {
 		return nil, nil, nil, err
@@ -192,7 +196,7 @@ func prepareServe(o serveOptions) (*config.Config, map[string]*policy.Engine, []
 		warnUnknownTools(slog.Default(), g.Name, engines[g.Name])
 		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs, RequestsPerMinute: g.RequestsPerMinute})
 	}
-	if o.httpAddr == "" {
+	if o.httpAddr = httpAddrOf(*o, cfg); o.httpAddr == "" {
 		if err := checkGrant(cfg, o.config, o.grant); err != nil {
 			return nil, nil, nil, fmt.Errorf("serve: %w", err)
 		}
@@ -334,6 +338,7 @@ func restoreCounters(ctx context.Context, path string, restore func(context.Cont
 }
 
 func serveHTTP(ctx context.Context, srv *server.Server, web *operatorWeb, cfg *config.Config, addr string, o serveOptions) error {
+	warnNoTokens(slog.Default(), cfg, o.config)
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("serve: --http %q: %w", addr, err)
@@ -425,4 +430,33 @@ func launchBackends(ctx context.Context, cfg *config.Config, inProcess bool) ([]
 		backends = append(backends, server.Backend{Name: b.Name, Driver: d})
 	}
 	return backends, closeAll, nil
+}
+
+// httpAddrOf is the address serve serves streamable HTTP on, "" for
+// stdio: --http's, else (unless --grant asks for stdio) the config's
+// http.addr.
+func httpAddrOf(o serveOptions, cfg *config.Config) string {
+	if o.httpAddr != "" || o.grantSet {
+		return o.httpAddr
+	}
+	return cfg.HTTP.Addr
+}
+
+// tokenHowTo says how a grant gets its HTTP token (vmgate clients prints it too).
+const tokenHowTo = "make a token with `head -c 32 /dev/urandom | base64 | tr -d '/+='`, put the hex of `printf %s \"$token\" | sha256sum` into a grant's token_sha256 in the config (the embedded defaults have none: write a vmgate.yaml and pass --config), and send `Authorization: Bearer $token`"
+
+// warnNoTokens says so at the start of serve --http when no grant of cfg
+// (read from path) has a token: every request would be refused with 401
+// and nothing else would say why.
+func warnNoTokens(log *slog.Logger, cfg *config.Config, path string) {
+	for _, g := range cfg.Grants {
+		if g.TokenSHA256 != "" {
+			return
+		}
+	}
+	where := "the config " + path
+	if path == "" {
+		where = "the embedded defaults (no --config)"
+	}
+	log.Warn("serve: no grant of "+where+" has a token (token_sha256), so every HTTP request will be refused with 401 Unauthorized; to use HTTP, "+tokenHowTo, "config", path)
 }
