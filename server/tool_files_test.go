@@ -161,3 +161,24 @@ func TestFollowedPathNeedsItsOwnApproval(t *testing.T) {
 		t.Errorf("the guest read %d times; want none", n)
 	}
 }
+
+// TestFileModeAsGiven: vm_file_write takes mode as a number, and both file
+// tools report it as that number (with its octal spelling beside it), as
+// their outputSchema says.
+func TestFileModeAsGiven(t *testing.T) {
+	f := newSessFixture(t, haveBins(), `{"version":"1","default":"allow"}`)
+	f.guest.file = guestFiles
+	for _, c := range []struct{ tool, args string }{
+		{"vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"abc","mode":420}`},
+		{"vm_file_read", `{"vm":"lab/vm1","path":"/tmp/ok"}`},
+	} {
+		r := f.as(t, "alice", c.tool, c.args)
+		if r.Result == nil || r.Result.IsError {
+			t.Fatalf("%s(%s) = %q; want success", c.tool, c.args, r.Text())
+		}
+		sc := r.Result.StructuredContent
+		if sc["mode"] != float64(0o644) || sc["mode_octal"] != "0644" {
+			t.Errorf("%s(%s): mode %#v, mode_octal %#v; want 420 (the number mode takes) and \"0644\"", c.tool, c.args, sc["mode"], sc["mode_octal"])
+		}
+	}
+}
