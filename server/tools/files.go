@@ -192,7 +192,7 @@ func fileFailure(err error) catalog.Result {
 			r.Detail = err.Error()
 			return r
 		case he.Code == wire.CodeRefused, he.Code == wire.CodeNotFound, he.Code == wire.CodeInvalid:
-			r := catalog.Failure(catalog.TagInvalid, catalog.GuestCause(catalog.CleanReason(strings.TrimPrefix(he.Message, he.Op+": "))), true)
+			r := catalog.Failure(catalog.TagInvalid, catalog.FileCause(catalog.CleanReason(strings.TrimPrefix(he.Message, he.Op+": "))), true)
 			r.Detail = err.Error()
 			return r
 		}
