@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/vmgate/vmgate/policy"
@@ -48,17 +49,27 @@ func (g *gating) park(digest string) verdict {
 				return g.approvalRequired(rec, a.ID)
 			case store.ApprovalDenied:
 				rec.ApprovalID, rec.Reason = a.ID, "approval denied by "+a.DecidedBy
-				msg := fmt.Sprintf("approval id %s: %s denied this call", a.ID, a.DecidedBy)
-				if a.Reason != "" {
-					msg += ": " + a.Reason
-				}
-				r := denied(msg)
-				r.extra = map[string]any{"approval_id": a.ID}
-				return s.refuse(g.ctx, g.ID, rec, r)
+				return s.refuse(g.ctx, g.ID, rec, deniedBefore(a, now))
 			}
 		}
 	}
 	return g.parkNew(list, listErr, digest, ttl) // approvals_full.go
+}
+
+// deniedBefore is the refusal of the identical retry of a call an
+// operator denied (approval a) at now: who denied it and why, until when
+// the denial holds, and that the call then asks an operator again.
+func deniedBefore(a store.Approval, now time.Time) refusal {
+	why := "no reason given"
+	if a.Reason != "" {
+		why = a.Reason
+	}
+	secs := max(int64(math.Ceil(a.Expires.Sub(now).Seconds())), 1)
+	msg := fmt.Sprintf("approval id %s: %s denied this call (%s); the identical call is refused until %s (in %d s), "+
+		"then it asks an operator again (a call with other arguments asks now)", a.ID, a.DecidedBy, why, a.Expires.UTC().Format(time.RFC3339), secs)
+	r := denied(msg)
+	r.extra = map[string]any{"approval_id": a.ID, "retry_after_s": secs}
+	return r
 }
 
 // approvalRequired refuses g's call (recorded as rec) until an operator
