@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -12,6 +13,7 @@ import (
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // Parking: a call the policy wants an operator to approve, which has no
@@ -70,6 +72,30 @@ func deniedBefore(a store.Approval, now time.Time) refusal {
 	r := denied(msg)
 	r.extra = map[string]any{"approval_id": a.ID, "retry_after_s": secs}
 	return r
+}
+
+// foreseeTimeout bounds what a Foreseer may ask (a backend's snapshot
+// list) before its call is parked; past it, the call is parked.
+const foreseeTimeout = 10 * time.Second
+
+// foresee refuses g's call, which would be parked for an operator, when its
+// arguments know it cannot succeed (catalog.Foreseer): a session already
+// destroyed, a snapshot that is not there.
+func (g *gating) foresee() (verdict, bool) {
+	fs, ok := g.call.Args.(catalog.Foreseer)
+	if !ok {
+		return verdict{}, false
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, foreseeTimeout)
+	defer cancel()
+	c := g.call.Call
+	c.Ctx = ctx
+	r := fs.Foresee(g.s.env, &c)
+	if r == nil {
+		return verdict{}, false
+	}
+	g.rec.Reason = "cannot succeed, not parked: " + r.Text
+	return g.refuse(refusal{decision: decisionInvalid, tag: r.Tag, msg: r.Text, detail: r.Detail})
 }
 
 // approvalRequired refuses g's call (recorded as rec) until an operator
