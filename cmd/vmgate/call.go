@@ -34,10 +34,10 @@ made.
 With --url it talks streamable HTTP; the bearer token is read from the
 environment variable named by --token-env (default VMGATE_TOKEN), never from
 the command line. Otherwise it starts "vmgate serve" with the arguments after
-"--" as its child over stdio, and stops it afterwards:
+"--" (serve's flags; a leading "serve" is allowed) as its child over stdio,
+and stops it afterwards:
 
   vmgate call list_vms
-  vmgate call list_vms -- serve --grant local     (or: -- --grant local)
   vmgate call vm_agent_exec --args '{"vm":"lab/vm1","command":["uname","-a"]}' -- --config vmgate.yaml
   VMGATE_TOKEN=… vmgate call list_vms --url http://127.0.0.1:8707/mcp`,
 		Args: cobra.MinimumNArgs(1),
@@ -66,7 +66,7 @@ the command line. Otherwise it starts "vmgate serve" with the arguments after
 				if err != nil {
 					return fmt.Errorf("call: cannot find the vmgate binary: %w", err)
 				}
-				o.Command, o.Args = exe, serveArgv(serveArgs)
+				o.Command, o.Args = exe, childArgs(serveArgs)
 			}
 			res, err := mcpcall.Call(cmd.Context(), o, tool, []byte(args))
 			if err != nil {
@@ -90,12 +90,13 @@ the command line. Otherwise it starts "vmgate serve" with the arguments after
 	return cmd
 }
 
-// serveArgv is the command line of the stdio child: "serve" and the
-// arguments after "--". Those may name serve themselves ("-- serve --grant
-// local", as README writes it) or leave it out ("-- --grant local").
-func serveArgv(after []string) []string {
-	if len(after) > 0 && after[0] == "serve" {
-		after = after[1:]
+// childArgs is the stdio child's command line: serve and the arguments
+// after "--". A leading "serve" there ("-- serve --grant local") names the
+// subcommand call adds itself: it is taken as meant, not passed on as
+// serve's unknown positional argument.
+func childArgs(afterDash []string) []string {
+	if len(afterDash) > 0 && afterDash[0] == "serve" {
+		afterDash = afterDash[1:]
 	}
-	return append([]string{"serve"}, after...)
+	return append([]string{"serve"}, afterDash...)
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -19,61 +18,42 @@ func init() { commands = append(commands, newClientsCmd) }
 
 type clientsOptions struct {
 	config   string
-	grant    string // "": no stdio forms (the config has no grant "local" and --grant was not given)
+	grant    string
 	httpAddr string
 	tokenEnv string
 	name     string
 	binary   string
-	// grants are the config's grants, named when grant is "".
-	grants []string
-	// noTokens: no grant has an HTTP token (the embedded defaults give none).
-	noTokens bool
+	// noToken: no grant of the config has a token_sha256, so HTTP
+	// refuses every request until one does.
+	noToken bool
 }
 
-// fromConfig completes o from its config (the embedded defaults without
-// one): the HTTP address (http.addr, unless --http was given), whether any
-// grant has a token, and the stdio forms' grant. A --grant (grantSet) the
-// config lacks is an error; the default "local" that it lacks leaves the
-// stdio forms out.
+// fromConfig fills in what the config (or the embedded defaults) says:
+// the HTTP address when --http is not given, whether any grant has a
+// token, and the stdio grant: --grant when given (it must be a grant),
+// else "local", else the config's first grant.
 func (o *clientsOptions) fromConfig(grantSet bool) error {
-	if o.config == "" {
-		o.noTokens = true
-		if o.httpAddr == "" {
-			o.httpAddr = defaultHTTPAddr
-		}
-		return nil
-	}
-	abs, err := filepath.Abs(o.config)
-	if err != nil {
-		return fmt.Errorf("clients: --config: %w", err)
-	}
-	o.config = abs
 	cfg, err := loadConfig(o.config)
 	if err != nil {
-		return err
+		return fmt.Errorf("clients: %w", err)
 	}
 	if o.httpAddr == "" {
-		o.httpAddr = cmp.Or(cfg.HTTP.Addr, defaultHTTPAddr)
+		o.httpAddr = cmp.Or(cfg.HTTP.Addr, "127.0.0.1:8707")
 	}
-	o.noTokens = true
+	o.noToken = true
 	for _, g := range cfg.Grants {
-		o.grants = append(o.grants, strconv.Quote(g.Name))
 		if g.TokenSHA256 != "" {
-			o.noTokens = false
+			o.noToken = false
 		}
 	}
 	if err := checkGrant(cfg, o.config, o.grant); err != nil {
-		if grantSet {
+		if grantSet || len(cfg.Grants) == 0 {
 			return fmt.Errorf("clients: %w", err)
 		}
-		o.grant = ""
+		o.grant = cfg.Grants[0].Name
 	}
 	return nil
 }
-
-// defaultHTTPAddr is the address of serve --http that clients assumes
-// when neither --http nor the config names one.
-const defaultHTTPAddr = "127.0.0.1:8707"
 
 func newClientsCmd() *cobra.Command {
 	var o clientsOptions
@@ -93,6 +73,13 @@ environment variable (--token-env) instead of containing it.`,
 				}
 				o.binary = exe
 			}
+			if o.config != "" {
+				abs, err := filepath.Abs(o.config)
+				if err != nil {
+					return fmt.Errorf("clients: --config: %w", err)
+				}
+				o.config = abs
+			}
 			if err := o.fromConfig(cmd.Flags().Changed("grant")); err != nil {
 				return err
 			}
@@ -100,7 +87,7 @@ environment variable (--token-env) instead of containing it.`,
 		},
 	}
 	cmd.Flags().StringVar(&o.config, "config", "", "config file the stdio forms pass to vmgate serve (default: embedded defaults)")
-	cmd.Flags().StringVar(&o.grant, "grant", "local", "grant of the stdio forms (default local; left out when the config has no grant local)")
+	cmd.Flags().StringVar(&o.grant, "grant", "local", "grant of the stdio forms")
 	cmd.Flags().StringVar(&o.httpAddr, "http", "", "address of vmgate serve --http (default: http.addr of the config, else 127.0.0.1:8707)")
 	cmd.Flags().StringVar(&o.tokenEnv, "token-env", "VMGATE_TOKEN", "environment variable that holds the HTTP bearer token")
 	cmd.Flags().StringVar(&o.name, "name", "vmgate", "server name in the client configurations")
@@ -157,102 +144,48 @@ func writeClients(w io.Writer, o clientsOptions) error {
 	if host == "" || host == "0.0.0.0" || host == "::" {
 		host = "127.0.0.1"
 	}
-	f := clientForms{o: o, url: "http://" + net.JoinHostPort(host, port) + "/mcp", env: "$" + o.tokenEnv, bearer: "Bearer ${" + o.tokenEnv + "}"}
-	f.args = []string{"serve"}
+	url := "http://" + net.JoinHostPort(host, port) + "/mcp"
+	args := []string{"serve"}
 	if o.config != "" {
-		f.args = append(f.args, "--config", o.config)
+		args = append(args, "--config", o.config)
 	}
-	f.args = append(f.args, "--grant", o.grant)
-	f.stdio = map[string]any{"command": o.binary, "args": f.args}
-	f.header()
-	f.desktop()
-	f.claudeCode()
-	f.cursor()
-	f.inspector()
-	_, err = io.WriteString(w, f.b.String())
-	return err
-}
+	args = append(args, "--grant", o.grant)
+	stdio := map[string]any{"command": o.binary, "args": args}
+	env := "$" + o.tokenEnv
+	bearer := "Bearer ${" + o.tokenEnv + "}"
 
-// clientForms writes the snippets of writeClients.
-type clientForms struct {
-	o                clientsOptions
-	url, env, bearer string
-	args             []string       // of the stdio forms
-	stdio            map[string]any // the stdio entry of a mcpServers object
-	b                strings.Builder
-}
-
-func (f *clientForms) p(format string, a ...any) { fmt.Fprintf(&f.b, format, a...) }
-
-// stdioForm writes a stdio form, or nothing when there is no grant for them.
-func (f *clientForms) stdioForm(format string, a ...any) {
-	if f.o.grant != "" {
-		f.p(format, a...)
-	}
-}
-
-// header says how the forms connect, how a grant gets an HTTP token, and
-// why stdio forms are missing when they are.
-func (f *clientForms) header() {
-	o := f.o
-	serve := []string{"vmgate", "serve"}
-	if o.config != "" {
-		serve = append(serve, "--config", o.config)
-	}
-	serve = append(serve, "--http", o.httpAddr)
-	f.p("# vmgate MCP client configurations\n")
-	if o.grant != "" {
-		f.p("# stdio: the client starts vmgate as grant %q. ", o.grant)
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("# vmgate MCP client configurations\n")
+	if o.noToken {
+		p("# stdio: the client starts vmgate as grant %q. HTTP: no grant has a token_sha256 yet, so `vmgate serve --http %s`\n"+
+			"# refuses every request (401); make a token, put its SHA-256 in a grant's token_sha256 (README: Install),\n# then export %s=<that token>.\n\n", o.grant, o.httpAddr, o.tokenEnv)
 	} else {
-		f.p("# stdio: none here: the config has no grant \"local\"; `vmgate clients --config %s --grant NAME` prints them for one of its grants: %s.\n# ",
-			shellQuote(o.config), strings.Join(o.grants, ", "))
+		p("# stdio: the client starts vmgate as grant %q. HTTP: run `vmgate serve --http %s` and export %s=<the grant's token>.\n\n", o.grant, o.httpAddr, o.tokenEnv)
 	}
-	f.p("HTTP: run `%s` and export %s=<the grant's token>.\n", shellJoin(serve), o.tokenEnv)
-	if o.noTokens {
-		where := "the config " + o.config
-		if o.config == "" {
-			where = "the embedded defaults (no --config)"
-		}
-		f.p("# NOTE: no grant has a token in %s, so the HTTP server refuses every request (401) until one does.\n", where)
-	}
-	f.p("# A grant's token: token=$(head -c 32 /dev/urandom | base64 | tr -d '/+='); printf %%s \"$token\" | sha256sum\n")
-	f.p("# puts the hex to write into the grant's token_sha256 in the config (vmgate.yaml, passed with --config; the\n# embedded defaults have none); then export %s=$token.\n\n", o.tokenEnv)
-}
 
-func (f *clientForms) desktop() {
-	o := f.o
-	f.p("## Claude Desktop (claude_desktop_config.json)\n\n")
-	f.stdioForm("### stdio\n%s\n\n", jsonBlock(map[string]any{"mcpServers": map[string]any{o.name: f.stdio}}))
-	f.p("### HTTP (through mcp-remote; Claude Desktop passes its own environment, so %s must be set where it starts)\n%s\n\n", o.tokenEnv,
+	p("## Claude Desktop (claude_desktop_config.json)\n\n### stdio\n%s\n\n", jsonBlock(map[string]any{"mcpServers": map[string]any{o.name: stdio}}))
+	p("### HTTP (through mcp-remote; Claude Desktop passes its own environment, so %s must be set where it starts)\n%s\n\n", o.tokenEnv,
 		jsonBlock(map[string]any{"mcpServers": map[string]any{o.name: map[string]any{
-			"command": "npx", "args": []string{"-y", "mcp-remote", f.url, "--header", "Authorization:" + f.bearer},
+			"command": "npx", "args": []string{"-y", "mcp-remote", url, "--header", "Authorization:" + bearer},
 		}}}))
-}
 
-func (f *clientForms) claudeCode() {
-	o := f.o
-	f.p("## Claude Code\n\n")
-	f.stdioForm("### stdio\n%s\n\n", shellJoin(append([]string{"claude", "mcp", "add", o.name, "--", o.binary}, f.args...)))
-	f.p("### HTTP (the shell expands %s when you run this)\nclaude mcp add --transport http %s %s --header \"Authorization: Bearer %s\"\n\n", f.env, shellQuote(o.name), shellQuote(f.url), f.env)
-	f.p("### HTTP, project .mcp.json (Claude Code expands ${%s} at start)\n%s\n\n", o.tokenEnv,
+	p("## Claude Code\n\n### stdio\n%s\n\n", shellJoin(append([]string{"claude", "mcp", "add", o.name, "--", o.binary}, args...)))
+	p("### HTTP (the shell expands %s when you run this)\nclaude mcp add --transport http %s %s --header \"Authorization: Bearer %s\"\n\n", env, shellQuote(o.name), shellQuote(url), env)
+	p("### HTTP, project .mcp.json (Claude Code expands ${%s} at start)\n%s\n\n", o.tokenEnv,
 		jsonBlock(map[string]any{"mcpServers": map[string]any{o.name: map[string]any{
-			"type": "http", "url": f.url, "headers": map[string]string{"Authorization": f.bearer},
+			"type": "http", "url": url, "headers": map[string]string{"Authorization": bearer},
 		}}}))
-}
 
-func (f *clientForms) cursor() {
-	o := f.o
-	f.p("## Cursor (~/.cursor/mcp.json or .cursor/mcp.json)\n\n")
-	f.stdioForm("### stdio\n%s\n\n", jsonBlock(map[string]any{"mcpServers": map[string]any{o.name: f.stdio}}))
-	f.p("### HTTP\n%s\n\n", jsonBlock(map[string]any{"mcpServers": map[string]any{o.name: map[string]any{
-		"url": f.url, "headers": map[string]string{"Authorization": "Bearer ${env:" + o.tokenEnv + "}"},
+	p("## Cursor (~/.cursor/mcp.json or .cursor/mcp.json)\n\n### stdio\n%s\n\n", jsonBlock(map[string]any{"mcpServers": map[string]any{o.name: stdio}}))
+	p("### HTTP\n%s\n\n", jsonBlock(map[string]any{"mcpServers": map[string]any{o.name: map[string]any{
+		"url": url, "headers": map[string]string{"Authorization": "Bearer ${env:" + o.tokenEnv + "}"},
 	}}}))
-}
 
-func (f *clientForms) inspector() {
-	o := f.o
-	f.p("## MCP Inspector (%s runs on Node 20; \"--\" keeps vmgate's flags from the Inspector)\n\n", inspectorPkg)
-	f.stdioForm("### stdio\n%s\n\n", shellJoin(append([]string{"npx", "-y", inspectorPkg, "--cli", "--method", "tools/list", "--", o.binary}, f.args...)))
-	f.p("### HTTP (CLI mode)\nnpx -y %s --cli %s --transport http --header \"Authorization: Bearer %s\" --method tools/list\n", inspectorPkg, shellQuote(f.url), f.env)
-	f.p("# For the Inspector's web UI over HTTP (its page's origin, http://localhost:6274, is accepted on a loopback\n# listener; on another address add it to http.allowed_origins in vmgate.yaml), choose Streamable HTTP,\n# URL %s, and an Authorization header \"Bearer <token>\".\n", f.url)
+	p("## MCP Inspector (%s runs on Node 20; \"--\" keeps vmgate's flags from the Inspector)\n\n### stdio\n%s\n\n", inspectorPkg,
+		shellJoin(append([]string{"npx", "-y", inspectorPkg, "--cli", "--method", "tools/list", "--", o.binary}, args...)))
+	p("### HTTP (CLI mode)\nnpx -y %s --cli %s --transport http --header \"Authorization: Bearer %s\" --method tools/list\n", inspectorPkg, shellQuote(url), env)
+	p("# For the Inspector's web UI over HTTP (its page's origin, http://localhost:6274, is accepted on a loopback\n# listener; on another address add it to http.allowed_origins in vmgate.yaml), choose Streamable HTTP,\n# URL %s, and an Authorization header \"Bearer <token>\".\n", url)
+	_, err = io.WriteString(w, b.String())
+	return err
 }

@@ -27,7 +27,7 @@ func TestServeSecondServerOnStateDir(t *testing.T) {
 	defer held.Close()
 	for _, args := range [][]string{{"serve"}, {"serve", "--http", "127.0.0.1:0"}} {
 		_, errOut, code := runVmgate(t, args...)
-		for _, want := range []string{"in use by another process", "another vmgate serve", "vmgate call TOOL --url", "another state directory", state} {
+		for _, want := range []string{"in use by another process", "another vmgate serve", "vmgate call --url", "another state directory", state} {
 			if code != 1 || !strings.Contains(errOut, want) {
 				t.Errorf("vmgate %s with the audit log held: code %d, stderr %q; want 1 and %q", strings.Join(args, " "), code, errOut, want)
 			}

@@ -37,7 +37,7 @@ func init() { commands = append(commands, newServeCmd) }
 type serveOptions struct {
 	config           string
 	grant            string
-	grantSet         bool // --grant was given
+	grantSet         bool // --grant was given: serve stdio even when the config has http.addr
 	httpAddr         string
 	allowNonLoopback bool
 	grace            time.Duration
@@ -50,16 +50,18 @@ func newServeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the MCP server (stdio by default, --http for streamable HTTP)",
-		Long: `serve runs the MCP server. Over stdio it serves one client as the grant
-named by --grant. With --http ADDR, or when the config sets http.addr and
---grant is not given, it serves streamable HTTP at /mcp; every request
-needs "Authorization: Bearer <token>" whose SHA-256 is a grant's
-token_sha256 (serve warns at start when no grant has one). It binds loopback addresses only, unless TLS is
+		Long: `serve runs the MCP server. Over stdio (the default) it serves one client as
+the grant named by --grant. With --http ADDR it serves streamable HTTP at
+/mcp; every request needs "Authorization: Bearer <token>" whose SHA-256 is a
+grant's token_sha256. It binds loopback addresses only, unless TLS is
 configured or --allow-non-loopback is given.
 
 Without --config the embedded defaults apply: state, bbolt store and audit
 log in the state directory, the lab VMs as backend "lab", and grant "local"
-with the built-in policy.`,
+with the built-in policy.
+
+Without --http, a config with http.addr is served over HTTP there, unless
+--grant is given (stdio as that grant).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.grantSet = cmd.Flags().Changed("grant")
@@ -67,8 +69,8 @@ with the built-in policy.`,
 		},
 	}
 	cmd.Flags().StringVar(&o.config, "config", "", "config file (vmgate.yaml); default: embedded defaults")
-	cmd.Flags().StringVar(&o.grant, "grant", "local", "grant of the stdio client (given: stdio even when the config sets http.addr)")
-	cmd.Flags().StringVar(&o.httpAddr, "http", "", "serve streamable HTTP on ADDR (e.g. 127.0.0.1:8707) instead of stdio (default: the config's http.addr unless --grant is given)")
+	cmd.Flags().StringVar(&o.grant, "grant", "local", "grant of the stdio client")
+	cmd.Flags().StringVar(&o.httpAddr, "http", "", "serve streamable HTTP on ADDR (e.g. 127.0.0.1:8707) instead of stdio")
 	cmd.Flags().BoolVar(&o.allowNonLoopback, "allow-non-loopback", false, "allow --http on a non-loopback address without TLS")
 	cmd.Flags().BoolVar(&o.inProcess, "in-process", false, "run the built-in drivers inside the server instead of as plugin processes (debugging)")
 	cmd.Flags().DurationVar(&o.grace, "grace", 10*time.Second, "how long calls in flight may finish at shutdown before they are cancelled")
@@ -98,6 +100,50 @@ func warnNoBackends(log *slog.Logger, cfg *config.Config, path string) {
 	log.Warn("serve: the config has no backends, so there is no VM to use; add a backends section (qemu, libvirt, virtualbox or proxmox)", "config", path)
 }
 
+// chooseTransport settles stdio or HTTP: --http; else http.addr of the
+// config unless --grant is given; else stdio as --grant, which must be a
+// grant of cfg. HTTP with no grant holding a token is warned of.
+func (o *serveOptions) chooseTransport(cfg *config.Config) error {
+	if o.httpAddr == "" && !o.grantSet {
+		o.httpAddr = cfg.HTTP.Addr
+	}
+	if o.httpAddr != "" {
+		warnNoTokens(slog.Default(), cfg)
+		return nil
+	}
+	if err := checkGrant(cfg, o.config, o.grant); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}
+
+// openAuditLog opens the config's audit log; when another process holds
+// it, the error says what to do instead.
+func openAuditLog(cfg *config.Config) (*audit.Log, error) {
+	log, err := audit.Open(cfg.Audit.Path, audit.Options{KeyFile: cfg.Audit.KeyFile, Fsync: cfg.Audit.Fsync})
+	if errors.Is(err, audit.ErrInUse) {
+		return nil, fmt.Errorf("serve: audit log: %w; another vmgate serve runs on the state directory %s: "+
+			"use it (vmgate call --url http://ADDR/mcp, or connect your client to it), or give this one another state directory "+
+			"(state_dir in the config, or VMGATE_STATE_DIR without one)", err, cfg.StateDir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("serve: audit log: %w", err)
+	}
+	return log, nil
+}
+
+// warnNoTokens says so at start when HTTP is served and no grant has a
+// token_sha256: every request would get 401 and nothing else would say why.
+func warnNoTokens(log *slog.Logger, cfg *config.Config) {
+	for _, g := range cfg.Grants {
+		if g.TokenSHA256 != "" {
+			return
+		}
+	}
+	log.Warn("serve: no grant has a token_sha256, so every HTTP request is refused (401); "+
+		"give a grant one (README: Install) or serve stdio (--grant NAME without --http)", "grants", len(cfg.Grants))
+}
+
 func runServe(ctx context.Context, o serveOptions) (err error) {
 	setGCPercent(os.Getenv("GOGC"))
 	stopProfile, err := startCPUProfile(o.cpuProfile)
@@ -109,9 +155,9 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	log, err := audit.Open(cfg.Audit.Path, audit.Options{KeyFile: cfg.Audit.KeyFile, Fsync: cfg.Audit.Fsync})
+	log, err := openAuditLog(cfg)
 	if err != nil {
-		return auditOpenError(cfg, err)
+		return err
 	}
 	defer func() {
 		if cerr := log.Close(); cerr != nil {
@@ -158,21 +204,9 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	return serveServer(ctx, srv, web, cfg, engines, o)
 }
 
-// auditOpenError is serve's error for an audit log that did not open; one
-// another process holds means another server runs on the same state
-// directory, and says what to do instead.
-func auditOpenError(cfg *config.Config, err error) error {
-	if errors.Is(err, audit.ErrInUse) {
-		return fmt.Errorf("serve: audit log: %w; another vmgate serve runs on the state directory %s: "+
-			"use that one (`vmgate call TOOL --url http://ADDR/mcp` when it serves --http ADDR), "+
-			"or give this one another state directory (VMGATE_STATE_DIR=DIR, or state_dir in --config)", err, cfg.StateDir)
-	}
-	return fmt.Errorf("serve: audit log: %w", err)
-}
-
 // prepareServe loads the config, checks the state directory and loads
-// every grant's policy: what serve needs before it opens anything. It sets
-// o.httpAddr to the address to serve HTTP on ("" for stdio).
+// every grant's policy, and settles the transport (chooseTransport): what
+// serve needs before it opens anything.
 func prepareServe(o *serveOptions) (*config.Config, map[string]*policy.Engine, []server.Grant, error) {
 	cfg, err := loadConfig(o.config)
 	if err != nil {
@@ -196,10 +230,8 @@ func prepareServe(o *serveOptions) (*config.Config, map[string]*policy.Engine, [
 		warnUnknownTools(slog.Default(), g.Name, engines[g.Name])
 		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs, RequestsPerMinute: g.RequestsPerMinute})
 	}
-	if o.httpAddr = httpAddrOf(*o, cfg); o.httpAddr == "" {
-		if err := checkGrant(cfg, o.config, o.grant); err != nil {
-			return nil, nil, nil, fmt.Errorf("serve: %w", err)
-		}
+	if err := o.chooseTransport(cfg); err != nil {
+		return nil, nil, nil, err
 	}
 	return cfg, engines, grants, nil
 }
@@ -338,7 +370,6 @@ func restoreCounters(ctx context.Context, path string, restore func(context.Cont
 }
 
 func serveHTTP(ctx context.Context, srv *server.Server, web *operatorWeb, cfg *config.Config, addr string, o serveOptions) error {
-	warnNoTokens(slog.Default(), cfg, o.config)
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("serve: --http %q: %w", addr, err)
@@ -430,33 +461,4 @@ func launchBackends(ctx context.Context, cfg *config.Config, inProcess bool) ([]
 		backends = append(backends, server.Backend{Name: b.Name, Driver: d})
 	}
 	return backends, closeAll, nil
-}
-
-// httpAddrOf is the address serve serves streamable HTTP on, "" for
-// stdio: --http's, else (unless --grant asks for stdio) the config's
-// http.addr.
-func httpAddrOf(o serveOptions, cfg *config.Config) string {
-	if o.httpAddr != "" || o.grantSet {
-		return o.httpAddr
-	}
-	return cfg.HTTP.Addr
-}
-
-// tokenHowTo says how a grant gets its HTTP token (vmgate clients prints it too).
-const tokenHowTo = "make a token with `head -c 32 /dev/urandom | base64 | tr -d '/+='`, put the hex of `printf %s \"$token\" | sha256sum` into a grant's token_sha256 in the config (the embedded defaults have none: write a vmgate.yaml and pass --config), and send `Authorization: Bearer $token`"
-
-// warnNoTokens says so at the start of serve --http when no grant of cfg
-// (read from path) has a token: every request would be refused with 401
-// and nothing else would say why.
-func warnNoTokens(log *slog.Logger, cfg *config.Config, path string) {
-	for _, g := range cfg.Grants {
-		if g.TokenSHA256 != "" {
-			return
-		}
-	}
-	where := "the config " + path
-	if path == "" {
-		where = "the embedded defaults (no --config)"
-	}
-	log.Warn("serve: no grant of "+where+" has a token (token_sha256), so every HTTP request will be refused with 401 Unauthorized; to use HTTP, "+tokenHowTo, "config", path)
 }
