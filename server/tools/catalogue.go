@@ -31,6 +31,8 @@ import "github.com/vmgate/vmgate/server/catalog"
 //	observe.go    vm_network, vm_metrics
 //	trash.go      restore_session_files
 //	lifecycle.go  vm_create, vm_delete
+//	screen.go     vm_screenshot, vm_send_keys
+//	console.go    vm_console_read, vm_console_write
 //
 // A new tool goes into the file of its family (a new family into a file
 // of its own) and gets its entry here.
@@ -57,6 +59,10 @@ func Catalogue(l catalog.Limits) []*catalog.Tool {
 		restoreSessionFilesTool(),
 		createTool(),
 		deleteTool(),
+		screenshotTool(l),
+		sendKeysTool(),
+		consoleReadTool(),
+		consoleWriteTool(),
 	}
 }
 
