@@ -40,8 +40,8 @@
 //	8       sandbox: exec in a sandboxed session against outside any session
 //	10      VMs on demand: vm_create to the first exec on the lab template against
 //	        lab.Create to the first raw guest-exec
-//	11      screen: a screenshot through the QEMU driver's plugin against a raw
-//	        QMP screendump (the vm_screenshot tool's row, once it exists)
+//	11      screen: vm_screenshot through vmgate serve against a raw QMP
+//	        screendump
 //	13      audit search: vmgate audit search on a 100,000-record log, by each
 //	        filter, against grep -c of the same value
 //
