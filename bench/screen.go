@@ -9,7 +9,6 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/vmgate/vmgate/internal/lab"
@@ -47,7 +46,7 @@ func screenRow(ctx context.Context, vmgate string, warmup, pairs int) *Row {
 		row.Err = err
 		return row
 	}
-	cfg, err := l.writeScreenConfig()
+	cfg, err := l.writePolicyConfig("screen", screenPolicy)
 	if err != nil {
 		row.Err = err
 		return row
@@ -76,21 +75,6 @@ func screenRow(ctx context.Context, vmgate string, warmup, pairs int) *Row {
 		row.Err = err
 	}
 	return row
-}
-
-// writeScreenConfig writes vmgate serve's config for the row: as shipped
-// (bbolt, fsync always, the driver as a plugin) with screenPolicy.
-func (l *labEnv) writeScreenConfig() (string, error) {
-	pol := filepath.Join(l.stateDir, "bench-screen-policy.json")
-	if err := os.WriteFile(pol, []byte(screenPolicy), 0o600); err != nil {
-		return "", err
-	}
-	cfg := "state_dir: " + strconv.Quote(l.stateDir) + "\n" +
-		"audit: {fsync: always}\n" +
-		"grants: [{name: local, policy: " + strconv.Quote(pol) + "}]\n" +
-		"backends: [{name: lab, driver: qemu, settings: {lab: true}}]\n"
-	p := filepath.Join(l.stateDir, "bench-screen-vmgate.yaml")
-	return p, os.WriteFile(p, []byte(cfg), 0o600)
 }
 
 // screenServerRound starts vmgate serve, makes one untimed screenshot and

@@ -64,11 +64,7 @@ func TestDefaultPolicySnapshots(t *testing.T) {
 		if tt.counter == "" {
 			continue
 		}
-		found := false
-		for _, c := range d.Counters {
-			found = found || c.Name == tt.counter
-		}
-		if !found {
+		if !reserves(d, tt.counter) {
 			t.Errorf("Decide(%s) counters = %+v; want %s", tt.tool, d.Counters, tt.counter)
 		}
 	}
@@ -117,12 +113,18 @@ func TestDefaultPolicyScreen(t *testing.T) {
 		if tt.counter == "" {
 			continue
 		}
-		found := false
-		for _, c := range d.Counters {
-			found = found || c.Name == tt.counter
-		}
-		if !found {
+		if !reserves(d, tt.counter) {
 			t.Errorf("Decide(%s) counters = %+v; want %s", tt.tool, d.Counters, tt.counter)
 		}
 	}
+}
+
+// reserves reports whether d reserves the counter name.
+func reserves(d policy.Decision, name string) bool {
+	for _, c := range d.Counters {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
 }
