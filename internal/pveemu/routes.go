@@ -19,7 +19,7 @@ type route struct {
 // routeTable lists the emulated methods (built once, by New).
 func (e *Emulator) routeTable() []route {
 	var out []route
-	for _, rs := range [][]route{e.configRoutes(), e.clusterRoutes(), e.powerRoutes(), e.agentRoutes(), e.vmRoutes(), e.consoleRoutes()} {
+	for _, rs := range [][]route{e.configRoutes(), e.consoleRoutes(), e.clusterRoutes(), e.powerRoutes(), e.agentRoutes(), e.vmRoutes()} {
 		out = append(out, rs...)
 	}
 	return out
