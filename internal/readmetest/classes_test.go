@@ -20,6 +20,7 @@ var classes = map[string]entry{
 	"Policy #1":                       {class: parsed, has: `"hide"`, check: checkPolicyDoc},
 	"Policy #2":                       {class: run, has: "vmgate policy check", check: checkPolicyCommands},
 	"Policy #3":                       {class: parsed, has: `"max_count"`, check: checkPolicyDoc},
+	"Policy #4":                       {class: parsed, has: `"vm_send_keys"`, check: checkPolicyDoc},
 	"Configuration #1":                {class: parsed, has: "grants:", check: checkFullConfig},
 	"Backends #1":                     {class: parsed, has: "driver: qemu", check: checkConfigFragment},
 	"Backends #2":                     {class: parsed, has: "driver: libvirt", check: checkConfigFragment},
