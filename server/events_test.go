@@ -119,7 +119,7 @@ func fireEveryLevel(t *testing.T, f *fixture, round int) {
 	if err := f.s.SetPolicy("local", mustEngine(t, doc)); err != nil {
 		t.Fatal(err)
 	}
-	f.s.notifyProcess("lab", hypervisor.ProcessEvent{Driver: "qemu", Kind: hypervisor.ProcessRestarted, Restarts: 1})      // notice
+	f.s.notifyProcess("lab", hypervisor.ProcessEvent{Driver: "qemu", Kind: hypervisor.ProcessRestarted, Restarts: 1})     // notice
 	f.s.notifyLeaseEnded(store.Lease{Name: "lab/w1", Grant: "local", State: store.LeaseLive, Expires: f.s.now()})         // warning
 	f.s.notifyProcess("lab", hypervisor.ProcessEvent{Driver: "qemu", Kind: hypervisor.ProcessRestartFailed, Restarts: 1}) // error
 }

@@ -113,7 +113,7 @@ func newHTTPSessions(now func() time.Time, limits SessionLimits) *httpSessions {
 	return &httpSessions{
 		now: now, limits: limits.withDefaults(), release: func([]string) {},
 		attach: func(string, string) func() { return func() {} },
-		byID: map[string]*httpSession{}, grants: map[string]*grantSessionList{},
+		byID:   map[string]*httpSession{}, grants: map[string]*grantSessionList{},
 	}
 }
 
