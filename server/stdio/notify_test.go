@@ -143,7 +143,7 @@ func TestStdioLoggingAndToolsListChanged(t *testing.T) {
 	}
 	setLevel("notice")
 	reload(t, f, `{"version":"1","default":"allow","tools":{"vm_status":{"action":"allow","reason":"a"}}}`) // info: below notice
-	reload(t, f, `{"version":"1","default":"allow","hide":["vm_power"]}`)                                    // notice, tools changed
+	reload(t, f, `{"version":"1","default":"allow","hide":["vm_power"]}`)                                   // notice, tools changed
 	for i, want := range []string{"notifications/message notice policy_reloaded", "notifications/tools/list_changed"} {
 		if got := c.note(); got != want {
 			t.Fatalf("notification %d at level notice = %q; want %q (nothing of the info-level reload before it)", i, got, want)
@@ -155,7 +155,7 @@ func TestStdioLoggingAndToolsListChanged(t *testing.T) {
 
 	setLevel("info")
 	reload(t, f, `{"version":"1","default":"allow","hide":["vm_power"],"tools":{"vm_status":{"action":"allow","reason":"b"}}}`) // tools unchanged
-	reload(t, f, `{"version":"1","default":"allow","tools":{"vm_agent_exec":{"action":"approve"}}}`)                           // vm_power back
+	reload(t, f, `{"version":"1","default":"allow","tools":{"vm_agent_exec":{"action":"approve"}}}`)                            // vm_power back
 	for i, want := range []string{"notifications/message info policy_reloaded", "notifications/message notice policy_reloaded", "notifications/tools/list_changed"} {
 		if got := c.note(); got != want {
 			t.Fatalf("notification %d at level info = %q; want %q (no list_changed after a reload that changed no tool)", i, got, want)
