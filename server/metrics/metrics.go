@@ -98,6 +98,10 @@ type Options struct {
 	// PendingApprovals returns the number of pending approvals at scrape
 	// time; nil leaves the gauge out.
 	PendingApprovals func(ctx context.Context) (int, error)
+	// NotificationsDropped returns the notifications the server dropped
+	// because a client's queue was full (server.NotificationsDropped);
+	// nil leaves the counter out.
+	NotificationsDropped func() uint64
 	// ScrapeTimeout bounds each scrape-time call (default 2 s).
 	ScrapeTimeout time.Duration
 	// Replica, when set, is the value of a constant label replica on every
@@ -373,7 +377,8 @@ var (
 	restartsDesc = prometheus.NewDesc("vmgate_plugin_restarts_total", "Restarts of a backend's driver plugin process.", []string{"backend"}, nil)
 	vmStateDesc  = prometheus.NewDesc("vmgate_vm_state", "1 for each VM a backend lists, by its power state (only with metrics.per_vm_labels).",
 		[]string{"backend", "vm", "state"}, nil)
-	scrapeDesc = prometheus.NewDesc("vmgate_scrape_errors", "Scrape-time lookups that failed in this scrape, by source.", []string{"source"}, nil)
+	droppedDesc = prometheus.NewDesc("vmgate_notifications_dropped_total", "Notifications to MCP clients dropped because the client's queue was full.", nil, nil)
+	scrapeDesc  = prometheus.NewDesc("vmgate_scrape_errors", "Scrape-time lookups that failed in this scrape, by source.", []string{"source"}, nil)
 )
 
 // States are the state label values of vmgate_vms (always all present).
@@ -395,6 +400,7 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- vmsDesc
 	ch <- restartsDesc
 	ch <- scrapeDesc
+	ch <- droppedDesc
 	if c.m.opts.PerVMLabels {
 		ch <- vmStateDesc
 	}
@@ -413,6 +419,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		} else {
 			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n))
 		}
+	}
+	if o.NotificationsDropped != nil {
+		ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(o.NotificationsDropped()))
 	}
 	var wg sync.WaitGroup
 	for _, b := range o.Backends {
