@@ -384,6 +384,7 @@ var (
 // States are the state label values of vmgate_vms (always all present).
 func States() []hypervisor.State { return slices.Clone(states[:]) }
 
+// states are States, in the order of a scrape's counts.
 var states = [...]hypervisor.State{hypervisor.StateRunning, hypervisor.StatePaused, hypervisor.StateStopped, hypervisor.StateUnknown}
 
 // stateIndex is st's index in states; a state outside them counts as
