@@ -3,13 +3,10 @@ package mcphttp
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/server/catalog"
 	"github.com/vmgate/vmgate/server/mcptest"
 	"github.com/vmgate/vmgate/server/servertest"
@@ -41,44 +38,6 @@ func openStream(t *testing.T, url, token, sid string) <-chan string {
 	return data
 }
 
-// nextNote is the next notification on stream: its method and, for a
-// notifications/message, its level and event; and the raw data.
-func nextNote(t *testing.T, stream <-chan string) (string, string) {
-	t.Helper()
-	select {
-	case d := <-stream:
-		var n struct {
-			Method string `json:"method"`
-			Params struct {
-				Level string         `json:"level"`
-				Data  map[string]any `json:"data"`
-			} `json:"params"`
-		}
-		if err := json.Unmarshal([]byte(d), &n); err != nil {
-			t.Fatalf("stream event %s: %v", d, err)
-		}
-		if n.Method == "notifications/message" {
-			ev, _ := n.Params.Data["event"].(string)
-			return n.Method + " " + n.Params.Level + " " + ev, d
-		}
-		return n.Method, d
-	case <-time.After(10 * time.Second):
-		t.Fatal("no notification on the GET stream within 10 s")
-	}
-	return "", ""
-}
-
-func reloadLocal(t *testing.T, f *servertest.Fixture, doc string) {
-	t.Helper()
-	eng, err := policy.Parse("reload.json", []byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.S.SetPolicy("local", eng); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // Over streamable HTTP, to a session's GET stream: notifications arrive
 // at the level the session set and not below; tools/list_changed follows
 // a reload that changes the grant's tools and not one that does not; a
@@ -97,21 +56,21 @@ func TestHTTPLoggingAndToolsListChanged(t *testing.T) {
 	stream := openStream(t, url, "local-token", sid)
 	otherStream := openStream(t, url, "other-token", otherSid)
 
-	reloadLocal(t, f, `{"version":"1","default":"allow","tools":{"vm_status":{"action":"allow","reason":"a"}}}`) // info: below notice
-	reloadLocal(t, f, `{"version":"1","default":"allow","hide":["vm_power"],"tools":{"vm_file_write":{"action":"approve"}}}`)
+	f.SetPolicy(t, "local", `{"version":"1","default":"allow","tools":{"vm_status":{"action":"allow","reason":"a"}}}`) // info: below notice
+	f.SetPolicy(t, "local", `{"version":"1","default":"allow","hide":["vm_power"],"tools":{"vm_file_write":{"action":"approve"}}}`)
 	for i, want := range []string{"notifications/message notice policy_reloaded", "notifications/tools/list_changed"} {
-		if got, _ := nextNote(t, stream); got != want {
+		if got, _ := mcptest.NextNote(t, stream); got != want {
 			t.Fatalf("notification %d = %q; want %q (nothing of the info-level reload before it)", i, got, want)
 		}
 	}
-	reloadLocal(t, f, `{"version":"1","default":"allow","hide":["vm_power"],"tools":{"vm_file_write":{"action":"approve","reason":"b"}}}`) // info, tools unchanged
+	f.SetPolicy(t, "local", `{"version":"1","default":"allow","hide":["vm_power"],"tools":{"vm_file_write":{"action":"approve","reason":"b"}}}`) // info, tools unchanged
 
 	const content = "file-s3cret-http"
 	r, _ := mcptest.Post(t, url, "local-token", sid, mcptest.ToolCall(3, "vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"`+content+`"}`))
 	if !mcptest.HasTag(r, catalog.TagApproval) {
 		t.Fatalf("vm_file_write = %q; want %s", r.Text(), catalog.TagApproval)
 	}
-	got, raw := nextNote(t, stream)
+	got, raw := mcptest.NextNote(t, stream)
 	if want := "notifications/message notice approval_pending"; got != want {
 		t.Fatalf("after an unchanged reload and a parked call: %q; want %q (no list_changed)", got, want)
 	}
@@ -120,11 +79,8 @@ func TestHTTPLoggingAndToolsListChanged(t *testing.T) {
 	}
 	// The other grant's stream stays silent: a notice of its own reload
 	// comes first.
-	eng, _ := policy.Parse("other.json", []byte(`{"version":"1","default":"allow","hide":["vm_power"]}`))
-	if err := f.S.SetPolicy("other", eng); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := nextNote(t, otherStream); got != "notifications/message notice policy_reloaded" {
+	f.SetPolicy(t, "other", `{"version":"1","default":"allow","hide":["vm_power"]}`)
+	if got, _ := mcptest.NextNote(t, otherStream); got != "notifications/message notice policy_reloaded" {
 		t.Errorf("grant other's first notification = %q; want its own reload, nothing of grant local's", got)
 	}
 }

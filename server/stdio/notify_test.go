@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/server/catalog"
 	"github.com/vmgate/vmgate/server/mcptest"
 	"github.com/vmgate/vmgate/server/servertest"
@@ -82,41 +81,11 @@ func (c *stdioClient) send(msg string, reply bool) mcptest.Reply {
 	return mcptest.Reply{}
 }
 
-// note returns the next notification's method and, for a
-// notifications/message, its level and event ("method level event").
+// note sums up the next notification (mcptest.NextNote).
 func (c *stdioClient) note() string {
 	c.t.Helper()
-	select {
-	case line := <-c.notes:
-		var n struct {
-			Method string `json:"method"`
-			Params struct {
-				Level string         `json:"level"`
-				Data  map[string]any `json:"data"`
-			} `json:"params"`
-		}
-		if err := json.Unmarshal([]byte(line), &n); err != nil {
-			c.t.Fatalf("notification %s: %v", line, err)
-		}
-		if n.Method == "notifications/message" {
-			return n.Method + " " + n.Params.Level + " " + n.Params.Data["event"].(string)
-		}
-		return n.Method
-	case <-time.After(10 * time.Second):
-		c.t.Fatal("no notification within 10 s")
-	}
-	return ""
-}
-
-func reload(t *testing.T, f *servertest.Fixture, doc string) {
-	t.Helper()
-	eng, err := policy.Parse("reload.json", []byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.S.SetPolicy("local", eng); err != nil {
-		t.Fatal(err)
-	}
+	summary, _ := mcptest.NextNote(c.t, c.notes)
+	return summary
 }
 
 // Over stdio: logging/setLevel is answered {}; notifications arrive at the
@@ -142,8 +111,8 @@ func TestStdioLoggingAndToolsListChanged(t *testing.T) {
 		t.Fatalf("tools/list = %+v", all.Error)
 	}
 	setLevel("notice")
-	reload(t, f, `{"version":"1","default":"allow","tools":{"vm_status":{"action":"allow","reason":"a"}}}`) // info: below notice
-	reload(t, f, `{"version":"1","default":"allow","hide":["vm_power"]}`)                                   // notice, tools changed
+	f.SetPolicy(t, "local", `{"version":"1","default":"allow","tools":{"vm_status":{"action":"allow","reason":"a"}}}`) // info: below notice
+	f.SetPolicy(t, "local", `{"version":"1","default":"allow","hide":["vm_power"]}`)                                   // notice, tools changed
 	for i, want := range []string{"notifications/message notice policy_reloaded", "notifications/tools/list_changed"} {
 		if got := c.note(); got != want {
 			t.Fatalf("notification %d at level notice = %q; want %q (nothing of the info-level reload before it)", i, got, want)
@@ -154,8 +123,8 @@ func TestStdioLoggingAndToolsListChanged(t *testing.T) {
 	}
 
 	setLevel("info")
-	reload(t, f, `{"version":"1","default":"allow","hide":["vm_power"],"tools":{"vm_status":{"action":"allow","reason":"b"}}}`) // tools unchanged
-	reload(t, f, `{"version":"1","default":"allow","tools":{"vm_agent_exec":{"action":"approve"}}}`)                            // vm_power back
+	f.SetPolicy(t, "local", `{"version":"1","default":"allow","hide":["vm_power"],"tools":{"vm_status":{"action":"allow","reason":"b"}}}`) // tools unchanged
+	f.SetPolicy(t, "local", `{"version":"1","default":"allow","tools":{"vm_agent_exec":{"action":"approve"}}}`)                            // vm_power back
 	for i, want := range []string{"notifications/message info policy_reloaded", "notifications/message notice policy_reloaded", "notifications/tools/list_changed"} {
 		if got := c.note(); got != want {
 			t.Fatalf("notification %d at level info = %q; want %q (no list_changed after a reload that changed no tool)", i, got, want)
