@@ -53,6 +53,7 @@ func (a *Approvals) decide(ctx context.Context, id string, grant bool, by, reaso
 	if err != nil {
 		return store.Approval{}, fmt.Errorf("server: approvals: %s %s: %w", op, id, err)
 	}
+	a.s.notifyDecided(ap)
 	rec := audit.Record{
 		Kind: audit.KindDecision, CallID: "approval-" + id, Grant: ap.Grant, Transport: "operator",
 		Tool: ap.Tool, VM: ap.VM, Decision: "approval_" + string(ap.State), ApprovalID: id,

@@ -66,7 +66,8 @@ func (s *Server) policyOf(g *Grant) *policy.Engine {
 
 // SetPolicy replaces grant's policy engine (a reload). Calls already past
 // their decision keep the engine they used; counters live in the store and
-// carry over. A nil engine is refused: a reload never leaves a grant
+// carry over. The grant's sessions are told (events.go: policy_reloaded,
+// and tools/list_changed when what tools/list shows them changed). A nil engine is refused: a reload never leaves a grant
 // without a policy by accident.
 func (s *Server) SetPolicy(grant string, eng *policy.Engine) error {
 	p := s.policies[grant]
@@ -76,7 +77,8 @@ func (s *Server) SetPolicy(grant string, eng *policy.Engine) error {
 	if eng == nil {
 		return fmt.Errorf("server: set policy of %q: nil engine", grant)
 	}
-	p.Store(eng)
+	old := p.Swap(eng)
+	s.notifyPolicy(grant, old, eng)
 	return nil
 }
 

@@ -101,6 +101,7 @@ func (g *gating) foresee() (verdict, bool) {
 // approvalRequired refuses g's call (recorded as rec) until an operator
 // grants approval approvalID.
 func (g *gating) approvalRequired(rec audit.Record, approvalID string) verdict {
+	g.notifyParked(approvalID)
 	msg := fmt.Sprintf("approval id %s: an operator must approve this call (vmgate approvals grant %s); then retry the identical call", approvalID, approvalID)
 	return g.s.refuse(g.ctx, g.ID, rec, refusal{decision: policy.Approve.String(), tag: TagApproval, msg: msg, extra: map[string]any{"approval_id": approvalID}})
 }

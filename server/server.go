@@ -158,6 +158,9 @@ type Server struct {
 	// noDirect, set only by tests, sends every call through mcp-go.
 	direct   directCalls
 	noDirect bool
+	// notify holds the sessions the transports attached, which the
+	// server's notifications go to (notify.go, events.go).
+	notify notifier
 
 	// mu guards closed; calls holds every call in flight so Close can wait.
 	mu     sync.Mutex
@@ -191,6 +194,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.setupTools(cfg)
 	s.setupMCP(cfg.Version)
+	s.watchProcesses()
 	s.reaper = startReaper(s, cfg.ReapEvery)
 	return s, nil
 }
@@ -317,7 +321,10 @@ func (s *Server) setupMCP(version string) {
 		version = "dev"
 	}
 	s.mcp = mcpserver.NewMCPServer(Name, version,
-		mcpserver.WithToolCapabilities(false),
+		// tools.listChanged: a policy reload that changes what a grant
+		// sees tells its sessions (events.go).
+		mcpserver.WithToolCapabilities(true),
+		mcpserver.WithLogging(),
 		mcpserver.WithToolFilter(s.filterTools),
 		mcpserver.WithInstructions("vmgate runs tools inside virtual machines. Call list_vms first; "+
 			"every call is checked by a policy and audited. Errors start with a tag such as [POLICY DENIED] or [RATE LIMITED]."),
@@ -391,6 +398,7 @@ func (s *Server) setupLeases(cfg Config) error {
 	}
 	s.leases = lease.New(lease.Options{
 		Store: ls, Templates: s.templates, Now: s.now, Log: s.log, Every: cfg.LeaseReapEvery,
+		OnEnd: s.notifyLeaseEnded,
 		Creator: func(backend string) (hypervisor.Creator, bool) {
 			c, ok := s.backends[backend].(hypervisor.Creator)
 			return c, ok

@@ -20,14 +20,18 @@ import (
 // transport, which writes what Handle returns) or Admit (one that serves
 // the message with mcp-go's own handler), and never calls a tool handler
 // itself. Server notifications reach a client through the sessions the
-// transports register with MCP() (mcp-go's SendNotificationToClient and
-// SendNotificationToAllClients).
+// transports register with MCP() and attach to their grant
+// (AttachSession, notify.go).
 
 // Conn is who is calling and how: a transport makes one per client (stdio)
 // or request (HTTP) and passes it with every message.
 type Conn struct {
 	Grant     *Grant
 	Transport string // "stdio" or "http"; what the audit log records
+	// Session is the id of the MCP session the message came in (one the
+	// transport attached, AttachSession); empty when it has none (a
+	// 2026-07-28 HTTP client, or a message outside any session).
+	Session string
 }
 
 // ConnContext is ctx carrying c, as the gate reads it (mcp-go's own

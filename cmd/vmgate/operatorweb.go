@@ -28,6 +28,9 @@ type operatorWeb struct {
 	backends []server.Backend
 	metrics  *metrics.Metrics
 	store    store.Store
+	// srv is the server, once made (serve sets it before anything is
+	// served): the notifications it dropped are counted.
+	srv *server.Server
 }
 
 // newOperatorWeb builds the metrics for the config's grants and backends.
@@ -56,6 +59,12 @@ func newOperatorWeb(cfg *config.Config, backends []server.Backend) (*operatorWeb
 				}
 			}
 			return n, err
+		},
+		NotificationsDropped: func() uint64 {
+			if w.srv == nil {
+				return 0
+			}
+			return w.srv.NotificationsDropped()
 		},
 	})
 	if err != nil {

@@ -196,6 +196,7 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	web.srv = srv
 	defer func() {
 		if cerr := srv.Close(); cerr != nil {
 			err = errors.Join(err, cerr)

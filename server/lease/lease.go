@@ -53,8 +53,9 @@ type Keeper struct {
 	// the reaper deletes whatever the call made. It outlasts the call's
 	// deadline. deleteHold is the same for a deleting lease.
 	createHold, deleteHold time.Duration
-	// every is how often the reaper runs.
+	// every is how often the reaper runs; onEnd is Options.OnEnd.
 	every time.Duration
+	onEnd func(store.Lease)
 
 	// owners says whose each created VM is (owners.go); templates are
 	// the config's, by name.
@@ -296,6 +297,9 @@ func (v *Keeper) Reap(ctx context.Context) Report {
 		case err == nil:
 			rep.Deleted = append(rep.Deleted, l.Name)
 			v.log.Info("server: deleted a VM whose lease ended", "vm", l.Name, "lease", l.ID, "grant", l.Grant, "state", l.State)
+			if v.onEnd != nil {
+				v.onEnd(l)
+			}
 		case errors.Is(err, ErrBusy):
 		default:
 			rep.Errors = append(rep.Errors, err)
@@ -346,6 +350,10 @@ type Options struct {
 	Log       *slog.Logger
 	// Every is how often the reaper runs (default DefaultLeaseReapEvery).
 	Every time.Duration
+	// OnEnd, when set, is told of every lease the reaper ended, after its
+	// VM was deleted (the server tells the lease's grant). It runs on the
+	// reaper's goroutine and must not block.
+	OnEnd func(store.Lease)
 }
 
 // New makes a Keeper, reads whose the created VMs are and starts the
@@ -361,6 +369,7 @@ func New(o Options) *Keeper {
 		createHold: CreateDeadline + time.Minute,
 		deleteHold: DeleteDeadline + time.Minute,
 		every:      o.Every,
+		onEnd:      o.OnEnd,
 	}
 	// Whose the created VMs are is known before the first call: without
 	// it, every VM of a backend that makes VMs is refused (owners.go)

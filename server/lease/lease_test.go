@@ -55,6 +55,8 @@ func createReq(name string) CreateRequest {
 
 func TestLeaseCreateAndExpire(t *testing.T) {
 	tl := newTestLeases(t)
+	var ended []string
+	tl.onEnd = func(l store.Lease) { ended = append(ended, l.Grant+" "+l.VM+" "+string(l.State)) }
 	ctx := context.Background()
 	start := *tl.clock
 	l, err := tl.Create(ctx, createReq("a"))
@@ -76,12 +78,17 @@ func TestLeaseCreateAndExpire(t *testing.T) {
 	}
 	// Nothing is due before the expiry; at it, both go.
 	tl.advance(10*time.Minute - time.Second)
-	if rep := tl.Reap(ctx); len(rep.Deleted)+len(rep.Errors) != 0 {
-		t.Errorf("reap before expiry = %+v; want nothing", rep)
+	if rep := tl.Reap(ctx); len(rep.Deleted)+len(rep.Errors) != 0 || len(ended) != 0 {
+		t.Errorf("reap before expiry = %+v, told %q; want nothing", rep, ended)
 	}
 	tl.advance(time.Second)
 	if rep := tl.Reap(ctx); len(rep.Deleted) != 2 || len(rep.Errors) != 0 {
 		t.Errorf("reap at expiry = %+v; want a and b deleted", rep)
+	}
+	// OnEnd (the server, which tells the grant's sessions) hears of each.
+	slices.Sort(ended)
+	if want := []string{"alice lab/a live", "alice lab/b live"}; !slices.Equal(ended, want) {
+		t.Errorf("OnEnd told of %q; want %q", ended, want)
 	}
 	if got := tl.fake.Names(); len(got) != 0 {
 		t.Errorf("VMs after the reaper = %v; want none", got)

@@ -73,6 +73,7 @@ func New(s *server.Server, o Options) *Handler {
 		mcpserver.WithSessionIdManagerResolver(h.sessions))
 	h.inner = inner
 	h.sessions.release = releaseMCPSessions(inner)
+	h.sessions.attach = s.AttachSession
 	h.guarded = LimitBodyTime(http.HandlerFunc(h.serve), o.BodyTimeout)
 	return h
 }
@@ -223,9 +224,10 @@ func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, c *server.Co
 
 // sessionOK checks the session of a POST before the gate sees its message:
 // a message of a client older than 2026-07-28, other than initialize, that
-// names a session must name a live session of the caller's grant; it is
-// refused (404) otherwise, without reaching the gate: it is no call of any
-// session this handler holds. A message that names none goes through the
+// names a session must name a live session of the caller's grant (which
+// then becomes c's Session, where the gate's notifications about the call
+// go); it is refused (404) otherwise, without reaching the gate: it is no
+// call of any session this handler holds. A message that names none goes through the
 // gate (a malformed call is refused and audited as always) and mcp-go
 // refuses what passes it.
 func (h *Handler) sessionOK(w http.ResponseWriter, r *http.Request, c *server.Conn, body []byte) bool {
@@ -252,5 +254,6 @@ func (h *Handler) sessionOK(w http.ResponseWriter, r *http.Request, c *server.Co
 		httpError(w, http.StatusNotFound, msgSessionGone)
 		return false
 	}
+	c.Session = sid
 	return true
 }

@@ -79,6 +79,10 @@ type httpSessions struct {
 	now     func() time.Time
 	limits  SessionLimits
 	release func(ids []string) // frees mcp-go's state of dropped sessions (set by Handler)
+	// attach makes a new session one of its grant's for the gate's
+	// notifications (server.AttachSession; set by Handler); the detach
+	// it returns is called under mu when the session is dropped.
+	attach func(grant, id string) (detach func())
 
 	mu      sync.Mutex
 	byID    map[string]*httpSession
@@ -95,6 +99,7 @@ type httpSession struct {
 	last       time.Time
 	prev, next *httpSession // towards more, towards less recently used
 	streams    map[*context.CancelFunc]struct{}
+	detach     func() // the gate's notifications stop reaching it
 }
 
 // grantSessionList holds one grant's sessions, most recently used first.
@@ -107,7 +112,8 @@ type grantSessionList struct {
 func newHTTPSessions(now func() time.Time, limits SessionLimits) *httpSessions {
 	return &httpSessions{
 		now: now, limits: limits.withDefaults(), release: func([]string) {},
-		byID: map[string]*httpSession{}, grants: map[string]*grantSessionList{},
+		attach: func(string, string) func() { return func() {} },
+		byID:   map[string]*httpSession{}, grants: map[string]*grantSessionList{},
 	}
 }
 
@@ -145,6 +151,7 @@ func (h *httpSessions) removeLocked(e *httpSession) string {
 		delete(h.grants, e.list.grant)
 	}
 	delete(h.byID, e.id)
+	e.detach()
 	h.total--
 	for cancel := range e.streams {
 		(*cancel)()
@@ -220,7 +227,7 @@ func (h *httpSessions) add(grant string) string {
 		l = &grantSessionList{grant: grant}
 		h.grants[grant] = l
 	}
-	e := &httpSession{id: id, last: now}
+	e := &httpSession{id: id, last: now, detach: h.attach(grant, id)}
 	l.pushFront(e)
 	h.byID[id] = e
 	h.total++

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // InitMsg is an initialize request of protocol 2025-06-18.
@@ -136,4 +137,32 @@ func Post(t testing.TB, url, token, session, msg string) (Reply, string) {
 		t.Fatalf("reply %.200q: %v", body, err)
 	}
 	return r, resp.Header.Get("Mcp-Session-Id")
+}
+
+// NextNote waits up to 10 s for the next notification on notes (one JSON
+// message each) and sums it up: its method and, for a
+// notifications/message, its level and event ("notifications/message
+// notice approval_pending"). It returns the message as well.
+func NextNote(t testing.TB, notes <-chan string) (summary, raw string) {
+	t.Helper()
+	select {
+	case raw = <-notes:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notification within 10 s")
+	}
+	var n struct {
+		Method string `json:"method"`
+		Params struct {
+			Level string         `json:"level"`
+			Data  map[string]any `json:"data"`
+		} `json:"params"`
+	}
+	if err := json.Unmarshal([]byte(raw), &n); err != nil {
+		t.Fatalf("notification %s: %v", raw, err)
+	}
+	if n.Method != "notifications/message" {
+		return n.Method, raw
+	}
+	ev, _ := n.Params.Data["event"].(string)
+	return n.Method + " " + n.Params.Level + " " + ev, raw
 }

@@ -98,6 +98,10 @@ type Options struct {
 	// PendingApprovals returns the number of pending approvals at scrape
 	// time; nil leaves the gauge out.
 	PendingApprovals func(ctx context.Context) (int, error)
+	// NotificationsDropped returns the notifications the server dropped
+	// because a client's queue was full (server.NotificationsDropped);
+	// nil leaves the counter out.
+	NotificationsDropped func() uint64
 	// ScrapeTimeout bounds each scrape-time call (default 2 s).
 	ScrapeTimeout time.Duration
 	// Replica, when set, is the value of a constant label replica on every
@@ -373,7 +377,8 @@ var (
 	restartsDesc = prometheus.NewDesc("vmgate_plugin_restarts_total", "Restarts of a backend's driver plugin process.", []string{"backend"}, nil)
 	vmStateDesc  = prometheus.NewDesc("vmgate_vm_state", "1 for each VM a backend lists, by its power state (only with metrics.per_vm_labels).",
 		[]string{"backend", "vm", "state"}, nil)
-	scrapeDesc = prometheus.NewDesc("vmgate_scrape_errors", "Scrape-time lookups that failed in this scrape, by source.", []string{"source"}, nil)
+	droppedDesc = prometheus.NewDesc("vmgate_notifications_dropped_total", "Notifications to MCP clients dropped because the client's queue was full.", nil, nil)
+	scrapeDesc  = prometheus.NewDesc("vmgate_scrape_errors", "Scrape-time lookups that failed in this scrape, by source.", []string{"source"}, nil)
 )
 
 // States are the state label values of vmgate_vms (always all present).
@@ -382,7 +387,7 @@ func States() []hypervisor.State { return slices.Clone(states[:]) }
 // states are States, in the order of a scrape's counts.
 var states = [...]hypervisor.State{hypervisor.StateRunning, hypervisor.StatePaused, hypervisor.StateStopped, hypervisor.StateUnknown}
 
-// stateIndex is st's index in States; a state outside them counts as
+// stateIndex is st's index in states; a state outside them counts as
 // unknown.
 func stateIndex(st hypervisor.State) int {
 	if i := slices.Index(states[:], st); i >= 0 {
@@ -396,6 +401,7 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- vmsDesc
 	ch <- restartsDesc
 	ch <- scrapeDesc
+	ch <- droppedDesc
 	if c.m.opts.PerVMLabels {
 		ch <- vmStateDesc
 	}
@@ -414,6 +420,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		} else {
 			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n))
 		}
+	}
+	if o.NotificationsDropped != nil {
+		ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(o.NotificationsDropped()))
 	}
 	var wg sync.WaitGroup
 	for _, b := range o.Backends {

@@ -130,3 +130,11 @@ func (f *Fixture) Call(t testing.TB, tool, args string) mcptest.Reply {
 	t.Helper()
 	return f.SendAs(t, "local", mcptest.ToolCall(1, tool, args))
 }
+
+// SetPolicy makes doc grant's policy (a reload, as SIGHUP does).
+func (f *Fixture) SetPolicy(t testing.TB, grant, doc string) {
+	t.Helper()
+	if err := f.S.SetPolicy(grant, parse(t, doc)); err != nil {
+		t.Fatalf("SetPolicy(%s): %v", grant, err)
+	}
+}

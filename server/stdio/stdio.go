@@ -30,17 +30,28 @@ import (
 // maxConcurrentCalls bounds the messages one stdio connection serves at once.
 const maxConcurrentCalls = 64
 
+// notificationQueue bounds the notifications waiting for the client: one
+// that does not fit is dropped (and counted by the server), so a client
+// that reads slowly never holds up a call.
+const notificationQueue = 64
+
 // session is the one client of a stdio connection, as mcp-go sees it.
 type session struct {
 	id            string
 	notifications chan mcp.JSONRPCNotification
 	send          func([]byte) error // writes one message to the client
 	requests      clientRequests     // requests sent to the client (elicit.go)
-	mu            sync.Mutex         // guards initialized, clientInfo and clientCaps
+	mu            sync.Mutex         // guards initialized, clientInfo, clientCaps and level
 	initialized   bool
 	clientInfo    mcp.Implementation
 	clientCaps    mcp.ClientCapabilities
+	level         mcp.LoggingLevel // logging/setLevel's; "" until set: DefaultLogLevel
 }
+
+// DefaultLogLevel is the level of a session that has not set one
+// (logging/setLevel): only errors and worse are logged to it. It is
+// mcp-go's for its HTTP sessions too.
+const DefaultLogLevel = mcp.LoggingLevelError
 
 func (s *session) SessionID() string { return s.id }
 func (s *session) NotificationChannel() chan<- mcp.JSONRPCNotification {
@@ -57,7 +68,28 @@ func (s *session) Initialized() bool {
 	return s.initialized
 }
 
-var _ mcpserver.ClientSession = (*session)(nil)
+// SetLogLevel is logging/setLevel's (mcp-go checked level).
+func (s *session) SetLogLevel(level mcp.LoggingLevel) {
+	s.mu.Lock()
+	s.level = level
+	s.mu.Unlock()
+}
+
+// GetLogLevel is the least level a notifications/message to the client
+// has.
+func (s *session) GetLogLevel() mcp.LoggingLevel {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.level == "" {
+		return DefaultLogLevel
+	}
+	return s.level
+}
+
+var (
+	_ mcpserver.ClientSession      = (*session)(nil)
+	_ mcpserver.SessionWithLogging = (*session)(nil)
+)
 
 // Serve serves one MCP client over newline-delimited JSON-RPC on in and
 // out, as grant. It returns when in ends or ctx is done, after the calls in
@@ -67,13 +99,14 @@ func Serve(ctx context.Context, s *server.Server, grant string, in io.Reader, ou
 	if !ok {
 		return fmt.Errorf("server: stdio: %w %q", server.ErrUnknownGrant, grant)
 	}
-	c := &server.Conn{Grant: g, Transport: "stdio"}
-	sess := &session{id: "stdio-" + grant + "-" + rand.Text(), notifications: make(chan mcp.JSONRPCNotification, 64)}
+	sess := &session{id: "stdio-" + grant + "-" + rand.Text(), notifications: make(chan mcp.JSONRPCNotification, notificationQueue)}
+	c := &server.Conn{Grant: g, Transport: "stdio", Session: sess.id}
 	m := s.MCP()
 	if err := m.RegisterSession(ctx, sess); err != nil {
 		return fmt.Errorf("server: stdio: register session: %w", err)
 	}
 	defer m.UnregisterSession(context.Background(), sess.id)
+	defer s.AttachSession(grant, sess.id)() // the server's notifications for the grant reach it
 
 	// Calls run on callCtx, which outlives ctx by the grace period.
 	callCtx, cancelCalls := context.WithCancel(m.WithContext(context.WithoutCancel(ctx), sess))
