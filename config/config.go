@@ -95,6 +95,9 @@ type Metrics struct {
 	// store type redis it defaults to the host name (set it when several
 	// replicas share a host); otherwise there is no such label.
 	Replica string `yaml:"replica"`
+	// PerVMLabels adds one series per VM (vmgate_vm_state{backend, vm,
+	// state}); off, no series carries a VM's name (server/metrics).
+	PerVMLabels bool `yaml:"per_vm_labels"`
 }
 
 // replicaRE is what a replica label may be.

@@ -17,6 +17,10 @@
 // snapshots another grant or QEMU directly tries to replace. TestNodeSDKLifecycle and
 // TestNodeSDKLifecycleLibvirt run lifecycle.test.mjs (VMs on demand:
 // vm_create, quota, vm_delete, lease end) through the QEMU lab and through
-// libvirt on a real libvirtd, and check that nothing is left. Run `npm ci
-// --prefix e2e` first.
+// libvirt on a real libvirtd, and check that nothing is left.
+// TestConformanceSuite runs the official MCP conformance suite (pinned in
+// conformance/package-lock.json with the Node 22 binary it needs) against
+// `vmgate serve --http` with a bearer grant: conformance/bearer.mjs, loaded
+// with `node --import`, adds the token to the suite's requests. Run
+// scripts/deps.sh (npm ci in e2e and in e2e/conformance) first.
 package e2e

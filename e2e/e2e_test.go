@@ -273,6 +273,38 @@ operator:
 	return p
 }
 
+// bearerConfig writes a config of one grant on the lab VM, reached over
+// HTTP with a bearer token, under policy (written as GRANT.json), with its
+// state in dir/state; it returns the config's path and the token.
+func bearerConfig(t *testing.T, dir, grant, policy string, vm *lab.VM) (string, string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, grant+".json"), []byte(policy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	token := rand.Text() + rand.Text()
+	sum := sha256.Sum256([]byte(token))
+	cfg := fmt.Sprintf(`state_dir: %q
+audit:
+  fsync: always
+grants:
+  - name: %s
+    token_sha256: %s
+    policy: %s.json
+    vms: ["lab/*"]
+backends:
+  - name: lab
+    driver: qemu
+    settings:
+      vms:
+        - {name: %s, qmp: %q, qga: %q}
+`, filepath.Join(dir, "state"), grant, hex.EncodeToString(sum[:]), grant, vmName, vm.QMPSocket, vm.QGASocket)
+	p := filepath.Join(dir, "vmgate.yaml")
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p, token
+}
+
 // runNode runs one Node test file and fails t if it fails.
 func runNode(t *testing.T, node string, env []string, file string) {
 	t.Helper()

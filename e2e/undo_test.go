@@ -53,30 +53,7 @@ func TestNodeSDKUndo(t *testing.T) {
 	dir := t.TempDir()
 	bin := buildVMGate(t, dir)
 	state := filepath.Join(dir, "state")
-	token := rand.Text() + rand.Text()
-	if err := os.WriteFile(filepath.Join(dir, "undo.json"), []byte(undoPolicy), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256([]byte(token))
-	cfg := fmt.Sprintf(`state_dir: %q
-audit:
-  fsync: always
-grants:
-  - name: undo
-    token_sha256: %s
-    policy: undo.json
-    vms: ["lab/*"]
-backends:
-  - name: lab
-    driver: qemu
-    settings:
-      vms:
-        - {name: %s, qmp: %q, qga: %q}
-`, state, hex.EncodeToString(sum[:]), vmName, vm.QMPSocket, vm.QGASocket)
-	cfgPath := filepath.Join(dir, "vmgate.yaml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfgPath, token := bearerConfig(t, dir, "undo", undoPolicy, vm)
 	url, stop := startHTTPServer(t, bin, cfgPath)
 	env := append(os.Environ(), "VMGATE_BIN="+bin, "VMGATE_E2E_CONFIG="+cfgPath, "VMGATE_E2E_STATE="+state,
 		"VMGATE_E2E_VM=lab/"+vmName, "VMGATE_E2E_URL="+url, "VMGATE_E2E_UNDO_TOKEN="+token)

@@ -111,12 +111,14 @@ func capabilitiesToPB(k Capabilities) *pb.CapabilitySet {
 	return &pb.CapabilitySet{
 		Snapshots: k.Snapshots, SnapshotMemory: k.SnapshotModes.Memory, SnapshotDiskOnly: k.SnapshotModes.DiskOnly,
 		GuestNetwork: k.GuestNetwork, Metrics: k.Metrics, Create: k.Create,
+		Screenshot: k.Screenshot, SendKeys: k.SendKeys, ConsoleRead: k.ConsoleRead, ConsoleWrite: k.ConsoleWrite,
 	}
 }
 
 // capabilitiesFromPB reads a plugin's answer; modes count only with snapshots.
 func capabilitiesFromPB(k *pb.CapabilitySet) Capabilities {
-	out := Capabilities{Snapshots: k.GetSnapshots(), GuestNetwork: k.GetGuestNetwork(), Metrics: k.GetMetrics(), Create: k.GetCreate()}
+	out := Capabilities{Snapshots: k.GetSnapshots(), GuestNetwork: k.GetGuestNetwork(), Metrics: k.GetMetrics(), Create: k.GetCreate(),
+		Screenshot: k.GetScreenshot(), SendKeys: k.GetSendKeys(), ConsoleRead: k.GetConsoleRead(), ConsoleWrite: k.GetConsoleWrite()}
 	if out.Snapshots {
 		out.SnapshotModes = SnapshotModes{Memory: k.GetSnapshotMemory(), DiskOnly: k.GetSnapshotDiskOnly()}
 	}

@@ -126,7 +126,10 @@ func escapePointer(s string) string {
 }
 
 // object checks that n is an object whose keys are all in known, and
-// returns its members by key.
+// returns its members by key. A key that starts with "_" is a comment
+// (`"_why": "seen 40 times"`, which `vmgate policy suggest` writes): any
+// JSON value, ignored, in every object whose keys are field names (not in
+// tools, whose keys are tool names).
 func (b *builder) object(n *node, l loc, known ...string) (map[string]*node, bool) {
 	if n.kind != kindObject {
 		b.errorf(n.off, l.path, "want an object, got %s", n.kind)
@@ -136,6 +139,9 @@ func (b *builder) object(n *node, l loc, known ...string) (map[string]*node, boo
 	for i, k := range n.keys {
 		if slices.Contains(known, k) {
 			m[k] = n.vals[i]
+			continue
+		}
+		if strings.HasPrefix(k, "_") {
 			continue
 		}
 		for _, f := range known {
@@ -733,7 +739,7 @@ func (b *builder) condition(n *node, l loc) (condition, bool) {
 	}
 	op, known := opNames[s]
 	if !known {
-		b.errorf(ov.off, lo.path, "unknown op %q (want eq, neq, in, not_in, lt, lte, gt, gte, regex, glob, contains or exists)", s)
+		b.errorf(ov.off, lo.path, "unknown op %q (want eq, neq, in, not_in, lt, lte, gt, gte, regex, not_regex, glob, not_glob, contains or exists)", s)
 		return c, false
 	}
 	c.op = op

@@ -23,6 +23,8 @@ func (f *Fake) Capabilities() hypervisor.Capabilities {
 	k.GuestNetwork = f.GuestNetworkFunc != nil
 	k.Metrics = f.VMMetricsFunc != nil
 	k.Create = f.CreateVMFunc != nil || f.DeleteVMFunc != nil
+	k.Screenshot, k.SendKeys = f.ScreenshotFunc != nil, f.SendKeysFunc != nil
+	k.ConsoleRead, k.ConsoleWrite = f.ConsoleReadFunc != nil, f.ConsoleWriteFunc != nil
 	return k
 }
 

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"golang.org/x/sys/unix"
@@ -80,7 +82,7 @@ func TestDomainXML(t *testing.T) {
 		{"type", dom.Type, "qemu"},
 		{"name", dom.Name, "noexec"},
 		{"kernel", dom.OS.Kernel, "/k/vm&linuz"},
-		{"cmdline", dom.OS.Cmdline, "console=ttyS0 quiet panic=-1 no_timer_check LAB_NAME=noexec A=1 QGA_BLOCK=guest-exec"},
+		{"cmdline", dom.OS.Cmdline, "console=ttyS0 loglevel=6 panic=-1 no_timer_check LAB_NAME=noexec A=1 QGA_BLOCK=guest-exec"},
 		{"metadata namespace", dom.Metadata.VM.XMLName.Space, "https://example.org/vmgate"},
 		{"metadata text", dom.Metadata.VM.Text, "a&b"},
 		{"agent channel", dom.Channel.Target.Name, "org.qemu.guest_agent.0"},
@@ -92,6 +94,11 @@ func TestDomainXML(t *testing.T) {
 	}
 	if strings.Contains(got, "<disk") || strings.Contains(got, "<interface") {
 		t.Errorf("DomainXML() without Disk and NIC has a disk or an interface:\n%s", got)
+	}
+	for _, want := range []string{"<serial type='pty'><log file='/k/serial.log'", "<console type='pty'><target type='serial' port='0'/>", "<video><model type='vga'/></video>"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("DomainXML() has no %s (the screen and console tools need it):\n%s", want, got)
+		}
 	}
 }
 
@@ -331,5 +338,41 @@ func TestOwnThreadNotMain(t *testing.T) {
 		if tid := <-tids; tid == pid {
 			t.Fatalf("goOnOwnThread ran f on the main thread (tid %d = pid)", tid)
 		}
+	}
+}
+
+// TestNSThreadOutlivesStop: the namespace thread never ends, not even after
+// stop. It was one of the runtime's threads before it was locked, so a child
+// another test started from it with Pdeathsig (a lab VM's QEMU) would get
+// SIGKILL when it ended: the e2e lab VM died that way after the libvirt
+// e2e test closed its daemons.
+func TestNSThreadOutlivesStop(t *testing.T) {
+	Require(t)
+	dir := t.TempDir()
+	for _, s := range systemDirs {
+		if err := os.Mkdir(filepath.Join(dir, s.private), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ns, err := newNSThread(dir)
+	if err != nil {
+		t.Fatalf("newNSThread() = %v", err)
+	}
+	var tid int
+	if err := ns.do(func() { tid = unix.Gettid() }); err != nil {
+		t.Fatalf("do() = %v", err)
+	}
+	ns.stop()
+	select {
+	case <-ns.parked:
+	case <-time.After(ReadyTimeout):
+		t.Fatalf("after stop, the namespace thread's goroutine did not park within %v", ReadyTimeout)
+	}
+	task := filepath.Join("/proc/self/task", strconv.Itoa(tid))
+	if _, err := os.Stat(task); err != nil {
+		t.Fatalf("after stop, the namespace thread %d: %v; want it parked, alive", tid, err)
+	}
+	if err := ns.do(func() {}); !errors.Is(err, errNSStopped) {
+		t.Errorf("do() after stop = %v; want %v", err, errNSStopped)
 	}
 }

@@ -24,14 +24,19 @@ var systemDirs = []struct{ system, private string }{
 }
 
 // nsThread is one OS thread in a mount namespace of its own, where the
-// daemons are started. The thread lives until stop: Pdeathsig fires when
-// the thread that started a child ends, not the process, so the thread
-// must outlive the daemons; and since its namespace differs from the
-// process's, the Go runtime must never hand it to another goroutine, so
-// its goroutine ends without unlocking it and the thread ends with it.
+// daemons are started. Pdeathsig fires when the thread that started a
+// child ends, not the process, so the thread must outlive the daemons; and
+// since its namespace differs from the process's, the Go runtime must never
+// hand it to another goroutine: its goroutine never unlocks it. Nor does
+// the thread ever end, even after stop: it was one of the runtime's
+// threads before it was locked, and children other tests started from it
+// then (a lab VM's QEMU, with Pdeathsig) would get SIGKILL when it ended.
+// So after stop its goroutine parks for the life of the process, holding
+// one idle thread per StartDaemons.
 type nsThread struct {
-	calls chan func()
-	done  chan struct{} // closed when the thread's goroutine returned
+	calls  chan func()
+	done   chan struct{} // closed when the thread's work ended
+	parked chan struct{} // closed when its goroutine parks for good
 
 	mu      sync.Mutex // held while a call runs and by stop
 	stopped bool
@@ -40,9 +45,10 @@ type nsThread struct {
 // newNSThread starts the thread and makes the namespace (privateMounts
 // with dir's subdirectories). On error the thread has already ended.
 func newNSThread(dir string) (*nsThread, error) {
-	t := &nsThread{calls: make(chan func()), done: make(chan struct{})}
+	t := &nsThread{calls: make(chan func()), done: make(chan struct{}), parked: make(chan struct{})}
 	ready := make(chan error, 1)
 	goOnOwnThread(func() {
+		defer parkForever(t.parked)
 		defer close(t.done)
 		if err := privateMounts(dir); err != nil {
 			ready <- err
@@ -60,8 +66,16 @@ func newNSThread(dir string) (*nsThread, error) {
 	return t, nil
 }
 
+// parkForever closes parked and blocks the calling goroutine for the life
+// of the process, so that its locked thread never ends (see nsThread).
+func parkForever(parked chan struct{}) {
+	close(parked)
+	select {}
+}
+
 // goOnOwnThread runs f in a new goroutine locked to an OS thread other than
-// the process's main thread, and never unlocked: the thread ends with f.
+// the process's main thread, and never unlocked (f must not return while
+// children it started may live: see nsThread).
 // Not the main thread, because the process's view of itself (/proc/self is
 // the main thread's) must stay the host's; a goroutine that lands on it
 // holds it while the next one, which then cannot, takes another thread.
@@ -99,8 +113,12 @@ func privateMounts(dir string) error {
 	if err := unix.Mount("vmgate-libvirttest", "/run", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
 		return fmt.Errorf("libvirttest: tmpfs on /run: %w", err)
 	}
-	if err := os.Mkdir("/run/libvirt", 0o755); err != nil {
-		return fmt.Errorf("libvirttest: %w", err)
+	// /run/lock (/var/lock links there): libvirtd locks a console's pty
+	// in it (LCK.._pts_N) before it hands the console out.
+	for _, d := range []string{"/run/libvirt", "/run/lock"} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return fmt.Errorf("libvirttest: %w", err)
+		}
 	}
 	for _, s := range systemDirs {
 		// The mount points outside /run come with the libvirt packages;
@@ -131,9 +149,10 @@ func (t *nsThread) do(f func()) error {
 	return nil
 }
 
-// stop ends the thread (and so its namespace, once the processes in it
-// have exited). Call it only after the daemons it started have exited:
-// they get SIGKILL when the thread ends. It is idempotent.
+// stop ends the thread's work; the thread itself parks for the life of
+// the process (see nsThread), and its namespace ends when the process
+// does. Call it only after the daemons it started have exited. It is
+// idempotent.
 func (t *nsThread) stop() {
 	if t == nil {
 		return

@@ -41,6 +41,11 @@ type VMSettings struct {
 	Name string `json:"name"`
 	QMP  string `json:"qmp"`
 	QGA  string `json:"qga"`
+	// Console and ConsoleLog are the VM's serial console: the path of a
+	// socket chardev (server=on) and its logfile, for vm_console_write
+	// and vm_console_read. Optional.
+	Console    string `json:"console,omitempty"`
+	ConsoleLog string `json:"console_log,omitempty"`
 }
 
 var (
@@ -62,6 +67,7 @@ func (s *Settings) CheckTemplate(json.RawMessage) error {
 func (s *Settings) Resolve(env registry.Env) {
 	for i := range s.VMs {
 		s.VMs[i].QMP, s.VMs[i].QGA = env.Abs(s.VMs[i].QMP), env.Abs(s.VMs[i].QGA)
+		s.VMs[i].Console, s.VMs[i].ConsoleLog = env.Abs(s.VMs[i].Console), env.Abs(s.VMs[i].ConsoleLog)
 	}
 	if s.Lab && s.LabDir == "" && env.StateDir != "" {
 		s.LabDir = filepath.Join(env.StateDir, "lab")
@@ -85,7 +91,8 @@ func (s *Settings) Validate() error {
 func (s *Settings) config() Config {
 	cfg := Config{LabDir: s.LabDir, ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D()}
 	for _, vm := range s.VMs {
-		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA})
+		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA,
+			ConsoleSocket: vm.Console, ConsoleLog: vm.ConsoleLog})
 	}
 	return cfg
 }

@@ -1,0 +1,30 @@
+package server
+
+import (
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/tools"
+)
+
+// ToolFacts is what offline tools (`vmgate policy suggest`) need to know
+// of a tool of the catalogue.
+type ToolFacts struct {
+	Name        string
+	Args        []string // its argument names, in catalogue order
+	Destructive bool     // it can change a guest (its annotations say so)
+	ReadOnly    bool
+}
+
+// Catalogue returns the facts of every tool of the catalogue, in
+// catalogue order.
+func Catalogue() []ToolFacts {
+	specs := tools.Catalogue(catalog.DefaultLimits())
+	out := make([]ToolFacts, len(specs))
+	for i, s := range specs {
+		f := ToolFacts{Name: s.Name, Destructive: s.Destructive, ReadOnly: s.ReadOnly}
+		for _, fl := range s.Fields {
+			f.Args = append(f.Args, fl.Name)
+		}
+		out[i] = f
+	}
+	return out
+}
