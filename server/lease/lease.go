@@ -156,18 +156,35 @@ func (v *Keeper) abandon(id string, req CreateRequest, cause error) error {
 }
 
 // Find returns the lease of the VM id vm (its VM, or its name while the
-// backend has not named it).
+// backend has not named it). A VM the index of created VMs knows is read
+// by its lease's id (one store read, whatever the number of leases); only
+// one it does not know, or whose lease is not the one the index has,
+// lists the leases.
 func (v *Keeper) Find(ctx context.Context, vm string) (store.Lease, bool, error) {
+	if o, known, _ := v.owners.get(vm); known {
+		l, err := v.store.GetLease(ctx, o.lease)
+		switch {
+		case err == nil && names(l, vm):
+			return l, true, nil
+		case err != nil && !errors.Is(err, store.ErrUnknownLease):
+			return store.Lease{}, false, err
+		}
+	}
 	list, err := v.store.ListLeases(ctx)
 	if err != nil {
 		return store.Lease{}, false, err
 	}
 	for _, l := range list {
-		if l.VM == vm || (l.VM == "" && l.Name == vm) {
+		if names(l, vm) {
 			return l, true, nil
 		}
 	}
 	return store.Lease{}, false, nil
+}
+
+// names reports whether lease l is the lease of the VM id vm.
+func names(l store.Lease, vm string) bool {
+	return l.VM == vm || (l.VM == "" && l.Name == vm)
 }
 
 // deleteLease takes lease l for deletion (by names the taker), deletes its
@@ -205,6 +222,7 @@ func (v *Keeper) takeAndDelete(ctx context.Context, l store.Lease, by string, gi
 	case err != nil:
 		return fmt.Errorf("server: delete %s: take the lease: %w", l.Name, err)
 	}
+	v.owners.put(taken)
 	c, ok := v.creator(backendOf(taken))
 	if !ok {
 		return fmt.Errorf("server: delete %s: %w: its backend cannot delete VMs any more (was the config changed?)", taken.Name, hypervisor.ErrNotSupported)
@@ -238,10 +256,13 @@ func (v *Keeper) giveBack(ctx context.Context, from, taken store.Lease) {
 	back.Rev = taken.Rev
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if _, err := v.store.UpdateLease(sctx, back); err != nil {
+	back, err := v.store.UpdateLease(sctx, back)
+	if err != nil {
 		v.log.Warn("server: a VM was not deleted and its lease could not be given back; it can be deleted again once its hold ends",
 			"lease", taken.ID, "vm", taken.Name, "until", taken.Until, "err", err)
+		return
 	}
+	v.owners.put(back)
 }
 
 // backendOf is the backend of lease l's VM.
