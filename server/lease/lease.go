@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -288,8 +289,17 @@ type Report struct {
 	Errors  []error
 }
 
+// reapPerBackend bounds the deletions one reaper pass runs at once on one
+// backend: a thousand leases that end together are deleted in a fraction
+// of the time one by one would take (each may take up to DeleteDeadline),
+// without a thousand concurrent deletions on one hypervisor.
+const reapPerBackend = 8
+
 // Reap deletes the VM of every lease that is due: live past its expiry,
-// or creating or deleting past its holder's time.
+// or creating or deleting past its holder's time; up to reapPerBackend at
+// once on each backend, each taken (a compare-and-swap on the lease)
+// before its VM is deleted, so another replica's reaper never deletes the
+// same VM.
 func (v *Keeper) Reap(ctx context.Context) Report {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -306,24 +316,50 @@ func (v *Keeper) Reap(ctx context.Context) Report {
 	}
 	v.owners.reset(list, since)
 	now := v.now()
+	due := map[string][]store.Lease{}
 	for _, l := range list {
-		if !l.Due(now) {
-			continue
-		}
-		dctx, cancel := context.WithTimeout(ctx, DeleteDeadline)
-		err := v.deleteLease(dctx, l, v.holder)
-		cancel()
-		switch {
-		case err == nil:
-			rep.Deleted = append(rep.Deleted, l.Name)
-			v.log.Info("server: deleted a VM whose lease ended", "vm", l.Name, "lease", l.ID, "grant", l.Grant, "state", l.State)
-		case errors.Is(err, ErrBusy):
-		default:
-			rep.Errors = append(rep.Errors, err)
-			v.log.Warn("server: lease reaper", "vm", l.Name, "lease", l.ID, "err", err)
+		if l.Due(now) {
+			due[backendOf(l)] = append(due[backendOf(l)], l)
 		}
 	}
+	var mu sync.Mutex // guards rep
+	var wg sync.WaitGroup
+	for _, leases := range due {
+		next := make(chan store.Lease, len(leases))
+		for _, l := range leases {
+			next <- l
+		}
+		close(next)
+		for range min(reapPerBackend, len(leases)) {
+			wg.Go(func() {
+				for l := range next {
+					v.reapOne(ctx, l, &rep, &mu)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	slices.Sort(rep.Deleted)
 	return rep
+}
+
+// reapOne deletes due lease l's VM and notes what happened in rep (mu
+// held for it).
+func (v *Keeper) reapOne(ctx context.Context, l store.Lease, rep *Report, mu *sync.Mutex) {
+	dctx, cancel := context.WithTimeout(ctx, DeleteDeadline)
+	err := v.deleteLease(dctx, l, v.holder)
+	cancel()
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case err == nil:
+		rep.Deleted = append(rep.Deleted, l.Name)
+		v.log.Info("server: deleted a VM whose lease ended", "vm", l.Name, "lease", l.ID, "grant", l.Grant, "state", l.State)
+	case errors.Is(err, ErrBusy):
+	default:
+		rep.Errors = append(rep.Errors, err)
+		v.log.Warn("server: lease reaper", "vm", l.Name, "lease", l.ID, "err", err)
+	}
 }
 
 // start runs the reaper until close: a pass at once (leases that ran out
