@@ -13,7 +13,7 @@ import (
 	"github.com/vmgate/vmgate/policy/diff"
 	"github.com/vmgate/vmgate/policy/replay"
 	"github.com/vmgate/vmgate/policy/suggest"
-	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/catalog"
 	"github.com/vmgate/vmgate/server/tools"
 )
 
@@ -105,8 +105,12 @@ func parseWindowFlag(s string) (time.Duration, error) {
 // offlineTools is the server's catalogue as policy/suggest takes it.
 func offlineTools() []suggest.Tool {
 	var out []suggest.Tool
-	for _, t := range server.Catalogue() {
-		out = append(out, suggest.Tool{Name: t.Name, Args: t.Args, Destructive: t.Destructive})
+	for _, t := range tools.Catalogue(catalog.DefaultLimits()) {
+		st := suggest.Tool{Name: t.Name, Destructive: t.Destructive}
+		for _, f := range t.Fields {
+			st.Args = append(st.Args, f.Name)
+		}
+		out = append(out, st)
 	}
 	return out
 }

@@ -25,15 +25,6 @@ func (e *Emulator) routeTable() []route {
 	return out
 }
 
-// vmSchema is a VM method's parameters: node, vmid and extra.
-func vmSchema(extra map[string]prop) schema {
-	p := map[string]prop{"node": optNode, "vmid": optVMID}
-	for k, v := range extra {
-		p[k] = v
-	}
-	return schema{props: p}
-}
-
 // agentRoute is the guest agent method name (…/agent/NAME).
 func (e *Emulator) agentRoute(name, method string, run func(e *Emulator, r *request) (any, *apiError), extra map[string]prop) route {
 	return route{method: method, path: "/nodes/{node}/qemu/{vmid}/agent/" + name, perm: e.agentPerm(name),
@@ -128,6 +119,15 @@ func (e *Emulator) vmRoutes() []route {
 			schema: vmSchema(map[string]prop{"timeframe": {typ: "string", enum: []string{"hour", "day", "week", "month", "year"}},
 				"cf": {typ: "string", optional: true, enum: []string{"AVERAGE", "MAX"}}}), run: (*Emulator).vmRRDData},
 	}
+}
+
+// vmSchema is a VM method's parameters: node, vmid and extra.
+func vmSchema(extra map[string]prop) schema {
+	p := map[string]prop{"node": optNode, "vmid": optVMID}
+	for k, v := range extra {
+		p[k] = v
+	}
+	return schema{props: p}
 }
 
 // vmPerm is check => ['perm', '/vms/{vmid}', [PRIVS]].

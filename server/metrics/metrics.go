@@ -379,9 +379,10 @@ var (
 // States are the state label values of vmgate_vms (always all present).
 func States() []hypervisor.State { return slices.Clone(states[:]) }
 
+// states are States, in the order of a scrape's counts.
 var states = [...]hypervisor.State{hypervisor.StateRunning, hypervisor.StatePaused, hypervisor.StateStopped, hypervisor.StateUnknown}
 
-// stateIndex is st's index in states; a state outside them counts as
+// stateIndex is st's index in States; a state outside them counts as
 // unknown.
 func stateIndex(st hypervisor.State) int {
 	if i := slices.Index(states[:], st); i >= 0 {

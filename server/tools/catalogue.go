@@ -33,7 +33,14 @@ import "github.com/vmgate/vmgate/server/catalog"
 //	lifecycle.go  vm_create, vm_delete
 //
 // A new tool goes into the file of its family (a new family into a file
-// of its own) and gets its entry here.
+// of its own) and gets its entry here. The families to come: screen.go
+// (vm_screenshot, vm_send_keys) and console.go (vm_console_read,
+// vm_console_write) on hypervisor's screen and console capabilities;
+// archive.go (vm_dir_list, vm_archive_read, vm_archive_write) through
+// Env.Guest, asking Env.Policy about every entry's path; list_vms's paging
+// in vms.go, exec's sandbox one-shot, wait: false in sessions and since
+// cursor in exec.go and exec_result.go, ranged and atomic files in
+// files.go.
 func Catalogue(l catalog.Limits) []*catalog.Tool {
 	return []*catalog.Tool{
 		listVMsTool(),
