@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"path/filepath"
 	"slices"
@@ -27,11 +26,6 @@ func undoName(callID string, expires time.Time) string {
 // snapshot), and a failed undo of UNDOBETATWOX.
 func undoLog(t *testing.T, now time.Time) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "audit.log")
-	l, err := audit.Open(path, audit.Options{Fsync: audit.FsyncInterval})
-	if err != nil {
-		t.Fatal(err)
-	}
 	type call struct {
 		id, grant, vm string
 		ago           time.Duration
@@ -69,15 +63,7 @@ func undoLog(t *testing.T, now time.Time) string {
 		recs = append(recs, audit.Record{Time: u.at, Kind: audit.KindOutcome, CallID: "undo-" + u.call, Grant: "operator", Transport: "operator",
 			Tool: "undo", VM: "lab/x", Outcome: u.outcome, Snapshot: "whatever", SnapshotID: "sn"})
 	}
-	for _, r := range recs {
-		if _, err := l.Append(context.Background(), r); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return writeAuditLog(t, recs)
 }
 
 // TestUndoList: `vmgate undo --list` lists the calls whose undo snapshot
