@@ -123,17 +123,20 @@ type Helper struct {
 	d    hypervisor.Driver
 	bins Binaries
 
-	mu      sync.Mutex        // mu guards ensured
+	mu      sync.Mutex        // mu guards ensured and tr
 	ensured map[string]string // vm -> SHA-256 verified in the guest; Forget drops a VM
 	// vmLocks: one Ensure per VM at a time; a VM's entry lives only
 	// while an Ensure holds or waits for it.
 	vmLocks  keylock.Map
+	tr       Transport       // the file, dir and archive commands' (transport.go)
 	pushHook func(vm string) // tests: called after each push
 }
 
 // New returns a Helper running on d with builds from bins.
 func New(d hypervisor.Driver, bins Binaries) *Helper {
-	return &Helper{d: d, bins: bins, ensured: map[string]string{}}
+	h := &Helper{d: d, bins: bins, ensured: map[string]string{}}
+	h.tr = &execTransport{h: h}
+	return h
 }
 
 // NewSessionID mints an unguessable session id (32 lowercase hex digits, 128 bits).
