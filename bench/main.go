@@ -40,8 +40,8 @@
 //	8       sandbox: exec in a sandboxed session against outside any session
 //	10      VMs on demand: vm_create to the first exec on the lab template against
 //	        lab.Create to the first raw guest-exec
-//	11      screen: a screenshot through the QEMU driver's plugin against a raw
-//	        QMP screendump (the vm_screenshot tool's row, once it exists)
+//	11      screen: vm_screenshot through vmgate serve against a raw QMP
+//	        screendump
 //	12a–12c files at the guestctl level: a 64 MiB file read and written in
 //	        16 MiB ranges, a 2,000-file tar extracted, against the guest
 //	        agent's raw file loops and tar through guest-exec (files.go)

@@ -52,6 +52,10 @@ func TestCatalogue(t *testing.T) {
 		"restore_session_files": {destructive: true}, // moves files into a session's directory
 		"vm_create":             {destructive: true}, // a new VM; two calls make two
 		"vm_delete":             {destructive: true},
+		"vm_screenshot":         {readOnly: true, idempotent: true},
+		"vm_send_keys":          {destructive: true, openWorld: true}, // keys on a root console are a command
+		"vm_console_read":       {readOnly: true, idempotent: true},
+		"vm_console_write":      {destructive: true, openWorld: true}, // input to a serial shell or login
 	}
 	got := map[string]bool{}
 	for _, tool := range r.Result.Tools {

@@ -27,8 +27,10 @@ type Reply struct {
 	ID     json.RawMessage `json:"id"`
 	Result *struct {
 		Content []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
+			Type     string `json:"type"`
+			Text     string `json:"text"`
+			Data     string `json:"data"`     // an image's base64
+			MimeType string `json:"mimeType"` // an image's type
 		} `json:"content"`
 		StructuredContent map[string]any `json:"structuredContent"`
 		IsError           bool           `json:"isError"`

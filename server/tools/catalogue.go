@@ -31,11 +31,11 @@ import "github.com/vmgate/vmgate/server/catalog"
 //	observe.go    vm_network, vm_metrics
 //	trash.go      restore_session_files
 //	lifecycle.go  vm_create, vm_delete
+//	screen.go     vm_screenshot, vm_send_keys
+//	console.go    vm_console_read, vm_console_write
 //
 // A new tool goes into the file of its family (a new family into a file
-// of its own) and gets its entry here. The families to come: screen.go
-// (vm_screenshot, vm_send_keys) and console.go (vm_console_read,
-// vm_console_write) on hypervisor's screen and console capabilities;
+// of its own) and gets its entry here. The families to come:
 // archive.go (vm_dir_list, vm_archive_read, vm_archive_write) through
 // Env.Guest, asking Env.Policy about every entry's path; list_vms's paging
 // in vms.go, exec's sandbox one-shot, wait: false in sessions and since
@@ -64,6 +64,10 @@ func Catalogue(l catalog.Limits) []*catalog.Tool {
 		restoreSessionFilesTool(),
 		createTool(),
 		deleteTool(),
+		screenshotTool(l),
+		sendKeysTool(),
+		consoleReadTool(),
+		consoleWriteTool(),
 	}
 }
 

@@ -36,7 +36,7 @@ func fileReadTool(l catalog.Limits) *catalog.Tool {
 		},
 		Output: []map[string]any{catalog.OObject(map[string]any{
 			"path": catalog.OString(), "requested_path": catalog.OString(), "bytes": catalog.ONonNeg(), "truncated": catalog.OBoolean(),
-			"mode": catalog.OString(), "size": catalog.ONonNeg(), "content": catalog.OString(), "content_base64": catalog.OString(),
+			"mode": catalog.ONonNeg(), "mode_octal": catalog.OString(), "size": catalog.ONonNeg(), "content": catalog.OString(), "content_base64": catalog.OString(),
 		}, "path", "bytes", "truncated")},
 	}, runFileRead)
 }
@@ -50,11 +50,11 @@ func fileWriteTool() *catalog.Tool {
 			{Name: "path", Kind: catalog.KindString, Desc: "Absolute, clean path in the guest (no \".\", \"..\", \"//\" or trailing \"/\").", Required: true, MaxLen: 4096, GuestPath: true},
 			{Name: "content", Kind: catalog.KindString, Desc: "The new content as text.", AllowNUL: true},
 			{Name: "content_base64", Kind: catalog.KindString, Desc: "The new content, base64 encoded."},
-			{Name: "mode", Kind: catalog.KindInteger, Desc: "Permission bits as a number (420 = 0644). Default: an existing file keeps its mode, a new one gets 0644 or the policy's default.", Min: 0, Max: 0o7777},
+			{Name: "mode", Kind: catalog.KindInteger, Desc: "Permission bits as a number (420 = 0644), as the result's mode reports them (mode_octal spells them \"0644\"). Default: an existing file keeps its mode, a new one gets 0644 or the policy's default.", Min: 0, Max: 0o7777},
 		},
 		ExactlyOne: [][]string{{"content", "content_base64"}},
 		Output: []map[string]any{catalog.OObject(map[string]any{
-			"path": catalog.OString(), "requested_path": catalog.OString(), "bytes_written": catalog.ONonNeg(), "mode": catalog.OString(), "created": catalog.OBoolean(),
+			"path": catalog.OString(), "requested_path": catalog.OString(), "bytes_written": catalog.ONonNeg(), "mode": catalog.ONonNeg(), "mode_octal": catalog.OString(), "created": catalog.OBoolean(),
 		}, "path", "bytes_written")},
 	}, runFileWrite)
 }
@@ -81,7 +81,7 @@ func runFileRead(e *catalog.Env, c *catalog.Call, a *fileReadArgs) catalog.Resul
 	if err != nil {
 		return fileFailure(err)
 	}
-	out := map[string]any{"path": fr.Path, "bytes": len(fr.Data), "truncated": fr.Truncated, "mode": fmt.Sprintf("%04o", fr.Mode), "size": fr.Size}
+	out := map[string]any{"path": fr.Path, "bytes": len(fr.Data), "truncated": fr.Truncated, "mode": fr.Mode, "mode_octal": octalMode(fr.Mode), "size": fr.Size}
 	if fr.Path != a.Path {
 		out["requested_path"] = a.Path
 	}
@@ -146,12 +146,16 @@ func runFileWrite(e *catalog.Env, c *catalog.Call, a *fileWriteArgs) catalog.Res
 	if err != nil {
 		return fileFailure(err)
 	}
-	out := map[string]any{"path": fw.Path, "bytes_written": fw.Bytes, "mode": fmt.Sprintf("%04o", fw.Mode), "created": fw.Created}
+	out := map[string]any{"path": fw.Path, "bytes_written": fw.Bytes, "mode": fw.Mode, "mode_octal": octalMode(fw.Mode), "created": fw.Created}
 	if fw.Path != a.Path {
 		out["requested_path"] = a.Path
 	}
 	return catalog.Success(out, fmt.Sprintf("wrote %d bytes to %s (mode %04o)", fw.Bytes, fw.Path, fw.Mode))
 }
+
+// octalMode is a file mode as people write it ("0644"); a result's mode is
+// the number vm_file_write's mode argument takes (420).
+func octalMode(m uint32) string { return fmt.Sprintf("%04o", m) }
 
 // resolveFile is the path to open: p itself, or, when the policy allows
 // following symlinks, the real path the guest resolves p to, which the
@@ -188,7 +192,7 @@ func fileFailure(err error) catalog.Result {
 			r.Detail = err.Error()
 			return r
 		case he.Code == wire.CodeRefused, he.Code == wire.CodeNotFound, he.Code == wire.CodeInvalid:
-			r := catalog.Failure(catalog.TagInvalid, catalog.GuestCause(catalog.CleanReason(strings.TrimPrefix(he.Message, he.Op+": "))), true)
+			r := catalog.Failure(catalog.TagInvalid, catalog.FileCause(catalog.CleanReason(strings.TrimPrefix(he.Message, he.Op+": "))), true)
 			r.Detail = err.Error()
 			return r
 		}
