@@ -102,12 +102,23 @@ func (s *Server) findUndo(callID string) (undoCall, error) {
 	case u.ID == "":
 		return u, fmt.Errorf("server: undo %s: %w: its outcome record holds no identity of snapshot %s (recorded by an older vmgate), so it cannot be verified", callID, ErrNoUndo, u.Name)
 	}
-	exp, _, ok := parseUndoName(u.Name)
-	if !ok || !undoExpiryOK(exp, u.Time) {
+	exp, ok := UndoExpiry(u.Name, u.Time)
+	if !ok {
 		return u, fmt.Errorf("server: undo %s: %w: %q is not the name of an undo snapshot the server takes", callID, ErrNoUndo, u.Name)
 	}
 	u.Expires = exp
 	return u, nil
+}
+
+// UndoExpiry returns when the undo snapshot name, taken for a call made at
+// callTime, expires, as `vmgate undo` reads it; false for a name that is
+// not one the server could have given that call (never trusted as its own).
+func UndoExpiry(name string, callTime time.Time) (time.Time, bool) {
+	exp, _, ok := parseUndoName(name)
+	if !ok || !undoExpiryOK(exp, callTime) {
+		return time.Time{}, false
+	}
+	return exp, true
 }
 
 // approvalArgs are what the operator approves: the snapshot and when it

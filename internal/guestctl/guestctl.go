@@ -27,6 +27,7 @@ import (
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/keylock"
 )
 
 // GuestPath is where the helper lives in the guest.
@@ -122,16 +123,18 @@ type Helper struct {
 	d    hypervisor.Driver
 	bins Binaries
 
-	mu       sync.Mutex             // mu guards ensured, vmLocks and tr
-	ensured  map[string]string      // vm -> SHA-256 verified in the guest
-	vmLocks  map[string]*sync.Mutex // one Ensure per VM at a time
-	tr       Transport              // the file, dir and archive commands' (transport.go)
-	pushHook func(vm string)        // tests: called after each push
+	mu      sync.Mutex        // mu guards ensured and tr
+	ensured map[string]string // vm -> SHA-256 verified in the guest; Forget drops a VM
+	// vmLocks: one Ensure per VM at a time; a VM's entry lives only
+	// while an Ensure holds or waits for it.
+	vmLocks  keylock.Map
+	tr       Transport       // the file, dir and archive commands' (transport.go)
+	pushHook func(vm string) // tests: called after each push
 }
 
 // New returns a Helper running on d with builds from bins.
 func New(d hypervisor.Driver, bins Binaries) *Helper {
-	h := &Helper{d: d, bins: bins, ensured: map[string]string{}, vmLocks: map[string]*sync.Mutex{}}
+	h := &Helper{d: d, bins: bins, ensured: map[string]string{}}
 	h.tr = &execTransport{h: h}
 	return h
 }
@@ -143,22 +146,13 @@ func NewSessionID() string {
 	return hex.EncodeToString(b)
 }
 
-// Forget drops the cached check of vm, so the next call checks (and pushes) again.
+// Forget drops the cached check of vm, so the next call checks (and pushes)
+// again: after an exec failure, and when the VM is deleted (vm_delete), so
+// that the cache holds only VMs that exist.
 func (h *Helper) Forget(vm string) {
 	h.mu.Lock()
 	delete(h.ensured, vm)
 	h.mu.Unlock()
-}
-
-func (h *Helper) vmLock(vm string) *sync.Mutex {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	l, ok := h.vmLocks[vm]
-	if !ok {
-		l = &sync.Mutex{}
-		h.vmLocks[vm] = l
-	}
-	return l
 }
 
 // Ensure makes sure GuestPath in vm is the build for the guest's
@@ -180,9 +174,11 @@ func (h *Helper) ensure(ctx context.Context, vm string) (pushed bool, err error)
 	if ok {
 		return false, nil
 	}
-	l := h.vmLock(vm)
-	l.Lock()
-	defer l.Unlock()
+	unlock, err := h.vmLocks.Lock(ctx, vm)
+	if err != nil {
+		return false, fmt.Errorf("helper: ensure %s: waiting for another check of the helper: %w", vm, err)
+	}
+	defer unlock()
 	h.mu.Lock()
 	_, ok = h.ensured[vm]
 	h.mu.Unlock()

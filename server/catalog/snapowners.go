@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/keylock"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/store"
 )
@@ -65,9 +65,10 @@ func CheckSnapshotNameFree(name string) error {
 		Truncate(name, 64), undoPrefixFold)
 }
 
-// SnapOwners keeps the owner records and the per-VM turns. mu guards
-// locks; a VM's lock is held across the snapshot calls it guards. It is
-// safe for concurrent use.
+// SnapOwners keeps the owner records and the per-VM turns. A VM's lock is
+// held across the snapshot calls it guards, and forgotten once nobody holds
+// or waits for it (a fleet's VMs come and go). It is safe for concurrent
+// use.
 type SnapOwners struct {
 	// Store keeps the owner records.
 	Store store.Snapshots
@@ -75,8 +76,7 @@ type SnapOwners struct {
 	log   *slog.Logger
 	// pruned is told of every undo snapshot pruned (the gate forgets it).
 	pruned func(vm, name string)
-	mu     sync.Mutex
-	locks  map[string]chan struct{}
+	locks  keylock.Map
 }
 
 // NewSnapOwners keeps owner records in st; pruned (may be nil) is told of
@@ -85,25 +85,17 @@ func NewSnapOwners(st store.Snapshots, now func() time.Time, log *slog.Logger, p
 	if pruned == nil {
 		pruned = func(vm, name string) {}
 	}
-	return &SnapOwners{Store: st, now: now, log: log, pruned: pruned, locks: map[string]chan struct{}{}}
+	return &SnapOwners{Store: st, now: now, log: log, pruned: pruned}
 }
 
 // Lock takes vm's turn for snapshot-taking calls, or fails when ctx ends
 // first; the caller calls the returned unlock.
 func (o *SnapOwners) Lock(ctx context.Context, vm string) (func(), error) {
-	o.mu.Lock()
-	ch := o.locks[vm]
-	if ch == nil {
-		ch = make(chan struct{}, 1)
-		o.locks[vm] = ch
+	unlock, err := o.locks.Lock(ctx, vm)
+	if err != nil {
+		return nil, fmt.Errorf("waiting for another snapshot of %s: %w", vm, err)
 	}
-	o.mu.Unlock()
-	select {
-	case ch <- struct{}{}:
-		return func() { <-ch }, nil
-	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for another snapshot of %s: %w", vm, ctx.Err())
-	}
+	return unlock, nil
 }
 
 // owner returns the record of sn on vm and whether it names sn as it is

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -157,18 +158,35 @@ func (v *Keeper) abandon(id string, req CreateRequest, cause error) error {
 }
 
 // Find returns the lease of the VM id vm (its VM, or its name while the
-// backend has not named it).
+// backend has not named it). A VM the index of created VMs knows is read
+// by its lease's id (one store read, whatever the number of leases); only
+// one it does not know, or whose lease is not the one the index has,
+// lists the leases.
 func (v *Keeper) Find(ctx context.Context, vm string) (store.Lease, bool, error) {
+	if o, known, _ := v.owners.get(vm); known {
+		l, err := v.store.GetLease(ctx, o.lease)
+		switch {
+		case err == nil && names(l, vm):
+			return l, true, nil
+		case err != nil && !errors.Is(err, store.ErrUnknownLease):
+			return store.Lease{}, false, err
+		}
+	}
 	list, err := v.store.ListLeases(ctx)
 	if err != nil {
 		return store.Lease{}, false, err
 	}
 	for _, l := range list {
-		if l.VM == vm || (l.VM == "" && l.Name == vm) {
+		if names(l, vm) {
 			return l, true, nil
 		}
 	}
 	return store.Lease{}, false, nil
+}
+
+// names reports whether lease l is the lease of the VM id vm.
+func names(l store.Lease, vm string) bool {
+	return l.VM == vm || (l.VM == "" && l.Name == vm)
 }
 
 // deleteLease takes lease l for deletion (by names the taker), deletes its
@@ -206,6 +224,7 @@ func (v *Keeper) takeAndDelete(ctx context.Context, l store.Lease, by string, gi
 	case err != nil:
 		return fmt.Errorf("server: delete %s: take the lease: %w", l.Name, err)
 	}
+	v.owners.put(taken)
 	c, ok := v.creator(backendOf(taken))
 	if !ok {
 		return fmt.Errorf("server: delete %s: %w: its backend cannot delete VMs any more (was the config changed?)", taken.Name, hypervisor.ErrNotSupported)
@@ -239,10 +258,13 @@ func (v *Keeper) giveBack(ctx context.Context, from, taken store.Lease) {
 	back.Rev = taken.Rev
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if _, err := v.store.UpdateLease(sctx, back); err != nil {
+	back, err := v.store.UpdateLease(sctx, back)
+	if err != nil {
 		v.log.Warn("server: a VM was not deleted and its lease could not be given back; it can be deleted again once its hold ends",
 			"lease", taken.ID, "vm", taken.Name, "until", taken.Until, "err", err)
+		return
 	}
+	v.owners.put(back)
 }
 
 // backendOf is the backend of lease l's VM.
@@ -268,8 +290,17 @@ type Report struct {
 	Errors  []error
 }
 
+// reapPerBackend bounds the deletions one reaper pass runs at once on one
+// backend: a thousand leases that end together are deleted in a fraction
+// of the time one by one would take (each may take up to DeleteDeadline),
+// without a thousand concurrent deletions on one hypervisor.
+const reapPerBackend = 8
+
 // Reap deletes the VM of every lease that is due: live past its expiry,
-// or creating or deleting past its holder's time.
+// or creating or deleting past its holder's time; up to reapPerBackend at
+// once on each backend, each taken (a compare-and-swap on the lease)
+// before its VM is deleted, so another replica's reaper never deletes the
+// same VM.
 func (v *Keeper) Reap(ctx context.Context) Report {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -286,27 +317,53 @@ func (v *Keeper) Reap(ctx context.Context) Report {
 	}
 	v.owners.reset(list, since)
 	now := v.now()
+	due := map[string][]store.Lease{}
 	for _, l := range list {
-		if !l.Due(now) {
-			continue
-		}
-		dctx, cancel := context.WithTimeout(ctx, DeleteDeadline)
-		err := v.deleteLease(dctx, l, v.holder)
-		cancel()
-		switch {
-		case err == nil:
-			rep.Deleted = append(rep.Deleted, l.Name)
-			v.log.Info("server: deleted a VM whose lease ended", "vm", l.Name, "lease", l.ID, "grant", l.Grant, "state", l.State)
-			if v.onEnd != nil {
-				v.onEnd(l)
-			}
-		case errors.Is(err, ErrBusy):
-		default:
-			rep.Errors = append(rep.Errors, err)
-			v.log.Warn("server: lease reaper", "vm", l.Name, "lease", l.ID, "err", err)
+		if l.Due(now) {
+			due[backendOf(l)] = append(due[backendOf(l)], l)
 		}
 	}
+	var mu sync.Mutex // guards rep
+	var wg sync.WaitGroup
+	for _, leases := range due {
+		next := make(chan store.Lease, len(leases))
+		for _, l := range leases {
+			next <- l
+		}
+		close(next)
+		for range min(reapPerBackend, len(leases)) {
+			wg.Go(func() {
+				for l := range next {
+					v.reapOne(ctx, l, &rep, &mu)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	slices.Sort(rep.Deleted)
 	return rep
+}
+
+// reapOne deletes due lease l's VM and notes what happened in rep (mu
+// held for it).
+func (v *Keeper) reapOne(ctx context.Context, l store.Lease, rep *Report, mu *sync.Mutex) {
+	dctx, cancel := context.WithTimeout(ctx, DeleteDeadline)
+	err := v.deleteLease(dctx, l, v.holder)
+	cancel()
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case err == nil:
+		rep.Deleted = append(rep.Deleted, l.Name)
+		v.log.Info("server: deleted a VM whose lease ended", "vm", l.Name, "lease", l.ID, "grant", l.Grant, "state", l.State)
+		if v.onEnd != nil {
+			v.onEnd(l)
+		}
+	case errors.Is(err, ErrBusy):
+	default:
+		rep.Errors = append(rep.Errors, err)
+		v.log.Warn("server: lease reaper", "vm", l.Name, "lease", l.ID, "err", err)
+	}
 }
 
 // start runs the reaper until close: a pass at once (leases that ran out

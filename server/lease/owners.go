@@ -31,19 +31,42 @@ import (
 // under a name the backend chose itself (Proxmox numbers them) can be seen
 // by another grant of this replica until the next reaper pass.
 
-// vmOwner is whose a created VM is.
+// vmOwner is whose a created VM is, and its lease as this server last
+// saw it (list_vms shows the lease's state and end; vm_delete and Hidden
+// read the lease itself by its id).
 type vmOwner struct {
 	grant, template string
+	lease           string // the lease's id
+	state           store.LeaseState
+	expires         time.Time
 	gen             uint64 // when put, in ownerIndex.gen
 }
 
+// ownerOf is lease l's entry.
+func ownerOf(l store.Lease, gen uint64) vmOwner {
+	return vmOwner{grant: l.Grant, template: l.Template, lease: l.ID, state: l.State, expires: l.Expires, gen: gen}
+}
+
+// info is what list_vms shows of o.
+func (o vmOwner) info() Info {
+	li := Info{CreatedBy: o.grant, Template: o.template, Lease: string(o.state)}
+	if !o.expires.IsZero() {
+		li.LeaseEnds = o.expires.UTC().Format(time.RFC3339)
+	}
+	return li
+}
+
 // ownerIndex is the created VMs by id. The zero value knows nothing and
-// says so (loaded false). mu guards everything.
+// says so (loaded false). mu guards everything; readers (every gated call
+// on a VM, list_vms for each VM it lists) share it.
 type ownerIndex struct {
-	mu     sync.Mutex
-	byID   map[string]vmOwner
-	gen    uint64 // counts puts
-	loaded bool   // reset has run: an id not in byID is no created VM
+	mu   sync.RWMutex
+	byID map[string]vmOwner
+	// perBackend counts byID's ids by backend, so that list_vms asks
+	// about no VM of a backend without created VMs.
+	perBackend map[string]int
+	gen        uint64 // counts puts
+	loaded     bool   // reset has run: an id not in byID is no created VM
 }
 
 // ids are the ids a lease's VM may be called by.
@@ -54,16 +77,41 @@ func leaseIDs(l store.Lease) []string {
 	return []string{l.Name}
 }
 
-// put records lease l.
+// idBackend is the backend part of a VM id.
+func idBackend(id string) string {
+	b, _, _ := strings.Cut(id, "/")
+	return b
+}
+
+// set and del change byID and perBackend together; mu is held.
+func (x *ownerIndex) set(id string, o vmOwner) {
+	if x.byID == nil {
+		x.byID, x.perBackend = map[string]vmOwner{}, map[string]int{}
+	}
+	if _, ok := x.byID[id]; !ok {
+		x.perBackend[idBackend(id)]++
+	}
+	x.byID[id] = o
+}
+
+func (x *ownerIndex) del(id string) {
+	if _, ok := x.byID[id]; !ok {
+		return
+	}
+	delete(x.byID, id)
+	b := idBackend(id)
+	if x.perBackend[b]--; x.perBackend[b] <= 0 {
+		delete(x.perBackend, b)
+	}
+}
+
+// put records lease l (made, or changed by this server).
 func (x *ownerIndex) put(l store.Lease) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.byID == nil {
-		x.byID = map[string]vmOwner{}
-	}
 	x.gen++
 	for _, id := range leaseIDs(l) {
-		x.byID[id] = vmOwner{grant: l.Grant, template: l.Template, gen: x.gen}
+		x.set(id, ownerOf(l, x.gen))
 	}
 }
 
@@ -72,7 +120,9 @@ func (x *ownerIndex) drop(l store.Lease) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for _, id := range leaseIDs(l) {
-		delete(x.byID, id)
+		if o, ok := x.byID[id]; ok && o.lease == l.ID {
+			x.del(id)
+		}
 	}
 }
 
@@ -89,29 +139,42 @@ func (x *ownerIndex) mark() uint64 {
 func (x *ownerIndex) reset(list []store.Lease, since uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	next := make(map[string]vmOwner, len(list))
-	for id, o := range x.byID {
+	old := x.byID
+	x.byID, x.perBackend = make(map[string]vmOwner, len(list)), make(map[string]int)
+	for id, o := range old {
 		if o.gen > since {
-			next[id] = o
+			x.set(id, o)
 		}
 	}
 	for _, l := range list {
 		for _, id := range leaseIDs(l) {
-			if _, newer := next[id]; !newer {
-				next[id] = vmOwner{grant: l.Grant, template: l.Template}
+			if _, newer := x.byID[id]; !newer {
+				x.set(id, ownerOf(l, 0))
 			}
 		}
 	}
-	x.byID, x.loaded = next, true
+	x.loaded = true
 }
 
 // get returns whose the VM id is: known says it is a created VM; loaded
 // false means the index cannot tell (the store has not answered yet).
 func (x *ownerIndex) get(id string) (o vmOwner, known, loaded bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	o, known = x.byID[id]
 	return o, known, x.loaded
+}
+
+// backendsWithVMs returns the backends of which the index knows a created
+// VM, and whether it is loaded.
+func (x *ownerIndex) backendsWithVMs() (map[string]bool, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	out := make(map[string]bool, len(x.perBackend))
+	for b := range x.perBackend {
+		out[b] = true
+	}
+	return out, x.loaded
 }
 
 // errOwnerUnknown: the lease store has not answered, so whether a VM is
@@ -170,50 +233,117 @@ type Info struct {
 	Lease     string `json:"lease_state"`
 }
 
-// ByVM maps the ids of the VMs vmgate created to their lease; nil for a
-// nil Keeper. An error is the store's.
-func (v *Keeper) ByVM(ctx context.Context) (map[string]Info, error) {
-	if v == nil {
-		return nil, nil
-	}
-	list, err := v.store.ListLeases(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]Info, len(list))
-	for _, l := range list {
-		id := l.VM
-		if id == "" {
-			id = l.Name
-		}
-		li := Info{CreatedBy: l.Grant, Template: l.Template, Lease: string(l.State)}
-		if !l.Expires.IsZero() {
-			li.LeaseEnds = l.Expires.UTC().Format(time.RFC3339)
-		}
-		out[id] = li
-	}
-	return out, nil
+// View is one list_vms's view of the created VMs, for one grant: whether
+// it shows each VM (Shows, asked for every VM of the fleet that passes the
+// page's filters) and the lease of those on the page (Info). It reads the
+// index of created VMs, never the store, once the index is loaded: a VM
+// this server made or deleted is shown as it is, one another replica
+// changed as the last reaper pass found it (DefaultLeaseReapEvery), except
+// that a VM named like a template's VMs that the index does not know is
+// looked up in the store (once per View, for all of them), as Hidden does.
+// Until the index is loaded, the store's leases are read once. A View is
+// used by one goroutine.
+type View struct {
+	v     *Keeper
+	grant string
+	ctx   context.Context
+	// busy are the backends with created VMs or templates: a VM of
+	// another backend is shown without a lookup.
+	busy map[string]bool
+	// leases are the store's, by VM id, when the index was not loaded
+	// or an unknown VM named like a template's made View read them.
+	leases map[string]store.Lease
+	// Err is the store's when it was needed and did not answer; VMs of
+	// backends that make VMs whose owner cannot be told are left out.
+	Err error
 }
 
-// Listed says whether list_vms shows grant (whose vms globs cover the VM)
-// the VM id of backend, and its lease when vm_create made it: unless
-// another grant created it. leases is ByVM's answer; when it gave none
-// (leaseErr), the index of created VMs decides, and a VM it cannot tell
-// about is left out.
-func (v *Keeper) Listed(grant, backend, id string, leases map[string]Info, leaseErr error) (*Info, bool) {
-	if leaseErr != nil {
-		o, known, loaded := v.owners.get(id)
-		switch {
-		case known:
-			return nil, v.sees(grant, o.grant, o.template)
-		case !loaded:
-			return nil, !v.makesVMs(backend, "")
+// View returns grant's view of the created VMs for one listing; a nil
+// Keeper's shows everything and marks nothing.
+func (v *Keeper) View(ctx context.Context, grant string) *View {
+	if v == nil {
+		return nil
+	}
+	w := &View{v: v, grant: grant, ctx: ctx}
+	busy, loaded := v.owners.backendsWithVMs()
+	for _, t := range v.templates {
+		busy[t.Backend] = true
+	}
+	w.busy = busy
+	if !loaded {
+		w.readStore()
+	}
+	return w
+}
+
+// readStore reads the store's leases into w.leases, or w.Err.
+func (w *View) readStore() {
+	list, err := w.v.store.ListLeases(w.ctx)
+	if err != nil {
+		w.Err, w.leases = err, nil
+		return
+	}
+	w.leases = make(map[string]store.Lease, len(list))
+	for _, l := range list {
+		for _, id := range leaseIDs(l) {
+			if _, ok := w.leases[id]; !ok {
+				w.leases[id] = l
+			}
 		}
-		return nil, !v.makesVMs(backend, id[len(backend)+1:])
 	}
-	li, ok := leases[id]
-	if !ok {
-		return nil, true
+}
+
+// Shows says whether list_vms shows the grant (whose vms globs cover it)
+// the VM id of backend: unless another grant created it and its template
+// is not shared.
+func (w *View) Shows(backend, id string) bool {
+	if w == nil || !w.busy[backend] {
+		return true
 	}
-	return &li, v.sees(grant, li.CreatedBy, li.Template)
+	v := w.v
+	if w.leases != nil {
+		l, ok := w.leases[id]
+		return !ok || v.sees(w.grant, l.Grant, l.Template)
+	}
+	if w.Err != nil {
+		// The store did not answer: the index decides, and a VM it
+		// cannot tell about is left out.
+		if o, known, _ := v.owners.get(id); known {
+			return v.sees(w.grant, o.grant, o.template)
+		}
+		return !v.makesVMs(backend, "")
+	}
+	o, known, _ := v.owners.get(id)
+	switch {
+	case known:
+		return v.sees(w.grant, o.grant, o.template)
+	case !v.makesVMs(backend, id[len(backend)+1:]):
+		return true
+	}
+	// Named like a template's VMs and unknown here: another replica may
+	// have just made it.
+	if w.readStore(); w.Err != nil {
+		return false
+	}
+	return w.Shows(backend, id)
+}
+
+// Info is the lease of the VM id when vmgate created it, else nil.
+func (w *View) Info(id string) *Info {
+	if w == nil {
+		return nil
+	}
+	if w.leases != nil {
+		l, ok := w.leases[id]
+		if !ok {
+			return nil
+		}
+		li := ownerOf(l, 0).info()
+		return &li
+	}
+	if o, known, _ := w.v.owners.get(id); known {
+		li := o.info()
+		return &li
+	}
+	return nil
 }

@@ -34,7 +34,10 @@ func TestDecodeArgs(t *testing.T) {
 		}()},
 		{"vm_file_write", `{"vm":"lab/vm1","path":"/f","content_base64":"","mode":0}`, &fileWriteArgs{Path: "/f", ContentBase64: str(""), Mode: i64(0)}},
 		{"vm_power", `{"vm":"lab/vm1","action":"reset"}`, &powerArgs{Action: "reset"}},
-		{"list_vms", `{}`, &catalog.NoArgs{}},
+		{"list_vms", `{}`, &listVMsArgs{}},
+		{"list_vms", `{"limit":5,"cursor":"c1.x","name":"web-*","state":"running","backend":"lab"}`,
+			&listVMsArgs{Limit: 5, Cursor: "c1.x", Name: "web-*", State: "running", Backend: "lab"}},
+		{"vm_status", `{"vm":"lab/vm1"}`, &catalog.NoArgs{}},
 	}
 	for _, tt := range tests {
 		raw, err := jsonrpc.Decode([]byte(tt.args))

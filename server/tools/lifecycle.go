@@ -234,5 +234,8 @@ func runDelete(e *catalog.Env, c *catalog.Call, _ *catalog.NoArgs) catalog.Resul
 	case err != nil:
 		return catalog.DriverFailure(err)
 	}
+	if e.Guest != nil && e.Guest.Helpers[c.Backend] != nil {
+		e.Guest.Helpers[c.Backend].Forget(c.Name) // the VM is gone: its helper check too
+	}
 	return catalog.Success(map[string]any{"vm": c.VM, "deleted": true}, c.VM+" deleted")
 }
