@@ -19,11 +19,17 @@ const testPassword = "s3cret-pass"
 
 func openSentinelTest(t testing.TB, d *redistest.Deployment, prefix string) *Store {
 	t.Helper()
+	return openSentinelAck(t, d, prefix, 200*time.Millisecond)
+}
+
+// openSentinelAck is openSentinelTest with ack as Options.AckTimeout.
+func openSentinelAck(t testing.TB, d *redistest.Deployment, prefix string, ack time.Duration) *Store {
+	t.Helper()
 	if prefix == "" {
 		prefix = fmt.Sprintf("t%d:", prefixes.Add(1))
 	}
 	s, err := OpenSentinel(Sentinel{Master: redistest.MasterName, Addrs: d.SentinelAddrs(), Password: testPassword},
-		Options{Prefix: prefix, Timeout: 2 * time.Second, AckTimeout: 200 * time.Millisecond})
+		Options{Prefix: prefix, Timeout: max(2*time.Second, 2*ack), AckTimeout: ack})
 	if err != nil {
 		t.Fatalf("OpenSentinel = %v", err)
 	}
@@ -147,7 +153,11 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 	d := redistest.StartSentinel(t, redistest.SentinelOptions{Password: testPassword})
 	ctx := context.Background()
 	old := d.Servers[0]
-	acked := openSentinelTest(t, d, "")
+	// An acknowledgement may take seconds on a loaded machine (the old
+	// primary back as a replica, catching up): a write applied but not
+	// acknowledged in time is refused, and an approval it consumed is
+	// spent (fail closed), which would leave the scenario nothing to count.
+	acked := openSentinelAck(t, d, "", 5*time.Second)
 	control, err := Open("redis://:"+testPassword+"@"+old.Addr(), Options{Prefix: fmt.Sprintf("ctl%d:", prefixes.Add(1)), Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -190,6 +200,14 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 	if ctl.uses != 2 || ctl.grants != 2 {
 		t.Fatalf("the control lost nothing (approval used %d times, %d grants of a max-1 counter): the scenario proves nothing", ctl.uses, ctl.grants)
 	}
+	// The new primary's replica in sync first: a write acknowledged.
+	probe := 0
+	if err := until(60*time.Second, func() error {
+		probe++
+		return acked.ReserveAll(ctx, fmt.Sprintf("probe%d", probe), storetest.T0(), probeCounter)
+	}); err != nil {
+		t.Fatalf("a write acknowledged after the failover: %v", err)
+	}
 	if err := until(30*time.Second, func() error { return ack.use(acked, "a2") }); err != nil {
 		t.Fatalf("Sentinel store after the failover: %v", err)
 	}
@@ -209,6 +227,9 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 }
 
 var onceCounter = []policy.Counter{{Key: "once", Name: "once", Window: time.Hour, Max: 1}}
+
+// probeCounter is reserved to see that writes are acknowledged again.
+var probeCounter = []policy.Counter{{Key: "probe", Name: "probe", Window: time.Hour, Max: 1 << 20}}
 
 // useCount counts the calls a store let run on approval "ap" and the
 // reservations it granted of onceCounter.
