@@ -41,6 +41,10 @@ const ANNOTATIONS = {
   restore_session_files: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
   vm_create: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
   vm_delete: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
+  vm_screenshot: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+  vm_send_keys: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: true },
+  vm_console_read: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+  vm_console_write: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: true },
 };
 
 // VMGATE_E2E_TOOLS=subset: the grant's policy denies the tools it does
