@@ -58,15 +58,16 @@ func (l *labEnv) run(ctx context.Context, args ...string) error {
 	return nil
 }
 
-// startLab boots n lab VMs. The caller must call stop, also on error.
-func startLab(ctx context.Context, vmgate string, n int) (*labEnv, error) {
+// startLab boots n lab VMs (extra: more flags of lab up). The caller
+// must call stop, also on error.
+func startLab(ctx context.Context, vmgate string, n int, extra ...string) (*labEnv, error) {
 	// A short path: the sockets live under it and sun_path is 107 bytes.
 	dir, err := os.MkdirTemp("", "vmgb-")
 	if err != nil {
 		return nil, err
 	}
 	l := &labEnv{vmgate: vmgate, stateDir: dir}
-	if err := l.run(ctx, "lab", "up", "--vms", strconv.Itoa(n)); err != nil {
+	if err := l.run(ctx, append([]string{"lab", "up", "--vms", strconv.Itoa(n)}, extra...)...); err != nil {
 		return l, err
 	}
 	return l, nil

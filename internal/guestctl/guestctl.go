@@ -122,15 +122,18 @@ type Helper struct {
 	d    hypervisor.Driver
 	bins Binaries
 
-	mu       sync.Mutex             // mu guards ensured and vmLocks
+	mu       sync.Mutex             // mu guards ensured, vmLocks and tr
 	ensured  map[string]string      // vm -> SHA-256 verified in the guest
 	vmLocks  map[string]*sync.Mutex // one Ensure per VM at a time
+	tr       Transport              // the file, dir and archive commands' (transport.go)
 	pushHook func(vm string)        // tests: called after each push
 }
 
 // New returns a Helper running on d with builds from bins.
 func New(d hypervisor.Driver, bins Binaries) *Helper {
-	return &Helper{d: d, bins: bins, ensured: map[string]string{}, vmLocks: map[string]*sync.Mutex{}}
+	h := &Helper{d: d, bins: bins, ensured: map[string]string{}, vmLocks: map[string]*sync.Mutex{}}
+	h.tr = &execTransport{h: h}
+	return h
 }
 
 // NewSessionID mints an unguessable session id (32 lowercase hex digits, 128 bits).

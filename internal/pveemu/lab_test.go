@@ -31,7 +31,14 @@ func (c client) execWait(node string, vmid int, argv []string, stdin string) map
 	if stdin != "" {
 		body["input-data"] = stdin
 	}
+	// Proxmox gives the agent 5 s (qgaTimeout); a TCG guest on a loaded
+	// machine (after a rollback above all) can take longer to answer, and a
+	// client then asks again: the commands here may run twice.
+	deadline := time.Now().Add(2 * time.Minute)
 	r := c.jsonBody("POST", fmt.Sprintf("/nodes/%s/qemu/%d/agent/exec", node, vmid), body)
+	for r.code == 500 && strings.Contains(r.raw, "got timeout") && time.Now().Before(deadline) {
+		r = c.jsonBody("POST", fmt.Sprintf("/nodes/%s/qemu/%d/agent/exec", node, vmid), body)
+	}
 	var started struct{ PID int }
 	r.data(c.t, &started)
 	if r.code != 200 || started.PID <= 0 {

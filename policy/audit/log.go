@@ -227,7 +227,7 @@ func newLog(path string, opts Options) (*Log, string, error) {
 // empty log. A log just created (isNew) has its directory synced.
 func lockAndKey(f *os.File, path, keyFile string, isNew bool) ([]byte, error) {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return nil, fmt.Errorf("audit: open: %s is in use by another process: %w", path, err)
+		return nil, fmt.Errorf("audit: open: %s is %w: %w", path, ErrInUse, err)
 	}
 	fi, err := f.Stat()
 	if err != nil {
