@@ -212,7 +212,7 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		return reply(res)
 	}
 	switch a[1] {
-	case "file":
+	case "file", "dir", "archive":
 		if g.file != nil {
 			return g.file(a, req.Stdin)
 		}
