@@ -401,3 +401,48 @@ func (l *limit) key(call *Call) string {
 	}
 	return b.String()
 }
+
+// scopeLabels are the scope parts of a counter key (limit.key), in words.
+var scopeLabels = []struct{ part, word string }{{"|grant=", "grant"}, {"|session=", "session"}, {"|vm=", "vm"}, {"|template=", "template"}}
+
+// CounterLabel is a counter's key (Counter.Key) in words for people:
+// "exec_per_vm|grant=5:alice|vm=7:lab/vm1" is "exec_per_vm (grant alice,
+// vm lab/vm1)". A key it cannot read stays as it is.
+func CounterLabel(key string) string {
+	name, rest, scoped := strings.Cut(key, "|")
+	if !scoped {
+		return key
+	}
+	rest = "|" + rest
+	var parts []string
+	for rest != "" {
+		word, v, tail, ok := nextScope(rest)
+		if !ok {
+			return key
+		}
+		if v == "" || strings.ContainsAny(v, " ,()") {
+			v = strconv.Quote(v)
+		}
+		parts = append(parts, word+" "+v)
+		rest = tail
+	}
+	return name + " (" + strings.Join(parts, ", ") + ")"
+}
+
+// nextScope reads the first scope part of s ("|vm=7:lab/vm1…"): its word,
+// its value and what follows.
+func nextScope(s string) (word, value, rest string, ok bool) {
+	for _, l := range scopeLabels {
+		after, found := strings.CutPrefix(s, l.part)
+		if !found {
+			continue
+		}
+		n, v, found := strings.Cut(after, ":")
+		size, err := strconv.Atoi(n)
+		if !found || err != nil || size < 0 || size > len(v) {
+			return "", "", "", false
+		}
+		return l.word, v[:size], v[size:], true
+	}
+	return "", "", "", false
+}

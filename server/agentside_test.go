@@ -351,3 +351,30 @@ func TestSessionTimesAndGuestFields(t *testing.T) {
 		t.Errorf("list_sessions last_used, idle_expires_at = %v, %v; want %v, %v", v["last_used"], v["idle_expires_at"], sc["last_used"], sc["idle_expires_at"])
 	}
 }
+
+// TestListSessionsLeavesOutLost: a session the guest no longer has (lost
+// to a reboot or a revert) is not listed as one; list_sessions names it
+// as lost, and lists the sessions the guest still has.
+func TestListSessionsLeavesOutLost(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	kept := f.as(t, "alice", "create_session", `{"vm":"lab/vm1"}`).Result.StructuredContent["session"].(string)
+	lost := f.as(t, "alice", "create_session", `{"vm":"lab/vm1"}`).Result.StructuredContent["session"].(string)
+	f.guest.mu.Lock()
+	delete(f.guest.sessions, lost) // the guest rebooted: its sessions' state is gone
+	f.guest.mu.Unlock()
+	r := f.as(t, "alice", "list_sessions", `{"vm":"lab/vm1"}`)
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("list_sessions = %q; want success", r.Text())
+	}
+	sc := r.Result.StructuredContent
+	list, _ := sc["sessions"].([]any)
+	if len(list) != 1 || list[0].(map[string]any)["session"] != kept {
+		t.Errorf("list_sessions sessions = %v; want only %s", list, kept)
+	}
+	if l, _ := sc["lost"].([]any); len(l) != 1 || l[0] != lost {
+		t.Errorf("list_sessions lost = %v; want [%s]", sc["lost"], lost)
+	}
+	if !strings.Contains(r.Text(), lost) || !strings.Contains(r.Text(), "reboot") {
+		t.Errorf("list_sessions text = %q; want it to name %s as lost to a reboot or revert", r.Text(), lost)
+	}
+}

@@ -235,6 +235,9 @@ func (g *gating) approve() (verdict, bool) {
 		return g.refuse(refusal{decision: decisionError, tag: TagDenied, msg: "the approval store is unavailable, so the call is refused"})
 	}
 	if !ok {
+		if v, done := g.foresee(); done {
+			return v, true // it cannot succeed: no operator is asked
+		}
 		return g.park(digest), true
 	}
 	g.rec.ApprovalID = a.ID

@@ -1,16 +1,19 @@
 package server
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // Parking: a call the policy wants an operator to approve, which has no
@@ -48,17 +51,51 @@ func (g *gating) park(digest string) verdict {
 				return g.approvalRequired(rec, a.ID)
 			case store.ApprovalDenied:
 				rec.ApprovalID, rec.Reason = a.ID, "approval denied by "+a.DecidedBy
-				msg := fmt.Sprintf("approval id %s: %s denied this call", a.ID, a.DecidedBy)
-				if a.Reason != "" {
-					msg += ": " + a.Reason
-				}
-				r := denied(msg)
-				r.extra = map[string]any{"approval_id": a.ID}
-				return s.refuse(g.ctx, g.ID, rec, r)
+				return s.refuse(g.ctx, g.ID, rec, deniedBefore(a, now))
 			}
 		}
 	}
 	return g.parkNew(list, listErr, digest, ttl) // approvals_full.go
+}
+
+// deniedBefore is the refusal of the identical retry of a call an
+// operator denied (approval a) at now: who denied it and why, until when
+// the denial holds, and that the call then asks an operator again.
+func deniedBefore(a store.Approval, now time.Time) refusal {
+	why := "no reason given"
+	if a.Reason != "" {
+		why = a.Reason
+	}
+	secs := max(int64(math.Ceil(a.Expires.Sub(now).Seconds())), 1)
+	msg := fmt.Sprintf("approval id %s: %s denied this call (%s); the identical call is refused until %s (in %d s), "+
+		"then it asks an operator again (a call with other arguments asks now)", a.ID, a.DecidedBy, why, a.Expires.UTC().Format(time.RFC3339), secs)
+	r := denied(msg)
+	r.extra = map[string]any{"approval_id": a.ID, "retry_after_s": secs}
+	return r
+}
+
+// foreseeTimeout bounds what a Foreseer may ask (a backend's snapshot
+// list) before its call is parked; past it, the call is parked.
+const foreseeTimeout = 10 * time.Second
+
+// foresee refuses g's call, which would be parked for an operator, when its
+// arguments know it cannot succeed (catalog.Foreseer): a session already
+// destroyed, a snapshot that is not there.
+func (g *gating) foresee() (verdict, bool) {
+	fs, ok := g.call.Args.(catalog.Foreseer)
+	if !ok {
+		return verdict{}, false
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, foreseeTimeout)
+	defer cancel()
+	c := g.call.Call
+	c.Ctx = ctx
+	r := fs.Foresee(g.s.env, &c)
+	if r == nil {
+		return verdict{}, false
+	}
+	g.rec.Reason = "cannot succeed, not parked: " + r.Text
+	return g.refuse(refusal{decision: decisionInvalid, tag: r.Tag, msg: r.Text, detail: r.Detail})
 }
 
 // approvalRequired refuses g's call (recorded as rec) until an operator

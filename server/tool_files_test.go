@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -200,5 +201,51 @@ func TestFollowedPathNeedsItsOwnApproval(t *testing.T) {
 	}
 	if n := f.guest.count(guestctl.GuestPath, "file", "read"); n != 0 {
 		t.Errorf("the guest read %d times; want none", n)
+	}
+}
+
+// TestFileModeAsGiven: vm_file_write takes mode as a number, and both file
+// tools report it as that number (with its octal spelling beside it), as
+// their outputSchema says.
+func TestFileModeAsGiven(t *testing.T) {
+	f := newSessFixture(t, haveBins(), `{"version":"1","default":"allow"}`)
+	f.guest.file = guestFiles
+	for _, c := range []struct{ tool, args string }{
+		{"vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"abc","mode":420}`},
+		{"vm_file_read", `{"vm":"lab/vm1","path":"/tmp/ok"}`},
+	} {
+		r := f.as(t, "alice", c.tool, c.args)
+		if r.Result == nil || r.Result.IsError {
+			t.Fatalf("%s(%s) = %q; want success", c.tool, c.args, r.Text())
+		}
+		sc := r.Result.StructuredContent
+		if sc["mode"] != float64(0o644) || sc["mode_octal"] != "0644" {
+			t.Errorf("%s(%s): mode %#v, mode_octal %#v; want 420 (the number mode takes) and \"0644\"", c.tool, c.args, sc["mode"], sc["mode_octal"])
+		}
+	}
+}
+
+// TestFileNotFoundReadme: a missing file's read answers what README shows,
+// with no hint about commands and PATH (that hint is for vm_agent_exec).
+func TestFileNotFoundReadme(t *testing.T) {
+	f := newSessFixture(t, haveBins(), `{"version":"1","default":"allow"}`)
+	f.guest.file = func(argv []string, stdin []byte) hypervisor.ExecResult {
+		if p := flag(argv, "--path"); p == "/nope" {
+			// guest/agent/files.go's fileErr for ENOENT
+			return replyErr(wire.CodeNotFound, "", "file "+argv[2]+": "+p+": no such file or directory")
+		}
+		return guestFiles(argv, stdin)
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := f.as(t, "alice", "vm_file_read", `{"vm":"lab/vm1","path":"/nope"}`)
+	got := r.Text()
+	if !mcptest.HasTag(r, TagInvalid) || strings.Contains(got, "PATH") {
+		t.Errorf("vm_file_read of a missing file = %q; want %s without a PATH hint", got, TagInvalid)
+	}
+	if !strings.Contains(string(readme), "`"+got+"`") {
+		t.Errorf("vm_file_read of a missing file = %q; README does not show it as it is", got)
 	}
 }

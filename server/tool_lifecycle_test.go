@@ -456,3 +456,23 @@ func TestCreatedVMExistsOnlyForItsCreator(t *testing.T) {
 		}
 	}
 }
+
+// TestVMCreateSaysItsName: a name given to vm_create is a suffix after the
+// template's prefix, and the result says so: the VM's id, the name asked
+// for and the prefix put before it.
+func TestVMCreateSaysItsName(t *testing.T) {
+	lc := newLifecycle(t)
+	r := lc.call(t, "vm_create", `{"template":"lab","name":"w1"}`)
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_create(w1) = %q; want success", r.Text())
+	}
+	sc := r.Result.StructuredContent
+	if sc["vm"] != "lab/lab-w1" || sc["requested_name"] != "w1" || sc["name_prefix"] != "lab-" {
+		t.Errorf("vm_create(w1) = %v; want vm lab/lab-w1, requested_name w1, name_prefix lab-", sc)
+	}
+	for _, want := range []string{`name "w1"`, `prefix "lab-"`, "lab/lab-w1"} {
+		if !strings.Contains(r.Text(), want) {
+			t.Errorf("vm_create(w1) text = %q; want it to say %q", r.Text(), want)
+		}
+	}
+}

@@ -204,8 +204,9 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	return serveServer(ctx, srv, web, cfg, engines, o)
 }
 
-// prepareServe loads the config, checks the state directory and loads
-// every grant's policy: what serve needs before it opens anything.
+// prepareServe loads the config, checks the state directory, loads
+// every grant's policy and settles the transport (o.httpAddr): what serve
+// needs before it opens anything.
 func prepareServe(o *serveOptions) (*config.Config, map[string]*policy.Engine, []server.Grant, error) {
 	cfg, err := loadConfig(o.config)
 	if err != nil {

@@ -217,7 +217,7 @@ func TestLabFilesLibvirt(t *testing.T) {
 
 func TestLabFilesProxmox(t *testing.T) {
 	v := labtest.VM(t, "cg")
-	e := pveemu.Start(t, pveemu.Options{Version: pveemu.PVE92})
+	e := pveemu.Start(t, pveemu.Options{Version: pveemu.PVE92()})
 	const tokenID, secret = "vmgate@pve!files", "0d7c3b1e-8f8d-4c55-9a3e-0d6c2b7f4a99"
 	var privs []string
 	for _, p := range proxmox.Privileges(9) {

@@ -47,9 +47,7 @@ var classes = map[string]entry{
 // knownBroken are the parts of README (block id or prose id, " / ", the
 // part) that do not work as written yet, with the finding that fixes them.
 // Each must still fail; when one passes, remove it.
-var knownBroken = map[string]string{
-	"Tools / the missing-file example": "issue 32 item 7: the real answer is [INVALID ARGUMENT] with a PATH hint",
-}
+var knownBroken = map[string]string{}
 
 // proseCheck checks README statements that are not blocks (tables,
 // examples in the text).

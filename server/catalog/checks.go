@@ -65,3 +65,15 @@ func UndoApplies(args any) bool {
 	u, ok := args.(Undoable)
 	return ok && u.UndoApplies()
 }
+
+// Foreseer is an argument struct whose call may be known not to succeed
+// before it runs: the session it names is already destroyed, the snapshot
+// it names is not there. The gate asks it before it parks the call for an
+// operator's approval, so that nobody is asked to approve what cannot
+// succeed. Foresee only reads (c.Ctx is bounded by the gate) and returns
+// the call's answer only when it is certain; nil when the call may
+// succeed, or when it cannot tell (a store or backend that does not
+// answer): then the call is parked as usual.
+type Foreseer interface {
+	Foresee(e *Env, c *Call) *Result
+}

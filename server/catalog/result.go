@@ -156,26 +156,38 @@ func (c *Call) Explain(r Result) Result {
 
 // guestCauses are the guest errors an agent meets most, found by the C
 // library's text for the errno in the reason: what it means in plain
-// words and what to do next.
-var guestCauses = []struct{ errno, plain, next string }{
-	{"No such file or directory", "not found", "check the path (vm_agent_exec with ls shows what is there); a command needs its full path or to be on PATH"},
-	{"Is a directory", "it is a directory, not a file", "give a file's path; vm_agent_exec with ls lists the directory"},
-	{"Not a directory", "a part of the path is not a directory", "check the path"},
-	{"Permission denied", "permission denied", "the guest agent's user may not do that here: check the file's mode and owner (vm_agent_exec with ls -l)"},
-	{"Exec format error", "not a program this guest can run (exec format error)", "a script needs its #! line (or run it with shell), a binary must be built for the guest's architecture"},
-	{"Text file busy", "the file is being executed", "wait for the program to end, or write to another path"},
-	{"No space left on device", "the guest's disk is full", "free space in the guest (vm_agent_exec with df -h shows where)"},
+// words and what to do next (cmdNext adds what applies to a command only).
+var guestCauses = []struct{ errno, plain, next, cmdNext string }{
+	{"No such file or directory", "not found", "check the path (vm_agent_exec with ls shows what is there)", "; a command needs its full path or to be on PATH"},
+	{"Is a directory", "it is a directory, not a file", "give a file's path; vm_agent_exec with ls lists the directory", ""},
+	{"Not a directory", "a part of the path is not a directory", "check the path", ""},
+	{"Permission denied", "permission denied", "the guest agent's user may not do that here: check the file's mode and owner (vm_agent_exec with ls -l)", ""},
+	{"Exec format error", "not a program this guest can run (exec format error)", "a script needs its #! line (or run it with shell), a binary must be built for the guest's architecture", ""},
+	{"Text file busy", "the file is being executed", "wait for the program to end, or write to another path", ""},
+	{"No space left on device", "the guest's disk is full", "free space in the guest (vm_agent_exec with df -h shows where)", ""},
 }
 
 // GuestCause puts reason in plain words with what to do next, when it
 // holds one of the common guest errors (in any case: the C library says
 // "No such file or directory", Go's os package in vmgate-guest "no such
-// file or directory"); otherwise reason stays as it is.
-func GuestCause(reason string) string {
+// file or directory"); otherwise reason stays as it is. The advice covers
+// a command too (a missing one needs its full path or PATH); FileCause is
+// the file tools'.
+func GuestCause(reason string) string { return guestCause(reason, true) }
+
+// FileCause is GuestCause for a file tool's reason: its advice is about
+// the file, never a command.
+func FileCause(reason string) string { return guestCause(reason, false) }
+
+func guestCause(reason string, command bool) string {
 	lower := strings.ToLower(reason)
 	for _, g := range guestCauses {
 		if strings.Contains(lower, strings.ToLower(g.errno)) {
-			return g.plain + ": " + reason + "; " + g.next
+			next := g.next
+			if command {
+				next += g.cmdNext
+			}
+			return g.plain + ": " + reason + "; " + next
 		}
 	}
 	return reason

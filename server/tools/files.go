@@ -39,7 +39,7 @@ func fileReadTool(l catalog.Limits) *catalog.Tool {
 		},
 		Output: []map[string]any{catalog.OObject(map[string]any{
 			"path": catalog.OString(), "requested_path": catalog.OString(), "bytes": catalog.ONonNeg(), "truncated": catalog.OBoolean(),
-			"mode": catalog.OString(), "size": catalog.ONonNeg(), "content": catalog.OString(), "content_base64": catalog.OString(),
+			"mode": catalog.ONonNeg(), "mode_octal": catalog.OString(), "size": catalog.ONonNeg(), "content": catalog.OString(), "content_base64": catalog.OString(),
 			"offset": catalog.ONonNeg(), "eof": catalog.OBoolean(), "sha256": catalog.OString(),
 		}, "path", "bytes", "truncated", "offset", "eof")},
 	}, runFileRead)
@@ -54,7 +54,7 @@ func fileWriteTool() *catalog.Tool {
 			{Name: "path", Kind: catalog.KindString, Desc: "Absolute, clean path in the guest (no \".\", \"..\", \"//\" or trailing \"/\").", Required: true, MaxLen: 4096, GuestPath: true},
 			{Name: "content", Kind: catalog.KindString, Desc: "The new content as text.", AllowNUL: true},
 			{Name: "content_base64", Kind: catalog.KindString, Desc: "The new content, base64 encoded."},
-			{Name: "mode", Kind: catalog.KindInteger, Desc: "Permission bits as a number (420 = 0644). Default: an existing file keeps its mode, a new one gets 0644 or the policy's default.", Min: 0, Max: 0o7777},
+			{Name: "mode", Kind: catalog.KindInteger, Desc: "Permission bits as a number (420 = 0644), as the result's mode reports them (mode_octal spells them \"0644\"). Default: an existing file keeps its mode, a new one gets 0644 or the policy's default.", Min: 0, Max: 0o7777},
 			{Name: "offset", Kind: catalog.KindInteger, Desc: "Write into the existing file at this byte offset (in place; at most its size, so no hole).", Min: 0, Max: math.MaxInt64},
 			{Name: "append", Kind: catalog.KindBoolean, Desc: "Write at the end of the existing file (in place)."},
 			{Name: "expect_sha256", Kind: catalog.KindString, Desc: "The file's SHA-256 (64 hex digits) as last read: the write is refused if the file is not that any more.", MaxLen: 64},
@@ -62,7 +62,7 @@ func fileWriteTool() *catalog.Tool {
 		},
 		ExactlyOne: [][]string{{"content", "content_base64"}},
 		Output: []map[string]any{catalog.OObject(map[string]any{
-			"path": catalog.OString(), "requested_path": catalog.OString(), "bytes_written": catalog.ONonNeg(), "mode": catalog.OString(), "created": catalog.OBoolean(),
+			"path": catalog.OString(), "requested_path": catalog.OString(), "bytes_written": catalog.ONonNeg(), "mode": catalog.ONonNeg(), "mode_octal": catalog.OString(), "created": catalog.OBoolean(),
 			"offset": catalog.ONonNeg(), "atomic": catalog.OBoolean(), "guarantee": catalog.OString(), "sha256": catalog.OString(),
 		}, "path", "bytes_written", "offset", "atomic", "guarantee")},
 	}, runFileWrite)
@@ -114,7 +114,7 @@ func runFileRead(e *catalog.Env, c *catalog.Call, a *fileReadArgs) catalog.Resul
 	if err != nil {
 		return fileFailure(err)
 	}
-	out := map[string]any{"path": fr.Path, "bytes": len(fr.Data), "truncated": fr.Truncated, "mode": fmt.Sprintf("%04o", fr.Mode), "size": fr.Size,
+	out := map[string]any{"path": fr.Path, "bytes": len(fr.Data), "truncated": fr.Truncated, "mode": fr.Mode, "mode_octal": octalMode(fr.Mode), "size": fr.Size,
 		"offset": fr.Offset, "eof": fr.EOF}
 	if fr.Path != a.Path {
 		out["requested_path"] = a.Path
@@ -225,7 +225,7 @@ func runFileWrite(e *catalog.Env, c *catalog.Call, a *fileWriteArgs) catalog.Res
 	if !fw.Atomic {
 		guarantee = "in place: written into the existing file, which a failure may leave part written (expect_sha256 checks it before)"
 	}
-	out := map[string]any{"path": fw.Path, "bytes_written": fw.Bytes, "mode": fmt.Sprintf("%04o", fw.Mode), "created": fw.Created,
+	out := map[string]any{"path": fw.Path, "bytes_written": fw.Bytes, "mode": fw.Mode, "mode_octal": octalMode(fw.Mode), "created": fw.Created,
 		"offset": fw.Offset, "atomic": fw.Atomic, "guarantee": guarantee}
 	if fw.Path != a.Path {
 		out["requested_path"] = a.Path
@@ -237,6 +237,10 @@ func runFileWrite(e *catalog.Env, c *catalog.Call, a *fileWriteArgs) catalog.Res
 	}
 	return catalog.Success(out, text)
 }
+
+// octalMode is a file mode as people write it ("0644"); a result's mode is
+// the number vm_file_write's mode argument takes (420).
+func octalMode(m uint32) string { return fmt.Sprintf("%04o", m) }
 
 // resolveFile is the path to open: p itself, or, when the policy allows
 // following symlinks, the real path the guest resolves p to, which the
@@ -282,7 +286,7 @@ func fileFailure(err error) catalog.Result {
 			r.Detail = err.Error()
 			return r
 		case he.Code == wire.CodeRefused, he.Code == wire.CodeNotFound, he.Code == wire.CodeInvalid:
-			r := catalog.Failure(catalog.TagInvalid, catalog.GuestCause(catalog.CleanReason(strings.TrimPrefix(he.Message, he.Op+": "))), true)
+			r := catalog.Failure(catalog.TagInvalid, catalog.FileCause(catalog.CleanReason(strings.TrimPrefix(he.Message, he.Op+": "))), true)
 			r.Detail = err.Error()
 			return r
 		}

@@ -31,13 +31,14 @@ func createTool() *catalog.Tool {
 			"The VM is leased: it is deleted when its lease (ttl_s, capped by policy) ends. Quotas bound how many VMs and how much memory you hold.",
 		Fields: []catalog.Field{
 			{Name: "template", Kind: catalog.KindString, Desc: "Template name (the server's config lists them; vmgate's default is \"lab\").", Required: true, MaxLen: 64},
-			{Name: "name", Kind: catalog.KindString, Desc: "Suffix of the VM's name after the template's prefix: lowercase letters, digits and '-'. Default: random.", MaxLen: 64},
+			{Name: "name", Kind: catalog.KindString, Desc: "Suffix of the VM's name after the template's prefix (template lab: name w1 makes lab/lab-w1; the result's vm is the id): lowercase letters, digits and '-'. Default: random.", MaxLen: 64},
 			{Name: "memory_mb", Kind: catalog.KindInteger, Desc: "Memory in MiB, within the template's bounds. Default: the template's.", Min: 1, Max: hypervisor.MaxCreateMemoryMB},
 			{Name: "cpus", Kind: catalog.KindInteger, Desc: "Virtual CPUs, within the template's bounds. Default: the template's.", Min: 1, Max: hypervisor.MaxCreateCPUs},
 			{Name: "ttl_s", Kind: catalog.KindInteger, Desc: "Lease in seconds; the VM is deleted when it ends. Default and cap: the policy's.", Min: 1, Max: maxTTLS},
 		},
 		Output: []map[string]any{catalog.OObject(map[string]any{
 			"vm": catalog.OString(), "template": catalog.OString(), "memory_mb": catalog.ONonNeg(), "cpus": catalog.ONonNeg(), "ttl_s": catalog.ONonNeg(), "lease_ends": catalog.OTime(), "ttl_clamped": catalog.OBoolean(),
+			"requested_name": catalog.OString(), "name_prefix": catalog.OString(),
 		}, "vm", "template", "memory_mb", "cpus", "ttl_s", "lease_ends")},
 	}, runCreate)
 }
@@ -150,6 +151,11 @@ func runCreate(e *catalog.Env, c *catalog.Call, a *createArgs) catalog.Result {
 		"ttl_s": int64(ttl / time.Second), "lease_ends": l.Expires.UTC().Format(time.RFC3339),
 	}
 	text := fmt.Sprintf("%s created from %s; its lease ends %s (in %s)", l.VM, t.Name, l.Expires.UTC().Format(time.RFC3339), ttl)
+	if a.Name != nil && t.Prefix() != "" {
+		// The name is a suffix: say what was put before it.
+		out["requested_name"], out["name_prefix"] = *a.Name, t.Prefix()
+		text += fmt.Sprintf("; its name is the name %q you gave after template %s's prefix %q", *a.Name, t.Name, t.Prefix())
+	}
 	if clamped {
 		out["ttl_clamped"] = true
 		text += fmt.Sprintf("; ttl_s %d was capped by the policy", *a.TTLS)

@@ -59,6 +59,7 @@ func listSessionsTool() *catalog.Tool {
 		Output: []map[string]any{catalog.OObject(map[string]any{
 			"sessions": catalog.OArray(sessionShape()),
 			"errors":   catalog.OArray(catalog.OObject(map[string]any{"vm": catalog.OString(), "error": catalog.OString()}, "vm", "error")),
+			"lost":     catalog.OArray(catalog.OString()),
 		}, "sessions")},
 	}, runListSessions)
 }
@@ -383,11 +384,17 @@ func runListSessions(e *catalog.Env, c *catalog.Call, _ *catalog.NoArgs) catalog
 		}
 		addGuestViews(vs, gl)
 	}
+	views, lost := leaveOutLost(views)
 	out := map[string]any{"sessions": views}
 	if errs != nil {
 		out["errors"] = errs
 	}
-	r := catalog.Success(out, listSessionsText(views, errs))
+	text := listSessionsText(views, errs)
+	if len(lost) > 0 {
+		out["lost"] = lost
+		text += fmt.Sprintf("\nnot listed: %d session(s) the guest no longer has (lost to a reboot or a snapshot revert): %s", len(lost), strings.Join(lost, ", "))
+	}
+	r := catalog.Success(out, text)
 	r.Detail = strings.Join(details, "; ")
 	return r
 }
@@ -414,6 +421,23 @@ func addGuestViews(views []map[string]any, gl []wire.Session) {
 			v["tracking"] = string(gs.Tracking)
 		}
 	}
+}
+
+// leaveOutLost splits views into the sessions the guest has (or whose
+// guest did not answer) and the ids of those its answer lacks: lost to a
+// reboot or a revert (the guest keeps its sessions' state where neither
+// survives). A session whose create_session has not returned yet may be
+// among them; its id is not the agent's yet.
+func leaveOutLost(views []map[string]any) (kept []map[string]any, lost []string) {
+	kept = views[:0:0]
+	for _, v := range views {
+		if in, asked := v["in_guest"].(bool); asked && !in {
+			lost = append(lost, v["session"].(string))
+			continue
+		}
+		kept = append(kept, v)
+	}
+	return kept, lost
 }
 
 // listSessionsText is list_sessions' text: each session with its members
