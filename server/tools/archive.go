@@ -53,11 +53,7 @@ type dirListArgs struct {
 }
 
 func runDirList(e *catalog.Env, c *catalog.Call, a *dirListArgs) catalog.Result {
-	h, r := e.Guest.HelperFor(c)
-	if r != nil {
-		return *r
-	}
-	p, r := resolveFile(e, c, h, a.Path, false)
+	h, p, r := helperAt(e, c, a.Path, false)
 	if r != nil {
 		return *r
 	}
@@ -136,11 +132,7 @@ type archiveReadArgs struct {
 }
 
 func runArchiveRead(e *catalog.Env, c *catalog.Call, a *archiveReadArgs) catalog.Result {
-	h, r := e.Guest.HelperFor(c)
-	if r != nil {
-		return *r
-	}
-	p, r := resolveFile(e, c, h, a.Path, false)
+	h, p, r := helperAt(e, c, a.Path, false)
 	if r != nil {
 		return *r
 	}

@@ -102,11 +102,7 @@ func runFileRead(e *catalog.Env, c *catalog.Call, a *fileReadArgs) catalog.Resul
 	if err := guestctl.CheckPath("vm_file_read", a.Path); err != nil {
 		return catalog.Failure(catalog.TagInvalid, "path "+catalog.PathProblem(err), true)
 	}
-	h, r := e.Guest.HelperFor(c)
-	if r != nil {
-		return *r
-	}
-	p, r := resolveFile(e, c, h, a.Path, false)
+	h, p, r := helperAt(e, c, a.Path, false)
 	if r != nil {
 		return *r
 	}
@@ -209,11 +205,7 @@ func runFileWrite(e *catalog.Env, c *catalog.Call, a *fileWriteArgs) catalog.Res
 	if r != nil {
 		return *r
 	}
-	h, r := e.Guest.HelperFor(c)
-	if r != nil {
-		return *r
-	}
-	p, r := resolveFile(e, c, h, a.Path, true)
+	h, p, r := helperAt(e, c, a.Path, true)
 	if r != nil {
 		return *r
 	}
@@ -241,6 +233,17 @@ func runFileWrite(e *catalog.Env, c *catalog.Call, a *fileWriteArgs) catalog.Res
 // octalMode is a file mode as people write it ("0644"); a result's mode is
 // the number vm_file_write's mode argument takes (420).
 func octalMode(m uint32) string { return fmt.Sprintf("%04o", m) }
+
+// helperAt is the call's vmgate-guest helper and the path to open for p
+// (resolveFile), or the refusal.
+func helperAt(e *catalog.Env, c *catalog.Call, p string, forWrite bool) (*guestctl.Helper, string, *catalog.Result) {
+	h, r := e.Guest.HelperFor(c)
+	if r != nil {
+		return nil, "", r
+	}
+	real, r := resolveFile(e, c, h, p, forWrite)
+	return h, real, r
+}
 
 // resolveFile is the path to open: p itself, or, when the policy allows
 // following symlinks, the real path the guest resolves p to, which the
