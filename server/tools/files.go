@@ -25,6 +25,10 @@ import (
 // it refuses the file tools rather than fall back to the driver's file
 // channel, which follows symlinks.
 
+// maxOffset bounds an offset: far past any file, and far enough from
+// MaxInt64 that an offset and a length never overflow (the kernel's EINVAL).
+const maxOffset = 1 << 62
+
 func fileReadTool(l catalog.Limits) *catalog.Tool {
 	return catalog.NewTool(catalog.Tool{
 		Name: "vm_file_read", Title: "Read a file", ReadOnly: true, Idempotent: true,
@@ -33,7 +37,7 @@ func fileReadTool(l catalog.Limits) *catalog.Tool {
 			catalog.VMField(true),
 			{Name: "path", Kind: catalog.KindString, Desc: "Absolute, clean path in the guest (no \".\", \"..\", \"//\" or trailing \"/\").", Required: true, MaxLen: 4096, GuestPath: true},
 			{Name: "max_bytes", Kind: catalog.KindInteger, Desc: fmt.Sprintf("Read at most this many bytes from the start; the server caps it at %d. For more, give offset and length instead.", l.MaxOutputBytes), Min: 1, Max: math.MaxInt64},
-			{Name: "offset", Kind: catalog.KindInteger, Desc: "Where the range starts, in bytes (default 0); at or past the end reads nothing, with eof.", Min: 0, Max: math.MaxInt64},
+			{Name: "offset", Kind: catalog.KindInteger, Desc: "Where the range starts, in bytes (default 0; at most 2^62); at or past the end reads nothing, with eof.", Min: 0, Max: maxOffset},
 			{Name: "length", Kind: catalog.KindInteger, Desc: fmt.Sprintf("The most to read from offset; the policy caps one range (files.max_read_bytes, default %d). 0 with hash reads only the hash.", policy.DefaultMaxReadBytes), Min: 0, Max: math.MaxInt64},
 			{Name: "hash", Kind: catalog.KindBoolean, Desc: "Also return sha256, the whole file's SHA-256 (read in the same pass)."},
 		},
@@ -55,7 +59,7 @@ func fileWriteTool() *catalog.Tool {
 			{Name: "content", Kind: catalog.KindString, Desc: "The new content as text.", AllowNUL: true},
 			{Name: "content_base64", Kind: catalog.KindString, Desc: "The new content, base64 encoded."},
 			{Name: "mode", Kind: catalog.KindInteger, Desc: "Permission bits as a number (420 = 0644), as the result's mode reports them (mode_octal spells them \"0644\"). Default: an existing file keeps its mode, a new one gets 0644 or the policy's default.", Min: 0, Max: 0o7777},
-			{Name: "offset", Kind: catalog.KindInteger, Desc: "Write into the existing file at this byte offset (in place; at most its size, so no hole).", Min: 0, Max: math.MaxInt64},
+			{Name: "offset", Kind: catalog.KindInteger, Desc: "Write into the existing file at this byte offset (in place; at most its size, so no hole).", Min: 0, Max: maxOffset},
 			{Name: "append", Kind: catalog.KindBoolean, Desc: "Write at the end of the existing file (in place)."},
 			{Name: "expect_sha256", Kind: catalog.KindString, Desc: "The file's SHA-256 (64 hex digits) as last read: the write is refused if the file is not that any more.", MaxLen: 64},
 			{Name: "hash", Kind: catalog.KindBoolean, Desc: "Also return sha256, the file's SHA-256 after the write."},
