@@ -127,9 +127,7 @@ func TestFileReadBinaryIsBase64(t *testing.T) {
 	} {
 		f := newSessFixture(t, haveBins(), "")
 		f.guest.file = func(argv []string, _ []byte) hypervisor.ExecResult {
-			r := reply(wire.FileRead{FileInfo: wire.FileInfo{Path: flag(argv, "--path"), Exists: true, Type: "file", Mode: 0o755, Size: int64(len(tt.data))}, Bytes: int64(len(tt.data))})
-			r.Stdout = append(append(r.Stdout, '\n'), tt.data...) // --raw: the data after the reply's line
-			return r
+			return replyData(wire.FileRead{FileInfo: wire.FileInfo{Path: flag(argv, "--path"), Exists: true, Type: "file", Mode: 0o755, Size: int64(len(tt.data))}, Bytes: int64(len(tt.data)), EOF: true}, tt.data)
 		}
 		sc := f.as(t, "alice", "vm_file_read", `{"vm":"lab/vm1","path":"/bin/x"}`).Result.StructuredContent
 		_, hasText := sc["content"]

@@ -41,7 +41,10 @@ func TestCatalogue(t *testing.T) {
 		"kill_process":          {destructive: true},
 		"destroy_session":       {destructive: true, idempotent: true},
 		"vm_file_read":          {readOnly: true, idempotent: true},
-		"vm_file_write":         {destructive: true, idempotent: true},
+		"vm_file_write":         {destructive: true}, // append twice appends twice
+		"vm_dir_list":           {readOnly: true, idempotent: true},
+		"vm_archive_read":       {readOnly: true, idempotent: true},
+		"vm_archive_write":      {destructive: true}, // writes files into a guest directory
 		"vm_power":              {destructive: true}, // reboot twice is two reboots
 		"snapshot_list":         {readOnly: true, idempotent: true},
 		"snapshot_create":       {destructive: true}, // a memory snapshot pauses the guest; each call adds one

@@ -82,6 +82,9 @@ func (g *fakeGuest) driver() *hypervisortest.Fake {
 			g.mu.Lock()
 			defer g.mu.Unlock()
 			g.next++
+			if len(req.Argv) > 2 && req.Argv[1] == "--out" { // data output: inline (replyData)
+				req.Argv = append([]string{req.Argv[0]}, req.Argv[3:]...)
+			}
 			g.argvs = append(g.argvs, req.Argv)
 			if req.Cwd != "" {
 				g.cwds = append(g.cwds, "driver:"+req.Cwd)
@@ -108,6 +111,13 @@ func (g *fakeGuest) driver() *hypervisortest.Fake {
 func reply(v any) hypervisor.ExecResult {
 	b, _ := json.Marshal(wire.Reply{OK: true, Result: v})
 	return hypervisor.ExecResult{Exited: true, Stdout: b}
+}
+
+// replyData is the reply of a command with data output (--out auto):
+// the data inline after the reply's line.
+func replyData(v any, data []byte) hypervisor.ExecResult {
+	b, _ := json.Marshal(wire.Reply{OK: true, Result: v, Data: &wire.DataOut{Bytes: int64(len(data))}})
+	return hypervisor.ExecResult{Exited: true, Stdout: append(append(b, '\n'), data...)}
 }
 
 func replyErr(code, reason, msg string) hypervisor.ExecResult {
@@ -202,7 +212,7 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		return reply(res)
 	}
 	switch a[1] {
-	case "file":
+	case "file", "dir", "archive":
 		if g.file != nil {
 			return g.file(a, req.Stdin)
 		}

@@ -80,6 +80,11 @@ type Rules struct {
 	// Quotas and Lease are the policy's for a vm_create call.
 	Quotas []policy.Quota
 	Lease  *policy.LeaseSpec
+	// Verdict and Rule are the call's own decision: an archive entry the
+	// policy would send for approval under the same rule is covered by the
+	// call's approval (tools/archive.go).
+	Verdict policy.Verdict
+	Rule    string
 }
 
 // FileRules are the call's file rules (the defaults for a decision without

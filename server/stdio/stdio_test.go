@@ -40,8 +40,8 @@ func TestServeStdio(t *testing.T) {
 	}
 	io.WriteString(inW, `{"jsonrpc":"2.0","method":"notifications/initialized"}`+"\n")
 	r := exchange(`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
-	if r.Result == nil || len(r.Result.Tools) != 24 {
-		t.Errorf("tools/list has %d tools; want 24 (vm_power hidden)", len(r.Result.Tools))
+	if r.Result == nil || len(r.Result.Tools) != 27 {
+		t.Errorf("tools/list has %d tools; want 27 (vm_power hidden)", len(r.Result.Tools))
 	}
 	if r := exchange(mcptest.ToolCall(3, "vm_status", `{"vm":"lab/vm1"}`)); r.Result == nil || r.Result.IsError || r.Result.StructuredContent["state"] != "running" {
 		t.Errorf("vm_status = %q; want running", r.Text())

@@ -26,6 +26,7 @@ import "github.com/vmgate/vmgate/server/catalog"
 //	processes.go  list_processes, kill_process
 //	sessions.go   create_session, list_sessions, destroy_session
 //	files.go      vm_file_read, vm_file_write
+//	archive.go    vm_dir_list, vm_archive_read, vm_archive_write (entries.go: the policy on every entry)
 //	power.go      vm_power
 //	snapshots.go  snapshot_create, snapshot_list, snapshot_revert, snapshot_delete
 //	observe.go    vm_network, vm_metrics
@@ -35,12 +36,9 @@ import "github.com/vmgate/vmgate/server/catalog"
 //	console.go    vm_console_read, vm_console_write
 //
 // A new tool goes into the file of its family (a new family into a file
-// of its own) and gets its entry here. The families to come:
-// archive.go (vm_dir_list, vm_archive_read, vm_archive_write) through
-// Env.Guest, asking Env.Policy about every entry's path; list_vms's paging
-// in vms.go, exec's sandbox one-shot, wait: false in sessions and since
-// cursor in exec.go and exec_result.go, ranged and atomic files in
-// files.go.
+// of its own) and gets its entry here. The family to come: exec's
+// sandbox one-shot, wait: false in sessions and since cursor in exec.go
+// and exec_result.go.
 func Catalogue(l catalog.Limits) []*catalog.Tool {
 	return []*catalog.Tool{
 		listVMsTool(),
@@ -54,6 +52,9 @@ func Catalogue(l catalog.Limits) []*catalog.Tool {
 		destroySessionTool(),
 		fileReadTool(l),
 		fileWriteTool(),
+		dirListTool(),
+		archiveReadTool(),
+		archiveWriteTool(),
 		powerTool(),
 		snapshotListTool(),
 		snapshotCreateTool(),
