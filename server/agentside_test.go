@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -310,15 +311,68 @@ func TestPowerAlready(t *testing.T) {
 		{"lab/vm1", "start", "lab/vm1 was already running; start did nothing", false},
 		{"lab/vm2", "stop", "lab/vm2 was already stopped; stop did nothing", false},
 		{"lab/vm2", "start", "lab/vm2: start done", true},
-		{"lab/vm1", "reboot", "lab/vm1: reboot done", true},
+		{"lab/vm1", "shutdown", "lab/vm1: shutdown done", true},
 	} {
 		r := f.call(t, "vm_power", fmt.Sprintf(`{"vm":%q,"action":%q}`, c.vm, c.action))
 		if r.Text() != c.text || r.Result.StructuredContent["done"] != c.done {
 			t.Errorf("vm_power %s %s = %q %v; want %q done %v", c.vm, c.action, r.Text(), r.Result.StructuredContent, c.text, c.done)
 		}
 	}
-	if want := []string{"vm2 start", "vm1 reboot"}; fmt.Sprint(powered) != fmt.Sprint(want) {
+	if want := []string{"vm2 start", "vm1 shutdown"}; fmt.Sprint(powered) != fmt.Sprint(want) {
 		t.Errorf("backend power calls = %v; want %v", powered, want)
+	}
+}
+
+// TestPowerRebootWaitsForTheNewBoot: vm_power reboot and reset return
+// once the guest answers with a new boot id (issue 32, finding 11: a
+// reboot answered "done" while the next exec still reached the old boot),
+// and say why they did not wait when the boot id cannot be read first.
+func TestPowerRebootWaitsForTheNewBoot(t *testing.T) {
+	const bootA, bootB = "0b5a3f43-7a0e-4f1c-9a55-5d1e4a4d2a01", "7c2e9d10-33b4-4c8e-8f0e-2b9a6e1d5c02"
+	for _, c := range []struct {
+		name, action string
+		readable     bool
+		text, key    string
+	}{
+		{"reboot", "reboot", true, "lab/vm1: reboot done; the guest runs its new boot", "waited_for"},
+		{"reset", "reset", true, "lab/vm1: reset done; the guest runs its new boot", "waited_for"},
+		{"no boot id", "reboot", false, "lab/vm1: reboot done; not waited for: ", "no_wait"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var calls atomic.Int64
+			var booted atomic.Bool
+			var powered []string
+			drv := hypervisortest.Counting(&calls)
+			drv.ExecStartFunc = func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
+				return hypervisor.ExecHandle{}, fmt.Errorf("fake: %w", hypervisor.ErrCommandDisabled)
+			}
+			drv.FileReadFunc = func(_ context.Context, _, path string, _ int64) (hypervisor.FileContent, error) {
+				switch {
+				case !c.readable || path != hypervisor.BootIDPath:
+					return hypervisor.FileContent{Data: []byte("hello")}, nil
+				case booted.Load():
+					return hypervisor.FileContent{Data: []byte(bootB + "\n")}, nil
+				}
+				return hypervisor.FileContent{Data: []byte(bootA + "\n")}, nil
+			}
+			drv.PowerFunc = func(_ context.Context, vm string, a hypervisor.PowerAction) error {
+				powered = append(powered, vm+" "+string(a))
+				booted.Store(true)
+				return nil
+			}
+			f := newFixture(t, fixtureOpts{driver: drv})
+			r := f.call(t, "vm_power", fmt.Sprintf(`{"vm":"lab/vm1","action":%q}`, c.action))
+			sc := r.Result.StructuredContent
+			if !strings.HasPrefix(r.Text(), c.text) || sc["done"] != true || sc[c.key] == nil {
+				t.Errorf("vm_power %s = %q %v; want %q… done, with %s", c.action, r.Text(), sc, c.text, c.key)
+			}
+			if c.readable && (sc["waited_for"] != hypervisor.WaitedForNewBoot || sc["boot_id_changed"] != true) {
+				t.Errorf("vm_power %s structuredContent = %v; want waited_for %q, boot_id_changed", c.action, sc, hypervisor.WaitedForNewBoot)
+			}
+			if want := []string{"vm1 " + c.action}; fmt.Sprint(powered) != fmt.Sprint(want) {
+				t.Errorf("backend power calls = %v; want %v", powered, want)
+			}
+		})
 	}
 }
 

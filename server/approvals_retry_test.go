@@ -16,7 +16,7 @@ import (
 // recorded without a bare "by:".
 func TestDeniedRetrySaysWhen(t *testing.T) {
 	f := newFixture(t, fixtureOpts{policy: `{"version":"1","default":"deny","tools":{"vm_power":{"action":"approve","approval":{"ttl":"15m"}}}}`})
-	args := `{"vm":"lab/vm1","action":"reboot"}`
+	args := `{"vm":"lab/vm1","action":"shutdown"}`
 	id, _ := f.call(t, "vm_power", args).Result.StructuredContent["approval_id"].(string)
 	if id == "" {
 		t.Fatal("the first call parked no approval")

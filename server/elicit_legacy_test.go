@@ -94,7 +94,7 @@ func (c *elicitPeer) next(wait time.Duration) map[string]any {
 	}
 }
 
-const powerCall = `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"vm_power","arguments":{"vm":"lab/vm1","action":"reboot"}}}`
+const powerCall = `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"vm_power","arguments":{"vm":"lab/vm1","action":"shutdown"}}}`
 
 // callRecords are the audit records of one call, by kind.
 func callRecords(recs []audit.Record, tool string) (decisions []audit.Record, outcome *audit.Record) {
@@ -310,7 +310,7 @@ func TestLegacyClientApprovalHTTP(t *testing.T) {
 			}
 			req := mcp.CallToolRequest{}
 			req.Params.Name = "vm_power"
-			req.Params.Arguments = map[string]any{"vm": "lab/vm1", "action": "reboot"}
+			req.Params.Arguments = map[string]any{"vm": "lab/vm1", "action": "shutdown"}
 			res, err := c.CallTool(ctx, req)
 			if err != nil {
 				t.Fatalf("CallTool: %v", err)

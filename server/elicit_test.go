@@ -77,11 +77,11 @@ func ask(t *testing.T, f *fixture, action string) string {
 
 func TestClientApprovalAccepted(t *testing.T) {
 	f := newFixture(t, fixtureOpts{policy: clientApprovalPolicy})
-	state := ask(t, f, "reboot")
+	state := ask(t, f, "shutdown")
 	if n := f.calls.Load(); n != 0 {
 		t.Fatalf("driver calls before the answer = %d; want 0", n)
 	}
-	r := sendRaw(t, f, "local", powerParams("reboot", answer(state, approveYes)))
+	r := sendRaw(t, f, "local", powerParams("shutdown", answer(state, approveYes)))
 	if r.Result.IsError || r.Result.ResultType == "input_required" {
 		t.Fatalf("approved retry = %q (%+v); want success", r.Text(), r.Result)
 	}
@@ -89,7 +89,7 @@ func TestClientApprovalAccepted(t *testing.T) {
 		t.Errorf("driver calls after the approved retry = %d; want 1", n)
 	}
 	// The same state again: single use.
-	r = sendRaw(t, f, "local", powerParams("reboot", answer(state, approveYes)))
+	r = sendRaw(t, f, "local", powerParams("shutdown", answer(state, approveYes)))
 	if !r.Result.IsError || !strings.HasPrefix(r.Text(), TagDenied+" ") {
 		t.Errorf("replayed state = %q; want %s", r.Text(), TagDenied)
 	}
@@ -122,44 +122,44 @@ func TestClientApprovalRefused(t *testing.T) {
 		params  func(t *testing.T, f *fixture) string
 		wantTag string
 	}{
-		{"legacy client", func(t *testing.T, f *fixture) string { return powerParams("reboot", "") }, TagDenied},
+		{"legacy client", func(t *testing.T, f *fixture) string { return powerParams("shutdown", "") }, TagDenied},
 		{"no elicitation capability", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}`)
+			return powerParams("shutdown", `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}`)
 		}, TagDenied},
 		{"decline", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(ask(t, f, "reboot"), `{"action":"decline"}`))
+			return powerParams("shutdown", answer(ask(t, f, "shutdown"), `{"action":"decline"}`))
 		}, TagDenied},
 		{"cancel", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(ask(t, f, "reboot"), `{"action":"cancel"}`))
+			return powerParams("shutdown", answer(ask(t, f, "shutdown"), `{"action":"cancel"}`))
 		}, TagDenied},
 		{"accept without approve", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(ask(t, f, "reboot"), `{"action":"accept","content":{"approve":false}}`))
+			return powerParams("shutdown", answer(ask(t, f, "shutdown"), `{"action":"accept","content":{"approve":false}}`))
 		}, TagDenied},
 		{"approve as string", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(ask(t, f, "reboot"), `{"action":"accept","content":{"approve":"true"}}`))
+			return powerParams("shutdown", answer(ask(t, f, "shutdown"), `{"action":"accept","content":{"approve":"true"}}`))
 		}, TagDenied},
 		{"no answer", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", fmt.Sprintf(`%s,"requestState":%q`, modernMeta, ask(t, f, "reboot")))
+			return powerParams("shutdown", fmt.Sprintf(`%s,"requestState":%q`, modernMeta, ask(t, f, "shutdown")))
 		}, TagDenied},
 		{"state of other arguments", func(t *testing.T, f *fixture) string {
-			return powerParams("stop", answer(ask(t, f, "reboot"), approveYes))
+			return powerParams("stop", answer(ask(t, f, "shutdown"), approveYes))
 		}, TagDenied},
 		{"tampered state", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(tamper(ask(t, f, "reboot")), approveYes))
+			return powerParams("shutdown", answer(tamper(ask(t, f, "shutdown")), approveYes))
 		}, TagDenied},
 		{"forged state", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(`eyJnIjoibG9jYWwifQ.AAAA`, approveYes))
+			return powerParams("shutdown", answer(`eyJnIjoibG9jYWwifQ.AAAA`, approveYes))
 		}, TagDenied},
 		{"expired state", func(t *testing.T, f *fixture) string {
-			s := ask(t, f, "reboot")
+			s := ask(t, f, "shutdown")
 			f.advance(3 * time.Minute)
-			return powerParams("reboot", answer(s, approveYes))
+			return powerParams("shutdown", answer(s, approveYes))
 		}, TagDenied},
 		{"round trip on a tool without client approval", func(t *testing.T, f *fixture) string {
-			return `"name":"vm_status","arguments":{"vm":"lab/vm1"},` + answer(ask(t, f, "reboot"), approveYes)
+			return `"name":"vm_status","arguments":{"vm":"lab/vm1"},` + answer(ask(t, f, "shutdown"), approveYes)
 		}, TagInvalid},
 		{"unknown param next to a round trip", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(ask(t, f, "reboot"), approveYes)+`,"approved":true`)
+			return powerParams("shutdown", answer(ask(t, f, "shutdown"), approveYes)+`,"approved":true`)
 		}, TagInvalid},
 	}
 	for _, tt := range tests {
@@ -180,11 +180,11 @@ func TestClientApprovalRefused(t *testing.T) {
 // for another, even with a policy that asks the client too.
 func TestClientApprovalStateBoundToGrant(t *testing.T) {
 	f := newFixture(t, fixtureOpts{policy: clientApprovalPolicy})
-	state := ask(t, f, "reboot")
-	if _, err := f.s.elicitStates.open(state, "other", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err == nil {
+	state := ask(t, f, "shutdown")
+	if _, err := f.s.elicitStates.open(state, "other", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "shutdown"}), time.Unix(0, f.now.Load())); err == nil {
 		t.Errorf("openState for grant other succeeded; want ErrBadRequestState")
 	}
-	if _, err := f.s.elicitStates.open(state, "local", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err != nil {
+	if _, err := f.s.elicitStates.open(state, "local", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "shutdown"}), time.Unix(0, f.now.Load())); err != nil {
 		t.Errorf("openState for its own call = %v; want nil", err)
 	}
 }

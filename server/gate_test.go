@@ -305,7 +305,7 @@ func TestRateLimit(t *testing.T) {
 
 func TestApprovalRoundTrip(t *testing.T) {
 	f := newFixture(t, fixtureOpts{policy: `{"version":"1","default":"deny","tools":{"vm_power":{"action":"approve","approval":{"ttl":"15m"}}}}`})
-	args := `{"vm":"lab/vm1","action":"reboot"}`
+	args := `{"vm":"lab/vm1","action":"shutdown"}`
 	r := f.call(t, "vm_power", args)
 	if !mcptest.HasTag(r, TagApproval) {
 		t.Fatalf("first call = %q; want %s", r.Text(), TagApproval)
@@ -345,7 +345,7 @@ func TestApprovalRoundTrip(t *testing.T) {
 
 func TestShadowModeAllowsAndAudits(t *testing.T) {
 	f := newFixture(t, fixtureOpts{policy: `{"version":"1","default":"deny","tools":{"vm_power":{"action":"deny","mode":"shadow"}}}`})
-	r := f.call(t, "vm_power", `{"vm":"lab/vm1","action":"reboot"}`)
+	r := f.call(t, "vm_power", `{"vm":"lab/vm1","action":"shutdown"}`)
 	if r.Result == nil || r.Result.IsError {
 		t.Fatalf("shadowed write = %q; want success", r.Text())
 	}

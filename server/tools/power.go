@@ -3,6 +3,7 @@ package tools
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/server/catalog"
@@ -17,13 +18,15 @@ func powerTool() *catalog.Tool {
 	return catalog.NewTool(catalog.Tool{
 		Name: "vm_power", Title: "Power a VM", Destructive: true,
 		Desc: "Change a VM's power state: shutdown (ACPI, guest may refuse), reboot, reset (hard), stop (hard off), start. " +
-			"start on a running VM and stop on a stopped one do nothing and say so (done: false).",
+			"start on a running VM and stop on a stopped one do nothing and say so (done: false). " +
+			"reboot and reset return once the guest runs its new boot (waited_for: \"new boot\"), or say why they did not wait (no_wait).",
 		Fields: []catalog.Field{
 			catalog.VMField(true),
 			{Name: "action", Kind: catalog.KindString, Desc: "shutdown, reboot, reset, stop or start.", Required: true, Enum: powerActions()},
 		},
 		Output: []map[string]any{catalog.OObject(map[string]any{
 			"vm": catalog.OString(), "action": catalog.OString(), "done": catalog.OBoolean(), "state": catalog.OString(),
+			"waited_for": catalog.OString(), "boot_id_changed": catalog.OBoolean(), "no_wait": catalog.OString(),
 		}, "vm", "action", "done")},
 	}, runPower)
 }
@@ -51,10 +54,34 @@ func runPower(e *catalog.Env, c *catalog.Call, a *powerArgs) catalog.Result {
 	if r, done := powerAlready(e, c, action); done {
 		return r
 	}
-	if err := c.Driver.Power(c.Ctx, c.Name, action); err != nil {
+	// A reboot or reset returns once the guest runs its new boot (or says
+	// why it did not wait), so that the next call reaches the new boot
+	// (hypervisor.PowerWait); the other actions are the driver's Power.
+	o, err := hypervisor.PowerWait(c.Ctx, c.Driver, c.Name, action)
+	if err != nil {
 		return catalog.DriverFailure(err)
 	}
-	return catalog.Success(map[string]any{"vm": c.VM, "action": string(action), "done": true}, fmt.Sprintf("%s: %s done", c.VM, action))
+	out := map[string]any{"vm": c.VM, "action": string(action), "done": true}
+	text := fmt.Sprintf("%s: %s done", c.VM, action)
+	switch {
+	case o.WaitedFor != "":
+		out["waited_for"], out["boot_id_changed"] = o.WaitedFor, o.BootIDChanged
+		text += "; the guest runs its new boot"
+	case o.NoWait != "":
+		out["no_wait"] = o.NoWait
+		text += "; not waited for: " + o.NoWait + " (the next call may still reach the old boot or find the guest down)"
+	}
+	return catalog.Success(out, text)
+}
+
+// Deadline: a reboot or reset waits for the guest's new boot, which a TCG
+// guest on a loaded machine may take minutes to reach, as vm_create's
+// boot does (catalog.Deadliner).
+func (a *powerArgs) Deadline(e *catalog.Env) time.Duration {
+	if a.Action == string(hypervisor.PowerReboot) || a.Action == string(hypervisor.PowerReset) {
+		return e.Timeouts.Create
+	}
+	return e.Timeouts.Call
 }
 
 // powerAlready answers start on a running VM and stop on a stopped one
