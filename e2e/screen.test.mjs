@@ -25,23 +25,29 @@ function ocr(png) {
   });
 }
 
-// ocrFound: some stretch of a line (spaces left out) within two misread
-// letters of token, as hypervisortest's OCR checks allow.
+// ocrFound: some stretch of a line (spaces left out) within an edit
+// distance of two of token (a letter changed, added or dropped), as
+// hypervisortest's OCR checks allow (Sellers' algorithm).
 function ocrFound(seen, token) {
   for (let line of seen.toLowerCase().split('\n')) {
     line = line.replaceAll(' ', '');
-    for (let i = 0; i + token.length <= line.length; i++) {
-      let diff = 0;
-      for (let j = 0; j < token.length && diff <= 2; j++) if (line[i + j] !== token[j]) diff++;
-      if (diff <= 2) return true;
+    let prev = new Array(line.length + 1).fill(0);
+    for (let i = 1; i <= token.length; i++) {
+      const cur = [i];
+      for (let j = 1; j <= line.length; j++) {
+        cur[j] = Math.min(prev[j - 1] + (token[i - 1] === line[j - 1] ? 0 : 1), prev[j] + 1, cur[j - 1] + 1);
+      }
+      prev = cur;
     }
+    if (Math.min(...prev) <= 2) return true;
   }
   return false;
 }
 
-// ocrToken: letters OCR does not confuse on a VGA console (no i, l, o).
+// ocrToken: letters OCR does not confuse on a VGA console (none of i l o,
+// nor g q y u v w m n, which it reads as one another or splits).
 function ocrToken() {
-  const letters = 'abcdefghjkmnpqrstuvwxyz';
+  const letters = 'abcdefhjkprstxz';
   return 'vmgate' + [...randomBytes(7)].map((b) => letters[b % letters.length]).join('');
 }
 
