@@ -65,7 +65,7 @@ func bareListVMs(drv hypervisor.Driver) *mcpserver.MCPServer {
 			fmt.Fprintf(&b, "\n%s %s", e.ID, e.State)
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{mcp.NewTextContent(b.String())},
-			StructuredContent: map[string]any{"vms": vms}}, nil
+			StructuredContent: map[string]any{"vms": vms, "total": len(list)}}, nil
 	})
 	return s
 }
