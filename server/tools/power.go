@@ -78,7 +78,7 @@ func runPower(e *catalog.Env, c *catalog.Call, a *powerArgs) catalog.Result {
 // guest on a loaded machine may take minutes to reach, as vm_create's
 // boot does (catalog.Deadliner).
 func (a *powerArgs) Deadline(e *catalog.Env) time.Duration {
-	if a.Action == string(hypervisor.PowerReboot) || a.Action == string(hypervisor.PowerReset) {
+	if hypervisor.BootsAnew(hypervisor.PowerAction(a.Action)) {
 		return e.Timeouts.Create
 	}
 	return e.Timeouts.Call
