@@ -1,6 +1,7 @@
 package server
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -272,6 +273,71 @@ func TestFileResultsFitOneMessage(t *testing.T) {
 			}
 			if !bytes.Equal(got, tc.data[:n]) {
 				t.Errorf("content is not the file's first %d bytes", n)
+			}
+		})
+	}
+}
+
+// TestArchiveReadFitsOneMessage: vm_archive_read returns a tar only when
+// its result fits one message. Without gzip the guest is asked for no more
+// content than that (--max-bytes); a tar that fits in content but not with
+// its headers, and the guest's refusal of more content, are refused saying
+// how to take the tree in parts. With gzip the policy's cap stays (the tar
+// may shrink); a small tree comes back within the limit.
+func TestArchiveReadFitsOneMessage(t *testing.T) {
+	limit := catalog.DefaultLimits().MaxMessageBytes
+	fitting := int64(limit-64<<10) / 4 * 3
+	files := func(n int) []byte { // n files of 4 KiB
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for i := range n {
+			tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("f%d", i), Size: 4 << 10, Mode: 0o644})
+			tw.Write(make([]byte, 4<<10))
+		}
+		tw.Close()
+		return buf.Bytes()
+	}
+	big := files(1500) // 6 MB of content, 6.9 MB of tar
+	overCap := func(argv []string, stdin []byte) hypervisor.ExecResult {
+		return replyErr(wire.CodeRefused, wire.ReasonLimit, "archive read: refused: /srv/out is over the archive's limits: f7 takes the content past "+flag(argv, "--max-bytes")+" bytes (ask for a subdirectory or larger limits)")
+	}
+	tests := []struct {
+		name, args string
+		guest      func([]string, []byte) hypervisor.ExecResult
+		maxBytes   string // what the guest was asked for
+		ok         bool
+	}{
+		{"a tar over the message", `{"vm":"lab/vm1","path":"/srv/out"}`, guestArchive(big), strconv.FormatInt(fitting, 10), false},
+		{"content over the message", `{"vm":"lab/vm1","path":"/srv/out"}`, overCap, strconv.FormatInt(fitting, 10), false},
+		{"gzip keeps the policy's cap", `{"vm":"lab/vm1","path":"/srv/out","gzip":true}`, guestArchive(big), strconv.Itoa(64 << 20), false},
+		{"a small tree", `{"vm":"lab/vm1","path":"/srv/out"}`, guestArchive(files(100)), strconv.FormatInt(fitting, 10), true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newSessFixture(t, haveBins(), "")
+			f.guest.file = tc.guest
+			raw := mcptest.ToolCall(1, "vm_archive_read", tc.args)
+			out := f.s.Handle(context.Background(), &Conn{Grant: f.s.grants["alice"], Transport: "stdio"}, []byte(raw))
+			if len(out) > limit {
+				t.Fatalf("vm_archive_read answered %d bytes; want at most the message limit %d", len(out), limit)
+			}
+			var r mcptest.Reply
+			if err := json.Unmarshal(out, &r); err != nil {
+				t.Fatal(err)
+			}
+			if got := flag(lastArgv(f, "archive"), "--max-bytes"); got != tc.maxBytes {
+				t.Errorf("the guest was asked for --max-bytes %s; want %s", got, tc.maxBytes)
+			}
+			if tc.ok {
+				if r.Result == nil || r.Result.IsError {
+					t.Errorf("vm_archive_read = %.300q; want the tar", r.Text())
+				}
+				return
+			}
+			for _, says := range []string{"more than one result carries", "subdirectories one at a time"} {
+				if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), says) {
+					t.Errorf("vm_archive_read = %.300q; want %s saying %q", r.Text(), TagInvalid, says)
+				}
 			}
 		})
 	}
