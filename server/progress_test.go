@@ -1,10 +1,8 @@
 package server
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"io"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -36,18 +34,7 @@ func TestProgressNotifications(t *testing.T) {
 	f := newFixture(t, fixtureOpts{driver: drv})
 	f.s.progressEvery = 100 * time.Millisecond
 
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	go func() { serveStdio(context.Background(), f.s, "local", inR, outW); outW.Close() }()
-	t.Cleanup(func() { inW.Close() })
-	lines := bufio.NewScanner(outR)
-	lines.Buffer(nil, 1<<20)
-	send := func(msg string) {
-		t.Helper()
-		if _, err := io.WriteString(inW, msg+"\n"); err != nil {
-			t.Fatalf("write: %v", err)
-		}
-	}
+	send, lines := stdioPipe(t, f.s, "local")
 	// readUntil reads messages up to the response with id, returning the
 	// progress notifications seen before it.
 	type progress struct {

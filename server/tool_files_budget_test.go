@@ -136,6 +136,24 @@ func newStagingFixture(t *testing.T, data []byte, noted chan struct{}) *sessFixt
 	return f
 }
 
+// stdioPipe serves grant on s over an in-memory stdio stream: send writes
+// one message, lines reads what the server writes (up to 64 MiB a line).
+func stdioPipe(t *testing.T, s *Server, grant string) (send func(string), lines *bufio.Scanner) {
+	t.Helper()
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	go func() { serveStdio(context.Background(), s, grant, inR, outW); outW.Close() }()
+	t.Cleanup(func() { inW.Close() })
+	lines = bufio.NewScanner(outR)
+	lines.Buffer(nil, 64<<20)
+	return func(msg string) {
+		t.Helper()
+		if _, err := io.WriteString(inW, msg+"\n"); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	}, lines
+}
+
 // TestFileProgressByBytes: a vm_file_read and a vm_file_write whose data
 // moves in staging pieces, over stdio with a progress token, get progress
 // notifications in bytes — progress increasing, total the data's size —
@@ -145,18 +163,7 @@ func TestFileProgressByBytes(t *testing.T) {
 	noted := make(chan struct{}, 64)
 	f := newStagingFixture(t, data, noted)
 	f.s.progressEvery = time.Hour // only pieces report
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	go func() { serveStdio(context.Background(), f.s, "alice", inR, outW); outW.Close() }()
-	t.Cleanup(func() { inW.Close() })
-	lines := bufio.NewScanner(outR)
-	lines.Buffer(nil, 64<<20)
-	send := func(msg string) {
-		t.Helper()
-		if _, err := io.WriteString(inW, msg+"\n"); err != nil {
-			t.Fatalf("write: %v", err)
-		}
-	}
+	send, lines := stdioPipe(t, f.s, "alice")
 	type note struct {
 		Method string          `json:"method"`
 		ID     json.RawMessage `json:"id"`
