@@ -14,6 +14,7 @@ import (
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket"
 
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
@@ -54,9 +55,12 @@ type Driver struct {
 	// replace it. consMu guards consoles; consWG counts the streams'
 	// goroutines (console.go).
 	dialConsole func() (consoleConn, error)
-	consMu      sync.Mutex
-	consoles    map[string]*console
-	consWG      sync.WaitGroup
+	// streamDialer connects a screenshot's own RPC connection
+	// (rpcstream.go); tests replace it.
+	streamDialer socket.Dialer
+	consMu       sync.Mutex
+	consoles     map[string]*console
+	consWG       sync.WaitGroup
 }
 
 var (
@@ -123,6 +127,7 @@ func New(cfg Config) (*Driver, error) {
 	d.Exec = d.core.Exec()
 	d.dial = func() (conn, error) { return dialLibvirt(ep, cfg.DialTimeout) }
 	d.consoles = map[string]*console{}
+	d.streamDialer = dialer{ep: ep, timeout: cfg.DialTimeout}
 	d.dialConsole = func() (consoleConn, error) {
 		c, err := dialLibvirt(ep, cfg.DialTimeout)
 		if err != nil {
