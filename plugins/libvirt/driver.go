@@ -50,8 +50,7 @@ type Driver struct {
 	// name, so that starting one again says ErrNotSupported, not unknown VM.
 	destroyed map[string]string // name -> UUID
 
-	// dialConsole opens a connection for one stream (a console, a
-	// screenshot); tests
+	// dialConsole opens a connection for one console stream; tests
 	// replace it. consMu guards consoles; consWG counts the streams'
 	// goroutines (console.go).
 	dialConsole func() (consoleConn, error)
@@ -129,16 +128,9 @@ func New(cfg Config) (*Driver, error) {
 	d.consoles = map[string]*console{}
 	d.streamDialer = dialer{ep: ep, timeout: cfg.DialTimeout}
 	d.dialConsole = func() (consoleConn, error) {
-		c, err := dialLibvirt(ep, cfg.DialTimeout)
-		if err != nil {
-			return nil, err
-		}
-		cc, ok := c.(consoleConn)
-		if !ok {
-			c.Disconnect()
-			return nil, fmt.Errorf("connection %T has no console streams", c)
-		}
-		return cc, nil
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout)
+		defer cancel()
+		return dialStream(ctx, d.streamDialer, ep.name)
 	}
 	return d, nil
 }

@@ -34,13 +34,14 @@ import (
 
 // Procedures and types of libvirt's remote program (remote_protocol.x).
 const (
-	remoteProgram        = 0x20008086 // REMOTE_PROGRAM
-	procConnectOpen      = 1          // REMOTE_PROC_CONNECT_OPEN
-	procAuthList         = 66         // REMOTE_PROC_AUTH_LIST
-	procAuthPolkit       = 70         // REMOTE_PROC_AUTH_POLKIT
-	procDomainScreenshot = 211        // REMOTE_PROC_DOMAIN_SCREENSHOT
-	authNone             = 0          // REMOTE_AUTH_NONE
-	authPolkit           = 2          // REMOTE_AUTH_POLKIT
+	remoteProgram         = 0x20008086 // REMOTE_PROGRAM
+	procConnectOpen       = 1          // REMOTE_PROC_CONNECT_OPEN
+	procAuthList          = 66         // REMOTE_PROC_AUTH_LIST
+	procAuthPolkit        = 70         // REMOTE_PROC_AUTH_POLKIT
+	procDomainOpenConsole = 201        // REMOTE_PROC_DOMAIN_OPEN_CONSOLE
+	procDomainScreenshot  = 211        // REMOTE_PROC_DOMAIN_SCREENSHOT
+	authNone              = 0          // REMOTE_AUTH_NONE
+	authPolkit            = 2          // REMOTE_AUTH_POLKIT
 )
 
 // rpcPacket is one packet a streamConn received.
@@ -228,6 +229,40 @@ func (c *streamConn) readStream(ctx context.Context, stall time.Duration, w io.W
 	}
 }
 
+// DomainOpenConsoleBidirectional opens dom's console (dev, or the first
+// one) and runs its stream both ways until it ends: what the guest
+// writes goes to in, what out gives goes to the guest. It returns when
+// the stream ends, fails or the connection closes. Its sender goroutine
+// ends when out's Read fails: the caller closes out after the return
+// (console.go closes its pipe).
+func (c *streamConn) DomainOpenConsoleBidirectional(dom golibvirt.Domain, dev golibvirt.OptString, out io.Reader, in io.Writer, flags uint32) error {
+	var args bytes.Buffer
+	putDomain(&args, dom)
+	if len(dev) > 0 {
+		xdrPutUint32(&args, 1)
+		xdrPutString(&args, dev[0])
+	} else {
+		xdrPutUint32(&args, 0)
+	}
+	xdrPutUint32(&args, flags)
+	ctx := context.Background()
+	if _, err := c.call(ctx, procDomainOpenConsole, args.Bytes()); err != nil {
+		return err
+	}
+	serial := c.serial
+	abort := make(chan bool, 1)
+	go func() { _ = c.s.SendStream(serial, procDomainOpenConsole, remoteProgram, out, abort) }()
+	err := c.readStream(ctx, 0, in)
+	abort <- true
+	return err
+}
+
+// Disconnect closes the connection (consoleConn).
+func (c *streamConn) Disconnect() error {
+	c.close()
+	return nil
+}
+
 // decodeRemoteError reads a remote_error's code and message
 // (virnetprotocol.x: int code; int domain; remote_string message; …)
 // as go-libvirt's Error, so the driver's error mapping applies.
@@ -254,12 +289,17 @@ func decodeRemoteError(b []byte) error {
 // (remote_nonnull_domain: name, uuid, id), screen and flags.
 func screenshotArgs(dom golibvirt.Domain, screen, flags uint32) []byte {
 	var b bytes.Buffer
-	xdrPutString(&b, dom.Name)
-	b.Write(dom.UUID[:])
-	xdrPutUint32(&b, uint32(dom.ID))
+	putDomain(&b, dom)
 	xdrPutUint32(&b, screen)
 	xdrPutUint32(&b, flags)
 	return b.Bytes()
+}
+
+// putDomain encodes a remote_nonnull_domain: name, uuid, id.
+func putDomain(b *bytes.Buffer, dom golibvirt.Domain) {
+	xdrPutString(b, dom.Name)
+	b.Write(dom.UUID[:])
+	xdrPutUint32(b, uint32(dom.ID))
 }
 
 // screenshotMime decodes remote_domain_screenshot_ret (remote_string mime).

@@ -21,6 +21,21 @@ type fakeLibvirtd struct {
 	authTypes  []uint32
 	screenshot func(serial int32) [][]byte // packets after the call
 	calls      []uint32                    // procedures called, in order
+	last       []byte                      // the last packet's body
+}
+
+// streamed answers a console's input packet: it echoes the data, and
+// ends the stream (an empty CONTINUE, then OK) on "exit\n".
+func (f *fakeLibvirtd) streamed(serial int32, body []byte, conn net.Conn) {
+	const proc = procDomainOpenConsole
+	out := [][]byte{packet(proc, socket.Stream, socket.StatusContinue, serial, body)}
+	if string(body) == "exit\n" {
+		out = append(out, packet(proc, socket.Stream, socket.StatusContinue, serial, nil),
+			packet(proc, socket.Stream, socket.StatusOK, serial, nil))
+	}
+	for _, p := range out {
+		conn.Write(p)
+	}
 }
 
 // pipeDialer hands out the client end of one in-memory connection.
@@ -47,8 +62,14 @@ func (f *fakeLibvirtd) serve(conn net.Conn) {
 		n := binary.BigEndian.Uint32(head)
 		proc := binary.BigEndian.Uint32(head[12:])
 		serial := int32(binary.BigEndian.Uint32(head[20:]))
-		if _, err := io.CopyN(io.Discard, conn, int64(n)-28); err != nil {
+		f.last = make([]byte, int(n)-28)
+		if _, err := io.ReadFull(conn, f.last); err != nil {
 			return
+		}
+		typ := binary.BigEndian.Uint32(head[16:])
+		if typ == socket.Stream {
+			f.streamed(serial, f.last, conn)
+			continue
 		}
 		f.calls = append(f.calls, proc)
 		var out [][]byte
@@ -64,6 +85,11 @@ func (f *fakeLibvirtd) serve(conn net.Conn) {
 			out = [][]byte{packet(proc, socket.Reply, socket.StatusOK, serial, nil)}
 		case procDomainScreenshot:
 			out = f.screenshot(serial)
+		case procDomainOpenConsole:
+			out = [][]byte{
+				packet(proc, socket.Reply, socket.StatusOK, serial, nil),
+				packet(proc, socket.Stream, socket.StatusContinue, serial, []byte("login: ")),
+			}
 		}
 		for _, p := range out {
 			if _, err := conn.Write(p); err != nil {
@@ -168,3 +194,42 @@ func TestScreenshotStream(t *testing.T) {
 }
 
 func equalU32(a, b []uint32) bool { return slices.Equal(a, b) }
+
+// TestConsoleStream runs a console both ways over streamConn against the
+// fake libvirtd: the guest's output and the echo of the input arrive in
+// order, and the stream's end (the sequence go-libvirt hangs on) returns.
+func TestConsoleStream(t *testing.T) {
+	client, server := net.Pipe()
+	f := &fakeLibvirtd{authTypes: []uint32{authNone}}
+	served := make(chan struct{})
+	go func() { defer close(served); f.serve(server) }()
+	c, err := dialStream(context.Background(), pipeDialer{client}, "qemu:///system")
+	if err != nil {
+		t.Fatalf("dialStream() error: %v", err)
+	}
+	outR, outW := io.Pipe()
+	inR, inW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- c.DomainOpenConsoleBidirectional(golibvirt.Domain{Name: "vm1"}, nil, outR, inW, 0)
+		inW.Close()
+	}()
+	var got bytes.Buffer
+	read := make(chan error, 1)
+	go func() { _, err := io.Copy(&got, inR); read <- err }()
+	for _, line := range []string{"ls\n", "exit\n"} {
+		if _, err := outW.Write([]byte(line)); err != nil {
+			t.Fatalf("console input %q: %v", line, err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("DomainOpenConsoleBidirectional() = %v; want nil at the stream's end", err)
+	}
+	<-read
+	outR.CloseWithError(errors.New("closed")) // the sender goroutine's end, as console.go does
+	c.Disconnect()
+	<-served
+	if want := "login: ls\nexit\n"; got.String() != want {
+		t.Fatalf("console output = %q; want %q", got.String(), want)
+	}
+}
