@@ -349,3 +349,24 @@ func TestArchiveReadFitsOneMessage(t *testing.T) {
 		})
 	}
 }
+
+// TestTooLargeWriteSaysHow: a vm_file_write or vm_archive_write message
+// over the message limit is refused saying how the data goes in messages
+// that fit; nothing reaches the guest.
+func TestTooLargeWriteSaysHow(t *testing.T) {
+	limit := catalog.DefaultLimits().MaxMessageBytes
+	b64 := strings.Repeat("A", limit)
+	for tool, says := range map[string]string{
+		"vm_file_write":    "the others with append or offset",
+		"vm_archive_write": "several tars",
+	} {
+		f := newSessFixture(t, haveBins(), "")
+		r := f.as(t, "alice", tool, `{"vm":"lab/vm1","path":"/tmp/x","content_base64":"`+b64+`"}`)
+		if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "exceeds the limit") || !strings.Contains(r.Text(), says) {
+			t.Errorf("%s of %d bytes = %.300q; want %s naming the limit and saying %q", tool, limit, r.Text(), TagInvalid, says)
+		}
+		if len(f.guest.argvs) != 0 {
+			t.Errorf("%s over the limit ran %q in the guest; want nothing", tool, f.guest.argvs)
+		}
+	}
+}
