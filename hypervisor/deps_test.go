@@ -102,6 +102,12 @@ var depRules = []depRule{
 		forbidden:  func(dep string, ours bool) bool { return ours || !standard(dep) },
 	},
 	{
+		name:       "guest/mux (the helper's framing, shared by drivers and the guest) imports only the standard library",
+		applies:    func(pkg string) bool { return pkg == "guest/mux" },
+		transitive: true,
+		forbidden:  func(dep string, ours bool) bool { return ours || !standard(dep) },
+	},
+	{
 		name:       "hypervisor imports no package of ours outside hypervisor/",
 		applies:    func(pkg string) bool { return pkg == "hypervisor" },
 		transitive: true,

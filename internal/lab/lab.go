@@ -4,6 +4,7 @@
 //
 //	qmp.sock    QMP monitor
 //	qga.sock    QEMU guest agent (virtio-serial port org.qemu.guest_agent.0)
+//	guest.sock  vmgate-guest's resident helper (virtio-serial port org.vmgate.guest.0)
 //	qemu.pid    written by QEMU
 //	qemu.log    QEMU's own stderr
 //	serial.log  the guest console
@@ -73,11 +74,17 @@ const DefaultBootTimeout = 120 * time.Second
 const (
 	QMPSocketName = "qmp.sock"
 	QGASocketName = "qga.sock"
-	PIDFileName   = "qemu.pid"
-	SerialLogName = "serial.log"
-	QEMULogName   = "qemu.log"
-	StateFileName = "vm.json"
+	// HelperSocketName is the host end of the virtio-serial port
+	// HelperPortName, on which vmgate-guest's resident helper listens.
+	HelperSocketName = "guest.sock"
+	PIDFileName      = "qemu.pid"
+	SerialLogName    = "serial.log"
+	QEMULogName      = "qemu.log"
+	StateFileName    = "vm.json"
 )
+
+// HelperPortName is the virtio-serial port of vmgate-guest's resident helper.
+const HelperPortName = "org.vmgate.guest.0"
 
 // DefaultStateDir is $VMGATE_STATE_DIR, else $XDG_STATE_HOME/vmgate, else
 // ~/.local/state/vmgate.
@@ -119,6 +126,10 @@ type Spec struct {
 	DiskMB int
 	// CPUs is the number of virtual CPUs; 0 means 1.
 	CPUs int
+	// NoHelperPort leaves out the resident helper's virtio-serial port
+	// (HelperPortName): such a guest is served by a vmgate-guest process
+	// per command.
+	NoHelperPort bool
 }
 
 // State is what List reports about a VM.
@@ -132,16 +143,18 @@ const (
 
 // VM is a lab VM. The exported fields are what vm.json stores.
 type VM struct {
-	Name       string    `json:"name"`
-	PID        int       `json:"pid"`
-	Argv       []string  `json:"argv"`
-	Dir        string    `json:"dir"`
-	QMPSocket  string    `json:"qmp_socket"`
-	QGASocket  string    `json:"qga_socket"`
-	SerialLog  string    `json:"serial_log"`
-	Started    time.Time `json:"started"`
-	ImageHash  string    `json:"image_hash"`
-	Daemonized bool      `json:"daemonized"`
+	Name      string   `json:"name"`
+	PID       int      `json:"pid"`
+	Argv      []string `json:"argv"`
+	Dir       string   `json:"dir"`
+	QMPSocket string   `json:"qmp_socket"`
+	QGASocket string   `json:"qga_socket"`
+	// HelperSocket is the host end of the helper's port, "" without one.
+	HelperSocket string    `json:"helper_socket,omitempty"`
+	SerialLog    string    `json:"serial_log"`
+	Started      time.Time `json:"started"`
+	ImageHash    string    `json:"image_hash"`
+	Daemonized   bool      `json:"daemonized"`
 	// State is set by List and Get (not stored).
 	State State `json:"-"`
 	// BootTime is how long Start took from launching QEMU to the first
@@ -299,7 +312,7 @@ func setUp(ctx context.Context, spec Spec, qemu string, img *image.Image) (*VM, 
 	if err := os.MkdirAll(dir, DirMode); err != nil {
 		return nil, nil, err
 	}
-	for _, f := range []string{QMPSocketName, QGASocketName, PIDFileName, StateFileName} {
+	for _, f := range []string{QMPSocketName, QGASocketName, HelperSocketName, PIDFileName, StateFileName} {
 		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, nil, err
 		}
@@ -317,6 +330,9 @@ func setUp(ctx context.Context, spec Spec, qemu string, img *image.Image) (*VM, 
 		SerialLog:  filepath.Join(dir, SerialLogName),
 		ImageHash:  img.Hash,
 		Daemonized: spec.Daemonize,
+	}
+	if !spec.NoHelperPort {
+		v.HelperSocket = filepath.Join(dir, HelperSocketName)
 	}
 	v.Argv = append(qemuArgv(qemu, v, spec, img), diskArgv(disk)...)
 	logf, err := v.createLogs()
@@ -341,7 +357,10 @@ func (v *VM) createLogs() (*os.File, error) {
 // privateSockets gives the QMP and QGA sockets, which QEMU made with its
 // umask, mode FileMode (the VM directory keeps others out already).
 func (v *VM) privateSockets() error {
-	for _, sock := range []string{v.QMPSocket, v.QGASocket} {
+	for _, sock := range []string{v.QMPSocket, v.QGASocket, v.HelperSocket} {
+		if sock == "" {
+			continue
+		}
 		if err := os.Chmod(sock, FileMode); err != nil {
 			return err
 		}
@@ -407,9 +426,16 @@ func qemuArgv(qemu string, v *VM, spec Spec, img *image.Image) []string {
 		"-device", "virtio-serial-pci",
 		"-chardev", "socket,id=qga0,path=" + v.QGASocket + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
-		"-qmp", "unix:" + v.QMPSocket + ",server=on,wait=off",
-		"-pidfile", filepath.Join(v.Dir, PIDFileName),
 	}
+	if v.HelperSocket != "" {
+		argv = append(argv,
+			"-chardev", "socket,id=vmgate0,path="+v.HelperSocket+",server=on,wait=off",
+			"-device", "virtserialport,chardev=vmgate0,name="+HelperPortName)
+	}
+	argv = append(argv,
+		"-qmp", "unix:"+v.QMPSocket+",server=on,wait=off",
+		"-pidfile", filepath.Join(v.Dir, PIDFileName),
+	)
 	if spec.Daemonize {
 		argv = append(argv, "-daemonize")
 	}
@@ -525,7 +551,7 @@ func (v *VM) Stop(ctx context.Context) error {
 		}
 	}
 	var errs []error
-	for _, f := range []string{QMPSocketName, QGASocketName, PIDFileName, StateFileName, DiskName} {
+	for _, f := range []string{QMPSocketName, QGASocketName, HelperSocketName, PIDFileName, StateFileName, DiskName} {
 		if err := os.Remove(filepath.Join(v.Dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
