@@ -62,10 +62,14 @@ func DefaultConfig() Config {
 	}
 }
 
-// Agent carries out the commands. It holds no state between commands.
+// Agent carries out the commands. Run per command it holds no state
+// between commands; the resident helper (Serve) adds its jobs (res).
 type Agent struct {
 	cfg  Config
 	proc procFS
+	// res is the resident helper's state; nil in a process per command.
+	// Set once by Serve before it serves.
+	res *resident
 }
 
 // New returns an Agent for cfg.
@@ -192,7 +196,7 @@ func decodeStrict(s string, v any) error {
 
 func (a *Agent) dispatch(ctx context.Context, args []string, stdin io.Reader) (any, error) {
 	if len(args) == 0 {
-		return nil, invalidf("usage: vmgate-guest version|ps|run|kill|session|file|metrics ...")
+		return nil, invalidf("usage: vmgate-guest version|hello|ps|run|job|kill|session|file|metrics|install ...")
 	}
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "version":
@@ -213,14 +217,9 @@ func (a *Agent) dispatch(ctx context.Context, args []string, stdin io.Reader) (a
 		if err := parseFlags(newFlags("run"), rest); err != nil {
 			return nil, err
 		}
-		var req wire.RunRequest
-		dec := json.NewDecoder(io.LimitReader(stdin, 64<<20))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			return nil, invalidf("run: request on stdin: %v", err)
-		}
-		if dec.More() {
-			return nil, invalidf("run: request on stdin: trailing data")
+		req, err := readRunRequest("run", stdin)
+		if err != nil {
+			return nil, err
 		}
 		return a.Run(ctx, req)
 	case "kill":
@@ -232,6 +231,21 @@ func (a *Agent) dispatch(ctx context.Context, args []string, stdin io.Reader) (a
 			return nil, err
 		}
 		return a.Kill(ctx, *pid, *sig, *started)
+	case "hello":
+		if err := parseFlags(newFlags("hello"), rest); err != nil {
+			return nil, err
+		}
+		return a.Hello()
+	case "job":
+		return a.jobCommand(ctx, rest, stdin)
+	case "install":
+		fs := newFlags("install")
+		dir := fs.String("unit-dir", "/etc/systemd/system", "where the systemd unit goes")
+		noStart := fs.Bool("no-start", false, "write the unit only")
+		if err := parseFlags(fs, rest); err != nil {
+			return nil, err
+		}
+		return a.Install(ctx, *dir, !*noStart)
 	case "session":
 		return a.sessionCommand(ctx, rest)
 	case "file":
@@ -248,6 +262,20 @@ func (a *Agent) dispatch(ctx context.Context, args []string, stdin io.Reader) (a
 		return a.Metrics(ctx, time.Duration(*sample)*time.Millisecond)
 	}
 	return nil, invalidf("unknown command %q", args[0])
+}
+
+// readRunRequest reads one wire.RunRequest (strictly) from stdin.
+func readRunRequest(op string, stdin io.Reader) (wire.RunRequest, error) {
+	var req wire.RunRequest
+	dec := json.NewDecoder(io.LimitReader(stdin, 64<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, invalidf("%s: request on stdin: %v", op, err)
+	}
+	if dec.More() {
+		return req, invalidf("%s: request on stdin: trailing data", op)
+	}
+	return req, nil
 }
 
 func (a *Agent) sessionCommand(ctx context.Context, args []string) (any, error) {

@@ -137,19 +137,53 @@ func randomHex(n int) string {
 // marker or descending from it, in rounds until none is left; the result
 // has TimedOut and the output so far.
 func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, error) {
-	if err := validateRun(req); err != nil {
+	maxOut := outputCap(req)
+	stdout, stderr := &capped{max: maxOut}, &capped{max: maxOut}
+	p, err := a.startRun(req, stdout, stderr)
+	if err != nil {
 		return wire.RunResult{}, err
 	}
+	defer p.r.close()
+	res, err := a.wait(ctx, p.cmd, p.r, p.timeout)
+	if err != nil {
+		return res, err
+	}
+	res.Stdout, res.StdoutTruncated = stdout.result()
+	res.Stderr, res.StderrTruncated = stderr.result()
+	if res.ExitCode != 0 {
+		res.WriteBlocked = p.r.writeBlocked
+	}
+	return res, nil
+}
+
+// outputCap is the per-stream output cap of req.
+func outputCap(req wire.RunRequest) int {
+	if req.MaxOutputBytes == 0 {
+		return wire.DefaultMaxOutputBytes
+	}
+	return int(req.MaxOutputBytes)
+}
+
+// running is a run whose process has started; the caller waits for it
+// (Agent.wait) and then closes r.
+type running struct {
+	r       *runSetup
+	cmd     *exec.Cmd
+	timeout time.Duration
+}
+
+// startRun validates req and starts its process with stdout and stderr
+// as its output, joining its session (if any) for the start.
+func (a *Agent) startRun(req wire.RunRequest, stdout, stderr io.Writer) (running, error) {
+	if err := validateRun(req); err != nil {
+		return running{}, err
+	}
 	if err := checkCwd(req.Cwd); err != nil {
-		return wire.RunResult{}, err
+		return running{}, err
 	}
 	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
 	if timeout == 0 {
 		timeout = wire.DefaultRunTimeoutMS * time.Millisecond
-	}
-	maxOut := int(req.MaxOutputBytes)
-	if maxOut == 0 {
-		maxOut = wire.DefaultMaxOutputBytes
 	}
 	r := &runSetup{runID: randomHex(12), cwd: req.Cwd, argv: req.Argv,
 		attr: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}}
@@ -160,30 +194,22 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 	if r.cwd == "" {
 		r.cwd = "/"
 	}
-	defer r.close()
 	release := func() {}
 	if req.Session != "" {
 		var err error
 		if release, err = a.joinSession(r, req); err != nil {
-			return wire.RunResult{}, err
+			r.close()
+			return running{}, err
 		}
 	}
-	stdout, stderr := &capped{max: maxOut}, &capped{max: maxOut}
 	cmd, err := r.start(req.Stdin, stdout, stderr)
 	release()
 	if err != nil {
-		return wire.RunResult{}, err
+		r.close()
+		return running{}, err
 	}
-	res, err := a.wait(ctx, cmd, r, timeout)
-	if err != nil {
-		return res, err
-	}
-	res.Stdout, res.StdoutTruncated = stdout.result()
-	res.Stderr, res.StderrTruncated = stderr.result()
-	if res.ExitCode != 0 {
-		res.WriteBlocked = r.writeBlocked
-	}
-	return res, nil
+	a.childStarted(cmd.Process.Pid)
+	return running{r: r, cmd: cmd, timeout: timeout}, nil
 }
 
 // checkCwd refuses a cwd that is no directory or that is reached through a
@@ -222,6 +248,9 @@ type runSetup struct {
 	// starts the process (startConfined); release ends that thread.
 	confine *confinement
 	release chan struct{}
+	// onThread: start runs on the run's own confined thread, which forks
+	// the process itself (see forkOnStableThread for the others).
+	onThread bool
 }
 
 func (r *runSetup) close() {
@@ -321,7 +350,12 @@ func (r *runSetup) start(stdin []byte, stdout, stderr io.Writer) (*exec.Cmd, err
 		status = pr
 		defer pw.Close()
 	}
-	err := cmd.Start()
+	var err error
+	if r.onThread {
+		err = cmd.Start()
+	} else {
+		err = forkOnStableThread(cmd.Start)
+	}
 	if len(cmd.ExtraFiles) > 0 {
 		cmd.ExtraFiles[0].Close() // the child holds its own copy
 	}
@@ -379,6 +413,7 @@ func (r *runSetup) startConfined(stdin []byte, stdout, stderr io.Writer) (*exec.
 	}
 	c := r.confine
 	r.confine = nil // start below runs the plain road, on the confined thread
+	r.onThread = true
 	if c.PrivateTmp {
 		c.cwd, r.cwd = r.cwd, "" // entered by the thread, once its mounts are made
 	}

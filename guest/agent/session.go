@@ -296,6 +296,9 @@ func (a *Agent) destroyLocked(ctx context.Context, id string, trash time.Duratio
 	if err != nil {
 		return res, fmt.Errorf("session destroy: %w", err)
 	}
+	if a.res != nil {
+		a.res.jobs.sessionDestroyed(id)
+	}
 	if err := a.removeSessionFiles(id, t.cgroup, trash, &res); err != nil {
 		return res, fmt.Errorf("session destroy: %w", err)
 	}
