@@ -4,29 +4,30 @@
 //   - resident: `vmgate-guest serve` stays running and answers every
 //     command below on the virtio-serial port org.vmgate.guest.0 and on a
 //     root-only unix socket, where `vmgate-guest call ARGS...` reaches it;
-//
 //   - per command: the host runs it through the guest agent's exec channel
 //     (arguments as flags, a run request as JSON on stdin) and reads exactly
 //     one JSON reply from its stdout.
 //
-//     vmgate-guest serve [--detach] [--port NAME] [--socket PATH]
-//     vmgate-guest call ARGS... < stdin
-//     vmgate-guest install [--unit-dir DIR] [--no-start]
-//     vmgate-guest version --json
-//     vmgate-guest hello
-//     vmgate-guest ps [--session ID]
-//     vmgate-guest run < request.json
-//     vmgate-guest job start < request.json       (resident only)
-//     vmgate-guest job status --id ID [--stdout-since N] [--stderr-since N] [--max-bytes N] [--wait-ms N]
-//     vmgate-guest job list | cancel --id ID
-//     vmgate-guest kill --pid P [--signal TERM] [--started-at MS]
-//     vmgate-guest session create --id ID [--ttl-s N] [--idle-s N] [--memory-mb N] [--pids N] [--cpu-percent N] [--sandbox JSON]
-//     vmgate-guest session list | destroy --id ID | reap
-//     vmgate-guest metrics [--sample-ms N]
-//     vmgate-guest file stat --path P [--follow-symlinks] [--write]
-//     vmgate-guest file read --path P [--max-bytes N] [--raw]
-//     vmgate-guest file write --path P --size N [--mode M] [--create-mode M] [--special-bits] [--from STAGED] < data
-//     vmgate-guest file stage
+// Its commands:
+//
+//	vmgate-guest serve [--detach] [--port NAME] [--socket PATH]
+//	vmgate-guest call ARGS... < stdin
+//	vmgate-guest install [--unit-dir DIR] [--no-start]
+//	vmgate-guest version --json
+//	vmgate-guest hello
+//	vmgate-guest ps [--session ID]
+//	vmgate-guest run < request.json
+//	vmgate-guest job start < request.json       (resident only)
+//	vmgate-guest job status --id ID [--stdout-since N] [--stderr-since N] [--max-bytes N] [--wait-ms N]
+//	vmgate-guest job list | cancel --id ID
+//	vmgate-guest kill --pid P [--signal TERM] [--started-at MS]
+//	vmgate-guest session create --id ID [--ttl-s N] [--idle-s N] [--memory-mb N] [--pids N] [--cpu-percent N] [--sandbox JSON]
+//	vmgate-guest session list | destroy --id ID | reap
+//	vmgate-guest metrics [--sample-ms N]
+//	vmgate-guest file stat --path P [--follow-symlinks] [--write]
+//	vmgate-guest file read --path P [--max-bytes N] [--raw]
+//	vmgate-guest file write --path P --size N [--mode M] [--create-mode M] [--special-bits] [--from STAGED] < data
+//	vmgate-guest file stage
 //
 // Build it static: CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags='-s -w'.
 package main
