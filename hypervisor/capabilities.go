@@ -12,6 +12,8 @@ type Capabilities struct {
 	Metrics bool `json:"metrics"`
 	// Create: the driver is a Creator (vm_create, vm_delete).
 	Create bool `json:"create"`
+	// HelperChannel: the driver is a HelperCaller.
+	HelperChannel bool `json:"helper_channel"`
 }
 
 // CapabilityReporter is implemented by drivers that implement the
@@ -37,6 +39,7 @@ func CapabilitiesOf(d Driver) Capabilities {
 	_, c.GuestNetwork = d.(GuestNetworker)
 	_, c.Metrics = d.(MetricsReader)
 	_, c.Create = d.(Creator)
+	_, c.HelperChannel = d.(HelperCaller)
 	return c
 }
 

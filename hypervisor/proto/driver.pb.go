@@ -4,7 +4,7 @@
 // says which optional capabilities the plugin's driver has), Capabilities
 // (the same answer, for a host that did not configure), and one RPC per
 // method of the optional capabilities (Snapshotter, GuestNetworker,
-// MetricsReader, Creator). A plugin whose driver lacks a capability answers its RPCs
+// MetricsReader, Creator, HelperCaller). A plugin whose driver lacks a capability answers its RPCs
 // with ErrNotSupported; the host does not send them at all.
 //
 // Only package hypervisor's plugin glue (client*.go, server*.go) uses these messages;
@@ -1222,6 +1222,7 @@ type CapabilitySet struct {
 	GuestNetwork     bool                   `protobuf:"varint,4,opt,name=guest_network,json=guestNetwork,proto3" json:"guest_network,omitempty"`
 	Metrics          bool                   `protobuf:"varint,5,opt,name=metrics,proto3" json:"metrics,omitempty"`
 	Create           bool                   `protobuf:"varint,6,opt,name=create,proto3" json:"create,omitempty"`
+	HelperChannel    bool                   `protobuf:"varint,7,opt,name=helper_channel,json=helperChannel,proto3" json:"helper_channel,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -1294,6 +1295,13 @@ func (x *CapabilitySet) GetMetrics() bool {
 func (x *CapabilitySet) GetCreate() bool {
 	if x != nil {
 		return x.Create
+	}
+	return false
+}
+
+func (x *CapabilitySet) GetHelperChannel() bool {
+	if x != nil {
+		return x.HelperChannel
 	}
 	return false
 }
@@ -2259,6 +2267,127 @@ func (*DeleteVMResponse) Descriptor() ([]byte, []int) {
 	return file_proto_driver_proto_rawDescGZIP(), []int{36}
 }
 
+// HelperCall: one command to vmgate-guest's resident helper (HelperCaller).
+type HelperCallRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vm            string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	Args          []string               `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
+	Stdin         []byte                 `protobuf:"bytes,3,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	TimeoutNs     int64                  `protobuf:"varint,4,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HelperCallRequest) Reset() {
+	*x = HelperCallRequest{}
+	mi := &file_proto_driver_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HelperCallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HelperCallRequest) ProtoMessage() {}
+
+func (x *HelperCallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HelperCallRequest.ProtoReflect.Descriptor instead.
+func (*HelperCallRequest) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *HelperCallRequest) GetVm() string {
+	if x != nil {
+		return x.Vm
+	}
+	return ""
+}
+
+func (x *HelperCallRequest) GetArgs() []string {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *HelperCallRequest) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *HelperCallRequest) GetTimeoutNs() int64 {
+	if x != nil {
+		return x.TimeoutNs
+	}
+	return 0
+}
+
+type HelperCallReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Exit          int32                  `protobuf:"varint,1,opt,name=exit,proto3" json:"exit,omitempty"`
+	Stdout        []byte                 `protobuf:"bytes,2,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HelperCallReply) Reset() {
+	*x = HelperCallReply{}
+	mi := &file_proto_driver_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HelperCallReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HelperCallReply) ProtoMessage() {}
+
+func (x *HelperCallReply) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HelperCallReply.ProtoReflect.Descriptor instead.
+func (*HelperCallReply) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *HelperCallReply) GetExit() int32 {
+	if x != nil {
+		return x.Exit
+	}
+	return 0
+}
+
+func (x *HelperCallReply) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
 var File_proto_driver_proto protoreflect.FileDescriptor
 
 const file_proto_driver_proto_rawDesc = "" +
@@ -2339,14 +2468,15 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\x0f\n" +
 	"\rPowerResponse\"\x15\n" +
-	"\x13CapabilitiesRequest\"\xdb\x01\n" +
+	"\x13CapabilitiesRequest\"\x82\x02\n" +
 	"\rCapabilitySet\x12\x1c\n" +
 	"\tsnapshots\x18\x01 \x01(\bR\tsnapshots\x12'\n" +
 	"\x0fsnapshot_memory\x18\x02 \x01(\bR\x0esnapshotMemory\x12,\n" +
 	"\x12snapshot_disk_only\x18\x03 \x01(\bR\x10snapshotDiskOnly\x12#\n" +
 	"\rguest_network\x18\x04 \x01(\bR\fguestNetwork\x12\x18\n" +
 	"\ametrics\x18\x05 \x01(\bR\ametrics\x12\x16\n" +
-	"\x06create\x18\x06 \x01(\bR\x06create\"u\n" +
+	"\x06create\x18\x06 \x01(\bR\x06create\x12%\n" +
+	"\x0ehelper_channel\x18\a \x01(\bR\rhelperChannel\"u\n" +
 	"\x15SnapshotCreateRequest\x12\x0e\n" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
@@ -2434,7 +2564,16 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x0fDeleteVMRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04mark\x18\x02 \x01(\tR\x04mark\"\x12\n" +
-	"\x10DeleteVMResponse2\xb8\r\n" +
+	"\x10DeleteVMResponse\"l\n" +
+	"\x11HelperCallRequest\x12\x0e\n" +
+	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
+	"\x04args\x18\x02 \x03(\tR\x04args\x12\x14\n" +
+	"\x05stdin\x18\x03 \x01(\fR\x05stdin\x12\x1d\n" +
+	"\n" +
+	"timeout_ns\x18\x04 \x01(\x03R\ttimeoutNs\"=\n" +
+	"\x0fHelperCallReply\x12\x12\n" +
+	"\x04exit\x18\x01 \x01(\x05R\x04exit\x12\x16\n" +
+	"\x06stdout\x18\x02 \x01(\fR\x06stdout2\x96\x0e\n" +
 	"\x06Driver\x12\\\n" +
 	"\tConfigure\x12&.vmgate.hypervisor.v1.ConfigureRequest\x1a'.vmgate.hypervisor.v1.ConfigureResponse\x12V\n" +
 	"\aListVMs\x12$.vmgate.hypervisor.v1.ListVMsRequest\x1a%.vmgate.hypervisor.v1.ListVMsResponse\x12O\n" +
@@ -2455,7 +2594,9 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\fGuestNetwork\x12\x1f.vmgate.hypervisor.v1.VMRequest\x1a*.vmgate.hypervisor.v1.GuestNetworkResponse\x12U\n" +
 	"\tVMMetrics\x12\x1f.vmgate.hypervisor.v1.VMRequest\x1a'.vmgate.hypervisor.v1.VMMetricsResponse\x12R\n" +
 	"\bCreateVM\x12%.vmgate.hypervisor.v1.CreateVMRequest\x1a\x1f.vmgate.hypervisor.v1.CreatedVM\x12Y\n" +
-	"\bDeleteVM\x12%.vmgate.hypervisor.v1.DeleteVMRequest\x1a&.vmgate.hypervisor.v1.DeleteVMResponseB+Z)github.com/vmgate/vmgate/hypervisor/protob\x06proto3"
+	"\bDeleteVM\x12%.vmgate.hypervisor.v1.DeleteVMRequest\x1a&.vmgate.hypervisor.v1.DeleteVMResponse\x12\\\n" +
+	"\n" +
+	"HelperCall\x12'.vmgate.hypervisor.v1.HelperCallRequest\x1a%.vmgate.hypervisor.v1.HelperCallReplyB+Z)github.com/vmgate/vmgate/hypervisor/protob\x06proto3"
 
 var (
 	file_proto_driver_proto_rawDescOnce sync.Once
@@ -2469,7 +2610,7 @@ func file_proto_driver_proto_rawDescGZIP() []byte {
 	return file_proto_driver_proto_rawDescData
 }
 
-var file_proto_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_proto_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_proto_driver_proto_goTypes = []any{
 	(*ErrorDetail)(nil),            // 0: vmgate.hypervisor.v1.ErrorDetail
 	(*ConfigureRequest)(nil),       // 1: vmgate.hypervisor.v1.ConfigureRequest
@@ -2508,6 +2649,8 @@ var file_proto_driver_proto_goTypes = []any{
 	(*CreatedVM)(nil),              // 34: vmgate.hypervisor.v1.CreatedVM
 	(*DeleteVMRequest)(nil),        // 35: vmgate.hypervisor.v1.DeleteVMRequest
 	(*DeleteVMResponse)(nil),       // 36: vmgate.hypervisor.v1.DeleteVMResponse
+	(*HelperCallRequest)(nil),      // 37: vmgate.hypervisor.v1.HelperCallRequest
+	(*HelperCallReply)(nil),        // 38: vmgate.hypervisor.v1.HelperCallReply
 }
 var file_proto_driver_proto_depIdxs = []int32{
 	21, // 0: vmgate.hypervisor.v1.ConfigureResponse.capabilities:type_name -> vmgate.hypervisor.v1.CapabilitySet
@@ -2537,27 +2680,29 @@ var file_proto_driver_proto_depIdxs = []int32{
 	6,  // 24: vmgate.hypervisor.v1.Driver.VMMetrics:input_type -> vmgate.hypervisor.v1.VMRequest
 	33, // 25: vmgate.hypervisor.v1.Driver.CreateVM:input_type -> vmgate.hypervisor.v1.CreateVMRequest
 	35, // 26: vmgate.hypervisor.v1.Driver.DeleteVM:input_type -> vmgate.hypervisor.v1.DeleteVMRequest
-	2,  // 27: vmgate.hypervisor.v1.Driver.Configure:output_type -> vmgate.hypervisor.v1.ConfigureResponse
-	4,  // 28: vmgate.hypervisor.v1.Driver.ListVMs:output_type -> vmgate.hypervisor.v1.ListVMsResponse
-	7,  // 29: vmgate.hypervisor.v1.Driver.Status:output_type -> vmgate.hypervisor.v1.StatusResponse
-	9,  // 30: vmgate.hypervisor.v1.Driver.AgentInfo:output_type -> vmgate.hypervisor.v1.AgentInfoResponse
-	11, // 31: vmgate.hypervisor.v1.Driver.ExecStart:output_type -> vmgate.hypervisor.v1.ExecHandle
-	13, // 32: vmgate.hypervisor.v1.Driver.ExecStatus:output_type -> vmgate.hypervisor.v1.ExecResult
-	13, // 33: vmgate.hypervisor.v1.Driver.Run:output_type -> vmgate.hypervisor.v1.ExecResult
-	15, // 34: vmgate.hypervisor.v1.Driver.FileRead:output_type -> vmgate.hypervisor.v1.FileContent
-	17, // 35: vmgate.hypervisor.v1.Driver.FileWrite:output_type -> vmgate.hypervisor.v1.FileWriteResponse
-	19, // 36: vmgate.hypervisor.v1.Driver.Power:output_type -> vmgate.hypervisor.v1.PowerResponse
-	21, // 37: vmgate.hypervisor.v1.Driver.Capabilities:output_type -> vmgate.hypervisor.v1.CapabilitySet
-	23, // 38: vmgate.hypervisor.v1.Driver.SnapshotCreate:output_type -> vmgate.hypervisor.v1.Snapshot
-	24, // 39: vmgate.hypervisor.v1.Driver.SnapshotList:output_type -> vmgate.hypervisor.v1.SnapshotListResponse
-	26, // 40: vmgate.hypervisor.v1.Driver.SnapshotRevert:output_type -> vmgate.hypervisor.v1.SnapshotRevertResponse
-	27, // 41: vmgate.hypervisor.v1.Driver.SnapshotDelete:output_type -> vmgate.hypervisor.v1.SnapshotDeleteResponse
-	31, // 42: vmgate.hypervisor.v1.Driver.GuestNetwork:output_type -> vmgate.hypervisor.v1.GuestNetworkResponse
-	32, // 43: vmgate.hypervisor.v1.Driver.VMMetrics:output_type -> vmgate.hypervisor.v1.VMMetricsResponse
-	34, // 44: vmgate.hypervisor.v1.Driver.CreateVM:output_type -> vmgate.hypervisor.v1.CreatedVM
-	36, // 45: vmgate.hypervisor.v1.Driver.DeleteVM:output_type -> vmgate.hypervisor.v1.DeleteVMResponse
-	27, // [27:46] is the sub-list for method output_type
-	8,  // [8:27] is the sub-list for method input_type
+	37, // 27: vmgate.hypervisor.v1.Driver.HelperCall:input_type -> vmgate.hypervisor.v1.HelperCallRequest
+	2,  // 28: vmgate.hypervisor.v1.Driver.Configure:output_type -> vmgate.hypervisor.v1.ConfigureResponse
+	4,  // 29: vmgate.hypervisor.v1.Driver.ListVMs:output_type -> vmgate.hypervisor.v1.ListVMsResponse
+	7,  // 30: vmgate.hypervisor.v1.Driver.Status:output_type -> vmgate.hypervisor.v1.StatusResponse
+	9,  // 31: vmgate.hypervisor.v1.Driver.AgentInfo:output_type -> vmgate.hypervisor.v1.AgentInfoResponse
+	11, // 32: vmgate.hypervisor.v1.Driver.ExecStart:output_type -> vmgate.hypervisor.v1.ExecHandle
+	13, // 33: vmgate.hypervisor.v1.Driver.ExecStatus:output_type -> vmgate.hypervisor.v1.ExecResult
+	13, // 34: vmgate.hypervisor.v1.Driver.Run:output_type -> vmgate.hypervisor.v1.ExecResult
+	15, // 35: vmgate.hypervisor.v1.Driver.FileRead:output_type -> vmgate.hypervisor.v1.FileContent
+	17, // 36: vmgate.hypervisor.v1.Driver.FileWrite:output_type -> vmgate.hypervisor.v1.FileWriteResponse
+	19, // 37: vmgate.hypervisor.v1.Driver.Power:output_type -> vmgate.hypervisor.v1.PowerResponse
+	21, // 38: vmgate.hypervisor.v1.Driver.Capabilities:output_type -> vmgate.hypervisor.v1.CapabilitySet
+	23, // 39: vmgate.hypervisor.v1.Driver.SnapshotCreate:output_type -> vmgate.hypervisor.v1.Snapshot
+	24, // 40: vmgate.hypervisor.v1.Driver.SnapshotList:output_type -> vmgate.hypervisor.v1.SnapshotListResponse
+	26, // 41: vmgate.hypervisor.v1.Driver.SnapshotRevert:output_type -> vmgate.hypervisor.v1.SnapshotRevertResponse
+	27, // 42: vmgate.hypervisor.v1.Driver.SnapshotDelete:output_type -> vmgate.hypervisor.v1.SnapshotDeleteResponse
+	31, // 43: vmgate.hypervisor.v1.Driver.GuestNetwork:output_type -> vmgate.hypervisor.v1.GuestNetworkResponse
+	32, // 44: vmgate.hypervisor.v1.Driver.VMMetrics:output_type -> vmgate.hypervisor.v1.VMMetricsResponse
+	34, // 45: vmgate.hypervisor.v1.Driver.CreateVM:output_type -> vmgate.hypervisor.v1.CreatedVM
+	36, // 46: vmgate.hypervisor.v1.Driver.DeleteVM:output_type -> vmgate.hypervisor.v1.DeleteVMResponse
+	38, // 47: vmgate.hypervisor.v1.Driver.HelperCall:output_type -> vmgate.hypervisor.v1.HelperCallReply
+	28, // [28:48] is the sub-list for method output_type
+	8,  // [8:28] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -2575,7 +2720,7 @@ func file_proto_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_driver_proto_rawDesc), len(file_proto_driver_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   37,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -4,7 +4,7 @@
 // says which optional capabilities the plugin's driver has), Capabilities
 // (the same answer, for a host that did not configure), and one RPC per
 // method of the optional capabilities (Snapshotter, GuestNetworker,
-// MetricsReader, Creator). A plugin whose driver lacks a capability answers its RPCs
+// MetricsReader, Creator, HelperCaller). A plugin whose driver lacks a capability answers its RPCs
 // with ErrNotSupported; the host does not send them at all.
 //
 // Only package hypervisor's plugin glue (client*.go, server*.go) uses these messages;
@@ -53,6 +53,7 @@ const (
 	Driver_VMMetrics_FullMethodName      = "/vmgate.hypervisor.v1.Driver/VMMetrics"
 	Driver_CreateVM_FullMethodName       = "/vmgate.hypervisor.v1.Driver/CreateVM"
 	Driver_DeleteVM_FullMethodName       = "/vmgate.hypervisor.v1.Driver/DeleteVM"
+	Driver_HelperCall_FullMethodName     = "/vmgate.hypervisor.v1.Driver/HelperCall"
 )
 
 // DriverClient is the client API for Driver service.
@@ -78,6 +79,7 @@ type DriverClient interface {
 	VMMetrics(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*VMMetricsResponse, error)
 	CreateVM(ctx context.Context, in *CreateVMRequest, opts ...grpc.CallOption) (*CreatedVM, error)
 	DeleteVM(ctx context.Context, in *DeleteVMRequest, opts ...grpc.CallOption) (*DeleteVMResponse, error)
+	HelperCall(ctx context.Context, in *HelperCallRequest, opts ...grpc.CallOption) (*HelperCallReply, error)
 }
 
 type driverClient struct {
@@ -278,6 +280,16 @@ func (c *driverClient) DeleteVM(ctx context.Context, in *DeleteVMRequest, opts .
 	return out, nil
 }
 
+func (c *driverClient) HelperCall(ctx context.Context, in *HelperCallRequest, opts ...grpc.CallOption) (*HelperCallReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HelperCallReply)
+	err := c.cc.Invoke(ctx, Driver_HelperCall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DriverServer is the server API for Driver service.
 // All implementations must embed UnimplementedDriverServer
 // for forward compatibility.
@@ -301,6 +313,7 @@ type DriverServer interface {
 	VMMetrics(context.Context, *VMRequest) (*VMMetricsResponse, error)
 	CreateVM(context.Context, *CreateVMRequest) (*CreatedVM, error)
 	DeleteVM(context.Context, *DeleteVMRequest) (*DeleteVMResponse, error)
+	HelperCall(context.Context, *HelperCallRequest) (*HelperCallReply, error)
 	mustEmbedUnimplementedDriverServer()
 }
 
@@ -367,6 +380,9 @@ func (UnimplementedDriverServer) CreateVM(context.Context, *CreateVMRequest) (*C
 }
 func (UnimplementedDriverServer) DeleteVM(context.Context, *DeleteVMRequest) (*DeleteVMResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteVM not implemented")
+}
+func (UnimplementedDriverServer) HelperCall(context.Context, *HelperCallRequest) (*HelperCallReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method HelperCall not implemented")
 }
 func (UnimplementedDriverServer) mustEmbedUnimplementedDriverServer() {}
 func (UnimplementedDriverServer) testEmbeddedByValue()                {}
@@ -731,6 +747,24 @@ func _Driver_DeleteVM_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Driver_HelperCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HelperCallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).HelperCall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_HelperCall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).HelperCall(ctx, req.(*HelperCallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Driver_ServiceDesc is the grpc.ServiceDesc for Driver service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -813,6 +847,10 @@ var Driver_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteVM",
 			Handler:    _Driver_DeleteVM_Handler,
+		},
+		{
+			MethodName: "HelperCall",
+			Handler:    _Driver_HelperCall_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
