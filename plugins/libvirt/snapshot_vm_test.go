@@ -18,7 +18,7 @@ import (
 
 // libvirtCapabilities are what the libvirt driver must have.
 var libvirtCapabilities = hypervisor.Capabilities{
-	Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, Create: true,
+	Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, Create: true, HelperChannel: true,
 }
 
 func TestCapabilities(t *testing.T) {

@@ -41,6 +41,11 @@ type VMSettings struct {
 	Name string `json:"name"`
 	QMP  string `json:"qmp"`
 	QGA  string `json:"qga"`
+	// Helper is the host end of the VM's virtio-serial port
+	// org.vmgate.guest.0, where vmgate-guest's resident helper listens
+	// (optional: without it, helper commands start a process through the
+	// guest agent).
+	Helper string `json:"helper,omitempty"`
 }
 
 var (
@@ -62,6 +67,9 @@ func (s *Settings) CheckTemplate(json.RawMessage) error {
 func (s *Settings) Resolve(env registry.Env) {
 	for i := range s.VMs {
 		s.VMs[i].QMP, s.VMs[i].QGA = env.Abs(s.VMs[i].QMP), env.Abs(s.VMs[i].QGA)
+		if s.VMs[i].Helper != "" {
+			s.VMs[i].Helper = env.Abs(s.VMs[i].Helper)
+		}
 	}
 	if s.Lab && s.LabDir == "" && env.StateDir != "" {
 		s.LabDir = filepath.Join(env.StateDir, "lab")
@@ -85,7 +93,7 @@ func (s *Settings) Validate() error {
 func (s *Settings) config() Config {
 	cfg := Config{LabDir: s.LabDir, ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D()}
 	for _, vm := range s.VMs {
-		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA})
+		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA, HelperSocket: vm.Helper})
 	}
 	return cfg
 }
