@@ -17,7 +17,8 @@ type HelperCaller interface {
 	// the program name, and its standard input) to vm's resident helper
 	// and returns the reply: the exit status and exactly what
 	// `vmgate-guest ARGS` would print. ErrNoHelperChannel when vm has no
-	// such channel; ErrHelperUnavailable when nothing answers on it.
+	// such channel; ErrHelperUnavailable when nothing answers on it;
+	// ErrHelperLost when the channel failed during the call.
 	HelperCall(ctx context.Context, vm string, call HelperCall) (HelperReply, error)
 }
 
@@ -42,8 +43,11 @@ var (
 	// VM started without the port, a backend that cannot add one).
 	ErrNoHelperChannel = errors.New("no resident helper channel")
 	// ErrHelperUnavailable: the channel is there, but no resident helper
-	// answered on it (not started, or gone).
+	// answered on it (not started, or gone). The call was not sent.
 	ErrHelperUnavailable = errors.New("resident helper not answering")
+	// ErrHelperLost: the channel failed while the call was in flight:
+	// the command may have run (do not send it again blindly).
+	ErrHelperLost = errors.New("resident helper channel lost during the call")
 )
 
 // AsHelperCaller returns d as a HelperCaller when d has the capability.

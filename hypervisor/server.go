@@ -41,6 +41,7 @@ var errorKinds = []struct {
 	{"plugin_exited", ErrPluginExited, codes.Unavailable},
 	{"no_helper_channel", ErrNoHelperChannel, codes.FailedPrecondition},
 	{"helper_unavailable", ErrHelperUnavailable, codes.FailedPrecondition},
+	{"helper_lost", ErrHelperLost, codes.Aborted},
 	{"deadline_exceeded", context.DeadlineExceeded, codes.DeadlineExceeded},
 	{"canceled", context.Canceled, codes.Canceled},
 }

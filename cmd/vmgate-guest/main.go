@@ -10,7 +10,7 @@
 //
 // Its commands:
 //
-//	vmgate-guest serve [--detach] [--port NAME] [--socket PATH]
+//	vmgate-guest serve [--detach] [--replace] [--port NAME] [--socket PATH]
 //	vmgate-guest call ARGS... < stdin
 //	vmgate-guest install [--unit-dir DIR] [--no-start]
 //	vmgate-guest version --json

@@ -102,7 +102,14 @@ type ServeOptions struct {
 	// KeepProcess leaves the calling process's dumpable flag, OOM score
 	// and cgroup as they are (tests that serve in the test binary).
 	KeepProcess bool
+	// Replace ends the helper that serves already (SIGTERM: it ends its
+	// jobs; SIGKILL after replaceWait) and serves in its place: how the
+	// host moves a guest to a new build.
+	Replace bool
 }
+
+// replaceWait bounds how long Replace waits for the old helper to end.
+const replaceWait = 20 * time.Second
 
 // Serve runs the resident helper until ctx ends, then ends its jobs.
 func (a *Agent) Serve(ctx context.Context, o ServeOptions) error {
@@ -110,6 +117,10 @@ func (a *Agent) Serve(ctx context.Context, o ServeOptions) error {
 		o.Socket = SocketPath(a.cfg.Root)
 	}
 	unlock, err := a.serveLock()
+	var already *AlreadyServingError
+	if o.Replace && errors.As(err, &already) {
+		unlock, err = a.replace(ctx, already.PID)
+	}
 	if err != nil {
 		return err
 	}
@@ -165,6 +176,35 @@ func (a *Agent) serveLock() (unlock func(), err error) {
 	_ = f.Truncate(0)
 	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	return func() { f.Close() }, nil
+}
+
+// replace ends the helper pid (only if it is a vmgate-guest) and takes
+// the lock once it is free.
+func (a *Agent) replace(ctx context.Context, pid int) (unlock func(), err error) {
+	if pid <= 1 || a.proc.exeBase(pid) != selfName {
+		return nil, fmt.Errorf("serve: replace: the lock's holder %d is not a vmgate-guest", pid)
+	}
+	_ = unix.Kill(pid, unix.SIGTERM)
+	deadline := time.Now().Add(replaceWait)
+	killed := false
+	for {
+		unlock, err := a.serveLock()
+		if !errors.Is(err, ErrAlreadyServing) {
+			return unlock, err
+		}
+		if time.Now().After(deadline) {
+			if killed {
+				return nil, fmt.Errorf("serve: replace: pid %d still holds the lock after SIGKILL", pid)
+			}
+			_ = unix.Kill(pid, unix.SIGKILL)
+			killed, deadline = true, time.Now().Add(5*time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // AlreadyServingError names the helper that holds the lock.

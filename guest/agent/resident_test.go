@@ -500,3 +500,16 @@ func copyTestBinary(t *testing.T) string {
 	}
 	return p
 }
+
+func TestServeReplaceOnlyAHelper(t *testing.T) {
+	root := t.TempDir()
+	serveForTest(t, root) // held by the test binary, not a vmgate-guest
+	a, err := New(Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = a.Serve(context.Background(), ServeOptions{KeepProcess: true, Replace: true, Socket: filepath.Join(t.TempDir(), "s.sock")})
+	if err == nil || !strings.Contains(err.Error(), "is not a vmgate-guest") {
+		t.Fatalf("Serve(Replace) with the lock held by a test binary = %v; want a refusal", err)
+	}
+}

@@ -27,19 +27,10 @@ const (
 	CallCommand  = "call"
 )
 
-// ReasonNoHelper: `vmgate-guest call` found no resident helper to call.
-const ReasonNoHelper = "no resident helper"
-
-// Exit statuses of serve and call beyond Main's 0, 1, 2.
-const (
-	// ExitNoHelper: call could not reach the resident helper.
-	ExitNoHelper = 3
-)
-
 // detachWait bounds how long `serve --detach` waits for the helper to listen.
 const detachWait = 30 * time.Second
 
-// ServeMain runs `vmgate-guest serve [--detach] [--port NAME] [--socket PATH]`:
+// ServeMain runs `vmgate-guest serve [--detach] [--replace] [--port NAME] [--socket PATH]`:
 // in the foreground until SIGTERM or SIGINT; with --detach it starts the
 // helper in a session of its own (the guest agent's exec returns, the
 // helper stays) and answers with one wire.Reply (wire.Serving) once it
@@ -50,11 +41,12 @@ func (a *Agent) ServeMain(args []string, stdout io.Writer) int {
 	port := fs.String("port", PortName, "virtio-serial port to serve (\"\": none)")
 	socket := fs.String("socket", SocketPath(a.cfg.Root), "unix socket to serve")
 	readyFD := fs.Int("ready-fd", 0, "descriptor to report readiness on (used by --detach)")
+	replace := fs.Bool("replace", false, "end the helper that serves already and serve in its place")
 	if err := parseFlags(fs, args); err != nil {
 		return a.reply(stdout, nil, err)
 	}
 	if *detach {
-		res, err := a.detach(*port, *socket)
+		res, err := a.detach(*port, *socket, *replace)
 		return a.reply(stdout, res, err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -71,7 +63,7 @@ func (a *Agent) ServeMain(args []string, stdout io.Writer) int {
 			ready = nil
 		}
 	}
-	err := a.Serve(ctx, ServeOptions{Port: *port, Socket: *socket, Ready: func(h wire.Hello) {
+	err := a.Serve(ctx, ServeOptions{Port: *port, Socket: *socket, Replace: *replace, Ready: func(h wire.Hello) {
 		report(wire.Reply{OK: true, Result: wire.Serving{PID: h.PID}})
 	}})
 	var already *AlreadyServingError
@@ -106,7 +98,7 @@ func (a *Agent) reply(w io.Writer, res any, err error) int {
 
 // detach starts `serve --ready-fd 3` as a new session whose output goes to
 // <Root>/helper/serve.log, and waits for what it reports.
-func (a *Agent) detach(port, socket string) (wire.Serving, error) {
+func (a *Agent) detach(port, socket string, replace bool) (wire.Serving, error) {
 	dir := filepath.Dir(SocketPath(a.cfg.Root))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return wire.Serving{}, fmt.Errorf("serve: %w", err)
@@ -121,7 +113,17 @@ func (a *Agent) detach(port, socket string) (wire.Serving, error) {
 		return wire.Serving{}, fmt.Errorf("serve: %w", err)
 	}
 	defer pr.Close()
-	cmd := exec.Command(a.cfg.Self, ServeCommand, "--port", port, "--socket", socket, "--ready-fd", "3")
+	args := []string{ServeCommand, "--port", port, "--socket", socket, "--ready-fd", "3"}
+	if replace {
+		args = append(args, "--replace")
+	}
+	// The program's own path, not /proc/self/exe: the process's name
+	// (comm) comes from it, and kill and the host know the helper by it.
+	self, err := os.Executable()
+	if err != nil {
+		return wire.Serving{}, fmt.Errorf("serve: %w", err)
+	}
+	cmd := exec.Command(self, args...)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = "/", logf, logf
 	cmd.ExtraFiles = []*os.File{pw}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -162,7 +164,7 @@ func openLog(p string) (*os.File, error) {
 // standard input to the resident helper through the helper's socket and
 // writes the helper's reply, exactly what `vmgate-guest ARGS` would have
 // written, exiting with its status. Without a helper to call it answers
-// with a reply whose reason is ReasonNoHelper and exits ExitNoHelper. It
+// with a reply whose reason is wire.ReasonNoHelper and exits wire.ExitNoHelper. It
 // skips everything but the call (no Agent).
 func CallMain(root string, args []string, stdin io.Reader, stdout io.Writer) int {
 	in, err := io.ReadAll(io.LimitReader(stdin, mux.MaxMessageBytes))
@@ -191,7 +193,7 @@ func CallMain(root string, args []string, stdin io.Reader, stdout io.Writer) int
 }
 
 func noHelper(w io.Writer, err error) int {
-	b, _ := json.Marshal(wire.Reply{Error: &wire.Error{Code: wire.CodeFailed, Reason: ReasonNoHelper, Message: err.Error()}})
+	b, _ := json.Marshal(wire.Reply{Error: &wire.Error{Code: wire.CodeFailed, Reason: wire.ReasonNoHelper, Message: err.Error()}})
 	fmt.Fprintf(w, "%s\n", b)
-	return ExitNoHelper
+	return wire.ExitNoHelper
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,7 +42,12 @@ type Client struct {
 
 	nonce []byte
 	hello chan []byte // the guest's hello, once
+
+	heard atomic.Int64 // unix nanoseconds of the last frame from the guest
 }
+
+// ErrSilent: the guest sent nothing for DeadAfter, pings unanswered.
+var ErrSilent = errors.New("mux: the guest stopped answering pings")
 
 type pendingCall struct {
 	buf  []byte
@@ -77,6 +83,7 @@ func Dial(ctx context.Context, c io.ReadWriteCloser) (*Client, []byte, error) {
 	for {
 		select {
 		case h := <-cl.hello:
+			go cl.keepalive()
 			return cl, h, nil
 		case <-cl.done:
 			cl.Close()
@@ -89,6 +96,30 @@ func Dial(ctx context.Context, c io.ReadWriteCloser) (*Client, []byte, error) {
 				cl.Close()
 				return nil, nil, err
 			}
+		}
+	}
+}
+
+// keepalive pings every PingEvery and fails the connection when nothing
+// came back for DeadAfter.
+func (cl *Client) keepalive() {
+	t := time.NewTicker(PingEvery)
+	defer t.Stop()
+	var n uint32
+	for {
+		select {
+		case <-cl.done:
+			return
+		case <-t.C:
+		}
+		if time.Since(time.Unix(0, cl.heard.Load())) > DeadAfter {
+			cl.fail(fmt.Errorf("%w for %v", ErrSilent, DeadAfter))
+			return
+		}
+		n++
+		enc, _ := appendFrame(nil, nil, kindPing, 0, n, nil)
+		if cl.snd.control(enc) != nil {
+			return
 		}
 	}
 }
@@ -198,6 +229,7 @@ func (cl *Client) read() {
 // frame handles one frame from the guest. Frames before the answer to
 // this connection's hello are stale and dropped.
 func (cl *Client) frame(f frame) error {
+	cl.heard.Store(time.Now().UnixNano())
 	if f.kind == kindHelloAck {
 		if len(f.payload) >= nonceBytes && bytes.Equal(f.payload[:nonceBytes], cl.nonce) {
 			select {

@@ -15,6 +15,8 @@ const (
 	kindReply    byte = 4 // guest → host: a chunk of a reply message
 	kindCancel   byte = 5 // host → guest: the caller gave up on the stream
 	kindReject   byte = 6 // guest → host: the stream was refused (payload: why)
+	kindPing     byte = 7 // host → guest: are you there
+	kindPong     byte = 8 // guest → host: the answer, same id
 )
 
 // flagFin marks the last chunk of a message.

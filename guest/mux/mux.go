@@ -53,7 +53,18 @@
 // comes (a guest helper that starts later, or a guest still draining an
 // old connection). On the guest, a hello (or the host's end closing)
 // starts a new epoch: replies to requests of an earlier epoch are dropped
-// unsent, as their caller is gone, and the requests themselves run on.
+// unsent, as their caller is gone, and the requests themselves run on. A
+// request in an epoch that has seen no hello is dropped unrun: it is a
+// stale one, left in a buffer by a host that has gone (a new helper
+// reading an old host's bytes).
+//
+// # Liveness
+//
+// A virtio-serial port's host end stays connected when the guest's
+// helper dies (QEMU keeps its socket open, and buffers), so the host
+// pings every PingEvery and gives the connection up when it has heard
+// nothing for DeadAfter: calls in flight fail (Client.Call), and the next
+// one dials again.
 package mux
 
 import (
@@ -61,10 +72,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Limits.
 const (
+	// PingEvery is how often a Client pings; DeadAfter is how long it
+	// waits for any frame before it gives the connection up.
+	PingEvery = time.Second
+	DeadAfter = 4 * time.Second
 	// MaxMessageBytes bounds one message (a run's 64 MiB of stdin, a
 	// file read's 16 MiB of data, with room for their envelopes).
 	MaxMessageBytes = 80 << 20

@@ -2,6 +2,7 @@ package mux
 
 import (
 	"context"
+	"errors"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -239,5 +240,59 @@ func (r *rawHost) until(t *testing.T, kind byte, id uint32) []frame {
 		if err != nil {
 			t.Fatalf("reading: %v", err)
 		}
+	}
+}
+
+// TestPortDropsRequestsBeforeHello: a request in an epoch with no hello (a
+// stale one, from a host that has gone) never runs.
+func TestPortDropsRequestsBeforeHello(t *testing.T) {
+	port := newFakePort()
+	var ran atomic.Int32
+	s := &Server{Hello: helloJSON, Handler: func(ctx context.Context, req Request) Reply {
+		ran.Add(1)
+		return echo(ctx, req)
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); port.connect().Close() }()
+	go func() { _ = s.ServePort(ctx, port) }()
+	raw := rawHost{h: port.connect()}
+	raw.send(t, 3, Request{Args: []string{"stale"}})
+	if err := raw.hello(); err != nil {
+		t.Fatal(err)
+	}
+	raw.until(t, kindHelloAck, 0)
+	raw.send(t, 4, Request{Args: []string{"fresh"}})
+	for _, f := range raw.until(t, kindReply, 4) {
+		if f.kind == kindReply && f.id == 3 {
+			t.Errorf("the request sent before the hello was answered")
+		}
+	}
+	if n := ran.Load(); n != 1 {
+		t.Errorf("handler ran %d times; want 1 (the request after the hello)", n)
+	}
+}
+
+// TestClientGivesUpOnASilentGuest: a helper that dies behind a port whose
+// host end stays open (as QEMU's does) fails the calls in flight once
+// DeadAfter passes without a frame.
+func TestClientGivesUpOnASilentGuest(t *testing.T) {
+	port := newFakePort()
+	s := &Server{Hello: helloJSON, Handler: echo}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _ = s.ServePort(ctx, port) }()
+	cl, _, err := Dial(ctxT(t, 10*time.Second), port.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	// The helper dies: nothing reads the port or answers any more.
+	cancel()
+	port.mu.Lock()
+	port.toGuest = append(port.toGuest, 0) // wake its read, which then sees ctx
+	port.cond.Broadcast()
+	port.mu.Unlock()
+	_, err = cl.Call(ctxT(t, 60*time.Second), Request{Args: []string{"sleep"}})
+	if !errors.Is(err, ErrSilent) {
+		t.Fatalf("Call to a dead helper = %v; want ErrSilent (before the call's own minute)", err)
 	}
 }

@@ -45,6 +45,7 @@ type serverConn struct {
 
 	mu      sync.Mutex
 	epoch   uint64
+	helloed bool // the current epoch began with a hello
 	in      map[uint32]*inMsg
 	running map[streamKey]context.CancelFunc
 	wg      sync.WaitGroup
@@ -146,6 +147,7 @@ const pollMax = 100 * time.Millisecond
 func (sc *serverConn) hostGone() {
 	sc.mu.Lock()
 	sc.epoch++
+	sc.helloed = false
 	sc.in = map[uint32]*inMsg{}
 	sc.mu.Unlock()
 	sc.snd.newEpoch(sc.currentEpoch())
@@ -165,6 +167,9 @@ func (sc *serverConn) frame(f frame) error {
 			return nil
 		}
 		sc.hostGone()
+		sc.mu.Lock()
+		sc.helloed = true
+		sc.mu.Unlock()
 		var hello []byte
 		if sc.s.Hello != nil {
 			hello = sc.s.Hello()
@@ -173,6 +178,9 @@ func (sc *serverConn) frame(f frame) error {
 		return sc.ignoreClosed(sc.snd.control(enc))
 	case kindRequest:
 		return sc.request(f)
+	case kindPing:
+		enc, _ := appendFrame(nil, nil, kindPong, 0, f.id, nil)
+		return sc.ignoreClosed(sc.snd.control(enc))
 	case kindCancel:
 		sc.mu.Lock()
 		delete(sc.in, f.id)
@@ -195,6 +203,11 @@ func (sc *serverConn) ignoreClosed(err error) error {
 // once the request is whole.
 func (sc *serverConn) request(f frame) error {
 	sc.mu.Lock()
+	if !sc.helloed {
+		sc.mu.Unlock()
+		sc.log.Warn("mux: dropping a request sent before this connection's hello (a stale one)", "stream", f.id)
+		return nil
+	}
 	m, ok := sc.in[f.id]
 	if !ok {
 		m = &inMsg{}

@@ -23,8 +23,10 @@ import (
 // guestDir holds the vmgate-guest builds TestMain makes.
 var guestDir string
 
-// labVMs: one guest with cgroup v2 mounted, one without (marker tracking).
-var labVMs = []string{"cg", "nocg"}
+// labVMs: one guest with cgroup v2 mounted, one without (marker tracking),
+// both with the resident helper's port; and one without the port, whose
+// helper commands take the per-command road (the fallback).
+var labVMs = []string{"cg", "nocg", "noport"}
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "vmgate-guest-build-")
@@ -44,6 +46,7 @@ func TestMain(m *testing.M) {
 		return labtest.Main(m,
 			lab.Spec{Name: "cg"},
 			lab.Spec{Name: "nocg", Cmdline: map[string]string{"CGROUP2": "0"}},
+			lab.Spec{Name: "noport", NoHelperPort: true},
 		)
 	}()
 	os.Exit(code)
@@ -119,6 +122,9 @@ func TestLabPushMissingAndChanged(t *testing.T) {
 		t.Run(vm, func(t *testing.T) {
 			h, pushes := labHelper(t, vm)
 			ctx := testCtx(t, 3*time.Minute)
+			// A resident helper (an earlier test's) would serve without
+			// its binary: end it, so that the helper must start again.
+			endResident(t, ctx, h, vm)
 			sh(t, ctx, h, vm, "rm -f "+GuestPath)
 			if _, err := h.PS(ctx, vm, ""); err != nil {
 				t.Fatalf("PS with the helper missing = %v; want nil (pushed)", err)
@@ -154,7 +160,9 @@ func TestLabPushMissingAndChanged(t *testing.T) {
 			if out := sh(t, ctx, h, vm, "ls /usr/local/bin").Stdout; strings.Contains(string(out), ".tmp-") {
 				t.Errorf("temporary push files left: %q", out)
 			}
-			// Removed behind the cache's back: the exec failure re-pushes.
+			// Removed behind the cache's back (and the resident helper
+			// gone): the failure re-pushes.
+			endResident(t, ctx, h, vm)
 			sh(t, ctx, h, vm, "rm -f "+GuestPath)
 			if _, err := h.SessionList(ctx, vm); err != nil {
 				t.Fatalf("SessionList after removal = %v; want nil (re-pushed)", err)

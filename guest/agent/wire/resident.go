@@ -11,6 +11,14 @@ import "fmt"
 // the commands below); a host refuses a helper that speaks another.
 const Proto = 1
 
+// ReasonNoHelper: `vmgate-guest call` found no resident helper to call
+// (its reply's Error.Reason; it exits ExitNoHelper). The call was not sent.
+const ReasonNoHelper = "no resident helper"
+
+// ExitNoHelper is the exit status of a `vmgate-guest call` that found no
+// resident helper.
+const ExitNoHelper = 3
+
 // ReasonNotResident: a job command reached a vmgate-guest that is not the
 // resident helper (Error.Code CodeRefused).
 const ReasonNotResident = "needs the resident helper"

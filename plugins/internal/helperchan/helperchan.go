@@ -29,6 +29,9 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 )
 
+// PortName is the resident helper's virtio-serial port.
+const PortName = "org.vmgate.guest.0"
+
 // HelloTimeout bounds the wait for the helper's answer to a new
 // connection's hello (the helper polls a closed port every 100 ms at most).
 const HelloTimeout = 3 * time.Second
@@ -56,8 +59,9 @@ func New() *Pool {
 
 // Call sends one helper command over the channel whose host end is the
 // socket at path. ErrNoHelperChannel when there is no socket there;
-// ErrHelperUnavailable when nothing answers on it or the connection fails
-// during the call (the command may have run).
+// ErrHelperUnavailable when nothing answers on it (the call was not sent);
+// ErrHelperLost when the connection fails during the call (the command
+// may have run).
 func (p *Pool) Call(ctx context.Context, path string, call hypervisor.HelperCall) (hypervisor.HelperReply, error) {
 	cl, err := p.client(ctx, path)
 	if err != nil {
@@ -77,7 +81,7 @@ func (p *Pool) Call(ctx context.Context, path string, call hypervisor.HelperCall
 		return hypervisor.HelperReply{}, fmt.Errorf("helper channel: %w: %w", hypervisor.ErrBackend, err)
 	}
 	p.drop(path, cl)
-	return hypervisor.HelperReply{}, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperUnavailable, err)
+	return hypervisor.HelperReply{}, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperLost, err)
 }
 
 // client returns the live connection to path, dialling one if needed.
@@ -100,7 +104,7 @@ func (p *Pool) client(ctx context.Context, path string) (*mux.Client, error) {
 		}
 	}
 	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("helper channel: %w: %w", hypervisor.ErrNoHelperChannel, err)
+		return nil, fmt.Errorf("helper channel: %w: no socket at %s (the VM has no port %s): %w", hypervisor.ErrNoHelperChannel, path, PortName, err)
 	}
 	hctx, cancel := context.WithTimeout(ctx, HelloTimeout)
 	defer cancel()

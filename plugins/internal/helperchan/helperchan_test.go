@@ -93,7 +93,7 @@ func TestCallErrors(t *testing.T) {
 }
 
 // TestCallRedialsAfterAFailedConnection: a connection the guest side ended
-// fails the call in flight (ErrHelperUnavailable); the next call dials again.
+// fails the call in flight (ErrHelperLost); the next call dials again.
 func TestCallRedialsAfterAFailedConnection(t *testing.T) {
 	var first atomic.Bool
 	var srvConn atomic.Pointer[net.Conn]
@@ -122,8 +122,8 @@ func TestCallRedialsAfterAFailedConnection(t *testing.T) {
 	}()
 	p := New()
 	defer p.Close()
-	if _, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"die"}}); !errors.Is(err, hypervisor.ErrHelperUnavailable) {
-		t.Fatalf("Call whose connection ends = %v; want ErrHelperUnavailable", err)
+	if _, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"die"}}); !errors.Is(err, hypervisor.ErrHelperLost) {
+		t.Fatalf("Call whose connection ends = %v; want ErrHelperLost", err)
 	}
 	if rep, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"again"}}); err != nil || string(rep.Stdout) != "again|" {
 		t.Fatalf("next Call = %q, %v; want the echo over a new connection", rep.Stdout, err)
