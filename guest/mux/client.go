@@ -46,6 +46,11 @@ type Client struct {
 	heard atomic.Int64 // unix nanoseconds of the last frame from the guest
 }
 
+// ErrNeedHello: the guest's helper has had no hello on this connection
+// (it restarted behind the port): the call did not run, and the
+// connection is given up.
+var ErrNeedHello = errors.New("mux: the helper has had no hello on this connection (it restarted); the call did not run")
+
 // ErrSilent: the guest sent nothing for DeadAfter, pings unanswered.
 var ErrSilent = errors.New("mux: the guest stopped answering pings")
 
@@ -236,6 +241,18 @@ func (cl *Client) frame(f frame) error {
 			case cl.hello <- bytes.Clone(f.payload[nonceBytes:]):
 			default: // an answer to a resent hello
 			}
+		}
+		return nil
+	}
+	if f.kind == kindNoHello {
+		cl.mu.Lock()
+		p, ok := cl.pending[f.id]
+		delete(cl.pending, f.id)
+		cl.mu.Unlock()
+		if ok {
+			p.err = ErrNeedHello
+			close(p.done)
+			cl.fail(ErrNeedHello)
 		}
 		return nil
 	}

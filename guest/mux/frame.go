@@ -17,6 +17,7 @@ const (
 	kindReject   byte = 6 // guest → host: the stream was refused (payload: why)
 	kindPing     byte = 7 // host → guest: are you there
 	kindPong     byte = 8 // guest → host: the answer, same id
+	kindNoHello  byte = 9 // guest → host: a request came before any hello; it did not run
 )
 
 // flagFin marks the last chunk of a message.

@@ -54,9 +54,12 @@
 // old connection). On the guest, a hello (or the host's end closing)
 // starts a new epoch: replies to requests of an earlier epoch are dropped
 // unsent, as their caller is gone, and the requests themselves run on. A
-// request in an epoch that has seen no hello is dropped unrun: it is a
-// stale one, left in a buffer by a host that has gone (a new helper
-// reading an old host's bytes).
+// request in an epoch that has seen no hello does not run: it is a stale
+// one, left in a buffer by a host that has gone, or it comes from a host
+// whose connection predates this helper (a helper restarted behind a port
+// whose host end stayed open). The guest answers it with kindNoHello, and
+// the host gives that connection up (ErrNeedHello: the call did not run)
+// and dials again.
 //
 // # Liveness
 //

@@ -244,7 +244,8 @@ func (r *rawHost) until(t *testing.T, kind byte, id uint32) []frame {
 }
 
 // TestPortDropsRequestsBeforeHello: a request in an epoch with no hello (a
-// stale one, from a host that has gone) never runs.
+// stale one, from a host that has gone) never runs, and is answered
+// kindNoHello.
 func TestPortDropsRequestsBeforeHello(t *testing.T) {
 	port := newFakePort()
 	var ran atomic.Int32
@@ -257,6 +258,7 @@ func TestPortDropsRequestsBeforeHello(t *testing.T) {
 	go func() { _ = s.ServePort(ctx, port) }()
 	raw := rawHost{h: port.connect()}
 	raw.send(t, 3, Request{Args: []string{"stale"}})
+	raw.until(t, kindNoHello, 3)
 	if err := raw.hello(); err != nil {
 		t.Fatal(err)
 	}
@@ -294,5 +296,46 @@ func TestClientGivesUpOnASilentGuest(t *testing.T) {
 	_, err = cl.Call(ctxT(t, 60*time.Second), Request{Args: []string{"sleep"}})
 	if !errors.Is(err, ErrSilent) {
 		t.Fatalf("Call to a dead helper = %v; want ErrSilent (before the call's own minute)", err)
+	}
+}
+
+// TestClientRedialsAfterTheHelperRestarted: a helper that restarted behind
+// a port whose host end stayed open answers the next call kindNoHello;
+// the call fails with ErrNeedHello, unrun, and the connection is given up.
+func TestClientRedialsAfterTheHelperRestarted(t *testing.T) {
+	port := newFakePort()
+	var ran atomic.Int32
+	s := &Server{Hello: helloJSON, Handler: func(ctx context.Context, req Request) Reply { ran.Add(1); return echo(ctx, req) }}
+	ctx1, stop1 := context.WithCancel(context.Background())
+	done1 := make(chan struct{})
+	go func() { defer close(done1); _ = s.ServePort(ctx1, port) }()
+	cl, _, err := Dial(ctxT(t, 10*time.Second), port.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.Call(ctxT(t, 10*time.Second), Request{Args: []string{"one"}}); err != nil {
+		t.Fatal(err)
+	}
+	// The helper restarts; the host's end stays open.
+	stop1()
+	port.mu.Lock()
+	port.toGuest = append(port.toGuest, 0)
+	port.cond.Broadcast()
+	port.mu.Unlock()
+	<-done1
+	ctx2, stop2 := context.WithCancel(context.Background())
+	defer func() { stop2(); port.connect().Close() }()
+	go func() { _ = s.ServePort(ctx2, port) }()
+	if _, err := cl.Call(ctxT(t, 10*time.Second), Request{Args: []string{"two"}}); !errors.Is(err, ErrNeedHello) {
+		t.Fatalf("Call after the restart = %v; want ErrNeedHello", err)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Errorf("handler ran %d times; want 1 (not the call after the restart)", n)
+	}
+	select {
+	case <-cl.Done():
+	default:
+		t.Errorf("the connection is still up after ErrNeedHello; want it given up")
 	}
 }

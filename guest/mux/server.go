@@ -205,7 +205,11 @@ func (sc *serverConn) request(f frame) error {
 	sc.mu.Lock()
 	if !sc.helloed {
 		sc.mu.Unlock()
-		sc.log.Warn("mux: dropping a request sent before this connection's hello (a stale one)", "stream", f.id)
+		if f.flags&flagFin != 0 {
+			sc.log.Warn("mux: a request before this connection's hello; not run", "stream", f.id)
+			enc, _ := appendFrame(nil, nil, kindNoHello, 0, f.id, nil)
+			return sc.ignoreClosed(sc.snd.control(enc))
+		}
 		return nil
 	}
 	m, ok := sc.in[f.id]

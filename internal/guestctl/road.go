@@ -198,7 +198,14 @@ func (h *Helper) residentHello(ctx context.Context, vm, via string, hc hyperviso
 		}
 		return nil, serr
 	}
-	if hello, err = h.hello(ctx, vm, via, hc); err != nil {
+	// The driver's connection may predate the new helper: its first call
+	// then tells it to dial again (not sent), so try a few times.
+	for range 3 {
+		if hello, err = h.hello(ctx, vm, via, hc); !errors.Is(err, errNotSent) {
+			break
+		}
+	}
+	if err != nil {
 		return nil, fmt.Errorf("started, but: %w", err)
 	}
 	if ok, cerr := h.current(hello); cerr != nil || !ok {

@@ -384,7 +384,7 @@ func TestLabForgedMarker(t *testing.T) {
 			h, _ := labHelper(t, vm)
 			ctx := testCtx(t, 3*time.Minute)
 			s := newSession(t, ctx, h, vm)
-			if s.Enforced.Membership != map[string]wire.Membership{"cg": wire.MemberCgroup, "nocg": wire.MemberSecret}[vm] {
+			if s.Enforced.Membership != map[string]wire.Membership{"cg": wire.MemberCgroup, "nocg": wire.MemberSecret, "noport": wire.MemberCgroup}[vm] {
 				t.Errorf("Enforced.Membership = %q", s.Enforced.Membership)
 			}
 			bgPID(t, ctx, h, vm, s.ID, "sleep 1140")

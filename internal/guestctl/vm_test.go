@@ -143,10 +143,13 @@ func TestLabPushMissingAndChanged(t *testing.T) {
 			if _, err := h.PS(ctx, vm, ""); err != nil || pushes.Load() != 1 {
 				t.Errorf("second PS = %v, pushes %d; want nil, 1", err, pushes.Load())
 			}
-			// Changed helper: garbage in place; a new Helper (fresh cache) replaces it.
-			if err := h.d.FileWrite(ctx, vm, GuestPath, []byte("#!/bin/sh\necho garbage\n"), 0o755); err != nil {
+			// Changed helper: garbage in place (renamed over it: a running
+			// resident helper keeps the file busy for writing); a new Helper
+			// (fresh cache) replaces it.
+			if err := h.d.FileWrite(ctx, vm, GuestPath+".garbage", []byte("#!/bin/sh\necho garbage\n"), 0o755); err != nil {
 				t.Fatalf("FileWrite garbage = %v", err)
 			}
+			sh(t, ctx, h, vm, "mv -f "+GuestPath+".garbage "+GuestPath)
 			h.Forget(vm)
 			if err := h.Ensure(ctx, vm); err != nil {
 				t.Fatalf("Ensure over garbage = %v; want nil", err)

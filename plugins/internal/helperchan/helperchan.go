@@ -79,6 +79,9 @@ func (p *Pool) Call(ctx context.Context, path string, call hypervisor.HelperCall
 		return hypervisor.HelperReply{}, fmt.Errorf("helper channel: %w: %w", hypervisor.ErrTimeout, ctx.Err())
 	case errors.Is(err, mux.ErrRejected):
 		return hypervisor.HelperReply{}, fmt.Errorf("helper channel: %w: %w", hypervisor.ErrBackend, err)
+	case errors.Is(err, mux.ErrNeedHello):
+		p.drop(path, cl)
+		return hypervisor.HelperReply{}, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperUnavailable, err)
 	}
 	p.drop(path, cl)
 	return hypervisor.HelperReply{}, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperLost, err)
