@@ -97,6 +97,19 @@ func (t *jobTable) start(req wire.RunRequest) (wire.JobStarted, error) {
 	if n >= maxJobs {
 		t.expire(time.Now(), true)
 	}
+	end := func() {}
+	if req.Sandbox != nil {
+		if req.Session != "" {
+			return wire.JobStarted{}, invalidf("job start: sandbox and session are exclusive (a session has its own sandbox)")
+		}
+		if err := validateRun(req); err != nil {
+			return wire.JobStarted{}, err
+		}
+		var err error
+		if req, end, err = t.a.oneShotSession(t.life, req); err != nil {
+			return wire.JobStarted{}, fmt.Errorf("job start: %w", err)
+		}
+	}
 	j := &job{id: randomHex(12), session: req.Session, done: make(chan struct{})}
 	j.end.State = wire.JobRunning
 	size := outputCap(req)
@@ -104,6 +117,7 @@ func (t *jobTable) start(req wire.RunRequest) (wire.JobStarted, error) {
 	j.stderr = newRing(size, func() { j.last.Store(2) })
 	p, err := t.a.startRun(req, j.stdout, j.stderr)
 	if err != nil {
+		end()
 		return wire.JobStarted{}, fmt.Errorf("job start: %w", err)
 	}
 	j.pid, j.runID, j.runCgroup, j.started = p.cmd.Process.Pid, p.r.runID, p.r.runCgroup, time.Now()
@@ -118,6 +132,7 @@ func (t *jobTable) start(req wire.RunRequest) (wire.JobStarted, error) {
 		res, err := t.a.wait(ctx, p.cmd, p.r, p.timeout)
 		p.r.close()
 		j.finish(res, err, ctx.Err() != nil, t.life.Err() != nil)
+		end() // a one-shot sandbox's session, with whatever the job left
 		t.persist(j)
 		close(j.done)
 	}()

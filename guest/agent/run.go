@@ -137,6 +137,9 @@ func randomHex(n int) string {
 // marker or descending from it, in rounds until none is left; the result
 // has TimedOut and the output so far.
 func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, error) {
+	if req.Sandbox != nil {
+		return a.runOneShot(ctx, req)
+	}
 	maxOut := outputCap(req)
 	stdout, stderr := &capped{max: maxOut}, &capped{max: maxOut}
 	p, err := a.startRun(req, stdout, stderr)
@@ -154,6 +157,40 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 		res.WriteBlocked = p.r.writeBlocked
 	}
 	return res, nil
+}
+
+// runOneShot runs req confined by req.Sandbox in a session of its own,
+// created for the run and destroyed after it (every process the command
+// left ends with it), all in this one call.
+func (a *Agent) runOneShot(ctx context.Context, req wire.RunRequest) (wire.RunResult, error) {
+	if req.Session != "" {
+		return wire.RunResult{}, invalidf("run: sandbox and session are exclusive (a session has its own sandbox)")
+	}
+	if err := validateRun(req); err != nil {
+		return wire.RunResult{}, err
+	}
+	req, end, err := a.oneShotSession(ctx, req)
+	if err != nil {
+		return wire.RunResult{}, err
+	}
+	defer end()
+	return a.Run(ctx, req)
+}
+
+// oneShotSession creates the session of a one-shot sandbox and returns
+// req in it, and the function that destroys it.
+func (a *Agent) oneShotSession(ctx context.Context, req wire.RunRequest) (wire.RunRequest, func(), error) {
+	s, err := a.SessionCreate(ctx, wire.SessionCreate{ID: "oneshot" + randomHex(12), Sandbox: req.Sandbox})
+	if err != nil {
+		return req, nil, fmt.Errorf("run: one-shot sandbox: %w", err)
+	}
+	end := func() {
+		if _, derr := a.SessionDestroy(context.WithoutCancel(ctx), s.ID); derr != nil {
+			a.cfg.Logger.Error("run: one-shot sandbox: destroy", "session", s.ID, "err", derr)
+		}
+	}
+	req.Sandbox, req.Session = nil, s.ID
+	return req, end, nil
 }
 
 // outputCap is the per-stream output cap of req.

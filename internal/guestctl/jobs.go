@@ -163,6 +163,14 @@ func checkRun(req RunRequest) ([]byte, error) {
 			return nil, invalid("run", "%v", err)
 		}
 	}
+	if req.Sandbox != nil {
+		if req.Session != "" {
+			return nil, invalid("run", "sandbox and session are exclusive (a session has its own sandbox)")
+		}
+		if err := req.Sandbox.Validate(); err != nil {
+			return nil, invalid("run", "%v", err)
+		}
+	}
 	if req.TimeoutMS < 0 || req.TimeoutMS > wire.MaxRunTimeoutMS {
 		return nil, invalid("run", "timeout_ms %d out of range 0..%d", req.TimeoutMS, wire.MaxRunTimeoutMS)
 	}
