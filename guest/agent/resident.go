@@ -89,6 +89,56 @@ type resident struct {
 	jobs       *jobTable
 	hello      wire.Hello // fixed at start; Jobs is filled per answer
 	oomLowered bool
+
+	// touchMu guards touched: when each session's last use was last
+	// written (touchLater).
+	touchMu sync.Mutex
+	touched map[string]time.Time
+}
+
+// touchEvery is how often the resident helper writes a session's last use
+// (the idle limit counts in seconds).
+const touchEvery = time.Second
+
+// touchKept bounds touched: past it, entries older than touchEvery go.
+const touchKept = 1024
+
+// touchLater records session id's use off the run's path: at most once
+// per touchEvery, in a goroutine of its own that takes the lock and reads
+// the metadata again (a destroy meanwhile leaves nothing to write). A
+// process per command writes it as the run starts instead (joinSession).
+func (r *resident) touchLater(a *Agent, id string) {
+	now := time.Now()
+	r.touchMu.Lock()
+	if r.touched == nil {
+		r.touched = map[string]time.Time{}
+	}
+	if now.Sub(r.touched[id]) < touchEvery {
+		r.touchMu.Unlock()
+		return
+	}
+	if len(r.touched) >= touchKept {
+		for k, t := range r.touched { // sessions long gone or idle
+			if now.Sub(t) >= touchEvery {
+				delete(r.touched, k)
+			}
+		}
+	}
+	r.touched[id] = now
+	r.touchMu.Unlock()
+	go func() {
+		unlock, err := a.lock()
+		if err != nil {
+			a.cfg.Logger.Warn("run: recording last use", "session", id, "err", err)
+			return
+		}
+		defer unlock()
+		if m, err := a.readMetaLocked(id); err == nil {
+			if err := a.touchLocked(m); err != nil {
+				a.cfg.Logger.Warn("run: recording last use", "session", id, "err", err)
+			}
+		}
+	}()
 }
 
 // ServeOptions configure Serve.

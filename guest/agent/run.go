@@ -354,6 +354,11 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (release func(), e
 			"--nproc", strconv.FormatInt(m.Limits.Pids, 10), "--"}, r.argv...)
 	}
 	return func() {
+		if a.res != nil {
+			unlock()
+			a.res.touchLater(a, m.ID)
+			return
+		}
 		if err := a.touchLocked(m); err != nil {
 			a.cfg.Logger.Warn("run: recording last use", "session", m.ID, "err", err)
 		}
@@ -514,9 +519,19 @@ func (a *Agent) wait(ctx context.Context, cmd *exec.Cmd, r *runSetup, timeout ti
 		return res, fmt.Errorf("run: wait: %w", waitErr)
 	}
 	// A run cgroup that emptied is removed; one with background members stays
-	// until the session is destroyed.
-	if r.runCgroup != "" && len(cgroupPIDs(r.runCgroup)) == 0 {
-		_ = removeCgroupTree(r.runCgroup)
+	// until the session is destroyed. The resident helper does it after
+	// the reply.
+	if cg := r.runCgroup; cg != "" {
+		tidy := func() {
+			if len(cgroupPIDs(cg)) == 0 {
+				_ = removeCgroupTree(cg)
+			}
+		}
+		if a.res != nil {
+			go tidy()
+		} else {
+			tidy()
+		}
 	}
 	return res, nil
 }
