@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/guest/mux"
+	"golang.org/x/sys/unix"
 )
 
 func TestRingCursor(t *testing.T) {
@@ -511,5 +513,63 @@ func TestServeReplaceOnlyAHelper(t *testing.T) {
 	err = a.Serve(context.Background(), ServeOptions{KeepProcess: true, Replace: true, Socket: filepath.Join(t.TempDir(), "s.sock")})
 	if err == nil || !strings.Contains(err.Error(), "is not a vmgate-guest") {
 		t.Fatalf("Serve(Replace) with the lock held by a test binary = %v; want a refusal", err)
+	}
+}
+
+// TestJobOutlivesItsCallersThread: a job started from a goroutine locked
+// to an OS thread that then exits (as the sandbox's, writeBlocked's and
+// the network namespace's threads do) keeps running: its fork happened on
+// the helper's one thread that never exits, so its parent-death signal
+// does not fire with the caller's thread.
+func TestJobOutlivesItsCallersThread(t *testing.T) {
+	s := serveForTest(t, t.TempDir())
+	gate := filepath.Join(t.TempDir(), "gate")
+	shell := fmt.Sprintf(`while [ ! -e %s ]; do sleep 0.01; done; echo survived`, gate)
+	type started struct {
+		st  wire.JobStarted
+		tid int
+		err error
+	}
+	// The runtime parks the process's main thread instead of ending it:
+	// a goroutine that finds itself there gives it back and tries again.
+	var got started
+	for got.tid == 0 {
+		done := make(chan started, 1)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the runtime ends this thread when the goroutine returns
+			if unix.Gettid() == os.Getpid() {
+				runtime.UnlockOSThread()
+				done <- started{}
+				return
+			}
+			st, err := s.a.res.jobs.start(wire.RunRequest{Shell: shell, TimeoutMS: 60000})
+			done <- started{st, unix.Gettid(), err}
+		}()
+		got = <-done
+	}
+	if got.err != nil {
+		t.Fatalf("job start = %v", got.err)
+	}
+	task := fmt.Sprintf("/proc/self/task/%d", got.tid)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Stat(task); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still exists 30 s after its locked goroutine returned", task)
+		}
+		runtime.Gosched()
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var js wire.JobStatus
+	for js.State == "" || js.State == wire.JobRunning {
+		if err := s.call(t, []string{"job", "status", "--id", got.st.ID, "--wait-ms", "20000"}, nil, &js); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if js.State != wire.JobExited || js.ExitCode != 0 || string(js.Stdout.Data) != "survived\n" {
+		t.Errorf("job after its caller's thread exited = %+v; want exited 0 with %q", js, "survived\n")
 	}
 }
