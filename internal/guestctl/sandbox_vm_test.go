@@ -55,7 +55,7 @@ func pushEscape(t *testing.T, ctx context.Context, h *Helper, vm string) {
 	}
 }
 
-func sandboxSession(t *testing.T, ctx context.Context, h *Helper, vm string, sb wire.Sandbox) Session {
+func sandboxSession(t testing.TB, ctx context.Context, h *Helper, vm string, sb wire.Sandbox) Session {
 	t.Helper()
 	s, err := h.SessionCreate(ctx, vm, SessionCreate{ID: NewSessionID(), TTLS: 3600, Sandbox: &sb})
 	if err != nil {
