@@ -15,8 +15,8 @@ import (
 // With the bareStdioArg argument it is the bare baseline server, as
 // vmgate-bench is.
 func TestMain(m *testing.M) {
-	if len(os.Args) == 3 && os.Args[1] == bareStdioArg {
-		if err := serveBare(os.Args[2]); err != nil {
+	if ok, err := runBare(os.Args); ok {
+		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -116,7 +116,7 @@ func TestTestBinaryBench(t *testing.T) {
 }
 
 func TestParseFlags(t *testing.T) {
-	full := []string{"-vmgate", "v", "-tests", "t", "-src", "s"}
+	full := []string{"-vmgate", "v", "-tests", "t", "-src", "s", "-plugins", "p"}
 	tests := []struct {
 		name    string
 		args    []string
@@ -133,6 +133,7 @@ func TestParseFlags(t *testing.T) {
 		{"lab without binary", []string{"-only", "lab"}, "needs -vmgate", nil},
 		{"gate without tests", []string{"-only", "gate", "-src", "s"}, "needs -tests", nil},
 		{"audit without source", []string{"-only", "audit", "-tests", "t"}, "needs -src", nil},
+		{"fleet without plugins", []string{"-only", "fleet", "-vmgate", "v"}, "needs -plugins", nil},
 		{"stray argument", append(full, "extra"), "unexpected arguments", nil},
 		{"unknown flag", []string{"-fast"}, "not defined", nil},
 	}

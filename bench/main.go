@@ -32,10 +32,18 @@
 //	        (its call socket) against in process
 //	5       audit: appends/s at 64 writers, group commit against one fsync per record
 //	6a, 6b  scale: list_vms of 500 VMs; exec throughput of 4 lab VMs against 1
+//	6c, 6d  fleet: list_vms's first page of 100 of 1,000 VMs over 4 backends
+//	        (external fleet plugins) against a bare server answering the
+//	        same page; RSS of serve and its plugins with 1,000 VMs and
+//	        leases against 10 (fleet.go)
 //	7       memory: RSS of vmgate serve and its plugins after the load against idle
 //	8       sandbox: exec in a sandboxed session against outside any session
 //	10      VMs on demand: vm_create to the first exec on the lab template against
 //	        lab.Create to the first raw guest-exec
+//	11      screen: a screenshot through the QEMU driver's plugin against a raw
+//	        QMP screendump (the vm_screenshot tool's row, once it exists)
+//	13      audit search: vmgate audit search on a 100,000-record log, by each
+//	        filter, against grep -c of the same value
 //
 // The table goes to standard output, progress to standard error. The exit
 // status is 1 when any row failed.
@@ -57,11 +65,12 @@ import (
 )
 
 // groups are the names -only accepts, in the order they run.
-var groups = []string{"decide", "scale", "audit", "plugin", "gate", "shipped", "lab", "snapshot", "create"}
+var groups = []string{"decide", "scale", "audit", "search", "plugin", "gate", "shipped", "fleet", "lab", "snapshot", "create", "screen"}
 
 // options are the command's flags, validated.
 type options struct {
 	vmgate, tests, src string
+	plugins            string
 	pairs, warmup      int
 	only               []string
 }
@@ -74,6 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.vmgate, "vmgate", "", "the vmgate binary (lab rows)")
 	fs.StringVar(&o.tests, "tests", "", "directory with server.test, audit.test and pluginhost.test (go test -c)")
 	fs.StringVar(&o.src, "src", "", "root of the vmgate main module (the test binaries run in their package directories)")
+	fs.StringVar(&o.plugins, "plugins", "", "directory with vmgate-plugin-fleet (bench/fleetplugin; fleet rows)")
 	fs.IntVar(&o.pairs, "pairs", 6, "rounds that count, each one A and one B (at least 5)")
 	fs.IntVar(&o.warmup, "warmup", 1, "rounds run first and thrown away")
 	fs.StringVar(&only, "only", strings.Join(groups, ","), "comma-separated groups to run: "+strings.Join(groups, ", "))
@@ -106,8 +116,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	}
-	return o, errors.Join(needs("vmgate", o.vmgate, "lab", "shipped", "snapshot", "create"),
-		needs("tests", o.tests, "audit", "plugin", "gate"), needs("src", o.src, "audit", "plugin", "gate"))
+	return o, errors.Join(needs("vmgate", o.vmgate, "search", "lab", "shipped", "fleet", "snapshot", "create", "screen"),
+		needs("tests", o.tests, "audit", "plugin", "gate"), needs("src", o.src, "audit", "plugin", "gate"),
+		needs("plugins", o.plugins, "fleet"))
 }
 
 // machine describes where the table was measured.
@@ -129,8 +140,8 @@ func machine() string {
 }
 
 func main() {
-	if len(os.Args) == 3 && os.Args[1] == bareStdioArg {
-		if err := serveBare(os.Args[2]); err != nil {
+	if ok, err := runBare(os.Args); ok {
+		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -162,18 +173,24 @@ func main() {
 			rows = append(rows, listVMsRow(ctx, o.warmup, o.pairs))
 		case "audit":
 			rows = append(rows, auditRow(ctx, m, o.warmup, o.pairs))
+		case "search":
+			rows = append(rows, searchRow(ctx, o.vmgate, o.warmup, o.pairs))
 		case "plugin":
 			rows = append(rows, pluginRow(ctx, m, o.warmup, o.pairs))
 		case "gate":
 			rows = append(rows, gateRows(ctx, m, o.warmup, o.pairs)...)
 		case "shipped":
 			rows = append(rows, shippedRows(ctx, o.vmgate, o.warmup, o.pairs)...)
+		case "fleet":
+			rows = append(rows, fleetRows(ctx, o.vmgate, o.plugins, o.warmup, o.pairs)...)
 		case "lab":
 			rows = append(rows, labRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "snapshot":
 			rows = append(rows, snapshotRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "create":
 			rows = append(rows, createRow(ctx, o.vmgate, o.warmup, o.pairs))
+		case "screen":
+			rows = append(rows, screenRow(ctx, o.vmgate, o.warmup, o.pairs))
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s took %v\n", g, time.Since(t0).Round(time.Second))
 	}
@@ -189,6 +206,22 @@ func main() {
 			os.Exit(1)
 		}
 	}
+}
+
+// runBare serves a bare baseline when args (this binary run again by a
+// row) ask for one: bareStdioArg LABDIR or bareFleetArg VMS. ok says
+// whether they did; the server's error ends it.
+func runBare(args []string) (ok bool, err error) {
+	if len(args) != 3 {
+		return false, nil
+	}
+	switch args[1] {
+	case bareStdioArg:
+		return true, serveBare(args[2])
+	case bareFleetArg:
+		return true, serveBareFleet(args[2])
+	}
+	return false, nil
 }
 
 // settle writes back what is dirty in the page cache before a group runs:

@@ -53,7 +53,7 @@ func snapshotRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row 
 		return fail(err)
 	}
 	err = Rounds(ctx, warmup, pairs, func(ctx context.Context, i int, counts bool) error {
-		gc, gr, with, without, err := l.snapServerRound(ctx, cfg, i)
+		gc, gr, with, without, err := l.snapServerRound(ctx, cfg, i, vm1.QMPSocket)
 		if err != nil {
 			return err
 		}
@@ -88,8 +88,9 @@ func (l *labEnv) writeSnapConfig() (string, error) {
 
 // snapServerRound measures through vmgate serve: create, revert (the
 // snapshot is deleted afterwards, untimed), and one exec with and one
-// without snapshot_before, in an order that alternates with i.
-func (l *labEnv) snapServerRound(ctx context.Context, cfg string, i int) (create, revert, with, without float64, err error) {
+// without snapshot_before, in an order that alternates with i. The undo
+// snapshot is deleted on QMP (qmpSocket): no grant may delete one.
+func (l *labEnv) snapServerRound(ctx context.Context, cfg string, i int, qmpSocket string) (create, revert, with, without float64, err error) {
 	p, err := l.serve(ctx, cfg)
 	if err != nil {
 		return 0, 0, 0, 0, err
@@ -120,7 +121,7 @@ func (l *labEnv) snapServerRound(ctx context.Context, cfg string, i int) (create
 		if err != nil {
 			return 0, err
 		}
-		return ms, deleteUndoSnapshots(ctx, p.client)
+		return ms, deleteUndoSnapshots(ctx, p.client, qmpSocket)
 	}
 	plain := func() (float64, error) {
 		return timed("vm_agent_exec", `{"vm":"lab/vm1","shell":"touch /tmp/bench-plain-x && rm -f /tmp/bench-plain-x"}`)
@@ -139,8 +140,10 @@ func (l *labEnv) snapServerRound(ctx context.Context, cfg string, i int) (create
 	return create, revert, with, without, p.stop()
 }
 
-// deleteUndoSnapshots deletes the undo snapshots the exec left (untimed).
-func deleteUndoSnapshots(ctx context.Context, c *mcpClient) error {
+// deleteUndoSnapshots deletes the undo snapshots the exec left (untimed):
+// listed through vmgate, deleted straight on QMP (delvm), since undo
+// snapshots are the server's and no grant may delete them.
+func deleteUndoSnapshots(ctx context.Context, c *mcpClient, qmpSocket string) error {
 	res, err := c.callTool(ctx, "snapshot_list", `{"vm":"lab/vm1"}`)
 	if err != nil {
 		return err
@@ -153,17 +156,27 @@ func deleteUndoSnapshots(ctx context.Context, c *mcpClient) error {
 	if err := json.Unmarshal(res.StructuredContent, &out); err != nil {
 		return err
 	}
-	n := 0
+	var names []string
 	for _, s := range out.Snapshots {
 		if strings.HasPrefix(s.Name, "vmgate-undo-") {
-			n++
-			if _, err := c.callTool(ctx, "snapshot_delete", `{"vm":"lab/vm1","name":"`+s.Name+`"}`); err != nil {
-				return err
-			}
+			names = append(names, s.Name)
 		}
 	}
-	if n != 1 {
-		return fmt.Errorf("snapshot_before left %d undo snapshots; want 1", n)
+	if len(names) != 1 {
+		return fmt.Errorf("snapshot_before left %d undo snapshots; want 1", len(names))
+	}
+	q, err := dialQMP(ctx, qmpSocket)
+	if err != nil {
+		return err
+	}
+	defer q.c.Close()
+	raw, err := q.run("human-monitor-command", map[string]any{"command-line": "delvm " + names[0]})
+	if err != nil {
+		return err
+	}
+	var msg string
+	if err := json.Unmarshal(raw, &msg); err != nil || strings.TrimSpace(msg) != "" {
+		return fmt.Errorf("delvm %s: %q %v", names[0], msg, err)
 	}
 	return nil
 }

@@ -60,6 +60,33 @@ func rssBytes(pid int) (int64, error) {
 	return kb << 10, err
 }
 
+// samplePeakRSS samples the resident size of pid every d until ctx ends;
+// the function it returns waits for that and returns the highest size
+// seen (at least from).
+func samplePeakRSS(ctx context.Context, pid int, from int64, d time.Duration) func() int64 {
+	peak := from
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(d)
+		defer tick.Stop()
+		for {
+			if n, err := rssBytes(pid); err == nil && n > peak {
+				peak = n
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() int64 {
+		<-done
+		return peak
+	}
+}
+
 // floodTally is what one grant's flood saw.
 type floodTally struct {
 	mu       sync.Mutex
@@ -152,30 +179,13 @@ func TestInitializeFlood(t *testing.T) {
 	d := floodDuration()
 	fctx, stop := context.WithTimeout(ctx, d)
 	defer stop()
-	var peak atomic.Int64
-	peak.Store(before)
-	sampled := make(chan struct{})
-	go func() { // the resident size, four times a second, until the flood ends
-		defer close(sampled)
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			if n, err := rssBytes(p.pid()); err == nil && n > peak.Load() {
-				peak.Store(n)
-			}
-			select {
-			case <-fctx.Done():
-				return
-			case <-tick.C:
-			}
-		}
-	}()
+	peakRSS := samplePeakRSS(fctx, p.pid(), before, 250*time.Millisecond) // four times a second
 	var flood, burst floodTally
 	var wg sync.WaitGroup
 	wg.Go(func() { floodInitialize(fctx, p.url, floodTok, floodWorkers, &flood) })
 	wg.Go(func() { floodInitialize(fctx, p.url, burstTok, burstWorkers, &burst) })
 	wg.Wait()
-	<-sampled
+	peak := peakRSS()
 	after, err := rssBytes(p.pid())
 	if err != nil {
 		t.Fatal(err)
@@ -190,10 +200,10 @@ func TestInitializeFlood(t *testing.T) {
 	mib := func(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 	t.Logf("flood of %v: %d sessions opened by %q (%d other replies: %v), %d admitted and %d refused for %q; RSS %s before, peak %s, %s after; live heap %.1f MiB (%v)",
 		d, flood.admitted.Load(), "flood", flood.other.Load(), flood.example.Load(), burst.admitted.Load(), burst.limited.Load(), "burst",
-		mib(before), mib(peak.Load()), mib(after), heap/(1<<20), herr)
+		mib(before), mib(peak), mib(after), heap/(1<<20), herr)
 
-	if got := peak.Load() - before; got > floodRSSBound {
-		t.Errorf("the server's RSS grew by %s during the flood (%s to %s); want at most %s", mib(got), mib(before), mib(peak.Load()), mib(floodRSSBound))
+	if got := peak - before; got > floodRSSBound {
+		t.Errorf("the server's RSS grew by %s during the flood (%s to %s); want at most %s", mib(got), mib(before), mib(peak), mib(floodRSSBound))
 	}
 	if flood.admitted.Load() < 10*floodSessionsPerGrant {
 		t.Errorf("the flood opened only %d sessions; want far more than the cap of %d for the test to mean anything", flood.admitted.Load(), floodSessionsPerGrant)
@@ -247,5 +257,5 @@ func TestInitializeFlood(t *testing.T) {
 	}
 	report.add("initialize flood", fmt.Sprintf("%v, %d+%d connections, caps 64/grant, 1024 in all, budget 1200/min", d, floodWorkers, burstWorkers),
 		fmt.Sprintf("%d sessions opened, %d still live (%d probed gone); %d admitted, %d refused on the budget; RSS %s → peak %s (bound +%s)",
-			flood.admitted.Load(), live, gone, burst.admitted.Load(), burst.limited.Load(), mib(before), mib(peak.Load()), mib(floodRSSBound)))
+			flood.admitted.Load(), live, gone, burst.admitted.Load(), burst.limited.Load(), mib(before), mib(peak), mib(floodRSSBound)))
 }

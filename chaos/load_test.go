@@ -94,6 +94,49 @@ func (t *tally) String() string {
 	return strings.TrimSpace(b.String())
 }
 
+// rateLimited is how many of t's calls were refused on a limit.
+func (t *tally) rateLimited() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.outcomes["[RATE LIMITED]"]
+}
+
+// loadCap bounds how long endLoad lets the load run past its duration
+// while the limits have not been reached yet (a busy machine makes each
+// call slower, so fewer calls fit in the duration).
+const loadCap = 8
+
+// endLoad cancels the load once it has run for d and every tally has seen
+// a call refused on a limit (the campaign is about limits holding, so a
+// load that reached none would prove nothing), or after loadCap × d.
+func endLoad(ctx context.Context, cancel context.CancelFunc, d time.Duration, tallies ...*tally) {
+	defer cancel()
+	start := time.Now()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		elapsed := time.Since(start)
+		if elapsed >= loadCap*d {
+			return
+		}
+		if elapsed < d {
+			continue
+		}
+		reached := true
+		for _, t := range tallies {
+			reached = reached && t.rateLimited() > 0
+		}
+		if reached {
+			return
+		}
+	}
+}
+
 // mix issues random calls of every tool against vm until ctx ends.
 func mix(ctx context.Context, c caller, vm string, worker int, tl *tally) {
 	rng := rand.New(rand.NewPCG(uint64(worker), uint64(time.Now().UnixNano())))
@@ -293,7 +336,9 @@ func TestLoad(t *testing.T) {
 	}
 
 	tl, stl := newTally(), newTally()
-	lctx, cancel := context.WithTimeout(ctx, md.load)
+	lctx, cancel := context.WithCancel(ctx)
+	go endLoad(lctx, cancel, md.load, tl, stl)
+	loadStart := time.Now()
 	var wg sync.WaitGroup
 	for i, c := range clients {
 		wg.Go(func() { mix(lctx, c, "lab/"+vm1, i, tl) })
@@ -306,13 +351,14 @@ func TestLoad(t *testing.T) {
 	}
 	wg.Wait()
 	cancel()
+	loadTook := time.Since(loadStart).Round(time.Second)
 	t.Logf("http: %d answered, %d failed: %s", tl.answered.Load(), tl.failed.Load(), tl)
 	t.Logf("stdio: %d answered, %d failed: %s", stl.answered.Load(), stl.failed.Load(), stl)
 	if n := tl.failed.Load() + stl.failed.Load(); n != 0 {
 		t.Errorf("%d calls got no reply; first errors: %v %v", n, tl.errs, stl.errs)
 	}
 	if tl.answered.Load() < int64(md.clients) {
-		t.Errorf("only %d calls answered over HTTP by %d clients in %v", tl.answered.Load(), md.clients, md.load)
+		t.Errorf("only %d calls answered over HTTP by %d clients in %v", tl.answered.Load(), md.clients, loadTook)
 	}
 
 	// Let idle connections and finished calls go, then compare fds.
@@ -403,7 +449,7 @@ func TestLoad(t *testing.T) {
 			t.Errorf("%s: the load reserved %d counters and was rate limited %d times; want both > 0 (the limits were not exercised)", side.name, lim.reservations, decisions(recs)["rate_limited"])
 		}
 	}
-	report.add("load", fmt.Sprintf("%d HTTP + 1 stdio client (4 callers) × %v, every tool", md.clients, md.load),
+	report.add("load", fmt.Sprintf("%d HTTP + 1 stdio client (4 callers) × %v, every tool", md.clients, loadTook),
 		fmt.Sprintf("%d calls, limits held: %v, records lost: %d", tl.answered.Load()+stl.answered.Load(), held, lost))
 	report.add("load", "fds, goroutines (go_goroutines on /metrics) and threads of vmgate serve, before → after",
 		fmt.Sprintf("fds %d → %d, goroutines %v → %v (threads %d → %d)", fdBefore, fdAfter, grBefore, grAfter, thrBefore, thrAfter))

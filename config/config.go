@@ -92,6 +92,9 @@ type Metrics struct {
 	// store type redis it defaults to the host name (set it when several
 	// replicas share a host); otherwise there is no such label.
 	Replica string `yaml:"replica"`
+	// PerVMLabels adds one series per VM (vmgate_vm_state{backend, vm,
+	// state}); off, no series carries a VM's name (server/metrics).
+	PerVMLabels bool `yaml:"per_vm_labels"`
 }
 
 // replicaRE is what a replica label may be.
@@ -372,6 +375,9 @@ func (c *Config) Validate() error {
 		return c.fieldError("metrics.replica", "%q: want 1 to 128 of [A-Za-z0-9._:@-]", c.Metrics.Replica)
 	}
 	if err := c.validateHTTPLimits(); err != nil {
+		return err
+	}
+	if err := c.validateHTTPOrigins(); err != nil {
 		return err
 	}
 	if (c.HTTP.TLSCert == "") != (c.HTTP.TLSKey == "") {

@@ -1,6 +1,10 @@
 package config
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/vmgate/vmgate/internal/hostguard"
+)
 
 // HTTPSessions bound the sessions of the streamable HTTP transport (MCP
 // clients older than protocol 2026-07-28; newer ones have none). Zero
@@ -53,6 +57,23 @@ func (c *Config) validateHTTPLimits() error {
 		if err := inRange(fmt.Sprintf("grants[%d].requests_per_minute", i), g.RequestsPerMinute, maxRequestsPerMinute); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// validateHTTPOrigins checks http.allowed_origins: each an origin exactly
+// as a browser sends it in the Origin header (the server compares them
+// byte for byte), listed once; "*" and "null" are not origins.
+func (c *Config) validateHTTPOrigins() error {
+	seen := map[string]bool{}
+	for i, o := range c.HTTP.AllowedOrigins {
+		if _, _, err := hostguard.ParseOrigin(o); err != nil {
+			return fmt.Errorf("http.allowed_origins[%d]: %w; write scheme://host[:port] as a browser sends it, e.g. \"http://localhost:6274\"", i, err)
+		}
+		if seen[o] {
+			return fmt.Errorf("http.allowed_origins[%d]: %q is listed twice", i, o)
+		}
+		seen[o] = true
 	}
 	return nil
 }

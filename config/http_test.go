@@ -49,3 +49,43 @@ func TestParseHTTPLimitsBad(t *testing.T) {
 		})
 	}
 }
+
+func TestParseHTTPAllowedOrigins(t *testing.T) {
+	base := "state_dir: s\ngrants: [{name: a, policy: builtin:default}]\n"
+	good := base + `http: {allowed_origins: ["http://localhost:6274", "https://ops.example", "http://[::1]:8080", "http://192.0.2.7:3000"]}` + "\n"
+	c, err := Parse([]byte(good), t.TempDir(), "")
+	if err != nil || len(c.HTTP.AllowedOrigins) != 4 {
+		t.Fatalf("Parse(%q) = %v, %v; want 4 origins", good, c, err)
+	}
+	tests := []struct {
+		name, origin, want string
+	}{
+		{"trailing slash", "http://localhost:6274/", "allowed_origins[0]"},
+		{"a path", "https://ops.example/app", "a path"},
+		{"no scheme", "localhost:6274", "http:// or https://"},
+		{"another scheme", "ftp://ops.example", "http:// or https://"},
+		{"a wildcard", "*", "not an origin"},
+		{"null", "null", "not an origin"},
+		{"uppercase host", "http://Ops.Example", "lowercase"},
+		{"a user", "http://u@ops.example", "a user"},
+		{"port zero", "http://ops.example:0", "bad port"},
+		{"port too large", "http://ops.example:65536", "bad port"},
+		{"empty port", "http://ops.example:", "bad port"},
+		{"IPv6 without brackets", "http://::1", "brackets"},
+		{"a query", "http://ops.example?x", "a query"},
+		{"empty", "", "not an origin"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			doc := base + "http: {allowed_origins: [\"" + tt.origin + "\"]}\n"
+			_, err := Parse([]byte(doc), t.TempDir(), "")
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "http.allowed_origins[0]") {
+				t.Errorf("Parse(%q) = %v; want an error naming http.allowed_origins[0] and containing %q", doc, err, tt.want)
+			}
+		})
+	}
+	twice := base + `http: {allowed_origins: ["http://localhost:6274", "http://localhost:6274"]}` + "\n"
+	if _, err := Parse([]byte(twice), t.TempDir(), ""); err == nil || !strings.Contains(err.Error(), "listed twice") {
+		t.Errorf("Parse(%q) = %v; want an error: listed twice", twice, err)
+	}
+}

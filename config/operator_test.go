@@ -8,13 +8,13 @@ import (
 const opHash = "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b"
 
 func TestParseOperatorAndMetrics(t *testing.T) {
-	doc := "state_dir: s\ngrants: [{name: a, policy: p}]\noperator: {name: alice, token_sha256: " + opHash + "}\nmetrics: {addr: '127.0.0.1:9707'}\n"
+	doc := "state_dir: s\ngrants: [{name: a, policy: p}]\noperator: {name: alice, token_sha256: " + opHash + "}\nmetrics: {addr: '127.0.0.1:9707', per_vm_labels: true}\n"
 	c, err := Parse([]byte(doc), t.TempDir(), "")
 	if err != nil {
 		t.Fatalf("Parse(%q) = %v", doc, err)
 	}
-	if c.Operator.Name != "alice" || c.Operator.TokenSHA256 != opHash || c.Metrics.Addr != "127.0.0.1:9707" {
-		t.Errorf("Parse(%q) = operator %+v, metrics %+v; want alice, the hash and 127.0.0.1:9707", doc, c.Operator, c.Metrics)
+	if c.Operator.Name != "alice" || c.Operator.TokenSHA256 != opHash || c.Metrics.Addr != "127.0.0.1:9707" || !c.Metrics.PerVMLabels {
+		t.Errorf("Parse(%q) = operator %+v, metrics %+v; want alice, the hash, 127.0.0.1:9707 and per-VM labels", doc, c.Operator, c.Metrics)
 	}
 }
 

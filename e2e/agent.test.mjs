@@ -43,6 +43,13 @@ const ANNOTATIONS = {
   vm_delete: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
 };
 
+// VMGATE_E2E_TOOLS=subset: the grant's policy denies the tools it does
+// not list (suggest_test.go: a policy on trial, and the one `vmgate policy
+// suggest` wrote from its log): tools/list may hold fewer than the table, and a call to a tool it does not hold (which
+// the server refuses before its policy, as an unknown VM) has no schema
+// to check.
+const subset = process.env.VMGATE_E2E_TOOLS === 'subset';
+
 const unknownVM = (vm) => `${TAGS.unknownVM} no VM ${JSON.stringify(vm)} (list_vms shows the VMs you can use)`;
 
 async function connect() {
@@ -74,6 +81,7 @@ class Agent {
     const what = `${name}(${JSON.stringify(args)})`;
     assert.ok(res.structuredContent, `${what} = ${text(res)}: no structuredContent`);
     const valid = this.validators[name];
+    if (!valid && subset) return res;
     assert.ok(valid, `${what}: no outputSchema for ${name}`);
     assert.ok(valid(res.structuredContent),
       `${what}: structuredContent ${JSON.stringify(res.structuredContent)} does not match its outputSchema: ${JSON.stringify(valid.errors)}`);
@@ -113,7 +121,11 @@ test('the agent side of vmgate with the MCP SDK', { skip: missingEnv }, async (t
     const agent = new Agent(client, tools);
 
     await t.test('tools/list: every tool has its annotations and an outputSchema', () => {
-      assert.deepEqual(tools.map((x) => x.name).sort(), Object.keys(ANNOTATIONS).sort(), 'the tools of the table');
+      if (subset) {
+        assert.ok(tools.length > 0 && tools.every((x) => x.name in ANNOTATIONS), `tools/list ${tools.map((x) => x.name)}: tools of the table`);
+      } else {
+        assert.deepEqual(tools.map((x) => x.name).sort(), Object.keys(ANNOTATIONS).sort(), 'the tools of the table');
+      }
       for (const tool of tools) {
         assert.deepEqual(
           Object.fromEntries(Object.keys(ANNOTATIONS[tool.name]).map((k) => [k, tool.annotations?.[k]])),
@@ -121,7 +133,8 @@ test('the agent side of vmgate with the MCP SDK', { skip: missingEnv }, async (t
         assert.equal(tool.outputSchema?.type, 'object', `${tool.name} has an outputSchema`);
       }
       const kill = tools.find((x) => x.name === 'kill_process');
-      assert.equal(kill.inputSchema.properties.signal.default, 'TERM', 'kill_process.signal default');
+      assert.ok(kill || subset, 'tools/list has kill_process');
+      if (kill) assert.equal(kill.inputSchema.properties.signal.default, 'TERM', 'kill_process.signal default');
     });
 
     await t.test('a failing guest command, a missing file and a directory read say why', async () => {

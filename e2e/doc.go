@@ -11,10 +11,16 @@
 // covers the agent's side of every call: each result validated against its
 // tool's outputSchema, the annotations of every tool, and the guest's own
 // reasons in errors. TestNodeSDKUndo runs undo.test.mjs against a server of
-// its own (snapshot_before and an approved revert, the session trash,
-// vm_network, vm_metrics under load). TestNodeSDKLifecycle and
+// its own (snapshot_before and an operator's undo, the session trash,
+// vm_network, vm_metrics under load). TestNodeSDKUndoTwoGrants runs
+// undo-grants.test.mjs: two grants and two lab VMs, a restart, and undo
+// snapshots another grant or QEMU directly tries to replace. TestNodeSDKLifecycle and
 // TestNodeSDKLifecycleLibvirt run lifecycle.test.mjs (VMs on demand:
 // vm_create, quota, vm_delete, lease end) through the QEMU lab and through
-// libvirt on a real libvirtd, and check that nothing is left. Run `npm ci
-// --prefix e2e` first.
+// libvirt on a real libvirtd, and check that nothing is left.
+// TestConformanceSuite runs the official MCP conformance suite (pinned in
+// conformance/package-lock.json with the Node 22 binary it needs) against
+// `vmgate serve --http` with a bearer grant: conformance/bearer.mjs, loaded
+// with `node --import`, adds the token to the suite's requests. Run
+// scripts/deps.sh (npm ci in e2e and in e2e/conformance) first.
 package e2e

@@ -72,13 +72,14 @@ const gatedPolicy = `{
 `
 
 // elicitPolicy is the policy of the grant "elicit" (elicit.test.mjs):
-// vm_status needs the approval of the client's user.
+// vm_status and commands need the approval of the client's user.
 const elicitPolicy = `{
   "version": "1",
   "default": "deny",
   "tools": {
     "list_vms": {},
-    "vm_status": { "action": "approve", "approval": { "channel": "client", "ttl": "30s" } }
+    "vm_status": { "action": "approve", "approval": { "channel": "client", "ttl": "30s" } },
+    "vm_agent_exec": { "action": "approve", "approval": { "channel": "client", "ttl": "30s" } }
   }
 }
 `
@@ -270,6 +271,38 @@ operator:
 		t.Fatal(err)
 	}
 	return p
+}
+
+// bearerConfig writes a config of one grant on the lab VM, reached over
+// HTTP with a bearer token, under policy (written as GRANT.json), with its
+// state in dir/state; it returns the config's path and the token.
+func bearerConfig(t *testing.T, dir, grant, policy string, vm *lab.VM) (string, string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, grant+".json"), []byte(policy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	token := rand.Text() + rand.Text()
+	sum := sha256.Sum256([]byte(token))
+	cfg := fmt.Sprintf(`state_dir: %q
+audit:
+  fsync: always
+grants:
+  - name: %s
+    token_sha256: %s
+    policy: %s.json
+    vms: ["lab/*"]
+backends:
+  - name: lab
+    driver: qemu
+    settings:
+      vms:
+        - {name: %s, qmp: %q, qga: %q}
+`, filepath.Join(dir, "state"), grant, hex.EncodeToString(sum[:]), grant, vmName, vm.QMPSocket, vm.QGASocket)
+	p := filepath.Join(dir, "vmgate.yaml")
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p, token
 }
 
 // runNode runs one Node test file and fails t if it fails.

@@ -75,4 +75,30 @@ test('client approval through elicitation/create with the MCP SDK', { skip: miss
     assert.match(answers[1].reason, /client approval: decline/);
     assert.match(answers[4].reason, /no elicitation capability/);
   });
+  // Issue 29, finding 6: the approval showed the arguments cut to 400
+  // characters, so a tail behind 420 spaces ran unseen.
+  await t.test('a command whose tail hides behind 420 spaces: the user sees the tail', async () => {
+    const tail = `&& echo TAIL > /tmp/vmgate-e2e-elicit-tail-${process.pid}`;
+    const shell = "echo 'routine log rotation'" + ' '.repeat(420) + tail;
+    const { client, asked } = await connect(() => ({ action: 'decline' }));
+    try {
+      assertTag(await call(client, 'vm_agent_exec', { vm: env.vm, shell }, 60_000), TAGS.denied, 'declined');
+    } finally {
+      await client.close();
+    }
+    assert.equal(asked.length, 1, 'elicitation requests');
+    assert.ok(asked[0].message.includes("echo 'routine log rotation'⟦420 spaces⟧" + tail), asked[0].message);
+    assert.doesNotMatch(asked[0].message, / {3}/, 'a run of spaces in the message');
+  });
+  await t.test('arguments too long to show in full: refused without asking', async () => {
+    const { client, asked } = await connect(() => ({ action: 'accept', content: { approve: true } }));
+    try {
+      const res = await call(client, 'vm_agent_exec', { vm: env.vm, shell: 'echo ' + 'a'.repeat(9000) }, 60_000);
+      assertTag(res, TAGS.denied, 'too long');
+      assert.match(text(res), /too long to show in full.*approval channel "operator"/);
+    } finally {
+      await client.close();
+    }
+    assert.equal(asked.length, 0, 'elicitation requests');
+  });
 });

@@ -144,11 +144,17 @@ func stopLeftovers(t *testing.T, dir string) {
 	}
 }
 
-// libvirtTemplate is the shut-off domain TestNodeSDKLifecycleLibvirt clones.
-const libvirtTemplate = "vmgate-e2e-tmpl"
+// libvirtTemplate is the shut-off domain TestNodeSDKLifecycleLibvirt clones,
+// and libvirtLabTemplate the vmgate template that clones it: the clones'
+// names start with it, and domain names must differ between test runs
+// (libvirttest.Name).
+var (
+	libvirtTemplate    = libvirttest.Name("vmgate-e2e-tmpl")
+	libvirtLabTemplate = libvirttest.Name("lab")
+)
 
 // TestNodeSDKLifecycleLibvirt runs lifecycle.test.mjs through the libvirt
-// driver on a real libvirtd (internal/libvirttest): template "lab" clones
+// driver on a real libvirtd (internal/libvirttest): template "lab-<run>" clones
 // a shut-off domain onto transient overlays of its disk. Afterwards only
 // the template domain is left, with no overlay next to its disk, and the
 // store holds no lease.
@@ -174,17 +180,17 @@ func TestNodeSDKLifecycleLibvirt(t *testing.T) {
     driver: libvirt
     settings: {uri: %q}
 templates:
-  - name: lab
+  - name: %s
     backend: virt
     source: {domain: %s}
     memory_mb: {default: 192, min: 128, max: 512}
-`, env.URI(), libvirtTemplate))
+`, env.URI(), libvirtLabTemplate, libvirtTemplate))
 	runNode(t, node, append(os.Environ(),
 		"VMGATE_BIN="+bin,
 		"VMGATE_E2E_CONFIG="+cfgPath,
 		"VMGATE_E2E_STATE="+state,
 		"VMGATE_E2E_VM=virt/"+libvirtTemplate,
-		"VMGATE_E2E_TEMPLATE=lab",
+		"VMGATE_E2E_TEMPLATE="+libvirtLabTemplate,
 		"VMGATE_E2E_BACKEND=virt",
 	), "lifecycle.test.mjs")
 

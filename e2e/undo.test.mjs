@@ -27,7 +27,7 @@ async function sh(client, shell, extra = {}) {
 
 const stdout = (res) => Buffer.from(res.structuredContent.stdout ?? '', 'utf8').toString();
 
-test('snapshot_before, then the agent reverts after an approval: the guest is as before', { skip }, async () => {
+test('snapshot_before, then the operator undoes the call: the guest is as before', { skip }, async () => {
   const client = await connect('vmgate-e2e-undo');
   try {
     const mark = `mark-${Date.now()}`;
@@ -36,23 +36,31 @@ test('snapshot_before, then the agent reverts after an approval: the guest is as
     // The destructive call: the policy names it (rm -rf), so a snapshot is taken first.
     const res = await sh(client, 'rm -rf /data/project /tmp/undo-ram && sync && echo gone');
     const snap = res.structuredContent.undo_snapshot;
+    const callID = res.structuredContent.undo_call;
     assert.match(snap ?? '', /^vmgate-undo-[0-9a-z]+-[0-9a-z]+$/, `undo_snapshot of the rm -rf call: ${text(res)}`);
     assert.ok(text(res).includes(`undo: snapshot ${snap} of ${env.vm}`), `the result names the snapshot: ${text(res)}`);
+    assert.ok(text(res).includes(`vmgate undo ${callID}`), `the result names the call to undo: ${text(res)}`);
     assert.equal(stdout(await sh(client, 'ls /data/project 2>&1 || echo missing')).trim().endsWith('missing'), true, 'the call ran');
 
     // An exec the policy does not name takes no snapshot.
     assert.equal((await sh(client, 'true')).structuredContent.undo_snapshot, undefined, 'no snapshot for a harmless exec');
 
     const listed = await ok(client, 'snapshot_list', { vm: env.vm });
-    assert.ok(listed.structuredContent.snapshots.some((s) => s.name === snap && s.memory === true), `snapshot_list lists ${snap} with memory: ${text(listed)}`);
+    assert.ok(listed.structuredContent.snapshots.some((s) => s.name === snap && s.memory === true && s.owner === 'undo'),
+      `snapshot_list lists ${snap} with memory, owned by grant undo: ${text(listed)}`);
 
-    // The agent reverts: the policy wants an operator first.
-    let rev = await call(client, 'snapshot_revert', { vm: env.vm, name: snap }, 600_000);
-    assertTag(rev, TAGS.approval, 'snapshot_revert before the approval');
-    const id = rev.structuredContent.approval_id;
+    // The agent cannot revert or delete the server's undo snapshot.
+    for (const tool of ['snapshot_revert', 'snapshot_delete']) {
+      assertTag(await call(client, tool, { vm: env.vm, name: snap }, 600_000), TAGS.invalid, `${tool} of the undo snapshot`);
+    }
+
+    // The operator undoes the call, behind an approval.
+    const park = await vmgate('undo', callID, '--config', env.config);
+    const id = park.match(/vmgate approvals grant ([A-Z2-7]+)/)?.[1];
+    assert.ok(id, `vmgate undo parks an approval: ${park}`);
     await vmgate('approvals', 'grant', id, '--reason', 'e2e: undo the rm -rf', '--config', env.config);
-    rev = await call(client, 'snapshot_revert', { vm: env.vm, name: snap }, 600_000);
-    assert.equal(rev.isError ?? false, false, `snapshot_revert after the approval: ${text(rev)}`);
+    const done = await vmgate('undo', callID, '--config', env.config);
+    assert.ok(done.includes(`reverted to snapshot ${snap}`), `vmgate undo after the approval: ${done}`);
 
     // The guest is as before: the disk and the memory.
     let after;
@@ -65,8 +73,7 @@ test('snapshot_before, then the agent reverts after an approval: the guest is as
 
     const records = await auditRecords();
     const outcome = records.find((r) => r.kind === 'outcome' && r.snapshot === snap && r.tool === 'vm_agent_exec');
-    assert.ok(outcome, 'the outcome record of the rm -rf call names its snapshot');
-    await ok(client, 'snapshot_delete', { vm: env.vm, name: snap });
+    assert.ok(outcome?.snapshot_id && outcome.call_id === callID, 'the outcome record of the rm -rf call names its snapshot and its identity');
     await sh(client, 'rm -r -f /data/project /tmp/undo-ram'); // not rm -rf: no snapshot for the cleanup
   } finally {
     await client.close();

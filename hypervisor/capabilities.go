@@ -14,6 +14,12 @@ type Capabilities struct {
 	Create bool `json:"create"`
 	// HelperChannel: the driver is a HelperCaller.
 	HelperChannel bool `json:"helper_channel"`
+	// Screenshot, SendKeys, ConsoleRead, ConsoleWrite: the driver is a
+	// Screener, a KeySender, a ConsoleReader, a ConsoleWriter (screen.go).
+	Screenshot   bool `json:"screenshot"`
+	SendKeys     bool `json:"send_keys"`
+	ConsoleRead  bool `json:"console_read"`
+	ConsoleWrite bool `json:"console_write"`
 }
 
 // CapabilityReporter is implemented by drivers that implement the
@@ -40,6 +46,10 @@ func CapabilitiesOf(d Driver) Capabilities {
 	_, c.Metrics = d.(MetricsReader)
 	_, c.Create = d.(Creator)
 	_, c.HelperChannel = d.(HelperCaller)
+	_, c.Screenshot = d.(Screener)
+	_, c.SendKeys = d.(KeySender)
+	_, c.ConsoleRead = d.(ConsoleReader)
+	_, c.ConsoleWrite = d.(ConsoleWriter)
 	return c
 }
 
@@ -65,4 +75,28 @@ func AsMetricsReader(d Driver) (MetricsReader, bool) {
 func AsCreator(d Driver) (Creator, bool) {
 	c, ok := d.(Creator)
 	return c, ok && CapabilitiesOf(d).Create
+}
+
+// AsScreener returns d as a Screener when d has the capability.
+func AsScreener(d Driver) (Screener, bool) {
+	s, ok := d.(Screener)
+	return s, ok && CapabilitiesOf(d).Screenshot
+}
+
+// AsKeySender returns d as a KeySender when d has the capability.
+func AsKeySender(d Driver) (KeySender, bool) {
+	k, ok := d.(KeySender)
+	return k, ok && CapabilitiesOf(d).SendKeys
+}
+
+// AsConsoleReader returns d as a ConsoleReader when d has the capability.
+func AsConsoleReader(d Driver) (ConsoleReader, bool) {
+	r, ok := d.(ConsoleReader)
+	return r, ok && CapabilitiesOf(d).ConsoleRead
+}
+
+// AsConsoleWriter returns d as a ConsoleWriter when d has the capability.
+func AsConsoleWriter(d Driver) (ConsoleWriter, bool) {
+	w, ok := d.(ConsoleWriter)
+	return w, ok && CapabilitiesOf(d).ConsoleWrite
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -20,11 +21,11 @@ func fullFake(got *[]string) *hypervisortest.Fake {
 		Modes: hypervisor.SnapshotModes{Memory: true},
 		SnapshotCreateFunc: func(_ context.Context, vm string, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, error) {
 			*got = append(*got, "create "+vm+" "+req.Name+" "+req.Description+" "+map[bool]string{true: "mem", false: "disk"}[req.Memory])
-			return hypervisor.Snapshot{Name: req.Name, Description: req.Description, CreatedAt: created, Memory: true, SizeBytes: 4096, Parent: "p", Current: true}, nil
+			return hypervisor.Snapshot{Name: req.Name, ID: "fake:" + req.Name + ":1", Description: req.Description, CreatedAt: created, Memory: true, SizeBytes: 4096, Parent: "p", Current: true}, nil
 		},
 		SnapshotListFunc: func(_ context.Context, vm string) ([]hypervisor.Snapshot, error) {
 			*got = append(*got, "list "+vm)
-			return []hypervisor.Snapshot{{Name: "a"}, {Name: "b", CreatedAt: created, Memory: true}}, nil
+			return []hypervisor.Snapshot{{Name: "a"}, {Name: "b", ID: "fake:b:1", CreatedAt: created, Memory: true}}, nil
 		},
 		SnapshotRevertFunc: func(_ context.Context, vm, name string) error {
 			*got = append(*got, "revert "+vm+" "+name)
@@ -79,8 +80,9 @@ func TestCapabilitiesCrossTheBoundary(t *testing.T) {
 		t.Errorf("SnapshotCreate() = %+v; want %+v", snap, wantSnap)
 	}
 	list, err := sn.SnapshotList(ctx, "vm1")
-	if err != nil || len(list) != 2 || list[0].Name != "a" || !list[0].CreatedAt.IsZero() || !list[1].Memory || list[1].CreatedAt.IsZero() {
-		t.Errorf("SnapshotList() = %+v, %v; want a (no time), b (memory, with time)", list, err)
+	if err != nil || len(list) != 2 || list[0].Name != "a" || !list[0].CreatedAt.IsZero() || !list[1].Memory || list[1].CreatedAt.IsZero() ||
+		list[0].ID != "" || list[1].ID != "fake:b:1" {
+		t.Errorf("SnapshotList() = %+v, %v; want a (no time, no id), b (memory, with time and id)", list, err)
 	}
 	if err := sn.SnapshotRevert(ctx, "vm1", "s1"); err != nil {
 		t.Errorf("SnapshotRevert() = %v", err)
@@ -113,6 +115,53 @@ func TestCapabilitiesCrossTheBoundary(t *testing.T) {
 		`helper vm1 ["ps" "--session" "x"] "in" 1m0s`, `helper vm1 ["down"] "" 0s`}
 	if !reflect.DeepEqual(got, wantCalls) {
 		t.Errorf("the plugin's driver saw %q; want %q", got, wantCalls)
+	}
+}
+
+// TestSnapshotRevertIDCrossesTheBoundary: a revert bound to an identity
+// reverts only the snapshot that still has it, and the plugin checks it
+// too (a client that skips the host's check still gets ErrSnapshotChanged).
+func TestSnapshotRevertIDCrossesTheBoundary(t *testing.T) {
+	ctx := context.Background()
+	var got []string
+	drv := connect(t, "fake", fullFake(&got))
+	if err := drv.(hypervisor.Configurer).Configure(ctx, nil); err != nil {
+		t.Fatalf("Configure() = %v", err)
+	}
+	sn, _ := hypervisor.AsSnapshotter(drv)
+	tests := []struct {
+		name, snap, id string
+		want           error
+		reverts        bool
+	}{
+		{"same identity", "b", "fake:b:1", nil, true},
+		{"made anew", "b", "fake:b:0", hypervisor.ErrSnapshotChanged, false},
+		{"no identity from the backend", "a", "fake:a:1", hypervisor.ErrSnapshotChanged, false},
+		{"gone", "c", "fake:c:1", hypervisor.ErrSnapshotNotFound, false},
+		{"nothing to check against", "b", "", hypervisor.ErrInvalidArgument, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got = nil
+			err := hypervisor.RevertSnapshotID(ctx, sn, "vm1", tt.snap, tt.id)
+			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Errorf("RevertSnapshotID(%q, %q) = %v; want %v", tt.snap, tt.id, err, tt.want)
+			}
+			if reverted := slices.Contains(got, "revert vm1 "+tt.snap); reverted != tt.reverts {
+				t.Errorf("RevertSnapshotID(%q, %q): the driver saw %q; want a revert: %v", tt.snap, tt.id, got, tt.reverts)
+			}
+			got = nil
+			if tt.id == "" {
+				return
+			}
+			err = drv.(hypervisor.SnapshotIDReverter).SnapshotRevertID(ctx, "vm1", tt.snap, tt.id)
+			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Errorf("client SnapshotRevertID(%q, %q), checked by the plugin alone = %v; want %v", tt.snap, tt.id, err, tt.want)
+			}
+			if reverted := slices.Contains(got, "revert vm1 "+tt.snap); reverted != tt.reverts {
+				t.Errorf("client SnapshotRevertID(%q, %q): the driver saw %q; want a revert: %v", tt.snap, tt.id, got, tt.reverts)
+			}
+		})
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 var (
 	_ CapabilityReporter = (*client)(nil)
 	_ Snapshotter        = (*client)(nil)
+	_ SnapshotIDReverter = (*client)(nil)
 	_ GuestNetworker     = (*client)(nil)
 	_ MetricsReader      = (*client)(nil)
 	_ HelperCaller       = (*client)(nil)
@@ -108,6 +109,20 @@ func (c *client) SnapshotRevert(ctx context.Context, vm, name string) error {
 		return err
 	}
 	if _, err := c.rpc.SnapshotRevert(ctx, &pb.SnapshotNameRequest{Vm: vm, Name: name}); err != nil {
+		return c.fromStatus(ctx, "snapshot revert", err)
+	}
+	return nil
+}
+
+// SnapshotRevertID implements SnapshotIDReverter: the plugin checks the
+// identity next to its driver (RevertSnapshotID there). A plugin built
+// before expect_id existed ignores it; RevertSnapshotID checked on this
+// side first.
+func (c *client) SnapshotRevertID(ctx context.Context, vm, name, id string) error {
+	if err := c.need(ctx, "snapshot revert", "snapshots", hasSnapshots); err != nil {
+		return err
+	}
+	if _, err := c.rpc.SnapshotRevert(ctx, &pb.SnapshotNameRequest{Vm: vm, Name: name, ExpectId: id}); err != nil {
 		return c.fromStatus(ctx, "snapshot revert", err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 var (
 	_ CapabilityReporter = (*Deferred)(nil)
 	_ Snapshotter        = (*Deferred)(nil)
+	_ SnapshotIDReverter = (*Deferred)(nil)
 	_ GuestNetworker     = (*Deferred)(nil)
 	_ MetricsReader      = (*Deferred)(nil)
 	_ HelperCaller       = (*Deferred)(nil)
@@ -66,6 +67,19 @@ func (f *Deferred) SnapshotRevert(ctx context.Context, vm, name string) error {
 		return err
 	}
 	return s.SnapshotRevert(ctx, vm, name)
+}
+
+// SnapshotRevertID implements SnapshotIDReverter: the built driver's, or
+// RevertSnapshotID on it when it lacks the capability.
+func (f *Deferred) SnapshotRevertID(ctx context.Context, vm, name, id string) error {
+	s, err := f.snapshotter("snapshot revert")
+	if err != nil {
+		return err
+	}
+	if r, ok := s.(SnapshotIDReverter); ok {
+		return r.SnapshotRevertID(ctx, vm, name, id)
+	}
+	return RevertSnapshotID(ctx, s, vm, name, id)
 }
 
 // SnapshotDelete implements Snapshotter.

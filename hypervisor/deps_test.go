@@ -140,6 +140,16 @@ var depRules = []depRule{
 		transitive: true,
 		forbidden:  func(dep string, ours bool) bool { return ours || !standard(dep) },
 	},
+	{
+		name: "the offline policy tools (policy/suggest, diff, replay) import only the standard library and, of ours, policy/... and the strict JSON lexer: the server's catalogue comes in as data",
+		applies: func(pkg string) bool {
+			return pkg == "policy/suggest" || pkg == "policy/diff" || pkg == "policy/replay"
+		},
+		transitive: true,
+		forbidden: func(dep string, ours bool) bool {
+			return ours && !within(dep, "policy") && dep != "internal/strictjson" || !ours && !standard(dep)
+		},
+	},
 }
 
 // violations checks pkgs against rules. It returns one line per forbidden

@@ -30,6 +30,7 @@ var errorKinds = []struct {
 	{"snapshot_exists", ErrSnapshotExists, codes.AlreadyExists},
 	{"snapshot_memory", ErrSnapshotMemory, codes.Unimplemented},
 	{"snapshot_disk_only", ErrSnapshotDiskOnly, codes.Unimplemented},
+	{"snapshot_changed", ErrSnapshotChanged, codes.FailedPrecondition},
 	{"command_disabled", ErrCommandDisabled, codes.PermissionDenied},
 	{"agent_unavailable", ErrAgentUnavailable, codes.FailedPrecondition},
 	{"vm_not_running", ErrVMNotRunning, codes.FailedPrecondition},

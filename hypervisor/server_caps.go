@@ -55,7 +55,16 @@ func (s *server) SnapshotRevert(ctx context.Context, req *pb.SnapshotNameRequest
 	if !ok {
 		return nil, notSupported("snapshot revert", "snapshots")
 	}
-	if err := sn.SnapshotRevert(ctx, req.GetVm(), req.GetName()); err != nil {
+	revert := func() error { return sn.SnapshotRevert(ctx, req.GetVm(), req.GetName()) }
+	if id := req.GetExpectId(); id != "" {
+		revert = func() error {
+			if r, ok := sn.(SnapshotIDReverter); ok {
+				return r.SnapshotRevertID(ctx, req.GetVm(), req.GetName(), id)
+			}
+			return RevertSnapshotID(ctx, sn, req.GetVm(), req.GetName(), id)
+		}
+	}
+	if err := revert(); err != nil {
 		return nil, toStatus(err)
 	}
 	return &pb.SnapshotRevertResponse{}, nil
@@ -114,13 +123,15 @@ func capabilitiesToPB(k Capabilities) *pb.CapabilitySet {
 	return &pb.CapabilitySet{
 		Snapshots: k.Snapshots, SnapshotMemory: k.SnapshotModes.Memory, SnapshotDiskOnly: k.SnapshotModes.DiskOnly,
 		GuestNetwork: k.GuestNetwork, Metrics: k.Metrics, Create: k.Create, HelperChannel: k.HelperChannel,
+		Screenshot: k.Screenshot, SendKeys: k.SendKeys, ConsoleRead: k.ConsoleRead, ConsoleWrite: k.ConsoleWrite,
 	}
 }
 
 // capabilitiesFromPB reads a plugin's answer; modes count only with snapshots.
 func capabilitiesFromPB(k *pb.CapabilitySet) Capabilities {
 	out := Capabilities{Snapshots: k.GetSnapshots(), GuestNetwork: k.GetGuestNetwork(), Metrics: k.GetMetrics(), Create: k.GetCreate(),
-		HelperChannel: k.GetHelperChannel()}
+		HelperChannel: k.GetHelperChannel(),
+		Screenshot: k.GetScreenshot(), SendKeys: k.GetSendKeys(), ConsoleRead: k.GetConsoleRead(), ConsoleWrite: k.GetConsoleWrite()}
 	if out.Snapshots {
 		out.SnapshotModes = SnapshotModes{Memory: k.GetSnapshotMemory(), DiskOnly: k.GetSnapshotDiskOnly()}
 	}
@@ -130,7 +141,7 @@ func capabilitiesFromPB(k *pb.CapabilitySet) Capabilities {
 func snapshotToPB(s Snapshot) *pb.Snapshot {
 	out := &pb.Snapshot{
 		Name: s.Name, Description: s.Description, Memory: s.Memory, SizeBytes: s.SizeBytes,
-		Parent: s.Parent, Current: s.Current,
+		Parent: s.Parent, Current: s.Current, Id: s.ID,
 	}
 	if !s.CreatedAt.IsZero() {
 		out.HasCreatedAt, out.CreatedAtUnixNs = true, s.CreatedAt.UnixNano()
@@ -141,7 +152,7 @@ func snapshotToPB(s Snapshot) *pb.Snapshot {
 func snapshotFromPB(s *pb.Snapshot) Snapshot {
 	out := Snapshot{
 		Name: s.GetName(), Description: s.GetDescription(), Memory: s.GetMemory(), SizeBytes: s.GetSizeBytes(),
-		Parent: s.GetParent(), Current: s.GetCurrent(),
+		Parent: s.GetParent(), Current: s.GetCurrent(), ID: s.GetId(),
 	}
 	if s.GetHasCreatedAt() {
 		out.CreatedAt = time.Unix(0, s.GetCreatedAtUnixNs())

@@ -63,7 +63,15 @@ type SnapshotRequest struct {
 
 // Snapshot is one snapshot of a VM.
 type Snapshot struct {
-	Name        string `json:"name"`
+	Name string `json:"name"`
+	// ID is the snapshot's identity as the backend gives it: it stays the
+	// same while the snapshot exists and differs for a snapshot made anew
+	// under the same name, so a caller that recorded it can tell "the
+	// snapshot I took" from "a snapshot called that" (SnapshotRevertID).
+	// QEMU: its id, date, vm-state-size and vm-clock; libvirt: its
+	// creation time and state; Proxmox: its snaptime and vmstate;
+	// VirtualBox: its UUID. Empty when the backend gives none.
+	ID          string `json:"id,omitempty"`
 	Description string `json:"description,omitempty"`
 	// CreatedAt is when the snapshot was taken (the backend's clock);
 	// zero when the backend does not say.
@@ -101,7 +109,71 @@ var (
 	// ErrSnapshotDiskOnly: the backend cannot take a snapshot without the
 	// VM's memory.
 	ErrSnapshotDiskOnly = fmt.Errorf("snapshot without memory: %w", ErrNotSupported)
+	// ErrSnapshotChanged: the named snapshot is not the one the caller
+	// recorded (its identity differs: it was deleted and made anew, or
+	// replaced); nothing was done.
+	ErrSnapshotChanged = errors.New("snapshot changed since it was recorded")
 )
+
+// SnapshotIDReverter is an optional capability of a Snapshotter:
+// SnapshotRevertID reverts vm to the named snapshot only while its identity
+// (Snapshot.ID) is still id, checked as close to the revert as the backend
+// allows (under the driver's lock for the VM's snapshots, or by reverting
+// to the backend's own id of the snapshot). A snapshot whose identity
+// differs is ErrSnapshotChanged and a missing one ErrSnapshotNotFound,
+// both before any side effect. Callers use RevertSnapshotID, which also
+// covers drivers without the capability.
+type SnapshotIDReverter interface {
+	SnapshotRevertID(ctx context.Context, vm, name, id string) error
+}
+
+// FindSnapshot lists vm's snapshots and returns the named one;
+// ErrSnapshotNotFound when there is none.
+func FindSnapshot(ctx context.Context, s Snapshotter, vm, name string) (Snapshot, error) {
+	list, err := s.SnapshotList(ctx, vm)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	for _, sn := range list {
+		if sn.Name == name {
+			return sn, nil
+		}
+	}
+	return Snapshot{}, fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
+}
+
+// CheckSnapshotID refuses sn unless its identity is id (an empty id, or a
+// snapshot without one, never matches: nothing can be verified).
+func CheckSnapshotID(sn Snapshot, id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: no identity to check snapshot %q against", ErrInvalidArgument, sn.Name)
+	case sn.ID == "":
+		return fmt.Errorf("%w: snapshot %q: the backend gives it no identity, so it cannot be verified", ErrSnapshotChanged, sn.Name)
+	case sn.ID != id:
+		return fmt.Errorf("%w: snapshot %q is now %s, not %s", ErrSnapshotChanged, sn.Name, sn.ID, id)
+	}
+	return nil
+}
+
+// RevertSnapshotID reverts vm to the named snapshot only when its identity
+// is id: it lists the snapshots and checks first (ErrSnapshotNotFound,
+// ErrSnapshotChanged, nothing reverted), then reverts through the driver's
+// SnapshotIDReverter, which checks again where the revert happens, or,
+// without one, through SnapshotRevert.
+func RevertSnapshotID(ctx context.Context, s Snapshotter, vm, name, id string) error {
+	sn, err := FindSnapshot(ctx, s, vm, name)
+	if err != nil {
+		return err
+	}
+	if err := CheckSnapshotID(sn, id); err != nil {
+		return err
+	}
+	if r, ok := s.(SnapshotIDReverter); ok {
+		return r.SnapshotRevertID(ctx, vm, name, id)
+	}
+	return s.SnapshotRevert(ctx, vm, name)
+}
 
 // snapshotName is the one name rule every backend can take: Proxmox VE's
 // (pve-snapshot-name: a letter, then letters, digits, '_' or '-'; at most

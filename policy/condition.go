@@ -13,20 +13,24 @@ import (
 // Conditions (`require`, `deny_if`) test one value of a call.
 //
 // Paths: "vm", "grant", or "args.<name>[.<name>…]" descending through JSON
-// objects (array elements cannot be addressed). A path that is absent, whose
-// value is JSON null, or that descends through a non-object is missing, and
-// a missing path makes every condition false (so `require` denies and
-// `deny_if` does not fire). An empty vm or grant is missing too.
+// objects, where a name that is a number ("0", "12": no sign, no leading
+// zero) also addresses that element of a list (args.command.0 is a
+// command's program). A path that is absent, whose value is JSON null, or
+// that descends through anything else is missing, and a missing path makes
+// every condition false (so `require` denies and `deny_if` does not fire).
+// An empty vm or grant is missing too.
 //
 // Ops: eq and neq compare a string, number or boolean (numbers as float64,
 // so integers beyond 2^53 compare approximately); in and not_in test
 // membership in a list of those; lt lte gt gte compare numbers; regex is an
 // RE2 pattern (unanchored: use ^…$), glob is path.Match syntax where `*`
 // and `?` do not cross `/` (so "lab/*" matches "lab/vm1" but not
-// "lab/a/b"; "**" is rejected rather than given a meaning); contains is a
-// substring of a string or an element of an array; exists takes no value.
-// A value of the wrong type (lt on a string, regex on a number) makes the
-// condition false, never an error at call time.
+// "lab/a/b"; "**" is rejected rather than given a meaning); not_regex and
+// not_glob hold for a present value that is not a string they match (as
+// neq and not_in do, so that deny_if not_glob says "when sent, it must
+// match"); contains is a substring of a string or an element of an array;
+// exists takes no value. A value of the wrong type (lt on a string, regex
+// on a number) makes the condition false, never an error at call time.
 
 type op uint8
 
@@ -43,12 +47,15 @@ const (
 	opGlob
 	opContains
 	opExists
+	opNotRegex
+	opNotGlob
 )
 
 var opNames = map[string]op{
 	"eq": opEq, "neq": opNeq, "in": opIn, "not_in": opNotIn,
 	"lt": opLt, "lte": opLte, "gt": opGt, "gte": opGte,
 	"regex": opRegex, "glob": opGlob, "contains": opContains, "exists": opExists,
+	"not_regex": opNotRegex, "not_glob": opNotGlob,
 }
 
 const (
@@ -156,14 +163,14 @@ func (c *condition) setValue(n *node) error {
 			return err
 		}
 		c.num = v.(float64)
-	case opRegex, opGlob:
+	case opRegex, opGlob, opNotRegex, opNotGlob:
 		if n.kind != kindString {
 			return &valueError{n, "want a pattern string, got " + n.kind.String()}
 		}
 		if len(n.str) > maxPatternLen {
 			return &valueError{n, fmt.Sprintf("pattern is %d bytes; the limit is %d", len(n.str), maxPatternLen)}
 		}
-		if c.op == opRegex {
+		if c.op == opRegex || c.op == opNotRegex {
 			re, err := regexp.Compile(n.str)
 			if err != nil {
 				return &valueError{n, "bad regex: " + strings.TrimPrefix(err.Error(), "error parsing regexp: ")}
@@ -200,15 +207,9 @@ func (c *condition) eval(call *Call) bool {
 	case targetGrant:
 		return call.Grant != "" && c.evalString(call.Grant)
 	}
-	var v any = call.Args
-	for _, s := range c.segs {
-		m, ok := v.(map[string]any)
-		if !ok {
-			return false
-		}
-		if v, ok = m[s]; !ok {
-			return false
-		}
+	v, ok := lookup(call.Args, c.segs)
+	if !ok {
+		return false
 	}
 	switch x := v.(type) {
 	case nil:
@@ -217,7 +218,7 @@ func (c *condition) eval(call *Call) bool {
 		return c.evalString(x)
 	}
 	switch c.op {
-	case opExists:
+	case opExists, opNotRegex, opNotGlob:
 		return true
 	case opEq:
 		return equal(v, c.val)
@@ -277,9 +278,11 @@ func (c *condition) evalString(s string) bool {
 		return in == (c.op == opIn)
 	case opRegex:
 		return c.re.MatchString(s)
-	case opGlob:
+	case opGlob, opNotGlob:
 		m, err := path.Match(c.glob, s)
-		return err == nil && m
+		return (err == nil && m) == (c.op == opGlob)
+	case opNotRegex:
+		return !c.re.MatchString(s)
 	case opContains:
 		w, ok := c.val.(string)
 		return ok && strings.Contains(s, w)
@@ -321,4 +324,43 @@ func number(v any) (float64, bool) {
 		return float64(x), true
 	}
 	return 0, false
+}
+
+// lookup descends args by segs: a name into an object, a number into a
+// list (see the notes on paths above).
+func lookup(args map[string]any, segs []string) (any, bool) {
+	var v any = args
+	for _, s := range segs {
+		switch x := v.(type) {
+		case map[string]any:
+			var ok bool
+			if v, ok = x[s]; !ok {
+				return nil, false
+			}
+		case []any:
+			i, ok := listIndex(s)
+			if !ok || i >= len(x) {
+				return nil, false
+			}
+			v = x[i]
+		default:
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+// listIndex reads a path name as a list index: digits, no leading zero.
+func listIndex(s string) (int, bool) {
+	if s == "" || len(s) > 9 || len(s) > 1 && s[0] == '0' {
+		return 0, false
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+		n = n*10 + int(s[i]-'0')
+	}
+	return n, true
 }

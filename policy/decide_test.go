@@ -74,7 +74,22 @@ func TestConditionOps(t *testing.T) {
 		{"args.nested.k", "eq", `"v"`, true},
 		{"args.nested.deep.x", "gte", `1`, true},
 		{"args.nested.k.x", "exists", ``, false}, // through a string
-		{"args.list.a", "exists", ``, false},     // arrays are not addressable
+		{"args.list.a", "exists", ``, false},     // a list is addressed by index only
+		{"args.list.0", "eq", `"a"`, true},
+		{"args.list.1", "eq", `2`, true},
+		{"args.list.2", "exists", ``, false},  // past the end
+		{"args.list.01", "exists", ``, false}, // no leading zero
+		{"args.list.-1", "exists", ``, false},
+		{"args.s.0", "exists", ``, false}, // a string is no list
+		{"args.s", "not_regex", `"^world"`, true},
+		{"args.s", "not_regex", `"^hello"`, false},
+		{"args.n", "not_regex", `"5"`, true}, // present, and no string the pattern matches
+		{"args.missing", "not_regex", `"x"`, false},
+		{"args.null", "not_regex", `"x"`, false},
+		{"args.path", "not_glob", `"pve/*"`, true},
+		{"args.path", "not_glob", `"lab/*"`, false},
+		{"args.list", "not_glob", `"*"`, true},
+		{"args.missing", "not_glob", `"*"`, false},
 		{"vm", "glob", `"lab/*"`, true},
 		{"vm", "eq", `"pve/101"`, false},
 		{"grant", "in", `["alice","bob"]`, true},

@@ -92,6 +92,10 @@ type Decision struct {
 	// Snapshot, when set, asks the server to take an undo snapshot of the
 	// VM before the call runs (the tool's snapshot_before block).
 	Snapshot *SnapshotBefore
+	// Snapshots are the grant's rules for a VM's snapshots (snapshots
+	// blocks), for the snapshot tools and SnapshotBeforeTools; the zero
+	// value for the others. See SnapshotRules.
+	Snapshots SnapshotRules
 	// KeepFiles is how long destroy_session keeps the session's files in
 	// the guest's trash (keep_files); 0: they are removed.
 	KeepFiles time.Duration

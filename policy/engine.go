@@ -17,9 +17,10 @@ type Engine struct {
 	hidden      map[string]string // hidden tool → its pointer ("/hide/0")
 	tools       map[string]*toolRule
 	allLimits   []limit
-	sandbox     *sandboxRule // the top-level sandbox block; nil without one
-	names       []string     // every tool the document names, sorted
-	mentions    []mention    // where the document names each tool, in document order
+	sandbox     *sandboxRule    // the top-level sandbox block; nil without one
+	snapshots   *snapshotLimits // the top-level snapshots block; nil without one
+	names       []string        // every tool the document names, sorted
+	mentions    []mention       // where the document names each tool, in document order
 }
 
 type toolRule struct {
@@ -39,6 +40,10 @@ type toolRule struct {
 	snapshot   *snapshotRule // the snapshot_before block; nil without one
 	keepFiles  time.Duration // destroy_session's keep_files; 0 without one
 	lease      *LeaseSpec    // QuotaTool's lease block; nil without one
+	// snapOthers is the tool's snapshots block's others (snapshot.go), at
+	// snapOthersPtr.
+	snapOthers    bool
+	snapOthersPtr string
 }
 
 type limit struct {
@@ -153,6 +158,7 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 		}
 		d.Sandbox = sb
 		d.Files = fileRulesFor(nil, call.Tool)
+		d.Snapshots = snapshotRulesFor(e.snapshots, nil, call.Tool)
 		if call.Tool == QuotaTool {
 			lease := DefaultLease
 			d.Lease = &lease
@@ -217,6 +223,7 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 	d.Sandbox = sb
 	d.Files = fileRulesFor(t, call.Tool)
 	d.Snapshot = t.snapshot.snapshotFor(call, tr)
+	d.Snapshots = snapshotRulesFor(e.snapshots, t, call.Tool)
 	d.KeepFiles = t.keepFiles
 	if call.Tool == QuotaTool {
 		lease := DefaultLease

@@ -126,7 +126,10 @@ func escapePointer(s string) string {
 }
 
 // object checks that n is an object whose keys are all in known, and
-// returns its members by key.
+// returns its members by key. A key that starts with "_" is a comment
+// (`"_why": "seen 40 times"`, which `vmgate policy suggest` writes): any
+// JSON value, ignored, in every object whose keys are field names (not in
+// tools, whose keys are tool names).
 func (b *builder) object(n *node, l loc, known ...string) (map[string]*node, bool) {
 	if n.kind != kindObject {
 		b.errorf(n.off, l.path, "want an object, got %s", n.kind)
@@ -136,6 +139,9 @@ func (b *builder) object(n *node, l loc, known ...string) (map[string]*node, boo
 	for i, k := range n.keys {
 		if slices.Contains(known, k) {
 			m[k] = n.vals[i]
+			continue
+		}
+		if strings.HasPrefix(k, "_") {
 			continue
 		}
 		for _, f := range known {
@@ -185,7 +191,7 @@ func (b *builder) name(s string, off int, l loc, what string, extra string) bool
 func (b *builder) engine(root *node) *Engine {
 	e := &Engine{tools: map[string]*toolRule{}, hidden: map[string]string{}}
 	top := loc{}
-	m, ok := b.object(root, top, "version", "default", "mode", "hide", "all_tools", "sandbox", "tools")
+	m, ok := b.object(root, top, "version", "default", "mode", "hide", "all_tools", "sandbox", "snapshots", "tools")
 	if !ok {
 		return e
 	}
@@ -236,6 +242,9 @@ func (b *builder) engine(root *node) *Engine {
 	if v, ok := m["sandbox"]; ok {
 		e.sandbox = b.sandbox(v, top.key("sandbox"))
 	}
+	if v, ok := m["snapshots"]; ok {
+		e.snapshots = b.snapshotLimits(v, top.key("snapshots"))
+	}
 	if v, ok := m["tools"]; ok {
 		l := top.key("tools")
 		if v.kind != kindObject {
@@ -281,7 +290,7 @@ func (b *builder) mode(v *node, l loc) (shadow bool) {
 
 func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	t := &toolRule{name: name, ptr: l.ptr, action: Allow, actionPtr: l.ptr, shadow: shadow}
-	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox", "files", "snapshot_before", "keep_files", "lease")
+	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox", "files", "snapshot_before", "keep_files", "lease", "snapshots")
 	if !ok {
 		return t
 	}
@@ -360,6 +369,10 @@ func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	}
 	if v, ok := m["snapshot_before"]; ok {
 		t.snapshot = b.snapshotBefore(name, v, l.key("snapshot_before"))
+	}
+	if v, ok := m["snapshots"]; ok {
+		ls := l.key("snapshots")
+		t.snapOthers, t.snapOthersPtr = b.snapshotOthers(name, v, ls), ls.ptr+"/others"
 	}
 	t.denyReason = t.reason
 	if t.denyReason == "" {
@@ -675,7 +688,7 @@ func (b *builder) condition(n *node, l loc) (condition, bool) {
 	}
 	op, known := opNames[s]
 	if !known {
-		b.errorf(ov.off, lo.path, "unknown op %q (want eq, neq, in, not_in, lt, lte, gt, gte, regex, glob, contains or exists)", s)
+		b.errorf(ov.off, lo.path, "unknown op %q (want eq, neq, in, not_in, lt, lte, gt, gte, regex, not_regex, glob, not_glob, contains or exists)", s)
 		return c, false
 	}
 	c.op = op

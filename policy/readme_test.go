@@ -36,6 +36,9 @@ func TestReadmeConditionOps(t *testing.T) {
 		"gte":      {{VM: "lab/vm1", Args: map[string]any{"max_bytes": 1048576.0}}, {VM: "lab/vm1", Args: map[string]any{"max_bytes": 10.0}}},
 		"regex":    {{VM: "lab/vm1", Args: map[string]any{"path": "/tmp/x"}}, {VM: "lab/vm1", Args: map[string]any{"path": "/tmp/a/b"}}},
 		"glob":     {{VM: "lab/vm1"}, {VM: "pve/101"}},
+		"not_glob": {{VM: "lab/vm1", Args: map[string]any{"path": "/tmp/x"}}, {VM: "lab/vm1", Args: map[string]any{"path": "/etc/passwd"}}},
+		"not_regex": {{VM: "lab/vm1", Args: map[string]any{"session": "0a1b2c3d4e5f60718293a4b5c6d7e8f9"}},
+			{VM: "lab/vm1", Args: map[string]any{"session": "../../etc"}}},
 		"contains": {{VM: "lab/vm1", Args: map[string]any{"command": []any{"rm", "-rf", "/x"}}}, {VM: "lab/vm1", Args: map[string]any{"command": []any{"ls", "-l"}}}},
 		"exists":   {{VM: "lab/vm1", Args: map[string]any{"session": "s1"}}, {VM: "lab/vm1", Args: map[string]any{}}},
 	}

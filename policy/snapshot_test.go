@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -86,5 +88,104 @@ func TestKeepFiles(t *testing.T) {
 	}
 	if d := e.Decide(Call{Grant: "g", Tool: "destroy_session", VM: "lab/vm1"}); d.KeepFiles != 2*time.Hour || d.Verdict != Approve {
 		t.Errorf("Decide(destroy_session) = %v, keep %v; want approve, 2h", d.Verdict, d.KeepFiles)
+	}
+}
+
+// TestSnapshotRules: the top-level block bounds every snapshot-taking
+// tool's calls, the others knob sits on revert and delete only, and tools
+// that have nothing to do with snapshots get no rules.
+func TestSnapshotRules(t *testing.T) {
+	doc := `{"version":"1","default":"allow",
+  "snapshots": {"max_count": 3, "max_mb": 512},
+  "tools":{
+    "snapshot_revert": {"snapshots": {"others": true}},
+    "snapshot_delete": {"snapshots": {"others": false}},
+    "vm_power": {"snapshot_before": true}
+  }}`
+	e, err := Parse("p.json", []byte(doc))
+	if err != nil {
+		t.Fatalf("Parse = %v", err)
+	}
+	bounds := SnapshotRules{MaxCount: 3, MaxBytes: 512 << 20, Rule: "/snapshots"}
+	others := bounds
+	others.Others, others.OthersRule = true, "/tools/snapshot_revert/snapshots/others"
+	tests := []struct {
+		tool string
+		want SnapshotRules
+	}{
+		{"snapshot_create", bounds},
+		{"snapshot_list", bounds},
+		{"snapshot_revert", others},
+		{"snapshot_delete", bounds},
+		{"vm_power", bounds},
+		{"vm_agent_exec", bounds}, // unlisted under default allow: still bounded
+		{"destroy_session", bounds},
+		{"vm_status", SnapshotRules{}},
+		{"vm_file_write", SnapshotRules{}},
+	}
+	for _, tt := range tests {
+		d := e.Decide(Call{Grant: "g", Tool: tt.tool, VM: "lab/vm1", Args: map[string]any{"action": "stop"}})
+		if d.Snapshots != tt.want {
+			t.Errorf("Decide(%s).Snapshots = %+v; want %+v", tt.tool, d.Snapshots, tt.want)
+		}
+	}
+	plain, err := Parse("p.json", []byte(`{"version":"1","default":"allow","tools":{"snapshot_delete":{}}}`))
+	if err != nil {
+		t.Fatalf("Parse = %v", err)
+	}
+	if d := plain.Decide(Call{Grant: "g", Tool: "snapshot_delete", VM: "lab/vm1"}); d.Snapshots != (SnapshotRules{}) {
+		t.Errorf("Decide(snapshot_delete) without blocks: Snapshots = %+v; want no bounds and no others", d.Snapshots)
+	}
+}
+
+// TestSnapshotRulesErrors: bad snapshots blocks are errors with their line
+// and column.
+func TestSnapshotRulesErrors(t *testing.T) {
+	tests := []struct{ doc, want string }{
+		{`{"version":"1","default":"deny",
+  "snapshots": {"max_count": 0}}`, `p.json:2:30: snapshots.max_count: max_count 0 is out of range (want 1 to 10000`},
+		{`{"version":"1","default":"deny",
+  "snapshots": {"max_mb": 1.5}}`, `p.json:2:27: snapshots.max_mb: want an integer, got 1.5`},
+		{`{"version":"1","default":"deny",
+  "snapshots": {"max_mb": -1}}`, `p.json:2:27: snapshots.max_mb: max_mb -1 is out of range`},
+		{`{"version":"1","default":"deny",
+  "snapshots": {"others": true}}`, `p.json:2:17: snapshots.others: others belongs in the snapshots block of snapshot_revert or snapshot_delete`},
+		{`{"version":"1","default":"deny",
+  "snapshots": {"Max_count": 2}}`, `p.json:2:17: snapshots.Max_count: unknown field "Max_count" (field names are case-sensitive: did you mean "max_count"?)`},
+		{`{"version":"1","default":"deny",
+  "snapshots": [3]}`, `p.json:2:16: snapshots: want an object, got array`},
+		{`{"version":"1","default":"deny","tools":{
+  "snapshot_create": {"snapshots": {"others": true}}}}`, `p.json:2:36: tools.snapshot_create.snapshots: a snapshots block belongs on snapshot_revert, snapshot_delete (others)`},
+		{`{"version":"1","default":"deny","tools":{
+  "snapshot_revert": {"snapshots": {"others": "yes"}}}}`, `p.json:2:47: tools.snapshot_revert.snapshots.others: want true or false, got string`},
+		{`{"version":"1","default":"deny","tools":{
+  "snapshot_delete": {"snapshots": {"max_count": 2}}}}`, `p.json:2:37: tools.snapshot_delete.snapshots.max_count: unknown field "max_count" (known: others)`},
+	}
+	for _, tt := range tests {
+		_, err := Parse("p.json", []byte(tt.doc))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Parse(%s) = %v; want an error containing %q", tt.doc, err, tt.want)
+		}
+	}
+}
+
+// TestReadmeSnapshotsExample: README's policy with a snapshots block
+// parses and bounds as the text says.
+func TestReadmeSnapshotsExample(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```json\n(\\{[^`]*\"snapshots\": \\{\"max_count\"[^`]*)```").FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README has no policy with a top-level snapshots block")
+	}
+	e, err := Parse("readme.json", m[1])
+	if err != nil {
+		t.Fatalf("README's snapshots example does not parse: %v", err)
+	}
+	d := e.Decide(Call{Grant: "g", Tool: "snapshot_revert", VM: "lab/vm1"})
+	if d.Verdict != Allow || d.Snapshots.MaxCount != 4 || d.Snapshots.MaxBytes != 2048<<20 || !d.Snapshots.Others {
+		t.Errorf("README's example: Decide(snapshot_revert) = %v, %+v; want allowed, 4 snapshots, 2048 MiB, others", d.Verdict, d.Snapshots)
 	}
 }

@@ -51,5 +51,5 @@ CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $GO build -trimpath -ldflags='-s -w' -o "$
 for pkg in server policy/audit internal/pluginhost; do
 	$GO test -c -o "$work/$(basename "$pkg").test" "./$pkg"
 done
-(cd bench && $GO build -o "$work/vmgate-bench" .)
-"$work/vmgate-bench" -vmgate "$work/vmgate" -tests "$work" -src "$root" "$@"
+(cd bench && $GO build -o "$work/vmgate-bench" . && $GO build -o "$work/plugins/vmgate-plugin-fleet" ./fleetplugin)
+"$work/vmgate-bench" -vmgate "$work/vmgate" -tests "$work" -src "$root" -plugins "$work/plugins" "$@"

@@ -18,6 +18,7 @@ import (
 
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/server/argview"
 )
 
 // Approvals through the client (`approval.channel: client`).
@@ -163,16 +164,52 @@ func modernClient(params map[string]any) (modern, elicitation bool) {
 	return true, elicitation
 }
 
+// maxApprovalMessage bounds the message of a client approval. The agent's
+// own client shows it, and a client may show a long message in a small
+// dialog, or cut it; arguments that do not fit in full are not asked
+// about at all (errArgsTooLong): the call is refused, and the operator
+// channel shows any size.
+const maxApprovalMessage = 8 << 10
+
+// errArgsTooLong: a call's arguments do not fit in full in the message of
+// a client approval.
+var errArgsTooLong = errors.New("the arguments are too long to show in full")
+
 // approvalRequest is the elicitation that asks the client's user to
-// approve one call of tool on vm with args.
-func approvalRequest(tool, vm string, args map[string]any) mcp.ElicitationParams {
-	redacted, _ := json.Marshal(audit.Redact(args))
+// approve one call of tool on vm with args. The message shows every
+// argument in full, stdin, file content and env values included, each on
+// a line of its own in argview's one-line view (the operator's escapes,
+// and line breaks, tabs, odd spaces and runs of spaces made visible), so
+// that nothing the call runs with is cut or hidden; or, if that takes more
+// than maxApprovalMessage, errArgsTooLong.
+func approvalRequest(tool, vm string, args map[string]any) (mcp.ElicitationParams, error) {
+	raw, err := json.Marshal(args)
+	if err != nil {
+		return mcp.ElicitationParams{}, fmt.Errorf("client approval: arguments: %w", err)
+	}
+	if len(raw) > maxApprovalMessage {
+		return mcp.ElicitationParams{}, fmt.Errorf("%w: %d bytes of arguments", errArgsTooLong, len(raw))
+	}
+	fields, err := argview.InlineFields(string(raw))
+	if err != nil {
+		return mcp.ElicitationParams{}, fmt.Errorf("client approval: arguments: %w", err)
+	}
+	var b strings.Builder
 	where := ""
 	if vm != "" {
-		where = " on " + vm
+		where, _ = argview.Inline(" on " + vm)
+	}
+	fmt.Fprintf(&b, "vmgate: the agent wants to run %s%s, once, with these %d arguments, each shown in full. Approve only if every one is what you expect.\n", tool, where, len(fields))
+	b.WriteString("Shown as escapes: characters that would not print as themselves (\\x1b, \\u{202e}), line breaks (\\n) and tabs (\\t); ⟦N spaces⟧ is a run of N spaces.\n")
+	for _, f := range fields {
+		name, _ := argview.Inline(f.Name)
+		fmt.Fprintf(&b, "- %s (%s): %s\n", name, aboutField(f), f.Value)
+	}
+	if b.Len() > maxApprovalMessage {
+		return mcp.ElicitationParams{}, fmt.Errorf("%w: %d bytes shown", errArgsTooLong, b.Len())
 	}
 	return mcp.ElicitationParams{
-		Message: fmt.Sprintf("vmgate: the agent wants to run %s%s with arguments %s. Approve this one call?", tool, where, truncate(string(redacted), 400)),
+		Message: strings.TrimSuffix(b.String(), "\n"),
 		RequestedSchema: map[string]any{
 			"type": "object",
 			"properties": map[string]any{
@@ -180,7 +217,29 @@ func approvalRequest(tool, vm string, args map[string]any) mcp.ElicitationParams
 			},
 			"required": []string{"approve"},
 		},
+	}, nil
+}
+
+// aboutField says what kind of value f is, its size and its escapes.
+func aboutField(f argview.Field) string {
+	about := fmt.Sprintf("%s, %d bytes", f.Kind, f.Bytes)
+	if f.Kind == argview.KindHex {
+		about = fmt.Sprintf("binary, %d bytes in hex", f.Bytes)
 	}
+	if f.Escaped > 0 {
+		about += fmt.Sprintf(", %d shown as escapes or ⟦…⟧", f.Escaped)
+	}
+	return about
+}
+
+// refuseTooLong is the answer to a call whose arguments do not fit in a
+// client approval.
+func (s *Server) refuseTooLong(ctx context.Context, id any, rec *audit.Record, tool string, err error) verdict {
+	rec.Reason = "client approval: " + err.Error()
+	return s.refuseWith(ctx, id, *rec, policy.Deny.String(), TagDenied, fmt.Sprintf(
+		"this call needs your user's approval, and its arguments are too long to show in full in an approval request through the client (%v; at most %d bytes): nothing ran. "+
+			"Send it with shorter arguments (a large file in parts: vm_file_write with offset or append), or ask the operator to set approval channel \"operator\" for %s, where every argument is shown in full whatever its size",
+		err, maxApprovalMessage, tool), nil)
 }
 
 // approvalTTL is how long the client's user may take to answer: the
@@ -217,17 +276,25 @@ func (s *Server) approveByClient(ctx context.Context, id any, rec *audit.Record,
 		}
 		// Asked by the handler (elicit_legacy.go), which knows the session
 		// and whether its client declared elicitation at initialize.
+		req, err := approvalRequest(tool, vm, args)
+		if err != nil {
+			return s.refuseTooLong(ctx, id, rec, tool, err), nil, true
+		}
 		rec.Reason = "asking the client's user through elicitation/create"
 		rec.ApprovalID = approvalIDClient
-		return verdict{}, &clientAsk{params: approvalRequest(tool, vm, args), ttl: approvalTTL(d)}, false
+		return verdict{}, &clientAsk{params: req, ttl: approvalTTL(d)}, false
 	}
 	if !elicitation {
 		return deny("client approval: the client has no elicitation capability",
 			"this call needs the approval of your user, and this client cannot ask (no elicitation capability); the call is refused")
 	}
 	if !hasRoundTrip(params) {
+		req, err := approvalRequest(tool, vm, args)
+		if err != nil {
+			return s.refuseTooLong(ctx, id, rec, tool, err), nil, true
+		}
 		st := elicitState{Grant: rec.Grant, Tool: tool, Digest: digest, Expires: now.Add(approvalTTL(d)).Unix(), Nonce: rand.Text()}
-		res := mcpserver.NewInputRequestBuilder(signState(st)).Elicit(elicitInputID, approvalRequest(tool, vm, args)).ToolResult()
+		res := mcpserver.NewInputRequestBuilder(signState(st)).Elicit(elicitInputID, req).ToolResult()
 		rec.Reason = "asked the client's user"
 		s.record(ctx, *rec, policy.Approve.String(), "approval requested through elicitation", "")
 		return verdict{reply: rpcResult(id, res)}, nil, true

@@ -188,3 +188,120 @@ func TestClientApprovalStateBoundToGrant(t *testing.T) {
 		t.Errorf("openState for its own call = %v; want nil", err)
 	}
 }
+
+// clientExecPolicy asks the client's user before every command.
+const clientExecPolicy = `{"version":"1","default":"allow","tools":{"vm_agent_exec":{"action":"approve","approval":{"channel":"client","ttl":"2m"}}}}`
+
+// clientExecArgs is the arguments of a command whose shell is shell.
+func clientExecArgs(shell string) string {
+	b, _ := json.Marshal(map[string]any{"vm": "lab/vm1", "shell": shell, "stdin": "first line\nsecond line", "env": map[string]string{"MODE": "rotate"}})
+	return string(b)
+}
+
+// askedMessage makes a call whose arguments are args and returns the
+// message of the approval the client's user is asked, over the 2026-07-28
+// round trip and over elicitation/create (a client older than it).
+func askedMessage(t *testing.T, args string) (modern, legacy string) {
+	t.Helper()
+	f := newFixture(t, fixtureOpts{policy: clientExecPolicy})
+	r := sendRaw(t, f, "local", `"name":"vm_agent_exec","arguments":`+args+`,`+modernMeta)
+	in, ok := r.Result.InputRequests["approval"]
+	if r.Result.ResultType != "input_required" || !ok {
+		t.Fatalf("first call = %q (%+v); want input_required", r.text(), r.Result)
+	}
+	modern, _ = in.Params["message"].(string)
+
+	c := startElicitPeer(t, newFixture(t, fixtureOpts{policy: clientExecPolicy}), initElicit)
+	c.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"vm_agent_exec","arguments":` + args + `}}`)
+	m := c.next(5 * time.Second)
+	if m == nil || m["method"] != "elicitation/create" {
+		t.Fatalf("first message = %v; want elicitation/create", m)
+	}
+	params, _ := m["params"].(map[string]any)
+	legacy, _ = params["message"].(string)
+	return modern, legacy
+}
+
+// Issue 29, finding 6: the client's user sees every argument in full, with
+// the operator's escapes, and nothing that can hide a part of a value: a
+// tail behind a run of spaces, line breaks, control characters,
+// bidirectional and zero-width characters, odd spaces.
+func TestClientApprovalShowsEveryArgument(t *testing.T) {
+	pad := strings.Repeat(" ", 420)
+	tests := []struct {
+		name, shell string
+		want        []string // in the message
+	}{
+		{"a tail behind 420 spaces", "echo 'routine log rotation'" + pad + "&& echo TAIL > /data/x",
+			[]string{"echo 'routine log rotation'⟦420 spaces⟧&& echo TAIL > /data/x"}},
+		{"a line that forges an argument", "true\n- shell (text, 4 bytes): true",
+			[]string{`true\n- shell (text, 4 bytes): true`}},
+		{"a carriage return and terminal escapes", "echo ok\r\x1b[2Krm -rf /data",
+			[]string{`echo ok\x0d\x1b[2Krm -rf /data`}},
+		{"bidi and zero-width", "echo safe # \u202e atad/ fr- mr\u200b",
+			[]string{`echo safe # \u{202e} atad/ fr- mr\u{200b}`}},
+		{"odd spaces and tabs", "echo a\u00a0b\u3000c\td",
+			[]string{`echo a\u{00a0}b\u{3000}c\td`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			modern, legacy := askedMessage(t, clientExecArgs(tt.shell))
+			for road, msg := range map[string]string{"2026-07-28": modern, "elicitation/create": legacy} {
+				want := append(tt.want, "vm_agent_exec on lab/vm1",
+					`first line\nsecond line`, // stdin in full, not its digest
+					"- env.MODE (text, 6 bytes): rotate")
+				for _, w := range want {
+					if !strings.Contains(msg, w) {
+						t.Errorf("%s: message %q; want it to show %q", road, msg, w)
+					}
+				}
+				if strings.Contains(msg, "sha256:") || strings.Contains(msg, "   ") || strings.ContainsAny(msg, "\r\x1b\u202e\u200b\u00a0\u3000\t") {
+					t.Errorf("%s: message %q holds a digest, a run of spaces or a character that hides", road, msg)
+				}
+				if lines := strings.Count(msg, "\n- "); lines != 4 {
+					t.Errorf("%s: message has %d argument lines; want 4 (shell, stdin, vm, env.MODE)\n%s", road, lines, msg)
+				}
+			}
+		})
+	}
+}
+
+// Arguments that do not fit in full in the approval request are not asked
+// about: the call is refused before anything runs, on both roads, and the
+// refusal says to use the operator channel.
+func TestClientApprovalRefusesWhatDoesNotFit(t *testing.T) {
+	tests := []struct {
+		name, shell string
+	}{
+		{"long", "echo " + strings.Repeat("a", maxApprovalMessage)},
+		{"short, but long once shown", strings.Repeat("\u202e", maxApprovalMessage/4)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{policy: clientExecPolicy})
+			args := clientExecArgs(tt.shell)
+			r := sendRaw(t, f, "local", `"name":"vm_agent_exec","arguments":`+args+`,`+modernMeta)
+			legacy := f.send(t, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"vm_agent_exec","arguments":`+args+`}}`)
+			for road, text := range map[string]string{"2026-07-28": r.text(), "elicitation/create": legacy.text()} {
+				if !strings.HasPrefix(text, TagDenied+" ") || !strings.Contains(text, `approval channel "operator"`) || !strings.Contains(text, "nothing ran") {
+					t.Errorf("%s: call = %q; want %s saying to use the operator channel", road, text, TagDenied)
+				}
+			}
+			if r.Result.ResultType == "input_required" {
+				t.Errorf("the client was asked: %+v", r.Result)
+			}
+			if n := f.calls.Load(); n != 0 {
+				t.Errorf("driver calls = %d; want 0", n)
+			}
+			refused := 0
+			for _, rec := range f.rec.records() {
+				if rec.Decision == "deny" && strings.Contains(rec.Reason, "too long to show in full") {
+					refused++
+				}
+			}
+			if refused != 2 {
+				t.Errorf("%d audit records say the arguments were too long; want 2", refused)
+			}
+		})
+	}
+}

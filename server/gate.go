@@ -92,6 +92,9 @@ type call struct {
 	// for it (undo.go).
 	snapshot *policy.SnapshotBefore
 	undo     *undoEntry
+	// snapRules are the decision's rules for the VM's snapshots: what a
+	// snapshot tool may touch, and the grant's bounds (snapowners.go).
+	snapRules policy.SnapshotRules
 	// keepFiles is the decision's keep_files (destroy_session, tool_trash.go).
 	keepFiles time.Duration
 	// quotas and lease are the policy's for a vm_create call.
@@ -365,7 +368,7 @@ func (g *gating) decide() (verdict, bool) {
 	d := eng.Decide(policy.Call{Grant: g.conn.grant.Name, Transport: g.conn.transport, Tool: name, VM: g.call.vm, Session: session, Args: args})
 	g.decision = d
 	g.call.sandbox = d.Sandbox
-	g.call.snapshot, g.call.keepFiles = d.Snapshot, d.KeepFiles
+	g.call.snapshot, g.call.keepFiles, g.call.snapRules = d.Snapshot, d.KeepFiles, d.Snapshots
 	g.call.quotas, g.call.lease = d.Quotas, d.Lease
 	g.rec.Rule, g.rec.Reason, g.rec.Shadow = d.Rule, d.Reason, d.Shadow
 	if hasRoundTrip(g.params) && !isClientChannel(d) {
@@ -565,8 +568,8 @@ func (s *Server) settle(t *ticket) {
 		s.refund(t.call.id, t.start, t.counters)
 	}
 	rec := audit.Record{CallID: t.call.id, Grant: t.call.grant.Name, Transport: t.call.transport, Tool: t.call.spec.name, VM: t.call.vm}
-	if t.call.undo != nil {
-		rec.Snapshot = t.call.undo.Name
+	if u := t.call.undo; u != nil {
+		rec.Snapshot, rec.SnapshotID, rec.SnapshotTaken = u.Name, u.ID, u.Taken
 	}
 	s.outcome(rec, r.outcomeName(), r.detail, t.start, refund)
 }
@@ -574,7 +577,7 @@ func (s *Server) settle(t *ticket) {
 func (s *Server) outcome(rec audit.Record, outcome, detail string, start time.Time, refunded bool) {
 	out := audit.Record{
 		Kind: audit.KindOutcome, CallID: rec.CallID, Grant: rec.Grant, Transport: rec.Transport, Tool: rec.Tool, VM: rec.VM,
-		Outcome: outcome, Reason: detail, Refunded: refunded, Snapshot: rec.Snapshot,
+		Outcome: outcome, Reason: detail, Refunded: refunded, Snapshot: rec.Snapshot, SnapshotID: rec.SnapshotID, SnapshotTaken: rec.SnapshotTaken,
 		DurationMS: float64(s.now().Sub(start).Microseconds()) / 1000,
 	}
 	if err := s.audit.AppendLazy(context.Background(), out); err != nil {

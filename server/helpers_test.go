@@ -23,8 +23,10 @@ import (
 // let a test make appends fail.
 type recorder struct {
 	AppendErr func(audit.Record) error
-	mu        sync.Mutex // guards recs
-	recs      []audit.Record
+	// now, when set, stamps records without a time (as the log does).
+	now  func() time.Time
+	mu   sync.Mutex // guards recs
+	recs []audit.Record
 }
 
 func (r *recorder) Append(ctx context.Context, rec audit.Record) (uint64, error) {
@@ -35,14 +37,33 @@ func (r *recorder) Append(ctx context.Context, rec audit.Record) (uint64, error)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.recs = append(r.recs, rec)
+	r.recs = append(r.recs, r.stamp(rec))
 	return uint64(len(r.recs)), nil
 }
 
 func (r *recorder) AppendLazy(ctx context.Context, rec audit.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.recs = append(r.recs, rec)
+	r.recs = append(r.recs, r.stamp(rec))
+	return nil
+}
+
+func (r *recorder) stamp(rec audit.Record) audit.Record {
+	if rec.Time.IsZero() && r.now != nil {
+		rec.Time = r.now()
+	}
+	return rec
+}
+
+// each calls fn with every record, its arguments redacted as the log
+// writes them (Config.AuditRecords).
+func (r *recorder) each(fn func(audit.Record) error) error {
+	for _, rec := range r.records() {
+		rec.Args = audit.Redact(rec.Args)
+		if err := fn(rec); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -107,10 +128,14 @@ type fixture struct {
 type fixtureOpts struct {
 	policy string   // for grant "local"
 	vms    []string // visible VM globs of "local"
-	store  store.Store
-	rec    *recorder
-	driver *hypervisortest.Fake // nil: countingFake
-	bins   guestctl.Binaries    // nil: the host's builds
+	// otherPolicy and otherVMs are grant "other"'s (default: allow all,
+	// other/*).
+	otherPolicy string
+	otherVMs    []string
+	store       store.Store
+	rec         *recorder
+	driver      *hypervisortest.Fake // nil: countingFake
+	bins        guestctl.Binaries    // nil: the host's builds
 }
 
 func newFixture(t testing.TB, o fixtureOpts) *fixture {
@@ -122,7 +147,13 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatalf("policy.Parse: %v", err)
 	}
-	other, err := policy.Parse("other.json", []byte(allowAll))
+	if o.otherPolicy == "" {
+		o.otherPolicy = allowAll
+	}
+	if o.otherVMs == nil {
+		o.otherVMs = []string{"other/*"}
+	}
+	other, err := policy.Parse("other.json", []byte(o.otherPolicy))
 	if err != nil {
 		t.Fatalf("policy.Parse: %v", err)
 	}
@@ -130,6 +161,9 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	f.now.Store(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano())
 	if f.rec == nil {
 		f.rec = &recorder{}
+	}
+	if f.rec.now == nil {
+		f.rec.now = func() time.Time { return time.Unix(0, f.now.Load()) }
 	}
 	if f.store == nil {
 		f.store = memory.New()
@@ -141,12 +175,13 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	f.s, err = New(Config{
 		Grants: []Grant{
 			{Name: "local", Policy: eng, VMs: o.vms, TokenSHA256: sha256hex("local-token")},
-			{Name: "other", Policy: other, VMs: []string{"other/*"}, TokenSHA256: sha256hex("other-token")},
+			{Name: "other", Policy: other, VMs: o.otherVMs, TokenSHA256: sha256hex("other-token")},
 		},
-		Backends: []Backend{{Name: "lab", Driver: drv}, {Name: "other", Driver: drv}},
-		Store:    f.store,
-		Audit:    f.rec,
-		Now:      func() time.Time { return time.Unix(0, f.now.Load()) },
+		Backends:     []Backend{{Name: "lab", Driver: drv}, {Name: "other", Driver: drv}},
+		Store:        f.store,
+		Audit:        f.rec,
+		AuditRecords: f.rec.each,
+		Now:          func() time.Time { return time.Unix(0, f.now.Load()) },
 
 		GuestBinaries: o.bins,
 	})

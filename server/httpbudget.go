@@ -94,10 +94,12 @@ func (b *requestBudget) take(grant string, max int, now time.Time) (retry time.D
 	return 0, true, false, 0
 }
 
-// admit takes one unit of c's budget. It answers the request and returns
-// false when the budget is spent; body is the POST body, nil for other
-// methods.
-func (h *HTTPHandler) admit(w http.ResponseWriter, c *conn, body []byte) bool {
+// admit takes one unit of c's budget, before anything of r's body is
+// read. It answers r and returns false when the budget is spent: a POST as
+// a JSON-RPC reply (read from its body when that holds at most
+// bodyPeekBytes: a tools/call then gets a tool result), anything else as
+// text.
+func (h *HTTPHandler) admit(w http.ResponseWriter, r *http.Request, c *conn) bool {
 	s := h.s
 	limit := h.opts.RequestsPerMinute
 	if c.grant.RequestsPerMinute > 0 {
@@ -114,15 +116,18 @@ func (h *HTTPHandler) admit(w http.ResponseWriter, c *conn, body []byte) bool {
 	secs := max(int64(math.Ceil(retry.Seconds())), 1)
 	msg := fmt.Sprintf("grant %s sent more than %d requests in a minute: retry in %d s", c.grant.Name, limit, secs)
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-	if body == nil {
+	if r.Method != http.MethodPost {
 		httpError(w, http.StatusTooManyRequests, TagRateLimited+" "+msg)
 		return false
 	}
+	defer lingerBody(w, r) // what is left of the body is not read
 	var peek struct {
 		ID     json.RawMessage `json:"id"`
 		Method string          `json:"method"`
 	}
-	_ = json.Unmarshal(body, &peek)
+	if b := peekBody(r); b != nil {
+		_ = json.Unmarshal(b, &peek)
+	}
 	var id any
 	if validRawID(peek.ID) {
 		id = peek.ID

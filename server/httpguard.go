@@ -3,10 +3,15 @@ package server
 import (
 	"errors"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/hostguard"
 )
 
 // DefaultBodyTimeout is how long a client has to send a request body, when
@@ -60,4 +65,47 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 // bodyTimedOut reports whether err is a body read cut off by LimitBodyTime.
 func bodyTimedOut(err error) bool {
 	return errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// originAllowed reports whether r's Origin lets it reach the MCP endpoint
+// (the Host and the token are checked apart). A browser sends Origin with
+// every cross-origin request and with every POST; other clients send none,
+// and pass. Of browser requests, these pass:
+//
+//   - one whose Origin is listed in allowed (http.allowed_origins), exactly;
+//   - one whose Origin is on loopback (http or https, localhost, 127.0.0.1
+//     or [::1], any port) and that came in on a loopback address of this
+//     machine: the page that sent it was served by this machine to a
+//     browser on this machine (a local web app, the MCP Inspector's page),
+//     the case the MCP specification asks servers to accept. A request that
+//     came in on another address (vmgate listening on a LAN address, or on
+//     every address and reached through one of them) comes from a browser
+//     elsewhere, whose "localhost" is not this machine: it passes only if
+//     listed.
+//
+// Everything else is refused (403): a page of another site, a DNS
+// rebinding page (its Origin names the attacker's site), "null", two Origin
+// headers. The bearer token is required either way: a browser does not
+// send it by itself, so a page can only use a token it was given.
+func originAllowed(r *http.Request, allowed []string) bool {
+	o := r.Header.Values("Origin")
+	switch {
+	case len(o) == 0:
+		return true
+	case len(o) > 1:
+		return false
+	case slices.Contains(allowed, o[0]):
+		return true
+	}
+	return hostguard.LoopbackOrigin(o[0]) && arrivedOnLoopback(r)
+}
+
+// arrivedOnLoopback reports whether r came in on a loopback address.
+func arrivedOnLoopback(r *http.Request) bool {
+	a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	return err == nil && ap.Addr().Unmap().IsLoopback()
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -90,5 +91,79 @@ func TestLimitBodyTime(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || string(body) != "got 5 bytes" {
 		t.Errorf("a quick body with a slow answer = %d %q; want 200 \"got 5 bytes\"", resp.StatusCode, body)
+	}
+}
+
+// Issue 37: a browser page served from this machine's loopback may call a
+// loopback listener (the MCP specification's rule against DNS rebinding:
+// refuse non-localhost origins, accept localhost ones); every other origin
+// is refused unless listed, and the token is required either way.
+func TestHTTPOrigin(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.s.httpOpts.AllowedOrigins = []string{"https://ops.example", "http://localhost:6274"}
+	h := f.s.Handler()
+	ts := httptest.NewServer(h) // on 127.0.0.1
+	defer ts.Close()
+	port := ts.URL[strings.LastIndexByte(ts.URL, ':')+1:]
+	tests := []struct {
+		name    string
+		origins []string
+		token   string
+		want    int
+	}{
+		{"no Origin", nil, "local-token", http.StatusOK},
+		{"another site", []string{"http://evil.example"}, "local-token", http.StatusForbidden},
+		{"another site, wrong token", []string{"http://evil.example"}, "nope", http.StatusForbidden},
+		{"localhost, this port", []string{"http://localhost:" + port}, "local-token", http.StatusOK},
+		{"localhost, another port", []string{"http://localhost:5173"}, "local-token", http.StatusOK},
+		{"127.0.0.1", []string{"http://127.0.0.1:" + port}, "local-token", http.StatusOK},
+		{"[::1], https, no port", []string{"https://[::1]"}, "local-token", http.StatusOK},
+		{"localhost, wrong token", []string{"http://localhost:" + port}, "nope", http.StatusUnauthorized},
+		{"localhost, no token", []string{"http://localhost:" + port}, "", http.StatusUnauthorized},
+		{"listed", []string{"https://ops.example"}, "local-token", http.StatusOK},
+		{"listed, another port", []string{"https://ops.example:8443"}, "local-token", http.StatusForbidden},
+		{"a rebinding name", []string{"http://localhost.evil.example:" + port}, "local-token", http.StatusForbidden},
+		{"localhost with a path", []string{"http://localhost:" + port + "/x"}, "local-token", http.StatusForbidden},
+		{"null", []string{"null"}, "local-token", http.StatusForbidden},
+		{"two Origins", []string{"http://localhost:" + port, "http://localhost:" + port}, "local-token", http.StatusForbidden},
+	}
+	for _, tt := range tests {
+		hdr := map[string][]string{"Origin": tt.origins}
+		if tt.token != "" {
+			hdr["Authorization"] = []string{"Bearer " + tt.token}
+		}
+		if got := initStatus(t, ts.URL+"/mcp", hdr); got != tt.want {
+			t.Errorf("%s: Origin %q on a loopback listener = %d; want %d", tt.name, tt.origins, got, tt.want)
+		}
+	}
+
+	// A request that came in on another address: a loopback origin is some
+	// other machine's, and passes only if listed.
+	for _, tt := range []struct {
+		local, origin string
+		want          int
+	}{
+		{"192.0.2.5:8707", "http://localhost:8707", http.StatusForbidden},
+		{"192.0.2.5:8707", "http://127.0.0.1:8707", http.StatusForbidden},
+		{"[2001:db8::5]:8707", "http://[::1]:8707", http.StatusForbidden},
+		{"192.0.2.5:8707", "http://localhost:6274", http.StatusOK}, // listed
+		{"192.0.2.5:8707", "https://ops.example", http.StatusOK},
+		{"[::ffff:127.0.0.1]:8707", "http://localhost:8707", http.StatusOK},
+	} {
+		req := httptest.NewRequest(http.MethodPost, "http://127.0.0.1:8707/mcp", strings.NewReader(initMsg))
+		local, err := net.ResolveTCPAddr("tcp", tt.local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req = req.WithContext(context.WithValue(req.Context(), http.LocalAddrContextKey, local))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", "Bearer local-token")
+		req.Header.Set("Origin", tt.origin)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != tt.want {
+			t.Errorf("Origin %q on a request to %s = %d %q; want %d", tt.origin, tt.local, rec.Code, rec.Body, tt.want)
+		}
 	}
 }

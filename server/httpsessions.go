@@ -399,5 +399,11 @@ func (o HTTPOptions) withDefaults() HTTPOptions {
 	if o.BodyTimeout <= 0 {
 		o.BodyTimeout = DefaultBodyTimeout
 	}
+	if o.BodyBytes <= 0 {
+		o.BodyBytes = DefaultHTTPBodyBytes
+	}
+	if o.BodyBytesPerGrant <= 0 {
+		o.BodyBytesPerGrant = DefaultHTTPBodyBytesPerGrant
+	}
 	return o
 }

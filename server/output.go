@@ -80,7 +80,7 @@ func oArray(items map[string]any) map[string]any {
 
 // undoProps are what withUndo (undo.go) adds to the result of a tool a
 // snapshot_before may be on (policy.SnapshotBeforeTools).
-var undoProps = map[string]any{"undo_snapshot": oString, "undo_expires": oTime}
+var undoProps = map[string]any{"undo_snapshot": oString, "undo_call": oString, "undo_taken": oTime, "undo_expires": oTime}
 
 // outputSchema is t's published outputSchema: one of its result shapes or
 // the error shape.

@@ -84,8 +84,9 @@ type Backend struct {
 // HTTPOptions configure Handler.
 type HTTPOptions struct {
 	// AllowedOrigins are the Origin values (scheme://host[:port]) a browser
-	// may send; a request with any other Origin gets 403. Requests without
-	// Origin (non-browser clients) are allowed.
+	// may send besides loopback origins on a loopback address
+	// (originAllowed, httpguard.go); a request with any other Origin gets
+	// 403. Requests without Origin (non-browser clients) are allowed.
 	AllowedOrigins []string
 	// AllowedHosts are the Host header values accepted besides loopback
 	// names (localhost, 127.0.0.1, [::1]) with any port; others get 403.
@@ -99,6 +100,11 @@ type HTTPOptions struct {
 	// BodyTimeout bounds how long a client takes to send a request body
 	// (default DefaultBodyTimeout).
 	BodyTimeout time.Duration
+	// BodyBytes and BodyBytesPerGrant bound the request bodies held in
+	// memory at once, in all and per grant (httpbody.go; defaults
+	// DefaultHTTPBodyBytes, DefaultHTTPBodyBytesPerGrant; both at least
+	// the largest body a message may have).
+	BodyBytes, BodyBytesPerGrant int64
 }
 
 // Config is what New needs. Store, Audit and at least one grant are required.
@@ -126,6 +132,13 @@ type Config struct {
 	Templates      []config.Template
 	Leases         store.Leases
 	LeaseReapEvery time.Duration
+	// Snapshots keeps who made each snapshot (snapowners.go; default:
+	// Store, when it keeps them, else memory).
+	Snapshots store.Snapshots
+	// AuditRecords reads the audit log's records in order; `vmgate undo`
+	// finds a call's undo snapshot there (undo_operator.go). Nil: undo
+	// refuses.
+	AuditRecords func(fn func(audit.Record) error) error
 }
 
 // Server is the MCP server with its gate.
@@ -156,6 +169,8 @@ type Server struct {
 	stdioGrant    string
 	guest         *guestTools
 	undo          *undoKeeper // undo snapshots (undo.go)
+	snaps         *snapOwners // who made each snapshot, and the bounds (snapowners.go)
+	auditRecords  func(fn func(audit.Record) error) error
 	templates     map[string]*config.Template
 	leases        *vmLeases // nil: no lease store
 	// direct holds the calls handle runs without mcp-go (dispatch.go);
@@ -265,6 +280,8 @@ func New(cfg Config) (*Server, error) {
 		s.backends[b.Name] = b.Driver
 	}
 	s.undo = newUndoKeeper(s)
+	s.snaps = newSnapOwners(s, cfg)
+	s.auditRecords = cfg.AuditRecords
 	s.guest = newGuestTools(s, cfg)
 	if err := s.setupLeases(cfg); err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,17 +14,95 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 )
 
-// snapFake is a fake backend with snapshots kept in a map; every snapshot
-// call is counted in calls.
+// snapFake is a fake backend with snapshots kept in a map by VM and
+// name; every snapshot call is counted in calls. A snapshot it takes gets
+// an identity of its own ("fake:<n>") and, with memory, memSize bytes.
 type snapFake struct {
-	mu    sync.Mutex
-	snaps map[string]hypervisor.Snapshot
-	reqs  []hypervisor.SnapshotRequest
-	calls atomic.Int64
+	mu       sync.Mutex
+	snaps    map[string]hypervisor.Snapshot // by vm + "/" + name
+	reqs     []hypervisor.SnapshotRequest
+	reverted []string // "vm name id" of each revert
+	deleted  []string // "vm name" of each delete
+	seq      int
+	calls    atomic.Int64
 	// err, when set, is what every snapshot call returns.
 	err error
 	// noMemory refuses snapshots with memory (a stopped VM).
 	noMemory bool
+	// memSize is the size of a snapshot with memory.
+	memSize int64
+}
+
+func newSnapFake() *snapFake { return &snapFake{snaps: map[string]hypervisor.Snapshot{}} }
+
+// put adds sn to vm as if made on the backend directly.
+func (sf *snapFake) put(vm string, sn hypervisor.Snapshot) {
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	sf.snaps[vm+"/"+sn.Name] = sn
+}
+
+// get returns vm's snapshot name.
+func (sf *snapFake) get(vm, name string) (hypervisor.Snapshot, bool) {
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	sn, ok := sf.snaps[vm+"/"+name]
+	return sn, ok
+}
+
+func (sf *snapFake) create(vm string, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, error) {
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	sf.reqs = append(sf.reqs, req)
+	if sf.err != nil {
+		return hypervisor.Snapshot{}, sf.err
+	}
+	if sf.noMemory && req.Memory {
+		return hypervisor.Snapshot{}, fmt.Errorf("fake: stopped: %w", hypervisor.ErrSnapshotMemory)
+	}
+	if _, ok := sf.snaps[vm+"/"+req.Name]; ok {
+		return hypervisor.Snapshot{}, fmt.Errorf("fake: %w", hypervisor.ErrSnapshotExists)
+	}
+	sf.seq++
+	sn := hypervisor.Snapshot{Name: req.Name, ID: fmt.Sprint("fake:", sf.seq), Description: req.Description, Memory: req.Memory,
+		CreatedAt: time.Unix(1700000000+int64(sf.seq), 0).UTC()}
+	if req.Memory {
+		sn.SizeBytes = sf.memSize
+	}
+	sf.snaps[vm+"/"+req.Name] = sn
+	return sn, nil
+}
+
+func (sf *snapFake) list(vm string) ([]hypervisor.Snapshot, error) {
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	var out []hypervisor.Snapshot
+	for k, sn := range sf.snaps {
+		if strings.HasPrefix(k, vm+"/") {
+			out = append(out, sn)
+		}
+	}
+	slices.SortFunc(out, func(a, b hypervisor.Snapshot) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	return out, sf.err
+}
+
+func (sf *snapFake) byName(vm, name string, del bool) error {
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	if sf.err != nil {
+		return sf.err
+	}
+	sn, ok := sf.snaps[vm+"/"+name]
+	if !ok {
+		return fmt.Errorf("fake: %q: %w", name, hypervisor.ErrSnapshotNotFound)
+	}
+	if del {
+		delete(sf.snaps, vm+"/"+name)
+		sf.deleted = append(sf.deleted, vm+" "+name)
+	} else {
+		sf.reverted = append(sf.reverted, vm+" "+name+" "+sn.ID)
+	}
+	return nil
 }
 
 func (sf *snapFake) driver(modes hypervisor.SnapshotModes) *hypervisortest.Fake {
@@ -31,55 +110,20 @@ func (sf *snapFake) driver(modes hypervisor.SnapshotModes) *hypervisortest.Fake 
 	f.Modes = modes
 	f.SnapshotCreateFunc = func(ctx context.Context, vm string, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, error) {
 		sf.calls.Add(1)
-		sf.mu.Lock()
-		defer sf.mu.Unlock()
-		sf.reqs = append(sf.reqs, req)
-		if sf.err != nil {
-			return hypervisor.Snapshot{}, sf.err
-		}
-		if sf.noMemory && req.Memory {
-			return hypervisor.Snapshot{}, fmt.Errorf("fake: stopped: %w", hypervisor.ErrSnapshotMemory)
-		}
-		if _, ok := sf.snaps[req.Name]; ok {
-			return hypervisor.Snapshot{}, fmt.Errorf("fake: %w", hypervisor.ErrSnapshotExists)
-		}
-		sn := hypervisor.Snapshot{Name: req.Name, Description: req.Description, Memory: req.Memory, CreatedAt: time.Unix(1700000000, 0)}
-		sf.snaps[req.Name] = sn
-		return sn, nil
+		return sf.create(vm, req)
 	}
 	f.SnapshotListFunc = func(ctx context.Context, vm string) ([]hypervisor.Snapshot, error) {
 		sf.calls.Add(1)
-		sf.mu.Lock()
-		defer sf.mu.Unlock()
-		var out []hypervisor.Snapshot
-		for _, sn := range sf.snaps {
-			out = append(out, sn)
-		}
-		return out, sf.err
+		return sf.list(vm)
 	}
-	byName := func(name string, del bool) error {
-		sf.calls.Add(1)
-		sf.mu.Lock()
-		defer sf.mu.Unlock()
-		if sf.err != nil {
-			return sf.err
-		}
-		if _, ok := sf.snaps[name]; !ok {
-			return fmt.Errorf("fake: %q: %w", name, hypervisor.ErrSnapshotNotFound)
-		}
-		if del {
-			delete(sf.snaps, name)
-		}
-		return nil
-	}
-	f.SnapshotRevertFunc = func(ctx context.Context, vm, name string) error { return byName(name, false) }
-	f.SnapshotDeleteFunc = func(ctx context.Context, vm, name string) error { return byName(name, true) }
+	f.SnapshotRevertFunc = func(ctx context.Context, vm, name string) error { sf.calls.Add(1); return sf.byName(vm, name, false) }
+	f.SnapshotDeleteFunc = func(ctx context.Context, vm, name string) error { sf.calls.Add(1); return sf.byName(vm, name, true) }
 	return f
 }
 
 func newSnapFixture(t *testing.T, modes hypervisor.SnapshotModes, pol string) (*fixture, *snapFake) {
 	t.Helper()
-	sf := &snapFake{snaps: map[string]hypervisor.Snapshot{}}
+	sf := newSnapFake()
 	f := newFixture(t, fixtureOpts{driver: sf.driver(modes), policy: pol})
 	t.Cleanup(func() { f.s.Close() })
 	return f, sf
@@ -151,7 +195,7 @@ func TestSnapshotErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f, sf := newSnapFixture(t, bothModes, "")
-			sf.snaps["taken"] = hypervisor.Snapshot{Name: "taken"}
+			sf.put("vm1", hypervisor.Snapshot{Name: "taken"})
 			sf.err = tt.err
 			r := f.call(t, tt.tool, tt.args)
 			if !hasTag(r, tt.tag) || !strings.Contains(r.text(), tt.want) {
@@ -213,7 +257,7 @@ func TestSnapshotBadArguments(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			sf := &snapFake{snaps: map[string]hypervisor.Snapshot{}}
+			sf := newSnapFake()
 			f := newFixture(t, fixtureOpts{driver: sf.driver(bothModes), policy: gated, vms: []string{"lab/*"}})
 			t.Cleanup(func() { f.s.Close() })
 			r := f.call(t, tt.tool, tt.args)

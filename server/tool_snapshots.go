@@ -76,6 +76,9 @@ type snapshotCreateArgs struct {
 }
 
 func (a *snapshotCreateArgs) checkArgs() error {
+	if err := checkSnapshotNameFree(a.Name); err != nil {
+		return err
+	}
 	return cleanSnapshotError(hypervisor.ValidateSnapshotRequest(hypervisor.SnapshotRequest{Name: a.Name, Description: a.Description}))
 }
 
@@ -96,6 +99,9 @@ type snapshotNameArgs struct {
 }
 
 func (a *snapshotNameArgs) checkArgs() error {
+	if err := checkSnapshotNameFree(a.Name); err != nil {
+		return err
+	}
 	return cleanSnapshotError(hypervisor.ValidateSnapshotName(a.Name))
 }
 
@@ -140,6 +146,9 @@ func snapshotFailure(c *call, name string, err error) result {
 	case errors.Is(err, hypervisor.ErrSnapshotMemory):
 		r.tag, r.noEffect = TagInvalid, true
 		r.text = fmt.Sprintf("backend %q cannot take a snapshot with memory of %s (a stopped VM has none): retry with memory false", c.backend, c.vm)
+	case errors.Is(err, hypervisor.ErrSnapshotChanged):
+		r.tag, r.noEffect = TagInvalid, true
+		r.text = fmt.Sprintf("%s: snapshot %q was made anew while the call ran (its identity changed); nothing was done: snapshot_list shows it as it is now", c.vm, name)
 	case errors.Is(err, hypervisor.ErrSnapshotDiskOnly):
 		r.tag, r.noEffect = TagInvalid, true
 		r.text = fmt.Sprintf("backend %q cannot take a snapshot without memory: retry with memory true", c.backend)
@@ -154,16 +163,67 @@ func (s *Server) runSnapshotCreate(c *call, a *snapshotCreateArgs) result {
 	if r != nil {
 		return *r
 	}
+	unlock, err := s.snaps.lock(c.ctx, c.vm)
+	if err != nil {
+		return failure(TagTimedOut, err.Error(), true)
+	}
+	defer unlock()
 	req := a.request(sn.SnapshotModes())
+	var b snapBudget
+	if bounded(c.snapRules) {
+		if b, r = s.budgetOf(c, sn); r != nil {
+			return *r
+		}
+		if why := b.over(c.snapRules, req.Memory); why != "" {
+			if !req.Memory || a.Memory != nil || !sn.SnapshotModes().DiskOnly || b.over(c.snapRules, false) != "" {
+				return failure(TagDenied, c.vm+": "+why+": snapshot_delete one of the grant's snapshots first (snapshot_list shows them, their owners and sizes)", true)
+			}
+			req.Memory = false // memory alone broke the size bound, and the call left it to the server
+		}
+	}
 	snap, err := sn.SnapshotCreate(c.ctx, c.name, req)
 	if err != nil {
 		return snapshotFailure(c, a.Name, err)
+	}
+	if why := s.snaps.fitsAfter(c, sn, &b, c.snapRules, snap, false); why != "" {
+		return failure(TagDenied, c.vm+": "+why+s.dropTaken(c, sn, snap.Name), false)
+	}
+	if err := s.snaps.put(c.ctx, c, snap, nil); err != nil {
+		r := failure(TagBackend, c.vm+": the snapshot was taken, but the grant could not be recorded as its owner ("+backendReason(err.Error())+")"+s.dropTaken(c, sn, snap.Name), false)
+		r.detail = err.Error()
+		return r
 	}
 	kind := "disks only"
 	if snap.Memory {
 		kind = "with memory"
 	}
-	return success(map[string]any{"vm": c.vm, "snapshot": snap}, fmt.Sprintf("%s: snapshot %q taken (%s)", c.vm, snap.Name, kind))
+	return success(map[string]any{"vm": c.vm, "snapshot": snapshotView{Snapshot: snap, Owner: c.grant.Name}}, fmt.Sprintf("%s: snapshot %q taken (%s)", c.vm, snap.Name, kind))
+}
+
+// snapshotView is a snapshot as the snapshot tools show it: with its
+// owner (the grant that made it; empty when it was made outside vmgate)
+// and whether it is an undo snapshot.
+type snapshotView struct {
+	hypervisor.Snapshot
+	Owner string `json:"owner,omitempty"`
+	Undo  bool   `json:"undo,omitempty"`
+}
+
+// views adds the owners the store knows to list.
+func (s *Server) views(c *call, list []hypervisor.Snapshot) ([]snapshotView, error) {
+	out := make([]snapshotView, len(list))
+	recs, err := s.snaps.store.ListSnapshots(c.ctx, c.vm)
+	byName := make(map[string]int, len(recs))
+	for i, r := range recs {
+		byName[r.Name] = i
+	}
+	for i, sn := range list {
+		out[i].Snapshot = sn
+		if j, ok := byName[sn.Name]; ok && sn.ID != "" && recs[j].ID == sn.ID {
+			out[i].Owner, out[i].Undo = recs[j].Grant, recs[j].Undo
+		}
+	}
+	return out, err
 }
 
 func (s *Server) runSnapshotList(c *call, _ *snapshotListArgs) result {
@@ -175,24 +235,39 @@ func (s *Server) runSnapshotList(c *call, _ *snapshotListArgs) result {
 	if err != nil {
 		return snapshotFailure(c, "", err)
 	}
-	if list == nil {
-		list = []hypervisor.Snapshot{}
-	}
+	views, err := s.views(c, list)
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: %d snapshot(s)\n", c.vm, len(list))
-	if len(list) > 0 {
+	fmt.Fprintf(&b, "%s: %d snapshot(s)\n", c.vm, len(views))
+	if err != nil {
+		s.log.Warn("server: snapshot owners unknown", "vm", c.vm, "err", err)
+		b.WriteString("(owners unknown: the store did not answer)\n")
+	}
+	if len(views) > 0 {
 		tw := tabwriter.NewWriter(&b, 0, 4, 1, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tCREATED\tMEMORY\tCURRENT\tDESCRIPTION")
-		for _, sn := range list {
-			created := "-"
-			if !sn.CreatedAt.IsZero() {
-				created = sn.CreatedAt.UTC().Format(time.RFC3339)
+		fmt.Fprintln(tw, "NAME\tCREATED\tMEMORY\tCURRENT\tOWNER\tDESCRIPTION")
+		for _, v := range views {
+			created, owner := "-", "-"
+			if !v.CreatedAt.IsZero() {
+				created = v.CreatedAt.UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%t\t%t\t%s\n", sn.Name, created, sn.Memory, sn.Current, truncate(strings.Join(strings.Fields(sn.Description), " "), 80))
+			if v.Owner != "" {
+				owner = v.Owner
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%t\t%t\t%s\t%s\n", v.Name, created, v.Memory, v.Current, owner, truncate(strings.Join(strings.Fields(v.Description), " "), 80))
 		}
 		tw.Flush()
 	}
-	return success(map[string]any{"vm": c.vm, "snapshots": list}, strings.TrimRight(b.String(), "\n"))
+	return success(map[string]any{"vm": c.vm, "snapshots": views}, strings.TrimRight(b.String(), "\n"))
+}
+
+// touchable finds c's named snapshot and checks the grant may act on it.
+func (s *Server) touchable(c *call, sn hypervisor.Snapshotter, name string) (hypervisor.Snapshot, *result) {
+	snap, err := hypervisor.FindSnapshot(c.ctx, sn, c.name, name)
+	if err != nil {
+		r := snapshotFailure(c, name, err)
+		return snap, &r
+	}
+	return snap, s.mayTouch(c, snap)
 }
 
 func (s *Server) runSnapshotRevert(c *call, a *snapshotNameArgs) result {
@@ -200,7 +275,11 @@ func (s *Server) runSnapshotRevert(c *call, a *snapshotNameArgs) result {
 	if r != nil {
 		return *r
 	}
-	if err := sn.SnapshotRevert(c.ctx, c.name, a.Name); err != nil {
+	snap, r := s.touchable(c, sn, a.Name)
+	if r != nil {
+		return *r
+	}
+	if err := revertChecked(c, sn, snap); err != nil {
 		return snapshotFailure(c, a.Name, err)
 	}
 	return success(map[string]any{"vm": c.vm, "snapshot": a.Name, "reverted": true}, fmt.Sprintf("%s: reverted to snapshot %q", c.vm, a.Name))
@@ -211,9 +290,13 @@ func (s *Server) runSnapshotDelete(c *call, a *snapshotNameArgs) result {
 	if r != nil {
 		return *r
 	}
+	if _, r := s.touchable(c, sn, a.Name); r != nil {
+		return *r
+	}
 	if err := sn.SnapshotDelete(c.ctx, c.name, a.Name); err != nil {
 		return snapshotFailure(c, a.Name, err)
 	}
+	s.snaps.forget(c.ctx, c.vm, a.Name)
 	return success(map[string]any{"vm": c.vm, "snapshot": a.Name, "deleted": true}, fmt.Sprintf("%s: snapshot %q deleted", c.vm, a.Name))
 }
 
@@ -221,6 +304,6 @@ func (s *Server) runSnapshotDelete(c *call, a *snapshotNameArgs) result {
 func snapshotShape() map[string]any {
 	return oOpen(map[string]any{
 		"name": oString, "description": oString, "created_at": oTime, "memory": oBoolean,
-		"size_bytes": oNonNeg, "parent": oString, "current": oBoolean,
+		"size_bytes": oNonNeg, "parent": oString, "current": oBoolean, "id": oString, "owner": oString, "undo": oBoolean,
 	}, "name", "memory")
 }

@@ -13,7 +13,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -281,6 +280,8 @@ func (l *lineReader) next() ([]byte, error) {
 func (s *Server) Handler() *HTTPHandler {
 	o := s.httpOpts.withDefaults()
 	h := &HTTPHandler{s: s, opts: o, sessions: newHTTPSessions(s.now, o.Sessions), budget: newRequestBudget()}
+	h.bodies = newBodyBytes(o.BodyBytes, o.BodyBytesPerGrant, h.maxBody()+bodyChunk)
+	h.bodyWait = bodyWait
 	inner := mcpserver.NewStreamableHTTPServer(s.mcp, mcpserver.WithEndpointPath("/mcp"),
 		mcpserver.WithSessionIdManagerResolver(h.sessions))
 	h.inner = inner
@@ -297,6 +298,8 @@ type HTTPHandler struct {
 	guarded  http.Handler
 	sessions *httpSessions
 	budget   *requestBudget
+	bodies   *bodyBytes    // request bodies in memory (httpbody.go)
+	bodyWait time.Duration // how long a body waits for room (bodyWait; tests shorten it)
 }
 
 var _ http.Handler = (*HTTPHandler)(nil)
@@ -324,8 +327,8 @@ func (h *HTTPHandler) serve(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusForbidden, "forbidden: Host not allowed")
 		return
 	}
-	if o := r.Header.Values("Origin"); len(o) > 1 || len(o) == 1 && !slices.Contains(s.httpOpts.AllowedOrigins, o[0]) {
-		httpError(w, http.StatusForbidden, "forbidden: Origin not allowed")
+	if !originAllowed(r, s.httpOpts.AllowedOrigins) {
+		httpError(w, http.StatusForbidden, "forbidden: Origin not allowed (a loopback origin is accepted on a loopback listener; list others in http.allowed_origins)")
 		return
 	}
 	q := r.URL.Query()
@@ -351,10 +354,11 @@ func (h *HTTPHandler) serve(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, "more than one Mcp-Session-Id header")
 		return
 	}
+	if !h.admit(w, r, c) {
+		return
+	}
 	if r.Method != http.MethodPost {
-		if h.admit(w, c, nil) {
-			h.serveOther(w, r, c)
-		}
+		h.serveOther(w, r, c)
 		return
 	}
 	h.servePost(w, r, c)
@@ -394,33 +398,20 @@ func (h *HTTPHandler) serveOther(w http.ResponseWriter, r *http.Request, c *conn
 	h.inner.ServeHTTP(w, r.WithContext(ctx))
 }
 
-// servePost reads a POST's message, takes it from the grant's budget,
-// checks its session and passes it through the gate to mcp-go.
+// servePost reads a POST's message (its request already taken from the
+// grant's budget; within the body bounds of httpbody.go), checks its
+// session and passes it through the gate to mcp-go.
 func (h *HTTPHandler) servePost(w http.ResponseWriter, r *http.Request, c *conn) {
 	s := h.s
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		if h.admit(w, c, nil) {
-			httpError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json")
-		}
+		httpError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json")
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(4*s.limits.MaxMessageBytes)))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		switch {
-		case errors.As(err, &mbe):
-			httpError(w, http.StatusRequestEntityTooLarge, "message too large")
-		case bodyTimedOut(err):
-			w.Header().Set("Connection", "close")
-			httpError(w, http.StatusRequestTimeout, fmt.Sprintf("the request body did not arrive within %v", h.opts.BodyTimeout))
-		default:
-			httpError(w, http.StatusBadRequest, "cannot read the request body")
-		}
+	body, hold, ok := h.readBody(w, r, c)
+	if !ok {
 		return
 	}
-	if !h.admit(w, c, body) {
-		return
-	}
+	defer hold.release()
 	if !h.sessionOK(w, r, c, body) {
 		return
 	}

@@ -37,32 +37,39 @@ func TestHTTPAuth(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req, _ := http.NewRequest(http.MethodPost, ts.URL+tt.url, strings.NewReader(initMsg))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Accept", "application/json, text/event-stream")
-			for k, vs := range tt.header {
-				if k == "Host" {
-					req.Host = vs[0]
-					continue
-				}
-				for _, v := range vs {
-					req.Header.Add(k, v)
-				}
-			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatalf("POST: %v", err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != tt.want {
-				t.Errorf("status = %d; want %d", resp.StatusCode, tt.want)
+			if got := initStatus(t, ts.URL+tt.url, tt.header); got != tt.want {
+				t.Errorf("status = %d; want %d", got, tt.want)
 			}
 		})
 	}
 	if n := f.calls.Load(); n != 0 {
 		t.Errorf("driver called %d times; want 0", n)
 	}
+}
+
+// initStatus posts initialize to url with hdr ("Host" sets the Host) and
+// returns the status.
+func initStatus(t *testing.T, url string, hdr map[string][]string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(initMsg))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	for k, vs := range hdr {
+		if k == "Host" {
+			req.Host = vs[0]
+			continue
+		}
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST: %v", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // post sends one JSON-RPC message over HTTP and returns the reply and the session id.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/policy"
 )
 
 // Undo snapshots. When a call's decision carries a policy.SnapshotBefore
@@ -19,15 +20,22 @@ import (
 // memory where the backend can (so a revert resumes the guest as it was),
 // else of the disks. A snapshot that cannot be taken refuses the call
 // before it runs (nothing fails open). The snapshot's name goes into the
-// result and the call's outcome record; it is deleted once its retention
-// is over.
+// result (text and structuredContent, with the call id that `vmgate undo`
+// takes) and, with its identity as the backend gives it, into the call's
+// outcome record; it belongs to the call's grant (snapowners.go: it counts
+// against the grant's bounds, and the oldest are pruned first) and is
+// deleted once its retention is over.
 //
 // The retention lives in the name itself, vmgate-undo-<expiry>-<call>
 // (the expiry in Unix seconds, base 36; the call id's first 12 characters,
 // lowercase), so nothing but the backend has to remember it: after a
 // restart the first reaper pass lists the snapshots of every VM whose
-// backend has them and picks up the undo snapshots it finds. Concurrency:
-// undoKeeper's maps are guarded by its mutex, never held across I/O.
+// backend has them and picks up the undo snapshots it finds. A name whose
+// expiry lies beyond the longest retention (policy.MaxSnapshotRetention)
+// was not made by the server and is never treated as its own. No grant can
+// make such a name (snapowners.go), and `vmgate undo` trusts the audit log,
+// not the name (undo_operator.go). Concurrency: undoKeeper's maps are
+// guarded by its mutex, never held across I/O.
 
 // undoPrefix starts every undo snapshot's name.
 const undoPrefix = "vmgate-undo-"
@@ -80,10 +88,25 @@ func (c *call) wantsUndo() bool {
 	return false
 }
 
+// undoSlack is how far past the longest retention an undo name's expiry
+// may lie (clock steps, the time between a call's decision and its
+// snapshot) and still be the server's.
+const undoSlack = 15 * time.Minute
+
+// undoExpiryOK reports whether expiry exp, read from a name, is one the
+// server could have written at ref: never beyond the longest retention.
+func undoExpiryOK(exp, ref time.Time) bool {
+	return exp.Sub(ref) <= policy.MaxSnapshotRetention+undoSlack
+}
+
 // undoEntry is one undo snapshot the server knows of.
 type undoEntry struct {
-	VM      string    `json:"vm"`
-	Name    string    `json:"snapshot"`
+	VM   string `json:"vm"`
+	Name string `json:"snapshot"`
+	// ID and Taken are the snapshot's identity and time as the backend
+	// gave them (empty and zero for one found by a sweep).
+	ID      string    `json:"snapshot_id,omitempty"`
+	Taken   time.Time `json:"snapshot_taken,omitzero"`
 	Expires time.Time `json:"expires"`
 }
 
@@ -113,54 +136,102 @@ func (k *undoKeeper) forget(e undoEntry) {
 	delete(k.byKey, e.VM+"\x00"+e.Name)
 }
 
-// find returns the undo snapshot of call id callID (full or its prefix).
-func (k *undoKeeper) find(callID string) (undoEntry, bool) {
-	_, short, ok := parseUndoName(undoName(callID, time.Unix(1, 0)))
-	if !ok {
-		return undoEntry{}, false
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for _, e := range k.byKey {
-		if _, c, _ := parseUndoName(e.Name); c == short {
-			return e, true
-		}
-	}
-	return undoEntry{}, false
+// undoFailure is the result of a call whose undo snapshot could not be
+// taken or kept: tag, why, and that the call did not run.
+func undoFailure(tag, why string) *result {
+	r := failure(tag, "the policy wants a snapshot before this call, and "+why+"; the call did not run", true)
+	return &r
 }
 
-// takeUndo takes c's undo snapshot. It returns a result when the call
-// must not run.
+// takeUndo takes c's undo snapshot within its grant's bounds and records
+// it. It returns a result when the call must not run.
 func (s *Server) takeUndo(c *call) *result {
 	sn, ok := hypervisor.AsSnapshotter(c.driver)
 	if !ok {
 		r := failure(TagBackend, fmt.Sprintf("the policy wants a snapshot before %s (%s), and backend %q cannot take snapshots; the call did not run", c.spec.name, c.snapshot.Rule, c.backend), true)
 		return &r
 	}
+	unlock, err := s.snaps.lock(c.ctx, c.vm)
+	if err != nil {
+		return undoFailure(TagTimedOut, err.Error())
+	}
+	defer unlock()
 	expires := s.now().Add(c.snapshot.Retention)
 	req := hypervisor.SnapshotRequest{
 		Name:        undoName(c.id, expires),
 		Description: fmt.Sprintf("vmgate: before %s, call %s of grant %s; kept until %s", c.spec.name, c.id, c.grant.Name, expires.UTC().Format(time.RFC3339)),
 		Memory:      sn.SnapshotModes().Memory,
 	}
-	_, err := sn.SnapshotCreate(c.ctx, c.name, req)
+	var b snapBudget
+	if bounded(c.snapRules) {
+		var r *result
+		if b, r = s.budgetOf(c, sn); r != nil {
+			return undoFailure(r.tag, r.text)
+		}
+		if why := s.snaps.pruneFor(c, sn, &b, c.snapRules, req.Memory); why != "" {
+			if !req.Memory || !sn.SnapshotModes().DiskOnly || b.over(c.snapRules, false) != "" {
+				return undoFailure(TagDenied, "it does not fit the grant's snapshot bounds of "+c.vm+" ("+why+"; only the grant's undo snapshots are pruned)")
+			}
+			req.Memory = false // disks only fit
+		}
+	}
+	snap, r := s.createUndo(c, sn, req)
+	if r != nil {
+		return r
+	}
+	return s.keepUndo(c, sn, &b, snap, expires)
+}
+
+// createUndo takes the snapshot req asks for, of the disks only when the
+// VM has no memory to save (a stopped one).
+func (s *Server) createUndo(c *call, sn hypervisor.Snapshotter, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, *result) {
+	snap, err := sn.SnapshotCreate(c.ctx, c.name, req)
 	if errors.Is(err, hypervisor.ErrSnapshotMemory) && sn.SnapshotModes().DiskOnly {
 		req.Memory = false // a stopped VM: its disks are all there is
-		_, err = sn.SnapshotCreate(c.ctx, c.name, req)
+		snap, err = sn.SnapshotCreate(c.ctx, c.name, req)
 	}
 	if err != nil {
 		r := snapshotFailure(c, req.Name, err)
 		r.tag, r.noEffect = TagBackend, true
 		r.text = "the policy wants a snapshot before this call, and it could not be taken (" + r.text + "); the call did not run"
-		return &r
+		return snap, &r
 	}
-	c.undo = &undoEntry{VM: c.vm, Name: req.Name, Expires: expires}
-	s.undo.add(*c.undo)
-	s.log.Info("server: undo snapshot taken", "call", c.id, "vm", c.vm, "snapshot", req.Name, "expires", expires)
+	return snap, nil
+}
+
+// keepUndo checks the snapshot just taken against the grant's size bound,
+// records its owner and remembers it; a snapshot that cannot be kept is
+// deleted again and the call does not run.
+func (s *Server) keepUndo(c *call, sn hypervisor.Snapshotter, b *snapBudget, snap hypervisor.Snapshot, expires time.Time) *result {
+	why := ""
+	switch {
+	case snap.ID == "":
+		why = fmt.Sprintf("backend %q gives snapshots no identity, so vmgate undo could never verify it", c.backend)
+	case bounded(c.snapRules):
+		if w := s.snaps.fitsAfter(c, sn, b, c.snapRules, snap, true); w != "" {
+			why = "it does not fit the grant's snapshot bounds of " + c.vm + " (" + w + ")"
+		}
+	}
+	e := undoEntry{VM: c.vm, Name: snap.Name, ID: snap.ID, Taken: snap.CreatedAt, Expires: expires}
+	if e.Taken.IsZero() {
+		e.Taken = s.now()
+	}
+	if why == "" {
+		if err := s.snaps.put(c.ctx, c, snap, &e); err != nil {
+			why = "its owner could not be recorded (" + backendReason(err.Error()) + ")"
+		}
+	}
+	if why != "" {
+		return undoFailure(TagBackend, why+s.dropTaken(c, sn, snap.Name))
+	}
+	c.undo = &e
+	s.undo.add(e)
+	s.log.Info("server: undo snapshot taken", "call", c.id, "vm", c.vm, "snapshot", snap.Name, "id", snap.ID, "expires", expires)
 	return nil
 }
 
-// withUndo adds c's undo snapshot to r.
+// withUndo adds c's undo snapshot to r: its name, when it was taken, when
+// it expires and the call id vmgate undo takes.
 func (c *call) withUndo(r result) result {
 	if c.undo == nil {
 		return r
@@ -168,10 +239,12 @@ func (c *call) withUndo(r result) result {
 	u := c.undo
 	if m, ok := r.structured.(map[string]any); ok {
 		m["undo_snapshot"] = u.Name
+		m["undo_call"] = c.id
+		m["undo_taken"] = u.Taken.UTC().Format(time.RFC3339Nano)
 		m["undo_expires"] = u.Expires.UTC().Format(time.RFC3339)
 	}
-	r.text += fmt.Sprintf("\nundo: snapshot %s of %s was taken first and is kept until %s (snapshot_revert to it, or an operator runs vmgate undo %s)",
-		u.Name, u.VM, u.Expires.UTC().Format(time.RFC3339), c.id)
+	r.text += fmt.Sprintf("\nundo: snapshot %s of %s was taken first, at %s, and is kept until %s (an operator reverts the VM to it with vmgate undo %s)",
+		u.Name, u.VM, u.Taken.UTC().Format(time.RFC3339), u.Expires.UTC().Format(time.RFC3339), c.id)
 	return r
 }
 
@@ -219,6 +292,7 @@ func (k *undoKeeper) delete(ctx context.Context, e undoEntry) error {
 		return fmt.Errorf("server: undo: delete %s of %s: %w", e.Name, e.VM, err)
 	}
 	k.forget(e)
+	k.s.snaps.forget(ctx, e.VM, e.Name)
 	k.s.log.Info("server: undo snapshot expired and deleted", "vm", e.VM, "snapshot", e.Name)
 	return nil
 }
@@ -243,7 +317,7 @@ func (k *undoKeeper) sweep(ctx context.Context) []error {
 				continue // a stopped or vanished VM: the next sweep after a restart tries again
 			}
 			for _, s := range list {
-				if exp, _, ok := parseUndoName(s.Name); ok {
+				if exp, _, ok := parseUndoName(s.Name); ok && undoExpiryOK(exp, k.s.now()) {
 					k.add(undoEntry{VM: backend + "/" + vm.Name, Name: s.Name, Expires: exp})
 				}
 			}

@@ -31,7 +31,7 @@ type undoFixture struct {
 
 func newUndoFixture(t *testing.T, pol string, modes hypervisor.SnapshotModes) *undoFixture {
 	t.Helper()
-	u := &undoFixture{sf: &snapFake{snaps: map[string]hypervisor.Snapshot{}}}
+	u := &undoFixture{sf: newSnapFake()}
 	drv := u.sf.driver(modes)
 	create := drv.SnapshotCreateFunc
 	drv.SnapshotCreateFunc = func(ctx context.Context, vm string, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, error) {
@@ -96,8 +96,16 @@ func TestSnapshotBeforeStop(t *testing.T) {
 	if !ok || out.Snapshot != name || out.Outcome != "ok" {
 		t.Errorf("outcome record = %+v; want outcome ok with snapshot %q", out, name)
 	}
-	if e, ok := u.s.undo.find(out.CallID); !ok || e.Name != name || e.VM != "lab/vm1" {
-		t.Errorf("undo.find(%s) = %+v, %v; want %s of lab/vm1", out.CallID, e, ok, name)
+	taken, _ := u.sf.get("vm1", name)
+	if out.SnapshotID == "" || out.SnapshotID != taken.ID || !out.SnapshotTaken.Equal(taken.CreatedAt) {
+		t.Errorf("outcome record snapshot identity %q taken %v; want the backend's %q, %v", out.SnapshotID, out.SnapshotTaken, taken.ID, taken.CreatedAt)
+	}
+	sc := r.Result.StructuredContent
+	if sc["undo_call"] != out.CallID || sc["undo_taken"] != taken.CreatedAt.Format(time.RFC3339Nano) {
+		t.Errorf("structuredContent = %v; want undo_call %s and undo_taken %v", sc, out.CallID, taken.CreatedAt)
+	}
+	if !strings.Contains(r.text(), "vmgate undo "+out.CallID) {
+		t.Errorf("vm_power text = %q; want the call id for vmgate undo", r.text())
 	}
 }
 
@@ -195,9 +203,9 @@ func TestUndoReaper(t *testing.T) {
 	now := time.Unix(0, u.now.Load())
 	old := undoName("OLDCALLAAAAAAAAA", now.Add(-time.Minute))
 	keep := undoName("KEEPCALLAAAAAAAA", now.Add(time.Hour))
-	u.sf.snaps[old] = hypervisor.Snapshot{Name: old}
-	u.sf.snaps[keep] = hypervisor.Snapshot{Name: keep}
-	u.sf.snaps["mine"] = hypervisor.Snapshot{Name: "mine"}
+	u.sf.put("vm1", hypervisor.Snapshot{Name: old})
+	u.sf.put("vm1", hypervisor.Snapshot{Name: keep})
+	u.sf.put("vm1", hypervisor.Snapshot{Name: "mine"})
 	if r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"stop"}`); r.Result == nil || r.Result.IsError {
 		t.Fatalf("vm_power stop = %q", r.text())
 	}
@@ -205,11 +213,11 @@ func TestUndoReaper(t *testing.T) {
 	if errs := u.s.undo.reap(context.Background()); len(errs) != 0 {
 		t.Fatalf("reap = %v", errs)
 	}
-	if _, ok := u.sf.snaps[old]; ok {
+	if _, ok := u.sf.get("vm1", old); ok {
 		t.Errorf("snapshot %s (expired before the restart) still exists after the first pass", old)
 	}
 	for _, n := range []string{keep, "mine", taken} {
-		if _, ok := u.sf.snaps[n]; !ok {
+		if _, ok := u.sf.get("vm1", n); !ok {
 			t.Errorf("snapshot %s was deleted; want it kept", n)
 		}
 	}
@@ -218,13 +226,13 @@ func TestUndoReaper(t *testing.T) {
 		t.Fatalf("reap = %v", errs)
 	}
 	for n, want := range map[string]bool{keep: false, taken: false, "mine": true} {
-		if _, ok := u.sf.snaps[n]; ok != want {
+		if _, ok := u.sf.get("vm1", n); ok != want {
 			t.Errorf("after the retention, snapshot %s exists = %v; want %v", n, ok, want)
 		}
 	}
 	// A delete that fails is retried on the next pass.
 	again := undoName("AGAINCALLAAAAAAA", time.Unix(0, u.now.Load()).Add(-time.Second))
-	u.sf.snaps[again] = hypervisor.Snapshot{Name: again}
+	u.sf.put("vm1", hypervisor.Snapshot{Name: again})
 	u.s.undo.add(undoEntry{VM: "lab/vm1", Name: again, Expires: time.Unix(0, u.now.Load()).Add(-time.Second)})
 	u.sf.err = errors.New("busy")
 	if errs := u.s.undo.reap(context.Background()); len(errs) != 1 {
@@ -234,7 +242,7 @@ func TestUndoReaper(t *testing.T) {
 	if errs := u.s.undo.reap(context.Background()); len(errs) != 0 {
 		t.Errorf("reap = %v", errs)
 	}
-	if _, ok := u.sf.snaps[again]; ok {
+	if _, ok := u.sf.get("vm1", again); ok {
 		t.Errorf("snapshot %s still exists after the retry", again)
 	}
 }

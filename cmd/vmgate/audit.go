@@ -22,7 +22,7 @@ func newAuditCmd() *cobra.Command {
 		Short: "Work with the audit log",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(newAuditVerifyCmd())
+	cmd.AddCommand(newAuditVerifyCmd(), newAuditSearchCmd(), newAuditTailCmd(), newAuditShowCmd())
 	return cmd
 }
 
@@ -55,17 +55,11 @@ The key defaults to the file audit.key in FILE's directory.`,
 func runAuditVerify(out io.Writer, path, keyFile string, strict bool) error {
 	// The log first: a wrong path is the likelier mistake, and the key
 	// next to a log that is not there is missing too.
-	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("audit verify: there is no audit log at %s%s", path, defaultLogHint())
-	}
+	f, err := openLog("audit verify", path)
 	if err != nil {
-		return fmt.Errorf("audit verify: %w", err)
+		return err
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.IsDir() {
-		return fmt.Errorf("audit verify: %s is a directory; give the log file (audit.log in it?)", path)
-	}
 	if keyFile == "" {
 		keyFile = audit.DefaultKeyFile(path)
 	}

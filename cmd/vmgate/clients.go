@@ -161,7 +161,7 @@ func writeClients(w io.Writer, o clientsOptions) error {
 	p("## MCP Inspector (%s runs on Node 20; \"--\" keeps vmgate's flags from the Inspector)\n\n### stdio\n%s\n\n", inspectorPkg,
 		shellJoin(append([]string{"npx", "-y", inspectorPkg, "--cli", "--method", "tools/list", "--", o.binary}, args...)))
 	p("### HTTP (CLI mode)\nnpx -y %s --cli %s --transport http --header \"Authorization: Bearer %s\" --method tools/list\n", inspectorPkg, shellQuote(url), env)
-	p("# For the Inspector's web UI over HTTP, add http://localhost:6274 to http.allowed_origins in vmgate.yaml,\n# choose Streamable HTTP, URL %s, and an Authorization header \"Bearer <token>\".\n", url)
+	p("# For the Inspector's web UI over HTTP (its page's origin, http://localhost:6274, is accepted on a loopback\n# listener; on another address add it to http.allowed_origins in vmgate.yaml), choose Streamable HTTP,\n# URL %s, and an Authorization header \"Bearer <token>\".\n", url)
 	_, err = io.WriteString(w, b.String())
 	return err
 }

@@ -40,7 +40,7 @@ func newOperatorWeb(cfg *config.Config, backends []server.Backend) (*operatorWeb
 		mb[i] = metrics.Backend{Name: b.Name, Driver: b.Driver}
 	}
 	m, err := metrics.New(metrics.Options{
-		Tools: server.ToolNames(), Grants: grants, Backends: mb, Replica: cfg.ReplicaLabel(),
+		Tools: server.ToolNames(), Grants: grants, Backends: mb, Replica: cfg.ReplicaLabel(), PerVMLabels: cfg.Metrics.PerVMLabels,
 		PendingApprovals: func(ctx context.Context) (int, error) {
 			if w.store == nil {
 				return 0, errors.New("no store")

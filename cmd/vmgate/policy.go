@@ -25,9 +25,9 @@ func init() { commands = append(commands, newPolicyCmd) }
 func newPolicyCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "policy",
-		Short: "Check, test and explain policy documents",
+		Short: "Check, test, explain, suggest and compare policy documents",
 	}
-	c.AddCommand(newPolicyCheckCmd(), newPolicyTestCmd(), newPolicyExplainCmd())
+	c.AddCommand(newPolicyCheckCmd(), newPolicyTestCmd(), newPolicyExplainCmd(), newPolicySuggestCmd(), newPolicyDiffCmd())
 	return c
 }
 
@@ -240,17 +240,33 @@ func expandCases(cases []testCase) ([]testCall, error) {
 }
 
 func newPolicyTestCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "test POLICY CASES",
-		Short: "Run a cases file against a policy with a memory store and a virtual clock",
+	var rf replayFlags
+	c := &cobra.Command{
+		Use:   "test POLICY CASES | test --replay audit.log POLICY",
+		Short: "Run a cases file, or an audit log's calls, against a policy with a memory store and a virtual clock",
 		Long: `Run the calls of CASES (a JSON array) in order against POLICY, reserving counters
 in a memory store on a virtual clock. Each case:
   {"name": "…", "grant": "local", "tool": "kill_process", "vm": "lab/vm1", "session": "…",
    "args": {…}, "at": "59s", "repeat": 10, "every": "1s",
    "expect": "allow|deny|approve|rate_limited", "expect_rule": "/tools/kill_process/limits/0"}
-Stops with exit status 1 at the first call whose decision differs from expect.`,
-		Args: cobra.ExactArgs(2),
+Stops with exit status 1 at the first call whose decision differs from expect.
+
+With --replay audit.log, the calls the log records are decided again with
+POLICY, each at its recorded time (counters reserved on that clock, refunds
+replayed), and every call whose decision would change is listed: what was
+recorded (and whether the call went through) against what POLICY decides.
+Calls refused before any policy decided are not replayed. Exit status 1 when
+POLICY would refuse (or park for an approval) a call that went through.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if rf.log != "" {
+				return cobra.ExactArgs(1)(cmd, args)
+			}
+			return cobra.ExactArgs(2)(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if rf.log != "" {
+				return runReplay(cmd, args[0], rf)
+			}
 			eng, err := loadPolicy(args[0])
 			if err != nil {
 				return fmt.Errorf("policy test: %w", err)
@@ -266,6 +282,8 @@ Stops with exit status 1 at the first call whose decision differs from expect.`,
 			return runCases(cmd, eng, memory.New(), calls)
 		},
 	}
+	rf.add(c)
+	return c
 }
 
 // start is the virtual clock's origin; any fixed instant would do.

@@ -160,12 +160,14 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		return err
 	}
 	countedStore, countedLog := web.wrap(st, log)
-	leases, _ := st.(store.Leases) // every store type keeps them; the metrics wrapper does not pass them on
+	leases, _ := st.(store.Leases)   // every store type keeps them; the metrics wrapper does not pass them on
+	snaps, _ := st.(store.Snapshots) // bbolt and Redis keep them (memory: the server's own)
 	srv, err := server.New(server.Config{
 		Grants: grants, Backends: backends, Store: countedStore, Audit: countedLog, StdioGrant: o.grant,
-		Templates: cfg.Templates, Leases: leases,
-		Limits: server.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
-		HTTP:   httpOptions(cfg.HTTP),
+		Templates: cfg.Templates, Leases: leases, Snapshots: snaps,
+		AuditRecords: func(fn func(audit.Record) error) error { return audit.Read(log.Path(), fn) },
+		Limits:       server.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
+		HTTP:         httpOptions(cfg.HTTP),
 	})
 	if err != nil {
 		return err

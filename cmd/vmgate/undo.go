@@ -23,9 +23,16 @@ the call ran (a tool whose policy says snapshot_before; the call id is in the
 call's result and in the audit log). It talks to the running server through its
 operator socket, like "vmgate approvals".
 
+The server finds the call in its audit log: the snapshot, its identity as the
+backend gave it, and the VM of the call. It reverts that VM only, and only to
+that very snapshot: one deleted and made anew under the name since is refused,
+and nothing is reverted.
+
 An undo needs an approval: the first "vmgate undo CALL_ID" parks one and prints
-its id; after "vmgate approvals grant ID", the same "vmgate undo CALL_ID"
-reverts the VM. Everything since the snapshot is lost.`,
+its id; "vmgate approvals show ID" shows when the snapshot was taken and the
+call it undoes (tool, grant, VM, time, arguments as the audit log has them);
+after "vmgate approvals grant ID", the same "vmgate undo CALL_ID" reverts the
+VM. Everything since the snapshot is lost.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runUndo(cmd.Context(), cmd.OutOrStdout(), o, args[0])
@@ -50,10 +57,14 @@ func runUndo(ctx context.Context, out io.Writer, o approvalsOptions, callID stri
 	case u == nil:
 		return fmt.Errorf("undo %s: the server sent no answer", callID)
 	case u.Reverted:
-		fmt.Fprintf(out, "call %s undone: %s reverted to snapshot %s (approval %s, by %s)\n", u.Call, u.VM, u.Snapshot, u.ApprovalID, resp.Operator)
+		fmt.Fprintf(out, "call %s undone: %s reverted to snapshot %s, taken %s (approval %s, by %s)\n",
+			u.Call, u.VM, u.Snapshot, u.Taken.Local().Format(time.DateTime), u.ApprovalID, resp.Operator)
 	default:
-		fmt.Fprintf(out, "undo of call %s: reverting %s to snapshot %s (kept until %s) needs an approval:\n  vmgate approvals grant %s\nthen run vmgate undo %s again\n",
-			u.Call, u.VM, u.Snapshot, u.Expires.Local().Format(time.DateTime), u.ApprovalID, u.Call)
+		fmt.Fprintf(out, "undo of call %s (%s by grant %s on %s at %s):\n", u.Call, u.Tool, u.Grant, u.VM, u.CallTime.Local().Format(time.DateTime))
+		fmt.Fprintf(out, "  reverting %s to snapshot %s, taken %s (identity %s, kept until %s), needs an approval:\n",
+			u.VM, u.Snapshot, u.Taken.Local().Format(time.DateTime), u.SnapshotID, u.Expires.Local().Format(time.DateTime))
+		fmt.Fprintf(out, "  vmgate approvals show %s   (the call's arguments)\n  vmgate approvals grant %s\nthen run vmgate undo %s again\n",
+			u.ApprovalID, u.ApprovalID, u.Call)
 	}
 	return nil
 }

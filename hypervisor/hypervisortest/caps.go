@@ -41,6 +41,10 @@ func checkDeclaredCapabilities(t testing.TB, h Harness) {
 		{"guest network", got.GuestNetwork, h.Capabilities.GuestNetwork},
 		{"metrics", got.Metrics, h.Capabilities.Metrics},
 		{"create", got.Create, h.Capabilities.Create},
+		{"screenshot", got.Screenshot, h.Capabilities.Screenshot},
+		{"send keys", got.SendKeys, h.Capabilities.SendKeys},
+		{"console read", got.ConsoleRead, h.Capabilities.ConsoleRead},
+		{"console write", got.ConsoleWrite, h.Capabilities.ConsoleWrite},
 	} {
 		if c.has != c.want {
 			t.Errorf("CapabilitiesOf(driver) %s = %v; the harness declares %v", c.what, c.has, c.want)

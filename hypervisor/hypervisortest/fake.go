@@ -41,6 +41,11 @@ type Fake struct {
 	DeleteVMFunc func(ctx context.Context, req hypervisor.DeleteRequest) error
 	// HelperCallFunc makes Fake a hypervisor.HelperCaller.
 	HelperCallFunc func(ctx context.Context, vm string, call hypervisor.HelperCall) (hypervisor.HelperReply, error)
+	// The screen, keyboard and console capabilities (fake_screen.go).
+	ScreenshotFunc   func(ctx context.Context, vm string, req hypervisor.ScreenshotRequest) (hypervisor.Screenshot, error)
+	SendKeysFunc     func(ctx context.Context, vm string, req hypervisor.KeysRequest) error
+	ConsoleReadFunc  func(ctx context.Context, vm string, req hypervisor.ConsoleReadRequest) (hypervisor.ConsoleChunk, error)
+	ConsoleWriteFunc func(ctx context.Context, vm string, data []byte) error
 }
 
 var _ hypervisor.Driver = (*Fake)(nil)

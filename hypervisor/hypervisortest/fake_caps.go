@@ -25,6 +25,8 @@ func (f *Fake) Capabilities() hypervisor.Capabilities {
 	k.Metrics = f.VMMetricsFunc != nil
 	k.Create = f.CreateVMFunc != nil || f.DeleteVMFunc != nil
 	k.HelperChannel = f.HelperCallFunc != nil
+	k.Screenshot, k.SendKeys = f.ScreenshotFunc != nil, f.SendKeysFunc != nil
+	k.ConsoleRead, k.ConsoleWrite = f.ConsoleReadFunc != nil, f.ConsoleWriteFunc != nil
 	return k
 }
 

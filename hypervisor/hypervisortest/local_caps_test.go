@@ -3,6 +3,7 @@ package hypervisortest
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -87,7 +88,7 @@ func (d *localDriver) SnapshotCreate(ctx context.Context, vm string, req hypervi
 		}
 		files[e.Name()] = b
 	}
-	info := hypervisor.Snapshot{Name: req.Name, Description: req.Description, CreatedAt: time.Now().UTC()}
+	info := hypervisor.Snapshot{Name: req.Name, ID: "local:" + rand.Text(), Description: req.Description, CreatedAt: time.Now().UTC()}
 	if d.snaps.saved == nil {
 		d.snaps.saved = map[string]localSnapshot{}
 	}

@@ -34,6 +34,7 @@ func RunSnapshots(t *testing.T, h Harness) {
 var snapshotChecks = []check{
 	{"RevertUndoes", checkSnapshotRevert},
 	{"ListAndDelete", checkSnapshotListDelete},
+	{"Identity", checkSnapshotIdentity},
 	{"NameTaken", checkSnapshotExists},
 	{"Missing", checkSnapshotMissing},
 	{"Mode", checkSnapshotMode},
@@ -238,6 +239,66 @@ func checkSnapshotListDelete(t testing.TB, h Harness) {
 	st, err := h.Driver.Status(h.ctx(t), h.VM)
 	if err != nil || st.State != hypervisor.StateRunning {
 		t.Errorf("Status(%q) after SnapshotDelete = %+v, %v; want running", h.VM, st, err)
+	}
+}
+
+// checkSnapshotIdentity: a snapshot has an identity (Snapshot.ID) that the
+// listing repeats and that a snapshot made anew under the same name does
+// not share; RevertSnapshotID refuses the old identity without reverting
+// and reverts to the new one.
+func checkSnapshotIdentity(t testing.TB, h Harness) {
+	s := snapshotter(t, h)
+	req := snapshotRequest(t, s)
+	first := takeSnapshot(t, h, s, req)
+	if first.ID == "" {
+		t.Fatalf("SnapshotCreate(%q, %q).ID is empty; want the backend's identity of the snapshot", h.VM, req.Name)
+	}
+	if listed, ok := findSnapshot(t, h, s, req.Name); !ok || listed.ID != first.ID {
+		t.Fatalf("SnapshotList(%q) has %+v; want %q with ID %q", h.VM, listed, req.Name, first.ID)
+	}
+	if err := s.SnapshotDelete(h.ctx(t), h.VM, req.Name); err != nil {
+		t.Fatalf("SnapshotDelete(%q, %q) error: %v", h.VM, req.Name, err)
+	}
+	// Backends whose identity is a time in seconds (libvirt, Proxmox) tell
+	// two snapshots apart once the second has turned.
+	if !first.CreatedAt.IsZero() {
+		turned := first.CreatedAt.Truncate(time.Second).Add(time.Second)
+		waitFor(t, h, "the clock past the second of the first snapshot", func(context.Context) (bool, string) {
+			return time.Now().After(turned), "now " + time.Now().UTC().Format(time.RFC3339Nano)
+		})
+	}
+	second := takeSnapshot(t, h, s, req)
+	if second.ID == "" || second.ID == first.ID {
+		t.Fatalf("SnapshotCreate(%q, %q) anew: ID %q; want one that differs from the first's %q", h.VM, req.Name, second.ID, first.ID)
+	}
+	added := h.dir() + "/hypervisortest-snap-id-" + randHex(t)
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), h.callTimeout())
+		defer cancel()
+		_, _ = hypervisor.Run(cctx, h.Driver, h.VM, hypervisor.ExecRequest{Argv: []string{"rm", "-f", "--", added}})
+	})
+	if err := h.Driver.FileWrite(h.ctx(t), h.VM, added, []byte("made after the second snapshot\n"), 0); err != nil {
+		t.Fatalf("FileWrite(%q) error: %v", added, err)
+	}
+	if err := hypervisor.RevertSnapshotID(h.ctx(t), s, h.VM, req.Name, first.ID); !errors.Is(err, hypervisor.ErrSnapshotChanged) {
+		t.Errorf("RevertSnapshotID(%q, %q, the first snapshot's ID) = %v; want %v", h.VM, req.Name, err, hypervisor.ErrSnapshotChanged)
+	}
+	// A driver that checks the identity itself refuses too, without the
+	// caller's check in front of it.
+	if r, ok := s.(hypervisor.SnapshotIDReverter); ok {
+		if err := r.SnapshotRevertID(h.ctx(t), h.VM, req.Name, first.ID); !errors.Is(err, hypervisor.ErrSnapshotChanged) {
+			t.Errorf("SnapshotRevertID(%q, %q, the first snapshot's ID) = %v; want %v", h.VM, req.Name, err, hypervisor.ErrSnapshotChanged)
+		}
+	}
+	if !exists(t, h, added) {
+		t.Fatalf("%s is gone after a refused RevertSnapshotID; want nothing reverted", added)
+	}
+	if err := hypervisor.RevertSnapshotID(h.ctx(t), s, h.VM, req.Name, second.ID); err != nil {
+		t.Fatalf("RevertSnapshotID(%q, %q, its own ID) = %v; want it reverted", h.VM, req.Name, err)
+	}
+	waitRunning(t, h)
+	if exists(t, h, added) {
+		t.Errorf("after RevertSnapshotID(%q, %q), %s (made after the snapshot) still exists; want it gone", h.VM, req.Name, added)
 	}
 }
 

@@ -77,6 +77,12 @@ type Harness struct {
 	// cluster test migrates VM from node to node). Run's checks must pass
 	// whatever it does to VM short of stopping it.
 	BeforeGroup func(t *testing.T, group string)
+	// StopAgent and ResumeAgent stop VM's guest agent so that it does not
+	// answer (SIGSTOP: the guest's init does not restart it) and let it go
+	// on again, for RunWithoutAgent. See StopAgentByExec and
+	// ResumeAgentByConsole.
+	StopAgent   func(t testing.TB)
+	ResumeAgent func(t testing.TB)
 }
 
 func (h Harness) unknownVM() string {
@@ -193,11 +199,12 @@ var suite = []checkGroup{
 		{"Figures", checkMetrics},
 		{"UnknownVM", checkMetricsUnknownVM},
 	}},
+	{"Screen", nil}, // the checks of the declared capabilities (screen.go)
 }
 
 // Run runs the conformance suite against h, one subtest per requirement,
-// grouped as Capabilities, Inventory, Exec, Files, Errors, NoExec, Network
-// and Metrics (the last two when Harness.Capabilities declares them, which
+// grouped as Capabilities, Inventory, Exec, Files, Errors, NoExec, Network,
+// Metrics and Screen (the last three for what Harness.Capabilities declares, which
 // Capabilities/Declared holds the driver to). It does not change the VM's power state (see
 // RunPower) nor revert it (see RunSnapshots), so it is safe on a shared
 // VM; its subtests run one after another.
@@ -210,6 +217,15 @@ func Run(t *testing.T, h Harness) {
 	for _, g := range suite {
 		if (g.name == "Network" && !h.Capabilities.GuestNetwork) || (g.name == "Metrics" && !h.Capabilities.Metrics) {
 			continue // the driver has not got it, as Capabilities/Declared checks
+		}
+		if g.name == "Screen" {
+			if anyScreenCap(h.Capabilities) {
+				if h.BeforeGroup != nil {
+					h.BeforeGroup(t, g.name)
+				}
+				t.Run(g.name, func(t *testing.T) { runScreenGroup(t, h) })
+			}
+			continue
 		}
 		if h.BeforeGroup != nil {
 			h.BeforeGroup(t, g.name)

@@ -87,7 +87,8 @@ func TestBeforeGroup(t *testing.T) {
 	Run(t, h)
 	var want []string
 	for _, g := range suite {
-		if (g.name == "Network" && !h.Capabilities.GuestNetwork) || (g.name == "Metrics" && !h.Capabilities.Metrics) {
+		if (g.name == "Network" && !h.Capabilities.GuestNetwork) || (g.name == "Metrics" && !h.Capabilities.Metrics) ||
+			(g.name == "Screen" && !anyScreenCap(h.Capabilities)) {
 			continue
 		}
 		want = append(want, g.name)

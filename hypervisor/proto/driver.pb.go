@@ -4,7 +4,7 @@
 // says which optional capabilities the plugin's driver has), Capabilities
 // (the same answer, for a host that did not configure), and one RPC per
 // method of the optional capabilities (Snapshotter, GuestNetworker,
-// MetricsReader, Creator, HelperCaller). A plugin whose driver lacks a capability answers its RPCs
+// MetricsReader, Creator, Screener, KeySender, ConsoleReader, ConsoleWriter, HelperCaller). A plugin whose driver lacks a capability answers its RPCs
 // with ErrNotSupported; the host does not send them at all.
 //
 // Only package hypervisor's plugin glue (client*.go, server*.go) uses these messages;
@@ -1222,7 +1222,11 @@ type CapabilitySet struct {
 	GuestNetwork     bool                   `protobuf:"varint,4,opt,name=guest_network,json=guestNetwork,proto3" json:"guest_network,omitempty"`
 	Metrics          bool                   `protobuf:"varint,5,opt,name=metrics,proto3" json:"metrics,omitempty"`
 	Create           bool                   `protobuf:"varint,6,opt,name=create,proto3" json:"create,omitempty"`
-	HelperChannel    bool                   `protobuf:"varint,7,opt,name=helper_channel,json=helperChannel,proto3" json:"helper_channel,omitempty"`
+	Screenshot       bool                   `protobuf:"varint,7,opt,name=screenshot,proto3" json:"screenshot,omitempty"`
+	SendKeys         bool                   `protobuf:"varint,8,opt,name=send_keys,json=sendKeys,proto3" json:"send_keys,omitempty"`
+	ConsoleRead      bool                   `protobuf:"varint,9,opt,name=console_read,json=consoleRead,proto3" json:"console_read,omitempty"`
+	ConsoleWrite     bool                   `protobuf:"varint,10,opt,name=console_write,json=consoleWrite,proto3" json:"console_write,omitempty"`
+	HelperChannel    bool                   `protobuf:"varint,11,opt,name=helper_channel,json=helperChannel,proto3" json:"helper_channel,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -1295,6 +1299,34 @@ func (x *CapabilitySet) GetMetrics() bool {
 func (x *CapabilitySet) GetCreate() bool {
 	if x != nil {
 		return x.Create
+	}
+	return false
+}
+
+func (x *CapabilitySet) GetScreenshot() bool {
+	if x != nil {
+		return x.Screenshot
+	}
+	return false
+}
+
+func (x *CapabilitySet) GetSendKeys() bool {
+	if x != nil {
+		return x.SendKeys
+	}
+	return false
+}
+
+func (x *CapabilitySet) GetConsoleRead() bool {
+	if x != nil {
+		return x.ConsoleRead
+	}
+	return false
+}
+
+func (x *CapabilitySet) GetConsoleWrite() bool {
+	if x != nil {
+		return x.ConsoleWrite
 	}
 	return false
 }
@@ -1385,8 +1417,10 @@ type Snapshot struct {
 	SizeBytes       int64  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	Parent          string `protobuf:"bytes,7,opt,name=parent,proto3" json:"parent,omitempty"`
 	Current         bool   `protobuf:"varint,8,opt,name=current,proto3" json:"current,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// id is the backend's identity of the snapshot (hypervisor.Snapshot.ID).
+	Id            string `protobuf:"bytes,9,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
@@ -1475,6 +1509,13 @@ func (x *Snapshot) GetCurrent() bool {
 	return false
 }
 
+func (x *Snapshot) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 type SnapshotListResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Snapshots     []*Snapshot            `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
@@ -1520,9 +1561,12 @@ func (x *SnapshotListResponse) GetSnapshots() []*Snapshot {
 }
 
 type SnapshotNameRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Vm            string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Vm    string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// expect_id, on SnapshotRevert: revert only while the snapshot's identity
+	// is this (hypervisor.RevertSnapshotID); empty: any.
+	ExpectId      string `protobuf:"bytes,3,opt,name=expect_id,json=expectId,proto3" json:"expect_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1567,6 +1611,13 @@ func (x *SnapshotNameRequest) GetVm() string {
 func (x *SnapshotNameRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *SnapshotNameRequest) GetExpectId() string {
+	if x != nil {
+		return x.ExpectId
 	}
 	return ""
 }
@@ -2388,6 +2439,527 @@ func (x *HelperCallReply) GetStdout() []byte {
 	return nil
 }
 
+// Screenshot returns the VM's display as a PNG (hypervisor.Screener).
+type ScreenshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vm            string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	MaxWidth      int64                  `protobuf:"varint,2,opt,name=max_width,json=maxWidth,proto3" json:"max_width,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScreenshotRequest) Reset() {
+	*x = ScreenshotRequest{}
+	mi := &file_proto_driver_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScreenshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScreenshotRequest) ProtoMessage() {}
+
+func (x *ScreenshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScreenshotRequest.ProtoReflect.Descriptor instead.
+func (*ScreenshotRequest) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ScreenshotRequest) GetVm() string {
+	if x != nil {
+		return x.Vm
+	}
+	return ""
+}
+
+func (x *ScreenshotRequest) GetMaxWidth() int64 {
+	if x != nil {
+		return x.MaxWidth
+	}
+	return 0
+}
+
+type ScreenshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Png           []byte                 `protobuf:"bytes,1,opt,name=png,proto3" json:"png,omitempty"`
+	Width         int64                  `protobuf:"varint,2,opt,name=width,proto3" json:"width,omitempty"`
+	Height        int64                  `protobuf:"varint,3,opt,name=height,proto3" json:"height,omitempty"`
+	SourceWidth   int64                  `protobuf:"varint,4,opt,name=source_width,json=sourceWidth,proto3" json:"source_width,omitempty"`
+	SourceHeight  int64                  `protobuf:"varint,5,opt,name=source_height,json=sourceHeight,proto3" json:"source_height,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScreenshotResponse) Reset() {
+	*x = ScreenshotResponse{}
+	mi := &file_proto_driver_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScreenshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScreenshotResponse) ProtoMessage() {}
+
+func (x *ScreenshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScreenshotResponse.ProtoReflect.Descriptor instead.
+func (*ScreenshotResponse) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ScreenshotResponse) GetPng() []byte {
+	if x != nil {
+		return x.Png
+	}
+	return nil
+}
+
+func (x *ScreenshotResponse) GetWidth() int64 {
+	if x != nil {
+		return x.Width
+	}
+	return 0
+}
+
+func (x *ScreenshotResponse) GetHeight() int64 {
+	if x != nil {
+		return x.Height
+	}
+	return 0
+}
+
+func (x *ScreenshotResponse) GetSourceWidth() int64 {
+	if x != nil {
+		return x.SourceWidth
+	}
+	return 0
+}
+
+func (x *ScreenshotResponse) GetSourceHeight() int64 {
+	if x != nil {
+		return x.SourceHeight
+	}
+	return 0
+}
+
+// SendKeys presses key combinations (each a list of canonical key names)
+// or types text with a keymap (hypervisor.KeySender).
+type KeyCombo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []string               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyCombo) Reset() {
+	*x = KeyCombo{}
+	mi := &file_proto_driver_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyCombo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyCombo) ProtoMessage() {}
+
+func (x *KeyCombo) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyCombo.ProtoReflect.Descriptor instead.
+func (*KeyCombo) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *KeyCombo) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type SendKeysRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vm            string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	Combos        []*KeyCombo            `protobuf:"bytes,2,rep,name=combos,proto3" json:"combos,omitempty"`
+	Text          string                 `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	Keymap        string                 `protobuf:"bytes,4,opt,name=keymap,proto3" json:"keymap,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendKeysRequest) Reset() {
+	*x = SendKeysRequest{}
+	mi := &file_proto_driver_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendKeysRequest) ProtoMessage() {}
+
+func (x *SendKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendKeysRequest.ProtoReflect.Descriptor instead.
+func (*SendKeysRequest) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *SendKeysRequest) GetVm() string {
+	if x != nil {
+		return x.Vm
+	}
+	return ""
+}
+
+func (x *SendKeysRequest) GetCombos() []*KeyCombo {
+	if x != nil {
+		return x.Combos
+	}
+	return nil
+}
+
+func (x *SendKeysRequest) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *SendKeysRequest) GetKeymap() string {
+	if x != nil {
+		return x.Keymap
+	}
+	return ""
+}
+
+type SendKeysResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendKeysResponse) Reset() {
+	*x = SendKeysResponse{}
+	mi := &file_proto_driver_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendKeysResponse) ProtoMessage() {}
+
+func (x *SendKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendKeysResponse.ProtoReflect.Descriptor instead.
+func (*SendKeysResponse) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{43}
+}
+
+// ConsoleRead and ConsoleWrite reach the VM's serial console
+// (hypervisor.ConsoleReader, hypervisor.ConsoleWriter).
+type ConsoleReadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vm            string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	Since         int64                  `protobuf:"varint,2,opt,name=since,proto3" json:"since,omitempty"`
+	TailBytes     int64                  `protobuf:"varint,3,opt,name=tail_bytes,json=tailBytes,proto3" json:"tail_bytes,omitempty"`
+	MaxBytes      int64                  `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsoleReadRequest) Reset() {
+	*x = ConsoleReadRequest{}
+	mi := &file_proto_driver_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsoleReadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsoleReadRequest) ProtoMessage() {}
+
+func (x *ConsoleReadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsoleReadRequest.ProtoReflect.Descriptor instead.
+func (*ConsoleReadRequest) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ConsoleReadRequest) GetVm() string {
+	if x != nil {
+		return x.Vm
+	}
+	return ""
+}
+
+func (x *ConsoleReadRequest) GetSince() int64 {
+	if x != nil {
+		return x.Since
+	}
+	return 0
+}
+
+func (x *ConsoleReadRequest) GetTailBytes() int64 {
+	if x != nil {
+		return x.TailBytes
+	}
+	return 0
+}
+
+func (x *ConsoleReadRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type ConsoleChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Start         int64                  `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
+	Cursor        int64                  `protobuf:"varint,3,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	Dropped       int64                  `protobuf:"varint,4,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	More          bool                   `protobuf:"varint,5,opt,name=more,proto3" json:"more,omitempty"`
+	Reset_        bool                   `protobuf:"varint,6,opt,name=reset,proto3" json:"reset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsoleChunk) Reset() {
+	*x = ConsoleChunk{}
+	mi := &file_proto_driver_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsoleChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsoleChunk) ProtoMessage() {}
+
+func (x *ConsoleChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsoleChunk.ProtoReflect.Descriptor instead.
+func (*ConsoleChunk) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ConsoleChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ConsoleChunk) GetStart() int64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *ConsoleChunk) GetCursor() int64 {
+	if x != nil {
+		return x.Cursor
+	}
+	return 0
+}
+
+func (x *ConsoleChunk) GetDropped() int64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *ConsoleChunk) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *ConsoleChunk) GetReset_() bool {
+	if x != nil {
+		return x.Reset_
+	}
+	return false
+}
+
+type ConsoleWriteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vm            string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsoleWriteRequest) Reset() {
+	*x = ConsoleWriteRequest{}
+	mi := &file_proto_driver_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsoleWriteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsoleWriteRequest) ProtoMessage() {}
+
+func (x *ConsoleWriteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsoleWriteRequest.ProtoReflect.Descriptor instead.
+func (*ConsoleWriteRequest) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ConsoleWriteRequest) GetVm() string {
+	if x != nil {
+		return x.Vm
+	}
+	return ""
+}
+
+func (x *ConsoleWriteRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ConsoleWriteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsoleWriteResponse) Reset() {
+	*x = ConsoleWriteResponse{}
+	mi := &file_proto_driver_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsoleWriteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsoleWriteResponse) ProtoMessage() {}
+
+func (x *ConsoleWriteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsoleWriteResponse.ProtoReflect.Descriptor instead.
+func (*ConsoleWriteResponse) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{47}
+}
+
 var File_proto_driver_proto protoreflect.FileDescriptor
 
 const file_proto_driver_proto_rawDesc = "" +
@@ -2468,20 +3040,27 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\x0f\n" +
 	"\rPowerResponse\"\x15\n" +
-	"\x13CapabilitiesRequest\"\x82\x02\n" +
+	"\x13CapabilitiesRequest\"\x87\x03\n" +
 	"\rCapabilitySet\x12\x1c\n" +
 	"\tsnapshots\x18\x01 \x01(\bR\tsnapshots\x12'\n" +
 	"\x0fsnapshot_memory\x18\x02 \x01(\bR\x0esnapshotMemory\x12,\n" +
 	"\x12snapshot_disk_only\x18\x03 \x01(\bR\x10snapshotDiskOnly\x12#\n" +
 	"\rguest_network\x18\x04 \x01(\bR\fguestNetwork\x12\x18\n" +
 	"\ametrics\x18\x05 \x01(\bR\ametrics\x12\x16\n" +
-	"\x06create\x18\x06 \x01(\bR\x06create\x12%\n" +
-	"\x0ehelper_channel\x18\a \x01(\bR\rhelperChannel\"u\n" +
+	"\x06create\x18\x06 \x01(\bR\x06create\x12\x1e\n" +
+	"\n" +
+	"screenshot\x18\a \x01(\bR\n" +
+	"screenshot\x12\x1b\n" +
+	"\tsend_keys\x18\b \x01(\bR\bsendKeys\x12!\n" +
+	"\fconsole_read\x18\t \x01(\bR\vconsoleRead\x12#\n" +
+	"\rconsole_write\x18\n" +
+	" \x01(\bR\fconsoleWrite\x12%\n" +
+	"\x0ehelper_channel\x18\v \x01(\bR\rhelperChannel\"u\n" +
 	"\x15SnapshotCreateRequest\x12\x0e\n" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x16\n" +
-	"\x06memory\x18\x04 \x01(\bR\x06memory\"\xfc\x01\n" +
+	"\x06memory\x18\x04 \x01(\bR\x06memory\"\x8c\x02\n" +
 	"\bSnapshot\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12+\n" +
@@ -2491,12 +3070,14 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\x12\x16\n" +
 	"\x06parent\x18\a \x01(\tR\x06parent\x12\x18\n" +
-	"\acurrent\x18\b \x01(\bR\acurrent\"T\n" +
+	"\acurrent\x18\b \x01(\bR\acurrent\x12\x0e\n" +
+	"\x02id\x18\t \x01(\tR\x02id\"T\n" +
 	"\x14SnapshotListResponse\x12<\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x1e.vmgate.hypervisor.v1.SnapshotR\tsnapshots\"9\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1e.vmgate.hypervisor.v1.SnapshotR\tsnapshots\"V\n" +
 	"\x13SnapshotNameRequest\x12\x0e\n" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\x18\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1b\n" +
+	"\texpect_id\x18\x03 \x01(\tR\bexpectId\"\x18\n" +
 	"\x16SnapshotRevertResponse\"\x18\n" +
 	"\x16SnapshotDeleteResponse\"U\n" +
 	"\tIPAddress\x12\x16\n" +
@@ -2573,7 +3154,41 @@ const file_proto_driver_proto_rawDesc = "" +
 	"timeout_ns\x18\x04 \x01(\x03R\ttimeoutNs\"=\n" +
 	"\x0fHelperCallReply\x12\x12\n" +
 	"\x04exit\x18\x01 \x01(\x05R\x04exit\x12\x16\n" +
-	"\x06stdout\x18\x02 \x01(\fR\x06stdout2\x96\x0e\n" +
+	"\x06stdout\x18\x02 \x01(\fR\x06stdout\"@\n" +
+	"\x11ScreenshotRequest\x12\x0e\n" +
+	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x1b\n" +
+	"\tmax_width\x18\x02 \x01(\x03R\bmaxWidth\"\x9c\x01\n" +
+	"\x12ScreenshotResponse\x12\x10\n" +
+	"\x03png\x18\x01 \x01(\fR\x03png\x12\x14\n" +
+	"\x05width\x18\x02 \x01(\x03R\x05width\x12\x16\n" +
+	"\x06height\x18\x03 \x01(\x03R\x06height\x12!\n" +
+	"\fsource_width\x18\x04 \x01(\x03R\vsourceWidth\x12#\n" +
+	"\rsource_height\x18\x05 \x01(\x03R\fsourceHeight\"\x1e\n" +
+	"\bKeyCombo\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\"\x85\x01\n" +
+	"\x0fSendKeysRequest\x12\x0e\n" +
+	"\x02vm\x18\x01 \x01(\tR\x02vm\x126\n" +
+	"\x06combos\x18\x02 \x03(\v2\x1e.vmgate.hypervisor.v1.KeyComboR\x06combos\x12\x12\n" +
+	"\x04text\x18\x03 \x01(\tR\x04text\x12\x16\n" +
+	"\x06keymap\x18\x04 \x01(\tR\x06keymap\"\x12\n" +
+	"\x10SendKeysResponse\"v\n" +
+	"\x12ConsoleReadRequest\x12\x0e\n" +
+	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x14\n" +
+	"\x05since\x18\x02 \x01(\x03R\x05since\x12\x1d\n" +
+	"\n" +
+	"tail_bytes\x18\x03 \x01(\x03R\ttailBytes\x12\x1b\n" +
+	"\tmax_bytes\x18\x04 \x01(\x03R\bmaxBytes\"\x94\x01\n" +
+	"\fConsoleChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\x03R\x05start\x12\x16\n" +
+	"\x06cursor\x18\x03 \x01(\x03R\x06cursor\x12\x18\n" +
+	"\adropped\x18\x04 \x01(\x03R\adropped\x12\x12\n" +
+	"\x04more\x18\x05 \x01(\bR\x04more\x12\x14\n" +
+	"\x05reset\x18\x06 \x01(\bR\x05reset\"9\n" +
+	"\x13ConsoleWriteRequest\x12\x0e\n" +
+	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x16\n" +
+	"\x14ConsoleWriteResponse2\x96\x11\n" +
 	"\x06Driver\x12\\\n" +
 	"\tConfigure\x12&.vmgate.hypervisor.v1.ConfigureRequest\x1a'.vmgate.hypervisor.v1.ConfigureResponse\x12V\n" +
 	"\aListVMs\x12$.vmgate.hypervisor.v1.ListVMsRequest\x1a%.vmgate.hypervisor.v1.ListVMsResponse\x12O\n" +
@@ -2596,7 +3211,12 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\bCreateVM\x12%.vmgate.hypervisor.v1.CreateVMRequest\x1a\x1f.vmgate.hypervisor.v1.CreatedVM\x12Y\n" +
 	"\bDeleteVM\x12%.vmgate.hypervisor.v1.DeleteVMRequest\x1a&.vmgate.hypervisor.v1.DeleteVMResponse\x12\\\n" +
 	"\n" +
-	"HelperCall\x12'.vmgate.hypervisor.v1.HelperCallRequest\x1a%.vmgate.hypervisor.v1.HelperCallReplyB+Z)github.com/vmgate/vmgate/hypervisor/protob\x06proto3"
+	"HelperCall\x12'.vmgate.hypervisor.v1.HelperCallRequest\x1a%.vmgate.hypervisor.v1.HelperCallReply\x12_\n" +
+	"\n" +
+	"Screenshot\x12'.vmgate.hypervisor.v1.ScreenshotRequest\x1a(.vmgate.hypervisor.v1.ScreenshotResponse\x12Y\n" +
+	"\bSendKeys\x12%.vmgate.hypervisor.v1.SendKeysRequest\x1a&.vmgate.hypervisor.v1.SendKeysResponse\x12[\n" +
+	"\vConsoleRead\x12(.vmgate.hypervisor.v1.ConsoleReadRequest\x1a\".vmgate.hypervisor.v1.ConsoleChunk\x12e\n" +
+	"\fConsoleWrite\x12).vmgate.hypervisor.v1.ConsoleWriteRequest\x1a*.vmgate.hypervisor.v1.ConsoleWriteResponseB+Z)github.com/vmgate/vmgate/hypervisor/protob\x06proto3"
 
 var (
 	file_proto_driver_proto_rawDescOnce sync.Once
@@ -2610,7 +3230,7 @@ func file_proto_driver_proto_rawDescGZIP() []byte {
 	return file_proto_driver_proto_rawDescData
 }
 
-var file_proto_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_proto_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_proto_driver_proto_goTypes = []any{
 	(*ErrorDetail)(nil),            // 0: vmgate.hypervisor.v1.ErrorDetail
 	(*ConfigureRequest)(nil),       // 1: vmgate.hypervisor.v1.ConfigureRequest
@@ -2651,6 +3271,15 @@ var file_proto_driver_proto_goTypes = []any{
 	(*DeleteVMResponse)(nil),       // 36: vmgate.hypervisor.v1.DeleteVMResponse
 	(*HelperCallRequest)(nil),      // 37: vmgate.hypervisor.v1.HelperCallRequest
 	(*HelperCallReply)(nil),        // 38: vmgate.hypervisor.v1.HelperCallReply
+	(*ScreenshotRequest)(nil),      // 39: vmgate.hypervisor.v1.ScreenshotRequest
+	(*ScreenshotResponse)(nil),     // 40: vmgate.hypervisor.v1.ScreenshotResponse
+	(*KeyCombo)(nil),               // 41: vmgate.hypervisor.v1.KeyCombo
+	(*SendKeysRequest)(nil),        // 42: vmgate.hypervisor.v1.SendKeysRequest
+	(*SendKeysResponse)(nil),       // 43: vmgate.hypervisor.v1.SendKeysResponse
+	(*ConsoleReadRequest)(nil),     // 44: vmgate.hypervisor.v1.ConsoleReadRequest
+	(*ConsoleChunk)(nil),           // 45: vmgate.hypervisor.v1.ConsoleChunk
+	(*ConsoleWriteRequest)(nil),    // 46: vmgate.hypervisor.v1.ConsoleWriteRequest
+	(*ConsoleWriteResponse)(nil),   // 47: vmgate.hypervisor.v1.ConsoleWriteResponse
 }
 var file_proto_driver_proto_depIdxs = []int32{
 	21, // 0: vmgate.hypervisor.v1.ConfigureResponse.capabilities:type_name -> vmgate.hypervisor.v1.CapabilitySet
@@ -2661,51 +3290,60 @@ var file_proto_driver_proto_depIdxs = []int32{
 	28, // 5: vmgate.hypervisor.v1.NetInterface.addresses:type_name -> vmgate.hypervisor.v1.IPAddress
 	29, // 6: vmgate.hypervisor.v1.NetInterface.stats:type_name -> vmgate.hypervisor.v1.NetStats
 	30, // 7: vmgate.hypervisor.v1.GuestNetworkResponse.interfaces:type_name -> vmgate.hypervisor.v1.NetInterface
-	1,  // 8: vmgate.hypervisor.v1.Driver.Configure:input_type -> vmgate.hypervisor.v1.ConfigureRequest
-	3,  // 9: vmgate.hypervisor.v1.Driver.ListVMs:input_type -> vmgate.hypervisor.v1.ListVMsRequest
-	6,  // 10: vmgate.hypervisor.v1.Driver.Status:input_type -> vmgate.hypervisor.v1.VMRequest
-	6,  // 11: vmgate.hypervisor.v1.Driver.AgentInfo:input_type -> vmgate.hypervisor.v1.VMRequest
-	10, // 12: vmgate.hypervisor.v1.Driver.ExecStart:input_type -> vmgate.hypervisor.v1.ExecRequest
-	12, // 13: vmgate.hypervisor.v1.Driver.ExecStatus:input_type -> vmgate.hypervisor.v1.ExecStatusRequest
-	10, // 14: vmgate.hypervisor.v1.Driver.Run:input_type -> vmgate.hypervisor.v1.ExecRequest
-	14, // 15: vmgate.hypervisor.v1.Driver.FileRead:input_type -> vmgate.hypervisor.v1.FileReadRequest
-	16, // 16: vmgate.hypervisor.v1.Driver.FileWrite:input_type -> vmgate.hypervisor.v1.FileWriteRequest
-	18, // 17: vmgate.hypervisor.v1.Driver.Power:input_type -> vmgate.hypervisor.v1.PowerRequest
-	20, // 18: vmgate.hypervisor.v1.Driver.Capabilities:input_type -> vmgate.hypervisor.v1.CapabilitiesRequest
-	22, // 19: vmgate.hypervisor.v1.Driver.SnapshotCreate:input_type -> vmgate.hypervisor.v1.SnapshotCreateRequest
-	6,  // 20: vmgate.hypervisor.v1.Driver.SnapshotList:input_type -> vmgate.hypervisor.v1.VMRequest
-	25, // 21: vmgate.hypervisor.v1.Driver.SnapshotRevert:input_type -> vmgate.hypervisor.v1.SnapshotNameRequest
-	25, // 22: vmgate.hypervisor.v1.Driver.SnapshotDelete:input_type -> vmgate.hypervisor.v1.SnapshotNameRequest
-	6,  // 23: vmgate.hypervisor.v1.Driver.GuestNetwork:input_type -> vmgate.hypervisor.v1.VMRequest
-	6,  // 24: vmgate.hypervisor.v1.Driver.VMMetrics:input_type -> vmgate.hypervisor.v1.VMRequest
-	33, // 25: vmgate.hypervisor.v1.Driver.CreateVM:input_type -> vmgate.hypervisor.v1.CreateVMRequest
-	35, // 26: vmgate.hypervisor.v1.Driver.DeleteVM:input_type -> vmgate.hypervisor.v1.DeleteVMRequest
-	37, // 27: vmgate.hypervisor.v1.Driver.HelperCall:input_type -> vmgate.hypervisor.v1.HelperCallRequest
-	2,  // 28: vmgate.hypervisor.v1.Driver.Configure:output_type -> vmgate.hypervisor.v1.ConfigureResponse
-	4,  // 29: vmgate.hypervisor.v1.Driver.ListVMs:output_type -> vmgate.hypervisor.v1.ListVMsResponse
-	7,  // 30: vmgate.hypervisor.v1.Driver.Status:output_type -> vmgate.hypervisor.v1.StatusResponse
-	9,  // 31: vmgate.hypervisor.v1.Driver.AgentInfo:output_type -> vmgate.hypervisor.v1.AgentInfoResponse
-	11, // 32: vmgate.hypervisor.v1.Driver.ExecStart:output_type -> vmgate.hypervisor.v1.ExecHandle
-	13, // 33: vmgate.hypervisor.v1.Driver.ExecStatus:output_type -> vmgate.hypervisor.v1.ExecResult
-	13, // 34: vmgate.hypervisor.v1.Driver.Run:output_type -> vmgate.hypervisor.v1.ExecResult
-	15, // 35: vmgate.hypervisor.v1.Driver.FileRead:output_type -> vmgate.hypervisor.v1.FileContent
-	17, // 36: vmgate.hypervisor.v1.Driver.FileWrite:output_type -> vmgate.hypervisor.v1.FileWriteResponse
-	19, // 37: vmgate.hypervisor.v1.Driver.Power:output_type -> vmgate.hypervisor.v1.PowerResponse
-	21, // 38: vmgate.hypervisor.v1.Driver.Capabilities:output_type -> vmgate.hypervisor.v1.CapabilitySet
-	23, // 39: vmgate.hypervisor.v1.Driver.SnapshotCreate:output_type -> vmgate.hypervisor.v1.Snapshot
-	24, // 40: vmgate.hypervisor.v1.Driver.SnapshotList:output_type -> vmgate.hypervisor.v1.SnapshotListResponse
-	26, // 41: vmgate.hypervisor.v1.Driver.SnapshotRevert:output_type -> vmgate.hypervisor.v1.SnapshotRevertResponse
-	27, // 42: vmgate.hypervisor.v1.Driver.SnapshotDelete:output_type -> vmgate.hypervisor.v1.SnapshotDeleteResponse
-	31, // 43: vmgate.hypervisor.v1.Driver.GuestNetwork:output_type -> vmgate.hypervisor.v1.GuestNetworkResponse
-	32, // 44: vmgate.hypervisor.v1.Driver.VMMetrics:output_type -> vmgate.hypervisor.v1.VMMetricsResponse
-	34, // 45: vmgate.hypervisor.v1.Driver.CreateVM:output_type -> vmgate.hypervisor.v1.CreatedVM
-	36, // 46: vmgate.hypervisor.v1.Driver.DeleteVM:output_type -> vmgate.hypervisor.v1.DeleteVMResponse
-	38, // 47: vmgate.hypervisor.v1.Driver.HelperCall:output_type -> vmgate.hypervisor.v1.HelperCallReply
-	28, // [28:48] is the sub-list for method output_type
-	8,  // [8:28] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	41, // 8: vmgate.hypervisor.v1.SendKeysRequest.combos:type_name -> vmgate.hypervisor.v1.KeyCombo
+	1,  // 9: vmgate.hypervisor.v1.Driver.Configure:input_type -> vmgate.hypervisor.v1.ConfigureRequest
+	3,  // 10: vmgate.hypervisor.v1.Driver.ListVMs:input_type -> vmgate.hypervisor.v1.ListVMsRequest
+	6,  // 11: vmgate.hypervisor.v1.Driver.Status:input_type -> vmgate.hypervisor.v1.VMRequest
+	6,  // 12: vmgate.hypervisor.v1.Driver.AgentInfo:input_type -> vmgate.hypervisor.v1.VMRequest
+	10, // 13: vmgate.hypervisor.v1.Driver.ExecStart:input_type -> vmgate.hypervisor.v1.ExecRequest
+	12, // 14: vmgate.hypervisor.v1.Driver.ExecStatus:input_type -> vmgate.hypervisor.v1.ExecStatusRequest
+	10, // 15: vmgate.hypervisor.v1.Driver.Run:input_type -> vmgate.hypervisor.v1.ExecRequest
+	14, // 16: vmgate.hypervisor.v1.Driver.FileRead:input_type -> vmgate.hypervisor.v1.FileReadRequest
+	16, // 17: vmgate.hypervisor.v1.Driver.FileWrite:input_type -> vmgate.hypervisor.v1.FileWriteRequest
+	18, // 18: vmgate.hypervisor.v1.Driver.Power:input_type -> vmgate.hypervisor.v1.PowerRequest
+	20, // 19: vmgate.hypervisor.v1.Driver.Capabilities:input_type -> vmgate.hypervisor.v1.CapabilitiesRequest
+	22, // 20: vmgate.hypervisor.v1.Driver.SnapshotCreate:input_type -> vmgate.hypervisor.v1.SnapshotCreateRequest
+	6,  // 21: vmgate.hypervisor.v1.Driver.SnapshotList:input_type -> vmgate.hypervisor.v1.VMRequest
+	25, // 22: vmgate.hypervisor.v1.Driver.SnapshotRevert:input_type -> vmgate.hypervisor.v1.SnapshotNameRequest
+	25, // 23: vmgate.hypervisor.v1.Driver.SnapshotDelete:input_type -> vmgate.hypervisor.v1.SnapshotNameRequest
+	6,  // 24: vmgate.hypervisor.v1.Driver.GuestNetwork:input_type -> vmgate.hypervisor.v1.VMRequest
+	6,  // 25: vmgate.hypervisor.v1.Driver.VMMetrics:input_type -> vmgate.hypervisor.v1.VMRequest
+	33, // 26: vmgate.hypervisor.v1.Driver.CreateVM:input_type -> vmgate.hypervisor.v1.CreateVMRequest
+	35, // 27: vmgate.hypervisor.v1.Driver.DeleteVM:input_type -> vmgate.hypervisor.v1.DeleteVMRequest
+	37, // 28: vmgate.hypervisor.v1.Driver.HelperCall:input_type -> vmgate.hypervisor.v1.HelperCallRequest
+	39, // 29: vmgate.hypervisor.v1.Driver.Screenshot:input_type -> vmgate.hypervisor.v1.ScreenshotRequest
+	42, // 30: vmgate.hypervisor.v1.Driver.SendKeys:input_type -> vmgate.hypervisor.v1.SendKeysRequest
+	44, // 31: vmgate.hypervisor.v1.Driver.ConsoleRead:input_type -> vmgate.hypervisor.v1.ConsoleReadRequest
+	46, // 32: vmgate.hypervisor.v1.Driver.ConsoleWrite:input_type -> vmgate.hypervisor.v1.ConsoleWriteRequest
+	2,  // 33: vmgate.hypervisor.v1.Driver.Configure:output_type -> vmgate.hypervisor.v1.ConfigureResponse
+	4,  // 34: vmgate.hypervisor.v1.Driver.ListVMs:output_type -> vmgate.hypervisor.v1.ListVMsResponse
+	7,  // 35: vmgate.hypervisor.v1.Driver.Status:output_type -> vmgate.hypervisor.v1.StatusResponse
+	9,  // 36: vmgate.hypervisor.v1.Driver.AgentInfo:output_type -> vmgate.hypervisor.v1.AgentInfoResponse
+	11, // 37: vmgate.hypervisor.v1.Driver.ExecStart:output_type -> vmgate.hypervisor.v1.ExecHandle
+	13, // 38: vmgate.hypervisor.v1.Driver.ExecStatus:output_type -> vmgate.hypervisor.v1.ExecResult
+	13, // 39: vmgate.hypervisor.v1.Driver.Run:output_type -> vmgate.hypervisor.v1.ExecResult
+	15, // 40: vmgate.hypervisor.v1.Driver.FileRead:output_type -> vmgate.hypervisor.v1.FileContent
+	17, // 41: vmgate.hypervisor.v1.Driver.FileWrite:output_type -> vmgate.hypervisor.v1.FileWriteResponse
+	19, // 42: vmgate.hypervisor.v1.Driver.Power:output_type -> vmgate.hypervisor.v1.PowerResponse
+	21, // 43: vmgate.hypervisor.v1.Driver.Capabilities:output_type -> vmgate.hypervisor.v1.CapabilitySet
+	23, // 44: vmgate.hypervisor.v1.Driver.SnapshotCreate:output_type -> vmgate.hypervisor.v1.Snapshot
+	24, // 45: vmgate.hypervisor.v1.Driver.SnapshotList:output_type -> vmgate.hypervisor.v1.SnapshotListResponse
+	26, // 46: vmgate.hypervisor.v1.Driver.SnapshotRevert:output_type -> vmgate.hypervisor.v1.SnapshotRevertResponse
+	27, // 47: vmgate.hypervisor.v1.Driver.SnapshotDelete:output_type -> vmgate.hypervisor.v1.SnapshotDeleteResponse
+	31, // 48: vmgate.hypervisor.v1.Driver.GuestNetwork:output_type -> vmgate.hypervisor.v1.GuestNetworkResponse
+	32, // 49: vmgate.hypervisor.v1.Driver.VMMetrics:output_type -> vmgate.hypervisor.v1.VMMetricsResponse
+	34, // 50: vmgate.hypervisor.v1.Driver.CreateVM:output_type -> vmgate.hypervisor.v1.CreatedVM
+	36, // 51: vmgate.hypervisor.v1.Driver.DeleteVM:output_type -> vmgate.hypervisor.v1.DeleteVMResponse
+	38, // 52: vmgate.hypervisor.v1.Driver.HelperCall:output_type -> vmgate.hypervisor.v1.HelperCallReply
+	40, // 53: vmgate.hypervisor.v1.Driver.Screenshot:output_type -> vmgate.hypervisor.v1.ScreenshotResponse
+	43, // 54: vmgate.hypervisor.v1.Driver.SendKeys:output_type -> vmgate.hypervisor.v1.SendKeysResponse
+	45, // 55: vmgate.hypervisor.v1.Driver.ConsoleRead:output_type -> vmgate.hypervisor.v1.ConsoleChunk
+	47, // 56: vmgate.hypervisor.v1.Driver.ConsoleWrite:output_type -> vmgate.hypervisor.v1.ConsoleWriteResponse
+	33, // [33:57] is the sub-list for method output_type
+	9,  // [9:33] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_proto_driver_proto_init() }
@@ -2720,7 +3358,7 @@ func file_proto_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_driver_proto_rawDesc), len(file_proto_driver_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   39,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

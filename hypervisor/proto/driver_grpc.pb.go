@@ -4,7 +4,7 @@
 // says which optional capabilities the plugin's driver has), Capabilities
 // (the same answer, for a host that did not configure), and one RPC per
 // method of the optional capabilities (Snapshotter, GuestNetworker,
-// MetricsReader, Creator, HelperCaller). A plugin whose driver lacks a capability answers its RPCs
+// MetricsReader, Creator, Screener, KeySender, ConsoleReader, ConsoleWriter, HelperCaller). A plugin whose driver lacks a capability answers its RPCs
 // with ErrNotSupported; the host does not send them at all.
 //
 // Only package hypervisor's plugin glue (client*.go, server*.go) uses these messages;
@@ -54,6 +54,10 @@ const (
 	Driver_CreateVM_FullMethodName       = "/vmgate.hypervisor.v1.Driver/CreateVM"
 	Driver_DeleteVM_FullMethodName       = "/vmgate.hypervisor.v1.Driver/DeleteVM"
 	Driver_HelperCall_FullMethodName     = "/vmgate.hypervisor.v1.Driver/HelperCall"
+	Driver_Screenshot_FullMethodName     = "/vmgate.hypervisor.v1.Driver/Screenshot"
+	Driver_SendKeys_FullMethodName       = "/vmgate.hypervisor.v1.Driver/SendKeys"
+	Driver_ConsoleRead_FullMethodName    = "/vmgate.hypervisor.v1.Driver/ConsoleRead"
+	Driver_ConsoleWrite_FullMethodName   = "/vmgate.hypervisor.v1.Driver/ConsoleWrite"
 )
 
 // DriverClient is the client API for Driver service.
@@ -80,6 +84,10 @@ type DriverClient interface {
 	CreateVM(ctx context.Context, in *CreateVMRequest, opts ...grpc.CallOption) (*CreatedVM, error)
 	DeleteVM(ctx context.Context, in *DeleteVMRequest, opts ...grpc.CallOption) (*DeleteVMResponse, error)
 	HelperCall(ctx context.Context, in *HelperCallRequest, opts ...grpc.CallOption) (*HelperCallReply, error)
+	Screenshot(ctx context.Context, in *ScreenshotRequest, opts ...grpc.CallOption) (*ScreenshotResponse, error)
+	SendKeys(ctx context.Context, in *SendKeysRequest, opts ...grpc.CallOption) (*SendKeysResponse, error)
+	ConsoleRead(ctx context.Context, in *ConsoleReadRequest, opts ...grpc.CallOption) (*ConsoleChunk, error)
+	ConsoleWrite(ctx context.Context, in *ConsoleWriteRequest, opts ...grpc.CallOption) (*ConsoleWriteResponse, error)
 }
 
 type driverClient struct {
@@ -290,6 +298,46 @@ func (c *driverClient) HelperCall(ctx context.Context, in *HelperCallRequest, op
 	return out, nil
 }
 
+func (c *driverClient) Screenshot(ctx context.Context, in *ScreenshotRequest, opts ...grpc.CallOption) (*ScreenshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ScreenshotResponse)
+	err := c.cc.Invoke(ctx, Driver_Screenshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *driverClient) SendKeys(ctx context.Context, in *SendKeysRequest, opts ...grpc.CallOption) (*SendKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SendKeysResponse)
+	err := c.cc.Invoke(ctx, Driver_SendKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *driverClient) ConsoleRead(ctx context.Context, in *ConsoleReadRequest, opts ...grpc.CallOption) (*ConsoleChunk, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ConsoleChunk)
+	err := c.cc.Invoke(ctx, Driver_ConsoleRead_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *driverClient) ConsoleWrite(ctx context.Context, in *ConsoleWriteRequest, opts ...grpc.CallOption) (*ConsoleWriteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ConsoleWriteResponse)
+	err := c.cc.Invoke(ctx, Driver_ConsoleWrite_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DriverServer is the server API for Driver service.
 // All implementations must embed UnimplementedDriverServer
 // for forward compatibility.
@@ -314,6 +362,10 @@ type DriverServer interface {
 	CreateVM(context.Context, *CreateVMRequest) (*CreatedVM, error)
 	DeleteVM(context.Context, *DeleteVMRequest) (*DeleteVMResponse, error)
 	HelperCall(context.Context, *HelperCallRequest) (*HelperCallReply, error)
+	Screenshot(context.Context, *ScreenshotRequest) (*ScreenshotResponse, error)
+	SendKeys(context.Context, *SendKeysRequest) (*SendKeysResponse, error)
+	ConsoleRead(context.Context, *ConsoleReadRequest) (*ConsoleChunk, error)
+	ConsoleWrite(context.Context, *ConsoleWriteRequest) (*ConsoleWriteResponse, error)
 	mustEmbedUnimplementedDriverServer()
 }
 
@@ -383,6 +435,18 @@ func (UnimplementedDriverServer) DeleteVM(context.Context, *DeleteVMRequest) (*D
 }
 func (UnimplementedDriverServer) HelperCall(context.Context, *HelperCallRequest) (*HelperCallReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method HelperCall not implemented")
+}
+func (UnimplementedDriverServer) Screenshot(context.Context, *ScreenshotRequest) (*ScreenshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Screenshot not implemented")
+}
+func (UnimplementedDriverServer) SendKeys(context.Context, *SendKeysRequest) (*SendKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SendKeys not implemented")
+}
+func (UnimplementedDriverServer) ConsoleRead(context.Context, *ConsoleReadRequest) (*ConsoleChunk, error) {
+	return nil, status.Error(codes.Unimplemented, "method ConsoleRead not implemented")
+}
+func (UnimplementedDriverServer) ConsoleWrite(context.Context, *ConsoleWriteRequest) (*ConsoleWriteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ConsoleWrite not implemented")
 }
 func (UnimplementedDriverServer) mustEmbedUnimplementedDriverServer() {}
 func (UnimplementedDriverServer) testEmbeddedByValue()                {}
@@ -765,6 +829,78 @@ func _Driver_HelperCall_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Driver_Screenshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ScreenshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).Screenshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_Screenshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).Screenshot(ctx, req.(*ScreenshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Driver_SendKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SendKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).SendKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_SendKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).SendKeys(ctx, req.(*SendKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Driver_ConsoleRead_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConsoleReadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).ConsoleRead(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_ConsoleRead_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).ConsoleRead(ctx, req.(*ConsoleReadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Driver_ConsoleWrite_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConsoleWriteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).ConsoleWrite(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_ConsoleWrite_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).ConsoleWrite(ctx, req.(*ConsoleWriteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Driver_ServiceDesc is the grpc.ServiceDesc for Driver service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -851,6 +987,22 @@ var Driver_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "HelperCall",
 			Handler:    _Driver_HelperCall_Handler,
+		},
+		{
+			MethodName: "Screenshot",
+			Handler:    _Driver_Screenshot_Handler,
+		},
+		{
+			MethodName: "SendKeys",
+			Handler:    _Driver_SendKeys_Handler,
+		},
+		{
+			MethodName: "ConsoleRead",
+			Handler:    _Driver_ConsoleRead_Handler,
+		},
+		{
+			MethodName: "ConsoleWrite",
+			Handler:    _Driver_ConsoleWrite_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

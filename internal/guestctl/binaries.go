@@ -42,16 +42,29 @@ type DirBinaries struct {
 }
 
 // DefaultBinaries looks in $VMGATE_GUEST_DIR (when set), then beside the
-// running executable.
+// running executable (a build tree: make build puts them in bin/), then in
+// ../lib/vmgate from it (where make install and the Debian package put
+// them: /usr/local/bin/vmgate finds /usr/local/lib/vmgate).
 func DefaultBinaries() *DirBinaries {
+	exe, err := os.Executable()
+	if err != nil {
+		exe = ""
+	}
+	return &DirBinaries{Dirs: defaultDirs(os.Getenv(GuestDirEnv), exe)}
+}
+
+// defaultDirs is DefaultBinaries' search path for the guest directory
+// variable's value and the executable's path ("" for none).
+func defaultDirs(env, exe string) []string {
 	var dirs []string
-	if d := os.Getenv(GuestDirEnv); d != "" {
-		dirs = append(dirs, d)
+	if env != "" {
+		dirs = append(dirs, env)
 	}
-	if exe, err := os.Executable(); err == nil {
-		dirs = append(dirs, filepath.Dir(exe))
+	if exe != "" {
+		bin := filepath.Dir(exe)
+		dirs = append(dirs, bin, filepath.Join(filepath.Dir(bin), "lib", "vmgate"))
 	}
-	return &DirBinaries{Dirs: dirs}
+	return dirs
 }
 
 // Binary returns the first build found for arch. It must be a Linux ELF file.

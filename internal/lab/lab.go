@@ -2,12 +2,19 @@
 // of package guest/image, each with a QMP socket and a guest-agent socket,
 // laid out under <stateDir>/lab/<name>/:
 //
-//	qmp.sock    QMP monitor
-//	qga.sock    QEMU guest agent (virtio-serial port org.qemu.guest_agent.0)
-//	guest.sock  vmgate-guest's resident helper (virtio-serial port org.vmgate.guest.0)
-//	qemu.pid    written by QEMU
-//	qemu.log    QEMU's own stderr
-//	serial.log  the guest console
+//	qmp.sock      QMP monitor
+//	qga.sock      QEMU guest agent (virtio-serial port org.qemu.guest_agent.0)
+//	guest.sock    vmgate-guest's resident helper (virtio-serial port
+//	              org.vmgate.guest.0), unless the spec leaves it out
+//	console.sock  the guest's serial console (ttyS0): a socket chardev
+//	              (server, one client at a time) whose input is the
+//	              console's keyboard; everything the guest writes to it
+//	              is also logged to serial.log
+//	vnc.sock      QEMU's VNC server for the display (std VGA), password
+//	              on: no client gets in until a password is set over QMP
+//	qemu.pid      written by QEMU
+//	qemu.log      QEMU's own stderr
+//	serial.log    the guest console's output since QEMU started
 //	vm.json     name, pid, argv, sockets, start time, image hash
 //	disk.qcow2  the VM's disk, an overlay made at Start (see disk.go)
 //
@@ -20,6 +27,11 @@
 // when /proc/<pid>/cmdline equals the stored argv. VMs made on demand
 // (Create, for vm_create) are daemonized lab VMs with an owner file; see
 // create.go.
+//
+// The guest's kernel logs to the serial console (console=ttyS0, at
+// loglevel 6: its banner and notices, not every driver's info line), a
+// root shell runs there and another on the first virtual terminal, shown
+// on the display (guest/image's /init).
 //
 // The guest is not started with -no-reboot: a guest reboot (vm_power
 // reboot, guest-shutdown mode reboot) restarts the guest in the same QEMU
@@ -72,8 +84,10 @@ const DefaultBootTimeout = 120 * time.Second
 
 // File names in a VM directory.
 const (
-	QMPSocketName = "qmp.sock"
-	QGASocketName = "qga.sock"
+	QMPSocketName     = "qmp.sock"
+	QGASocketName     = "qga.sock"
+	ConsoleSocketName = "console.sock"
+	VNCSocketName     = "vnc.sock"
 	// HelperSocketName is the host end of the virtio-serial port
 	// HelperPortName, on which vmgate-guest's resident helper listens.
 	HelperSocketName = "guest.sock"
@@ -85,6 +99,12 @@ const (
 
 // HelperPortName is the virtio-serial port of vmgate-guest's resident helper.
 const HelperPortName = "org.vmgate.guest.0"
+
+// ConsoleChardev is the QEMU chardev id of the serial console.
+const ConsoleChardev = "serial0"
+
+// socketNames are the sockets QEMU makes in a VM directory.
+var socketNames = []string{QMPSocketName, QGASocketName, ConsoleSocketName, VNCSocketName, HelperSocketName}
 
 // DefaultStateDir is $VMGATE_STATE_DIR, else $XDG_STATE_HOME/vmgate, else
 // ~/.local/state/vmgate.
@@ -150,11 +170,15 @@ type VM struct {
 	QMPSocket string   `json:"qmp_socket"`
 	QGASocket string   `json:"qga_socket"`
 	// HelperSocket is the host end of the helper's port, "" without one.
-	HelperSocket string    `json:"helper_socket,omitempty"`
-	SerialLog    string    `json:"serial_log"`
-	Started      time.Time `json:"started"`
-	ImageHash    string    `json:"image_hash"`
-	Daemonized   bool      `json:"daemonized"`
+	HelperSocket string `json:"helper_socket,omitempty"`
+	SerialLog    string `json:"serial_log"`
+	// ConsoleSocket and VNCSocket are empty for a VM an older vmgate
+	// started (its console went to SerialLog alone, it had no display).
+	ConsoleSocket string    `json:"console_socket,omitempty"`
+	VNCSocket     string    `json:"vnc_socket,omitempty"`
+	Started       time.Time `json:"started"`
+	ImageHash     string    `json:"image_hash"`
+	Daemonized    bool      `json:"daemonized"`
 	// State is set by List and Get (not stored).
 	State State `json:"-"`
 	// BootTime is how long Start took from launching QEMU to the first
@@ -207,8 +231,10 @@ func (s Spec) Validate() error {
 		}
 	}
 	dir := filepath.Join(s.StateDir, "lab", s.Name)
-	if n := len(filepath.Join(dir, QMPSocketName)); n > maxSocketPath {
-		return fmt.Errorf("%w: socket path under %s is %d bytes, over the %d a unix socket allows", ErrInvalidSpec, dir, n, maxSocketPath)
+	for _, sock := range socketNames {
+		if n := len(filepath.Join(dir, sock)); n > maxSocketPath {
+			return fmt.Errorf("%w: socket path %s is %d bytes, over the %d a unix socket allows", ErrInvalidSpec, filepath.Join(dir, sock), n, maxSocketPath)
+		}
 	}
 	return nil
 }
@@ -312,7 +338,7 @@ func setUp(ctx context.Context, spec Spec, qemu string, img *image.Image) (*VM, 
 	if err := os.MkdirAll(dir, DirMode); err != nil {
 		return nil, nil, err
 	}
-	for _, f := range []string{QMPSocketName, QGASocketName, HelperSocketName, PIDFileName, StateFileName} {
+	for _, f := range append([]string{PIDFileName, StateFileName}, socketNames...) {
 		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, nil, err
 		}
@@ -330,6 +356,9 @@ func setUp(ctx context.Context, spec Spec, qemu string, img *image.Image) (*VM, 
 		SerialLog:  filepath.Join(dir, SerialLogName),
 		ImageHash:  img.Hash,
 		Daemonized: spec.Daemonize,
+
+		ConsoleSocket: filepath.Join(dir, ConsoleSocketName),
+		VNCSocket:     filepath.Join(dir, VNCSocketName),
 	}
 	if !spec.NoHelperPort {
 		v.HelperSocket = filepath.Join(dir, HelperSocketName)
@@ -354,10 +383,10 @@ func (v *VM) createLogs() (*os.File, error) {
 	return createPrivate(filepath.Join(v.Dir, QEMULogName))
 }
 
-// privateSockets gives the QMP and QGA sockets, which QEMU made with its
-// umask, mode FileMode (the VM directory keeps others out already).
+// privateSockets gives the sockets, which QEMU made with its umask, mode
+// FileMode (the VM directory keeps others out already).
 func (v *VM) privateSockets() error {
-	for _, sock := range []string{v.QMPSocket, v.QGASocket, v.HelperSocket} {
+	for _, sock := range []string{v.QMPSocket, v.QGASocket, v.ConsoleSocket, v.VNCSocket, v.HelperSocket} {
 		if sock == "" {
 			continue
 		}
@@ -406,7 +435,10 @@ func qemuArgv(qemu string, v *VM, spec Spec, img *image.Image) []string {
 	}
 	// no_timer_check: under TCG on a loaded host the kernel's IO-APIC timer
 	// check can fail and panic the boot ("8254 timer not connected").
-	words := []string{"console=ttyS0", "quiet", "panic=-1", "no_timer_check", "LAB_NAME=" + spec.Name}
+	// loglevel=6 puts the kernel's notices on the console (its banner,
+	// "Linux version ...") but not its info lines, which would slow a TCG
+	// boot down.
+	words := []string{"console=ttyS0", "loglevel=6", "panic=-1", "no_timer_check", "LAB_NAME=" + spec.Name}
 	keys := make([]string, 0, len(spec.Cmdline))
 	for k := range spec.Cmdline {
 		keys = append(keys, k)
@@ -419,7 +451,10 @@ func qemuArgv(qemu string, v *VM, spec Spec, img *image.Image) []string {
 		"-name", "vmgate-lab-" + spec.Name,
 		"-accel", "tcg", "-machine", "pc",
 		"-nodefaults", "-no-user-config", "-display", "none",
-		"-serial", "file:" + v.SerialLog,
+		"-device", "VGA",
+		"-vnc", "unix:" + optValue(v.VNCSocket) + ",password=on",
+		"-chardev", "socket,id=" + ConsoleChardev + ",path=" + optValue(v.ConsoleSocket) + ",server=on,wait=off,logfile=" + optValue(v.SerialLog),
+		"-serial", "chardev:" + ConsoleChardev,
 		"-m", strconv.Itoa(mem), "-smp", strconv.Itoa(max(spec.CPUs, 1)),
 		"-kernel", img.Kernel, "-initrd", img.Initrd,
 		"-append", strings.Join(words, " "),
@@ -441,6 +476,9 @@ func qemuArgv(qemu string, v *VM, spec Spec, img *image.Image) []string {
 	}
 	return argv
 }
+
+// optValue escapes s for a QEMU option list (a comma is doubled).
+func optValue(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
 // waitReady waits until the guest agent answers, QEMU exits or ctx ends.
 func (v *VM) waitReady(ctx context.Context) error {
@@ -551,7 +589,7 @@ func (v *VM) Stop(ctx context.Context) error {
 		}
 	}
 	var errs []error
-	for _, f := range []string{QMPSocketName, QGASocketName, HelperSocketName, PIDFileName, StateFileName, DiskName} {
+	for _, f := range append([]string{PIDFileName, StateFileName, DiskName}, socketNames...) {
 		if err := os.Remove(filepath.Join(v.Dir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}

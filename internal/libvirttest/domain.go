@@ -126,7 +126,7 @@ func (s Spec) Validate() error {
 
 // cmdline is the kernel command line, keys sorted.
 func (s Spec) cmdline() string {
-	words := []string{"console=ttyS0", "quiet", "panic=-1", "no_timer_check", "LAB_NAME=" + s.Name} // as internal/lab's
+	words := []string{"console=ttyS0", "loglevel=6", "panic=-1", "no_timer_check", "LAB_NAME=" + s.Name} // as internal/lab's
 	keys := make([]string, 0, len(s.Cmdline))
 	for k := range s.Cmdline {
 		keys = append(keys, k)
@@ -145,9 +145,10 @@ func esc(s string) string {
 }
 
 // DomainXML is the domain definition of s booting kernel and initrd: type
-// qemu (TCG), direct kernel boot, ACPI, the serial console to serialLog and
-// the guest agent channel org.qemu.guest_agent.0; with Spec.Disk, disk is
-// its qcow2 disk.
+// qemu (TCG), direct kernel boot, ACPI, a display (std VGA), the serial
+// console on a pty (virDomainOpenConsole's) logged to serialLog, and the
+// guest agent channel org.qemu.guest_agent.0; with Spec.Disk, disk is its
+// qcow2 disk.
 func (s Spec) DomainXML(kernel, initrd, serialLog, disk string) string {
 	mem := s.MemoryMiB
 	if mem == 0 {
@@ -173,7 +174,9 @@ func (s Spec) DomainXML(kernel, initrd, serialLog, disk string) string {
   <on_reboot>restart</on_reboot>
   <on_crash>destroy</on_crash>
   <devices>
-    <serial type='file'><source path='%s'/><target port='0'/></serial>
+    <serial type='pty'><log file='%s' append='off'/><target port='0'/></serial>
+    <console type='pty'><target type='serial' port='0'/></console>
+    <video><model type='vga'/></video>
     <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>
 %s    <memballoon model='none'/>
   </devices>
@@ -247,7 +250,7 @@ func (d *Daemons) Boot(ctx context.Context, spec Spec, kernel, initrd string) (_
 	if err != nil {
 		return nil, fmt.Errorf("libvirttest: boot %s: %w\n%s", spec.Name, err, d.Logs())
 	}
-	dom.QEMUPID = readPID(filepath.Join("/run/libvirt/qemu", spec.Name+".pid"))
+	dom.QEMUPID = readPID(filepath.Join(d.Dir, "run", "qemu", spec.Name+".pid")) // the private /run/libvirt/qemu
 
 	ctx, cancel := context.WithTimeout(ctx, BootTimeout)
 	defer cancel()

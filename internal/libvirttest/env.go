@@ -2,10 +2,12 @@ package libvirttest
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +28,17 @@ var (
 	bootErrs = map[string]error{}
 )
 
+// runID is drawn once per test binary: six characters of [a-z2-7].
+var runID = sync.OnceValue(func() string { return strings.ToLower(rand.Text()[:6]) })
+
+// Name returns base followed by "-" and this test binary's run id, for a
+// domain name. Domains need names of their own per run, not only per
+// libvirtd: libvirt names a domain's cgroup after it
+// (machine/qemu-ID-NAME.libvirt-qemu, the ID counting from 1 in every
+// daemon), and the cgroup tree is the host's, shared by every daemon.
+// base must leave room for the 7 characters added (Spec.Validate allows 48).
+func Name(base string) string { return base + "-" + runID() }
+
 // Available reports whether the daemons can run here, and why not.
 func Available() (bool, string) {
 	for _, b := range []string{LibvirtdBinary, VirtlogdBinary} {
@@ -34,7 +47,7 @@ func Available() (bool, string) {
 		}
 	}
 	if os.Geteuid() != 0 {
-		return false, "libvirttest runs a system libvirtd, which needs root"
+		return false, "libvirttest runs a root libvirtd in a mount namespace of its own, which needs root"
 	}
 	return true, ""
 }

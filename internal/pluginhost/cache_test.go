@@ -75,6 +75,7 @@ func TestStateCache(t *testing.T) {
 			return err
 		}},
 		{"SnapshotRevert", func() error { return s.SnapshotRevert(ctx, "vm1", "s1") }},
+		{"SnapshotRevertID", func() error { return s.SnapshotRevertID(ctx, "vm1", "s1", "fake:s1") }},
 		{"SnapshotDelete", func() error { return s.SnapshotDelete(ctx, "vm1", "s1") }},
 		{"CreateVM", func() error {
 			_, err := s.CreateVM(ctx, hypervisor.CreateRequest{Name: "c1", Mark: "Lcachetest01"})
@@ -153,35 +154,88 @@ func TestStateCacheExpires(t *testing.T) {
 }
 
 // TestStateCacheRefusesAnswersFetchedAcrossAChange: an answer that was in
-// flight when a change ran is not stored.
+// flight when a change ran is not stored, whether the change emptied the
+// cache or forgot one VM.
 func TestStateCacheRefusesAnswersFetchedAcrossAChange(t *testing.T) {
 	c := newStateCache(time.Hour)
 	inst := &instance{}
-	_, ok, gen := c.lookup(inst, "k")
-	if ok {
-		t.Fatal("lookup in an empty cache hit")
+	k := statusKey("vm1")
+	for _, change := range []struct {
+		name string
+		do   func()
+	}{{"invalidate", c.invalidate}, {"invalidateVM of another VM", func() { c.invalidateVM("vm2") }}} {
+		_, ok, gen := c.lookup(inst, k)
+		if ok {
+			t.Fatal("lookup in an empty cache hit")
+		}
+		change.do() // a Power or an exec ran while the answer was fetched
+		c.store(inst, k, gen, "stale", time.Now())
+		if v, ok, _ := c.lookup(inst, k); ok {
+			t.Errorf("lookup after a store across %s = %v; want a miss", change.name, v)
+		}
 	}
-	c.invalidate() // a Power ran while the answer was fetched
-	c.store(inst, "k", gen, "stale", time.Now())
-	if v, ok, _ := c.lookup(inst, "k"); ok {
-		t.Errorf("lookup after a store across an invalidation = %v; want a miss", v)
-	}
-	_, _, gen = c.lookup(inst, "k")
-	c.store(inst, "k", gen, "fresh", time.Now())
-	if v, ok, _ := c.lookup(inst, "k"); !ok || v != "fresh" {
+	_, _, gen := c.lookup(inst, k)
+	c.store(inst, k, gen, "fresh", time.Now())
+	if v, ok, _ := c.lookup(inst, k); !ok || v != "fresh" {
 		t.Errorf("lookup = %v, %v; want the fresh answer", v, ok)
 	}
-	if v, ok, _ := c.lookup(&instance{}, "k"); ok {
+	if v, ok, _ := c.lookup(&instance{}, k); ok {
 		t.Errorf("lookup for another plugin process = %v; want a miss", v)
 	}
-	for i := range maxStateEntries + 1 {
-		_, _, gen := c.lookup(inst, strconv.Itoa(i))
-		c.store(inst, strconv.Itoa(i), gen, i, time.Now())
+}
+
+// TestStateCacheInvalidateVM: a call in one guest forgets that VM's status
+// and the list, and keeps the other VMs' statuses.
+func TestStateCacheInvalidateVM(t *testing.T) {
+	c := newStateCache(time.Hour)
+	inst := &instance{}
+	put := func(k cacheKey) {
+		_, _, gen := c.lookup(inst, k)
+		c.store(inst, k, gen, "v", time.Now())
 	}
-	c.mu.Lock()
-	n := len(c.entries)
-	c.mu.Unlock()
-	if n > maxStateEntries {
-		t.Errorf("cache holds %d entries; want at most %d", n, maxStateEntries)
+	for _, k := range []cacheKey{listKey, statusKey("vm1"), statusKey("vm2")} {
+		put(k)
+	}
+	c.invalidateVM("vm1")
+	for _, tt := range []struct {
+		k    cacheKey
+		kept bool
+	}{{listKey, false}, {statusKey("vm1"), false}, {statusKey("vm2"), true}} {
+		if _, ok, _ := c.lookup(inst, tt.k); ok != tt.kept {
+			t.Errorf("lookup(%+v) after invalidateVM(vm1) hit = %v; want %v", tt.k, ok, tt.kept)
+		}
+	}
+}
+
+// TestStateCacheBounded: a cache full of expired answers sweeps them out
+// and keeps the fresh ones; one full of fresh answers (more VMs polled
+// within a TTL than it holds) starts over; it never holds more than
+// maxStateEntries.
+func TestStateCacheBounded(t *testing.T) {
+	c := newStateCache(time.Minute)
+	inst := &instance{}
+	put := func(vm string, at time.Time) {
+		_, _, gen := c.lookup(inst, statusKey(vm))
+		c.store(inst, statusKey(vm), gen, vm, at)
+	}
+	old := time.Now().Add(-time.Hour)
+	for i := range maxStateEntries - 10 {
+		put("old"+strconv.Itoa(i), old)
+	}
+	for i := range 10 {
+		put("fresh"+strconv.Itoa(i), time.Now())
+	}
+	put("one-more", time.Now())
+	if n := c.len(); n != 11 {
+		t.Errorf("cache of %d expired and 10 fresh answers after one more = %d entries; want the 11 fresh ones", maxStateEntries-10, n)
+	}
+	if _, ok, _ := c.lookup(inst, statusKey("fresh3")); !ok {
+		t.Error("a fresh answer was swept out with the expired ones")
+	}
+	for i := range 2*maxStateEntries + 1 {
+		put("vm"+strconv.Itoa(i), time.Now())
+		if n := c.len(); n > maxStateEntries {
+			t.Fatalf("cache holds %d entries after %d fresh answers; want at most %d", n, i+1, maxStateEntries)
+		}
 	}
 }

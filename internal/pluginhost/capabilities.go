@@ -17,6 +17,7 @@ import (
 var (
 	_ hypervisor.CapabilityReporter = (*Supervisor)(nil)
 	_ hypervisor.Snapshotter        = (*Supervisor)(nil)
+	_ hypervisor.SnapshotIDReverter = (*Supervisor)(nil)
 	_ hypervisor.GuestNetworker     = (*Supervisor)(nil)
 	_ hypervisor.MetricsReader      = (*Supervisor)(nil)
 	_ hypervisor.HelperCaller       = (*Supervisor)(nil)
@@ -84,6 +85,19 @@ func (s *Supervisor) SnapshotRevert(ctx context.Context, vm, name string) error 
 			return struct{}{}, err
 		}
 		return struct{}{}, sn.SnapshotRevert(ctx, vm, name)
+	})
+	return err
+}
+
+// SnapshotRevertID implements hypervisor.SnapshotIDReverter: the plugin
+// checks the identity next to its driver.
+func (s *Supervisor) SnapshotRevertID(ctx context.Context, vm, name, id string) error {
+	_, err := changing(s, ctx, func(d remote) (struct{}, error) {
+		sn, err := capability[hypervisor.SnapshotIDReverter]("snapshot revert", d)
+		if err != nil {
+			return struct{}{}, err
+		}
+		return struct{}{}, sn.SnapshotRevertID(ctx, vm, name, id)
 	})
 	return err
 }

@@ -85,6 +85,9 @@ func newCounting(context.Context, *countingSettings) (hypervisor.Driver, error) 
 			next()
 			return hypervisor.Snapshot{Name: req.Name}, nil
 		},
+		SnapshotListFunc: func(context.Context, string) ([]hypervisor.Snapshot, error) {
+			return []hypervisor.Snapshot{{Name: "s1", ID: "fake:s1"}}, nil
+		},
 		SnapshotRevertFunc: func(context.Context, string, string) error { next(); return nil },
 		SnapshotDeleteFunc: func(context.Context, string, string) error { next(); return nil },
 		Modes:              hypervisor.SnapshotModes{DiskOnly: true},

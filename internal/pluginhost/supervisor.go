@@ -410,15 +410,23 @@ func call[T any](s *Supervisor, ctx context.Context, fn func(remote) (T, error))
 }
 
 // ListVMs implements hypervisor.Driver; a fresh answer comes from the
-// state cache (cache.go).
+// state cache (cache.go), copied.
 func (s *Supervisor) ListVMs(ctx context.Context) ([]hypervisor.VM, error) {
-	return cachedCall(s, ctx, "list", cloneVMs, func(d remote) ([]hypervisor.VM, error) { return d.ListVMs(ctx) })
+	return cachedCall(s, ctx, listKey, cloneVMs, func(d remote) ([]hypervisor.VM, error) { return d.ListVMs(ctx) })
+}
+
+// ListVMsShared is ListVMs without the copy (vmpage.SharedLister): the
+// list the state cache keeps, shared with every caller until it expires,
+// so a fleet's list_vms pages cost no copy of the whole fleet. The caller
+// must not change the slice or its elements.
+func (s *Supervisor) ListVMsShared(ctx context.Context) ([]hypervisor.VM, error) {
+	return cachedCall(s, ctx, listKey, nil, func(d remote) ([]hypervisor.VM, error) { return d.ListVMs(ctx) })
 }
 
 // Status implements hypervisor.Driver; a fresh answer comes from the state
 // cache (cache.go).
 func (s *Supervisor) Status(ctx context.Context, vm string) (hypervisor.Status, error) {
-	return cachedCall(s, ctx, "status\x00"+vm, sameStatus, func(d remote) (hypervisor.Status, error) { return d.Status(ctx, vm) })
+	return cachedCall(s, ctx, statusKey(vm), nil, func(d remote) (hypervisor.Status, error) { return d.Status(ctx, vm) })
 }
 
 // AgentInfo implements hypervisor.Driver.
@@ -428,7 +436,7 @@ func (s *Supervisor) AgentInfo(ctx context.Context, vm string) (hypervisor.Agent
 
 // ExecStart implements hypervisor.Driver.
 func (s *Supervisor) ExecStart(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
-	return changing(s, ctx, func(d remote) (hypervisor.ExecHandle, error) { return d.ExecStart(ctx, vm, req) })
+	return inGuest(s, ctx, vm, func(d remote) (hypervisor.ExecHandle, error) { return d.ExecStart(ctx, vm, req) })
 }
 
 // ExecStatus implements hypervisor.Driver.
@@ -439,7 +447,7 @@ func (s *Supervisor) ExecStatus(ctx context.Context, vm string, h hypervisor.Exe
 // Run implements hypervisor.Runner: one RPC; the plugin decides how the
 // command runs (see hypervisor.Run) and polls next to the guest.
 func (s *Supervisor) Run(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecResult, error) {
-	return changing(s, ctx, func(d remote) (hypervisor.ExecResult, error) { return d.Run(ctx, vm, req) })
+	return inGuest(s, ctx, vm, func(d remote) (hypervisor.ExecResult, error) { return d.Run(ctx, vm, req) })
 }
 
 // FileRead implements hypervisor.Driver.
@@ -449,7 +457,7 @@ func (s *Supervisor) FileRead(ctx context.Context, vm, path string, maxBytes int
 
 // FileWrite implements hypervisor.Driver.
 func (s *Supervisor) FileWrite(ctx context.Context, vm, path string, data []byte, mode uint32) error {
-	_, err := changing(s, ctx, func(d remote) (struct{}, error) { return struct{}{}, d.FileWrite(ctx, vm, path, data, mode) })
+	_, err := inGuest(s, ctx, vm, func(d remote) (struct{}, error) { return struct{}{}, d.FileWrite(ctx, vm, path, data, mode) })
 	return err
 }
 

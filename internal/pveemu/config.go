@@ -14,22 +14,15 @@ import (
 
 // configRoutes are the config methods' routes (added to routeTable).
 func (e *Emulator) configRoutes() []route {
-	vmProps := func(extra map[string]prop) schema {
-		p := map[string]prop{"node": optNode, "vmid": optVMID}
-		for k, v := range extra {
-			p[k] = v
-		}
-		return schema{props: p}
-	}
 	return []route{
 		{method: "GET", path: "/cluster/nextid", run: (*Emulator).nextID,
 			schema: schema{props: map[string]prop{"vmid": {typ: "integer", optional: true, format: "pve-vmid", minimum: num(100), maximum: num(999999999)}}}},
 		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/config", perm: vmPerm("VM.Audit"), proxyto: true,
-			schema: vmProps(map[string]prop{"current": {typ: "boolean", optional: true},
+			schema: vmSchema(map[string]prop{"current": {typ: "boolean", optional: true},
 				"snapshot": {typ: "string", optional: true, format: "pve-configid", maxLength: 40}}),
 			run: (*Emulator).vmConfig},
 		{method: "PUT", path: "/nodes/{node}/qemu/{vmid}/config", perm: vmPermAny(vmConfigPermList...), proxyto: true,
-			schema: vmProps(map[string]prop{
+			schema: vmSchema(map[string]prop{
 				"memory":      {typ: "string", optional: true},
 				"cores":       {typ: "integer", optional: true, minimum: num(1), maximum: num(1024)},
 				"name":        {typ: "string", optional: true, format: "dns-name"},
@@ -80,6 +73,9 @@ func (v *vm) configMap() map[string]any {
 	}
 	if v.template {
 		conf["template"] = 1
+	}
+	if _, ok := v.machine.(consoleMachine); ok {
+		conf["serial0"] = "socket" // the lab VM's serial console (console.go)
 	}
 	if v.description != "" {
 		conf["description"] = v.description

@@ -77,6 +77,9 @@ type Emulator struct {
 	skew       time.Duration        // how far tests moved the broadcasts' clock
 	pidStat    map[int]pidCPU       // vmstatus's $last_proc_pid_stat, by QEMU pid
 
+	// vncKey signs the console tickets (console.go).
+	vncKey ticketKey
+
 	// wg counts running tasks and background work.
 	wg     sync.WaitGroup
 	ctx    context.Context // cancelled by Close

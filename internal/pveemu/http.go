@@ -88,7 +88,25 @@ func (e *Emulator) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		e.answer(w, reqLine, nil, perr)
 		return
 	}
+	var accept, proto string
+	if strings.HasSuffix(rel, "websocket") {
+		var upgrade bool
+		var werr error
+		if accept, proto, upgrade, werr = wsUpgrade(r); werr != nil {
+			e.answer(w, reqLine, nil, die("%v", werr))
+			return
+		} else if !upgrade {
+			accept = ""
+		}
+	}
 	data, herr := e.restHandler(&request{ctx: r.Context(), method: r.Method, relURI: rel, token: tok, params: params})
+	if accept != "" && herr == nil {
+		// websocket_proxy to the port the method answered (websocket.go).
+		e.record(reqLine, http.StatusSwitchingProtocols, "Switching Protocols", nil)
+		port, _ := strconv.Atoi(fmt.Sprint(data.(map[string]any)["port"]))
+		e.websocketProxy(w, accept, proto, port)
+		return
+	}
 	e.answer(w, reqLine, data, herr)
 }
 

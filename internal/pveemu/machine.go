@@ -60,6 +60,9 @@ type LabMachine struct {
 	qmpSock string
 	qgaSock string
 	dir     string
+	// vncSock and serialSock are the lab VM's VNC server and serial
+	// console (console.go).
+	vncSock, serialSock string
 
 	// mu guards pid, cmd and done.
 	mu   sync.Mutex
@@ -76,8 +79,15 @@ var (
 // NewLabMachine wraps a running lab VM.
 func NewLabMachine(v *lab.VM) *LabMachine {
 	argv := slices.DeleteFunc(slices.Clone(v.Argv), func(s string) bool { return s == "-daemonize" })
-	return &LabMachine{argv: argv, qmpSock: v.QMPSocket, qgaSock: v.QGASocket, dir: v.Dir, pid: v.PID}
+	return &LabMachine{argv: argv, qmpSock: v.QMPSocket, qgaSock: v.QGASocket, dir: v.Dir, pid: v.PID,
+		vncSock: v.VNCSocket, serialSock: v.ConsoleSocket}
 }
+
+// VNCSocket is the lab VM's VNC server (-vnc unix:PATH,password=on).
+func (m *LabMachine) VNCSocket() string { return m.vncSock }
+
+// SerialSocket is the lab VM's serial console (its socket chardev).
+func (m *LabMachine) SerialSocket() string { return m.serialSock }
 
 // AgentSocket implements Machine.
 func (m *LabMachine) AgentSocket() string { return m.qgaSock }

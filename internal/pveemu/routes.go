@@ -18,18 +18,11 @@ type route struct {
 
 // routeTable lists the emulated methods (built once, by New).
 func (e *Emulator) routeTable() []route {
-	vmProps := func(extra map[string]prop) schema {
-		p := map[string]prop{"node": optNode, "vmid": optVMID}
-		for k, v := range extra {
-			p[k] = v
-		}
-		return schema{props: p}
-	}
 	agent := func(name, method string, run func(e *Emulator, r *request) (any, *apiError), extra map[string]prop) route {
 		return route{method: method, path: "/nodes/{node}/qemu/{vmid}/agent/" + name, perm: e.agentPerm(name),
-			schema: vmProps(extra), proxyto: true, run: run}
+			schema: vmSchema(extra), proxyto: true, run: run}
 	}
-	return append(e.configRoutes(), []route{
+	return append(append(e.configRoutes(), e.consoleRoutes()...), []route{
 		{method: "GET", path: "/version", schema: schema{props: map[string]prop{}}, run: (*Emulator).getVersion},
 		{method: "GET", path: "/cluster/resources", run: (*Emulator).clusterResources,
 			schema: schema{props: map[string]prop{"type": {typ: "string", optional: true, enum: []string{"vm", "storage", "node", "sdn"}}}}},
@@ -44,22 +37,22 @@ func (e *Emulator) routeTable() []route {
 			schema: schema{props: map[string]prop{"node": optNode, "upid": {typ: "string"},
 				"start": {typ: "integer", optional: true, minimum: num(0)}, "limit": {typ: "integer", optional: true, minimum: num(0)}}}},
 		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/status/current", perm: vmPerm("VM.Audit"), proxyto: true,
-			schema: vmProps(nil), run: (*Emulator).vmStatus},
+			schema: vmSchema(nil), run: (*Emulator).vmStatus},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/start", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
-			schema: vmProps(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "timeout": {typ: "integer", optional: true, minimum: num(0)}}),
+			schema: vmSchema(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "timeout": {typ: "integer", optional: true, minimum: num(0)}}),
 			run:    (*Emulator).vmStart},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/stop", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
-			schema: vmProps(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "timeout": {typ: "integer", optional: true, minimum: num(0)},
+			schema: vmSchema(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "timeout": {typ: "integer", optional: true, minimum: num(0)},
 				"keepActive": {typ: "boolean", optional: true}, "overrule-shutdown": {typ: "boolean", optional: true}}),
 			run: (*Emulator).vmStop},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/shutdown", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
-			schema: vmProps(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "timeout": {typ: "integer", optional: true, minimum: num(0)},
+			schema: vmSchema(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "timeout": {typ: "integer", optional: true, minimum: num(0)},
 				"forceStop": {typ: "boolean", optional: true}, "keepActive": {typ: "boolean", optional: true}}),
 			run: (*Emulator).vmShutdown},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/reboot", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
-			schema: vmProps(map[string]prop{"timeout": {typ: "integer", optional: true, minimum: num(0)}}), run: (*Emulator).vmReboot},
+			schema: vmSchema(map[string]prop{"timeout": {typ: "integer", optional: true, minimum: num(0)}}), run: (*Emulator).vmReboot},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/reset", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
-			schema: vmProps(map[string]prop{"skiplock": {typ: "boolean", optional: true}}), run: (*Emulator).vmReset},
+			schema: vmSchema(map[string]prop{"skiplock": {typ: "boolean", optional: true}}), run: (*Emulator).vmReset},
 		agent("ping", "POST", e.agentSimple("ping"), nil),
 		agent("info", "GET", e.agentSimple("info"), nil),
 		agent("network-get-interfaces", "GET", e.agentSimple("network-get-interfaces"), nil),
@@ -75,28 +68,37 @@ func (e *Emulator) routeTable() []route {
 			"content": {typ: "string", maxLength: 60 * 1024},
 			"encode":  {typ: "boolean", optional: true}}),
 		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/snapshot", perm: vmPerm("VM.Audit"), proxyto: true,
-			schema: vmProps(nil), run: (*Emulator).snapshotList},
+			schema: vmSchema(nil), run: (*Emulator).snapshotList},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/snapshot", perm: vmPerm("VM.Snapshot"), proxyto: true,
-			schema: vmProps(map[string]prop{"snapname": optSnapname, "vmstate": {typ: "boolean", optional: true},
+			schema: vmSchema(map[string]prop{"snapname": optSnapname, "vmstate": {typ: "boolean", optional: true},
 				"description": {typ: "string", optional: true}}), run: (*Emulator).snapshotCreate},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}/rollback", proxyto: true,
 			perm:   vmPermAny("VM.Snapshot", "VM.Snapshot.Rollback"),
-			schema: vmProps(map[string]prop{"snapname": optSnapname, "start": {typ: "boolean", optional: true}}), run: (*Emulator).snapshotRollback},
+			schema: vmSchema(map[string]prop{"snapname": optSnapname, "start": {typ: "boolean", optional: true}}), run: (*Emulator).snapshotRollback},
 		{method: "DELETE", path: "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}", perm: vmPerm("VM.Snapshot"), proxyto: true,
-			schema: vmProps(map[string]prop{"snapname": optSnapname, "force": {typ: "boolean", optional: true}}), run: (*Emulator).snapshotDelete},
+			schema: vmSchema(map[string]prop{"snapname": optSnapname, "force": {typ: "boolean", optional: true}}), run: (*Emulator).snapshotDelete},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/clone", perm: clonePerm, proxyto: true,
-			schema: vmProps(map[string]prop{"newid": optVMID, "name": {typ: "string", optional: true, format: "dns-name"},
+			schema: vmSchema(map[string]prop{"newid": optVMID, "name": {typ: "string", optional: true, format: "dns-name"},
 				"description": {typ: "string", optional: true}, "full": {typ: "boolean", optional: true},
 				"snapname": {typ: "string", optional: true, format: "pve-configid", maxLength: 40},
 				"target":   {typ: "string", optional: true, format: "pve-node"}, "pool": {typ: "string", optional: true}}),
 			run: (*Emulator).vmClone},
 		{method: "DELETE", path: "/nodes/{node}/qemu/{vmid}", perm: vmPerm("VM.Allocate"), proxyto: true,
-			schema: vmProps(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "purge": {typ: "boolean", optional: true},
+			schema: vmSchema(map[string]prop{"skiplock": {typ: "boolean", optional: true}, "purge": {typ: "boolean", optional: true},
 				"destroy-unreferenced-disks": {typ: "boolean", optional: true}}), run: (*Emulator).vmDestroy},
 		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/rrddata", perm: vmPerm("VM.Audit"), proxyto: true,
-			schema: vmProps(map[string]prop{"timeframe": {typ: "string", enum: []string{"hour", "day", "week", "month", "year"}},
+			schema: vmSchema(map[string]prop{"timeframe": {typ: "string", enum: []string{"hour", "day", "week", "month", "year"}},
 				"cf": {typ: "string", optional: true, enum: []string{"AVERAGE", "MAX"}}}), run: (*Emulator).vmRRDData},
 	}...)
+}
+
+// vmSchema is a VM method's parameters: node, vmid and extra.
+func vmSchema(extra map[string]prop) schema {
+	p := map[string]prop{"node": optNode, "vmid": optVMID}
+	for k, v := range extra {
+		p[k] = v
+	}
+	return schema{props: p}
 }
 
 // vmPerm is check => ['perm', '/vms/{vmid}', [PRIVS]].

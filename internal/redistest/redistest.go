@@ -11,6 +11,7 @@ package redistest
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -138,10 +139,15 @@ func (s *Server) start() error {
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	s.cmd, s.done = cmd, done
-	deadline := time.Now().Add(10 * time.Second)
+	// Generous: the machine may be busy. The port was free when probed, but
+	// another test run's server may have taken it since: only an answer
+	// from our own process counts (ours then exits, "address in use").
+	deadline := time.Now().Add(time.Minute)
 	for {
 		if err := ping(s.Addr(), s.password); err == nil {
-			return nil
+			if err := servedBy(s.Addr(), s.password, cmd.Process.Pid); err == nil {
+				return nil
+			}
 		}
 		select {
 		case <-done:
@@ -151,28 +157,39 @@ func (s *Server) start() error {
 		}
 		if time.Now().After(deadline) {
 			s.stopLocked()
-			return fmt.Errorf("%s on port %d did not answer PING within 10s", s.bin, s.port)
+			return fmt.Errorf("%s on port %d did not answer PING within a minute", s.bin, s.port)
 		}
 	}
 }
 
-// ping sends PING (after AUTH password, when there is one) and wants PONG.
-func ping(addr, password string) error {
+// dial connects to addr and authenticates with password when there is one.
+func dial(addr, password string) (net.Conn, *bufio.Reader, error) {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer c.Close()
 	c.SetDeadline(time.Now().Add(time.Second))
 	r := bufio.NewReader(c)
 	if password != "" {
 		if _, err := fmt.Fprintf(c, "*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n", len(password), password); err != nil {
-			return err
+			c.Close()
+			return nil, nil, err
 		}
 		if line, err := r.ReadString('\n'); err != nil || line != "+OK\r\n" {
-			return fmt.Errorf("AUTH answered %q (%v)", line, err)
+			c.Close()
+			return nil, nil, fmt.Errorf("AUTH answered %q (%v)", line, err)
 		}
 	}
+	return c, r, nil
+}
+
+// ping sends PING (after AUTH password, when there is one) and wants PONG.
+func ping(addr, password string) error {
+	c, r, err := dial(addr, password)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
 	if _, err := c.Write([]byte("PING\r\n")); err != nil {
 		return err
 	}
@@ -184,6 +201,40 @@ func ping(addr, password string) error {
 		return fmt.Errorf("PING answered %q", line)
 	}
 	return nil
+}
+
+// servedBy asks the server at addr for INFO server and checks that its
+// process_id is pid.
+func servedBy(addr, password string, pid int) error {
+	c, r, err := dial(addr, password)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+		return err
+	}
+	head, err := r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if !strings.HasPrefix(head, "$") || err != nil || n < 0 || n > 1<<16 {
+		return fmt.Errorf("INFO server answered %q", head)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(body), "\r\n") {
+		if v, ok := strings.CutPrefix(line, "process_id:"); ok {
+			if v != strconv.Itoa(pid) {
+				return fmt.Errorf("%s is another process's server (pid %s, not %d)", addr, v, pid)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("INFO server from %s has no process_id", addr)
 }
 
 // Stop kills the server by pid and waits for it. Stopping a stopped server

@@ -128,7 +128,8 @@ func (e *emu) powerOnGuest(m *Machine) error {
 }
 
 // handleControlVM is VBoxManageControlVM.cpp handleControlVM for pause,
-// resume, reset, poweroff and acpipowerbutton.
+// resume, reset, poweroff and acpipowerbutton, and the display and
+// keyboard subcommands of screen.go.
 func (e *emu) handleControlVM(args []string) int {
 	if len(args) < 2 {
 		return e.syntaxError("Not enough parameters.")
@@ -166,6 +167,9 @@ func (e *emu) handleControlVM(args []string) int {
 	case "acpipowerbutton":
 		// Console::PowerButton: an ACPI event the guest may act on.
 		return e.consoleOp(m, m.State, "system_powerdown", siteControlPowerButton, m.State == "running")
+	}
+	if code, ok := e.controlScreen(m, args); ok {
+		return code
 	}
 	return e.syntaxError("Invalid parameter '%s'", args[1])
 }

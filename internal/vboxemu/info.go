@@ -105,7 +105,7 @@ func (e *emu) mrString(name, value string) {
 // showMachineReadable is showVMInfo(VMINFO_MACHINEREADABLE): the keys the
 // emulator knows, in showVMInfo's order. Left out: the hardware, storage,
 // network, USB, audio, recording and shared-folder sections between
-// "cpus" and "VMState" and after it.
+// "cpus" and "VMState" and after it, but for the UARTs (screen.go).
 func (e *emu) showMachineReadable(m *Machine) {
 	e.mrString("name", m.Name)
 	if e.v.AtLeast(7, 0) {
@@ -131,6 +131,7 @@ func (e *emu) showMachineReadable(m *Machine) {
 	e.printf("cpus=%d\n", orDefault(m.CPUs, 1))
 	e.printf("VMState=\"%s\"\n", m.State)
 	e.printf("VMStateChangeTime=\"%s\"\n", rtTimeSpecToString(m.StateChange))
+	e.showUARTs(m)
 	e.showSnapshots(m)
 	e.printf("GuestMemoryBalloon=0\n")
 	if m.running() {

@@ -110,6 +110,9 @@ type Machine struct {
 	// ResumeState: the machine is "saved" and its lab VM's QEMU holds the
 	// state a snapshot restore loaded; starting it resumes the guest.
 	ResumeState bool `json:"resume_state,omitempty"`
+	// UART1 is the machine's first serial port; nil means it is off
+	// (screen.go).
+	UART1 *UART `json:"uart1,omitempty"`
 }
 
 // Snapshot is one node of a machine's snapshot tree.

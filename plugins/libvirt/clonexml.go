@@ -23,8 +23,8 @@ import (
 //     file, or is shareable, is refused;
 //   - what two domains cannot share is made the clone's own: interface MAC
 //     addresses are dropped (libvirt makes new ones), explicit unix socket
-//     and file paths of channels, serial and console devices get the
-//     clone's name appended, a fixed graphics port becomes autoport, and
+//     and file paths of channels, serial and console devices, and their
+//     log files, get the clone's name appended, a fixed graphics port becomes autoport, and
 //     the NVRAM file is dropped (libvirt makes one from its template);
 //   - the metadata gains the lease element that marks the clone
 //     (leaseMetadataURI) and, when the driver filters domains by metadata,
@@ -222,9 +222,15 @@ func (r *cloneRewriter) start(t *xml.StartElement) (drop bool) {
 			dropAttr(t, "port")
 			dropAttr(t, "tlsPort")
 		}
-	case len(r.path) == 4 && r.path[3] == "source" && (r.path[2] == "serial" || r.path[2] == "console" || r.path[2] == "channel" || r.path[2] == "parallel"):
+	case len(r.path) == 4 && r.path[3] == "source" && isChardev(r.path[2]):
 		if v, ok := attr(*t, "path"); ok && v != "" {
 			setAttr(t, "path", v+"."+r.spec.name)
+		}
+	case len(r.path) == 4 && r.path[3] == "log" && isChardev(r.path[2]):
+		// virtlogd holds a chardev's log file open for its domain and
+		// refuses a second domain the same file (EBUSY).
+		if v, ok := attr(*t, "file"); ok && v != "" {
+			setAttr(t, "file", v+"."+r.spec.name)
 		}
 	}
 	return false
@@ -283,4 +289,10 @@ func writeStart(b *bytes.Buffer, t xml.StartElement) {
 		b.WriteString(" " + rawName(a.Name) + "='" + escAttr.Replace(a.Value) + "'")
 	}
 	b.WriteString(">")
+}
+
+// isChardev reports whether a device element is a character device whose
+// source path and log file are the domain's own.
+func isChardev(name string) bool {
+	return name == "serial" || name == "console" || name == "channel" || name == "parallel"
 }

@@ -47,6 +47,10 @@ const templateXML = `<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/
       <source path='/logs/base.serial'/>
       <target port='0'/>
     </serial>
+    <console type='pty'>
+      <log file='/logs/base.console' append='off'/>
+      <target type='serial' port='0'/>
+    </console>
     <channel type='unix'>
       <source mode='bind' path='/run/base-qga.sock'/>
       <target type='virtio' name='org.qemu.guest_agent.0'/>
@@ -82,6 +86,9 @@ type parsed struct {
 	Serial struct {
 		Path string `xml:"path,attr"`
 	} `xml:"devices>serial>source"`
+	ConsoleLog struct {
+		File string `xml:"file,attr"`
+	} `xml:"devices>console>log"`
 	Graphics struct {
 		Port     string `xml:"port,attr"`
 		Autoport string `xml:"autoport,attr"`
@@ -117,6 +124,7 @@ func TestCloneXML(t *testing.T) {
 		{"disk transient", p.Disks[0].Transient.Share, "yes"},
 		{"cdrom stays", p.Disks[1].Device, "cdrom"},
 		{"serial log", p.Serial.Path, "/logs/base.serial.small-x7"},
+		{"console log file", p.ConsoleLog.File, "/logs/base.console.small-x7"},
 		{"graphics", p.Graphics.Port + " autoport=" + p.Graphics.Autoport, " autoport=yes"},
 		{"lease", p.Meta.Lease, "LMARK0123456789"},
 		{"template metadata", p.Meta.App, "template & co"},

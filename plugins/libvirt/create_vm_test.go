@@ -15,7 +15,7 @@ import (
 	"github.com/vmgate/vmgate/internal/libvirttest"
 )
 
-const vmTemplate = "vmgate-tmpl"
+var vmTemplate = libvirttest.Name("vmgate-tmpl")
 
 // templateDomain defines a shut-off template with a qcow2 disk for t, and
 // undefines it when t ends.
@@ -62,7 +62,8 @@ func TestCreateDelete(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*libvirttest.BootTimeout)
 	defer cancel()
 	src := json.RawMessage(`{"domain":"` + vmTemplate + `"}`)
-	marks := map[string]string{"vmgate-c1": "LMARKONE0123456", "vmgate-c2": "LMARKTWO0123456"}
+	c1, c2, c3 := libvirttest.Name("vmgate-c1"), libvirttest.Name("vmgate-c2"), libvirttest.Name("vmgate-c3")
+	marks := map[string]string{c1: "LMARKONE0123456", c2: "LMARKTWO0123456"}
 	for name, mark := range marks {
 		made, err := d.CreateVM(ctx, hypervisor.CreateRequest{Name: name, Source: src, MemoryMB: 192, CPUs: 1, Mark: mark})
 		if err != nil {
@@ -84,25 +85,25 @@ func TestCreateDelete(t *testing.T) {
 		}
 		return string(res.Stdout)
 	}
-	run("vmgate-c1", "/bin/sh", "-c", "echo one > /data/who && sync")
-	if out := run("vmgate-c2", "/bin/sh", "-c", "cat /data/who 2>/dev/null; echo end"); out != "end\n" {
+	run(c1, "/bin/sh", "-c", "echo one > /data/who && sync")
+	if out := run(c2, "/bin/sh", "-c", "cat /data/who 2>/dev/null; echo end"); out != "end\n" {
 		t.Errorf("c2 sees %q of c1's disk; want nothing", out)
 	}
 	vms, err := d.ListVMs(ctx)
-	if err != nil || !slices.ContainsFunc(vms, func(v hypervisor.VM) bool { return v.Name == "vmgate-c1" && v.State == hypervisor.StateRunning }) {
+	if err != nil || !slices.ContainsFunc(vms, func(v hypervisor.VM) bool { return v.Name == c1 && v.State == hypervisor.StateRunning }) {
 		t.Errorf("ListVMs with the metadata filter = %+v, %v; want the clones listed", vms, err)
 	}
 	// Refusals.
-	if _, err := d.CreateVM(ctx, hypervisor.CreateRequest{Name: "vmgate-c1", Source: src, Mark: "LMARKTHREE01234"}); !errors.Is(err, hypervisor.ErrInvalidArgument) {
+	if _, err := d.CreateVM(ctx, hypervisor.CreateRequest{Name: c1, Source: src, Mark: "LMARKTHREE01234"}); !errors.Is(err, hypervisor.ErrInvalidArgument) {
 		t.Errorf("CreateVM(existing name) = %v; want ErrInvalidArgument", err)
 	}
-	if _, err := d.CreateVM(ctx, hypervisor.CreateRequest{Name: "vmgate-c3", Source: json.RawMessage(`{"domain":"` + vmT1 + `"}`), Mark: "LMARKTHREE01234"}); !errors.Is(err, hypervisor.ErrInvalidArgument) || !strings.Contains(err.Error(), "shut it off") {
+	if _, err := d.CreateVM(ctx, hypervisor.CreateRequest{Name: c3, Source: json.RawMessage(`{"domain":"` + vmT1 + `"}`), Mark: "LMARKTHREE01234"}); !errors.Is(err, hypervisor.ErrInvalidArgument) || !strings.Contains(err.Error(), "shut it off") {
 		t.Errorf("CreateVM(from a running domain) = %v; want ErrInvalidArgument saying to shut it off", err)
 	}
 	if err := d.DeleteVM(ctx, hypervisor.DeleteRequest{Name: vmT1, Mark: "LMARKONE0123456"}); !errors.Is(err, hypervisor.ErrNotCreated) {
 		t.Errorf("DeleteVM(a domain vmgate did not create) = %v; want ErrNotCreated", err)
 	}
-	if err := d.DeleteVM(ctx, hypervisor.DeleteRequest{Name: "vmgate-c1", Mark: "LMARKTWO0123456"}); !errors.Is(err, hypervisor.ErrNotCreated) {
+	if err := d.DeleteVM(ctx, hypervisor.DeleteRequest{Name: c1, Mark: "LMARKTWO0123456"}); !errors.Is(err, hypervisor.ErrNotCreated) {
 		t.Errorf("DeleteVM(c1 with c2's mark) = %v; want ErrNotCreated", err)
 	}
 	if st, err := d.Status(ctx, vmT1); err != nil || st.State != hypervisor.StateRunning {
@@ -120,7 +121,7 @@ func TestCreateDelete(t *testing.T) {
 		t.Errorf("overlays after the clones were deleted = %v; want none", got)
 	}
 	vms, err = d.ListVMs(ctx)
-	if err != nil || slices.ContainsFunc(vms, func(v hypervisor.VM) bool { return strings.HasPrefix(v.Name, "vmgate-c") }) {
+	if err != nil || slices.ContainsFunc(vms, func(v hypervisor.VM) bool { return v.Name == c1 || v.Name == c2 }) {
 		t.Errorf("ListVMs after the deletes = %+v, %v; want no clone, defined or running", vms, err)
 	}
 }

@@ -51,6 +51,15 @@ type Driver struct {
 	// destroyed remembers transient domains this driver destroyed, by
 	// name, so that starting one again says ErrNotSupported, not unknown VM.
 	destroyed map[string]string // name -> UUID
+
+	// dialConsole opens a connection for one stream (a console, a
+	// screenshot); tests
+	// replace it. consMu guards consoles; consWG counts the streams'
+	// goroutines (console.go).
+	dialConsole func() (consoleConn, error)
+	consMu      sync.Mutex
+	consoles    map[string]*console
+	consWG      sync.WaitGroup
 }
 
 var (
@@ -121,6 +130,19 @@ func New(cfg Config) (*Driver, error) {
 	d.Exec = d.core.Exec()
 	d.helpers = helperchan.New()
 	d.dial = func() (conn, error) { return dialLibvirt(ep, cfg.DialTimeout) }
+	d.consoles = map[string]*console{}
+	d.dialConsole = func() (consoleConn, error) {
+		c, err := dialLibvirt(ep, cfg.DialTimeout)
+		if err != nil {
+			return nil, err
+		}
+		cc, ok := c.(consoleConn)
+		if !ok {
+			c.Disconnect()
+			return nil, fmt.Errorf("connection %T has no console streams", c)
+		}
+		return cc, nil
+	}
 	return d, nil
 }
 
@@ -134,8 +156,9 @@ func (d *Driver) Close() error {
 	d.mu.Unlock()
 	d.core.Close()
 	d.helpers.Close()
+	consErr := d.closeConsoles()
 	if c == nil {
-		return nil
+		return consErr
 	}
 	done := make(chan error, 1)
 	go func() { done <- c.Disconnect() }()
@@ -144,7 +167,7 @@ func (d *Driver) Close() error {
 		if err != nil {
 			return fmt.Errorf("libvirt: close: %w", err)
 		}
-		return nil
+		return consErr
 	case <-time.After(5 * time.Second):
 		return errors.New("libvirt: close: libvirtd did not answer the disconnect")
 	}

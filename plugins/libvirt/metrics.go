@@ -16,7 +16,7 @@ var _ hypervisor.MetricsReader = (*Driver)(nil)
 
 // statsConn is what metrics need of a libvirt connection.
 type statsConn interface {
-	ConnectGetAllDomainStats(doms []golibvirt.Domain, stats uint32, flags golibvirt.ConnectGetAllDomainStatsFlags) ([]golibvirt.DomainStatsRecord, error)
+	ConnectGetAllDomainStats(doms []golibvirt.Domain, stats uint32, flags uint32) ([]golibvirt.DomainStatsRecord, error)
 }
 
 var _ statsConn = (*golibvirt.Libvirt)(nil)

@@ -27,7 +27,10 @@ import (
 // leaves the domain running). libvirt keeps the descriptions, the creation
 // time, the tree (Parent) and which snapshot is current.
 
-var _ hypervisor.Snapshotter = (*Driver)(nil)
+var (
+	_ hypervisor.Snapshotter        = (*Driver)(nil)
+	_ hypervisor.SnapshotIDReverter = (*Driver)(nil)
+)
 
 // snapConn is what snapshots need of a libvirt connection; *golibvirt.Libvirt
 // implements it.
@@ -86,6 +89,10 @@ func toSnapshot(desc string) (hypervisor.Snapshot, error) {
 	s := hypervisor.Snapshot{Name: x.Name, Description: x.Description}
 	if sec, err := strconv.ParseInt(strings.TrimSpace(x.CreationTime), 10, 64); err == nil && sec > 0 {
 		s.CreatedAt = time.Unix(sec, 0).UTC()
+		// libvirt's own identity of a snapshot is its name; what tells a
+		// snapshot made anew under that name apart is its creationTime
+		// (seconds) and the state it holds.
+		s.ID = "libvirt:" + strconv.FormatInt(sec, 10) + ":" + x.State
 	}
 	if x.Parent != nil {
 		s.Parent = x.Parent.Name
@@ -260,10 +267,39 @@ func (d *Driver) withSnapshot(ctx context.Context, op, name, snap string, fn fun
 // The guest agent is back in the snapshot's state: the driver's cached
 // guest-info and tracked commands are dropped.
 func (d *Driver) SnapshotRevert(ctx context.Context, name, snap string) error {
+	return d.revert(ctx, name, snap, nil)
+}
+
+// SnapshotRevertID implements hypervisor.SnapshotIDReverter: the snapshot
+// the revert is given is the one whose description was just read and
+// checked, on the same connection.
+func (d *Driver) SnapshotRevertID(ctx context.Context, name, snap, id string) error {
+	return d.revert(ctx, name, snap, &id)
+}
+
+// revert is SnapshotRevert, bound to identity *id when id is set.
+func (d *Driver) revert(ctx context.Context, name, snap string, id *string) error {
 	const op = "snapshot revert"
+	var changed error
 	s, err := d.withSnapshot(ctx, op, name, snap, func(c snapConn, sn golibvirt.DomainSnapshot) error {
+		if id != nil {
+			x, err := c.DomainSnapshotGetXMLDesc(sn, 0)
+			if err != nil {
+				return err
+			}
+			cur, err := toSnapshot(x)
+			if err != nil {
+				return err
+			}
+			if changed = hypervisor.CheckSnapshotID(cur, *id); changed != nil {
+				return nil
+			}
+		}
 		return c.DomainRevertToSnapshot(sn, uint32(golibvirt.DomainSnapshotRevertRunning))
 	})
+	if err == nil && changed != nil {
+		return fmt.Errorf("libvirt: %s: %w", op, changed)
+	}
 	if s != nil {
 		d.core.Forget(s.name)
 	}

@@ -22,10 +22,10 @@ func TestToSnapshot(t *testing.T) {
 		{"system checkpoint of a running domain", `<domainsnapshot><name>s1</name><description>before &amp; after</description>
 <state>running</state><parent><name>s0</name></parent><creationTime>1796119094</creationTime>
 <memory snapshot='internal'/><disks><disk name='vda' snapshot='internal'/></disks><domain type='qemu'/></domainsnapshot>`,
-			hypervisor.Snapshot{Name: "s1", Description: "before & after", Parent: "s0", Memory: true, CreatedAt: time.Unix(1796119094, 0).UTC()}},
+			hypervisor.Snapshot{Name: "s1", ID: "libvirt:1796119094:running", Description: "before & after", Parent: "s0", Memory: true, CreatedAt: time.Unix(1796119094, 0).UTC()}},
 		{"disk snapshot of a shut off domain", `<domainsnapshot><name>off</name><state>shutoff</state>
 <creationTime>1796119000</creationTime><memory snapshot='no'/></domainsnapshot>`,
-			hypervisor.Snapshot{Name: "off", CreatedAt: time.Unix(1796119000, 0).UTC()}},
+			hypervisor.Snapshot{Name: "off", ID: "libvirt:1796119000:shutoff", CreatedAt: time.Unix(1796119000, 0).UTC()}},
 		{"older libvirt without a memory element", `<domainsnapshot><name>old</name><state>running</state></domainsnapshot>`,
 			hypervisor.Snapshot{Name: "old", Memory: true}},
 		{"external disk-only", `<domainsnapshot><name>ext</name><state>disk-snapshot</state><memory snapshot='no'/><creationTime>x</creationTime></domainsnapshot>`,
@@ -91,6 +91,7 @@ type snapFake struct {
 	*fakeConn
 	snaps   map[string]string // name -> XML
 	creates int
+	reverts []string
 	// createErr, when set, is DomainSnapshotCreateXML's error.
 	createErr error
 }
@@ -134,7 +135,10 @@ func (f *snapFake) DomainSnapshotGetXMLDesc(s golibvirt.DomainSnapshot, _ uint32
 func (f *snapFake) DomainSnapshotCurrent(golibvirt.Domain, uint32) (golibvirt.DomainSnapshot, error) {
 	return golibvirt.DomainSnapshot{}, golibvirt.Error{Code: uint32(golibvirt.ErrNoDomainSnapshot), Message: "the domain does not have a current snapshot"}
 }
-func (f *snapFake) DomainRevertToSnapshot(golibvirt.DomainSnapshot, uint32) error { return nil }
+func (f *snapFake) DomainRevertToSnapshot(s golibvirt.DomainSnapshot, _ uint32) error {
+	f.reverts = append(f.reverts, s.Name)
+	return nil
+}
 func (f *snapFake) DomainSnapshotDelete(s golibvirt.DomainSnapshot, _ golibvirt.DomainSnapshotDeleteFlags) error {
 	delete(f.snaps, s.Name)
 	return nil
@@ -183,6 +187,27 @@ func TestSnapshotsOnFakeLibvirt(t *testing.T) {
 	}
 	if _, err := d.SnapshotCreate(ctx, "vm1", hypervisor.SnapshotRequest{Name: "x"}); !errors.Is(err, hypervisor.ErrInvalidArgument) {
 		t.Errorf("SnapshotCreate(name %q) = %v; want ErrInvalidArgument", "x", err)
+	}
+}
+
+// TestSnapshotRevertIDOnFakeLibvirt: a revert bound to an identity reverts
+// only while the snapshot's creation time and state are still those.
+func TestSnapshotRevertIDOnFakeLibvirt(t *testing.T) {
+	ctx := context.Background()
+	d, f := snapDriver(t, golibvirt.DomainRunning)
+	snap, err := d.SnapshotCreate(ctx, "vm1", hypervisor.SnapshotRequest{Name: "s1", Memory: true})
+	if err != nil || snap.ID != "libvirt:1796119094:running" {
+		t.Fatalf("SnapshotCreate() = %+v, %v; want the identity of its creation time and state", snap, err)
+	}
+	f.snaps["s1"] = "<domainsnapshot><name>s1</name><state>running</state><creationTime>1796119099</creationTime></domainsnapshot>"
+	if err := d.SnapshotRevertID(ctx, "vm1", "s1", snap.ID); !errors.Is(err, hypervisor.ErrSnapshotChanged) || len(f.reverts) != 0 {
+		t.Errorf("SnapshotRevertID(a snapshot made anew) = %v, reverts %q; want ErrSnapshotChanged and none", err, f.reverts)
+	}
+	if err := d.SnapshotRevertID(ctx, "vm1", "s1", "libvirt:1796119099:running"); err != nil || len(f.reverts) != 1 {
+		t.Errorf("SnapshotRevertID(its identity) = %v, reverts %q; want one revert", err, f.reverts)
+	}
+	if err := d.SnapshotRevertID(ctx, "vm1", "nope", "libvirt:1:running"); !errors.Is(err, hypervisor.ErrSnapshotNotFound) {
+		t.Errorf("SnapshotRevertID(nope) = %v; want ErrSnapshotNotFound", err)
 	}
 }
 

@@ -36,6 +36,7 @@ func Privileges(major int) []Privilege {
 		{Name: "VM.PowerMgmt", For: "vm_power"},
 		{Name: "VM.Snapshot", For: "snapshot_create and snapshot_delete"},
 		{Name: "VM.Snapshot.Rollback", Or: []string{"VM.Snapshot"}, For: "snapshot_revert"},
+		{Name: "VM.Console", For: "the screen, the keyboard and the serial console (sendkey, vncproxy, termproxy, vncwebsocket)"},
 	}
 	if major < 9 {
 		return append(p, Privilege{Name: "VM.Monitor", For: "the guest agent (agent status, exec, file read and write, vm_network)"})

@@ -30,17 +30,18 @@ func TestMissingPrivileges(t *testing.T) {
 		perms map[string]map[string]flexBool
 		want  string
 	}{
-		{"none", 9, nil, "VM.Audit VM.PowerMgmt VM.Snapshot VM.Snapshot.Rollback VM.GuestAgent.Audit VM.GuestAgent.Unrestricted VM.GuestAgent.FileRead VM.GuestAgent.FileWrite"},
+		{"none", 9, nil, "VM.Audit VM.PowerMgmt VM.Snapshot VM.Snapshot.Rollback VM.Console VM.GuestAgent.Audit VM.GuestAgent.Unrestricted VM.GuestAgent.FileRead VM.GuestAgent.FileWrite"},
 		{"all on /vms", 9, map[string]map[string]flexBool{"/vms": all9}, ""},
 		{"not propagated on /vms", 9, map[string]map[string]flexBool{"/vms": all9, "/": {"VM.Audit": false}},
 			""},
-		{"not propagated on /", 9, map[string]map[string]flexBool{"/": unprop}, "VM.Audit VM.PowerMgmt VM.Snapshot VM.Snapshot.Rollback VM.GuestAgent.Audit VM.GuestAgent.Unrestricted VM.GuestAgent.FileRead VM.GuestAgent.FileWrite"},
-		{"unrestricted stands in", 9, map[string]map[string]flexBool{"/": {"VM.Audit": true, "VM.PowerMgmt": true, "VM.Snapshot": true, "VM.GuestAgent.Unrestricted": true}}, ""},
-		{"one vm", 9, map[string]map[string]flexBool{"/vms/101": {"VM.Audit": false, "VM.PowerMgmt": false, "VM.Snapshot": false, "VM.GuestAgent.Unrestricted": false}}, ""},
+		{"not propagated on /", 9, map[string]map[string]flexBool{"/": unprop}, "VM.Audit VM.PowerMgmt VM.Snapshot VM.Snapshot.Rollback VM.Console VM.GuestAgent.Audit VM.GuestAgent.Unrestricted VM.GuestAgent.FileRead VM.GuestAgent.FileWrite"},
+		{"unrestricted stands in", 9, map[string]map[string]flexBool{"/": {"VM.Audit": true, "VM.PowerMgmt": true, "VM.Snapshot": true, "VM.Console": true, "VM.GuestAgent.Unrestricted": true}}, ""},
+		{"one vm", 9, map[string]map[string]flexBool{"/vms/101": {"VM.Audit": false, "VM.PowerMgmt": false, "VM.Snapshot": false, "VM.Console": false, "VM.GuestAgent.Unrestricted": false}}, ""},
+		{"no console", 9, map[string]map[string]flexBool{"/vms": {"VM.Audit": true, "VM.PowerMgmt": true, "VM.Snapshot": true, "VM.GuestAgent.Unrestricted": true}}, "VM.Console"},
 		{"pve 8 wants VM.Monitor", 8, map[string]map[string]flexBool{"/vms": all9}, "VM.Monitor"},
-		{"pve 9 ignores VM.Monitor", 9, map[string]map[string]flexBool{"/vms": {"VM.Audit": true, "VM.PowerMgmt": true, "VM.Snapshot": true, "VM.Monitor": true}},
+		{"pve 9 ignores VM.Monitor", 9, map[string]map[string]flexBool{"/vms": {"VM.Audit": true, "VM.PowerMgmt": true, "VM.Snapshot": true, "VM.Console": true, "VM.Monitor": true}},
 			"VM.GuestAgent.Audit VM.GuestAgent.Unrestricted VM.GuestAgent.FileRead VM.GuestAgent.FileWrite"},
-		{"storage path does not count", 9, map[string]map[string]flexBool{"/storage": all9}, "VM.Audit VM.PowerMgmt VM.Snapshot VM.Snapshot.Rollback VM.GuestAgent.Audit VM.GuestAgent.Unrestricted VM.GuestAgent.FileRead VM.GuestAgent.FileWrite"},
+		{"storage path does not count", 9, map[string]map[string]flexBool{"/storage": all9}, "VM.Audit VM.PowerMgmt VM.Snapshot VM.Snapshot.Rollback VM.Console VM.GuestAgent.Audit VM.GuestAgent.Unrestricted VM.GuestAgent.FileRead VM.GuestAgent.FileWrite"},
 	} {
 		var names []string
 		for _, p := range MissingPrivileges(tc.major, tc.perms) {

@@ -126,6 +126,10 @@ type api struct {
 	c      *proxmox.Client
 	client *http.Client
 	log    *slog.Logger
+	// tls and authz are what a websocket to the API needs (websocket.go):
+	// the client's TLS settings and its Authorization header.
+	tls   *tls.Config
+	authz string
 	// route, when set, sends what do is given: the driver's placement
 	// (cluster.go), which puts a request about a VM on the VM's node. It
 	// is set once, before the first request.
@@ -178,7 +182,7 @@ func newAPI(cfg Config, log *slog.Logger) (*api, error) {
 	hc := &http.Client{Transport: errorTransport{base: tr}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	c := proxmox.NewClient(u.String(), proxmox.WithHTTPClient(hc), proxmox.WithAPIToken(cfg.TokenID, secret),
 		proxmox.WithUserAgent("vmgate"), proxmox.WithLogger(libLogger{log}))
-	return &api{base: u, c: c, client: hc, log: log}, nil
+	return &api{base: u, c: c, client: hc, log: log, tls: tlsCfg, authz: "PVEAPIToken=" + cfg.TokenID + "=" + secret}, nil
 }
 
 // maxResponseBytes bounds one API answer (file-read returns up to 16 MiB,

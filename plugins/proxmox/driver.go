@@ -80,6 +80,9 @@ type Driver struct {
 	major, minor int
 	// noCount: file-read refused "count" (qemu-server before 9.1.5).
 	noCount bool
+
+	// cons are the open serial consoles (console.go).
+	cons consoles
 }
 
 var (
@@ -107,6 +110,7 @@ func New(cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	d := &Driver{api: a, log: log, tokenID: cfg.TokenID, place: newPlacement(a, log)}
+	d.cons.byID = map[int]*termSession{}
 	a.route = d.place.do
 	d.core = agentexec.NewCore(agentexec.CoreConfig{Driver: "proxmox", Reach: d.reach, MapErr: d.classify,
 		ExecTimeout: cfg.ExecTimeout, InfoTTL: infoTTL, MaxStdin: MaxInputData, Logger: log})
@@ -117,6 +121,7 @@ func New(cfg Config) (*Driver, error) {
 // Close stops the exec watchdogs and the view's reads and drops idle
 // connections.
 func (d *Driver) Close() error {
+	d.closeConsoles()
 	d.core.Close()
 	d.place.close()
 	d.api.client.CloseIdleConnections()

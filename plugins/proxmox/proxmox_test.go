@@ -84,9 +84,11 @@ func TestConformance(t *testing.T) {
 }
 
 // pveCapabilities are the driver's optional capabilities, the same on every
-// version: snapshots (snapshot.go), the guest's interfaces (network.go) and
-// the hypervisor's figures (metrics.go).
-var pveCapabilities = hypervisor.Capabilities{Snapshots: true, GuestNetwork: true, Metrics: true, Create: true}
+// version: snapshots (snapshot.go), the guest's interfaces (network.go),
+// the hypervisor's figures (metrics.go), the screen, keys and serial
+// console (screen.go, console.go).
+var pveCapabilities = hypervisor.Capabilities{Snapshots: true, GuestNetwork: true, Metrics: true, Create: true,
+	Screenshot: true, SendKeys: true, ConsoleRead: true, ConsoleWrite: true}
 
 func TestParseVMID(t *testing.T) {
 	for _, tc := range []struct {

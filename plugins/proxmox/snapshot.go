@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -84,6 +85,10 @@ func (d *Driver) snapshotList(ctx context.Context, v vmRef) ([]hypervisor.Snapsh
 		sn := hypervisor.Snapshot{Name: it.Name, Description: it.Description, Memory: it.VMState != 0, Parent: it.Parent, Current: it.Name == current}
 		if it.SnapTime > 0 {
 			sn.CreatedAt = time.Unix(it.SnapTime, 0)
+			// Proxmox names a snapshot by its name alone; its snaptime
+			// (AbstractConfig.pm snapshot_prepare: time(), seconds) and
+			// vmstate tell one made anew under the name apart.
+			sn.ID = "pve:" + strconv.FormatInt(it.SnapTime, 10) + ":" + strconv.Itoa(it.VMState)
 		}
 		out = append(out, sn)
 	}

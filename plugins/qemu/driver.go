@@ -56,6 +56,11 @@ type VMConfig struct {
 	// HelperSocket is the host end of the VM's virtio-serial port
 	// org.vmgate.guest.0 (vmgate-guest's resident helper); "" for none.
 	HelperSocket string
+	// ConsoleSocket and ConsoleLog are the VM's serial console: the
+	// socket and the logfile of its socket chardev (console.go). Empty:
+	// the console tools say what to configure.
+	ConsoleSocket string
+	ConsoleLog    string
 }
 
 // agent is what the driver needs of a guest agent; *qga.Client implements it.
@@ -136,6 +141,11 @@ type vmState struct {
 	agent agent
 	// snap serialises snapshot operations (snapshot.go).
 	snap snapState
+
+	// consoleSock and consoleLog are a configured VM's console (a lab
+	// VM's are in labDir); consoleMu serialises console writes.
+	consoleSock, consoleLog string
+	consoleMu               sync.Mutex
 }
 
 // New checks cfg and returns a Driver. Nothing is connected yet.
@@ -232,7 +242,8 @@ func (d *Driver) lookup(op, name string) (*vmState, error) {
 	if vm, ok := d.vms[name]; ok {
 		return vm, nil
 	}
-	vm := &vmState{name: name, qmpPath: cfg.QMPSocket, qgaPath: cfg.QGASocket, helperPath: cfg.HelperSocket, labDir: labDir}
+	vm := &vmState{name: name, qmpPath: cfg.QMPSocket, qgaPath: cfg.QGASocket, helperPath: cfg.HelperSocket, labDir: labDir,
+		consoleSock: cfg.ConsoleSocket, consoleLog: cfg.ConsoleLog}
 	if labDir != "" {
 		vm.qmpPath = filepath.Join(labDir, "qmp.sock")
 		vm.qgaPath = filepath.Join(labDir, "qga.sock")

@@ -368,6 +368,11 @@ func (m *Monitor) Run(command []byte) ([]byte, error) {
 // gets an "id" (a command that already has one is refused); the reply is the
 // line QEMU sent, "id" included.
 func (m *Monitor) RunContext(ctx context.Context, command []byte) ([]byte, error) {
+	return m.run(ctx, command, (*session).write)
+}
+
+// run is RunContext with the command line written by write.
+func (m *Monitor) run(ctx context.Context, command []byte, write func(s *session, ctx context.Context, msg []byte) error) ([]byte, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(command, &obj); err != nil || obj == nil {
 		return nil, fmt.Errorf("%w: not a JSON object", ErrBadCommand)
@@ -395,7 +400,7 @@ func (m *Monitor) RunContext(ctx context.Context, command []byte) ([]byte, error
 		s.forget(c)
 		return nil, fmt.Errorf("qmp: %s: %w", name, err)
 	}
-	if err := s.write(ctx, append(msg, '\n')); err != nil {
+	if err := write(s, ctx, append(msg, '\n')); err != nil {
 		// A failed or partial write leaves the stream unusable: drop the
 		// connection (the reader exits and fails every pending call).
 		s.forget(c)

@@ -46,6 +46,11 @@ type VMSettings struct {
 	// (optional: without it, helper commands start a process through the
 	// guest agent).
 	Helper string `json:"helper,omitempty"`
+	// Console and ConsoleLog are the VM's serial console: the path of a
+	// socket chardev (server=on) and its logfile, for vm_console_write
+	// and vm_console_read. Optional.
+	Console    string `json:"console,omitempty"`
+	ConsoleLog string `json:"console_log,omitempty"`
 }
 
 var (
@@ -70,6 +75,7 @@ func (s *Settings) Resolve(env registry.Env) {
 		if s.VMs[i].Helper != "" {
 			s.VMs[i].Helper = env.Abs(s.VMs[i].Helper)
 		}
+		s.VMs[i].Console, s.VMs[i].ConsoleLog = env.Abs(s.VMs[i].Console), env.Abs(s.VMs[i].ConsoleLog)
 	}
 	if s.Lab && s.LabDir == "" && env.StateDir != "" {
 		s.LabDir = filepath.Join(env.StateDir, "lab")
@@ -93,7 +99,8 @@ func (s *Settings) Validate() error {
 func (s *Settings) config() Config {
 	cfg := Config{LabDir: s.LabDir, ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D()}
 	for _, vm := range s.VMs {
-		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA, HelperSocket: vm.Helper})
+		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA, HelperSocket: vm.Helper,
+			ConsoleSocket: vm.Console, ConsoleLog: vm.ConsoleLog})
 	}
 	return cfg
 }

@@ -44,7 +44,10 @@ import (
 // restarts) for a configured one. Snapshot operations on one VM are
 // serialised.
 
-var _ hypervisor.Snapshotter = (*Driver)(nil)
+var (
+	_ hypervisor.Snapshotter        = (*Driver)(nil)
+	_ hypervisor.SnapshotIDReverter = (*Driver)(nil)
+)
 
 // snapJobPrefix starts the ids of the jobs the driver creates.
 const snapJobPrefix = "vmgate-snap-"
@@ -280,6 +283,18 @@ func (d *Driver) SnapshotList(ctx context.Context, name string) ([]hypervisor.Sn
 // disks return to that moment. The agent connection is reset (the guest
 // agent is back in the snapshot's state).
 func (d *Driver) SnapshotRevert(ctx context.Context, name, snap string) error {
+	return d.revert(ctx, name, snap, nil)
+}
+
+// SnapshotRevertID implements hypervisor.SnapshotIDReverter: the identity
+// is checked on the disks read under the VM's snapshot lock, on the QMP
+// connection that then starts the load.
+func (d *Driver) SnapshotRevertID(ctx context.Context, name, snap, id string) error {
+	return d.revert(ctx, name, snap, &id)
+}
+
+// revert is SnapshotRevert, bound to identity *id when id is set.
+func (d *Driver) revert(ctx context.Context, name, snap string, id *string) error {
 	const op = "snapshot revert"
 	if err := hypervisor.ValidateSnapshotName(snap); err != nil {
 		return fmt.Errorf("qemu: %s: %w", op, err)
@@ -287,6 +302,11 @@ func (d *Driver) SnapshotRevert(ctx context.Context, name, snap string) error {
 	var wasRunning bool
 	p, err := d.prepare(ctx, op, name, func(s qmpSession, disks snapDisks) error {
 		sn, ok := disks.find(snap)
+		if ok && id != nil {
+			if err := hypervisor.CheckSnapshotID(toSnapshot(sn, ""), *id); err != nil {
+				return err
+			}
+		}
 		switch {
 		case !ok:
 			return fmt.Errorf("%w: %q", hypervisor.ErrSnapshotNotFound, snap)
@@ -361,8 +381,17 @@ func (d *Driver) SnapshotDelete(ctx context.Context, name, snap string) error {
 	return nil
 }
 
+// snapshotID is a snapshot's identity as QEMU gives it (query-block's
+// SnapshotInfo, what `info snapshots` shows): its id on the disk, when it
+// was taken (to the microsecond), the size of its VM state and the guest's
+// clock at that moment. A snapshot deleted and taken anew under the same
+// name differs in its date and clock, whatever its id.
+func snapshotID(sn raw.SnapshotInfo) string {
+	return fmt.Sprintf("qemu:%s:%d.%09d:%d:%d.%09d", sn.ID, sn.DateSec, sn.DateNsec, sn.VMStateSize, sn.VMClockSec, sn.VMClockNsec)
+}
+
 func toSnapshot(sn raw.SnapshotInfo, desc string) hypervisor.Snapshot {
-	out := hypervisor.Snapshot{Name: sn.Name, Description: desc, Memory: sn.VMStateSize > 0, SizeBytes: sn.VMStateSize}
+	out := hypervisor.Snapshot{Name: sn.Name, ID: snapshotID(sn), Description: desc, Memory: sn.VMStateSize > 0, SizeBytes: sn.VMStateSize}
 	if sn.DateSec > 0 {
 		out.CreatedAt = time.Unix(sn.DateSec, sn.DateNsec).UTC()
 	}

@@ -250,6 +250,10 @@ func TestSnapshotRefusalsOnFakeQEMU(t *testing.T) {
 			func(d *Driver) error { return d.SnapshotRevert(ctx, "vm1", "nope") }, hypervisor.ErrSnapshotNotFound, "snapshot-load"},
 		{"revert without VM state", &qmpSnapFake{disks: []fakeDisk{{node: "disk0", drv: "qcow2"}}, snaps: []fakeSnap{{name: "diskonly"}}},
 			func(d *Driver) error { return d.SnapshotRevert(ctx, "vm1", "diskonly") }, hypervisor.ErrNotSupported, "snapshot-load"},
+		{"revert bound to another identity", &qmpSnapFake{disks: []fakeDisk{{node: "disk0", drv: "qcow2"}}, snaps: []fakeSnap{{name: "s1", vmstate: 4096, sec: 1796119094}}},
+			func(d *Driver) error {
+				return d.SnapshotRevertID(ctx, "vm1", "s1", "qemu:1:1796119093.000000000:4096:0.000000000")
+			}, hypervisor.ErrSnapshotChanged, "snapshot-load"},
 		{"QEMU not running", &qmpSnapFake{status: "shutdown"},
 			func(d *Driver) error {
 				d.vms["vm1"].mon.(*fakeMonitor).connect = refused
@@ -380,5 +384,23 @@ func TestSnapshotDescriptionsOfALabVM(t *testing.T) {
 	}
 	if ents, _ := filepath.Glob(filepath.Join(dir, ".snapshots-*")); len(ents) != 0 {
 		t.Errorf("temporary files left: %q", ents)
+	}
+}
+
+// TestSnapshotRevertIDOnFakeQEMU: a revert bound to the identity the
+// listing gives loads the snapshot.
+func TestSnapshotRevertIDOnFakeQEMU(t *testing.T) {
+	ctx := context.Background()
+	f := &qmpSnapFake{disks: []fakeDisk{{node: "disk0", drv: "qcow2"}}, snaps: []fakeSnap{{name: "s1", vmstate: 4096, sec: 1796119094}}}
+	d := newSnapDriver(t, f)
+	list, err := d.SnapshotList(ctx, "vm1")
+	if err != nil || len(list) != 1 || list[0].ID != "qemu:1:1796119094.000000000:4096:0.000000000" {
+		t.Fatalf("SnapshotList = %+v, %v; want s1 with its identity", list, err)
+	}
+	if err := d.SnapshotRevertID(ctx, "vm1", "s1", list[0].ID); err != nil {
+		t.Fatalf("SnapshotRevertID(its own identity) = %v", err)
+	}
+	if got := f.sent("snapshot-load"); len(got) != 1 {
+		t.Errorf("sent %q; want one snapshot-load", got)
 	}
 }

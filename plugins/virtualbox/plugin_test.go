@@ -41,7 +41,7 @@ func TestConformancePlugin(t *testing.T) {
 	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
 			e := newEmulator(t, v, []*vboxemu.Machine{
-				machine("t1", uuidT1, t1.QGASocket, t1.QMPSocket),
+				labMachine("t1", uuidT1, t1),
 				machine("noexec", uuidNoExec, noexec.QGASocket, noexec.QMPSocket),
 			})
 			hypervisortest.Run(t, hypervisortest.Harness{Driver: launchPlugin(t, e), VM: "t1", NoExecVM: "noexec", Capabilities: vboxCapabilities,
@@ -90,7 +90,8 @@ func TestRegisteredSettings(t *testing.T) {
 // with memory (VirtualBox saves a running machine's memory with each),
 // guest network (from the Additions' guest properties), VMs on demand
 // (clonevm), no metrics.
-var vboxCapabilities = hypervisor.Capabilities{Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Create: true}
+var vboxCapabilities = hypervisor.Capabilities{Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Create: true,
+	Screenshot: true, SendKeys: true, ConsoleRead: true}
 
 // TestSnapshotsPlugin runs the snapshot suite through the plugin for every
 // release, on a lab VM of its own (a revert powers the machine off, restores

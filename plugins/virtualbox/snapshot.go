@@ -34,7 +34,10 @@ import (
 // MachineConfigFile::buildSnapshotXML). Where that file cannot be read
 // (VBoxManage on another host), CreatedAt is zero and Memory false.
 
-var _ hypervisor.Snapshotter = (*Driver)(nil)
+var (
+	_ hypervisor.Snapshotter        = (*Driver)(nil)
+	_ hypervisor.SnapshotIDReverter = (*Driver)(nil)
+)
 
 // SnapshotModes: memory only (see above).
 func (d *Driver) SnapshotModes() hypervisor.SnapshotModes {
@@ -131,10 +134,27 @@ func (d *Driver) SnapshotList(ctx context.Context, vm string) ([]hypervisor.Snap
 // powered off first (restore refuses it), and started again after, as is
 // a machine restored to a saved state: it runs on from the snapshot.
 func (d *Driver) SnapshotRevert(ctx context.Context, vm, name string) error {
+	return d.revert(ctx, vm, name, nil)
+}
+
+// SnapshotRevertID implements hypervisor.SnapshotIDReverter: the identity
+// is the snapshot's UUID, which is what `snapshot restore` is given, so a
+// snapshot made anew under the name is never the one restored.
+func (d *Driver) SnapshotRevertID(ctx context.Context, vm, name, id string) error {
+	return d.revert(ctx, vm, name, &id)
+}
+
+// revert is SnapshotRevert, bound to identity *id when id is set.
+func (d *Driver) revert(ctx context.Context, vm, name string, id *string) error {
 	const op = "snapshot revert"
 	s, mi, err := d.resolveSnapshot(ctx, op, vm, name)
 	if err != nil {
 		return err
+	}
+	if id != nil {
+		if err := hypervisor.CheckSnapshotID(s.Snapshot, *id); err != nil {
+			return fmt.Errorf("virtualbox: %s: %w", op, err)
+		}
 	}
 	wasRunning := mi.State == "running" || mi.State == "paused"
 	step := func(what string, args ...string) func() error {
@@ -324,7 +344,7 @@ func ParseSnapshotList(out []byte) ([]vboxSnapshot, error) {
 		if n.name == "" || n.uuid == "" {
 			return nil, fmt.Errorf("snapshot list: snapshot %q has no name or UUID", "SnapshotName"+suffix)
 		}
-		s := vboxSnapshot{uuid: n.uuid, Snapshot: hypervisor.Snapshot{Name: n.name, Description: n.desc, Current: n.uuid == current}}
+		s := vboxSnapshot{uuid: n.uuid, Snapshot: hypervisor.Snapshot{Name: n.name, ID: "vbox:" + strings.ToLower(n.uuid), Description: n.desc, Current: n.uuid == current}}
 		if j := strings.LastIndexByte(suffix, '-'); j >= 0 {
 			p := nodes[suffix[:j]]
 			if p == nil {

@@ -34,9 +34,9 @@ SnapshotDescription-2=""
 		t.Fatalf("ParseSnapshotList() = %v", err)
 	}
 	want := []vboxSnapshot{
-		{uuid: "11111111-1111-4111-8111-111111111111", Snapshot: hypervisor.Snapshot{Name: "base", Description: "first line\nsecond = line"}},
-		{uuid: "22222222-2222-4222-8222-222222222222", Snapshot: hypervisor.Snapshot{Name: "child", Parent: "base", Current: true}},
-		{uuid: "33333333-3333-4333-8333-333333333333", Snapshot: hypervisor.Snapshot{Name: "other", Parent: "base"}},
+		{uuid: "11111111-1111-4111-8111-111111111111", Snapshot: hypervisor.Snapshot{Name: "base", ID: "vbox:11111111-1111-4111-8111-111111111111", Description: "first line\nsecond = line"}},
+		{uuid: "22222222-2222-4222-8222-222222222222", Snapshot: hypervisor.Snapshot{Name: "child", ID: "vbox:22222222-2222-4222-8222-222222222222", Parent: "base", Current: true}},
+		{uuid: "33333333-3333-4333-8333-333333333333", Snapshot: hypervisor.Snapshot{Name: "other", ID: "vbox:33333333-3333-4333-8333-333333333333", Parent: "base"}},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("ParseSnapshotList() = %+v; want %+v", got, want)

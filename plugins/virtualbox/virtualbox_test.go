@@ -49,7 +49,7 @@ func TestConformance(t *testing.T) {
 	t1 := labtest.VM(t, "t1")
 	noexec := labtest.VM(t, "noexec")
 	e := newEmulator(t, "7.1", []*vboxemu.Machine{
-		machine("t1", uuidT1, t1.QGASocket, t1.QMPSocket),
+		labMachine("t1", uuidT1, t1),
 		machine("noexec", uuidNoExec, noexec.QGASocket, noexec.QMPSocket),
 		machine("off", uuidOff, "", ""),
 	}, func(w *vboxemu.World) {

@@ -189,6 +189,12 @@ type Record struct {
 	// Snapshot is the undo snapshot the server took of VM before the call
 	// ran (outcome records of a tool with snapshot_before).
 	Snapshot string `json:"snapshot,omitempty"`
+	// SnapshotID is that snapshot's identity as the backend gave it when
+	// it was taken (hypervisor.Snapshot.ID), and SnapshotTaken the
+	// backend's time of it: `vmgate undo` reverts only the snapshot that
+	// still has this identity.
+	SnapshotID    string    `json:"snapshot_id,omitempty"`
+	SnapshotTaken time.Time `json:"snapshot_taken,omitzero"`
 	// Advance names the advance (a KindAdvance record earlier in the log)
 	// that made this decision's reservations durable ahead of it.
 	Advance string `json:"advance,omitempty"`

@@ -84,6 +84,15 @@ func appendBody(b []byte, rec *Record) ([]byte, error) {
 		b = append(b, `,"refunded":true`...)
 	}
 	b = appendField(b, "snapshot", rec.Snapshot)
+	b = appendField(b, "snapshot_id", rec.SnapshotID)
+	if !rec.SnapshotTaken.IsZero() {
+		if y := rec.SnapshotTaken.Year(); y < 0 || y >= 10000 {
+			return nil, errors.New("snapshot_taken: year outside of range [0,9999]")
+		}
+		b = append(b, `,"snapshot_taken":"`...)
+		b = rec.SnapshotTaken.AppendFormat(b, time.RFC3339Nano)
+		b = append(b, '"')
+	}
 	b = appendField(b, "advance", rec.Advance)
 	if rec.Units != 0 {
 		b = append(b, `,"units":`...)

@@ -44,6 +44,7 @@ func encodeCases() []Record {
 	})
 	add(func(r *Record) {
 		r.Kind, r.Decision, r.Outcome, r.Refunded, r.Snapshot = KindOutcome, "", "ok", true, "vmgate-undo-t8x2k0-abcdef"
+		r.SnapshotID, r.SnapshotTaken = "qemu:1:1796119094.123456000:115343360:42.000000001", time.Date(2026, 12, 1, 9, 58, 14, 123456000, time.UTC)
 		for _, d := range []float64{1.5} {
 			r.DurationMS = d
 		}

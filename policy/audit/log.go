@@ -545,6 +545,9 @@ func encodeBody(rec *Record) ([]byte, error) {
 		rec.Time = time.Now()
 	}
 	rec.Time = rec.Time.UTC()
+	if !rec.SnapshotTaken.IsZero() {
+		rec.SnapshotTaken = rec.SnapshotTaken.UTC()
+	}
 	body, err := appendBody(make([]byte, 0, 384), rec)
 	if err != nil {
 		return nil, fmt.Errorf("encode: %v: %w", err, ErrInvalid)

@@ -113,3 +113,8 @@ func redactValue(v any) string {
 	sum := sha256.Sum256(b)
 	return "sha256:" + hex.EncodeToString(sum[:]) + ",len:" + strconv.Itoa(len(b))
 }
+
+// IsSecretArg reports whether the log keeps an argument of this name only
+// as a digest: stdin, content and content_base64 (whole), env (every
+// value), in any case and at any depth.
+func IsSecretArg(name string) bool { return isSecretKey(name) || strings.EqualFold(name, "env") }

@@ -64,6 +64,28 @@ var ErrNotObject = errors.New("argview: the arguments are not a JSON object")
 // shows at most limit bytes (limit <= 0: all of it). Fields are in the
 // order of their names, env variables after the other arguments.
 func Fields(args string, limit int) ([]Field, error) {
+	return fields(args, limit, block)
+}
+
+// InlineFields renders args, every value in full, for a view that shows
+// each value on one line of plain text (Inline).
+func InlineFields(args string) ([]Field, error) {
+	return fields(args, 0, inline)
+}
+
+// A style renders the bytes shown of a value: text (with escapes) or, for
+// content that is not mostly text, hex.
+type style struct {
+	text func(s string) (string, int)
+	hex  func(b []byte) string
+}
+
+var (
+	block  = style{text: Escape, hex: func(b []byte) string { return strings.TrimSuffix(hex.Dump(b), "\n") }}
+	inline = style{text: Inline, hex: hexLine}
+)
+
+func fields(args string, limit int, st style) ([]Field, error) {
 	dec := json.NewDecoder(strings.NewReader(args))
 	dec.UseNumber()
 	var m map[string]any
@@ -82,7 +104,7 @@ func Fields(args string, limit int) ([]Field, error) {
 		case k == "env":
 			vars, ok := v.(map[string]any)
 			if !ok {
-				out = append(out, value(k, v, limit))
+				out = append(out, value(k, v, limit, st))
 				continue
 			}
 			keys := make([]string, 0, len(vars))
@@ -91,20 +113,20 @@ func Fields(args string, limit int) ([]Field, error) {
 			}
 			slices.Sort(keys)
 			for _, name := range keys {
-				env = append(env, value("env."+escapeName(name), vars[name], limit))
+				env = append(env, value("env."+escapeName(name), vars[name], limit, st))
 			}
 		case k == "content_base64":
 			s, ok := v.(string)
 			b, err := base64.StdEncoding.DecodeString(s)
 			if !ok || err != nil {
-				out = append(out, value(k, v, limit))
+				out = append(out, value(k, v, limit, st))
 				continue
 			}
-			f := Bytes(b, limit)
+			f := render(b, limit, st)
 			f.Name = k + " (decoded)"
 			out = append(out, f)
 		default:
-			out = append(out, value(escapeName(k), v, limit))
+			out = append(out, value(escapeName(k), v, limit, st))
 		}
 	}
 	return append(out, env...), nil
@@ -124,9 +146,9 @@ func Of(full, redacted string, limit int) (fields []Field, usedRedacted bool) {
 
 // value renders one JSON value: a string as text (or hex), anything else
 // as its JSON.
-func value(name string, v any, limit int) Field {
+func value(name string, v any, limit int, st style) Field {
 	if s, ok := v.(string); ok {
-		f := Bytes([]byte(s), limit)
+		f := render([]byte(s), limit, st)
 		f.Name = name
 		return f
 	}
@@ -136,24 +158,26 @@ func value(name string, v any, limit int) Field {
 	}
 	f := Field{Name: name, Kind: KindJSON, Bytes: len(b)}
 	shown := cut(b, limit)
-	f.Value, f.Escaped = Escape(string(shown))
+	f.Value, f.Escaped = st.text(string(shown))
 	f.Shown = len(shown)
 	return f
 }
 
 // Bytes renders b as text with escapes when it is mostly text, else as a
 // hex dump; at most limit bytes (limit <= 0: all).
-func Bytes(b []byte, limit int) Field {
+func Bytes(b []byte, limit int) Field { return render(b, limit, block) }
+
+func render(b []byte, limit int, st style) Field {
 	f := Field{Bytes: len(b)}
 	shown := cut(b, limit)
 	f.Shown = len(shown)
 	if isText(b) {
 		f.Kind = KindText
-		f.Value, f.Escaped = Escape(string(shown))
+		f.Value, f.Escaped = st.text(string(shown))
 		return f
 	}
 	f.Kind = KindHex
-	f.Value = strings.TrimSuffix(hex.Dump(shown), "\n")
+	f.Value = st.hex(shown)
 	return f
 }
 
@@ -206,23 +230,31 @@ func Escape(s string) (string, int) {
 	var b strings.Builder
 	n := 0
 	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size <= 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
+		size, escaped := escapeRune(&b, s[i:])
+		if escaped {
 			n++
-		case r < 0x80 && needsEscape(r):
-			fmt.Fprintf(&b, `\x%02x`, r)
-			n++
-		case needsEscape(r):
-			fmt.Fprintf(&b, `\u{%04x}`, r)
-			n++
-		default:
-			b.WriteString(s[i : i+size])
 		}
 		i += size
 	}
 	return b.String(), n
+}
+
+// escapeRune writes the first character of s to b, escaped if it would not
+// print as itself, and returns its size in bytes.
+func escapeRune(b *strings.Builder, s string) (size int, escaped bool) {
+	r, size := utf8.DecodeRuneInString(s)
+	switch {
+	case r == utf8.RuneError && size <= 1:
+		fmt.Fprintf(b, `\x%02x`, s[0])
+	case r < 0x80 && needsEscape(r):
+		fmt.Fprintf(b, `\x%02x`, r)
+	case needsEscape(r):
+		fmt.Fprintf(b, `\u{%04x}`, r)
+	default:
+		b.WriteString(s[:size])
+		return size, false
+	}
+	return size, true
 }
 
 // escapeName makes an argument or variable name safe to show on one line.

@@ -21,6 +21,13 @@
 // restarts) are collected when /metrics is scraped, each bounded by
 // Options.ScrapeTimeout; a backend that fails is counted in
 // vmgate_scrape_errors and its VMs are left out of that scrape.
+//
+// Cardinality is bounded by the configuration, never by the fleet: no
+// series carries a VM's name, so a thousand VMs cost what ten do (the
+// series count is tools × decisions × grants, tools × outcomes, backends ×
+// states, plus fixed ones). Only Options.PerVMLabels adds a series per
+// VM, vmgate_vm_state, built from each scrape's listing and kept nowhere
+// in between: a VM that is gone leaves no series behind.
 package metrics
 
 import (
@@ -36,6 +43,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/vmpage"
 	"github.com/vmgate/vmgate/policy/audit"
 )
 
@@ -92,6 +100,11 @@ type Options struct {
 	// replicas behind one address labels itself. One value per process:
 	// it adds no series.
 	Replica string
+	// PerVMLabels (config metrics.per_vm_labels) adds one series per VM
+	// that a backend lists at scrape time: vmgate_vm_state{backend, vm,
+	// state} 1. With a thousand VMs that is a thousand series (about 80
+	// bytes each in every scrape); off by default.
+	PerVMLabels bool
 }
 
 type callKey struct{ tool, decision, grant string }
@@ -349,17 +362,31 @@ var (
 	pendingDesc  = prometheus.NewDesc("vmgate_pending_approvals", "Approvals waiting for an operator.", nil, nil)
 	vmsDesc      = prometheus.NewDesc("vmgate_vms", "VMs by backend and power state.", []string{"backend", "state"}, nil)
 	restartsDesc = prometheus.NewDesc("vmgate_plugin_restarts_total", "Restarts of a backend's driver plugin process.", []string{"backend"}, nil)
-	scrapeDesc   = prometheus.NewDesc("vmgate_scrape_errors", "Scrape-time lookups that failed in this scrape, by source.", []string{"source"}, nil)
+	vmStateDesc  = prometheus.NewDesc("vmgate_vm_state", "1 for each VM a backend lists, by its power state (only with metrics.per_vm_labels).",
+		[]string{"backend", "vm", "state"}, nil)
+	scrapeDesc = prometheus.NewDesc("vmgate_scrape_errors", "Scrape-time lookups that failed in this scrape, by source.", []string{"source"}, nil)
 )
 
 // States are the state label values of vmgate_vms (always all present).
-var States = []hypervisor.State{hypervisor.StateRunning, hypervisor.StatePaused, hypervisor.StateStopped, hypervisor.StateUnknown}
+var States = [...]hypervisor.State{hypervisor.StateRunning, hypervisor.StatePaused, hypervisor.StateStopped, hypervisor.StateUnknown}
+
+// stateIndex is st's index in States; a state outside them counts as
+// unknown.
+func stateIndex(st hypervisor.State) int {
+	if i := slices.Index(States[:], st); i >= 0 {
+		return i
+	}
+	return slices.Index(States[:], hypervisor.StateUnknown)
+}
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pendingDesc
 	ch <- vmsDesc
 	ch <- restartsDesc
 	ch <- scrapeDesc
+	if c.m.opts.PerVMLabels {
+		ch <- vmStateDesc
+	}
 }
 
 func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -384,23 +411,23 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), o.ScrapeTimeout)
 			defer cancel()
-			vms, err := b.Driver.ListVMs(ctx)
+			vms, err := vmpage.List(ctx, b.Driver) // read only: the plugin host's kept list, not a copy
 			if err != nil {
 				mu.Lock()
 				failed["backend/"+b.Name]++
 				mu.Unlock()
 				return
 			}
-			by := map[hypervisor.State]float64{}
+			var by [len(States)]float64
 			for _, vm := range vms {
-				st := vm.State
-				if !slices.Contains(States, st) {
-					st = hypervisor.StateUnknown
+				i := stateIndex(vm.State)
+				by[i]++
+				if o.PerVMLabels {
+					ch <- prometheus.MustNewConstMetric(vmStateDesc, prometheus.GaugeValue, 1, b.Name, vm.Name, string(States[i]))
 				}
-				by[st]++
 			}
-			for _, st := range States {
-				ch <- prometheus.MustNewConstMetric(vmsDesc, prometheus.GaugeValue, by[st], b.Name, string(st))
+			for i, st := range States {
+				ch <- prometheus.MustNewConstMetric(vmsDesc, prometheus.GaugeValue, by[i], b.Name, string(st))
 			}
 		})
 	}

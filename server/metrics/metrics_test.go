@@ -16,6 +16,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest/fleet"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
@@ -474,6 +475,85 @@ func TestReplicaLabel(t *testing.T) {
 		}
 		if replica != "" && value(text, `vmgate_calls_total{decision="allow",grant="local",replica="gate-2",tool="list_vms"}`) != "1" {
 			t.Errorf("the allowed call is not counted under its replica label:\n%s", text)
+		}
+	}
+}
+
+// fleetBackends are backends fleet drivers (fleet.Fleet) with n
+// VMs in all; vm00002 of the first is stopped.
+func fleetBackends(t *testing.T, backends, n int) []Backend {
+	t.Helper()
+	var out []Backend
+	for i := range backends {
+		f, err := fleet.New(context.Background(), &fleet.Settings{VMs: n / backends})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			if err := f.Power(context.Background(), "vm00002", hypervisor.PowerStop); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out = append(out, Backend{Name: fmt.Sprintf("pve%d", i), Driver: f})
+	}
+	return out
+}
+
+// vmgateSeries counts the vmgate_ sample lines of text whose name starts
+// with prefix.
+func vmgateSeries(text, prefix string) int {
+	n := 0
+	for line := range strings.SplitSeq(text, "\n") {
+		if strings.HasPrefix(line, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCardinalityBounded: the series do not grow with the fleet (12 VMs
+// or 1,000 over 4 backends give as many vmgate_ series, none with a VM's
+// name) unless PerVMLabels asks for one series per VM, which then are
+// exactly the VMs listed, with their states.
+func TestCardinalityBounded(t *testing.T) {
+	count := func(n int, perVM bool) (series, perVMSeries int, text string) {
+		m := newMetrics(t, Options{Backends: fleetBackends(t, 4, n), PerVMLabels: perVM})
+		text = scrape(t, m)
+		return vmgateSeries(text, "vmgate_"), vmgateSeries(text, "vmgate_vm_state{"), text
+	}
+	small, _, _ := count(12, false)
+	big, _, text := count(1000, false)
+	if small != big || strings.Contains(text, `vm="`) {
+		t.Errorf("vmgate_ series with 12 VMs, 1,000 VMs = %d, %d (a vm label: %v); want the same, none", small, big, strings.Contains(text, `vm="`))
+	}
+	if got := value(text, `vmgate_vms{backend="pve0",state="stopped"}`); got != "1" {
+		t.Errorf(`vmgate_vms{backend="pve0",state="stopped"} = %q; want 1`, got)
+	}
+	withVMs, perVM, text := count(1000, true)
+	if perVM != 1000 || withVMs != big+1000 {
+		t.Errorf("with PerVMLabels: %d vmgate_ series, %d vmgate_vm_state; want %d and 1000", withVMs, perVM, big+1000)
+	}
+	for series, want := range map[string]string{
+		`vmgate_vm_state{backend="pve0",state="stopped",vm="vm00002"}`: "1",
+		`vmgate_vm_state{backend="pve3",state="running",vm="vm00250"}`: "1",
+		`vmgate_vm_state{backend="pve0",state="running",vm="vm00002"}`: "",
+	} {
+		if got := value(text, series); got != want {
+			t.Errorf("%s = %q; want %q", series, got, want)
+		}
+	}
+}
+
+// TestPerVMStateOfOddStates: a VM in a state outside States is counted,
+// and labelled, as unknown.
+func TestPerVMStateOfOddStates(t *testing.T) {
+	odd := &hypervisortest.Fake{ListVMsFunc: func(context.Context) ([]hypervisor.VM, error) {
+		return []hypervisor.VM{{Name: "x", State: "hibernating"}}, nil
+	}}
+	text := scrape(t, newMetrics(t, Options{Backends: []Backend{{Name: "lab", Driver: odd}}, PerVMLabels: true}))
+	for _, series := range []string{`vmgate_vms{backend="lab",state="unknown"}`, `vmgate_vm_state{backend="lab",state="unknown",vm="x"}`} {
+		if got := value(text, series); got != "1" {
+			t.Errorf("%s = %q; want 1", series, got)
 		}
 	}
 }

@@ -42,19 +42,23 @@ func tryLogin(page http.Handler, remote, token string) *httptest.ResponseRecorde
 	return rec
 }
 
-// 200 wrong tokens in a burst, from one address or from 200: only a
-// handful are even compared; the rest get 429 with Retry-After, the right
-// token included, until the window slides.
+// 200 wrong tokens in a burst, from one address or from 200: from one,
+// only a handful are even compared and the rest get 429 with Retry-After,
+// the right token included, until the window slides; from 200, each is
+// compared, those beyond the total get 429 with Retry-After, and the right
+// token still signs in (finding 9 of issue 29: wrong tokens from anywhere
+// locked the operator out).
 func TestLoginThrottle(t *testing.T) {
 	f := newFixture(t)
 	tests := []struct {
-		name    string
-		remote  func(i int) string
-		checked int
+		name      string
+		remote    func(i int) string
+		checked   int
+		rightCode int // the right token from remote(0) right after the burst
 	}{
-		{"one address", func(int) string { return "192.0.2.7:4000" }, ui.LoginFailuresPerAddr},
-		{"one IPv6 /64", func(i int) string { return fmt.Sprintf("[2001:db8::%x]:4000", i+1) }, ui.LoginFailuresPerAddr},
-		{"200 addresses", func(i int) string { return fmt.Sprintf("198.51.100.%d:4000", i%250) }, ui.LoginFailuresTotal},
+		{"one address", func(int) string { return "192.0.2.7:4000" }, ui.LoginFailuresPerAddr, http.StatusTooManyRequests},
+		{"one IPv6 /64", func(i int) string { return fmt.Sprintf("[2001:db8::%x]:4000", i+1) }, ui.LoginFailuresPerAddr, http.StatusTooManyRequests},
+		{"200 addresses", func(i int) string { return fmt.Sprintf("198.51.100.%d:4000", i%250) }, ui.LoginFailuresTotal, http.StatusSeeOther},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -75,10 +79,10 @@ func TestLoginThrottle(t *testing.T) {
 				}
 			}
 			if checked != tt.checked || throttled != 200-tt.checked {
-				t.Errorf("200 wrong logins: %d checked, %d throttled; want %d checked", checked, throttled, tt.checked)
+				t.Errorf("200 wrong logins: %d answered 401, %d throttled; want %d answered 401", checked, throttled, tt.checked)
 			}
-			if rec := tryLogin(page, tt.remote(0), operatorToken); rec.Code != http.StatusTooManyRequests {
-				t.Errorf("the right token while throttled = %d; want 429 (nothing is compared)", rec.Code)
+			if rec := tryLogin(page, tt.remote(0), operatorToken); rec.Code != tt.rightCode {
+				t.Errorf("the right token right after = %d; want %d", rec.Code, tt.rightCode)
 			}
 			now.Add(int64(ui.LoginWindow))
 			if rec := tryLogin(page, tt.remote(0), operatorToken); rec.Code != http.StatusSeeOther {
@@ -93,6 +97,56 @@ func TestLoginThrottle(t *testing.T) {
 	}
 	if rec := tryLogin(page, "192.0.2.10:1", operatorToken); rec.Code != http.StatusSeeOther {
 		t.Errorf("login from a clean address = %d; want 303", rec.Code)
+	}
+}
+
+// The count of all addresses never refuses the right token: after
+// LoginFailuresTotal wrong tokens from other addresses, a wrong one from a
+// fresh address gets 429 with Retry-After, and the right one from a fresh
+// address, or from one that sent a wrong token, is let in, on the login
+// form and on /metrics.
+func TestThrottleLetsTheRightTokenThrough(t *testing.T) {
+	f := newFixture(t)
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("metrics")) })
+	metrics := func(page *ui.Handler, remote, token string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodGet, "http://127.0.0.1/metrics", nil)
+		req.RemoteAddr = remote
+		req.Header.Set("Authorization", "Bearer "+token)
+		rec := httptest.NewRecorder()
+		page.OperatorOnly(inner).ServeHTTP(rec, req)
+		return rec
+	}
+	login := func(page *ui.Handler, remote, token string) *httptest.ResponseRecorder {
+		return tryLogin(page, remote, token)
+	}
+	tests := []struct {
+		name   string
+		try    func(page *ui.Handler, remote, token string) *httptest.ResponseRecorder
+		wrong  int // the status of a wrong token within the limits
+		signIn int // the status of the right token
+	}{
+		{"login", login, http.StatusUnauthorized, http.StatusSeeOther},
+		{"/metrics", metrics, http.StatusUnauthorized, http.StatusOK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			page, _ := clockedPage(t, f, nil)
+			for i := range ui.LoginFailuresTotal {
+				if rec := tt.try(page, fmt.Sprintf("203.0.113.%d:5000", i+1), "wrong"); rec.Code != tt.wrong {
+					t.Fatalf("wrong token %d = %d; want %d", i, rec.Code, tt.wrong)
+				}
+			}
+			rec := tt.try(page, "203.0.113.200:5000", "wrong")
+			if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
+				t.Errorf("a wrong token past the total = %d (Retry-After %q); want 429 with Retry-After", rec.Code, rec.Header().Get("Retry-After"))
+			}
+			for _, remote := range []string{"203.0.113.201:5000", "203.0.113.1:5001", "[2001:db8:1::7]:5000"} {
+				if rec := tt.try(page, remote, operatorToken); rec.Code != tt.signIn {
+					t.Errorf("the right token from %s after %d wrong ones from elsewhere = %d %q; want %d",
+						remote, ui.LoginFailuresTotal+1, rec.Code, rec.Body.String(), tt.signIn)
+				}
+			}
+		})
 	}
 }
 

@@ -17,7 +17,8 @@
 // bearer token does not open it, and the operator token cannot make tool
 // calls. The config holds only the token's SHA-256; the login form's token
 // is compared with it in constant time, and wrong tokens are throttled per
-// client address and in all (throttle.go). A login sets a random session id in
+// client address; the right one always passes the count of all addresses
+// (throttle.go). A login sets a random session id in
 // an HttpOnly, SameSite=Strict cookie (Secure when served over TLS) scoped
 // to /ui. Every form carries a CSRF token, the HMAC-SHA256 of the session id
 // under a key made at start (the login form, before any session, uses a
@@ -353,7 +354,11 @@ func (u *Handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !u.CheckToken(r.PostForm.Get("token")) {
-		u.throttle.fail(r.RemoteAddr)
+		if f := u.throttle.fail(r.RemoteAddr); f.overall {
+			u.logThrottled(f, r)
+			refuseThrottled(w, f.wait)
+			return
+		}
 		u.log.Warn("ui: failed operator login", "remote", r.RemoteAddr)
 		u.loginForm(w, r, "That is not the operator token.")
 		return

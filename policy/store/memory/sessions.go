@@ -3,7 +3,6 @@ package memory
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/vmgate/vmgate/policy/store"
@@ -12,37 +11,15 @@ import (
 var _ store.Sessions = (*Sessions)(nil)
 
 // Sessions is an in-memory store.Sessions (tests, and servers whose store
-// keeps no sessions of its own; nothing survives the process). mu guards
-// m and closed. Safe for concurrent use.
+// keeps no sessions of its own; nothing survives the process). The guard's
+// mu guards m. Safe for concurrent use.
 type Sessions struct {
-	mu     sync.Mutex
-	m      map[string]store.Session
-	closed bool
+	guard
+	m map[string]store.Session
 }
 
 // NewSessions returns an empty session registry.
 func NewSessions() *Sessions { return &Sessions{m: make(map[string]store.Session)} }
-
-// Close makes later calls fail with store.ErrUnavailable.
-func (s *Sessions) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	return nil
-}
-
-// lockLive takes mu after checking ctx; the caller unlocks on success.
-func (s *Sessions) lockLive(ctx context.Context, op string) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("memory: %s: %w: %w", op, store.ErrUnavailable, err)
-	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return fmt.Errorf("memory: %s: %w: store is closed", op, store.ErrUnavailable)
-	}
-	return nil
-}
 
 // CreateSession implements store.Sessions.
 func (s *Sessions) CreateSession(ctx context.Context, sess store.Session) error {
