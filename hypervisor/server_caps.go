@@ -131,7 +131,7 @@ func capabilitiesToPB(k Capabilities) *pb.CapabilitySet {
 func capabilitiesFromPB(k *pb.CapabilitySet) Capabilities {
 	out := Capabilities{Snapshots: k.GetSnapshots(), GuestNetwork: k.GetGuestNetwork(), Metrics: k.GetMetrics(), Create: k.GetCreate(),
 		HelperChannel: k.GetHelperChannel(),
-		Screenshot: k.GetScreenshot(), SendKeys: k.GetSendKeys(), ConsoleRead: k.GetConsoleRead(), ConsoleWrite: k.GetConsoleWrite()}
+		Screenshot:    k.GetScreenshot(), SendKeys: k.GetSendKeys(), ConsoleRead: k.GetConsoleRead(), ConsoleWrite: k.GetConsoleWrite()}
 	if out.Snapshots {
 		out.SnapshotModes = SnapshotModes{Memory: k.GetSnapshotMemory(), DiskOnly: k.GetSnapshotDiskOnly()}
 	}
