@@ -101,26 +101,27 @@ func TestVMQuotaReplicas(t *testing.T) {
 	}
 	p := startServe(t, cfgs[1].cfg)
 	defer p.stop()
-	err := until(5*time.Minute, func() error {
+	st, err := redis.Open("redis://"+addr, redis.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	// The reaper deletes a lease's record after its VM is gone: wait for
+	// both, VMs and records.
+	err = until(5*time.Minute, func() error {
 		if procs := qemuUnderDir(labDir); len(procs) != 0 {
 			return fmt.Errorf("%d QEMU processes still run", len(procs))
 		}
 		if ents, _ := os.ReadDir(labDir); len(ents) != 0 {
 			return fmt.Errorf("%d VM directories left", len(ents))
 		}
+		if leases, err := st.ListLeases(ctx); err != nil || len(leases) != 0 {
+			return fmt.Errorf("leases left in Redis = %+v, %v; want none", leases, err)
+		}
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("after the restart the leases' end should delete %v: %v", made, err)
-	}
-	st, err := redis.Open("redis://"+addr, redis.Options{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	leases, err := st.ListLeases(ctx)
-	if err != nil || len(leases) != 0 {
-		t.Errorf("leases left in Redis = %+v, %v; want none", leases, err)
+		t.Fatalf("after the restart the leases' end should delete %v and their records: %v", made, err)
 	}
 	report.add("vm quota", "8 concurrent vm_create, 2 replicas on Redis, quota 3; kill -9 both, restart one",
 		fmt.Sprintf("created %d (want 3), all deleted at lease end after the restart", outcomes["ok"]))

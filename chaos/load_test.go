@@ -25,7 +25,8 @@ const loadPolicy = `{
   "default": "deny",
   "all_tools": { "limits": [ { "counter": "all_calls", "window": "10s", "max": 300, "scope": "grant" } ] },
   "tools": {
-    "list_vms": {},
+    "list_vms": { "_why": "a window longer than any run: reached after 6 calls however slow the machine",
+      "limits": [ { "counter": "lists", "window": "hour", "max": 6, "scope": "grant" } ] },
     "vm_status": { "limits": [ { "counter": "status", "window": "2s", "max": 20, "scope": ["grant", "vm"] } ] },
     "list_processes": { "limits": [ { "counter": "ps", "window": "5s", "max": 6, "scope": "vm" } ] },
     "list_sessions": {},

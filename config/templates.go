@@ -197,6 +197,9 @@ func (c *Config) validateTemplates() error {
 		if err := fillRange(&t.CPUs, DefaultTemplateCPUs, 1, maxTemplateCPUs); err != "" {
 			return fail("cpus", "%s", err)
 		}
+		if field, err := checkCreateBounds(b, t); err != "" {
+			return fail(field, "%s", err)
+		}
 		raw, err := templateSource(&t.Source, at+".source")
 		if err != nil {
 			return err
@@ -270,6 +273,29 @@ func checkTemplateSource(b *Backend, raw json.RawMessage) error {
 		}
 	}
 	return nil
+}
+
+// checkCreateBounds checks t's ranges against what b's driver can make
+// (registry.CreateBounder); it returns the field and why not.
+func checkCreateBounds(b *Backend, t *Template) (field, why string) {
+	c, ok := b.Decoded.(registry.CreateBounder)
+	if !ok {
+		return "", ""
+	}
+	k := c.CreateBounds()
+	because := ""
+	if k.Why != "" {
+		because = " (" + k.Why + ")"
+	}
+	switch {
+	case k.MinMemoryMB > 0 && *t.MemoryMB.Min < k.MinMemoryMB:
+		return "memory_mb", fmt.Sprintf("min %d MiB is below backend %q's minimum of %d MiB%s", *t.MemoryMB.Min, b.Name, k.MinMemoryMB, because)
+	case k.MaxMemoryMB > 0 && *t.MemoryMB.Max > k.MaxMemoryMB:
+		return "memory_mb", fmt.Sprintf("max %d MiB is above backend %q's maximum of %d MiB", *t.MemoryMB.Max, b.Name, k.MaxMemoryMB)
+	case k.MaxCPUs > 0 && *t.CPUs.Max > k.MaxCPUs:
+		return "cpus", fmt.Sprintf("max %d is above backend %q's maximum of %d", *t.CPUs.Max, b.Name, k.MaxCPUs)
+	}
+	return "", ""
 }
 
 // VMName is the name a VM made from t gets for a call that asked for

@@ -87,6 +87,14 @@ func TestTemplatesBad(t *testing.T) {
 		{"prefix starting with dash", tmpl("  - name: b\n    backend: lab\n    name_prefix: -x\n"), `templates[1].name_prefix: "-x"`},
 		{"prefix too long", tmpl("  - name: b\n    backend: lab\n    name_prefix: " + strings.Repeat("a", 29) + "\n"), `templates[1].name_prefix:`},
 		{"memory below range", tmpl("  - name: b\n    backend: lab\n    memory_mb: {default: 8}\n"), `templates[1].memory_mb: min 8 and max 8 must lie within 16 to 1048576 (line 17)`},
+		// issue 32, item 14: below what the backend can boot, every
+		// vm_create would fail after reserving its quota.
+		{"memory below the lab's minimum", tmpl("  - name: b\n    backend: lab\n    memory_mb: {default: 256, min: 64, max: 512}\n"),
+			`templates[1].memory_mb: min 64 MiB is below backend "lab"'s minimum of 96 MiB (the lab image needs`},
+		{"memory above the lab's maximum", tmpl("  - name: b\n    backend: lab\n    memory_mb: {max: 131072}\n"),
+			`templates[1].memory_mb: max 131072 MiB is above backend "lab"'s maximum of 65536 MiB`},
+		{"cpus above the lab's maximum", tmpl("  - name: b\n    backend: lab\n    cpus: {max: 65}\n"),
+			`templates[1].cpus: max 65 is above backend "lab"'s maximum of 64`},
 		{"default outside range", tmpl("  - name: b\n    backend: lab\n    memory_mb: {default: 1024, max: 512}\n"), `templates[1].memory_mb: want min 1024 ≤ default 1024 ≤ max 512 (line 17)`},
 		{"cpus zero", tmpl("  - name: b\n    backend: lab\n    cpus: {default: 0}\n"), `templates[1].cpus: min 0 and max 0 must lie within 1 to 256`},
 		{"cpus as text", tmpl("  - name: b\n    backend: lab\n    cpus: {max: many}\n"), `many`},

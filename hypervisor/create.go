@@ -64,6 +64,16 @@ type DeleteRequest struct {
 	Mark string `json:"mark"`
 }
 
+// CreateBounds are the sizes a backend can make VMs in; zero means no
+// bound of the backend's own (CreateRequest's still apply).
+type CreateBounds struct {
+	MinMemoryMB, MaxMemoryMB int64
+	MaxCPUs                  int64
+	// Why says where the bounds come from, for an error ("the lab image
+	// needs 96 MiB to boot").
+	Why string
+}
+
 // The bounds of a CreateRequest.
 const (
 	MaxCreateMemoryMB = 1 << 20

@@ -74,8 +74,9 @@ type Snapshot struct {
 	ID          string `json:"id,omitempty"`
 	Description string `json:"description,omitempty"`
 	// CreatedAt is when the snapshot was taken (the backend's clock);
-	// zero when the backend does not say.
-	CreatedAt time.Time `json:"created_at"`
+	// zero when the backend does not say, and then absent from the JSON
+	// (never "0001-01-01T00:00:00Z").
+	CreatedAt time.Time `json:"created_at,omitzero"`
 	// Memory is true when the snapshot holds the VM's memory and device state.
 	Memory bool `json:"memory"`
 	// SizeBytes is what the backend reports as the snapshot's size (QEMU:

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # The demo: installs the Debian packages if missing, builds vmgate, boots a
 # lab VM, and serves MCP over streamable HTTP on 127.0.0.1:8707 with a
-# freshly generated bearer token, printing how to connect Claude Desktop,
-# Claude Code and the MCP Inspector. Ctrl-C stops the server; the lab VM
-# keeps running until `bin/vmgate lab down`.
+# freshly generated bearer token and operator token, printing how to
+# connect Claude Desktop, Claude Code and the MCP Inspector, and how to open
+# the approvals page. Ctrl-C stops the server; the lab VM keeps running
+# until `bin/vmgate lab down`.
 #
 # Environment: VMGATE_STATE_DIR (state directory), VMGATE_DEMO_ADDR
-# (default 127.0.0.1:8707), GO (default go).
+# (default 127.0.0.1:8707), VMGATE_DEMO_BIN (where make build puts the
+# binaries; default bin), GO (default go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
 ADDR=${VMGATE_DEMO_ADDR:-127.0.0.1:8707}
+BINDIR=${VMGATE_DEMO_BIN:-bin}
+# The MCP Inspector version README pins (its CLI mode runs on Node 20).
+INSPECTOR=@modelcontextprotocol/inspector@0.21.2
 DEB_PKGS=(qemu-system-x86 qemu-utils qemu-guest-agent busybox-static cpio)
 
 missing=()
@@ -27,8 +32,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # vmgate and the in-guest helper it pushes into guests (see the Makefile).
-make -s build GO="$GO"
-BIN=$(cd bin && pwd)/vmgate
+make -s build GO="$GO" BIN="$BINDIR"
+BIN=$(cd "$BINDIR" && pwd)/vmgate
 
 STATE=${VMGATE_STATE_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/vmgate}
 export VMGATE_STATE_DIR=$STATE
@@ -40,15 +45,21 @@ if ! "$BIN" lab status 2>/dev/null | grep -Eq '^vm1[[:space:]]+running'; then
 fi
 "$BIN" lab status
 
-# A new token for every demo run; only its SHA-256 goes into the config.
+# New tokens for every demo run, the agent's and the operator's (the
+# approvals page /ui); only their SHA-256 goes into the config.
 umask 077
-TOKEN=$(head -c 32 /dev/urandom | base64 | tr -d '/+=\n')
+newtoken() { head -c 32 /dev/urandom | base64 | tr -d '/+=\n'; }
+TOKEN=$(newtoken)
+OPTOKEN=$(newtoken)
 printf '%s\n' "$TOKEN" >"$STATE/demo/token"
+printf '%s\n' "$OPTOKEN" >"$STATE/demo/operator-token"
 HASH=$(printf '%s' "$TOKEN" | sha256sum | cut -d' ' -f1)
+OPHASH=$(printf '%s' "$OPTOKEN" | sha256sum | cut -d' ' -f1)
 CONFIG=$STATE/demo/vmgate.yaml
 cat >"$CONFIG" <<EOF
 # Written by scripts/demo.sh; regenerated on every run.
 state_dir: "$STATE"
+operator: {name: demo-operator, token_sha256: $OPHASH}
 grants:
   - name: local
     policy: builtin:default
@@ -84,10 +95,13 @@ mcp-remote bridges Desktop's stdio to this HTTP server):
     }
   }
 
-MCP Inspector:
-  npx @modelcontextprotocol/inspector
-  then: Transport Type "Streamable HTTP", URL $URL,
-  Authentication: header "Authorization", value "Bearer $TOKEN"; Connect.
+MCP Inspector, CLI mode (runs on Node 20):
+  npx -y $INSPECTOR --cli $URL --transport http --header "Authorization: Bearer $TOKEN" --method tools/list
+Its web UI (Node 22): npx -y $INSPECTOR, then Transport Type "Streamable HTTP",
+  URL $URL, Authentication: header "Authorization", value "Bearer $TOKEN"; Connect.
+
+Approvals page (calls waiting for an operator): http://$ADDR/ui
+  operator token (also in $STATE/demo/operator-token): $OPTOKEN
 
 From a shell:
   VMGATE_TOKEN=$TOKEN $BIN call list_vms --url $URL

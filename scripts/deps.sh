@@ -17,9 +17,10 @@ cd "$(dirname "$0")/.."
 # qemu-img for snapshots and overlays, Redis and its Sentinel for the replica
 # store and its failover, libvirt for the libvirt driver, chromium for the
 # approvals page, tesseract to read text typed on a VM's screen back from
-# its screenshot.
+# its screenshot, Vagrant with its libvirt provider for README's Vagrant
+# lines (internal/readmetest runs `vagrant validate`).
 pkgs=(qemu-system-x86 qemu-utils qemu-guest-agent busybox-static cpio redis-server redis-sentinel
-	libvirt-daemon-system libvirt-clients chromium tesseract-ocr)
+	libvirt-daemon-system libvirt-clients chromium tesseract-ocr vagrant vagrant-libvirt)
 
 sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo

@@ -34,7 +34,8 @@ made.
 With --url it talks streamable HTTP; the bearer token is read from the
 environment variable named by --token-env (default VMGATE_TOKEN), never from
 the command line. Otherwise it starts "vmgate serve" with the arguments after
-"--" as its child over stdio, and stops it afterwards:
+"--" (serve's flags; a leading "serve" is allowed) as its child over stdio,
+and stops it afterwards:
 
   vmgate call list_vms
   vmgate call vm_agent_exec --args '{"vm":"lab/vm1","command":["uname","-a"]}' -- --config vmgate.yaml
@@ -65,7 +66,7 @@ the command line. Otherwise it starts "vmgate serve" with the arguments after
 				if err != nil {
 					return fmt.Errorf("call: cannot find the vmgate binary: %w", err)
 				}
-				o.Command, o.Args = exe, append([]string{"serve"}, serveArgs...)
+				o.Command, o.Args = exe, childArgs(serveArgs)
 			}
 			res, err := server.Call(cmd.Context(), o, tool, []byte(args))
 			if err != nil {
@@ -87,4 +88,15 @@ the command line. Otherwise it starts "vmgate serve" with the arguments after
 	cmd.Flags().StringVar(&tokenEnv, "token-env", "VMGATE_TOKEN", "environment variable holding the bearer token for --url")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "bound on the whole call")
 	return cmd
+}
+
+// childArgs is the stdio child's command line: serve and the arguments
+// after "--". A leading "serve" there ("-- serve --grant local") names the
+// subcommand call adds itself: it is taken as meant, not passed on as
+// serve's unknown positional argument.
+func childArgs(afterDash []string) []string {
+	if len(afterDash) > 0 && afterDash[0] == "serve" {
+		afterDash = afterDash[1:]
+	}
+	return append([]string{"serve"}, afterDash...)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,6 +23,36 @@ type clientsOptions struct {
 	tokenEnv string
 	name     string
 	binary   string
+	// noToken: no grant of the config has a token_sha256, so HTTP
+	// refuses every request until one does.
+	noToken bool
+}
+
+// fromConfig fills in what the config (or the embedded defaults) says:
+// the HTTP address when --http is not given, whether any grant has a
+// token, and the stdio grant: --grant when given (it must be a grant),
+// else "local", else the config's first grant.
+func (o *clientsOptions) fromConfig(grantSet bool) error {
+	cfg, err := loadConfig(o.config)
+	if err != nil {
+		return fmt.Errorf("clients: %w", err)
+	}
+	if o.httpAddr == "" {
+		o.httpAddr = cmp.Or(cfg.HTTP.Addr, "127.0.0.1:8707")
+	}
+	o.noToken = true
+	for _, g := range cfg.Grants {
+		if g.TokenSHA256 != "" {
+			o.noToken = false
+		}
+	}
+	if err := checkGrant(cfg, o.config, o.grant); err != nil {
+		if grantSet || len(cfg.Grants) == 0 {
+			return fmt.Errorf("clients: %w", err)
+		}
+		o.grant = cfg.Grants[0].Name
+	}
+	return nil
 }
 
 func newClientsCmd() *cobra.Command {
@@ -49,20 +80,8 @@ environment variable (--token-env) instead of containing it.`,
 				}
 				o.config = abs
 			}
-			if o.httpAddr == "" {
-				o.httpAddr = "127.0.0.1:8707"
-				if o.config != "" {
-					cfg, err := loadConfig(o.config)
-					if err != nil {
-						return err
-					}
-					if cfg.HTTP.Addr != "" {
-						o.httpAddr = cfg.HTTP.Addr
-					}
-					if err := checkGrant(cfg, o.config, o.grant); err != nil {
-						return fmt.Errorf("clients: %w", err)
-					}
-				}
+			if err := o.fromConfig(cmd.Flags().Changed("grant")); err != nil {
+				return err
 			}
 			return writeClients(cmd.OutOrStdout(), o)
 		},
@@ -138,7 +157,12 @@ func writeClients(w io.Writer, o clientsOptions) error {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	p("# vmgate MCP client configurations\n")
-	p("# stdio: the client starts vmgate as grant %q. HTTP: run `vmgate serve --http %s` and export %s=<the grant's token>.\n\n", o.grant, o.httpAddr, o.tokenEnv)
+	if o.noToken {
+		p("# stdio: the client starts vmgate as grant %q. HTTP: no grant has a token_sha256 yet, so `vmgate serve --http %s`\n"+
+			"# refuses every request (401); make a token, put its SHA-256 in a grant's token_sha256 (README: Install),\n# then export %s=<that token>.\n\n", o.grant, o.httpAddr, o.tokenEnv)
+	} else {
+		p("# stdio: the client starts vmgate as grant %q. HTTP: run `vmgate serve --http %s` and export %s=<the grant's token>.\n\n", o.grant, o.httpAddr, o.tokenEnv)
+	}
 
 	p("## Claude Desktop (claude_desktop_config.json)\n\n### stdio\n%s\n\n", jsonBlock(map[string]any{"mcpServers": map[string]any{o.name: stdio}}))
 	p("### HTTP (through mcp-remote; Claude Desktop passes its own environment, so %s must be set where it starts)\n%s\n\n", o.tokenEnv,

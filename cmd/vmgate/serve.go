@@ -35,6 +35,7 @@ func init() { commands = append(commands, newServeCmd) }
 type serveOptions struct {
 	config           string
 	grant            string
+	grantSet         bool // --grant was given: serve stdio even when the config has http.addr
 	httpAddr         string
 	allowNonLoopback bool
 	grace            time.Duration
@@ -55,9 +56,13 @@ configured or --allow-non-loopback is given.
 
 Without --config the embedded defaults apply: state, bbolt store and audit
 log in the state directory, the lab VMs as backend "lab", and grant "local"
-with the built-in policy.`,
+with the built-in policy.
+
+Without --http, a config with http.addr is served over HTTP there, unless
+--grant is given (stdio as that grant).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.grantSet = cmd.Flags().Changed("grant")
 			return runServe(cmd.Context(), o)
 		},
 	}
@@ -93,6 +98,50 @@ func warnNoBackends(log *slog.Logger, cfg *config.Config, path string) {
 	log.Warn("serve: the config has no backends, so there is no VM to use; add a backends section (qemu, libvirt, virtualbox or proxmox)", "config", path)
 }
 
+// chooseTransport settles stdio or HTTP: --http; else http.addr of the
+// config unless --grant is given; else stdio as --grant, which must be a
+// grant of cfg. HTTP with no grant holding a token is warned of.
+func (o *serveOptions) chooseTransport(cfg *config.Config) error {
+	if o.httpAddr == "" && !o.grantSet {
+		o.httpAddr = cfg.HTTP.Addr
+	}
+	if o.httpAddr != "" {
+		warnNoTokens(slog.Default(), cfg)
+		return nil
+	}
+	if err := checkGrant(cfg, o.config, o.grant); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}
+
+// openAuditLog opens the config's audit log; when another process holds
+// it, the error says what to do instead.
+func openAuditLog(cfg *config.Config) (*audit.Log, error) {
+	log, err := audit.Open(cfg.Audit.Path, audit.Options{KeyFile: cfg.Audit.KeyFile, Fsync: cfg.Audit.Fsync})
+	if errors.Is(err, audit.ErrInUse) {
+		return nil, fmt.Errorf("serve: audit log: %w; another vmgate serve runs on the state directory %s: "+
+			"use it (vmgate call --url http://ADDR/mcp, or connect your client to it), or give this one another state directory "+
+			"(state_dir in the config, or VMGATE_STATE_DIR without one)", err, cfg.StateDir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("serve: audit log: %w", err)
+	}
+	return log, nil
+}
+
+// warnNoTokens says so at start when HTTP is served and no grant has a
+// token_sha256: every request would get 401 and nothing else would say why.
+func warnNoTokens(log *slog.Logger, cfg *config.Config) {
+	for _, g := range cfg.Grants {
+		if g.TokenSHA256 != "" {
+			return
+		}
+	}
+	log.Warn("serve: no grant has a token_sha256, so every HTTP request is refused (401); "+
+		"give a grant one (README: Install) or serve stdio (--grant NAME without --http)", "grants", len(cfg.Grants))
+}
+
 func runServe(ctx context.Context, o serveOptions) (err error) {
 	setGCPercent(os.Getenv("GOGC"))
 	stopProfile, err := startCPUProfile(o.cpuProfile)
@@ -122,15 +171,13 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		warnUnknownTools(slog.Default(), g.Name, engines[g.Name])
 		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs, RequestsPerMinute: g.RequestsPerMinute})
 	}
-	if o.httpAddr == "" {
-		if err := checkGrant(cfg, o.config, o.grant); err != nil {
-			return fmt.Errorf("serve: %w", err)
-		}
+	if err := o.chooseTransport(cfg); err != nil {
+		return err
 	}
 
-	log, err := audit.Open(cfg.Audit.Path, audit.Options{KeyFile: cfg.Audit.KeyFile, Fsync: cfg.Audit.Fsync})
+	log, err := openAuditLog(cfg)
 	if err != nil {
-		return fmt.Errorf("serve: audit log: %w", err)
+		return err
 	}
 	defer func() {
 		if cerr := log.Close(); cerr != nil {

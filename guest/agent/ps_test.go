@@ -204,8 +204,12 @@ func TestPidDirPinsProcess(t *testing.T) {
 // the scan may have shown another item in between.
 func workerName(name string) string {
 	if rest, ok := strings.CutPrefix(name, "kworker/"); ok {
-		id, _, _ := strings.Cut(rest, "-")
-		return "kworker/" + id
+		// The kernel appends the work it runs: "-" while idle after it,
+		// "+" while running it (kworker/u8:3+flush-254:0).
+		if i := strings.IndexAny(rest, "-+"); i >= 0 {
+			rest = rest[:i]
+		}
+		return "kworker/" + rest
 	}
 	return name
 }

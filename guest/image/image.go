@@ -22,7 +22,6 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
-	"debug/elf"
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
@@ -48,6 +47,12 @@ var initScript []byte
 
 //go:embed rootfs/shutdown
 var shutdownScript []byte
+
+// nohupScript stands in for the nohup applet Debian's busybox-static
+// lacks.
+//
+//go:embed rootfs/nohup
+var nohupScript []byte
 
 // dirMode and fileMode are the modes of what Build writes under the state
 // directory, which only vmgate's own user may read (internal/lab's
@@ -271,7 +276,7 @@ func validate(opts Options) error {
 // reservedPath reports whether p is (or is under) a path the base image
 // owns or the guest mounts over.
 func reservedPath(p string) bool {
-	for _, r := range []string{"/init", "/sbin/shutdown", "/bin/busybox", "/usr/bin/qemu-ga", "/lib/modules", "/lib64",
+	for _, r := range []string{"/init", "/sbin/shutdown", "/usr/bin/nohup", "/bin/busybox", "/usr/bin/qemu-ga", "/lib/modules", "/lib64",
 		"/lib/x86_64-linux-gnu", "/proc", "/sys", "/dev", "/tmp", "/run", "/var/lib", "/etc/passwd", "/etc/group"} {
 		if p == r || strings.HasPrefix(p, r+"/") {
 			return true
@@ -292,33 +297,13 @@ func hostInputs(ctx context.Context, tree map[string]*entry, extra []File) error
 	tree["/dev/null"] = &entry{typ: cpioTypeChar, perm: 0o666, rmaj: 1, rmin: 3}
 	tree["/init"] = &entry{typ: cpioTypeFile, perm: 0o755, data: initScript, source: "embedded rootfs/init"}
 	tree["/sbin/shutdown"] = &entry{typ: cpioTypeFile, perm: 0o755, data: shutdownScript, source: "embedded rootfs/shutdown"}
+	tree["/usr/bin/nohup"] = &entry{typ: cpioTypeFile, perm: 0o755, data: nohupScript, source: "embedded rootfs/nohup"}
 	tree["/etc/passwd"] = &entry{typ: cpioTypeFile, perm: 0o644, data: []byte("root:x:0:0:root:/root:/bin/sh\n"), source: "generated"}
 	tree["/etc/group"] = &entry{typ: cpioTypeFile, perm: 0o644, data: []byte("root:x:0:\n"), source: "generated"}
 	tree["/etc/hostname"] = &entry{typ: cpioTypeFile, perm: 0o644, data: []byte("vmgate-lab\n"), source: "generated"}
 
-	// Busybox: the shell and every applet.
-	bb, err := lookPath("busybox")
-	if err != nil {
+	if err := addBusybox(ctx, tree); err != nil {
 		return err
-	}
-	bbData, err := os.ReadFile(bb)
-	if err != nil {
-		return fmt.Errorf("busybox: %w", err)
-	}
-	if err := requireStatic(bb); err != nil {
-		return err
-	}
-	tree["/bin/busybox"] = &entry{typ: cpioTypeFile, perm: 0o755, data: bbData, source: bb}
-	out, err := exec.CommandContext(ctx, bb, "--list-full").Output()
-	if err != nil {
-		return fmt.Errorf("busybox --list-full: %w", exitDetail(err))
-	}
-	for _, l := range strings.Fields(string(out)) {
-		p := "/" + strings.TrimPrefix(path.Clean(l), "/")
-		if _, taken := tree[p]; taken || p == "/linuxrc" {
-			continue
-		}
-		tree[p] = &entry{typ: cpioTypeSymlink, perm: 0o777, target: "/bin/busybox"}
 	}
 
 	// qemu-ga with every library ldd names and the loader.
@@ -389,22 +374,6 @@ func lookPath(name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s not found on PATH (install the Debian package that provides it)", name)
-}
-
-// requireStatic refuses a dynamically linked busybox: the image ships
-// busybox-static's binary without libraries.
-func requireStatic(p string) error {
-	f, err := elf.Open(p)
-	if err != nil {
-		return fmt.Errorf("busybox: %w", err)
-	}
-	defer f.Close()
-	for _, prog := range f.Progs {
-		if prog.Type == elf.PT_INTERP {
-			return fmt.Errorf("busybox %s is dynamically linked; install busybox-static", p)
-		}
-	}
-	return nil
 }
 
 // sharedLibs lists the absolute library paths ldd prints for bin, the loader included.

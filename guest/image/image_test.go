@@ -154,6 +154,7 @@ func TestBuild(t *testing.T) {
 		"/init": "file", "/sbin/shutdown": "file", "/bin/busybox": "file", "/bin/sh": "symlink",
 		"/usr/bin/qemu-ga": "file", "/lib/modules/virtio_console.ko": "file", "/lib/modules/virtio_ring.ko": "file",
 		"/etc/passwd": "file", "/dev/console": "chardev", "/tmp": "dir", "/usr/local/bin/helper": "file",
+		"/usr/bin/wget": "symlink", "/usr/bin/nohup": "file",
 	}
 	for p, typ := range want {
 		if byPath[p].Type != typ {

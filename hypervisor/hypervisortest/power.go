@@ -12,12 +12,14 @@ import (
 )
 
 // RunPower runs the power suite against h.VM, which the calling test must
-// own: it resets the VM, then stops and starts it. Each step is observed
-// through Status (and, for reset, through the guest's boot id changing).
-// An action the driver answers with hypervisor.ErrNotSupported skips its
-// subtest with the reason; when stop works but start is not supported the
-// VM is left stopped. Graceful shutdown and reboot are not exercised: they
-// depend on the guest handling ACPI events. Waits are bounded by
+// own: it resets the VM through hypervisor.PowerWait (which must return
+// only once the guest runs a new boot: the very next command sees a new
+// boot id), then stops and starts it. Each step is observed through Status
+// and the guest's boot id. An action the driver answers with
+// hypervisor.ErrNotSupported skips its subtest with the reason; when stop
+// works but start is not supported the VM is left stopped. Graceful
+// shutdown is not exercised (it depends on the guest handling ACPI
+// events); a reboot is RunPowerReboot's. Waits are bounded by
 // h.PowerTimeout.
 //
 // RunPower leaves the VM running, but after start it may be a new process
@@ -89,18 +91,43 @@ func upAgain(t testing.TB, h Harness, before string) {
 	})
 }
 
-func checkPowerReset(t testing.TB, h Harness) {
-	ctx := h.ctx(t)
+// RunPowerReboot reboots h.VM through hypervisor.PowerWait, which must
+// return only once the guest runs a new boot: the very next command sees
+// a new boot id. A reboot goes through the guest (its agent, or ACPI), so
+// it needs a guest that handles one, as the lab guest does; the driver's
+// hypervisor.ErrNotSupported skips it. The wait is bounded by
+// h.PowerTimeout.
+func RunPowerReboot(t *testing.T, h Harness) {
+	t.Helper()
+	h.validate(t)
+	t.Run("RebootWaits", func(t *testing.T) { checkBootWait(t, h, hypervisor.PowerReboot) })
+}
+
+func checkPowerReset(t testing.TB, h Harness) { checkBootWait(t, h, hypervisor.PowerReset) }
+
+// checkBootWait performs action (reset or reboot) through PowerWait and
+// checks that it returned in the new boot, and said so.
+func checkBootWait(t testing.TB, h Harness, action hypervisor.PowerAction) {
+	ctx, cancel := context.WithTimeout(context.Background(), h.powerTimeout())
+	defer cancel()
 	before, err := bootID(ctx, h)
 	if err != nil {
-		t.Fatalf("boot id before reset: %v", err)
+		t.Fatalf("boot id before %s: %v", action, err)
 	}
-	err = h.Driver.Power(ctx, h.VM, hypervisor.PowerReset)
+	out, err := hypervisor.PowerWait(ctx, h.Driver, h.VM, action)
 	if errors.Is(err, hypervisor.ErrNotSupported) {
-		t.Skipf("Power(%q, reset): %v", h.VM, err)
+		t.Skipf("PowerWait(%q, %s): %v", h.VM, action, err)
 	}
 	if err != nil {
-		t.Fatalf("Power(%q, reset) error: %v", h.VM, err)
+		t.Fatalf("PowerWait(%q, %s) = %+v, %v", h.VM, action, out, err)
+	}
+	if out.WaitedFor != hypervisor.WaitedForNewBoot || !out.BootIDChanged || out.BootIDBefore != before || out.BootIDAfter == before {
+		t.Errorf("PowerWait(%q, %s) = %+v; want it to have waited for a new boot after %s", h.VM, action, out, before)
+	}
+	// No wait here: the first command after the call reaches the new boot.
+	after, err := bootID(ctx, h)
+	if err != nil || after == before || after != out.BootIDAfter {
+		t.Fatalf("first command after PowerWait(%q, %s): boot id %q, %v; want the new boot's %s (before: %s)", h.VM, action, after, err, out.BootIDAfter, before)
 	}
 	upAgain(t, h, before)
 }

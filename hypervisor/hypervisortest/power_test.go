@@ -3,7 +3,6 @@ package hypervisortest
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,9 +18,10 @@ type powerSim struct {
 	d *localDriver
 	simFaults
 
-	mu    sync.Mutex // guards state, boots
-	state hypervisor.State
-	boots int
+	mu      sync.Mutex // guards state, boots, pending
+	state   hypervisor.State
+	boots   int
+	pending int // boot id readings left before a reboot takes effect; -1: none pending
 }
 
 // simFaults are a powerSim's broken behaviours.
@@ -29,6 +29,8 @@ type simFaults struct {
 	resetKeepsBoot bool // reset reports success but does not reboot
 	stopIgnored    bool // stop reports success but the VM keeps running
 	noStart        bool // start is ErrNotSupported
+	rebootLag      int  // a reboot takes effect after this many boot id readings
+	rebootNever    bool // a reboot reports success but the guest never boots anew
 }
 
 func (p *powerSim) driver() *Fake {
@@ -43,12 +45,21 @@ func (p *powerSim) driver() *Fake {
 	f.ExecStartFunc = func(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 		p.mu.Lock()
 		state, boots := p.state, p.boots
+		if len(req.Argv) == 2 && strings.HasSuffix(req.Argv[1], "/boot_id") {
+			switch {
+			case p.pending == 0:
+				p.boots, p.pending = p.boots+1, -1
+				boots = p.boots
+			case p.pending > 0:
+				p.pending--
+			}
+		}
 		p.mu.Unlock()
 		if state != hypervisor.StateRunning {
 			return hypervisor.ExecHandle{}, fmt.Errorf("sim: exec: %w", hypervisor.ErrVMNotRunning)
 		}
 		if len(req.Argv) == 2 && strings.HasSuffix(req.Argv[1], "/boot_id") {
-			req.Argv = []string{"/bin/echo", "boot-" + strconv.Itoa(boots)}
+			req.Argv = []string{"/bin/echo", fmt.Sprintf("%08x-0000-4000-8000-000000000000", boots)}
 		}
 		return p.d.ExecStart(ctx, vm, req)
 	}
@@ -61,6 +72,8 @@ func (p *powerSim) driver() *Fake {
 		switch {
 		case a == hypervisor.PowerReset && !p.resetKeepsBoot:
 			p.boots++
+		case a == hypervisor.PowerReboot && !p.rebootNever:
+			p.pending = p.rebootLag
 		case a == hypervisor.PowerStop && !p.stopIgnored:
 			p.state = hypervisor.StateStopped
 		case a == hypervisor.PowerStart && p.noStart:
@@ -86,12 +99,14 @@ func TestRunPowerOnSimulator(t *testing.T) {
 		{name: "reset works", check: checkPowerReset},
 		{name: "stop and start work", check: checkPowerStopStart},
 		{name: "reset does not reboot", check: checkPowerReset, faults: simFaults{resetKeepsBoot: true}, wantFail: true},
+		{name: "reboot waits for the new boot", check: checkReboot, faults: simFaults{rebootLag: 3}},
+		{name: "reboot never boots anew", check: checkReboot, faults: simFaults{rebootNever: true}, wantFail: true},
 		{name: "stop is ignored", check: checkPowerStopStart, faults: simFaults{stopIgnored: true}, wantFail: true},
 		{name: "start not supported", check: checkPowerStopStart, faults: simFaults{noStart: true}, wantSkip: true, wantStopped: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			sim := &powerSim{d: newLocalDriver(t), simFaults: tt.faults, state: hypervisor.StateRunning}
+			sim := &powerSim{d: newLocalDriver(t), simFaults: tt.faults, state: hypervisor.StateRunning, pending: -1}
 			h := sim.d.harness(t)
 			h.Driver = sim.driver()
 			h.PowerTimeout = 2 * time.Second // the failing cases wait this long
@@ -110,10 +125,13 @@ func TestRunPowerOnSimulator(t *testing.T) {
 	}
 }
 
+// checkReboot is RunPowerReboot's check.
+func checkReboot(t testing.TB, h Harness) { checkBootWait(t, h, hypervisor.PowerReboot) }
+
 func TestRunPowerSkipsWhenUnsupported(t *testing.T) {
 	d := newLocalDriver(t)
 	h := d.harness(t)
-	for _, check := range []func(testing.TB, Harness){checkPowerReset, checkPowerStopStart} {
+	for _, check := range []func(testing.TB, Harness){checkPowerReset, checkReboot, checkPowerStopStart} {
 		if r := record(check, h); !r.Skipped() || r.Failed() {
 			t.Errorf("power check on a driver without power: skipped %v, failed %v; want skipped", r.Skipped(), r.Failed())
 		}

@@ -60,6 +60,14 @@ type TemplateChecker interface {
 	CheckTemplate(source json.RawMessage) error
 }
 
+// CreateBounder is an optional capability of Settings: CreateBounds are
+// the memory and CPU counts a backend with these settings can make VMs
+// with. The config loader refuses a template whose range leaves them, so
+// that no vm_create fails on them after its quota was reserved.
+type CreateBounder interface {
+	CreateBounds() hypervisor.CreateBounds
+}
+
 // Env is what Resolve may use.
 type Env struct {
 	// Abs makes a host path absolute against the config file's directory;

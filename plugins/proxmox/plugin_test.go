@@ -54,16 +54,23 @@ func TestConformancePlugin(t *testing.T) {
 
 // TestConformancePower runs the power suite (reset, stop, start) through the
 // plugin boundary against every emulated version, on a lab VM of its own
-// that the emulator's power tasks really stop and relaunch.
+// that the emulator's power tasks really stop and relaunch; and a reboot
+// (a shutdown through the agent, then qmeventd's start) on the newest
+// version, which must return in the guest's new boot (issue 32, item 11).
 func TestConformancePower(t *testing.T) {
 	v := labtest.Start(t, lab.Spec{Name: "pvepower"})
 	m := pveemu.NewLabMachine(v)
 	t.Cleanup(func() { m.Close() })
-	for _, ver := range pveemu.Versions() {
+	versions := pveemu.Versions()
+	for i, ver := range versions {
 		t.Run(ver.String(), func(t *testing.T) {
 			e := startEmu(t, ver, nil, pveemu.VMSpec{VMID: 110, Node: "pve", Name: "power", Machine: m})
 			d := launchPlugin(t, e.cfg)
-			hypervisortest.RunPower(t, hypervisortest.Harness{Driver: d, VM: "110", UnknownVM: "999"})
+			h := hypervisortest.Harness{Driver: d, VM: "110", UnknownVM: "999"}
+			hypervisortest.RunPower(t, h)
+			if i == len(versions)-1 {
+				hypervisortest.RunPowerReboot(t, h)
+			}
 		})
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"regexp"
 
+	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/registry"
+	"github.com/vmgate/vmgate/internal/lab"
 )
 
 // The driver registers itself as "qemu": the binary links it in with a
@@ -57,7 +59,14 @@ var (
 	_ registry.Settings        = (*Settings)(nil)
 	_ registry.Resolver        = (*Settings)(nil)
 	_ registry.TemplateChecker = (*Settings)(nil)
+	_ registry.CreateBounder   = (*Settings)(nil)
 )
+
+// CreateBounds are the lab's: a created VM boots the lab image.
+func (s *Settings) CreateBounds() hypervisor.CreateBounds {
+	return hypervisor.CreateBounds{MinMemoryMB: lab.MinMemoryMB, MaxMemoryMB: lab.MaxMemoryMB, MaxCPUs: lab.MaxCPUs,
+		Why: fmt.Sprintf("the lab image needs %d MiB to boot", lab.MinMemoryMB)}
+}
 
 // CheckTemplate: the QEMU driver makes VMs in its lab directory only.
 func (s *Settings) CheckTemplate(json.RawMessage) error {

@@ -32,7 +32,10 @@ import (
 // holds memory: those come from the machine's settings file (CfgFile, the
 // Snapshot elements' timeStamp and stateFile: Settings.cpp
 // MachineConfigFile::buildSnapshotXML). Where that file cannot be read
-// (VBoxManage on another host), CreatedAt is zero and Memory false.
+// (VBoxManage on another host), CreatedAt is zero (no created_at in the
+// result) and Memory false: no VBoxManage output has a snapshot's time
+// (showSnapshots prints name, UUID and description; showvminfo's
+// VMStateChangeTime is the machine's LastStateChange, not a snapshot's).
 
 var (
 	_ hypervisor.Snapshotter        = (*Driver)(nil)

@@ -3,6 +3,7 @@ package virtualbox
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/vboxemu"
 )
 
 // TestParseSnapshotList reads showSnapshots' machine-readable tree: the
@@ -128,5 +130,52 @@ func TestSnapshotRefusals(t *testing.T) {
 	}
 	if err := d.SnapshotDelete(ctx, "vm", "a\x00b"); !errors.Is(err, hypervisor.ErrInvalidArgument) {
 		t.Errorf("SnapshotDelete(a NUL b) = %v; want %v", err, hypervisor.ErrInvalidArgument)
+	}
+}
+
+// TestSnapshotTimeUnknown: where the machine's settings file cannot be
+// read, `snapshot list --machinereadable` is all there is, and it gives no
+// time (VBoxManageInfo.cpp showSnapshots prints name, UUID and description
+// only): the snapshot then has no created_at at all, never the zero time
+// "0001-01-01T00:00:00Z" (issue 32, item 14).
+func TestSnapshotTimeUnknown(t *testing.T) {
+	m := machine("m", uuidOff, "", "")
+	m.Snapshots = []*vboxemu.Snapshot{{UUID: "11111111-1111-4111-8111-111111111111", Name: "base",
+		Taken: time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC), StateAtTake: "poweroff"}}
+	m.CurrentSnapshot = m.Snapshots[0].UUID
+	// The emulator writes the settings file on the world's first change:
+	// until then the machine has none, as on a host whose file vmgate's
+	// user cannot read.
+	e := newEmulator(t, "7.1", []*vboxemu.Machine{m})
+	d := e.driver(t)
+	ctx := context.Background()
+	if _, err := os.Stat(filepath.Join(e.dir, "m", "m.vbox")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("settings file: %v; want none yet", err)
+	}
+	list, err := d.SnapshotList(ctx, "m")
+	if err != nil || len(list) != 1 || list[0].Name != "base" || !list[0].CreatedAt.IsZero() {
+		t.Fatalf("SnapshotList(m) without its settings file = %+v, %v; want base with no time", list, err)
+	}
+	raw, err := json.Marshal(list[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(raw, []byte("created_at")) {
+		t.Errorf("a snapshot whose time is unknown marshals as %s; want no created_at", raw)
+	}
+
+	// Once the file is there, the times come from it.
+	if code, out := e.run(t, "snapshot", "m", "take", "second"); code != 0 {
+		t.Fatalf("snapshot take = %d, %s", code, out)
+	}
+	list, err = d.SnapshotList(ctx, "m")
+	if err != nil || len(list) != 2 {
+		t.Fatalf("SnapshotList(m) with its settings file = %+v, %v; want 2 snapshots", list, err)
+	}
+	for _, s := range list {
+		raw, _ := json.Marshal(s)
+		if s.CreatedAt.IsZero() || !bytes.Contains(raw, []byte(`"created_at":"`+s.CreatedAt.UTC().Format(time.RFC3339))) {
+			t.Errorf("snapshot %s = %s; want its created_at from the settings file", s.Name, raw)
+		}
 	}
 }

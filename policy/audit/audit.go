@@ -226,6 +226,9 @@ var (
 	ErrClosed   = errors.New("audit log is closed")
 	ErrBroken   = errors.New("audit log is broken after a failed write or fsync; reopen it")
 	ErrTooLarge = errors.New("audit record too large")
+	// ErrInUse: another process (another vmgate serve on the same state
+	// directory) holds the log's lock.
+	ErrInUse = errors.New("in use by another process")
 	// ErrInvalid wraps every rejection of a record handed to Append.
 	ErrInvalid = errors.New("invalid audit record")
 	// ErrTampered is wrapped by the *ChainError that Verify, Read and Open

@@ -182,7 +182,7 @@ func Open(path string, opts Options) (*Log, error) {
 		}
 	}()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return nil, fmt.Errorf("audit: open: %s is in use by another process: %w", path, err)
+		return nil, fmt.Errorf("audit: open: %s is %w: %w", path, ErrInUse, err)
 	}
 	fi, err := f.Stat()
 	if err != nil {

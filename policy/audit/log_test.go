@@ -159,9 +159,13 @@ func TestOpenIsExclusive(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if l2, err := Open(path, Options{}); err == nil {
+	l2, err := Open(path, Options{})
+	if err == nil {
 		l2.Close()
 		t.Fatalf("second Open of the same log = nil error; want in use")
+	}
+	if !errors.Is(err, ErrInUse) {
+		t.Errorf("second Open of the same log = %v; want ErrInUse (vmgate serve adds what to do)", err)
 	}
 }
 
