@@ -30,12 +30,11 @@ import (
 //	6c  p50 of list_vms answering the first page of fleetPage VMs out of
 //	    fleetVMs, against a bare mcp-go stdio server (this binary with
 //	    bareFleetArg, the same fleet drivers in process) answering the
-//	    same page, calls alternating one by one. list_vms takes no page
-//	    arguments yet: the row asks the server's tools/list whether
-//	    list_vms has a limit argument and, until it has, both sides answer
-//	    the whole list of fleetVMs (the row's note says which it measured);
-//	    with it, {"limit": fleetPage}, checked to give fleetPage VMs and
-//	    the total.
+//	    same page, calls alternating one by one: {"limit": fleetPage},
+//	    checked to give fleetPage VMs and the total. The row asks the
+//	    server's tools/list whether list_vms has a limit argument (a vmgate
+//	    from before list_vms paged answers the whole list of fleetVMs on
+//	    both sides; the row's note says which it measured).
 //	6d  RSS of vmgate serve and its plugin processes with fleetVMs VMs
 //	    made by vm_create (so fleetVMs leases) against fleetSmall of each,
 //	    after the same load per VM (fleetLoadPasses passes of list_vms
@@ -163,6 +162,7 @@ func bareFleet(backends []vmpage.Backend) *mcpserver.MCPServer {
 			out["total"] = p.Total
 			if p.Next != "" {
 				out["next_cursor"] = p.Next
+				fmt.Fprintf(&b, "\nmore: call list_vms again with cursor %s", p.Next)
 			}
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{mcp.NewTextContent(b.String())}, StructuredContent: out}, nil

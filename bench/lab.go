@@ -58,15 +58,16 @@ func (l *labEnv) run(ctx context.Context, args ...string) error {
 	return nil
 }
 
-// startLab boots n lab VMs. The caller must call stop, also on error.
-func startLab(ctx context.Context, vmgate string, n int) (*labEnv, error) {
+// startLab boots n lab VMs (extra: more flags of lab up). The caller
+// must call stop, also on error.
+func startLab(ctx context.Context, vmgate string, n int, extra ...string) (*labEnv, error) {
 	// A short path: the sockets live under it and sun_path is 107 bytes.
 	dir, err := os.MkdirTemp("", "vmgb-")
 	if err != nil {
 		return nil, err
 	}
 	l := &labEnv{vmgate: vmgate, stateDir: dir}
-	if err := l.run(ctx, "lab", "up", "--vms", strconv.Itoa(n)); err != nil {
+	if err := l.run(ctx, append([]string{"lab", "up", "--vms", strconv.Itoa(n)}, extra...)...); err != nil {
 		return l, err
 	}
 	return l, nil
@@ -409,15 +410,17 @@ func withoutQEMU(rows []*Row) bool {
 // VMs (6b), the server's memory (7) and exec in a sandboxed session (8). Without QEMU the rows are skipped,
 // unless VMGATE_REQUIRE_VM is set, which makes them fail.
 func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
-	tight := &Row{ID: "1a", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver plugin, QGA) / raw guest-exec polled back to back, execs alternating"}
-	poll1s := &Row{ID: "1b", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver plugin, QGA) / raw guest-exec polled once a second"}
-	paced := &Row{ID: "1c", Unit: "ms", What: "exec /bin/true latency: raw guest-exec polled as vmgate polls it (qga.Exec) / polled back to back: the pacing's share of 1a"}
-	alike := &Row{ID: "1d", Unit: "ms", What: "exec /bin/true latency, raw, polled back to back: on the baselines' second guest agent / on the agent the driver uses (server stopped): should be 1"}
-	par := &Row{ID: "6b", Unit: "execs/s", What: fmt.Sprintf("scale: exec throughput, %d lab VMs in parallel / 1 lab VM, through vmgate serve", labVMs),
-		Note: fmt.Sprintf("%d CPUs", runtime.NumCPU())}
-	mem := &Row{ID: "7", Unit: "MiB", What: "memory: RSS of vmgate serve and its plugin processes, after the load / idle"}
-	boxed := &Row{ID: "8", Unit: "ms", What: "sandbox: exec /bin/true latency through vm_agent_exec, in a sandboxed session (own uid, no_new_privs, Landlock, net none, cgroup) / outside any session"}
-	rows := []*Row{tight, poll1s, paced, alike, par, mem, boxed}
+	b := &labBench{
+		tight:  &Row{ID: "1a", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver plugin, QGA) / raw guest-exec polled back to back, execs alternating"},
+		poll1s: &Row{ID: "1b", Unit: "ms", What: "exec /bin/true latency: vm_agent_exec (MCP stdio, gate, QEMU driver plugin, QGA) / raw guest-exec polled once a second"},
+		paced:  &Row{ID: "1c", Unit: "ms", What: "exec /bin/true latency: raw guest-exec polled as vmgate polls it (qga.Exec) / polled back to back: the pacing's share of 1a"},
+		alike:  &Row{ID: "1d", Unit: "ms", What: "exec /bin/true latency, raw, polled back to back: on the baselines' second guest agent / on the agent the driver uses (server stopped): should be 1"},
+		par: &Row{ID: "6b", Unit: "execs/s", What: fmt.Sprintf("scale: exec throughput, %d lab VMs in parallel / 1 lab VM, through vmgate serve", labVMs),
+			Note: fmt.Sprintf("%d CPUs", runtime.NumCPU())},
+		mem:   &Row{ID: "7", Unit: "MiB", What: "memory: RSS of vmgate serve and its plugin processes, after the load / idle"},
+		boxed: &Row{ID: "8", Unit: "ms", What: "sandbox: exec /bin/true latency through vm_agent_exec, in a sandboxed session (own uid, no_new_privs, Landlock, net none, cgroup) / outside any session"},
+	}
+	rows := []*Row{b.tight, b.poll1s, b.paced, b.alike, b.par, b.mem, b.boxed}
 	fail := func(err error) []*Row { return failRows(rows, pairs, err) }
 	if withoutQEMU(rows) {
 		return rows
@@ -427,102 +430,125 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	if err != nil {
 		return fail(err)
 	}
-	cfg, err := l.writeConfig()
+	b.l = l
+	if b.cfg, err = l.writeConfig(); err != nil {
+		return fail(err)
+	}
+	b.all = make([]string, labVMs)
+	for i := range b.all {
+		b.all[i] = "vm" + strconv.Itoa(i+1)
+	}
+	if b.vm1, err = lab.Get(l.stateDir, "vm1"); err != nil {
+		return fail(err)
+	}
+	benchSock, err := addAgent(ctx, b.vm1)
 	if err != nil {
 		return fail(err)
 	}
-	all := make([]string, labVMs)
-	for i := range all {
-		all[i] = "vm" + strconv.Itoa(i+1)
-	}
-	vm1, err := lab.Get(l.stateDir, "vm1")
-	if err != nil {
+	b.bc = qga.New(benchSock)
+	defer b.bc.Close()
+	if err := Rounds(ctx, warmup, pairs, b.round); err != nil {
 		return fail(err)
 	}
-	benchSock, err := addAgent(ctx, vm1)
-	if err != nil {
-		return fail(err)
-	}
-	bc := qga.New(benchSock)
-	defer bc.Close()
-	const execs, perVM = 25, 10
-	var procs int
-	err = Rounds(ctx, warmup, pairs, func(ctx context.Context, i int, counts bool) error {
-		// The server: idle memory, exec latency, parallel throughput,
-		// memory after the load.
-		p, err := l.serve(ctx, cfg)
-		if err != nil {
-			return err
-		}
-		stopped := false
-		defer func() {
-			if !stopped {
-				p.kill()
-			}
-		}()
-		if _, err := p.client.callTool(ctx, "list_vms", "{}"); err != nil {
-			return err
-		}
-		idle, n, err := treeRSS(p.cmd.Process.Pid)
-		if err != nil {
-			return err
-		}
-		procs = n
-		lat, err := interleaved(execs,
-			dephased(func() (time.Duration, error) { return execTrue(ctx, p.client, "vm1") }),
-			dephased(func() (time.Duration, error) { return rawExec(ctx, bc, 0) }),
-			dephased(func() (time.Duration, error) { return pacedExec(ctx, bc) }))
-		if err != nil {
-			return err
-		}
-		gated, raw, pacedRaw := lat[0], lat[1], lat[2]
-		inBox, outside, err := sandboxedExec(ctx, p.client, "vm1", execs)
-		if err != nil {
-			return err
-		}
-		var many, one float64
-		if i%2 == 0 {
-			if many, err = execRate(ctx, p.client, all, perVM); err == nil {
-				one, err = execRate(ctx, p.client, all[:1], perVM)
-			}
-		} else {
-			if one, err = execRate(ctx, p.client, all[:1], perVM); err == nil {
-				many, err = execRate(ctx, p.client, all, perVM)
-			}
-		}
-		if err != nil {
-			return err
-		}
-		loaded, _, err := treeRSS(p.cmd.Process.Pid)
-		if err != nil {
-			return err
-		}
-		stopped = true
-		if err := p.stop(); err != nil {
-			return err
-		}
-		// The two agents side by side, the driver's now free.
-		own := qga.New(vm1.QGASocket)
-		defer own.Close()
-		aa, err := interleaved(execs,
-			dephased(func() (time.Duration, error) { return rawExec(ctx, bc, 0) }),
-			dephased(func() (time.Duration, error) { return rawExec(ctx, own, 0) }))
-		if err != nil {
-			return err
-		}
-		slow, err := medianMs(2, func() (time.Duration, error) { return rawExec(ctx, bc, time.Second) })
-		if err != nil {
-			return err
-		}
-		if !counts {
-			return nil
-		}
-		return errors.Join(tight.Add(gated, raw), poll1s.Add(gated, slow), paced.Add(pacedRaw, raw), alike.Add(aa[0], aa[1]),
-			par.Add(many, one), mem.Add(loaded, idle), boxed.Add(inBox, outside))
-	})
-	if err != nil {
-		return fail(err)
-	}
-	mem.Note = fmt.Sprintf("processes: serve + %d plugin", procs-1)
+	b.mem.Note = fmt.Sprintf("processes: serve + %d plugin", b.procs-1)
 	return rows
+}
+
+// labBench is labRows' lab and rows.
+type labBench struct {
+	l                                            *labEnv
+	cfg                                          string
+	all                                          []string // the lab VMs
+	vm1                                          *lab.VM
+	bc                                           *qga.Client // the baselines' second agent of vm1
+	tight, poll1s, paced, alike, par, mem, boxed *Row
+	procs                                        int // serve's process tree
+}
+
+// labExecs is how many execs each latency of a round takes; labPerVM the
+// execs per VM of a throughput.
+const labExecs, labPerVM = 25, 10
+
+// round is one round of labRows: the server's idle memory, exec latency,
+// parallel throughput and memory after the load; then, the server stopped,
+// the two agents side by side.
+func (b *labBench) round(ctx context.Context, i int, counts bool) error {
+	p, err := b.l.serve(ctx, b.cfg)
+	if err != nil {
+		return err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			p.kill()
+		}
+	}()
+	if _, err := p.client.callTool(ctx, "list_vms", "{}"); err != nil {
+		return err
+	}
+	idle, n, err := treeRSS(p.cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	b.procs = n
+	lat, err := interleaved(labExecs,
+		dephased(func() (time.Duration, error) { return execTrue(ctx, p.client, "vm1") }),
+		dephased(func() (time.Duration, error) { return rawExec(ctx, b.bc, 0) }),
+		dephased(func() (time.Duration, error) { return pacedExec(ctx, b.bc) }))
+	if err != nil {
+		return err
+	}
+	gated, raw, pacedRaw := lat[0], lat[1], lat[2]
+	inBox, outside, err := sandboxedExec(ctx, p.client, "vm1", labExecs)
+	if err != nil {
+		return err
+	}
+	many, one, err := b.rates(ctx, p.client, i)
+	if err != nil {
+		return err
+	}
+	loaded, _, err := treeRSS(p.cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	stopped = true
+	if err := p.stop(); err != nil {
+		return err
+	}
+	aa, slow, err := b.agents(ctx)
+	if err != nil || !counts {
+		return err
+	}
+	return errors.Join(b.tight.Add(gated, raw), b.poll1s.Add(gated, slow), b.paced.Add(pacedRaw, raw), b.alike.Add(aa[0], aa[1]),
+		b.par.Add(many, one), b.mem.Add(loaded, idle), b.boxed.Add(inBox, outside))
+}
+
+// rates are the exec throughput over every lab VM and over one, measured
+// in an order that alternates by round i.
+func (b *labBench) rates(ctx context.Context, c *mcpClient, i int) (many, one float64, err error) {
+	if i%2 == 0 {
+		if many, err = execRate(ctx, c, b.all, labPerVM); err == nil {
+			one, err = execRate(ctx, c, b.all[:1], labPerVM)
+		}
+		return many, one, err
+	}
+	if one, err = execRate(ctx, c, b.all[:1], labPerVM); err == nil {
+		many, err = execRate(ctx, c, b.all, labPerVM)
+	}
+	return many, one, err
+}
+
+// agents measures the two agents of vm1 side by side, the driver's now
+// free (aa), and a raw exec polled once a second (slow).
+func (b *labBench) agents(ctx context.Context) (aa []float64, slow float64, err error) {
+	own := qga.New(b.vm1.QGASocket)
+	defer own.Close()
+	aa, err = interleaved(labExecs,
+		dephased(func() (time.Duration, error) { return rawExec(ctx, b.bc, 0) }),
+		dephased(func() (time.Duration, error) { return rawExec(ctx, own, 0) }))
+	if err != nil {
+		return nil, 0, err
+	}
+	slow, err = medianMs(2, func() (time.Duration, error) { return rawExec(ctx, b.bc, time.Second) })
+	return aa, slow, err
 }

@@ -40,8 +40,11 @@
 //	8       sandbox: exec in a sandboxed session against outside any session
 //	10      VMs on demand: vm_create to the first exec on the lab template against
 //	        lab.Create to the first raw guest-exec
-//	11      screen: a screenshot through the QEMU driver's plugin against a raw
-//	        QMP screendump (the vm_screenshot tool's row, once it exists)
+//	11      screen: vm_screenshot through vmgate serve against a raw QMP
+//	        screendump
+//	12a–12c files at the guestctl level: a 64 MiB file read and written in
+//	        16 MiB ranges, a 2,000-file tar extracted, against the guest
+//	        agent's raw file loops and tar through guest-exec (files.go)
 //	13      audit search: vmgate audit search on a 100,000-record log, by each
 //	        filter, against grep -c of the same value
 //
@@ -65,7 +68,7 @@ import (
 )
 
 // groups are the names -only accepts, in the order they run.
-var groups = []string{"decide", "scale", "audit", "search", "plugin", "gate", "shipped", "fleet", "lab", "snapshot", "create", "screen"}
+var groups = []string{"decide", "scale", "audit", "search", "plugin", "gate", "shipped", "fleet", "lab", "snapshot", "create", "screen", "files"}
 
 // options are the command's flags, validated.
 type options struct {
@@ -116,7 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	}
-	return o, errors.Join(needs("vmgate", o.vmgate, "search", "lab", "shipped", "fleet", "snapshot", "create", "screen"),
+	return o, errors.Join(needs("vmgate", o.vmgate, "search", "lab", "shipped", "fleet", "snapshot", "create", "screen", "files"),
 		needs("tests", o.tests, "audit", "plugin", "gate"), needs("src", o.src, "audit", "plugin", "gate"),
 		needs("plugins", o.plugins, "fleet"))
 }
@@ -187,6 +190,8 @@ func main() {
 			rows = append(rows, labRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "snapshot":
 			rows = append(rows, snapshotRows(ctx, o.vmgate, o.warmup, o.pairs)...)
+		case "files":
+			rows = append(rows, fileRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "create":
 			rows = append(rows, createRow(ctx, o.vmgate, o.warmup, o.pairs))
 		case "screen":

@@ -47,7 +47,9 @@ type toolResult struct {
 	IsError           bool            `json:"isError"`
 	StructuredContent json.RawMessage `json:"structuredContent"`
 	Content           []struct {
+		Type string `json:"type"`
 		Text string `json:"text"`
+		Data string `json:"data"` // an image's base64
 	} `json:"content"`
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/vmgate/vmgate/policy/store/bolt"
 	"github.com/vmgate/vmgate/policy/store/memory"
 	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/stdio"
 )
 
 // manyVMs is a fake driver with n running VMs vm001…; listing them is a
@@ -57,14 +58,14 @@ func bareListVMs(drv hypervisor.Driver) *mcpserver.MCPServer {
 		}
 		vms := make([]vmEntry, 0, len(list))
 		var b strings.Builder
-		fmt.Fprintf(&b, "%d VM(s)", len(list))
+		fmt.Fprintf(&b, "%d of %d VM(s)", len(list), len(list)) // list_vms's text for a page that holds every VM
 		for _, vm := range list {
 			e := vmEntry{ID: "lab/" + vm.Name, State: vm.State, Info: vm.Info, Agent: vm.Agent}
 			vms = append(vms, e)
 			fmt.Fprintf(&b, "\n%s %s", e.ID, e.State)
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{mcp.NewTextContent(b.String())},
-			StructuredContent: map[string]any{"vms": vms}}, nil
+			StructuredContent: map[string]any{"vms": vms, "total": len(list)}}, nil
 	})
 	return s
 }
@@ -202,7 +203,9 @@ func listVMsRow(ctx context.Context, warmup, pairs int) *Row {
 		return r
 	}
 	defer closeGated()
-	gated, stopGated, err := pipeServer(ctx, s.ServeStdio)
+	gated, stopGated, err := pipeServer(ctx, func(ctx context.Context, in io.Reader, out io.Writer) error {
+		return stdio.Serve(ctx, s, "local", in, out)
+	})
 	if err != nil {
 		r.Err = fmt.Errorf("scale: gated server: %w", err)
 		return r
@@ -217,11 +220,13 @@ func listVMsRow(ctx context.Context, warmup, pairs int) *Row {
 		return r
 	}
 	defer stopBare()
-	check := countVMs(nVMs)
+	// All 500 in one page (list_vms's default page is 100); the bare
+	// server lists everything whatever it is asked.
+	check, args := countVMs(nVMs), fmt.Sprintf(`{"limit":%d}`, nVMs)
 	r.Err = Interleave(ctx, r, warmup, pairs,
 		func(ctx context.Context) (float64, error) {
-			return p50Calls(ctx, gated, calls, "list_vms", "{}", check)
+			return p50Calls(ctx, gated, calls, "list_vms", args, check)
 		},
-		func(ctx context.Context) (float64, error) { return p50Calls(ctx, bare, calls, "list_vms", "{}", check) })
+		func(ctx context.Context) (float64, error) { return p50Calls(ctx, bare, calls, "list_vms", args, check) })
 	return r
 }

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	mcpserver "github.com/mark3labs/mcp-go/server"
+
+	"github.com/vmgate/vmgate/server/stdio"
 )
 
 // TestListVMsServersAgree checks that the bare baseline of row 6a returns
@@ -25,7 +27,9 @@ func TestListVMsServersAgree(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeGated()
-	gated, stopGated, err := pipeServer(ctx, s.ServeStdio)
+	gated, stopGated, err := pipeServer(ctx, func(ctx context.Context, in io.Reader, out io.Writer) error {
+		return stdio.Serve(ctx, s, "local", in, out)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func snapshotRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row 
 	if err != nil {
 		return fail(err)
 	}
-	cfg, err := l.writeSnapConfig()
+	cfg, err := l.writePolicyConfig("snap", snapPolicy)
 	if err != nil {
 		return fail(err)
 	}
@@ -72,17 +72,19 @@ func snapshotRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row 
 	return rows
 }
 
-// writeSnapConfig writes a config with snapPolicy.
-func (l *labEnv) writeSnapConfig() (string, error) {
-	pol := filepath.Join(l.stateDir, "bench-snap-policy.json")
-	if err := os.WriteFile(pol, []byte(snapPolicy), 0o600); err != nil {
+// writePolicyConfig writes vmgate serve's config for a row, as shipped
+// (bbolt, fsync always, the driver as a plugin) with pol as grant local's
+// policy; name tells the files of one row from another's.
+func (l *labEnv) writePolicyConfig(name, pol string) (string, error) {
+	pp := filepath.Join(l.stateDir, "bench-"+name+"-policy.json")
+	if err := os.WriteFile(pp, []byte(pol), 0o600); err != nil {
 		return "", err
 	}
 	cfg := "state_dir: " + strconv.Quote(l.stateDir) + "\n" +
 		"audit: {fsync: always}\n" +
-		"grants: [{name: local, policy: " + strconv.Quote(pol) + "}]\n" +
+		"grants: [{name: local, policy: " + strconv.Quote(pp) + "}]\n" +
 		"backends: [{name: lab, driver: qemu, settings: {lab: true}}]\n"
-	p := filepath.Join(l.stateDir, "bench-snap-vmgate.yaml")
+	p := filepath.Join(l.stateDir, "bench-"+name+"-vmgate.yaml")
 	return p, os.WriteFile(p, []byte(cfg), 0o600)
 }
 

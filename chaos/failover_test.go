@@ -21,7 +21,7 @@ import (
 	"github.com/vmgate/vmgate/internal/redistest"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
-	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/operator"
 )
 
 // The failover case: three `vmgate serve` replicas on a Redis primary, its
@@ -450,13 +450,13 @@ func (fl *failoverLoad) record(gated bool, r reply, err error, start time.Time, 
 func (fl *failoverLoad) operate() {
 	socks := make([]string, len(fl.rig.setups))
 	for i, s := range fl.rig.setups {
-		socks[i] = filepath.Join(s.state, server.OperatorSocketName)
+		socks[i] = filepath.Join(s.state, operator.SocketName)
 	}
 	for i := 0; !fl.stopped(); i++ {
 		err := func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			resp, err := server.OperatorCall(ctx, socks[i%3], server.OperatorRequest{Op: server.OpList})
+			resp, err := operator.Call(ctx, socks[i%3], operator.Request{Op: operator.OpList})
 			if err != nil {
 				return err
 			}
@@ -464,7 +464,7 @@ func (fl *failoverLoad) operate() {
 				if a.State != store.ApprovalPending {
 					continue
 				}
-				if _, err := server.OperatorCall(ctx, socks[(i+1)%3], server.OperatorRequest{Op: server.OpGrant, ID: a.ID, Reason: "chaos failover"}); err != nil {
+				if _, err := operator.Call(ctx, socks[(i+1)%3], operator.Request{Op: operator.OpGrant, ID: a.ID, Reason: "chaos failover"}); err != nil {
 					return err
 				}
 			}

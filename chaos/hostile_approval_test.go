@@ -13,14 +13,16 @@ import (
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 )
 
-// gatedPolicy parks every command and every file write for an operator.
+// gatedPolicy parks every command, every file write and all console
+// input for an operator.
 const gatedPolicy = `{
   "version": "1",
   "default": "deny",
   "tools": {
     "list_vms": {},
     "vm_agent_exec": { "action": "approve", "approval": { "channel": "operator", "ttl": "10m" } },
-    "vm_file_write": { "action": "approve", "approval": { "channel": "operator", "ttl": "10m" } }
+    "vm_file_write": { "action": "approve", "approval": { "channel": "operator", "ttl": "10m" } },
+    "vm_console_write": { "action": "approve", "approval": { "channel": "operator", "ttl": "10m" } }
   }
 }
 `
@@ -161,8 +163,8 @@ func TestHostileApprovals(t *testing.T) {
 	if out, err := runVMGate("audit", "verify", s.auditLog); err != nil {
 		t.Errorf("vmgate audit verify: %v\n%s", err, out)
 	}
-	if b, err := os.ReadFile(s.auditLog); err != nil || strings.Contains(string(b), "echo innocent") || strings.Contains(string(b), "hello-operator") {
-		t.Errorf("the audit log holds a stdin or env value in clear (%v)", err)
+	if b, err := os.ReadFile(s.auditLog); err != nil || strings.Contains(string(b), "echo innocent") || strings.Contains(string(b), "hello-operator") || strings.Contains(string(b), "innocent-console") {
+		t.Errorf("the audit log holds a stdin, env or console text value in clear (%v)", err)
 	}
 	report.add("hostile approvals", fmt.Sprintf("%d operator cases (stdin, env and content swapped after the approval; hidden escapes, bidi, long tails)", len(cases)),
 		fmt.Sprintf("%d of %d as expected; the operator saw every argument; guest sentinels unchanged", passed, total))

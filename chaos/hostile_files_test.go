@@ -19,7 +19,8 @@ const filesPolicy = `{
   "default": "deny",
   "tools": {
     "vm_file_read": { "require": [ { "path": "args.path", "op": "regex", "value": "^/tmp/vmgate-files/" } ] },
-    "vm_file_write": { "require": [ { "path": "args.path", "op": "regex", "value": "^/tmp/vmgate-files/" } ] }
+    "vm_file_write": { "require": [ { "path": "args.path", "op": "regex", "value": "^/tmp/vmgate-files/" } ] },
+    "vm_archive_write": { "require": [ { "path": "args.path", "op": "regex", "value": "^/tmp/vmgate-files/" } ] }
   }
 }
 `

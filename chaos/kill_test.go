@@ -41,7 +41,17 @@ func TestKill9(t *testing.T) {
 	if err := c.initialize(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r, err := c.call(ctx, "destroy_session", map[string]any{"vm": "lab/" + vm1, "session": "chaos-kill9-session"})
+	// A session that exists: destroying one that does not is refused
+	// before an operator is asked.
+	cr, err := c.call(ctx, "create_session", map[string]any{"vm": "lab/" + vm1, "ttl_s": 600})
+	var made struct {
+		Session string `json:"session"`
+	}
+	if err != nil || cr.outcome() != "ok" || json.Unmarshal(cr.Result.Structured, &made) != nil || made.Session == "" {
+		p.kill()
+		t.Fatalf("create_session = %v, %v; want a session", cr.outcome(), err)
+	}
+	r, err := c.call(ctx, "destroy_session", map[string]any{"vm": "lab/" + vm1, "session": made.Session})
 	if err != nil || r.outcome() != "[APPROVAL REQUIRED]" {
 		p.kill()
 		t.Fatalf("destroy_session = %v, %v; want [APPROVAL REQUIRED]", r.outcome(), err)

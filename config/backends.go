@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"reflect"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -19,8 +18,25 @@ import (
 // DriverQEMU is the driver of the default backend ("lab").
 const DriverQEMU = "qemu"
 
-// backendNameRE: a backend name is the prefix of its VM ids ("lab/vm1").
-var backendNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+// BackendNameRule says what ValidBackendName accepts, for messages.
+const BackendNameRule = "[a-z0-9][a-z0-9-], at most 32"
+
+// ValidBackendName reports whether s is a backend name: a lowercase letter
+// or digit, then at most 31 of them or '-'. A backend's name is the prefix
+// of its VM ids ("lab/vm1"): the config, the server and the gate's VM-id
+// rule all ask here, so there is one rule for it.
+func ValidBackendName(s string) bool {
+	if s == "" || len(s) > 32 || s[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // Backend is one hypervisor backend: a driver and its settings.
 type Backend struct {
@@ -120,8 +136,8 @@ func (b *Backend) resolve(abs func(string) string, stateDir string) {
 func (c *Config) validateBackends() error {
 	seen := map[string]bool{}
 	for i, b := range c.Backends {
-		if !backendNameRE.MatchString(b.Name) {
-			return fmt.Errorf("backends[%d].name: %q (want [a-z0-9][a-z0-9-], at most 32: it prefixes the VM ids)", i, b.Name)
+		if !ValidBackendName(b.Name) {
+			return fmt.Errorf("backends[%d].name: %q (want %s: it prefixes the VM ids)", i, b.Name, BackendNameRule)
 		}
 		if seen[b.Name] {
 			return fmt.Errorf("backends[%d].name: %q defined twice", i, b.Name)
@@ -257,20 +273,9 @@ func checkNode(n *yaml.Node, t reflect.Type, at string) error {
 	if n.Kind == yaml.AliasNode {
 		return fmt.Errorf("%s: YAML aliases are not allowed in settings (line %d)", at, n.Line)
 	}
-	bad := func(want string) error {
-		got := n.Tag
-		if n.Kind == yaml.ScalarNode {
-			got = fmt.Sprintf("%s %q", strings.TrimPrefix(n.Tag, "!!"), n.Value)
-		} else if n.Kind == yaml.MappingNode {
-			got = "a mapping"
-		} else if n.Kind == yaml.SequenceNode {
-			got = "a list"
-		}
-		return fmt.Errorf("%s: want %s, got %s (line %d)", at, want, got, n.Line)
-	}
 	if reflect.PointerTo(t).Implements(textUnmarshaler) {
 		if n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
-			return bad("a string")
+			return wrongNode(n, at, "a string")
 		}
 		if err := reflect.New(t).Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(n.Value)); err != nil {
 			return fmt.Errorf("%s: %w (line %d)", at, err, n.Line)
@@ -279,42 +284,10 @@ func checkNode(n *yaml.Node, t reflect.Type, at string) error {
 	}
 	switch t.Kind() {
 	case reflect.Struct:
-		if n.Kind != yaml.MappingNode {
-			return bad("a mapping")
-		}
-		fields := map[string]reflect.StructField{}
-		var names []string
-		for j := range t.NumField() {
-			f := t.Field(j)
-			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			if name == "" || name == "-" || !f.IsExported() {
-				continue
-			}
-			fields[name] = f
-			names = append(names, name)
-		}
-		seen := map[string]bool{}
-		for k := 0; k+1 < len(n.Content); k += 2 {
-			key, val := n.Content[k], n.Content[k+1]
-			if key.Kind != yaml.ScalarNode || key.Tag != "!!str" {
-				return fmt.Errorf("%s: keys must be strings (line %d)", at, key.Line)
-			}
-			f, ok := fields[key.Value]
-			if !ok {
-				return fmt.Errorf("%s.%s: unknown setting (line %d; want one of %s)", at, key.Value, key.Line, strings.Join(names, ", "))
-			}
-			if seen[key.Value] {
-				return fmt.Errorf("%s.%s: defined twice (line %d)", at, key.Value, key.Line)
-			}
-			seen[key.Value] = true
-			if err := checkNode(val, f.Type, at+"."+key.Value); err != nil {
-				return err
-			}
-		}
-		return nil
+		return checkMapping(n, t, at)
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
-			return bad("a list")
+			return wrongNode(n, at, "a list")
 		}
 		for j, e := range n.Content {
 			if err := checkNode(e, t.Elem(), fmt.Sprintf("%s[%d]", at, j)); err != nil {
@@ -324,19 +297,70 @@ func checkNode(n *yaml.Node, t reflect.Type, at string) error {
 		return nil
 	case reflect.String:
 		if n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
-			return bad("a string")
+			return wrongNode(n, at, "a string")
 		}
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
-			return bad("true or false")
+			return wrongNode(n, at, "true or false")
 		}
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
-			return bad("an integer")
+			return wrongNode(n, at, "an integer")
 		}
 	default:
 		return fmt.Errorf("%s: settings of type %s are not supported", at, t)
+	}
+	return nil
+}
+
+// wrongNode says that n, at at, is not what was wanted.
+func wrongNode(n *yaml.Node, at, want string) error {
+	got := n.Tag
+	if n.Kind == yaml.ScalarNode {
+		got = fmt.Sprintf("%s %q", strings.TrimPrefix(n.Tag, "!!"), n.Value)
+	} else if n.Kind == yaml.MappingNode {
+		got = "a mapping"
+	} else if n.Kind == yaml.SequenceNode {
+		got = "a list"
+	}
+	return fmt.Errorf("%s: want %s, got %s (line %d)", at, want, got, n.Line)
+}
+
+// checkMapping checks a mapping against struct type t: every key one of
+// t's fields, once, with a value checkNode accepts.
+func checkMapping(n *yaml.Node, t reflect.Type, at string) error {
+	if n.Kind != yaml.MappingNode {
+		return wrongNode(n, at, "a mapping")
+	}
+	fields := map[string]reflect.StructField{}
+	var names []string
+	for j := range t.NumField() {
+		f := t.Field(j)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" || !f.IsExported() {
+			continue
+		}
+		fields[name] = f
+		names = append(names, name)
+	}
+	seen := map[string]bool{}
+	for k := 0; k+1 < len(n.Content); k += 2 {
+		key, val := n.Content[k], n.Content[k+1]
+		if key.Kind != yaml.ScalarNode || key.Tag != "!!str" {
+			return fmt.Errorf("%s: keys must be strings (line %d)", at, key.Line)
+		}
+		f, ok := fields[key.Value]
+		if !ok {
+			return fmt.Errorf("%s.%s: unknown setting (line %d; want one of %s)", at, key.Value, key.Line, strings.Join(names, ", "))
+		}
+		if seen[key.Value] {
+			return fmt.Errorf("%s.%s: defined twice (line %d)", at, key.Value, key.Line)
+		}
+		seen[key.Value] = true
+		if err := checkNode(val, f.Type, at+"."+key.Value); err != nil {
+			return err
+		}
 	}
 	return nil
 }

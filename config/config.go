@@ -23,14 +23,17 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// DefaultPolicy is the built-in policy document: read-only tools allowed,
+// defaultPolicy is the built-in policy document: read-only tools allowed,
 // exec, kill and snapshot_create rate-limited, destroy_session, vm_power,
 // snapshot_revert and snapshot_delete need an operator's approval, file writes denied, sessions sandboxed as tightly as
 // is useful (net none, their own uid, write only their own directories;
 // only cgroup v2 may be missing, membership then goes by the uid).
 //
 //go:embed default_policy.json
-var DefaultPolicy []byte
+var defaultPolicy []byte
+
+// DefaultPolicy returns the built-in policy document (a copy).
+func DefaultPolicy() []byte { return bytes.Clone(defaultPolicy) }
 
 // BuiltinPolicy as a grant's policy names DefaultPolicy.
 const BuiltinPolicy = "builtin:default"
@@ -313,43 +316,68 @@ func (c *Config) Validate() error {
 	if c.Audit.Fsync != FsyncAlways && c.Audit.Fsync != FsyncInterval {
 		return fmt.Errorf("audit.fsync: %q (want always or interval)", c.Audit.Fsync)
 	}
+	tokens, err := c.validateGrants()
+	if err != nil {
+		return err
+	}
+	for _, step := range []func() error{c.validateBackends, c.validateTemplates, func() error { return c.validateListeners(tokens) },
+		c.validateHTTPLimits, c.validateHTTPOrigins} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	if (c.HTTP.TLSCert == "") != (c.HTTP.TLSKey == "") {
+		return errors.New("http: tls_cert and tls_key go together")
+	}
+	if c.Limits.MaxOutputBytes < 0 || c.Limits.MaxOutputBytes > 1<<30 {
+		return fmt.Errorf("limits.max_output_bytes: %d out of range [0, %d]", c.Limits.MaxOutputBytes, 1<<30)
+	}
+	if c.Limits.MaxTimeoutS < 0 || c.Limits.MaxTimeoutS > 86400 {
+		return fmt.Errorf("limits.max_timeout_s: %d out of range [0, 86400]", c.Limits.MaxTimeoutS)
+	}
+	return nil
+}
+
+// validateGrants checks the grants and returns their token hashes (by
+// hash, the grant's name).
+func (c *Config) validateGrants() (map[string]string, error) {
 	if len(c.Grants) == 0 {
-		return errors.New("grants: at least one grant is required")
+		return nil, errors.New("grants: at least one grant is required")
 	}
 	seen := map[string]bool{}
 	tokens := map[string]string{}
 	for i, g := range c.Grants {
 		if !grantRE.MatchString(g.Name) {
-			return fmt.Errorf("grants[%d].name: %q is not a valid grant name", i, g.Name)
+			return nil, fmt.Errorf("grants[%d].name: %q is not a valid grant name", i, g.Name)
 		}
 		if seen[g.Name] {
-			return fmt.Errorf("grants[%d].name: %q defined twice", i, g.Name)
+			return nil, fmt.Errorf("grants[%d].name: %q defined twice", i, g.Name)
 		}
 		seen[g.Name] = true
 		if g.TokenSHA256 != "" {
 			if !sha256hex.MatchString(g.TokenSHA256) {
-				return fmt.Errorf("grants[%d].token_sha256: want 64 lowercase hex digits (sha256sum of the token)", i)
+				return nil, fmt.Errorf("grants[%d].token_sha256: want 64 lowercase hex digits (sha256sum of the token)", i)
 			}
 			if other, dup := tokens[g.TokenSHA256]; dup {
-				return fmt.Errorf("grants[%d].token_sha256: the same token as grant %q", i, other)
+				return nil, fmt.Errorf("grants[%d].token_sha256: the same token as grant %q", i, other)
 			}
 			tokens[g.TokenSHA256] = g.Name
 		}
 		if g.Policy == "" {
-			return fmt.Errorf("grants[%d].policy: required (a policy file, or %q)", i, BuiltinPolicy)
+			return nil, fmt.Errorf("grants[%d].policy: required (a policy file, or %q)", i, BuiltinPolicy)
 		}
 		for j, glob := range g.VMs {
 			if _, err := path.Match(glob, ""); err != nil || glob == "" {
-				return fmt.Errorf("grants[%d].vms[%d]: bad glob %q", i, j, glob)
+				return nil, fmt.Errorf("grants[%d].vms[%d]: bad glob %q", i, j, glob)
 			}
 		}
 	}
-	if err := c.validateBackends(); err != nil {
-		return err
-	}
-	if err := c.validateTemplates(); err != nil {
-		return err
-	}
+	return tokens, nil
+}
+
+// validateListeners checks the HTTP and metrics addresses and the
+// operator (whose token must be none of the grants' tokens).
+func (c *Config) validateListeners(tokens map[string]string) error {
 	if c.HTTP.Addr != "" {
 		if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
 			return fmt.Errorf("http.addr: %w", err)
@@ -374,21 +402,6 @@ func (c *Config) Validate() error {
 	if c.Metrics.Replica != "" && !replicaRE.MatchString(c.Metrics.Replica) {
 		return c.fieldError("metrics.replica", "%q: want 1 to 128 of [A-Za-z0-9._:@-]", c.Metrics.Replica)
 	}
-	if err := c.validateHTTPLimits(); err != nil {
-		return err
-	}
-	if err := c.validateHTTPOrigins(); err != nil {
-		return err
-	}
-	if (c.HTTP.TLSCert == "") != (c.HTTP.TLSKey == "") {
-		return errors.New("http: tls_cert and tls_key go together")
-	}
-	if c.Limits.MaxOutputBytes < 0 || c.Limits.MaxOutputBytes > 1<<30 {
-		return fmt.Errorf("limits.max_output_bytes: %d out of range [0, %d]", c.Limits.MaxOutputBytes, 1<<30)
-	}
-	if c.Limits.MaxTimeoutS < 0 || c.Limits.MaxTimeoutS > 86400 {
-		return fmt.Errorf("limits.max_timeout_s: %d out of range [0, 86400]", c.Limits.MaxTimeoutS)
-	}
 	return nil
 }
 
@@ -397,7 +410,7 @@ func ptr[T any](v T) *T { return &v }
 // PolicyDocument returns the name and bytes of grant g's policy.
 func (g Grant) PolicyDocument() (string, []byte, error) {
 	if g.Policy == BuiltinPolicy {
-		return "default_policy.json", DefaultPolicy, nil
+		return "default_policy.json", DefaultPolicy(), nil
 	}
 	data, err := os.ReadFile(g.Policy)
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 // TestDefaultPolicySandbox: the built-in policy gives create_session the
 // tightest useful sandbox and denies a call that asks for more.
 func TestDefaultPolicySandbox(t *testing.T) {
-	e, err := policy.Parse("default_policy.json", DefaultPolicy)
+	e, err := policy.Parse("default_policy.json", DefaultPolicy())
 	if err != nil {
 		t.Fatalf("Parse(DefaultPolicy) = %v", err)
 	}
@@ -39,7 +39,7 @@ func TestDefaultPolicySandbox(t *testing.T) {
 // snapshots, network and metrics, take snapshots at a limited rate, and
 // revert or delete one only with an operator's approval.
 func TestDefaultPolicySnapshots(t *testing.T) {
-	e, err := policy.Parse("default_policy.json", DefaultPolicy)
+	e, err := policy.Parse("default_policy.json", DefaultPolicy())
 	if err != nil {
 		t.Fatalf("Parse(DefaultPolicy) = %v", err)
 	}
@@ -64,11 +64,7 @@ func TestDefaultPolicySnapshots(t *testing.T) {
 		if tt.counter == "" {
 			continue
 		}
-		found := false
-		for _, c := range d.Counters {
-			found = found || c.Name == tt.counter
-		}
-		if !found {
+		if !reserves(d, tt.counter) {
 			t.Errorf("Decide(%s) counters = %+v; want %s", tt.tool, d.Counters, tt.counter)
 		}
 	}
@@ -77,11 +73,58 @@ func TestDefaultPolicySnapshots(t *testing.T) {
 // TestDefaultPolicyKeepsFiles: a destroyed session's files stay in the
 // guest's trash for a day.
 func TestDefaultPolicyKeepsFiles(t *testing.T) {
-	e, err := policy.Parse("default_policy.json", DefaultPolicy)
+	e, err := policy.Parse("default_policy.json", DefaultPolicy())
 	if err != nil {
 		t.Fatalf("Parse(DefaultPolicy) = %v", err)
 	}
 	if d := e.Decide(policy.Call{Grant: "local", Tool: "destroy_session", VM: "lab/vm1"}); d.KeepFiles != 24*time.Hour {
 		t.Errorf("Decide(destroy_session).KeepFiles = %v; want 24h", d.KeepFiles)
 	}
+}
+
+// TestDefaultPolicyScreen: the built-in policy lets an agent look at a
+// VM's screen and console at a limited rate, and sends keys and console
+// input (as strong as a command on a root console) to an operator.
+func TestDefaultPolicyScreen(t *testing.T) {
+	e, err := policy.Parse("default_policy.json", DefaultPolicy())
+	if err != nil {
+		t.Fatalf("Parse(DefaultPolicy) = %v", err)
+	}
+	tests := []struct {
+		tool    string
+		args    map[string]any
+		want    policy.Verdict
+		counter string
+	}{
+		{"vm_screenshot", map[string]any{}, policy.Allow, "screenshots_per_vm"},
+		{"vm_console_read", map[string]any{"tail_bytes": 100.0}, policy.Allow, "console_reads_per_vm"},
+		{"vm_send_keys", map[string]any{"keys": []any{"ctrl-alt-delete"}}, policy.Approve, ""},
+		{"vm_send_keys", map[string]any{"text": "ls\n"}, policy.Approve, ""},
+		{"vm_console_write", map[string]any{"text": "uname -a\n"}, policy.Approve, ""},
+	}
+	for _, tt := range tests {
+		d := e.Decide(policy.Call{Grant: "local", Tool: tt.tool, VM: "lab/vm1", Args: tt.args})
+		if d.Verdict != tt.want {
+			t.Errorf("Decide(%s, %v) = %v; want %v", tt.tool, tt.args, d.Verdict, tt.want)
+		}
+		if d.Verdict == policy.Approve && (d.Approval == nil || d.Approval.Channel != "operator") {
+			t.Errorf("Decide(%s) approval = %+v; want the operator's", tt.tool, d.Approval)
+		}
+		if tt.counter == "" {
+			continue
+		}
+		if !reserves(d, tt.counter) {
+			t.Errorf("Decide(%s) counters = %+v; want %s", tt.tool, d.Counters, tt.counter)
+		}
+	}
+}
+
+// reserves reports whether d reserves the counter name.
+func reserves(d policy.Decision, name string) bool {
+	for _, c := range d.Counters {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
 }

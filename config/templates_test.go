@@ -161,7 +161,7 @@ func TestTemplateChoices(t *testing.T) {
 // quotas (2 alive, 2048 MiB, 8 on the server) and a lease of at most 2 h,
 // and delete them.
 func TestDefaultPolicyVMs(t *testing.T) {
-	e, err := policy.Parse("default_policy.json", DefaultPolicy)
+	e, err := policy.Parse("default_policy.json", DefaultPolicy())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ const ANNOTATIONS = {
   kill_process: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
   destroy_session: { readOnlyHint: false, destructiveHint: true, idempotentHint: true, openWorldHint: false },
   vm_file_read: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
-  vm_file_write: { readOnlyHint: false, destructiveHint: true, idempotentHint: true, openWorldHint: false },
+  vm_file_write: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
   vm_power: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
   snapshot_list: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
   snapshot_create: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
@@ -41,6 +41,13 @@ const ANNOTATIONS = {
   restore_session_files: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
   vm_create: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
   vm_delete: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
+  vm_screenshot: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+  vm_send_keys: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: true },
+  vm_console_read: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+  vm_console_write: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: true },
+  vm_dir_list: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+  vm_archive_read: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+  vm_archive_write: { readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
 };
 
 // VMGATE_E2E_TOOLS=subset: the grant's policy denies the tools it does

@@ -3,9 +3,13 @@
 // with grant "gated" (every vm_agent_exec needs an operator) and an
 // operator token, plants a victim file in the guest, and afterwards checks
 // the guest: the approved script ran once, the swapped one never did.
+// The agent's own client (the official SDK, at logging level notice) is
+// told that its call waits for an operator and then that it was granted,
+// its stdin only as a digest and the env value not at all.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { LoggingMessageNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { env, missingEnv, TAGS, text, call, assertTag, vmgate, auditRecords } from './lib.mjs';
 
@@ -53,13 +57,33 @@ test('an operator approval shows the stdin it will run', { skip }, async () => {
   await client.connect(new StreamableHTTPClientTransport(new URL(env.url), {
     requestInit: { headers: { Authorization: `Bearer ${gated.token}` } },
   }));
+  // What the server logs to this session (MCP logging), as the SDK hands
+  // it over; waitLog waits for the first that matches.
+  const logs = [];
+  let logged = () => {};
+  client.setNotificationHandler(LoggingMessageNotificationSchema, (n) => { logs.push(n.params); logged(); });
+  const waitLog = async (pred, what) => {
+    const deadline = Date.now() + 20000;
+    for (;;) {
+      const found = logs.find(pred);
+      if (found) return found;
+      assert.ok(Date.now() < deadline, `no log notification ${what} within 20 s; got ${JSON.stringify(logs)}`);
+      await new Promise((resolve) => { logged = resolve; setTimeout(resolve, 500); });
+    }
+  };
   try {
+    await client.setLoggingLevel('notice');
     const writeLine = `printf '%s\\n' "$MARK" > ${gated.approvedFile}`;
     const script = `echo innocent\n${writeLine}\n`;
     const args = { vm: env.vm, command: ['sh'], stdin: script, env: { MARK: gated.mark } };
     let res = await call(client, 'vm_agent_exec', args);
     assertTag(res, TAGS.approval, 'the command before approval');
     const id = res.structuredContent.approval_id;
+    const parked = await waitLog((l) => l.data.event === 'approval_pending' && l.data.approval_id === id, 'approval_pending');
+    assert.equal(parked.level, 'notice');
+    assert.equal(parked.logger, 'vmgate');
+    assert.deepEqual(parked.data.arguments.command, ['sh'], 'the parked call is shown');
+    assert.match(parked.data.arguments.stdin, /^sha256:[0-9a-f]{64},len:\d+$/, 'its stdin only as a digest');
 
     // What the operator reads: every line of the script, and the env value.
     const list = await vmgate('approvals', 'list', '--config', env.config);
@@ -77,6 +101,9 @@ test('an operator approval shows the stdin it will run', { skip }, async () => {
     }
 
     await vmgate('approvals', 'grant', id, '--reason', 'e2e: read the script', '--config', env.config);
+
+    const granted = await waitLog((l) => l.data.event === 'approval_granted' && l.data.approval_id === id, 'approval_granted');
+    assert.equal(granted.level, 'notice');
 
     // The agent swaps the script after the approval: it parks anew.
     res = await call(client, 'vm_agent_exec', { ...args, stdin: `echo innocent\nrm -f ${gated.victimFile}\n` });
@@ -97,6 +124,9 @@ test('an operator approval shows the stdin it will run', { skip }, async () => {
     assert.ok(mine.length >= 2, 'the approval is audited');
     assert.ok(!JSON.stringify(recs).includes(gated.mark), 'the env value is redacted in the audit log');
     assert.ok(!JSON.stringify(recs).includes('echo innocent'), 'stdin is redacted in the audit log');
+    // And no log notification carried the script or the env value.
+    assert.ok(!JSON.stringify(logs).includes(gated.mark), 'no log notification carries the env value');
+    assert.ok(!JSON.stringify(logs).includes('echo innocent'), 'no log notification carries stdin');
   } finally {
     await client.close();
   }

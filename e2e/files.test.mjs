@@ -54,12 +54,14 @@ test('file paths resolve in the guest without following symlinks', { skip: missi
     });
     await t.test('a new file without a mode gets 0644', async () => {
       const res = await ok(client, 'vm_file_write', { vm: env.vm, path: `${D}/new-default`, content: 'made by e2e' });
-      assert.equal(res.structuredContent.mode, '0644');
+      assert.equal(res.structuredContent.mode, 0o644); // the number mode takes
+      assert.equal(res.structuredContent.mode_octal, '0644');
       assert.equal(res.structuredContent.created, true);
     });
     await t.test('an explicit mode is set exactly', async () => {
       const res = await ok(client, 'vm_file_write', { vm: env.vm, path: `${D}/new-0600`, content: 'x', mode: 0o600 });
-      assert.equal(res.structuredContent.mode, '0600');
+      assert.equal(res.structuredContent.mode, 0o600);
+      assert.equal(res.structuredContent.mode_octal, '0600');
     });
   } finally {
     await client.close();

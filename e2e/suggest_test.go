@@ -21,7 +21,7 @@ import (
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/replay"
-	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
 // trialPolicy is a policy on trial in shadow mode (it decides and
@@ -324,7 +324,7 @@ func hostileCalls(t *testing.T) []hostileCall {
 		vm, _ := args["vm"].(string)
 		session, _ := args["session"].(string)
 		out = append(out, hostileCall{name: c.Name, call: policy.Call{Grant: "agentside", Transport: "stdio", Tool: msg.Params.Name, VM: vm, Session: session,
-			Args: server.ArgsWithDefaults(msg.Params.Name, args)}})
+			Args: tools.ArgsWithDefaults(msg.Params.Name, args)}})
 	}
 	return out
 }
@@ -333,7 +333,7 @@ func hostileCalls(t *testing.T) []hostileCall {
 // built-in policy allows, the suggested one must deny 90% or more.
 func checkHostile(t *testing.T, suggested []byte) {
 	t.Helper()
-	builtin, err := policy.Parse("default_policy.json", config.DefaultPolicy)
+	builtin, err := policy.Parse("default_policy.json", config.DefaultPolicy())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +397,7 @@ func checkDiff(t *testing.T, bin, trial, suggested string) {
 	differs := map[string]bool{}
 	for _, h := range hostileCalls(t) {
 		// A name that is no tool is refused before any policy decides.
-		if !slices.Contains(server.ToolNames(), h.call.Tool) {
+		if !slices.Contains(tools.Names(), h.call.Tool) {
 			continue
 		}
 		if through(oldE, h.call) != through(newE, h.call) {

@@ -54,7 +54,27 @@ test('snapshot_before, then the operator undoes the call: the guest is as before
       assertTag(await call(client, tool, { vm: env.vm, name: snap }, 600_000), TAGS.invalid, `${tool} of the undo snapshot`);
     }
 
-    // The operator undoes the call, behind an approval.
+    // The operator finds the call with vmgate undo --list (from the audit log, newest first)...
+    const undoList = async (...args) => JSON.parse(await vmgate('undo', '--list', '--json', '--config', env.config, ...args));
+    let listed1;
+    for (let i = 0; i < 30 && !listed1; i++) { // the outcome record rides the next group commit
+      listed1 = (await undoList()).find((u) => u.call_id === callID);
+      if (!listed1) await sh(client, 'true');
+    }
+    assert.ok(listed1, `vmgate undo --list lists the rm -rf call ${callID}: ${JSON.stringify(await undoList())}`);
+    const outcomeRec = (await auditRecords()).find((r) => r.kind === 'outcome' && r.call_id === callID);
+    assert.deepEqual(
+      { grant: listed1.grant, tool: listed1.tool, vm: listed1.vm, snapshot: listed1.snapshot, snapshot_id: listed1.snapshot_id, undone: listed1.undone },
+      { grant: 'undo', tool: 'vm_agent_exec', vm: env.vm, snapshot: snap, snapshot_id: outcomeRec.snapshot_id, undone: undefined },
+      'undo --list: what the call did and the snapshot\'s identity, as its outcome record has them');
+    assert.ok(Date.parse(listed1.expires) > Date.now() + 50 * 60_000, `expires within the 1h retention: ${listed1.expires}`);
+    assert.equal((await undoList()).findIndex((u) => u.call_id === callID), 0, 'the newest call first');
+    assert.ok((await undoList('--grant', 'undo', '--vm', env.vm)).some((u) => u.call_id === callID), 'undo --list --grant undo --vm');
+    assert.deepEqual(await undoList('--grant', 'someone-else'), [], 'undo --list --grant of another grant lists nothing');
+    const table = await vmgate('undo', '--list', '--config', env.config);
+    assert.ok(table.split('\n').some((l) => l.startsWith(callID) && l.includes(snap) && l.includes(env.vm)), `the table has the call: ${table}`);
+
+    // ...and undoes it, behind an approval.
     const park = await vmgate('undo', callID, '--config', env.config);
     const id = park.match(/vmgate approvals grant ([A-Z2-7]+)/)?.[1];
     assert.ok(id, `vmgate undo parks an approval: ${park}`);
@@ -70,6 +90,8 @@ test('snapshot_before, then the operator undoes the call: the guest is as before
       await new Promise((r) => setTimeout(r, 1000));
     }
     assert.equal(stdout(after), `${mark}\nram\n`, `files after the revert: ${text(after)}`);
+    const undone = (await undoList()).find((u) => u.call_id === callID);
+    assert.ok(undone?.undone, `undo --list shows when the call was undone: ${JSON.stringify(undone)}`);
 
     const records = await auditRecords();
     const outcome = records.find((r) => r.kind === 'outcome' && r.snapshot === snap && r.tool === 'vm_agent_exec');

@@ -32,10 +32,12 @@ const (
 )
 
 // Handshake is the go-plugin handshake configuration host and plugins share.
-var Handshake = plugin.HandshakeConfig{
-	ProtocolVersion:  ProtocolVersion,
-	MagicCookieKey:   MagicCookieKey,
-	MagicCookieValue: MagicCookieValue,
+func Handshake() plugin.HandshakeConfig {
+	return plugin.HandshakeConfig{
+		ProtocolVersion:  ProtocolVersion,
+		MagicCookieKey:   MagicCookieKey,
+		MagicCookieValue: MagicCookieValue,
+	}
 }
 
 // ErrNotConfigured: a call reached a Deferred driver before Configure.
@@ -65,6 +67,36 @@ func (e *ExitedError) Unwrap() []error {
 		return []error{ErrPluginExited}
 	}
 	return []error{ErrPluginExited, e.Err}
+}
+
+// ProcessWatcher is an optional capability of a host-side driver that runs
+// its backend's driver in a process of its own and starts it again when
+// it dies (the plugin host's supervisor). WatchProcess adds fn, which is
+// told of every exit, restart and failed restart after it happened, in
+// the order they happened. fn runs on the driver's own goroutines without
+// its locks held, and must not block.
+type ProcessWatcher interface {
+	WatchProcess(fn func(ProcessEvent))
+}
+
+// ProcessEventKind is what happened to a driver plugin process.
+type ProcessEventKind string
+
+// The kinds of ProcessEvent.
+const (
+	ProcessExited        ProcessEventKind = "exited"         // the process died; calls fail until a restart
+	ProcessRestarted     ProcessEventKind = "restarted"      // a new process took over
+	ProcessRestartFailed ProcessEventKind = "restart_failed" // starting a new one failed; it is tried again
+)
+
+// ProcessEvent is one exit, restart or failed restart of a driver plugin.
+type ProcessEvent struct {
+	Driver   string
+	Kind     ProcessEventKind
+	Restarts int64 // restarts so far
+	// RestartIn is, for an exit or a failed restart, how long until the
+	// next start is tried.
+	RestartIn time.Duration
 }
 
 // TransportError is a failure of the plugin connection that carried no
@@ -185,7 +217,7 @@ func Serve(d Driver) {
 	slog.SetDefault(slog.New(NewPluginLogHandler(os.Stderr, slog.LevelDebug)))
 	gp := &GRPCPlugin{Impl: d}
 	plugin.Serve(&plugin.ServeConfig{
-		HandshakeConfig: Handshake,
+		HandshakeConfig: Handshake(),
 		Plugins:         plugin.PluginSet{PluginName: gp},
 		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
 			opts = append(opts, grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))

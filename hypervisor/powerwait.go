@@ -57,8 +57,9 @@ type PowerOutcome struct {
 	Waited time.Duration `json:"-"`
 }
 
-// bootsAnew reports whether action starts a new boot of a running guest.
-func bootsAnew(action PowerAction) bool {
+// BootsAnew reports whether action starts a new boot of a running guest
+// (the actions PowerWait waits after).
+func BootsAnew(action PowerAction) bool {
 	return action == PowerReboot || action == PowerReset
 }
 
@@ -73,7 +74,7 @@ func bootsAnew(action PowerAction) bool {
 // of ctx's time left, at most 10 s) is still performed; the outcome's
 // NoWait then says why it did not wait.
 func PowerWait(ctx context.Context, d Driver, vm string, action PowerAction) (PowerOutcome, error) {
-	if !bootsAnew(action) {
+	if !BootsAnew(action) {
 		return PowerOutcome{}, d.Power(ctx, vm, action)
 	}
 	var out PowerOutcome

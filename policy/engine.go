@@ -142,28 +142,7 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 	}
 	t, listed := e.tools[call.Tool]
 	if !listed {
-		if e.def != Allow {
-			if tr != nil {
-				step(tr, "listed", "/default", "deny", "the tool is not listed and the default is deny")
-			}
-			return Decision{Verdict: Deny, Rule: "/default", Reason: "tool " + call.Tool + " is not allowed by the policy (not listed; the default is deny)", Shadow: e.shadow}
-		}
-		if tr != nil {
-			step(tr, "listed", "/default", "pass", "the tool is not listed and the default is allow")
-		}
-		d := Decision{Verdict: Allow, Rule: "/default", Shadow: e.shadow}
-		sb, deny := e.checkSandbox(nil, call, d.Shadow, tr)
-		if deny != nil {
-			return *deny
-		}
-		d.Sandbox = sb
-		d.Files = fileRulesFor(nil, call.Tool)
-		d.Snapshots = snapshotRulesFor(e.snapshots, nil, call.Tool)
-		if call.Tool == QuotaTool {
-			lease := DefaultLease
-			d.Lease = &lease
-		}
-		return e.withLimits(d, nil, call, tr)
+		return e.decideUnlisted(call, tr)
 	}
 	if tr != nil {
 		step(tr, "listed", t.ptr, "pass", "the tool is listed")
@@ -177,13 +156,66 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 	if tr != nil {
 		step(tr, "action", t.actionPtr, "pass", "the action is "+t.action.String())
 	}
+	if d, refused := t.conditions(call, tr); refused {
+		return d
+	}
+	sb, deny := e.checkSandbox(t, call, t.shadow, tr)
+	if deny != nil {
+		return *deny
+	}
+	d := t.verdict(tr)
+	d.Sandbox = sb
+	d.Files = fileRulesFor(t, call.Tool)
+	d.Snapshot = t.snapshot.snapshotFor(call, tr)
+	d.Snapshots = snapshotRulesFor(e.snapshots, t, call.Tool)
+	d.KeepFiles = t.keepFiles
+	if call.Tool == QuotaTool {
+		lease := DefaultLease()
+		if t.lease != nil {
+			lease = *t.lease
+		}
+		d.Lease = &lease
+	}
+	return e.withLimits(d, t.limits, call, tr)
+}
+
+// decideUnlisted decides a call of a tool the policy does not list: the
+// default, with the top-level blocks and limits.
+func (e *Engine) decideUnlisted(call *Call, tr *[]Step) Decision {
+	if e.def != Allow {
+		if tr != nil {
+			step(tr, "listed", "/default", "deny", "the tool is not listed and the default is deny")
+		}
+		return Decision{Verdict: Deny, Rule: "/default", Reason: "tool " + call.Tool + " is not allowed by the policy (not listed; the default is deny)", Shadow: e.shadow}
+	}
+	if tr != nil {
+		step(tr, "listed", "/default", "pass", "the tool is not listed and the default is allow")
+	}
+	d := Decision{Verdict: Allow, Rule: "/default", Shadow: e.shadow}
+	sb, deny := e.checkSandbox(nil, call, d.Shadow, tr)
+	if deny != nil {
+		return *deny
+	}
+	d.Sandbox = sb
+	d.Files = fileRulesFor(nil, call.Tool)
+	d.Snapshots = snapshotRulesFor(e.snapshots, nil, call.Tool)
+	if call.Tool == QuotaTool {
+		lease := DefaultLease()
+		d.Lease = &lease
+	}
+	return e.withLimits(d, nil, call, tr)
+}
+
+// conditions evaluates t's require and deny_if against call: the Deny of
+// the first that refuses it (refused), if one does.
+func (t *toolRule) conditions(call *Call, tr *[]Step) (d Decision, refused bool) {
 	for i := range t.require {
 		c := &t.require[i]
 		if !c.eval(call) {
 			if tr != nil {
 				step(tr, "require["+strconv.Itoa(i)+"]", c.ptr, "deny", c.src+": not met")
 			}
-			return Decision{Verdict: Deny, Rule: c.ptr, Reason: t.condReason(c, "requirement not met: "), Shadow: t.shadow}
+			return Decision{Verdict: Deny, Rule: c.ptr, Reason: t.condReason(c, "requirement not met: "), Shadow: t.shadow}, true
 		}
 		if tr != nil {
 			step(tr, "require["+strconv.Itoa(i)+"]", c.ptr, "pass", c.src+": met")
@@ -195,44 +227,33 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 			if tr != nil {
 				step(tr, "deny_if["+strconv.Itoa(i)+"]", c.ptr, "deny", c.src+": fired")
 			}
-			return Decision{Verdict: Deny, Rule: c.ptr, Reason: t.condReason(c, "denied because "), Shadow: t.shadow}
+			return Decision{Verdict: Deny, Rule: c.ptr, Reason: t.condReason(c, "denied because "), Shadow: t.shadow}, true
 		}
 		if tr != nil {
 			step(tr, "deny_if["+strconv.Itoa(i)+"]", c.ptr, "pass", c.src+": not fired")
 		}
 	}
-	sb, deny := e.checkSandbox(t, call, t.shadow, tr)
-	if deny != nil {
-		return *deny
-	}
-	d := Decision{Verdict: Allow, Rule: t.ptr, Shadow: t.shadow}
-	if t.action == Approve {
-		a := *t.approval
-		d = Decision{Verdict: Approve, Rule: t.actionPtr, Reason: t.reason, Approval: &a, Shadow: t.shadow}
-		if d.Reason == "" {
-			d.Reason = "tool " + t.name + " needs approval (" + a.Channel + ")"
-		}
-		if tr != nil {
-			step(tr, "approval", t.actionPtr, "approve", "channel "+a.Channel+", ttl "+a.TTL.String())
-		}
-	} else {
+	return Decision{}, false
+}
+
+// verdict is the Allow, or the Approve with its approval, of a call of t
+// that passed its conditions.
+func (t *toolRule) verdict(tr *[]Step) Decision {
+	if t.action != Approve {
 		if tr != nil {
 			step(tr, "approval", t.actionPtr, "skip", "no approval needed")
 		}
+		return Decision{Verdict: Allow, Rule: t.ptr, Shadow: t.shadow}
 	}
-	d.Sandbox = sb
-	d.Files = fileRulesFor(t, call.Tool)
-	d.Snapshot = t.snapshot.snapshotFor(call, tr)
-	d.Snapshots = snapshotRulesFor(e.snapshots, t, call.Tool)
-	d.KeepFiles = t.keepFiles
-	if call.Tool == QuotaTool {
-		lease := DefaultLease
-		if t.lease != nil {
-			lease = *t.lease
-		}
-		d.Lease = &lease
+	a := *t.approval
+	d := Decision{Verdict: Approve, Rule: t.actionPtr, Reason: t.reason, Approval: &a, Shadow: t.shadow}
+	if d.Reason == "" {
+		d.Reason = "tool " + t.name + " needs approval (" + a.Channel + ")"
 	}
-	return e.withLimits(d, t.limits, call, tr)
+	if tr != nil {
+		step(tr, "approval", t.actionPtr, "approve", "channel "+a.Channel+", ttl "+a.TTL.String())
+	}
+	return d
 }
 
 // checkSandbox returns the sandbox of a create_session call (nil for other
@@ -379,4 +400,49 @@ func (l *limit) key(call *Call) string {
 		add("|template=", template)
 	}
 	return b.String()
+}
+
+// scopeLabels are the scope parts of a counter key (limit.key), in words.
+var scopeLabels = []struct{ part, word string }{{"|grant=", "grant"}, {"|session=", "session"}, {"|vm=", "vm"}, {"|template=", "template"}}
+
+// CounterLabel is a counter's key (Counter.Key) in words for people:
+// "exec_per_vm|grant=5:alice|vm=7:lab/vm1" is "exec_per_vm (grant alice,
+// vm lab/vm1)". A key it cannot read stays as it is.
+func CounterLabel(key string) string {
+	name, rest, scoped := strings.Cut(key, "|")
+	if !scoped {
+		return key
+	}
+	rest = "|" + rest
+	var parts []string
+	for rest != "" {
+		word, v, tail, ok := nextScope(rest)
+		if !ok {
+			return key
+		}
+		if v == "" || strings.ContainsAny(v, " ,()") {
+			v = strconv.Quote(v)
+		}
+		parts = append(parts, word+" "+v)
+		rest = tail
+	}
+	return name + " (" + strings.Join(parts, ", ") + ")"
+}
+
+// nextScope reads the first scope part of s ("|vm=7:lab/vm1…"): its word,
+// its value and what follows.
+func nextScope(s string) (word, value, rest string, ok bool) {
+	for _, l := range scopeLabels {
+		after, found := strings.CutPrefix(s, l.part)
+		if !found {
+			continue
+		}
+		n, v, found := strings.Cut(after, ":")
+		size, err := strconv.Atoi(n)
+		if !found || err != nil || size < 0 || size > len(v) {
+			return "", "", "", false
+		}
+		return l.word, v[:size], v[size:], true
+	}
+	return "", "", "", false
 }

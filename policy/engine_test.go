@@ -53,3 +53,22 @@ func TestPolicyLayerDocumentsLoadUnchanged(t *testing.T) {
 		}
 	}
 }
+
+// TestCounterLabel: a counter's key in words, for people; a key that is
+// not one of the engine's stays as it is.
+func TestCounterLabel(t *testing.T) {
+	for _, tc := range []struct{ key, want string }{
+		{"all_calls", "all_calls"},
+		{"all_calls|grant=5:agent", "all_calls (grant agent)"},
+		{"exec_per_vm|grant=5:alice|vm=7:lab/vm1", "exec_per_vm (grant alice, vm lab/vm1)"},
+		{"s|session=0:", `s (session "")`},
+		{"odd|vm=3:a|b|grant=1:x", "odd (vm a|b, grant x)"},
+		{"bad|grant=9:short", "bad|grant=9:short"},
+		{"bad|grant=x:y", "bad|grant=x:y"},
+		{"bad|color=1:x", "bad|color=1:x"},
+	} {
+		if got := CounterLabel(tc.key); got != tc.want {
+			t.Errorf("CounterLabel(%q) = %q; want %q", tc.key, got, tc.want)
+		}
+	}
+}

@@ -24,9 +24,35 @@ import (
 // would let a plain path go; even then the last component of a write is
 // never followed. Without a block (or for an unlisted tool under
 // "default": "allow") the defaults apply: no symlinks, 0644, no special bits.
+//
+// The directory and archive tools (vm_dir_list, vm_archive_read,
+// vm_archive_write) take the same block, and the path rules see every
+// entry of an archive as args.path (the handler asks again per entry).
+// Their caps and leaves:
+//
+//	"files": {
+//	  "max_read_bytes": 16777216,   // vm_file_read: one range at most (default 16 MiB, up to 256 MiB)
+//	  "max_archive_bytes": 67108864, // archives: the files' content (default 64 MiB, up to 4 GiB)
+//	  "max_entries": 10000,          // archives: entries; vm_dir_list: entries listed
+//	  "devices": false,              // vm_archive_write: devices and FIFOs
+//	  "symlinks_out": false,         // vm_archive_write: symlinks pointing out of the target
+//	  "denied_entries": "skip"       // an entry the path rules refuse: "skip" it, or "refuse" the whole call
+//	}
 
 // FileTools are the tools a files block may sit on.
-var FileTools = []string{"vm_file_read", "vm_file_write", ExecTool}
+func FileTools() []string {
+	return []string{"vm_file_read", "vm_file_write", ExecTool, "vm_dir_list", "vm_archive_read", "vm_archive_write"}
+}
+
+// File caps: defaults and the most a policy may set.
+const (
+	DefaultMaxReadBytes    = 16 << 20
+	MaxMaxReadBytes        = 256 << 20
+	DefaultMaxArchiveBytes = 64 << 20
+	MaxMaxArchiveBytes     = 4 << 30
+	DefaultMaxEntries      = 10000
+	MaxMaxEntries          = 1000000
+)
 
 // ExecTool is vm_agent_exec, whose files block has follow_symlinks only.
 const ExecTool = "vm_agent_exec"
@@ -36,16 +62,29 @@ type FileRules struct {
 	FollowSymlinks bool
 	DefaultMode    uint32 // permission bits of a new file the call gives no mode for
 	SpecialBits    bool   // setuid, setgid and sticky allowed
+	// MaxReadBytes caps one vm_file_read range.
+	MaxReadBytes int64
+	// MaxArchiveBytes and MaxEntries cap an archive (its files' content,
+	// its entries) and a directory listing (entries).
+	MaxArchiveBytes int64
+	MaxEntries      int
+	Devices         bool // vm_archive_write: devices and FIFOs allowed
+	SymlinksOut     bool // vm_archive_write: symlinks pointing out of the target allowed
+	// RefuseDeniedEntries: an archive entry the path rules refuse fails
+	// the whole call; without it the entry is skipped and reported.
+	RefuseDeniedEntries bool
 }
 
 // DefaultFileRules are the rules without a files block.
-var DefaultFileRules = FileRules{DefaultMode: 0o644}
+func DefaultFileRules() FileRules {
+	return FileRules{DefaultMode: 0o644, MaxReadBytes: DefaultMaxReadBytes, MaxArchiveBytes: DefaultMaxArchiveBytes, MaxEntries: DefaultMaxEntries}
+}
 
 // SpecialModeBits are setuid, setgid and sticky.
 const SpecialModeBits = 0o7000
 
 func isFileTool(name string) bool {
-	for _, t := range FileTools {
+	for _, t := range FileTools() {
 		if t == name {
 			return true
 		}
@@ -60,7 +99,7 @@ func fileRulesFor(t *toolRule, tool string) *FileRules {
 	if !isFileTool(tool) || tool == ExecTool && (t == nil || t.files == nil) {
 		return nil
 	}
-	r := DefaultFileRules
+	r := DefaultFileRules()
 	if t != nil && t.files != nil {
 		r = *t.files
 	}
@@ -68,8 +107,8 @@ func fileRulesFor(t *toolRule, tool string) *FileRules {
 }
 
 func (b *builder) files(n *node, l loc, tool string) *FileRules {
-	r := DefaultFileRules
-	keys := []string{"follow_symlinks", "default_mode", "special_bits"}
+	r := DefaultFileRules()
+	keys := []string{"follow_symlinks", "default_mode", "special_bits", "max_read_bytes", "max_archive_bytes", "max_entries", "devices", "symlinks_out", "denied_entries"}
 	if tool == ExecTool {
 		keys = keys[:1] // a cwd is entered, never made
 	}
@@ -90,6 +129,22 @@ func (b *builder) files(n *node, l loc, tool string) *FileRules {
 	}
 	r.FollowSymlinks = boolean("follow_symlinks")
 	r.SpecialBits = boolean("special_bits")
+	r.Devices = boolean("devices")
+	r.SymlinksOut = boolean("symlinks_out")
+	r.MaxReadBytes = b.fileCap(m, l, "max_read_bytes", DefaultMaxReadBytes, MaxMaxReadBytes)
+	r.MaxArchiveBytes = b.fileCap(m, l, "max_archive_bytes", DefaultMaxArchiveBytes, MaxMaxArchiveBytes)
+	r.MaxEntries = int(b.fileCap(m, l, "max_entries", DefaultMaxEntries, MaxMaxEntries))
+	if v, ok := m["denied_entries"]; ok {
+		if s, ok := b.str(v, l.key("denied_entries")); ok {
+			switch s {
+			case "skip":
+			case "refuse":
+				r.RefuseDeniedEntries = true
+			default:
+				b.errorf(v.off, l.key("denied_entries").path, "want \"skip\" or \"refuse\", got %q", s)
+			}
+		}
+	}
 	if v, ok := m["default_mode"]; ok {
 		lm := l.key("default_mode")
 		if s, ok := b.str(v, lm); ok {
@@ -104,6 +159,24 @@ func (b *builder) files(n *node, l loc, tool string) *FileRules {
 		}
 	}
 	return &r
+}
+
+// fileCap is the files block's integer k, def when absent, in 1..most.
+func (b *builder) fileCap(m map[string]*node, l loc, k string, def, most int64) int64 {
+	v, ok := m[k]
+	if !ok {
+		return def
+	}
+	lk := l.key(k)
+	n, ok := b.integer(v, lk)
+	if !ok {
+		return def
+	}
+	if n < 1 || n > most {
+		b.errorf(v.off, lk.path, "%d out of range 1..%d", n, most)
+		return def
+	}
+	return n
 }
 
 // ParseFileMode reads an octal mode of three or four digits ("0644", "755").

@@ -216,20 +216,7 @@ func (b *builder) engine(root *node) *Engine {
 		e.shadow = b.mode(v, top.key("mode"))
 	}
 	if v, ok := m["hide"]; ok {
-		l := top.key("hide")
-		if v.kind != kindArray {
-			b.errorf(v.off, l.path, "want an array of tool names, got %s", v.kind)
-		}
-		for i, el := range v.elems {
-			li := l.index(i)
-			if s, ok := b.str(el, li); ok && b.name(s, el.off, li, "tool", "") {
-				e.mentions = append(e.mentions, b.mention(s, el.off, li))
-				if _, dup := e.hidden[s]; dup {
-					b.errorf(el.off, li.path, "tool %q is hidden twice", s)
-				}
-				e.hidden[s] = li.ptr
-			}
-		}
+		b.hide(e, v, top.key("hide"))
 	}
 	if v, ok := m["all_tools"]; ok {
 		l := top.key("all_tools")
@@ -246,21 +233,7 @@ func (b *builder) engine(root *node) *Engine {
 		e.snapshots = b.snapshotLimits(v, top.key("snapshots"))
 	}
 	if v, ok := m["tools"]; ok {
-		l := top.key("tools")
-		if v.kind != kindObject {
-			b.errorf(v.off, l.path, "want an object of tools, got %s", v.kind)
-		}
-		for i, k := range v.keys {
-			lt := l.key(k)
-			if !b.name(k, v.keyOffs[i], lt, "tool", "") {
-				continue
-			}
-			e.mentions = append(e.mentions, b.mention(k, v.keyOffs[i], lt))
-			if _, hidden := e.hidden[k]; hidden {
-				b.errorf(v.keyOffs[i], lt.path, "tool %q is both hidden and configured; hidden tools are always denied", k)
-			}
-			e.tools[k] = b.tool(k, v.vals[i], lt, e.shadow)
-		}
+		b.tools(e, v, top.key("tools"))
 	}
 	for n := range e.tools {
 		e.names = append(e.names, n)
@@ -271,6 +244,41 @@ func (b *builder) engine(root *node) *Engine {
 	slices.Sort(e.names)
 	e.names = slices.Compact(e.names)
 	return e
+}
+
+// hide reads the hide list v (at l) into e.
+func (b *builder) hide(e *Engine, v *node, l loc) {
+	if v.kind != kindArray {
+		b.errorf(v.off, l.path, "want an array of tool names, got %s", v.kind)
+	}
+	for i, el := range v.elems {
+		li := l.index(i)
+		if s, ok := b.str(el, li); ok && b.name(s, el.off, li, "tool", "") {
+			e.mentions = append(e.mentions, b.mention(s, el.off, li))
+			if _, dup := e.hidden[s]; dup {
+				b.errorf(el.off, li.path, "tool %q is hidden twice", s)
+			}
+			e.hidden[s] = li.ptr
+		}
+	}
+}
+
+// tools reads the tools object v (at l) into e; hide is read first.
+func (b *builder) tools(e *Engine, v *node, l loc) {
+	if v.kind != kindObject {
+		b.errorf(v.off, l.path, "want an object of tools, got %s", v.kind)
+	}
+	for i, k := range v.keys {
+		lt := l.key(k)
+		if !b.name(k, v.keyOffs[i], lt, "tool", "") {
+			continue
+		}
+		e.mentions = append(e.mentions, b.mention(k, v.keyOffs[i], lt))
+		if _, hidden := e.hidden[k]; hidden {
+			b.errorf(v.keyOffs[i], lt.path, "tool %q is both hidden and configured; hidden tools are always denied", k)
+		}
+		e.tools[k] = b.tool(k, v.vals[i], lt, e.shadow)
+	}
 }
 
 func (b *builder) mode(v *node, l loc) (shadow bool) {
@@ -294,6 +302,38 @@ func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	if !ok {
 		return t
 	}
+	b.toolAction(t, m, l)
+	if v, ok := m["mode"]; ok {
+		t.shadow = b.mode(v, l.key("mode"))
+	}
+	if v, ok := m["require"]; ok {
+		t.require = b.conditions(v, l.key("require"))
+	}
+	if v, ok := m["deny_if"]; ok {
+		t.denyIf = b.conditions(v, l.key("deny_if"))
+	}
+	if v, ok := m["approval"]; ok {
+		la := l.key("approval")
+		if t.action != Approve {
+			b.errorf(v.off, la.path, "approval is set but the action is not \"approve\"")
+		}
+		t.approval = b.approval(v, la)
+	} else if t.action == Approve {
+		t.approval = &ApprovalSpec{Channel: "operator", TTL: defaultTTL}
+	}
+	if v, ok := m["limits"]; ok {
+		t.limits = b.limits(v, l.key("limits"), name == QuotaTool)
+	}
+	b.toolBlocks(t, m, l)
+	t.denyReason = t.reason
+	if t.denyReason == "" {
+		t.denyReason = "tool " + name + " is denied by the policy"
+	}
+	return t
+}
+
+// toolAction reads t's action and reason from m (t's object, at l).
+func (b *builder) toolAction(t *toolRule, m map[string]*node, l loc) {
 	if v, ok := m["action"]; ok {
 		la := l.key("action")
 		t.actionPtr = la.ptr
@@ -319,27 +359,13 @@ func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 			t.reason = s
 		}
 	}
-	if v, ok := m["mode"]; ok {
-		t.shadow = b.mode(v, l.key("mode"))
-	}
-	if v, ok := m["require"]; ok {
-		t.require = b.conditions(v, l.key("require"))
-	}
-	if v, ok := m["deny_if"]; ok {
-		t.denyIf = b.conditions(v, l.key("deny_if"))
-	}
-	if v, ok := m["approval"]; ok {
-		la := l.key("approval")
-		if t.action != Approve {
-			b.errorf(v.off, la.path, "approval is set but the action is not \"approve\"")
-		}
-		t.approval = b.approval(v, la)
-	} else if t.action == Approve {
-		t.approval = &ApprovalSpec{Channel: "operator", TTL: defaultTTL}
-	}
-	if v, ok := m["limits"]; ok {
-		t.limits = b.limits(v, l.key("limits"), name == QuotaTool)
-	}
+}
+
+// toolBlocks reads the blocks that belong on some tools only (lease,
+// sandbox, files, keep_files, snapshot_before, snapshots) from m (t's
+// object, at l).
+func (b *builder) toolBlocks(t *toolRule, m map[string]*node, l loc) {
+	name := t.name
 	if v, ok := m["lease"]; ok {
 		ll := l.key("lease")
 		if name != QuotaTool {
@@ -359,7 +385,7 @@ func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	if v, ok := m["files"]; ok {
 		lf := l.key("files")
 		if !isFileTool(name) {
-			b.errorf(v.off, lf.path, "a files block belongs on %v, not on %s", FileTools, name)
+			b.errorf(v.off, lf.path, "a files block belongs on %v, not on %s", FileTools(), name)
 		} else {
 			t.files = b.files(v, lf, name)
 		}
@@ -374,11 +400,6 @@ func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 		ls := l.key("snapshots")
 		t.snapOthers, t.snapOthersPtr = b.snapshotOthers(name, v, ls), ls.ptr+"/others"
 	}
-	t.denyReason = t.reason
-	if t.denyReason == "" {
-		t.denyReason = "tool " + name + " is denied by the policy"
-	}
-	return t
 }
 
 func (b *builder) approval(n *node, l loc) *ApprovalSpec {
@@ -442,23 +463,10 @@ func (b *builder) limit(n *node, l loc, quotas bool) (limit, bool) {
 	if !ok {
 		return lim, false
 	}
-	good := true
-	if v, ok := m["kind"]; ok {
-		lk := l.key("kind")
-		s, ok := b.str(v, lk)
-		switch {
-		case !ok:
-			return lim, false
-		case s == kindQuota && !quotas:
-			b.errorf(v.off, lk.path, "a quota holds a unit while the VM a call created lives; only %s creates VMs, so quotas belong in tools.%s.limits", QuotaTool, QuotaTool)
-			return lim, false
-		case s == kindQuota:
-			lim.quota = true
-		case s != kindRate:
-			b.errorf(v.off, lk.path, "unknown kind %q (want rate or quota)", s)
-			return lim, false
-		}
+	if !b.limitKind(m, l, quotas, &lim) {
+		return lim, false
 	}
+	good := true
 	if lim.quota {
 		good = b.quotaLimit(n, m, l, &lim)
 	} else if v, ok := m["weight"]; ok {
@@ -475,41 +483,10 @@ func (b *builder) limit(n *node, l loc, quotas bool) (limit, bool) {
 	} else {
 		good = false
 	}
-	if lim.quota {
-		// no window: checked by quotaLimit
-	} else if v, ok := b.required(n, m, l, "window"); ok {
-		lw := l.key("window")
-		if s, ok := b.str(v, lw); ok {
-			if d, ok := parseWindow(s); ok {
-				if d <= 0 || d > maxWindow {
-					b.errorf(v.off, lw.path, "window %q is out of range (want more than 0s and at most %s)", s, maxWindow)
-					good = false
-				}
-				lim.window = d
-			} else {
-				b.errorf(v.off, lw.path, "unknown window %q (want second, minute, hour, day or a duration like \"90s\")", s)
-				good = false
-			}
-		} else {
-			good = false
-		}
-	} else {
-		good = false
+	if !lim.quota { // a quota has no window: checked by quotaLimit
+		good = b.limitWindow(n, m, l, &lim) && good
 	}
-	if v, ok := b.required(n, m, l, "max"); ok {
-		lm := l.key("max")
-		if x, ok := b.integer(v, lm); ok {
-			if x < 1 || x > maxMax {
-				b.errorf(v.off, lm.path, "max %s is out of range (want 1 to %d; use \"action\": \"deny\" to forbid a tool)", v.str, maxMax)
-				good = false
-			}
-			lim.max = x
-		} else {
-			good = false
-		}
-	} else {
-		good = false
-	}
+	good = b.limitMax(n, m, l, &lim) && good
 	if v, ok := b.required(n, m, l, "scope"); ok {
 		if s, ok := b.scope(v, l.key("scope"), lim.quota); ok && (!lim.quota || b.quotaScope(v, l.key("scope"), s)) {
 			lim.scope = s
@@ -522,25 +499,99 @@ func (b *builder) limit(n *node, l loc, quotas bool) (limit, bool) {
 	if !good {
 		return lim, false
 	}
-	if first, ok := b.counters[lim.name]; ok {
-		if first.quota != lim.quota {
-			b.errorf(n.off, l.path, "counter %q is defined at %s as a %s; a counter is either a rate limit or a quota", lim.name, first.ptr, first.kind())
-			return lim, false
-		}
-		if lim.quota && (first.max != lim.max || !slices.Equal(first.weight, lim.weight)) {
-			b.errorf(n.off, l.path, "quota %q is defined at %s with max %d and weight %q; every limit with the same counter shares one quota, so max and weight must match",
-				lim.name, first.ptr, first.max, first.weightPath())
-			return lim, false
-		}
-		if first.window != lim.window || first.max != lim.max {
-			b.errorf(n.off, l.path, "counter %q is defined at %s with window %s and max %d; every limit with the same counter shares one budget, so window and max must match",
-				lim.name, first.ptr, first.window, first.max)
-			return lim, false
-		}
-	} else {
-		b.counters[lim.name] = &lim
+	return lim, b.sameCounter(n, l, &lim)
+}
+
+// limitKind reads a limit's kind (rate, the default, or quota where
+// quotas may be) into lim; false when it is not one.
+func (b *builder) limitKind(m map[string]*node, l loc, quotas bool, lim *limit) bool {
+	v, ok := m["kind"]
+	if !ok {
+		return true
 	}
-	return lim, true
+	lk := l.key("kind")
+	s, ok := b.str(v, lk)
+	switch {
+	case !ok:
+		return false
+	case s == kindQuota && !quotas:
+		b.errorf(v.off, lk.path, "a quota holds a unit while the VM a call created lives; only %s creates VMs, so quotas belong in tools.%s.limits", QuotaTool, QuotaTool)
+		return false
+	case s == kindQuota:
+		lim.quota = true
+	case s != kindRate:
+		b.errorf(v.off, lk.path, "unknown kind %q (want rate or quota)", s)
+		return false
+	}
+	return true
+}
+
+// limitWindow reads a rate limit's window into lim.
+func (b *builder) limitWindow(n *node, m map[string]*node, l loc, lim *limit) bool {
+	v, ok := b.required(n, m, l, "window")
+	if !ok {
+		return false
+	}
+	lw := l.key("window")
+	s, ok := b.str(v, lw)
+	if !ok {
+		return false
+	}
+	d, ok := parseWindow(s)
+	if !ok {
+		b.errorf(v.off, lw.path, "unknown window %q (want second, minute, hour, day or a duration like \"90s\")", s)
+		return false
+	}
+	lim.window = d
+	if d <= 0 || d > maxWindow {
+		b.errorf(v.off, lw.path, "window %q is out of range (want more than 0s and at most %s)", s, maxWindow)
+		return false
+	}
+	return true
+}
+
+// limitMax reads a limit's max into lim.
+func (b *builder) limitMax(n *node, m map[string]*node, l loc, lim *limit) bool {
+	v, ok := b.required(n, m, l, "max")
+	if !ok {
+		return false
+	}
+	lm := l.key("max")
+	x, ok := b.integer(v, lm)
+	if !ok {
+		return false
+	}
+	lim.max = x
+	if x < 1 || x > maxMax {
+		b.errorf(v.off, lm.path, "max %s is out of range (want 1 to %d; use \"action\": \"deny\" to forbid a tool)", v.str, maxMax)
+		return false
+	}
+	return true
+}
+
+// sameCounter checks lim against the first limit of its counter (every
+// limit with one counter shares one budget) or records it as the first.
+func (b *builder) sameCounter(n *node, l loc, lim *limit) bool {
+	first, ok := b.counters[lim.name]
+	if !ok {
+		b.counters[lim.name] = lim
+		return true
+	}
+	if first.quota != lim.quota {
+		b.errorf(n.off, l.path, "counter %q is defined at %s as a %s; a counter is either a rate limit or a quota", lim.name, first.ptr, first.kind())
+		return false
+	}
+	if lim.quota && (first.max != lim.max || !slices.Equal(first.weight, lim.weight)) {
+		b.errorf(n.off, l.path, "quota %q is defined at %s with max %d and weight %q; every limit with the same counter shares one quota, so max and weight must match",
+			lim.name, first.ptr, first.max, first.weightPath())
+		return false
+	}
+	if first.window != lim.window || first.max != lim.max {
+		b.errorf(n.off, l.path, "counter %q is defined at %s with window %s and max %d; every limit with the same counter shares one budget, so window and max must match",
+			lim.name, first.ptr, first.window, first.max)
+		return false
+	}
+	return true
 }
 
 func parseWindow(s string) (time.Duration, bool) {

@@ -44,7 +44,7 @@ import (
 const QuotaTool = "vm_create"
 
 // DefaultLease applies to QuotaTool when its policy has no lease block.
-var DefaultLease = LeaseSpec{Default: 15 * time.Minute, Max: time.Hour}
+func DefaultLease() LeaseSpec { return LeaseSpec{Default: 15 * time.Minute, Max: time.Hour} }
 
 // maxLease bounds max_ttl.
 const maxLease = 7 * 24 * time.Hour
@@ -64,7 +64,7 @@ type Quota struct {
 type LeaseSpec struct {
 	Default time.Duration // the lease of a call without ttl_s
 	Max     time.Duration // the longest lease a call gets
-	Rule    string        // JSON pointer of the lease block ("" for DefaultLease)
+	Rule    string        // JSON pointer of the lease block ("" for DefaultLease())
 }
 
 // TTL is the lease a call asking for requested (0: none asked) gets, and
@@ -198,7 +198,7 @@ func (b *builder) quotaLimit(n *node, m map[string]*node, l loc, lim *limit) boo
 
 // lease reads the lease block of QuotaTool.
 func (b *builder) lease(n *node, l loc) *LeaseSpec {
-	ls := &LeaseSpec{Default: DefaultLease.Default, Max: DefaultLease.Max, Rule: l.ptr}
+	ls := &LeaseSpec{Default: DefaultLease().Default, Max: DefaultLease().Max, Rule: l.ptr}
 	m, ok := b.object(n, l, "default_ttl", "max_ttl")
 	if !ok {
 		return ls

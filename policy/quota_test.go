@@ -160,9 +160,9 @@ func TestLeaseDefaults(t *testing.T) {
 		doc  string
 		want LeaseSpec
 	}{
-		{create(`{}`), DefaultLease},
-		{`{"version":"1","default":"allow"}`, DefaultLease},
-		{create(`{"lease":{}}`), LeaseSpec{Default: DefaultLease.Default, Max: DefaultLease.Max, Rule: "/tools/vm_create/lease"}},
+		{create(`{}`), DefaultLease()},
+		{`{"version":"1","default":"allow"}`, DefaultLease()},
+		{create(`{"lease":{}}`), LeaseSpec{Default: DefaultLease().Default, Max: DefaultLease().Max, Rule: "/tools/vm_create/lease"}},
 		{create(`{"lease":{"max_ttl":"5m"}}`), LeaseSpec{Default: 5 * time.Minute, Max: 5 * time.Minute, Rule: "/tools/vm_create/lease"}},
 		{create(`{"action":"approve","lease":{"max_ttl":"2h","default_ttl":"1h"}}`), LeaseSpec{Default: time.Hour, Max: 2 * time.Hour, Rule: "/tools/vm_create/lease"}},
 	}

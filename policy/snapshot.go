@@ -23,7 +23,7 @@ import (
 // further).
 
 // SnapshotBeforeTools are the tools a snapshot_before block may be on.
-var SnapshotBeforeTools = []string{"vm_power", "destroy_session", "vm_agent_exec"}
+func SnapshotBeforeTools() []string { return []string{"vm_power", "destroy_session", "vm_agent_exec"} }
 
 // Retention bounds of an undo snapshot.
 const (
@@ -69,8 +69,8 @@ func (r *snapshotRule) snapshotFor(call *Call, tr *[]Step) *SnapshotBefore {
 
 // snapshotBefore parses a snapshot_before block of tool name.
 func (b *builder) snapshotBefore(name string, n *node, l loc) *snapshotRule {
-	if !slices.Contains(SnapshotBeforeTools, name) {
-		b.errorf(n.off, l.path, "snapshot_before belongs on %s, not on %s", strings.Join(SnapshotBeforeTools, ", "), name)
+	if !slices.Contains(SnapshotBeforeTools(), name) {
+		b.errorf(n.off, l.path, "snapshot_before belongs on %s, not on %s", strings.Join(SnapshotBeforeTools(), ", "), name)
 		return nil
 	}
 	r := &snapshotRule{retention: DefaultSnapshotRetention, ptr: l.ptr}
@@ -123,7 +123,7 @@ func (b *builder) snapshotBefore(name string, n *node, l loc) *snapshotRule {
 // server's alone whatever the policy says.
 
 // OthersTools are the tools whose snapshots block may say others.
-var OthersTools = []string{"snapshot_revert", "snapshot_delete"}
+func OthersTools() []string { return []string{"snapshot_revert", "snapshot_delete"} }
 
 // Bounds of the top-level snapshots block.
 const (
@@ -159,7 +159,7 @@ type snapshotLimits struct {
 // zero value for tools that neither take nor act on snapshots.
 func snapshotRulesFor(top *snapshotLimits, t *toolRule, tool string) SnapshotRules {
 	var r SnapshotRules
-	if !strings.HasPrefix(tool, "snapshot_") && !slices.Contains(SnapshotBeforeTools, tool) {
+	if !strings.HasPrefix(tool, "snapshot_") && !slices.Contains(SnapshotBeforeTools(), tool) {
 		return r
 	}
 	if top != nil {
@@ -175,7 +175,7 @@ func snapshotRulesFor(top *snapshotLimits, t *toolRule, tool string) SnapshotRul
 func (b *builder) snapshotLimits(n *node, l loc) *snapshotLimits {
 	if n.kind == kindObject {
 		if i := slices.Index(n.keys, "others"); i >= 0 {
-			b.errorf(n.keyOffs[i], l.key("others").path, "others belongs in the snapshots block of %s, not at the top level", strings.Join(OthersTools, " or "))
+			b.errorf(n.keyOffs[i], l.key("others").path, "others belongs in the snapshots block of %s, not at the top level", strings.Join(OthersTools(), " or "))
 			return nil
 		}
 	}
@@ -204,8 +204,8 @@ func (b *builder) snapshotLimits(n *node, l loc) *snapshotLimits {
 
 // snapshotOthers parses the snapshots block of tool name.
 func (b *builder) snapshotOthers(name string, n *node, l loc) bool {
-	if !slices.Contains(OthersTools, name) {
-		b.errorf(n.off, l.path, "a snapshots block belongs on %s (others), or at the top level (max_count, max_mb); not on %s", strings.Join(OthersTools, ", "), name)
+	if !slices.Contains(OthersTools(), name) {
+		b.errorf(n.off, l.path, "a snapshots block belongs on %s (others), or at the top level (max_count, max_mb); not on %s", strings.Join(OthersTools(), ", "), name)
 		return false
 	}
 	m, ok := b.object(n, l, "others")

@@ -14,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/policy/audit/audittest"
 	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 func TestAdvanceUnits(t *testing.T) {
@@ -103,7 +106,7 @@ func advanceServer(t *testing.T, max string, now func() time.Time) (*Server, *du
 	dl := &durableLog{Log: log}
 	s, err := New(Config{
 		Grants:   []Grant{{Name: "local", Policy: eng}},
-		Backends: []Backend{{Name: "lab", Driver: countingFake(&calls)}},
+		Backends: []Backend{{Name: "lab", Driver: hypervisortest.Counting(&calls)}},
 		Store:    memory.New(), Audit: dl, Now: now,
 		Logger: slog.New(slog.DiscardHandler),
 	})
@@ -114,9 +117,9 @@ func advanceServer(t *testing.T, max string, now func() time.Time) (*Server, *du
 	return s, dl
 }
 
-func handleOK(t *testing.T, s *Server, c *conn, msg string) {
+func handleOK(t *testing.T, s *Server, c *Conn, msg string) {
 	t.Helper()
-	out := s.handle(context.Background(), c, []byte(msg))
+	out := s.Handle(context.Background(), c, []byte(msg))
 	if !bytes.Contains(out, []byte(`"result"`)) || bytes.Contains(out, []byte(`"isError":true`)) {
 		t.Fatalf("handle(%s) = %s; want a successful result", msg, out)
 	}
@@ -142,11 +145,11 @@ func recordsByKind(t *testing.T, path string) map[audit.Kind][]audit.Record {
 // an exhausted one gets its end record.
 func TestAdvancesCoverSequentialCalls(t *testing.T) {
 	s, log := advanceServer(t, "640", nil)
-	c := &conn{grant: s.grants["local"], transport: "stdio"}
+	c := &Conn{Grant: s.grants["local"], Transport: "stdio"}
 	before := log.Stats()
 	const n = 70
 	for i := range n {
-		handleOK(t, s, c, toolCall(i+1, "vm_status", `{"vm":"lab/vm1"}`))
+		handleOK(t, s, c, mcptest.ToolCall(i+1, "vm_status", `{"vm":"lab/vm1"}`))
 	}
 	if got := log.Stats().Syncs - before.Syncs; got != 3 {
 		t.Errorf("%d calls cost %d fsyncs; want 3 (one per advance of 32)", n, got)
@@ -206,12 +209,12 @@ func checkAdvances(t *testing.T, recs map[audit.Kind][]audit.Record, calls int) 
 // advance past its units and never leave a decision without one.
 func TestAdvancesConcurrentCalls(t *testing.T) {
 	s, log := advanceServer(t, "640", nil)
-	c := &conn{grant: s.grants["local"], transport: "stdio"}
+	c := &Conn{Grant: s.grants["local"], Transport: "stdio"}
 	var wg sync.WaitGroup
 	for g := range 16 {
 		wg.Go(func() {
 			for i := range 6 {
-				handleOK(t, s, c, toolCall(g*100+i+1, "vm_status", `{"vm":"lab/vm1"}`))
+				handleOK(t, s, c, mcptest.ToolCall(g*100+i+1, "vm_status", `{"vm":"lab/vm1"}`))
 			}
 		})
 	}
@@ -231,13 +234,13 @@ func TestAdvanceExpires(t *testing.T) {
 	var clock atomic.Int64
 	clock.Store(time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC).UnixNano())
 	s, log := advanceServer(t, "640", func() time.Time { return time.Unix(0, clock.Load()) })
-	c := &conn{grant: s.grants["local"], transport: "stdio"}
+	c := &Conn{Grant: s.grants["local"], Transport: "stdio"}
 	for i := range 3 {
-		handleOK(t, s, c, toolCall(i+1, "vm_status", `{"vm":"lab/vm1"}`))
+		handleOK(t, s, c, mcptest.ToolCall(i+1, "vm_status", `{"vm":"lab/vm1"}`))
 	}
 	clock.Add(int64(advanceLife))
 	before := log.Stats()
-	handleOK(t, s, c, toolCall(9, "vm_status", `{"vm":"lab/vm1"}`))
+	handleOK(t, s, c, mcptest.ToolCall(9, "vm_status", `{"vm":"lab/vm1"}`))
 	if got := log.Stats().Syncs - before.Syncs; got != 1 {
 		t.Errorf("the first call after the advance's time cost %d fsyncs; want 1 (a new advance)", got)
 	}
@@ -263,10 +266,10 @@ func TestAdvanceExpires(t *testing.T) {
 func TestAdvancesOnlyForReadOnlyCalls(t *testing.T) {
 	t.Run("destructive", func(t *testing.T) {
 		s, log := advanceServer(t, "640", nil)
-		c := &conn{grant: s.grants["local"], transport: "stdio"}
+		c := &Conn{Grant: s.grants["local"], Transport: "stdio"}
 		before := log.Stats()
 		for i := range 3 {
-			handleOK(t, s, c, toolCall(i+1, "vm_agent_exec", `{"vm":"lab/vm1","command":["true"]}`))
+			handleOK(t, s, c, mcptest.ToolCall(i+1, "vm_agent_exec", `{"vm":"lab/vm1","command":["true"]}`))
 		}
 		if got := log.Stats().Syncs - before.Syncs; got != 3 {
 			t.Errorf("3 execs cost %d fsyncs; want 3", got)
@@ -278,10 +281,10 @@ func TestAdvancesOnlyForReadOnlyCalls(t *testing.T) {
 	})
 	t.Run("small counter", func(t *testing.T) {
 		s, log := advanceServer(t, "30", nil)
-		c := &conn{grant: s.grants["local"], transport: "stdio"}
+		c := &Conn{Grant: s.grants["local"], Transport: "stdio"}
 		before := log.Stats()
 		for i := range 3 {
-			handleOK(t, s, c, toolCall(i+1, "vm_status", `{"vm":"lab/vm1"}`))
+			handleOK(t, s, c, mcptest.ToolCall(i+1, "vm_status", `{"vm":"lab/vm1"}`))
 		}
 		if got := log.Stats().Syncs - before.Syncs; got != 3 {
 			t.Errorf("3 calls under max 30 cost %d fsyncs; want 3", got)
@@ -298,10 +301,10 @@ func TestAdvancesOnlyForReadOnlyCalls(t *testing.T) {
 // clean stop holds exactly the calls.
 func TestAdvanceSurvivesPowerLoss(t *testing.T) {
 	s, log := advanceServer(t, "640", nil)
-	c := &conn{grant: s.grants["local"], transport: "stdio"}
+	c := &Conn{Grant: s.grants["local"], Transport: "stdio"}
 	const n = 10
 	for i := range n {
-		handleOK(t, s, c, toolCall(i+1, "vm_status", `{"vm":"lab/vm1"}`))
+		handleOK(t, s, c, mcptest.ToolCall(i+1, "vm_status", `{"vm":"lab/vm1"}`))
 	}
 	now := time.Now()
 	count := func(path string) (restored int, decisions int) {
@@ -354,7 +357,7 @@ func copyFile(t *testing.T, from, to string) {
 func TestAdvanceFailureRefusesAndRetries(t *testing.T) {
 	var fail atomic.Bool
 	fail.Store(true)
-	rec := &recorder{AppendErr: func(r audit.Record) error {
+	rec := &audittest.Recorder{AppendErr: func(r audit.Record) error {
 		if r.Kind == audit.KindAdvance && fail.Load() {
 			return errors.New("disk full")
 		}
@@ -369,7 +372,7 @@ func TestAdvanceFailureRefusesAndRetries(t *testing.T) {
 	var calls atomic.Int64
 	s, err := New(Config{
 		Grants:   []Grant{{Name: "local", Policy: eng}},
-		Backends: []Backend{{Name: "lab", Driver: countingFake(&calls)}},
+		Backends: []Backend{{Name: "lab", Driver: hypervisortest.Counting(&calls)}},
 		Store:    memory.New(), Audit: writtenRecorder{rec},
 		Logger: slog.New(slog.DiscardHandler),
 	})
@@ -379,17 +382,17 @@ func TestAdvanceFailureRefusesAndRetries(t *testing.T) {
 	defer s.Close()
 	f := &fixture{s: s}
 	r := f.call(t, "vm_status", `{"vm":"lab/vm1"}`)
-	if !strings.Contains(r.text(), "audit log is unavailable") {
-		t.Fatalf("vm_status with the advance failing = %s; want the audit log refusal", r.text())
+	if !strings.Contains(r.Text(), "audit log is unavailable") {
+		t.Fatalf("vm_status with the advance failing = %s; want the audit log refusal", r.Text())
 	}
 	fail.Store(false)
 	for i := range 40 { // the refused call's unit was refunded: 40 fit
-		if r := f.call(t, "vm_status", `{"vm":"lab/vm1"}`); hasTag(r, TagRateLimited) || hasTag(r, TagDenied) {
-			t.Fatalf("call %d after the failure = %s; want it through (the refused call's reservation refunded)", i, r.text())
+		if r := f.call(t, "vm_status", `{"vm":"lab/vm1"}`); mcptest.HasTag(r, TagRateLimited) || mcptest.HasTag(r, TagDenied) {
+			t.Fatalf("call %d after the failure = %s; want it through (the refused call's reservation refunded)", i, r.Text())
 		}
 	}
 	advances := 0
-	for _, r := range rec.records() {
+	for _, r := range rec.Records() {
 		if r.Kind == audit.KindAdvance {
 			advances++
 		}
@@ -400,8 +403,8 @@ func TestAdvanceFailureRefusesAndRetries(t *testing.T) {
 }
 
 // writtenRecorder is a recorder with AppendWritten, as the real log has.
-type writtenRecorder struct{ *recorder }
+type writtenRecorder struct{ *audittest.Recorder }
 
 func (w writtenRecorder) AppendWritten(ctx context.Context, rec audit.Record) (uint64, error) {
-	return w.recorder.Append(ctx, rec)
+	return w.Recorder.Append(ctx, rec)
 }

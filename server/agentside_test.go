@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // The agent's side of every call (issue 17): what an agent gets back when
@@ -47,7 +49,7 @@ func TestGuestErrorsReachTheAgent(t *testing.T) {
 	}
 	for _, tt := range tests {
 		f := newFixture(t, fixtureOpts{})
-		drv := countingFake(f.calls)
+		drv := hypervisortest.Counting(f.calls)
 		drv.ExecStartFunc = func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 			return hypervisor.ExecHandle{}, tt.err
 		}
@@ -55,15 +57,15 @@ func TestGuestErrorsReachTheAgent(t *testing.T) {
 		f = newFixture(t, fixtureOpts{driver: drv})
 		r := f.call(t, tt.tool, tt.args)
 		for _, w := range tt.want {
-			if !strings.Contains(r.text(), w) {
-				t.Errorf("%s(%s) = %q; want it to contain %q", tt.tool, tt.args, r.text(), w)
+			if !strings.Contains(r.Text(), w) {
+				t.Errorf("%s(%s) = %q; want it to contain %q", tt.tool, tt.args, r.Text(), w)
 			}
 		}
-		if m, _ := r.Result.StructuredContent["message"].(string); !strings.Contains(r.text(), m) || m == "" {
+		if m, _ := r.Result.StructuredContent["message"].(string); !strings.Contains(r.Text(), m) || m == "" {
 			t.Errorf("%s(%s) structured message = %q; want the text's message", tt.tool, tt.args, m)
 		}
 		var detail string
-		for _, rec := range f.rec.records() {
+		for _, rec := range f.rec.Records() {
 			if rec.Kind == audit.KindOutcome {
 				detail = rec.Reason
 			}
@@ -95,12 +97,12 @@ func TestFileErrorsReachTheAgent(t *testing.T) {
 		f.guest.file = func([]string, []byte) hypervisor.ExecResult { return tt.reply }
 		r := f.as(t, "alice", "vm_file_read", tt.args)
 		for _, w := range tt.want {
-			if !strings.Contains(r.text(), w) {
-				t.Errorf("vm_file_read(%s) = %q; want it to contain %q", tt.args, r.text(), w)
+			if !strings.Contains(r.Text(), w) {
+				t.Errorf("vm_file_read(%s) = %q; want it to contain %q", tt.args, r.Text(), w)
 			}
 		}
 		var detail string
-		for _, rec := range f.rec.records() {
+		for _, rec := range f.rec.Records() {
 			if rec.Kind == audit.KindOutcome && rec.Tool == "vm_file_read" {
 				detail = rec.Reason
 			}
@@ -126,9 +128,7 @@ func TestFileReadBinaryIsBase64(t *testing.T) {
 	} {
 		f := newSessFixture(t, haveBins(), "")
 		f.guest.file = func(argv []string, _ []byte) hypervisor.ExecResult {
-			r := reply(wire.FileRead{FileInfo: wire.FileInfo{Path: flag(argv, "--path"), Exists: true, Type: "file", Mode: 0o755, Size: int64(len(tt.data))}, Bytes: int64(len(tt.data))})
-			r.Stdout = append(append(r.Stdout, '\n'), tt.data...) // --raw: the data after the reply's line
-			return r
+			return replyData(wire.FileRead{FileInfo: wire.FileInfo{Path: flag(argv, "--path"), Exists: true, Type: "file", Mode: 0o755, Size: int64(len(tt.data))}, Bytes: int64(len(tt.data)), EOF: true}, tt.data)
 		}
 		sc := f.as(t, "alice", "vm_file_read", `{"vm":"lab/vm1","path":"/bin/x"}`).Result.StructuredContent
 		_, hasText := sc["content"]
@@ -146,7 +146,7 @@ func TestFileReadBinaryIsBase64(t *testing.T) {
 // vm9Fake answers every call about lab/vm9 (not the backend's) with
 // ErrUnknownVM, as a backend does for a name the grant's globs let through.
 func vm9Fake(f *fixture) *hypervisortest.Fake {
-	drv := countingFake(f.calls)
+	drv := hypervisortest.Counting(f.calls)
 	unknown := fmt.Errorf("fake: %w", hypervisor.ErrUnknownVM)
 	drv.ExecStartFunc = func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 		return hypervisor.ExecHandle{}, unknown
@@ -172,8 +172,8 @@ func TestUnknownVMSameMessageEveryPath(t *testing.T) {
 	} {
 		r := f.call(t, c.tool, c.args)
 		want := fmt.Sprintf(`[UNKNOWN VM] no VM %q (list_vms shows the VMs you can use)`, c.vm)
-		if r.text() != want {
-			t.Errorf("%s(%s) = %q; want %q", c.tool, c.args, r.text(), want)
+		if r.Text() != want {
+			t.Errorf("%s(%s) = %q; want %q", c.tool, c.args, r.Text(), want)
 		}
 		if m := r.Result.StructuredContent["message"]; m != strings.TrimPrefix(want, TagUnknownVM+" ") {
 			t.Errorf("%s(%s) structured message = %q; want the text's", c.tool, c.args, m)
@@ -183,7 +183,7 @@ func TestUnknownVMSameMessageEveryPath(t *testing.T) {
 
 // procFake serves /proc/<pid>/stat and /proc/stat as a Linux guest does.
 func procFake(f *fixture, pid int64, startTicks, btime int64) *hypervisortest.Fake {
-	drv := countingFake(f.calls)
+	drv := hypervisortest.Counting(f.calls)
 	drv.FileReadFunc = func(_ context.Context, _, path string, _ int64) (hypervisor.FileContent, error) {
 		switch path {
 		case fmt.Sprintf("/proc/%d/stat", pid):
@@ -211,8 +211,8 @@ func TestExecStartedAtIsKillProcesss(t *testing.T) {
 		t.Fatalf("vm_agent_exec wait:false started_at = %v (%T); want %d ms", r.Result.StructuredContent["started_at"], r.Result.StructuredContent["started_at"], want)
 	}
 	k := f.call(t, "kill_process", fmt.Sprintf(`{"vm":"lab/vm1","pid":4242,"started_at":%d}`, int64(got)))
-	if hasTag(k, TagInvalid) {
-		t.Errorf("kill_process with exec's started_at = %q; want it accepted", k.text())
+	if mcptest.HasTag(k, TagInvalid) {
+		t.Errorf("kill_process with exec's started_at = %q; want it accepted", k.Text())
 	}
 	// A guest that cannot tell leaves started_at out rather than guess.
 	g := newFixture(t, fixtureOpts{})
@@ -222,30 +222,12 @@ func TestExecStartedAtIsKillProcesss(t *testing.T) {
 	}
 }
 
-func TestStatStartTicks(t *testing.T) {
-	for _, tt := range []struct {
-		in   string
-		want int64
-		ok   bool
-	}{
-		{"7 (a b) c)) S 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 1 2", 99, true},
-		{"7 (x) S 1 7", 0, false},
-		{"no parenthesis", 0, false},
-		{"7 (x) S 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 -5 1 2", 0, false},
-	} {
-		got, ok := statStartTicks([]byte(tt.in))
-		if got != tt.want || ok != tt.ok {
-			t.Errorf("statStartTicks(%q) = %d, %v; want %d, %v", tt.in, got, ok, tt.want, tt.ok)
-		}
-	}
-}
-
 // TestExecStatusWhileRunning: a running command has exited: false and no
 // made-up exit code; its output so far is shown when the guest hands it over.
 func TestExecStatusWhileRunning(t *testing.T) {
 	for _, partial := range []string{"", "line 1\n"} {
 		f := newFixture(t, fixtureOpts{})
-		drv := countingFake(f.calls)
+		drv := hypervisortest.Counting(f.calls)
 		drv.ExecStatusFunc = func(_ context.Context, _ string, h hypervisor.ExecHandle) (hypervisor.ExecResult, error) {
 			return hypervisor.ExecResult{PID: h.PID, Stdout: []byte(partial)}, nil
 		}
@@ -260,11 +242,11 @@ func TestExecStatusWhileRunning(t *testing.T) {
 			t.Errorf("exec status while running has exit_code %v; want none", v)
 		}
 		if partial == "" {
-			if _, ok := sc["stdout"]; ok || !strings.Contains(r.text(), "no output so far") {
-				t.Errorf("exec status while running, no output = %v %q; want no stdout and a text saying so", sc, r.text())
+			if _, ok := sc["stdout"]; ok || !strings.Contains(r.Text(), "no output so far") {
+				t.Errorf("exec status while running, no output = %v %q; want no stdout and a text saying so", sc, r.Text())
 			}
-		} else if sc["stdout"] != partial || !strings.Contains(r.text(), "output so far") || !strings.Contains(r.text(), partial) {
-			t.Errorf("exec status while running with output = %v %q; want stdout %q", sc, r.text(), partial)
+		} else if sc["stdout"] != partial || !strings.Contains(r.Text(), "output so far") || !strings.Contains(r.Text(), partial) {
+			t.Errorf("exec status while running with output = %v %q; want stdout %q", sc, r.Text(), partial)
 		}
 	}
 }
@@ -289,12 +271,12 @@ func TestConditionsSeeDefaults(t *testing.T) {
 		{"vm_agent_exec", `{"vm":"lab/vm1","command":["true"],"wait":false}`, true},
 	} {
 		r := f.call(t, c.tool, c.args)
-		if hasTag(r, TagDenied) != c.denied {
-			t.Errorf("%s(%s) = %q; want denied %v", c.tool, c.args, r.text(), c.denied)
+		if mcptest.HasTag(r, TagDenied) != c.denied {
+			t.Errorf("%s(%s) = %q; want denied %v", c.tool, c.args, r.Text(), c.denied)
 		}
 	}
 	// The audit log keeps the arguments as sent.
-	for _, rec := range f.rec.records() {
+	for _, rec := range f.rec.Records() {
 		if rec.Kind == audit.KindDecision && rec.Tool == "kill_process" {
 			if _, ok := rec.Args["signal"]; !ok && rec.Args["pid"] != nil && len(rec.Args) == 2 {
 				return
@@ -309,7 +291,7 @@ func TestConditionsSeeDefaults(t *testing.T) {
 func TestPowerAlready(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	var powered []string
-	drv := countingFake(f.calls)
+	drv := hypervisortest.Counting(f.calls)
 	drv.StatusFunc = func(_ context.Context, vm string) (hypervisor.Status, error) {
 		st := hypervisor.StateRunning
 		if vm == "vm2" {
@@ -329,15 +311,68 @@ func TestPowerAlready(t *testing.T) {
 		{"lab/vm1", "start", "lab/vm1 was already running; start did nothing", false},
 		{"lab/vm2", "stop", "lab/vm2 was already stopped; stop did nothing", false},
 		{"lab/vm2", "start", "lab/vm2: start done", true},
-		{"lab/vm1", "reboot", "lab/vm1: reboot done", true},
+		{"lab/vm1", "shutdown", "lab/vm1: shutdown done", true},
 	} {
 		r := f.call(t, "vm_power", fmt.Sprintf(`{"vm":%q,"action":%q}`, c.vm, c.action))
-		if r.text() != c.text || r.Result.StructuredContent["done"] != c.done {
-			t.Errorf("vm_power %s %s = %q %v; want %q done %v", c.vm, c.action, r.text(), r.Result.StructuredContent, c.text, c.done)
+		if r.Text() != c.text || r.Result.StructuredContent["done"] != c.done {
+			t.Errorf("vm_power %s %s = %q %v; want %q done %v", c.vm, c.action, r.Text(), r.Result.StructuredContent, c.text, c.done)
 		}
 	}
-	if want := []string{"vm2 start", "vm1 reboot"}; fmt.Sprint(powered) != fmt.Sprint(want) {
+	if want := []string{"vm2 start", "vm1 shutdown"}; fmt.Sprint(powered) != fmt.Sprint(want) {
 		t.Errorf("backend power calls = %v; want %v", powered, want)
+	}
+}
+
+// TestPowerRebootWaitsForTheNewBoot: vm_power reboot and reset return
+// once the guest answers with a new boot id (issue 32, finding 11: a
+// reboot answered "done" while the next exec still reached the old boot),
+// and say why they did not wait when the boot id cannot be read first.
+func TestPowerRebootWaitsForTheNewBoot(t *testing.T) {
+	const bootA, bootB = "0b5a3f43-7a0e-4f1c-9a55-5d1e4a4d2a01", "7c2e9d10-33b4-4c8e-8f0e-2b9a6e1d5c02"
+	for _, c := range []struct {
+		name, action string
+		readable     bool
+		text, key    string
+	}{
+		{"reboot", "reboot", true, "lab/vm1: reboot done; the guest runs its new boot", "waited_for"},
+		{"reset", "reset", true, "lab/vm1: reset done; the guest runs its new boot", "waited_for"},
+		{"no boot id", "reboot", false, "lab/vm1: reboot done; not waited for: ", "no_wait"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var calls atomic.Int64
+			var booted atomic.Bool
+			var powered []string
+			drv := hypervisortest.Counting(&calls)
+			drv.ExecStartFunc = func(context.Context, string, hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
+				return hypervisor.ExecHandle{}, fmt.Errorf("fake: %w", hypervisor.ErrCommandDisabled)
+			}
+			drv.FileReadFunc = func(_ context.Context, _, path string, _ int64) (hypervisor.FileContent, error) {
+				switch {
+				case !c.readable || path != hypervisor.BootIDPath:
+					return hypervisor.FileContent{Data: []byte("hello")}, nil
+				case booted.Load():
+					return hypervisor.FileContent{Data: []byte(bootB + "\n")}, nil
+				}
+				return hypervisor.FileContent{Data: []byte(bootA + "\n")}, nil
+			}
+			drv.PowerFunc = func(_ context.Context, vm string, a hypervisor.PowerAction) error {
+				powered = append(powered, vm+" "+string(a))
+				booted.Store(true)
+				return nil
+			}
+			f := newFixture(t, fixtureOpts{driver: drv})
+			r := f.call(t, "vm_power", fmt.Sprintf(`{"vm":"lab/vm1","action":%q}`, c.action))
+			sc := r.Result.StructuredContent
+			if !strings.HasPrefix(r.Text(), c.text) || sc["done"] != true || sc[c.key] == nil {
+				t.Errorf("vm_power %s = %q %v; want %q… done, with %s", c.action, r.Text(), sc, c.text, c.key)
+			}
+			if c.readable && (sc["waited_for"] != hypervisor.WaitedForNewBoot || sc["boot_id_changed"] != true) {
+				t.Errorf("vm_power %s structuredContent = %v; want waited_for %q, boot_id_changed", c.action, sc, hypervisor.WaitedForNewBoot)
+			}
+			if want := []string{"vm1 " + c.action}; fmt.Sprint(powered) != fmt.Sprint(want) {
+				t.Errorf("backend power calls = %v; want %v", powered, want)
+			}
+		})
 	}
 }
 
@@ -368,5 +403,32 @@ func TestSessionTimesAndGuestFields(t *testing.T) {
 	}
 	if v["last_used"] != sc["last_used"] || v["idle_expires_at"] != sc["idle_expires_at"] {
 		t.Errorf("list_sessions last_used, idle_expires_at = %v, %v; want %v, %v", v["last_used"], v["idle_expires_at"], sc["last_used"], sc["idle_expires_at"])
+	}
+}
+
+// TestListSessionsLeavesOutLost: a session the guest no longer has (lost
+// to a reboot or a revert) is not listed as one; list_sessions names it
+// as lost, and lists the sessions the guest still has.
+func TestListSessionsLeavesOutLost(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	kept := f.as(t, "alice", "create_session", `{"vm":"lab/vm1"}`).Result.StructuredContent["session"].(string)
+	lost := f.as(t, "alice", "create_session", `{"vm":"lab/vm1"}`).Result.StructuredContent["session"].(string)
+	f.guest.mu.Lock()
+	delete(f.guest.sessions, lost) // the guest rebooted: its sessions' state is gone
+	f.guest.mu.Unlock()
+	r := f.as(t, "alice", "list_sessions", `{"vm":"lab/vm1"}`)
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("list_sessions = %q; want success", r.Text())
+	}
+	sc := r.Result.StructuredContent
+	list, _ := sc["sessions"].([]any)
+	if len(list) != 1 || list[0].(map[string]any)["session"] != kept {
+		t.Errorf("list_sessions sessions = %v; want only %s", list, kept)
+	}
+	if l, _ := sc["lost"].([]any); len(l) != 1 || l[0] != lost {
+		t.Errorf("list_sessions lost = %v; want [%s]", sc["lost"], lost)
+	}
+	if !strings.Contains(r.Text(), lost) || !strings.Contains(r.Text(), "reboot") {
+		t.Errorf("list_sessions text = %q; want it to name %s as lost to a reboot or revert", r.Text(), lost)
 	}
 }

@@ -53,14 +53,24 @@ func (a *Approvals) decide(ctx context.Context, id string, grant bool, by, reaso
 	if err != nil {
 		return store.Approval{}, fmt.Errorf("server: approvals: %s %s: %w", op, id, err)
 	}
+	a.s.notifyDecided(ap)
 	rec := audit.Record{
 		Kind: audit.KindDecision, CallID: "approval-" + id, Grant: ap.Grant, Transport: "operator",
 		Tool: ap.Tool, VM: ap.VM, Decision: "approval_" + string(ap.State), ApprovalID: id,
-		Reason: strings.TrimSpace(by + ": " + reason),
+		Reason: decisionReason(by, reason),
 	}
 	if _, err := a.s.audit.Append(ctx, rec); err != nil {
 		// The decision stands in the store; the operator must know it is not audited.
 		return ap, fmt.Errorf("server: approvals: %s %s: audit: %w", op, id, err)
 	}
 	return ap, nil
+}
+
+// decisionReason is the audit reason of an operator's decision: who, and
+// why when they said.
+func decisionReason(by, reason string) string {
+	if reason = strings.TrimSpace(reason); reason == "" {
+		return by + " (no reason given)"
+	}
+	return by + ": " + reason
 }

@@ -8,7 +8,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/server/argview"
@@ -89,14 +88,14 @@ func waiting(list []store.Approval, grant string) (n, bytes int, oldest time.Tim
 	return n, bytes, oldest
 }
 
-// parkNew creates the approval of a call that has none yet (list is the
-// store's approvals, listErr why there are none) and refuses the call with
-// its id.
-func (s *Server) parkNew(ctx context.Context, id any, rec audit.Record, list []store.Approval, listErr error,
-	tool, vm string, args map[string]any, digest string, now time.Time, ttl time.Duration) verdict {
+// parkNew creates the approval of g's call, which has none yet (list is
+// the store's approvals, listErr why there are none), and refuses the call
+// with its id.
+func (g *gating) parkNew(list []store.Approval, listErr error, digest string, ttl time.Duration) verdict {
+	s, rec, now, args := g.s, g.rec, g.start, g.args
 	unavailable := func(err error) verdict {
 		rec.Reason = "approval store: " + err.Error()
-		return s.refuseWith(ctx, id, rec, decisionError, TagDenied, "the approval store is unavailable, so the call is refused", nil)
+		return s.refuse(g.ctx, g.ID, rec, refusal{decision: decisionError, tag: TagDenied, msg: "the approval store is unavailable, so the call is refused"})
 	}
 	if listErr != nil {
 		return unavailable(listErr)
@@ -111,16 +110,16 @@ func (s *Server) parkNew(ctx context.Context, id any, rec audit.Record, list []s
 		rec.Reason = fmt.Sprintf("%d approvals of %d bytes already wait for an operator", n, size)
 		msg := fmt.Sprintf("%d calls of this grant already wait for an operator's approval (at most %d, with %d MiB of arguments): retry in %d s, when the oldest expires, or once an operator decided them",
 			n, maxWaitingApprovals, maxWaitingApprovalBytes>>20, secs)
-		return s.refuseWith(ctx, id, rec, policy.RateLimited.String(), TagRateLimited, msg, map[string]any{"retry_after_s": secs})
+		return s.refuse(g.ctx, g.ID, rec, rateLimited(msg, secs))
 	}
 	redacted, _ := json.Marshal(audit.Redact(args))
 	a := store.Approval{
-		ID: rand.Text(), Grant: rec.Grant, Tool: tool, VM: vm, Digest: digest, Args: string(redacted), FullArgs: string(full),
+		ID: rand.Text(), Grant: rec.Grant, Tool: g.spec.Name, VM: g.call.VM, Digest: digest, Args: string(redacted), FullArgs: string(full),
 		State: store.ApprovalPending, Created: now, Expires: now.Add(ttl), TTL: ttl,
 	}
-	if err := s.store.CreateApproval(ctx, a); err != nil {
+	if err := s.store.CreateApproval(g.ctx, a); err != nil {
 		return unavailable(err)
 	}
 	rec.ApprovalID = a.ID
-	return s.approvalRequired(ctx, id, rec, a.ID)
+	return g.approvalRequired(rec, a.ID)
 }

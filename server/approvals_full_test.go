@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 const approveExec = `{"version":"1","default":"allow","tools":{"vm_agent_exec":{"action":"approve","approval":{"ttl":"10m"}},
@@ -19,7 +21,7 @@ const approveExec = `{"version":"1","default":"allow","tools":{"vm_agent_exec":{
 
 // stdinFake records the stdin of every command it starts.
 func stdinFake(f *fixture, mu *sync.Mutex, ran *[]string) {
-	drv := countingFake(f.calls)
+	drv := hypervisortest.Counting(f.calls)
 	drv.ExecStartFunc = func(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 		mu.Lock()
 		*ran = append(*ran, string(req.Stdin))
@@ -42,8 +44,8 @@ func TestApprovalBindsTheArgumentsTheOperatorSaw(t *testing.T) {
 	seen := `{"vm":"lab/vm1","command":["sh"],"stdin":"echo innocent\n"}`
 	swapped := `{"vm":"lab/vm1","command":["sh"],"stdin":"echo innocent\nrm -rf /tmp/important\n"}`
 	r := f.call(t, "vm_agent_exec", seen)
-	if !hasTag(r, TagApproval) {
-		t.Fatalf("first call = %q; want %s", r.text(), TagApproval)
+	if !mcptest.HasTag(r, TagApproval) {
+		t.Fatalf("first call = %q; want %s", r.Text(), TagApproval)
 	}
 	id, _ := r.Result.StructuredContent["approval_id"].(string)
 	ap, err := f.s.Approvals().Get(context.Background(), id)
@@ -69,19 +71,19 @@ func TestApprovalBindsTheArgumentsTheOperatorSaw(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = f.call(t, "vm_agent_exec", swapped)
-	if !hasTag(r, TagApproval) || r.Result.StructuredContent["approval_id"] == id {
-		t.Fatalf("retry with another stdin = %q; want %s with a new approval id", r.text(), TagApproval)
+	if !mcptest.HasTag(r, TagApproval) || r.Result.StructuredContent["approval_id"] == id {
+		t.Fatalf("retry with another stdin = %q; want %s with a new approval id", r.Text(), TagApproval)
 	}
 	if len(ran) != 0 {
 		t.Fatalf("commands ran before the approved call: %q", ran)
 	}
 	r = f.call(t, "vm_agent_exec", seen)
 	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("the approved call = %q; want it to run", r.text())
+		t.Fatalf("the approved call = %q; want it to run", r.Text())
 	}
 	r = f.call(t, "vm_agent_exec", seen)
-	if !hasTag(r, TagApproval) {
-		t.Errorf("the approved call again = %q; want %s (single use)", r.text(), TagApproval)
+	if !mcptest.HasTag(r, TagApproval) {
+		t.Errorf("the approved call again = %q; want %s (single use)", r.Text(), TagApproval)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -100,21 +102,21 @@ func TestWaitingApprovalsAreBounded(t *testing.T) {
 	f := newFixture(t, fixtureOpts{policy: approveExec})
 	for i := range maxWaitingApprovals {
 		r := f.call(t, "vm_agent_exec", fmt.Sprintf(`{"vm":"lab/vm1","command":["true"],"stdin":"%d"}`, i))
-		if !hasTag(r, TagApproval) {
-			t.Fatalf("call %d = %q; want %s", i, r.text(), TagApproval)
+		if !mcptest.HasTag(r, TagApproval) {
+			t.Fatalf("call %d = %q; want %s", i, r.Text(), TagApproval)
 		}
 	}
 	r := f.call(t, "vm_agent_exec", `{"vm":"lab/vm1","command":["true"],"stdin":"one more"}`)
-	if !hasTag(r, TagRateLimited) || r.Result.StructuredContent["retry_after_s"] == nil {
-		t.Fatalf("call beyond %d waiting approvals = %q; want %s with retry_after_s", maxWaitingApprovals, r.text(), TagRateLimited)
+	if !mcptest.HasTag(r, TagRateLimited) || r.Result.StructuredContent["retry_after_s"] == nil {
+		t.Fatalf("call beyond %d waiting approvals = %q; want %s with retry_after_s", maxWaitingApprovals, r.Text(), TagRateLimited)
 	}
 	// The identical call of a waiting one still gets its approval id.
-	if r := f.call(t, "vm_agent_exec", `{"vm":"lab/vm1","command":["true"],"stdin":"0"}`); !hasTag(r, TagApproval) {
-		t.Errorf("a waiting call again = %q; want %s", r.text(), TagApproval)
+	if r := f.call(t, "vm_agent_exec", `{"vm":"lab/vm1","command":["true"],"stdin":"0"}`); !mcptest.HasTag(r, TagApproval) {
+		t.Errorf("a waiting call again = %q; want %s", r.Text(), TagApproval)
 	}
 	// Another grant is not held up.
-	if r := f.sendAs(t, "other", toolCall(1, "vm_status", `{"vm":"other/vm1"}`)); r.Result == nil || r.Result.IsError {
-		t.Errorf("other grant = %q; want a result", r.text())
+	if r := f.sendAs(t, "other", mcptest.ToolCall(1, "vm_status", `{"vm":"other/vm1"}`)); r.Result == nil || r.Result.IsError {
+		t.Errorf("other grant = %q; want a result", r.Text())
 	}
 	list, _ := f.s.Approvals().List(context.Background())
 	if len(list) != maxWaitingApprovals {
@@ -122,7 +124,7 @@ func TestWaitingApprovalsAreBounded(t *testing.T) {
 	}
 	// Once they expire, there is room again.
 	f.advance(11 * time.Minute)
-	if r := f.call(t, "vm_agent_exec", `{"vm":"lab/vm1","command":["true"],"stdin":"later"}`); !hasTag(r, TagApproval) {
-		t.Errorf("a call after the others expired = %q; want %s", r.text(), TagApproval)
+	if r := f.call(t, "vm_agent_exec", `{"vm":"lab/vm1","command":["true"],"stdin":"later"}`); !mcptest.HasTag(r, TagApproval) {
+		t.Errorf("a call after the others expired = %q; want %s", r.Text(), TagApproval)
 	}
 }

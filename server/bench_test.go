@@ -23,14 +23,18 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/bolt"
 	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/mcptest"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
-// The gate's cost, as DESIGN.md's performance budget and issue 4 ask.
+// The gate's cost, as the performance budget of docs/design.md asks.
 //
 // The no-op call is vm_status of lab/vm1 on the fake driver of the tests
 // (hypervisortest.Fake: a map lookup, no I/O). The bare server is a minimal
@@ -65,13 +69,13 @@ const benchToken = "bench-token"
 
 func bareMCP(tb testing.TB) *mcpserver.MCPServer {
 	var calls atomic.Int64
-	drv := countingFake(&calls)
+	drv := hypervisortest.Counting(&calls)
 	s := mcpserver.NewMCPServer("bare", "1", mcpserver.WithToolCapabilities(false))
-	spec := catalogue(DefaultLimits)[1] // vm_status
-	if spec.name != "vm_status" {
-		tb.Fatalf("catalogue()[1] = %s; want vm_status", spec.name)
+	spec := tools.Catalogue(catalog.DefaultLimits())[1] // vm_status
+	if spec.Name != "vm_status" {
+		tb.Fatalf("Catalogue()[1] = %s; want vm_status", spec.Name)
 	}
-	s.AddTool(spec.mcpTool(), func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	s.AddTool(spec.MCPTool(), func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		st, err := drv.Status(ctx, "vm1")
 		if err != nil {
 			return nil, err
@@ -122,11 +126,11 @@ func gatedServer(tb testing.TB, kind benchStore, fsync string, interval time.Dur
 	sum := sha256.Sum256([]byte(benchToken))
 	s, err := New(Config{
 		// The HTTP rounds send more than a default grant's request budget
-		// (DefaultHTTPRequestsPerMinute) each: the budget's count still runs
+		// (defaultHTTPRequestsPerMinute) each: the budget's count still runs
 		// on every request, its refusal does not.
 		Grants: []Grant{{Name: "local", Policy: eng, TokenSHA256: hex.EncodeToString(sum[:]),
 			RequestsPerMinute: 1 << 30}},
-		Backends: []Backend{{Name: "lab", Driver: countingFake(&calls)}},
+		Backends: []Backend{{Name: "lab", Driver: hypervisortest.Counting(&calls)}},
 		Store:    st, Audit: log,
 		Logger: slog.New(slog.DiscardHandler),
 	})
@@ -175,11 +179,11 @@ func benchGated(b *testing.B, kind benchStore, fsync string, parallel bool) {
 		fsync, interval = audit.FsyncInterval, time.Hour
 	}
 	g := gatedServer(b, kind, fsync, interval)
-	c := &conn{grant: g.s.grants["local"], transport: "stdio"}
+	c := &Conn{Grant: g.s.grants["local"], Transport: "stdio"}
 	ctx := context.Background()
 	before := g.log.Stats()
 	benchLoop(b, parallel, func() {
-		out := g.s.handle(ctx, c, []byte(benchCall))
+		out := g.s.Handle(ctx, c, []byte(benchCall))
 		if len(out) == 0 || bytes.Contains(out, []byte(`"isError":true`)) {
 			b.Fatalf("gated call failed: %s", out)
 		}
@@ -214,7 +218,7 @@ func BenchmarkGateGatedParallel(b *testing.B) {
 func BenchmarkGateOverhead(b *testing.B) {
 	bare := bareMCP(b)
 	g := gatedServer(b, storeSplit, audit.FsyncInterval, time.Hour)
-	c := &conn{grant: g.s.grants["local"], transport: "stdio"}
+	c := &Conn{Grant: g.s.grants["local"], Transport: "stdio"}
 	ctx := context.Background()
 	var sb, sg sample
 	b.ReportAllocs()
@@ -222,7 +226,7 @@ func BenchmarkGateOverhead(b *testing.B) {
 		t0 := time.Now()
 		out, err := jsonMarshal(bare.HandleMessage(ctx, []byte(benchCall)))
 		t1 := time.Now()
-		gout := g.s.handle(ctx, c, []byte(benchCall))
+		gout := g.s.Handle(ctx, c, []byte(benchCall))
 		t2 := time.Now()
 		if err != nil || bytes.Contains(out, []byte(`"isError":true`)) || bytes.Contains(gout, []byte(`"isError":true`)) {
 			b.Fatalf("calls failed: %s / %s", out, gout)
@@ -241,17 +245,17 @@ func BenchmarkGateOverhead(b *testing.B) {
 // and their ratio: what the direct path saves.
 func BenchmarkGateDirect(b *testing.B) {
 	g := gatedServer(b, storeSplit, audit.FsyncInterval, time.Hour)
-	c := &conn{grant: g.s.grants["local"], transport: "stdio"}
+	c := &Conn{Grant: g.s.grants["local"], Transport: "stdio"}
 	ctx := context.Background()
 	var sd, sm sample
 	b.ReportAllocs()
 	for b.Loop() {
 		g.s.noDirect = false
 		t0 := time.Now()
-		dout := g.s.handle(ctx, c, []byte(benchCall))
+		dout := g.s.Handle(ctx, c, []byte(benchCall))
 		t1 := time.Now()
 		g.s.noDirect = true
-		mout := g.s.handle(ctx, c, []byte(benchCall))
+		mout := g.s.Handle(ctx, c, []byte(benchCall))
 		t2 := time.Now()
 		if !bytes.Equal(dout, mout) || bytes.Contains(dout, []byte(`"isError":true`)) {
 			b.Fatalf("calls differ or failed: %s / %s", dout, mout)
@@ -337,7 +341,7 @@ func startStdio(b *testing.B, serve func(ctx context.Context, in io.Reader, out 
 		outR.Close()
 	}
 	b.Cleanup(c.stop)
-	c.roundTrip(b, initMsg)
+	c.roundTrip(b, mcptest.InitMsg)
 	if _, err := c.w.Write([]byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}` + "\n")); err != nil {
 		b.Fatal(err)
 	}
@@ -381,7 +385,9 @@ func BenchmarkE2EStdio(b *testing.B) {
 				return mcpserver.NewStdioServer(bareMCP(b)).Listen(ctx, in, out)
 			})
 			g := gatedServer(b, kind, cfg.fsync, 0)
-			gated := startStdio(b, g.s.ServeStdio)
+			gated := startStdio(b, func(ctx context.Context, in io.Reader, out io.Writer) error {
+				return serveStdio(ctx, g.s, "local", in, out)
+			})
 			var sb, sg sample
 			// Warm both up outside the figures.
 			stdioRound(b, bare, 20, &sample{})
@@ -446,7 +452,7 @@ func newHTTPClients(b testing.TB, url, token string, n int) []*httpClient {
 	cs := make([]*httpClient, n)
 	for i := range cs {
 		c := &httpClient{hc: hc, url: url + "/mcp", token: token}
-		_, h, err := c.post(initMsg)
+		_, h, err := c.post(mcptest.InitMsg)
 		if err != nil {
 			b.Fatalf("initialize: %v", err)
 		}
@@ -496,7 +502,7 @@ func BenchmarkE2EHTTP(b *testing.B) {
 				bareSrv := httptest.NewServer(mcpserver.NewStreamableHTTPServer(bareMCP(b), mcpserver.WithEndpointPath("/mcp")))
 				b.Cleanup(bareSrv.Close)
 				g := gatedServer(b, kind, cfg.fsync, 0)
-				gatedSrv := httptest.NewServer(g.s.Handler())
+				gatedSrv := httptest.NewServer(httpHandler(g.s))
 				b.Cleanup(gatedSrv.Close)
 				bare := newHTTPClients(b, bareSrv.URL, "", clients)
 				gated := newHTTPClients(b, gatedSrv.URL, benchToken, clients)
@@ -527,12 +533,12 @@ func BenchmarkE2EHTTP(b *testing.B) {
 // them, so row 2b of make bench failed).
 func TestBenchHTTPRoundsSucceed(t *testing.T) {
 	g := gatedServer(t, storeSplit, audit.FsyncInterval, 0)
-	srv := httptest.NewServer(g.s.Handler())
+	srv := httptest.NewServer(httpHandler(g.s))
 	t.Cleanup(srv.Close)
 	cs := newHTTPClients(t, srv.URL, benchToken, 32)
 	var s sample
-	httpRound(t, cs, DefaultHTTPRequestsPerMinute/32+8, &s)
-	if want := 32 * (DefaultHTTPRequestsPerMinute/32 + 8); len(s.lat) != want {
+	httpRound(t, cs, defaultHTTPRequestsPerMinute/32+8, &s)
+	if want := 32 * (defaultHTTPRequestsPerMinute/32 + 8); len(s.lat) != want {
 		t.Errorf("httpRound answered %d calls; want %d", len(s.lat), want)
 	}
 }
@@ -543,6 +549,6 @@ func TestBenchCallSucceeds(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	r := f.send(t, benchCall)
 	if r.Result == nil || r.Result.IsError || f.calls.Load() != 1 {
-		t.Fatalf("bench call = %q, driver calls %d; want success and 1", r.text(), f.calls.Load())
+		t.Fatalf("bench call = %q, driver calls %d; want success and 1", r.Text(), f.calls.Load())
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // cwdPolicy denies a command whose cwd is under /root, the rule the tricks
@@ -97,15 +98,15 @@ func TestExecCwdMeansTheDirectoryItNames(t *testing.T) {
 					f.guest.mu.Unlock()
 					if tc.tag == "" {
 						if r.Result == nil || r.Result.IsError {
-							t.Errorf("%s: exec(cwd %q) = %q; want it run", road.name, tc.cwd, r.text())
+							t.Errorf("%s: exec(cwd %q) = %q; want it run", road.name, tc.cwd, r.Text())
 						}
 						if want := []string{road.ran + tc.ran}; !slices.Equal(ran, want) {
 							t.Errorf("%s: exec(cwd %q) ran with %v; want %v", road.name, tc.cwd, ran, want)
 						}
 						continue
 					}
-					if !hasTag(r, tc.tag) || !strings.Contains(r.text(), tc.says) {
-						t.Errorf("%s: exec(cwd %q) = %q; want %s saying %q", road.name, tc.cwd, r.text(), tc.tag, tc.says)
+					if !mcptest.HasTag(r, tc.tag) || !strings.Contains(r.Text(), tc.says) {
+						t.Errorf("%s: exec(cwd %q) = %q; want %s saying %q", road.name, tc.cwd, r.Text(), tc.tag, tc.says)
 					}
 					if len(ran) != 0 {
 						t.Errorf("%s: exec(cwd %q) was refused but ran with %v", road.name, tc.cwd, ran)

@@ -2,14 +2,14 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 
 	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
+
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 // Direct dispatch of a gated tools/call (stdio, through handle).
@@ -103,14 +103,14 @@ func (s *Server) callDirect(v verdict) (resp mcp.JSONRPCMessage, ok bool) {
 	if dm == nil || s.noDirect || !directEnvelope(dm) {
 		return nil, false
 	}
-	id, ok := encodingJSONValue(dm.id)
+	id, ok := jsonrpc.EncodingJSONValue(dm.id)
 	if !ok {
 		return nil, false
 	}
 	req := mcp.CallToolRequest{Request: mcp.Request{Method: string(mcp.MethodToolsCall)}}
-	req.Params.Name = spec.name
+	req.Params.Name = spec.Name
 	req.Params.Arguments = dm.params["arguments"]
-	if !numbersFit(req.Params.Arguments) {
+	if !jsonrpc.NumbersFit(req.Params.Arguments) {
 		return nil, false
 	}
 	if raw, present := dm.params["_meta"]; present && raw != nil {
@@ -118,14 +118,14 @@ func (s *Server) callDirect(v verdict) (resp mcp.JSONRPCMessage, ok bool) {
 		if !isObject {
 			return nil, false // mcp-go refuses it as unparsable
 		}
-		std, ok := encodingJSONValue(meta)
+		std, ok := jsonrpc.EncodingJSONValue(meta)
 		if !ok {
 			return nil, false
 		}
 		req.Params.Meta = mcp.NewMetaFromMap(std.(map[string]any))
 	}
 	version := req.Params.Meta.ProtocolVersion()
-	if mcp.IsModernProtocol(version) || len(s.filterTools(v.ctx, []mcp.Tool{{Name: spec.name}})) != 1 {
+	if mcp.IsModernProtocol(version) || len(s.filterTools(v.ctx, []mcp.Tool{{Name: spec.Name}})) != 1 {
 		return nil, false
 	}
 	ctx := mcpserver.WithRequestProtocolInfo(v.ctx, &mcpserver.RequestProtocolInfo{ProtocolVersion: version})
@@ -155,59 +155,4 @@ func directEnvelope(dm *directMessage) bool {
 		}
 	}
 	return true
-}
-
-// numbersFit reports whether every number in v (as decodeStrict gives
-// it) is one encoding/json decodes into a float64.
-func numbersFit(v any) bool {
-	switch v := v.(type) {
-	case json.Number:
-		_, err := strconv.ParseFloat(string(v), 64)
-		return err == nil
-	case map[string]any:
-		for _, e := range v {
-			if !numbersFit(e) {
-				return false
-			}
-		}
-	case []any:
-		for _, e := range v {
-			if !numbersFit(e) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-// encodingJSONValue is v (as decodeStrict gives it) as encoding/json
-// decodes the same JSON into an any: numbers as float64, in new maps and
-// slices. ok false: a number no float64 holds.
-func encodingJSONValue(v any) (any, bool) {
-	switch v := v.(type) {
-	case json.Number:
-		f, err := strconv.ParseFloat(string(v), 64)
-		return f, err == nil
-	case map[string]any:
-		out := make(map[string]any, len(v))
-		for k, e := range v {
-			c, ok := encodingJSONValue(e)
-			if !ok {
-				return nil, false
-			}
-			out[k] = c
-		}
-		return out, true
-	case []any:
-		out := make([]any, len(v))
-		for i, e := range v {
-			c, ok := encodingJSONValue(e)
-			if !ok {
-				return nil, false
-			}
-			out[i] = c
-		}
-		return out, true
-	}
-	return v, true
 }

@@ -11,24 +11,44 @@ import (
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
+	mcpserver "github.com/mark3labs/mcp-go/server"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/server/catalog"
 )
+
+// testSession is the mcp-go client session the direct dispatch's calls are
+// served in (a stdio client's, as server/stdio registers one).
+type testSession struct {
+	id            string
+	notifications chan mcp.JSONRPCNotification
+	initialized   atomic.Bool
+}
+
+func (s *testSession) SessionID() string { return s.id }
+func (s *testSession) NotificationChannel() chan<- mcp.JSONRPCNotification {
+	return s.notifications
+}
+func (s *testSession) Initialize()       { s.initialized.Store(true) }
+func (s *testSession) Initialized() bool { return s.initialized.Load() }
+
+var _ mcpserver.ClientSession = (*testSession)(nil)
 
 // dispatchPeer is a server with a stdio session of grant "local", and
 // what its driver saw.
 type dispatchPeer struct {
 	f       *fixture
-	sess    *stdioSession
+	sess    *testSession
 	ctx     context.Context
 	release chan struct{} // lab/slowvm's status waits for one
 	entered chan struct{} // lab/slowvm's status was called
 	direct  atomic.Bool   // the last driver call ran on the direct path
 }
 
-func newDispatchPeer(t *testing.T, noDirect bool) *dispatchPeer {
+func newDispatchPeer(t *testing.T, noDirect bool, callTimeout time.Duration) *dispatchPeer {
 	p := &dispatchPeer{release: make(chan struct{}, 1), entered: make(chan struct{}, 1)}
-	drv := countingFake(new(atomic.Int64))
+	drv := hypervisortest.Counting(new(atomic.Int64))
 	drv.StatusFunc = func(ctx context.Context, vm string) (hypervisor.Status, error) {
 		n := 0
 		p.f.s.direct.m.Range(func(any, any) bool { n++; return true })
@@ -54,10 +74,10 @@ func newDispatchPeer(t *testing.T, noDirect bool) *dispatchPeer {
 		}
 		return hypervisor.Status{}, fmt.Errorf("fake: status of %s: %w", vm, hypervisor.ErrUnknownVM)
 	}
-	p.f = newFixture(t, fixtureOpts{driver: drv})
+	p.f = newFixture(t, fixtureOpts{driver: drv, timeouts: catalog.Timeouts{Call: callTimeout}})
 	p.f.s.noDirect = noDirect
 	p.f.s.progressEvery = 5 * time.Millisecond
-	p.sess = &stdioSession{id: "stdio-local-test", notifications: make(chan mcp.JSONRPCNotification, 64)}
+	p.sess = &testSession{id: "stdio-local-test", notifications: make(chan mcp.JSONRPCNotification, 64)}
 	p.sess.Initialize()
 	p.ctx = p.f.s.mcp.WithContext(context.Background(), p.sess)
 	return p
@@ -70,7 +90,7 @@ func (p *dispatchPeer) exchange(msg string) (out []byte, tokens []string) {
 	p.direct.Store(false)
 	done := make(chan []byte, 1)
 	go func() {
-		done <- p.f.s.handle(p.ctx, &conn{grant: p.f.s.grants["local"], transport: "stdio"}, []byte(msg))
+		done <- p.f.s.Handle(p.ctx, &Conn{Grant: p.f.s.grants["local"], Transport: "stdio"}, []byte(msg))
 	}()
 	for {
 		select {
@@ -91,9 +111,6 @@ func (p *dispatchPeer) exchange(msg string) (out []byte, tokens []string) {
 // it with, on a server that sends every call through mcp-go; the messages
 // the direct path leaves to mcp-go go there (and get the same answer).
 func TestDirectDispatchMatchesMCPGo(t *testing.T) {
-	old := callDeadline
-	callDeadline = 200 * time.Millisecond
-	t.Cleanup(func() { callDeadline = old })
 
 	call := func(id, vm, extra string) string {
 		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"vm_status","arguments":{"vm":%q}%s}}`, id, vm, extra)
@@ -124,7 +141,7 @@ func TestDirectDispatchMatchesMCPGo(t *testing.T) {
 		{"number past float64", call("22", "lab/vm1", `,"_meta":{"n":1e400}`), false, false},
 		{"modern _meta", call("23", "lab/vm1", `,"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}`), false, false},
 	}
-	direct, viaMCP := newDispatchPeer(t, false), newDispatchPeer(t, true)
+	direct, viaMCP := newDispatchPeer(t, false, 200*time.Millisecond), newDispatchPeer(t, true, 200*time.Millisecond)
 	for _, tt := range tests {
 		got, gotTokens := direct.exchange(tt.msg)
 		sawDirect := direct.direct.Load()
@@ -157,7 +174,7 @@ func TestDirectDispatchMatchesMCPGo(t *testing.T) {
 // is not answered, even though its driver call went on to succeed.
 func TestDirectCallCancelled(t *testing.T) {
 	for _, id := range []string{"31", `"c-31"`} {
-		p := newDispatchPeer(t, false)
+		p := newDispatchPeer(t, false, 0)
 		var wg sync.WaitGroup
 		var answer []byte
 		wg.Go(func() {
@@ -168,7 +185,7 @@ func TestDirectCallCancelled(t *testing.T) {
 		if _, ok := p.f.s.direct.m.Load(key); !ok {
 			t.Fatalf("id %s: no direct call registered under %q", id, key)
 		}
-		out := p.f.s.handle(p.ctx, &conn{grant: p.f.s.grants["local"], transport: "stdio"},
+		out := p.f.s.Handle(p.ctx, &Conn{Grant: p.f.s.grants["local"], Transport: "stdio"},
 			[]byte(fmt.Sprintf(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":%s}}`, id)))
 		if out != nil {
 			t.Errorf("id %s: notifications/cancelled answered %s; want nothing", id, out)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // writtenAppender is an optional capability of an Auditor (*audit.Log has
@@ -30,9 +31,9 @@ var _ writtenAppender = (*audit.Log)(nil)
 // reservations (advance.go), so a power loss cannot lose those (counters
 // are rebuilt from the log). An Auditor without AppendWritten makes every
 // decision durable.
-func (s *Server) appendDecision(ctx context.Context, spec *toolSpec, rec audit.Record) error {
+func (s *Server) appendDecision(ctx context.Context, spec *catalog.Tool, rec audit.Record) error {
 	w, ok := s.audit.(writtenAppender)
-	if !ok || !spec.readOnly || rec.ApprovalID != "" || rec.Decision != policy.Allow.String() {
+	if !ok || !spec.ReadOnly || rec.ApprovalID != "" || rec.Decision != policy.Allow.String() {
 		_, err := s.audit.Append(ctx, rec)
 		return err
 	}

@@ -15,12 +15,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/policy/audit/audittest"
 	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
-// TestDecisionDurabilityByToolClass holds DESIGN.md's performance budget
+// TestDecisionDurabilityByToolClass holds the performance budget of docs/design.md
 // with the real audit log (fsync always): a call that can change a guest
 // waits for one fsync; a read-only call that reserves nothing waits for
 // none; a read-only call that reserves a counter waits for the fsync of an
@@ -44,7 +47,7 @@ func TestDecisionDurabilityByToolClass(t *testing.T) {
 	}
 	var calls atomic.Int64
 	// The file tools run through vmgate-guest: its commands are the fake guest's.
-	d, g := countingFake(&calls), newFakeGuest()
+	d, g := hypervisortest.Counting(&calls), newFakeGuest()
 	g.file = guestFiles
 	gd := g.driver()
 	d.ExecStartFunc, d.ExecStatusFunc, d.FileWriteFunc = gd.ExecStartFunc, gd.ExecStatusFunc, gd.FileWriteFunc
@@ -59,7 +62,7 @@ func TestDecisionDurabilityByToolClass(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	c := &conn{grant: s.grants["local"], transport: "stdio"}
+	c := &Conn{Grant: s.grants["local"], Transport: "stdio"}
 	tests := []struct {
 		tool, args    string
 		syncs, writes uint64
@@ -74,7 +77,7 @@ func TestDecisionDurabilityByToolClass(t *testing.T) {
 	}
 	for i, tt := range tests {
 		before := log.Stats()
-		out := s.handle(context.Background(), c, []byte(toolCall(i+1, tt.tool, tt.args)))
+		out := s.Handle(context.Background(), c, []byte(mcptest.ToolCall(i+1, tt.tool, tt.args)))
 		if !bytes.Contains(out, []byte(`"result"`)) || bytes.Contains(out, []byte(`"isError":true`)) {
 			t.Fatalf("%s = %s; want a successful result", tt.tool, out)
 		}
@@ -135,13 +138,13 @@ func TestAuditRefusal(t *testing.T) {
 // TestAuditFailureReachesTheAgent: a decision record the log refuses
 // (a disk that is full) reaches the agent as the disk's reason.
 func TestAuditFailureReachesTheAgent(t *testing.T) {
-	rec := &recorder{AppendErr: func(audit.Record) error {
+	rec := &audittest.Recorder{AppendErr: func(audit.Record) error {
 		return fmt.Errorf("audit: append: %w", &fs.PathError{Op: "write", Path: "/state/audit.log", Err: syscall.ENOSPC})
 	}}
 	f := newFixture(t, fixtureOpts{rec: rec})
 	r := f.call(t, "vm_agent_exec", `{"vm":"lab/vm1","command":["true"]}`)
-	if !hasTag(r, TagDenied) || !strings.Contains(r.text(), "no space left on device") || strings.Contains(r.text(), "/state/") {
-		t.Errorf("vm_agent_exec with a full disk = %s; want [POLICY DENIED] naming the full disk, not the path", r.text())
+	if !mcptest.HasTag(r, TagDenied) || !strings.Contains(r.Text(), "no space left on device") || strings.Contains(r.Text(), "/state/") {
+		t.Errorf("vm_agent_exec with a full disk = %s; want [POLICY DENIED] naming the full disk, not the path", r.Text())
 	}
 	if n := f.calls.Load(); n != 0 {
 		t.Errorf("driver calls = %d; want none (nothing runs unrecorded)", n)

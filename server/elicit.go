@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -17,8 +16,9 @@ import (
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
 	"github.com/vmgate/vmgate/policy"
-	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/server/argview"
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/jsonrpc"
 )
 
 // Approvals through the client (`approval.channel: client`).
@@ -61,13 +61,21 @@ const (
 // when the policy gives no ttl.
 const clientApprovalTTL = 5 * time.Minute
 
-// elicitKey is the HMAC key of request states: random per process, so a
-// state never outlives the server that issued it.
-var elicitKey = sync.OnceValue(func() []byte {
+// elicitStates signs and opens request states: its HMAC key is random per
+// server, so a state never outlives the server that issued it, and it
+// remembers the states accepted until they expire (each is single-use).
+// Safe for concurrent use; mu guards used.
+type elicitStates struct {
+	key  []byte
+	mu   sync.Mutex
+	used map[string]time.Time // by nonce: when the state expires
+}
+
+func newElicitStates() *elicitStates {
 	k := make([]byte, 32)
 	rand.Read(k)
-	return k
-})
+	return &elicitStates{key: k, used: map[string]time.Time{}}
+}
 
 // elicitState is what a request state binds.
 type elicitState struct {
@@ -82,23 +90,18 @@ type elicitState struct {
 // bound to another call, or already used.
 var ErrBadRequestState = errors.New("invalid request state")
 
-func signState(st elicitState) string {
+// sign is st as a request state.
+func (es *elicitStates) sign(st elicitState) string {
 	payload, _ := json.Marshal(st)
-	m := hmac.New(sha256.New, elicitKey())
+	m := hmac.New(sha256.New, es.key)
 	m.Write(payload)
 	enc := base64.RawURLEncoding
 	return enc.EncodeToString(payload) + "." + enc.EncodeToString(m.Sum(nil))
 }
 
-// usedStates remembers accepted states until they expire: each is single-use.
-var usedStates = struct {
-	mu sync.Mutex // guards m
-	m  map[string]time.Time
-}{m: map[string]time.Time{}}
-
-// openState verifies s for the call (grant, tool, digest) at now and marks
-// it used.
-func openState(s, grant, tool, digest string, now time.Time) (elicitState, error) {
+// open verifies s for the call (grant, tool, digest) at now and marks it
+// used.
+func (es *elicitStates) open(s, grant, tool, digest string, now time.Time) (elicitState, error) {
 	enc := base64.RawURLEncoding
 	p, sig, ok := strings.Cut(s, ".")
 	if !ok || len(s) > 4096 {
@@ -109,7 +112,7 @@ func openState(s, grant, tool, digest string, now time.Time) (elicitState, error
 	if err1 != nil || err2 != nil {
 		return elicitState{}, fmt.Errorf("%w: malformed", ErrBadRequestState)
 	}
-	m := hmac.New(sha256.New, elicitKey())
+	m := hmac.New(sha256.New, es.key)
 	m.Write(payload)
 	if !hmac.Equal(mac, m.Sum(nil)) {
 		return elicitState{}, fmt.Errorf("%w: not issued by this server", ErrBadRequestState)
@@ -125,17 +128,17 @@ func openState(s, grant, tool, digest string, now time.Time) (elicitState, error
 	if !now.Before(exp) {
 		return elicitState{}, fmt.Errorf("%w: expired", ErrBadRequestState)
 	}
-	usedStates.mu.Lock()
-	defer usedStates.mu.Unlock()
-	for n, e := range usedStates.m {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	for n, e := range es.used {
 		if !now.Before(e) {
-			delete(usedStates.m, n)
+			delete(es.used, n)
 		}
 	}
-	if _, used := usedStates.m[st.Nonce]; used {
+	if _, used := es.used[st.Nonce]; used {
 		return elicitState{}, fmt.Errorf("%w: already used", ErrBadRequestState)
 	}
-	usedStates.m[st.Nonce] = exp
+	es.used[st.Nonce] = exp
 	return st, nil
 }
 
@@ -232,14 +235,15 @@ func aboutField(f argview.Field) string {
 	return about
 }
 
-// refuseTooLong is the answer to a call whose arguments do not fit in a
+// refuseTooLong is the answer to g's call, whose arguments do not fit in a
 // client approval.
-func (s *Server) refuseTooLong(ctx context.Context, id any, rec *audit.Record, tool string, err error) verdict {
-	rec.Reason = "client approval: " + err.Error()
-	return s.refuseWith(ctx, id, *rec, policy.Deny.String(), TagDenied, fmt.Sprintf(
+func (g *gating) refuseTooLong(err error) verdict {
+	g.rec.Reason = "client approval: " + err.Error()
+	tool := g.spec.Name
+	return g.s.refuse(g.ctx, g.ID, g.rec, denied(fmt.Sprintf(
 		"this call needs your user's approval, and its arguments are too long to show in full in an approval request through the client (%v; at most %d bytes): nothing ran. "+
 			"Send it with shorter arguments (a large file in parts: vm_file_write with offset or append), or ask the operator to set approval channel \"operator\" for %s, where every argument is shown in full whatever its size",
-		err, maxApprovalMessage, tool), nil)
+		err, maxApprovalMessage, tool)))
 }
 
 // approvalTTL is how long the client's user may take to answer: the
@@ -258,15 +262,17 @@ func approved(action string, content any) bool {
 	return action == string(mcp.ElicitationResponseActionAccept) && c["approve"] == true
 }
 
-// approveByClient handles a call whose policy asks the client for
+// approveByClient handles g's call, whose policy asks the client for
 // approval. It returns done=false when the call may go on: approved by the
 // user of a 2026-07-28 client, or (ask set) to be asked through
 // elicitation/create by its handler; else the verdict to answer with.
-func (s *Server) approveByClient(ctx context.Context, id any, rec *audit.Record, d policy.Decision, tool, vm string, args, params map[string]any, now time.Time) (v verdict, ask *clientAsk, done bool) {
+func (g *gating) approveByClient() (v verdict, ask *clientAsk, done bool) {
+	s, rec, d, params, now := g.s, &g.rec, g.decision, g.params, g.start
+	tool, vm, args := g.spec.Name, g.call.VM, g.args
 	digest := argsDigest(tool, args)
 	deny := func(reason, msg string) (verdict, *clientAsk, bool) {
 		rec.Reason = reason
-		return s.refuseWith(ctx, id, *rec, policy.Deny.String(), TagDenied, msg, nil), nil, true
+		return s.refuse(g.ctx, g.ID, *rec, denied(msg)), nil, true
 	}
 	modern, elicitation := modernClient(params)
 	if !modern {
@@ -278,7 +284,7 @@ func (s *Server) approveByClient(ctx context.Context, id any, rec *audit.Record,
 		// and whether its client declared elicitation at initialize.
 		req, err := approvalRequest(tool, vm, args)
 		if err != nil {
-			return s.refuseTooLong(ctx, id, rec, tool, err), nil, true
+			return g.refuseTooLong(err), nil, true
 		}
 		rec.Reason = "asking the client's user through elicitation/create"
 		rec.ApprovalID = approvalIDClient
@@ -291,16 +297,16 @@ func (s *Server) approveByClient(ctx context.Context, id any, rec *audit.Record,
 	if !hasRoundTrip(params) {
 		req, err := approvalRequest(tool, vm, args)
 		if err != nil {
-			return s.refuseTooLong(ctx, id, rec, tool, err), nil, true
+			return g.refuseTooLong(err), nil, true
 		}
 		st := elicitState{Grant: rec.Grant, Tool: tool, Digest: digest, Expires: now.Add(approvalTTL(d)).Unix(), Nonce: rand.Text()}
-		res := mcpserver.NewInputRequestBuilder(signState(st)).Elicit(elicitInputID, req).ToolResult()
+		res := mcpserver.NewInputRequestBuilder(s.elicitStates.sign(st)).Elicit(elicitInputID, req).ToolResult()
 		rec.Reason = "asked the client's user"
-		s.record(ctx, *rec, policy.Approve.String(), "approval requested through elicitation", "")
-		return verdict{reply: rpcResult(id, res)}, nil, true
+		s.record(g.ctx, *rec, refusal{decision: policy.Approve.String(), msg: "approval requested through elicitation"})
+		return verdict{reply: jsonrpc.ResultReply(g.ID, res)}, nil, true
 	}
 	state, _ := params[paramRequestState].(string)
-	if _, err := openState(state, rec.Grant, tool, digest, now); err != nil {
+	if _, err := s.elicitStates.open(state, rec.Grant, tool, digest, now); err != nil {
 		return deny("client approval: "+err.Error(), "the approval state is invalid, expired, already used or for another call; call again to be asked anew")
 	}
 	responses, _ := params[paramInputResponses].(map[string]any)
@@ -310,7 +316,7 @@ func (s *Server) approveByClient(ctx context.Context, id any, rec *audit.Record,
 		if action == "" {
 			action = "no answer"
 		}
-		return deny("client approval: "+truncate(action, 20), "your user did not approve this call ("+truncate(action, 20)+")")
+		return deny("client approval: "+catalog.Truncate(action, 20), "your user did not approve this call ("+catalog.Truncate(action, 20)+")")
 	}
 	rec.Reason = "approved by the client's user through elicitation"
 	rec.ApprovalID = approvalIDClient

@@ -2,11 +2,8 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -14,6 +11,7 @@ import (
 
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // Client approval for clients older than protocol 2026-07-28: the
@@ -50,21 +48,21 @@ var ErrNoElicitation = errors.New("the client did not declare the elicitation ca
 
 // elicitApproval asks the client of ctx's session to approve t's call. It
 // returns ok=true when the user approved explicitly, else the denial.
-func (s *Server) elicitApproval(ctx context.Context, t *ticket) (r result, ok bool) {
+func (s *Server) elicitApproval(ctx context.Context, t *ticket) (r catalog.Result, ok bool) {
 	cl := t.call
 	rec := audit.Record{
-		Kind: audit.KindDecision, CallID: cl.id, Grant: cl.grant.Name, Transport: cl.transport,
-		Tool: cl.spec.name, VM: cl.vm, ApprovalID: approvalIDClient,
+		Kind: audit.KindDecision, CallID: cl.ID, Grant: cl.Grant.Name, Transport: cl.Transport,
+		Tool: cl.spec.Name, VM: cl.VM, ApprovalID: approvalIDClient,
 	}
-	deny := func(reason, msg string) (result, bool) {
+	deny := func(reason, msg string) (catalog.Result, bool) {
 		rec.Decision, rec.Reason = policy.Deny.String(), "client approval: "+reason
 		if err := s.audit.AppendLazy(context.WithoutCancel(ctx), rec); err != nil {
-			s.log.Error("server: audit record of a client's denial failed", "call", cl.id, "err", err)
+			s.log.Error("server: audit record of a client's denial failed", "call", cl.ID, "err", err)
 		}
-		return result{tag: TagDenied, text: msg, noEffect: true, detail: rec.Reason}, false
+		return catalog.Result{Tag: TagDenied, Text: msg, NoEffect: true, Detail: rec.Reason}, false
 	}
 
-	answer, err := askClient(ctx, cl.ctx, s.mcp, t.elicit)
+	answer, err := askClient(ctx, cl.Ctx, s.mcp, t.elicit)
 	switch {
 	case errors.Is(err, ErrNoElicitation), errors.Is(err, mcpserver.ErrNoActiveSession), errors.Is(err, mcpserver.ErrElicitationNotSupported):
 		return deny("the client has no elicitation capability",
@@ -73,22 +71,22 @@ func (s *Server) elicitApproval(ctx context.Context, t *ticket) (r result, ok bo
 		return deny("no answer in time",
 			"your user did not answer the approval request in time; the call is refused")
 	case err != nil:
-		return deny(truncate(err.Error(), 200),
-			"the approval request failed ("+truncate(err.Error(), 120)+"); the call is refused")
+		return deny(catalog.Truncate(err.Error(), 200),
+			"the approval request failed ("+catalog.Truncate(err.Error(), 120)+"); the call is refused")
 	case !approved(string(answer.Action), answer.Content):
 		action := string(answer.Action)
 		if action == "" {
 			action = "no action"
 		}
-		return deny(truncate(action, 20), "your user did not approve this call ("+truncate(action, 20)+")")
+		return deny(catalog.Truncate(action, 20), "your user did not approve this call ("+catalog.Truncate(action, 20)+")")
 	}
 	rec.Decision, rec.Reason = policy.Allow.String(), "approved by the client's user through elicitation/create"
 	// Durable before the call runs, like every decision that lets one run.
 	if _, err := s.audit.Append(context.WithoutCancel(ctx), rec); err != nil {
-		s.log.Error("server: audit record of a client's approval failed; call refused", "call", cl.id, "err", err)
-		return result{tag: TagDenied, text: auditRefusal(err), noEffect: true, detail: "audit: " + err.Error()}, false
+		s.log.Error("server: audit record of a client's approval failed; call refused", "call", cl.ID, "err", err)
+		return catalog.Result{Tag: TagDenied, Text: auditRefusal(err), NoEffect: true, Detail: "audit: " + err.Error()}, false
 	}
-	return result{}, true
+	return catalog.Result{}, true
 }
 
 // askClient sends ask to the client of ctx's session (ctx: the context
@@ -124,186 +122,3 @@ func askClient(ctx, deadline context.Context, m *mcpserver.MCPServer, ask *clien
 	}
 	return res, nil
 }
-
-// clientRequests are the requests a stdio session sent its client and
-// waits answers for.
-type clientRequests struct {
-	mu      sync.Mutex // guards next, pending and closed
-	next    int64
-	pending map[string]chan clientResponse // by the request id as JSON
-	closed  bool                           // the client's input ended: no answer will come
-}
-
-// errInputClosed: the client's input ended before it answered.
-var errInputClosed = errors.New("the client's input ended")
-
-// close answers every pending request, and every later one, with
-// errInputClosed.
-func (c *clientRequests) close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.closed = true
-	for id, ch := range c.pending {
-		ch <- clientResponse{malformed: errInputClosed}
-		delete(c.pending, id)
-	}
-}
-
-// clientResponse is a client's answer to one request: result or error.
-type clientResponse struct {
-	result    json.RawMessage
-	err       *rpcErrorBody
-	malformed error // the response itself did not parse strictly
-}
-
-// ErrClientError: the client answered a request with a JSON-RPC error.
-var ErrClientError = errors.New("the client answered with an error")
-
-// start registers a new request and returns its id and the channel its
-// answer arrives on.
-func (c *clientRequests) start() (string, chan clientResponse) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.next++
-	id := strconv.Quote("vmgate-" + strconv.FormatInt(c.next, 10))
-	ch := make(chan clientResponse, 1)
-	if c.closed {
-		ch <- clientResponse{malformed: errInputClosed}
-		return id, ch
-	}
-	if c.pending == nil {
-		c.pending = map[string]chan clientResponse{}
-	}
-	c.pending[id] = ch
-	return id, ch
-}
-
-func (c *clientRequests) forget(id string) {
-	c.mu.Lock()
-	delete(c.pending, id)
-	c.mu.Unlock()
-}
-
-// deliver hands a response to the request it answers. It reports whether
-// raw was the response to a pending request (then it is consumed, whatever
-// its content).
-func (c *clientRequests) deliver(raw []byte) bool {
-	var peek struct {
-		ID     json.RawMessage `json:"id"`
-		Method *string         `json:"method"`
-		Result json.RawMessage `json:"result"`
-		Error  json.RawMessage `json:"error"`
-	}
-	c.mu.Lock()
-	waiting := len(c.pending) > 0
-	c.mu.Unlock()
-	if !waiting || json.Unmarshal(raw, &peek) != nil || peek.Method != nil || len(peek.ID) == 0 {
-		return false
-	}
-	id := string(peek.ID)
-	c.mu.Lock()
-	ch, ok := c.pending[id]
-	delete(c.pending, id)
-	c.mu.Unlock()
-	if !ok {
-		return false
-	}
-	var r clientResponse
-	switch _, err := decodeStrict(raw); {
-	case err != nil:
-		r.malformed = err
-	case len(peek.Error) > 0 && string(peek.Error) != "null":
-		var e rpcErrorBody
-		if json.Unmarshal(peek.Error, &e) != nil {
-			r.malformed = errors.New("an error that is not a JSON-RPC error object")
-		} else {
-			r.err = &e
-		}
-	case len(peek.Result) == 0 || string(peek.Result) == "null":
-		r.malformed = errors.New("neither result nor error")
-	default:
-		r.result = peek.Result
-	}
-	ch <- r // buffered, and only this goroutine got ch out of pending
-	return true
-}
-
-// GetClientInfo, SetClientInfo, GetClientCapabilities and
-// SetClientCapabilities keep what the client said at initialize.
-
-func (s *stdioSession) GetClientInfo() mcp.Implementation {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.clientInfo
-}
-
-func (s *stdioSession) SetClientInfo(ci mcp.Implementation) {
-	s.mu.Lock()
-	s.clientInfo = ci
-	s.mu.Unlock()
-}
-
-func (s *stdioSession) GetClientCapabilities() mcp.ClientCapabilities {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.clientCaps
-}
-
-func (s *stdioSession) SetClientCapabilities(c mcp.ClientCapabilities) {
-	s.mu.Lock()
-	s.clientCaps = c
-	s.mu.Unlock()
-}
-
-// RequestElicitation sends an elicitation/create request to the client and
-// waits for its answer until ctx ends.
-func (s *stdioSession) RequestElicitation(ctx context.Context, req mcp.ElicitationRequest) (*mcp.ElicitationResult, error) {
-	if s.send == nil {
-		return nil, mcpserver.ErrElicitationNotSupported
-	}
-	id, ch := s.requests.start()
-	defer s.requests.forget(id)
-	msg, err := json.Marshal(struct {
-		JSONRPC string                `json:"jsonrpc"`
-		ID      json.RawMessage       `json:"id"`
-		Method  string                `json:"method"`
-		Params  mcp.ElicitationParams `json:"params"`
-	}{"2.0", json.RawMessage(id), string(mcp.MethodElicitationCreate), req.Params})
-	if err != nil {
-		return nil, fmt.Errorf("stdio: encode: %w", err)
-	}
-	if err := s.send(msg); err != nil {
-		return nil, fmt.Errorf("stdio: send: %w", err)
-	}
-	select {
-	case r := <-ch:
-		if errors.Is(r.malformed, errInputClosed) {
-			return nil, fmt.Errorf("stdio: %w", r.malformed)
-		}
-		if r.malformed != nil {
-			return nil, fmt.Errorf("stdio: malformed response: %w", r.malformed)
-		}
-		if r.err != nil {
-			return nil, fmt.Errorf("stdio: %w: %d %s", ErrClientError, r.err.Code, truncate(r.err.Message, 100))
-		}
-		v, err := decodeStrict(r.result)
-		if err != nil {
-			return nil, fmt.Errorf("stdio: malformed result: %w", err)
-		}
-		m, _ := v.(map[string]any)
-		action, _ := m["action"].(string)
-		if m == nil || action == "" {
-			return nil, errors.New("stdio: malformed result: no action")
-		}
-		return &mcp.ElicitationResult{ElicitationResponse: mcp.ElicitationResponse{
-			Action: mcp.ElicitationResponseAction(action), Content: m["content"],
-		}}, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-var (
-	_ mcpserver.SessionWithClientInfo  = (*stdioSession)(nil)
-	_ mcpserver.SessionWithElicitation = (*stdioSession)(nil)
-)

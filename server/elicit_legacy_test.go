@@ -18,6 +18,8 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/policy/audit/audittest"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // legacyApprovalPolicy asks the client before vm_power, gives the user one
@@ -41,7 +43,7 @@ func startElicitPeer(t *testing.T, f *fixture, init string) *elicitPeer {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() {
-		served <- f.s.ServeStdio(ctx, inR, outW)
+		served <- serveStdio(ctx, f.s, "local", inR, outW)
 		outW.Close()
 	}()
 	c := &elicitPeer{t: t, in: inW, lines: make(chan map[string]any, 16)}
@@ -92,7 +94,7 @@ func (c *elicitPeer) next(wait time.Duration) map[string]any {
 	}
 }
 
-const powerCall = `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"vm_power","arguments":{"vm":"lab/vm1","action":"reboot"}}}`
+const powerCall = `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"vm_power","arguments":{"vm":"lab/vm1","action":"shutdown"}}}`
 
 // callRecords are the audit records of one call, by kind.
 func callRecords(recs []audit.Record, tool string) (decisions []audit.Record, outcome *audit.Record) {
@@ -112,10 +114,10 @@ func callRecords(recs []audit.Record, tool string) (decisions []audit.Record, ou
 // settledRecords is callRecords once the outcome record of tool is there
 // (at most 5 s): over HTTP the client may read the response before the
 // gate has settled the call.
-func settledRecords(r *recorder, tool string) (decisions []audit.Record, outcome *audit.Record) {
+func settledRecords(r *audittest.Recorder, tool string) (decisions []audit.Record, outcome *audit.Record) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		decisions, outcome = callRecords(r.records(), tool)
+		decisions, outcome = callRecords(r.Records(), tool)
 		if outcome != nil || time.Now().After(deadline) {
 			return decisions, outcome
 		}
@@ -159,7 +161,7 @@ func TestLegacyClientApprovalStdio(t *testing.T) {
 			return `{"jsonrpc":"2.0","id":` + rawID(req) + `,"error":"no"}`
 		}, true, false, "client approval: elicitation/create: stdio: malformed response"},
 		{"never", initElicit, nil, true, false, "client approval: no answer in time"},
-		{"no capability", initMsg, nil, false, false, "client approval: the client has no elicitation capability"},
+		{"no capability", mcptest.InitMsg, nil, false, false, "client approval: the client has no elicitation capability"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -196,7 +198,7 @@ func TestLegacyClientApprovalStdio(t *testing.T) {
 			if n, want := f.calls.Load(), map[bool]int64{true: 1, false: 0}[tt.wantRun]; n != want {
 				t.Errorf("driver calls = %d; want %d", n, want)
 			}
-			decisions, outcome := callRecords(f.rec.records(), "vm_power")
+			decisions, outcome := callRecords(f.rec.Records(), "vm_power")
 			if len(decisions) != 2 || decisions[0].Decision != "approve" || decisions[0].ApprovalID != "client" {
 				t.Fatalf("decision records = %+v; want approve (asking) then the answer", decisions)
 			}
@@ -276,7 +278,7 @@ func TestLegacyClientApprovalHTTP(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, fixtureOpts{policy: legacyApprovalPolicy})
-			ts := httptest.NewServer(f.s.Handler())
+			ts := httptest.NewServer(httpHandler(f.s))
 			defer ts.Close()
 			tr, err := transport.NewStreamableHTTP(ts.URL+"/mcp", transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer local-token"}))
 			if err != nil {
@@ -308,7 +310,7 @@ func TestLegacyClientApprovalHTTP(t *testing.T) {
 			}
 			req := mcp.CallToolRequest{}
 			req.Params.Name = "vm_power"
-			req.Params.Arguments = map[string]any{"vm": "lab/vm1", "action": "reboot"}
+			req.Params.Arguments = map[string]any{"vm": "lab/vm1", "action": "shutdown"}
 			res, err := c.CallTool(ctx, req)
 			if err != nil {
 				t.Fatalf("CallTool: %v", err)
@@ -356,7 +358,7 @@ func TestLegacyClientApprovalInputEnds(t *testing.T) {
 	if m["id"] != float64(2) || res["isError"] != true || !strings.Contains(fmt.Sprint(res["content"]), TagDenied) {
 		t.Fatalf("reply = %v; want call 2 denied", m)
 	}
-	decisions, _ := callRecords(f.rec.records(), "vm_power")
+	decisions, _ := callRecords(f.rec.Records(), "vm_power")
 	if len(decisions) != 2 || !strings.Contains(decisions[1].Reason, "input ended") {
 		t.Errorf("decision records = %+v; want a denial saying the input ended", decisions)
 	}

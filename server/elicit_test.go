@@ -29,7 +29,7 @@ type elicitReply struct {
 	} `json:"result"`
 }
 
-func (r elicitReply) text() string {
+func (r elicitReply) Text() string {
 	if len(r.Result.Content) == 0 {
 		return ""
 	}
@@ -39,7 +39,7 @@ func (r elicitReply) text() string {
 func sendRaw(t *testing.T, f *fixture, grant, params string) elicitReply {
 	t.Helper()
 	raw := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{` + params + `}}`
-	out := f.s.handle(context.Background(), &conn{grant: f.s.grants[grant], transport: "stdio"}, []byte(raw))
+	out := f.s.Handle(context.Background(), &Conn{Grant: f.s.grants[grant], Transport: "stdio"}, []byte(raw))
 	var r elicitReply
 	if err := json.Unmarshal(out, &r); err != nil {
 		t.Fatalf("reply %.300q: %v", out, err)
@@ -77,27 +77,27 @@ func ask(t *testing.T, f *fixture, action string) string {
 
 func TestClientApprovalAccepted(t *testing.T) {
 	f := newFixture(t, fixtureOpts{policy: clientApprovalPolicy})
-	state := ask(t, f, "reboot")
+	state := ask(t, f, "shutdown")
 	if n := f.calls.Load(); n != 0 {
 		t.Fatalf("driver calls before the answer = %d; want 0", n)
 	}
-	r := sendRaw(t, f, "local", powerParams("reboot", answer(state, approveYes)))
+	r := sendRaw(t, f, "local", powerParams("shutdown", answer(state, approveYes)))
 	if r.Result.IsError || r.Result.ResultType == "input_required" {
-		t.Fatalf("approved retry = %q (%+v); want success", r.text(), r.Result)
+		t.Fatalf("approved retry = %q (%+v); want success", r.Text(), r.Result)
 	}
 	if n := f.calls.Load(); n != 1 {
 		t.Errorf("driver calls after the approved retry = %d; want 1", n)
 	}
 	// The same state again: single use.
-	r = sendRaw(t, f, "local", powerParams("reboot", answer(state, approveYes)))
-	if !r.Result.IsError || !strings.HasPrefix(r.text(), TagDenied+" ") {
-		t.Errorf("replayed state = %q; want %s", r.text(), TagDenied)
+	r = sendRaw(t, f, "local", powerParams("shutdown", answer(state, approveYes)))
+	if !r.Result.IsError || !strings.HasPrefix(r.Text(), TagDenied+" ") {
+		t.Errorf("replayed state = %q; want %s", r.Text(), TagDenied)
 	}
 	if n := f.calls.Load(); n != 1 {
 		t.Errorf("driver calls after the replay = %d; want 1", n)
 	}
 	var asked, approved bool
-	for _, rec := range f.rec.records() {
+	for _, rec := range f.rec.Records() {
 		asked = asked || rec.Decision == "approve" && rec.Reason == "asked the client's user"
 		approved = approved || rec.Decision == "approve" && rec.ApprovalID == "client"
 	}
@@ -122,52 +122,52 @@ func TestClientApprovalRefused(t *testing.T) {
 		params  func(t *testing.T, f *fixture) string
 		wantTag string
 	}{
-		{"legacy client", func(t *testing.T, f *fixture) string { return powerParams("reboot", "") }, TagDenied},
+		{"legacy client", func(t *testing.T, f *fixture) string { return powerParams("shutdown", "") }, TagDenied},
 		{"no elicitation capability", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}`)
+			return powerParams("shutdown", `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}`)
 		}, TagDenied},
 		{"decline", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(ask(t, f, "reboot"), `{"action":"decline"}`))
+			return powerParams("shutdown", answer(ask(t, f, "shutdown"), `{"action":"decline"}`))
 		}, TagDenied},
 		{"cancel", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(ask(t, f, "reboot"), `{"action":"cancel"}`))
+			return powerParams("shutdown", answer(ask(t, f, "shutdown"), `{"action":"cancel"}`))
 		}, TagDenied},
 		{"accept without approve", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(ask(t, f, "reboot"), `{"action":"accept","content":{"approve":false}}`))
+			return powerParams("shutdown", answer(ask(t, f, "shutdown"), `{"action":"accept","content":{"approve":false}}`))
 		}, TagDenied},
 		{"approve as string", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(ask(t, f, "reboot"), `{"action":"accept","content":{"approve":"true"}}`))
+			return powerParams("shutdown", answer(ask(t, f, "shutdown"), `{"action":"accept","content":{"approve":"true"}}`))
 		}, TagDenied},
 		{"no answer", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", fmt.Sprintf(`%s,"requestState":%q`, modernMeta, ask(t, f, "reboot")))
+			return powerParams("shutdown", fmt.Sprintf(`%s,"requestState":%q`, modernMeta, ask(t, f, "shutdown")))
 		}, TagDenied},
 		{"state of other arguments", func(t *testing.T, f *fixture) string {
-			return powerParams("stop", answer(ask(t, f, "reboot"), approveYes))
+			return powerParams("stop", answer(ask(t, f, "shutdown"), approveYes))
 		}, TagDenied},
 		{"tampered state", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(tamper(ask(t, f, "reboot")), approveYes))
+			return powerParams("shutdown", answer(tamper(ask(t, f, "shutdown")), approveYes))
 		}, TagDenied},
 		{"forged state", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(`eyJnIjoibG9jYWwifQ.AAAA`, approveYes))
+			return powerParams("shutdown", answer(`eyJnIjoibG9jYWwifQ.AAAA`, approveYes))
 		}, TagDenied},
 		{"expired state", func(t *testing.T, f *fixture) string {
-			s := ask(t, f, "reboot")
+			s := ask(t, f, "shutdown")
 			f.advance(3 * time.Minute)
-			return powerParams("reboot", answer(s, approveYes))
+			return powerParams("shutdown", answer(s, approveYes))
 		}, TagDenied},
 		{"round trip on a tool without client approval", func(t *testing.T, f *fixture) string {
-			return `"name":"vm_status","arguments":{"vm":"lab/vm1"},` + answer(ask(t, f, "reboot"), approveYes)
+			return `"name":"vm_status","arguments":{"vm":"lab/vm1"},` + answer(ask(t, f, "shutdown"), approveYes)
 		}, TagInvalid},
 		{"unknown param next to a round trip", func(t *testing.T, f *fixture) string {
-			return powerParams("reboot", answer(ask(t, f, "reboot"), approveYes)+`,"approved":true`)
+			return powerParams("shutdown", answer(ask(t, f, "shutdown"), approveYes)+`,"approved":true`)
 		}, TagInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, fixtureOpts{policy: clientApprovalPolicy})
 			r := sendRaw(t, f, "local", tt.params(t, f))
-			if !r.Result.IsError || !strings.HasPrefix(r.text(), tt.wantTag+" ") {
-				t.Errorf("call = %q (%+v); want %s", r.text(), r.Result, tt.wantTag)
+			if !r.Result.IsError || !strings.HasPrefix(r.Text(), tt.wantTag+" ") {
+				t.Errorf("call = %q (%+v); want %s", r.Text(), r.Result, tt.wantTag)
 			}
 			if n := f.calls.Load(); n != 0 {
 				t.Errorf("driver calls = %d; want 0", n)
@@ -180,11 +180,11 @@ func TestClientApprovalRefused(t *testing.T) {
 // for another, even with a policy that asks the client too.
 func TestClientApprovalStateBoundToGrant(t *testing.T) {
 	f := newFixture(t, fixtureOpts{policy: clientApprovalPolicy})
-	state := ask(t, f, "reboot")
-	if _, err := openState(state, "other", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err == nil {
+	state := ask(t, f, "shutdown")
+	if _, err := f.s.elicitStates.open(state, "other", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "shutdown"}), time.Unix(0, f.now.Load())); err == nil {
 		t.Errorf("openState for grant other succeeded; want ErrBadRequestState")
 	}
-	if _, err := openState(state, "local", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "reboot"}), time.Unix(0, f.now.Load())); err != nil {
+	if _, err := f.s.elicitStates.open(state, "local", "vm_power", argsDigest("vm_power", map[string]any{"vm": "lab/vm1", "action": "shutdown"}), time.Unix(0, f.now.Load())); err != nil {
 		t.Errorf("openState for its own call = %v; want nil", err)
 	}
 }
@@ -207,7 +207,7 @@ func askedMessage(t *testing.T, args string) (modern, legacy string) {
 	r := sendRaw(t, f, "local", `"name":"vm_agent_exec","arguments":`+args+`,`+modernMeta)
 	in, ok := r.Result.InputRequests["approval"]
 	if r.Result.ResultType != "input_required" || !ok {
-		t.Fatalf("first call = %q (%+v); want input_required", r.text(), r.Result)
+		t.Fatalf("first call = %q (%+v); want input_required", r.Text(), r.Result)
 	}
 	modern, _ = in.Params["message"].(string)
 
@@ -282,7 +282,7 @@ func TestClientApprovalRefusesWhatDoesNotFit(t *testing.T) {
 			args := clientExecArgs(tt.shell)
 			r := sendRaw(t, f, "local", `"name":"vm_agent_exec","arguments":`+args+`,`+modernMeta)
 			legacy := f.send(t, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"vm_agent_exec","arguments":`+args+`}}`)
-			for road, text := range map[string]string{"2026-07-28": r.text(), "elicitation/create": legacy.text()} {
+			for road, text := range map[string]string{"2026-07-28": r.Text(), "elicitation/create": legacy.Text()} {
 				if !strings.HasPrefix(text, TagDenied+" ") || !strings.Contains(text, `approval channel "operator"`) || !strings.Contains(text, "nothing ran") {
 					t.Errorf("%s: call = %q; want %s saying to use the operator channel", road, text, TagDenied)
 				}
@@ -294,7 +294,7 @@ func TestClientApprovalRefusesWhatDoesNotFit(t *testing.T) {
 				t.Errorf("driver calls = %d; want 0", n)
 			}
 			refused := 0
-			for _, rec := range f.rec.records() {
+			for _, rec := range f.rec.Records() {
 				if rec.Decision == "deny" && strings.Contains(rec.Reason, "too long to show in full") {
 					refused++
 				}

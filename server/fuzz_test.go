@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"reflect"
 	"testing"
+
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/jsonrpc"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
 // FuzzDecodeArguments drives the strict reader and every tool's validator
@@ -29,9 +33,9 @@ func FuzzDecodeArguments(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	tools := catalogue(DefaultLimits.withDefaults())
+	list := tools.Catalogue(catalog.DefaultLimits())
 	f.Fuzz(func(t *testing.T, data []byte) {
-		v, err := decodeStrict(data)
+		v, err := jsonrpc.Decode(data)
 		if err != nil {
 			return
 		}
@@ -42,31 +46,31 @@ func FuzzDecodeArguments(f *testing.F) {
 			t.Fatalf("decodeStrict accepted %q but encoding/json refuses it: %v", data, err)
 		}
 		if !reflect.DeepEqual(v, std) {
-			t.Fatalf("decodeStrict(%q) = %#v; encoding/json reads %#v", data, v, std)
+			t.Fatalf("jsonrpc.Decode(%q) = %#v; encoding/json reads %#v", data, v, std)
 		}
 		args, ok := v.(map[string]any)
 		if !ok {
 			return
 		}
-		for _, spec := range tools {
-			valid, err := spec.validate(args)
+		for _, spec := range list {
+			valid, err := spec.Validate(args)
 			if err != nil {
 				continue
 			}
 			for k := range valid {
-				if spec.field(k) == nil {
-					t.Fatalf("%s.validate(%q) kept unknown argument %q", spec.name, data, k)
+				if spec.Field(k) == nil {
+					t.Fatalf("%s.validate(%q) kept unknown argument %q", spec.Name, data, k)
 				}
 			}
-			if _, err := spec.decode(valid); err != nil {
-				t.Fatalf("%s.validate(%q) = %#v, which does not decode: %v", spec.name, data, valid, err)
+			if _, err := spec.Decode(valid); err != nil {
+				t.Fatalf("%s.validate(%q) = %#v, which does not decode: %v", spec.Name, data, valid, err)
 			}
 			b, err := json.Marshal(valid)
 			if err != nil {
-				t.Fatalf("%s.validate(%q) = %#v; does not encode: %v", spec.name, data, valid, err)
+				t.Fatalf("%s.validate(%q) = %#v; does not encode: %v", spec.Name, data, valid, err)
 			}
-			if _, err := decodeStrict(b); err != nil {
-				t.Fatalf("%s.validate(%q) encodes to %q, which the strict reader refuses: %v", spec.name, data, b, err)
+			if _, err := jsonrpc.Decode(b); err != nil {
+				t.Fatalf("%s.validate(%q) encodes to %q, which the strict reader refuses: %v", spec.Name, data, b, err)
 			}
 		}
 	})

@@ -7,9 +7,10 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
-// TestOneFsyncPerCall holds DESIGN.md's budget with the real audit log: a
+// TestOneFsyncPerCall holds the budget of docs/design.md with the real audit log: a
 // sequential rate-limited read-only call (benchCall) costs one write(2)
 // (its decision record; the previous call's outcome rides along) and
 // shares the one fsync of the advance that holds its reservation
@@ -20,12 +21,12 @@ func TestOneFsyncPerCall(t *testing.T) {
 		t.Run(string(kind), func(t *testing.T) {
 			// An hour-long interval keeps timer flushes out of the count.
 			g := gatedServer(t, kind, audit.FsyncAlways, time.Hour)
-			c := &conn{grant: g.s.grants["local"], transport: "stdio"}
+			c := &Conn{Grant: g.s.grants["local"], Transport: "stdio"}
 			ctx := context.Background()
 			const calls = 20
 			before := g.log.Stats()
 			for range calls {
-				out := g.s.handle(ctx, c, []byte(benchCall))
+				out := g.s.Handle(ctx, c, []byte(benchCall))
 				if !bytes.Contains(out, []byte(`"result"`)) || bytes.Contains(out, []byte(`"isError":true`)) {
 					t.Fatalf("handle(%s) = %s; want a successful result", benchCall, out)
 				}
@@ -39,15 +40,15 @@ func TestOneFsyncPerCall(t *testing.T) {
 			}
 
 			refused := []string{
-				toolCall(7, "no_such_tool", `{}`),
-				toolCall(8, "vm_status", `{}`),
-				toolCall(9, "vm_status", `{"vm":"other/vm9"}`),
-				toolCall(10, "vm_status", `{"vm":"lab/vm1","VM":"lab/vm2"}`),
+				mcptest.ToolCall(7, "no_such_tool", `{}`),
+				mcptest.ToolCall(8, "vm_status", `{}`),
+				mcptest.ToolCall(9, "vm_status", `{"vm":"other/vm9"}`),
+				mcptest.ToolCall(10, "vm_status", `{"vm":"lab/vm1","VM":"lab/vm2"}`),
 				`{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"vm_status","arguments":{"vm":"lab/vm1"}`,
 			}
 			before = g.log.Stats()
 			for _, msg := range refused {
-				out := g.s.handle(ctx, c, []byte(msg))
+				out := g.s.Handle(ctx, c, []byte(msg))
 				if !bytes.Contains(out, []byte(`"isError":true`)) && !bytes.Contains(out, []byte(`"error"`)) {
 					t.Fatalf("handle(%s) = %s; want a refusal", msg, out)
 				}
@@ -56,7 +57,7 @@ func TestOneFsyncPerCall(t *testing.T) {
 				t.Errorf("%d refused calls cost %d fsyncs and %d writes; want none", len(refused), st.Syncs-before.Syncs, st.Writes-before.Writes)
 			}
 			// The refusals are recorded: they ride with the next write.
-			g.s.handle(ctx, c, []byte(benchCall))
+			g.s.Handle(ctx, c, []byte(benchCall))
 			if st := g.log.Stats(); st.Writes != before.Writes+1 || st.Records < before.Records+uint64(len(refused))+1 {
 				t.Errorf("after one more call: %+v (before %+v); want 1 write carrying the %d refusal records", st, before, len(refused))
 			}

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/vmgate/vmgate/server/jsonrpc"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // Number ids reach mcp-go, which reads them through float64: only
@@ -42,7 +45,7 @@ func TestNumberIDsMustBeExactIntegers(t *testing.T) {
 				if r.Error == nil || r.Error.Code != -32600 || string(r.ID) != "null" {
 					t.Errorf("%s with id %s = id %s, error %+v; want -32600 with id null", method, tt.id, r.ID, r.Error)
 				}
-				if n := len(f.rec.records()); n != 0 {
+				if n := len(f.rec.Records()); n != 0 {
 					t.Errorf("%s with id %s: %d audit records; want 0 (refused as an envelope error)", method, tt.id, n)
 				}
 				if n := f.calls.Load(); n != 0 {
@@ -62,8 +65,8 @@ func TestExactIntegerID(t *testing.T) {
 		n    json.Number
 		want bool
 	}{{"42", true}, {"-9007199254740991", true}, {"9007199254740992", false}, {"2.0", false}, {"-0", false}, {"1e0", false}} {
-		if got := exactIntegerID(tt.n); got != tt.want {
-			t.Errorf("exactIntegerID(%v) = %v; want %v", tt.n, got, tt.want)
+		if got := jsonrpc.ExactIntegerID(tt.n); got != tt.want {
+			t.Errorf("jsonrpc.ExactIntegerID(%v) = %v; want %v", tt.n, got, tt.want)
 		}
 	}
 }
@@ -90,34 +93,20 @@ func TestHostileVMIDs(t *testing.T) {
 		for _, tool := range tools {
 			f := newFixture(t, fixtureOpts{})
 			r := f.call(t, tool.name, fmt.Sprintf(tool.args, q))
-			if !hasTag(r, TagUnknownVM) && !hasTag(r, TagInvalid) {
-				t.Errorf("%s(vm %q) = %q; want %s or %s", tool.name, id, r.text(), TagUnknownVM, TagInvalid)
+			if !mcptest.HasTag(r, TagUnknownVM) && !mcptest.HasTag(r, TagInvalid) {
+				t.Errorf("%s(vm %q) = %q; want %s or %s", tool.name, id, r.Text(), TagUnknownVM, TagInvalid)
 			}
 			if n := f.calls.Load(); n != 0 {
 				t.Errorf("%s(vm %q): driver called %d times; want 0", tool.name, id, n)
 			}
-			recs := f.rec.records()
+			recs := f.rec.Records()
 			if len(recs) != 1 || recs[0].Decision != decisionUnknownVM && recs[0].Decision != decisionInvalid {
 				t.Errorf("%s(vm %q): audit %+v; want one unknown_vm or invalid decision", tool.name, id, recs)
 			}
 		}
 	}
 	f := newFixture(t, fixtureOpts{})
-	if r := f.call(t, "list_sessions", `{"vm":"lab/nosuch"}`); !hasTag(r, TagUnknownVM) {
-		t.Errorf("list_sessions(vm lab/nosuch) = %q; want %s", r.text(), TagUnknownVM)
-	}
-}
-
-func TestValidVMID(t *testing.T) {
-	for _, tt := range []struct {
-		id   string
-		want bool
-	}{
-		{"lab/vm1", true}, {"pve/101", true}, {"vbox/Ubuntu 22.04 (64-bit)", true}, {"virt/a_b-c.d+e@f:g", true},
-		{"lab/*", false}, {"lab/a..b", false}, {"lab/a\x7f", false}, {"lab/é", false}, {"Lab/vm1", false}, {"lab/a/b", false},
-	} {
-		if got := validVMID(tt.id); got != tt.want {
-			t.Errorf("validVMID(%q) = %v; want %v", tt.id, got, tt.want)
-		}
+	if r := f.call(t, "list_sessions", `{"vm":"lab/nosuch"}`); !mcptest.HasTag(r, TagUnknownVM) {
+		t.Errorf("list_sessions(vm lab/nosuch) = %q; want %s", r.Text(), TagUnknownVM)
 	}
 }

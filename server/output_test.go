@@ -8,6 +8,9 @@ import (
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
 // outputSchemas caches the compiled outputSchema of each tool (they depend
@@ -16,30 +19,30 @@ var outputSchemas sync.Map // tool name -> *jsonschema.Schema
 
 // compiledOutput compiles spec's outputSchema (draft 2020-12, formats
 // asserted), or fails t.
-func compiledOutput(t testing.TB, spec *toolSpec) *jsonschema.Schema {
+func compiledOutput(t testing.TB, spec *catalog.Tool) *jsonschema.Schema {
 	t.Helper()
-	if s, ok := outputSchemas.Load(spec.name); ok {
+	if s, ok := outputSchemas.Load(spec.Name); ok {
 		return s.(*jsonschema.Schema)
 	}
-	raw := spec.rawOutputSchema()
+	raw := spec.RawOutputSchema()
 	if raw == nil {
-		t.Fatalf("tool %s has no outputSchema: give its toolSpec the shapes of its structuredContent (output.go)", spec.name)
+		t.Fatalf("tool %s has no outputSchema: give its catalog.Tool the shapes of its structuredContent (catalog/output.go)", spec.Name)
 	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
 	if err != nil {
-		t.Fatalf("outputSchema of %s: %v", spec.name, err)
+		t.Fatalf("outputSchema of %s: %v", spec.Name, err)
 	}
 	c := jsonschema.NewCompiler()
 	c.AssertFormat()
-	url := "vmgate:" + spec.name + ".output.json"
+	url := "vmgate:" + spec.Name + ".output.json"
 	if err := c.AddResource(url, doc); err != nil {
-		t.Fatalf("outputSchema of %s: %v", spec.name, err)
+		t.Fatalf("outputSchema of %s: %v", spec.Name, err)
 	}
 	s, err := c.Compile(url)
 	if err != nil {
-		t.Fatalf("outputSchema of %s does not compile: %v", spec.name, err)
+		t.Fatalf("outputSchema of %s does not compile: %v", spec.Name, err)
 	}
-	outputSchemas.Store(spec.name, s)
+	outputSchemas.Store(spec.Name, s)
 	return s
 }
 
@@ -73,17 +76,17 @@ func (f *fixture) checkOutput(t testing.TB, raw string, out []byte) {
 	}
 	if len(reply.Result.StructuredContent) == 0 {
 		if !reply.Result.IsError {
-			t.Errorf("%s: a success without structuredContent (its outputSchema makes clients refuse it)", spec.name)
+			t.Errorf("%s: a success without structuredContent (its outputSchema makes clients refuse it)", spec.Name)
 		}
 		return
 	}
 	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(reply.Result.StructuredContent))
 	if err != nil {
-		t.Errorf("%s: structuredContent: %v", spec.name, err)
+		t.Errorf("%s: structuredContent: %v", spec.Name, err)
 		return
 	}
 	if err := compiledOutput(t, spec).Validate(inst); err != nil {
-		t.Errorf("%s: structuredContent %s does not match its outputSchema: %v", spec.name, truncate(string(reply.Result.StructuredContent), 300), err)
+		t.Errorf("%s: structuredContent %s does not match its outputSchema: %v", spec.Name, catalog.Truncate(string(reply.Result.StructuredContent), 300), err)
 	}
 }
 
@@ -91,9 +94,9 @@ func (f *fixture) checkOutput(t testing.TB, raw string, out []byte) {
 // outputSchema that compiles, offers the error shape, and is published in
 // tools/list. A tool added without one fails here.
 func TestCatalogueOutputSchemas(t *testing.T) {
-	for _, spec := range catalogue(DefaultLimits) {
-		if len(spec.output) == 0 {
-			t.Errorf("tool %s has no output shapes; its outputSchema would be missing", spec.name)
+	for _, spec := range tools.Catalogue(catalog.DefaultLimits()) {
+		if len(spec.Output) == 0 {
+			t.Errorf("tool %s has no output shapes; its outputSchema would be missing", spec.Name)
 			continue
 		}
 		s := compiledOutput(t, spec)
@@ -103,17 +106,17 @@ func TestCatalogueOutputSchemas(t *testing.T) {
 		} {
 			inst, _ := jsonschema.UnmarshalJSON(strings.NewReader(msg))
 			if err := s.Validate(inst); err != nil {
-				t.Errorf("outputSchema of %s refuses the error shape %s: %v", spec.name, msg, err)
+				t.Errorf("outputSchema of %s refuses the error shape %s: %v", spec.Name, msg, err)
 			}
 		}
 		for _, bad := range []string{`{}`, `{"error":"OOPS","message":"x"}`, `{"no_such_field":1}`} {
 			inst, _ := jsonschema.UnmarshalJSON(strings.NewReader(bad))
 			if s.Validate(inst) == nil {
-				t.Errorf("outputSchema of %s accepts %s; want it refused", spec.name, bad)
+				t.Errorf("outputSchema of %s accepts %s; want it refused", spec.Name, bad)
 			}
 		}
-		if got := spec.mcpTool().RawOutputSchema; got == nil {
-			t.Errorf("tools/list publishes %s without an outputSchema", spec.name)
+		if got := spec.MCPTool().RawOutputSchema; got == nil {
+			t.Errorf("tools/list publishes %s without an outputSchema", spec.Name)
 		}
 	}
 }

@@ -4,14 +4,15 @@ import (
 	"testing"
 
 	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // TestSetPolicy: a reload takes effect on the next call and on tools/list;
 // an unknown grant and a nil engine are refused and change nothing.
 func TestSetPolicy(t *testing.T) {
-	f := newFixture(t, fixtureOpts{policy: allowAll})
+	f := newFixture(t, fixtureOpts{policy: mcptest.AllowAll})
 	if r := f.call(t, "vm_status", `{"vm":"lab/vm1"}`); r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_status under allow-all = %q; want success", r.text())
+		t.Fatalf("vm_status under allow-all = %q; want success", r.Text())
 	}
 	deny, err := policy.Parse("deny.json", []byte(`{"version":"1","default":"deny","tools":{"vm_status":{"action":"deny","reason":"closed for maintenance"}}}`))
 	if err != nil {
@@ -31,8 +32,8 @@ func TestSetPolicy(t *testing.T) {
 			t.Errorf("SetPolicy(%q, %v) = %v; want ok %v", tt.grant, tt.eng != nil, err, tt.ok)
 		}
 	}
-	if r := f.call(t, "vm_status", `{"vm":"lab/vm1"}`); !hasTag(r, TagDenied) {
-		t.Errorf("vm_status after reload = %q; want %s", r.text(), TagDenied)
+	if r := f.call(t, "vm_status", `{"vm":"lab/vm1"}`); !mcptest.HasTag(r, TagDenied) {
+		t.Errorf("vm_status after reload = %q; want %s", r.Text(), TagDenied)
 	}
 	if got := f.s.policyOf(f.s.grants["other"]); got == deny {
 		t.Errorf("SetPolicy(local) changed grant other's policy")

@@ -42,7 +42,7 @@ func TestListProcessesHidesOtherGrantsSessions(t *testing.T) {
 	} {
 		r := f.as(t, tt.grant, "list_processes", `{"vm":"lab/vm1"}`)
 		if r.Result == nil || r.Result.IsError {
-			t.Fatalf("%s's list_processes = %q; want success", tt.grant, r.text())
+			t.Fatalf("%s's list_processes = %q; want success", tt.grant, r.Text())
 		}
 		var pids []float64
 		for _, p := range r.Result.StructuredContent["processes"].([]any) {
@@ -51,9 +51,9 @@ func TestListProcessesHidesOtherGrantsSessions(t *testing.T) {
 		if !slices.Equal(pids, tt.pids) {
 			t.Errorf("%s's list_processes pids = %v; want %v", tt.grant, pids, tt.pids)
 		}
-		whole := r.text() + fmt.Sprint(r.Result.StructuredContent)
+		whole := r.Text() + fmt.Sprint(r.Result.StructuredContent)
 		if !strings.Contains(whole, tt.secret) {
-			t.Errorf("%s's list_processes = %q; want its own session's command line", tt.grant, r.text())
+			t.Errorf("%s's list_processes = %q; want its own session's command line", tt.grant, r.Text())
 		}
 		for _, s := range tt.never {
 			if strings.Contains(whole, s) {

@@ -5,18 +5,23 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/mark3labs/mcp-go/mcp"
+
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // TestProgressNotifications: a long vm_agent_exec whose client sent a
 // progress token gets increasing notifications/progress carrying that token
 // before its result; the same call without a token gets none.
 func TestProgressNotifications(t *testing.T) {
-	drv := countingFake(new(atomic.Int64))
+	drv := hypervisortest.Counting(new(atomic.Int64))
 	var started atomic.Int64
 	drv.ExecStartFunc = func(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
 		started.Store(time.Now().UnixNano())
@@ -33,7 +38,7 @@ func TestProgressNotifications(t *testing.T) {
 
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
-	go func() { f.s.ServeStdio(context.Background(), inR, outW); outW.Close() }()
+	go func() { serveStdio(context.Background(), f.s, "local", inR, outW); outW.Close() }()
 	t.Cleanup(func() { inW.Close() })
 	lines := bufio.NewScanner(outR)
 	lines.Buffer(nil, 1<<20)
@@ -72,7 +77,7 @@ func TestProgressNotifications(t *testing.T) {
 		t.Fatalf("no response with id %s: %v", id, lines.Err())
 		return nil
 	}
-	send(initMsg)
+	send(mcptest.InitMsg)
 	readUntil("1")
 	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
 
@@ -93,5 +98,40 @@ func TestProgressNotifications(t *testing.T) {
 	send(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"vm_agent_exec","arguments":{"vm":"lab/vm1","command":["sleep","1"]}}}`)
 	if seen := readUntil("3"); len(seen) != 0 {
 		t.Errorf("progress notifications without a token = %d; want 0", len(seen))
+	}
+}
+
+// TestProgressCarriesTheHandlersReport: what a handler reports through its
+// call's Progress (the latest output line of a command) is in the next
+// progress notification, after the tool and the time it has run.
+func TestProgressCarriesTheHandlersReport(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.s.progressEvery = 10 * time.Millisecond
+	sess := &testSession{id: "progress-test", notifications: make(chan mcp.JSONRPCNotification, 64)}
+	sess.Initialize()
+	if err := f.s.mcp.RegisterSession(context.Background(), sess); err != nil {
+		t.Fatal(err)
+	}
+	defer f.s.mcp.UnregisterSession(context.Background(), sess.id)
+	ctx := f.s.mcp.WithContext(context.Background(), sess)
+	var req mcp.CallToolRequest
+	req.Params.Meta = &mcp.Meta{ProgressToken: "tok"}
+	prog, stop := f.s.reportProgress(ctx, req, "vm_agent_exec")
+	defer stop()
+	if prog == nil {
+		t.Fatal("reportProgress with a progress token gave no Progress for the handler")
+	}
+	prog.Report("compiling 3/7")
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case n := <-sess.notifications:
+			msg, _ := n.Params.AdditionalFields["message"].(string)
+			if strings.HasPrefix(msg, "vm_agent_exec running for ") && strings.HasSuffix(msg, ": compiling 3/7") {
+				return
+			}
+		case <-deadline:
+			t.Fatal("no progress notification carried the handler's report")
+		}
 	}
 }

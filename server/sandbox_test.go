@@ -9,6 +9,8 @@ import (
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/internal/guestctl"
+	"github.com/vmgate/vmgate/server/mcptest"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
 // fakeEnforced is what the fake guest says holds for a sandboxed session:
@@ -61,8 +63,8 @@ func TestCreateSessionSandbox(t *testing.T) {
 		name, policy, sandbox string // sandbox: the call's argument, "" for none
 		want                  wire.Sandbox
 	}{
-		{"default policy, no ask", allowAll, "", wire.Sandbox{Net: "none", User: "session", BestEffort: []wire.Feature{"cgroup"}}},
-		{"default policy, tighter ask", allowAll, `{"net":"none","user":"session"}`, wire.Sandbox{Net: "none", User: "session", BestEffort: []wire.Feature{"cgroup"}}},
+		{"default policy, no ask", mcptest.AllowAll, "", wire.Sandbox{Net: "none", User: "session", BestEffort: []wire.Feature{"cgroup"}}},
+		{"default policy, tighter ask", mcptest.AllowAll, `{"net":"none","user":"session"}`, wire.Sandbox{Net: "none", User: "session", BestEffort: []wire.Feature{"cgroup"}}},
 		{"ceiling, no ask gets the ceiling", ceilingPolicy, "",
 			wire.Sandbox{Net: "host", User: "root", FS: wire.FSAccess{Read: []string{"/opt/data", "/srv"}, Write: []string{"/srv/out"}}, BestEffort: []wire.Feature{"cgroup", "mountns"}}},
 		{"ceiling, tighter ask", ceilingPolicy, `{"net":"loopback","user":"session","fs":{"read":["/srv/in"],"write":[]}}`,
@@ -79,7 +81,7 @@ func TestCreateSessionSandbox(t *testing.T) {
 			}
 			r := f.as(t, "alice", "create_session", args)
 			if r.Result == nil || r.Result.IsError {
-				t.Fatalf("create_session(%s) = %q; want success", args, r.text())
+				t.Fatalf("create_session(%s) = %q; want success", args, r.Text())
 			}
 			got, ok := f.guest.sentSandbox(t)
 			if !ok {
@@ -92,7 +94,7 @@ func TestCreateSessionSandbox(t *testing.T) {
 			if enf["sandboxed"] != true || enf["uid"] != float64(1900000042) {
 				t.Errorf("create_session(%s) enforced = %v; want the guest's report (sandboxed, uid 1900000042)", args, enf)
 			}
-			if txt := r.text(); !strings.Contains(txt, "confined: user "+string(tt.want.User)+" (uid 1900000042") || !strings.Contains(txt, "Landlock ABI 4") {
+			if txt := r.Text(); !strings.Contains(txt, "confined: user "+string(tt.want.User)+" (uid 1900000042") || !strings.Contains(txt, "Landlock ABI 4") {
 				t.Errorf("create_session(%s) text = %q; want what is confined, uid and Landlock ABI", args, txt)
 			}
 		})
@@ -120,20 +122,20 @@ func TestCreateSessionSandboxRefused(t *testing.T) {
 		name, policy, sandbox, tag string
 		says                       []string
 	}{
-		{"net host over the default", allowAll, `{"net":"host"}`, TagDenied, []string{`net "host" is looser than the policy's "none"`, "no sandbox block"}},
-		{"net loopback over the default", allowAll, `{"net":"loopback"}`, TagDenied, []string{`net "loopback"`}},
-		{"root over the default", allowAll, `{"user":"root"}`, TagDenied, []string{`user "root" is looser`}},
+		{"net host over the default", mcptest.AllowAll, `{"net":"host"}`, TagDenied, []string{`net "host" is looser than the policy's "none"`, "no sandbox block"}},
+		{"net loopback over the default", mcptest.AllowAll, `{"net":"loopback"}`, TagDenied, []string{`net "loopback"`}},
+		{"root over the default", mcptest.AllowAll, `{"user":"root"}`, TagDenied, []string{`user "root" is looser`}},
 		{"write outside the ceiling", ceilingPolicy, `{"fs":{"write":["/srv"]}}`, TagDenied, []string{`fs.write "/srv" is outside the policy's write paths`}},
 		{"write beside the ceiling", ceilingPolicy, `{"fs":{"write":["/srv/outside"]}}`, TagDenied, []string{`fs.write "/srv/outside"`}},
 		{"read /etc", ceilingPolicy, `{"fs":{"read":["/etc"]}}`, TagDenied, []string{`fs.read "/etc" is outside`}},
-		{"read / over the default", allowAll, `{"fs":{"read":["/"]}}`, TagDenied, []string{`fs.read "/"`}},
-		{"unknown field", allowAll, `{"net":"none","exec":true}`, TagInvalid, []string{"sandbox.exec: unknown argument"}},
-		{"unknown fs field", allowAll, `{"fs":{"exec":["/bin"]}}`, TagInvalid, []string{"sandbox.fs.exec: unknown argument"}},
-		{"best_effort is the policy's", allowAll, `{"best_effort":["landlock"]}`, TagInvalid, []string{"sandbox.best_effort: unknown argument"}},
-		{"unknown net", allowAll, `{"net":"bridge"}`, TagInvalid, []string{"sandbox.net", "bridge"}},
-		{"unknown user", allowAll, `{"user":"nobody"}`, TagInvalid, []string{"sandbox.user"}},
-		{"sandbox not an object", allowAll, `"none"`, TagInvalid, []string{"sandbox: want an object"}},
-		{"sandbox null", allowAll, `null`, TagInvalid, []string{"sandbox: want an object"}},
+		{"read / over the default", mcptest.AllowAll, `{"fs":{"read":["/"]}}`, TagDenied, []string{`fs.read "/"`}},
+		{"unknown field", mcptest.AllowAll, `{"net":"none","exec":true}`, TagInvalid, []string{"sandbox.exec: unknown argument"}},
+		{"unknown fs field", mcptest.AllowAll, `{"fs":{"exec":["/bin"]}}`, TagInvalid, []string{"sandbox.fs.exec: unknown argument"}},
+		{"best_effort is the policy's", mcptest.AllowAll, `{"best_effort":["landlock"]}`, TagInvalid, []string{"sandbox.best_effort: unknown argument"}},
+		{"unknown net", mcptest.AllowAll, `{"net":"bridge"}`, TagInvalid, []string{"sandbox.net", "bridge"}},
+		{"unknown user", mcptest.AllowAll, `{"user":"nobody"}`, TagInvalid, []string{"sandbox.user"}},
+		{"sandbox not an object", mcptest.AllowAll, `"none"`, TagInvalid, []string{"sandbox: want an object"}},
+		{"sandbox null", mcptest.AllowAll, `null`, TagInvalid, []string{"sandbox: want an object"}},
 		{"relative path", ceilingPolicy, `{"fs":{"read":["srv/in"]}}`, TagInvalid, []string{"sandbox.fs.read[0]", "not absolute"}},
 		{"dot-dot path", ceilingPolicy, `{"fs":{"write":["/srv/out/../../etc"]}}`, TagInvalid, []string{"sandbox.fs.write[0]", "not clean"}},
 		{"dot path", ceilingPolicy, `{"fs":{"write":["/srv/out/./x"]}}`, TagInvalid, []string{"not clean"}},
@@ -150,12 +152,12 @@ func TestCreateSessionSandboxRefused(t *testing.T) {
 			f := newSessFixture(t, haveBins(), tt.policy)
 			args := `{"vm":"lab/vm1","sandbox":` + tt.sandbox + `}`
 			r := f.as(t, "alice", "create_session", args)
-			if !hasTag(r, tt.tag) {
-				t.Fatalf("create_session(%.200s) = %.300q; want %s", args, r.text(), tt.tag)
+			if !mcptest.HasTag(r, tt.tag) {
+				t.Fatalf("create_session(%.200s) = %.300q; want %s", args, r.Text(), tt.tag)
 			}
 			for _, s := range tt.says {
-				if !strings.Contains(r.text(), s) {
-					t.Errorf("create_session(%.200s) = %.300q; want it to say %q", args, r.text(), s)
+				if !strings.Contains(r.Text(), s) {
+					t.Errorf("create_session(%.200s) = %.300q; want it to say %q", args, r.Text(), s)
 				}
 			}
 			if n := f.guest.count(guestctl.GuestPath, "session", "create"); n != 0 {
@@ -173,11 +175,11 @@ func TestCreateSessionSandboxRefused(t *testing.T) {
 // naming the feature and who can allow going without it, and nothing is
 // left in the store. The same kernel serves a policy that allows it.
 func TestCreateSessionSandboxUnavailable(t *testing.T) {
-	f := newSessFixture(t, haveBins(), allowAll)
+	f := newSessFixture(t, haveBins(), mcptest.AllowAll)
 	f.guest.lacks = []wire.Feature{wire.FeatureLandlock}
 	r := f.as(t, "alice", "create_session", `{"vm":"lab/vm1"}`)
-	if !hasTag(r, TagBackend) || !strings.Contains(r.text(), "landlock") || !strings.Contains(r.text(), "best_effort is the grant's policy's to set") {
-		t.Fatalf("create_session on a guest without Landlock = %q; want %s naming landlock and best_effort", r.text(), TagBackend)
+	if !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), "landlock") || !strings.Contains(r.Text(), "best_effort is the grant's policy's to set") {
+		t.Fatalf("create_session on a guest without Landlock = %q; want %s naming landlock and best_effort", r.Text(), TagBackend)
 	}
 	if r.Result.StructuredContent["refused"] != wire.ReasonSandboxUnavailable {
 		t.Errorf("structured = %v; want refused %q", r.Result.StructuredContent, wire.ReasonSandboxUnavailable)
@@ -198,11 +200,11 @@ func TestCreateSessionSandboxUnavailable(t *testing.T) {
 // TestListSessionsEnforced: list_sessions says, per session, what the
 // guest enforces.
 func TestListSessionsEnforced(t *testing.T) {
-	f := newSessFixture(t, haveBins(), allowAll)
+	f := newSessFixture(t, haveBins(), mcptest.AllowAll)
 	id := f.createSession(t, "alice", `{"vm":"lab/vm1"}`)
 	r := f.as(t, "alice", "list_sessions", `{"vm":"lab/vm1"}`)
 	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("list_sessions = %q; want success", r.text())
+		t.Fatalf("list_sessions = %q; want success", r.Text())
 	}
 	list, _ := r.Result.StructuredContent["sessions"].([]any)
 	if len(list) != 1 {
@@ -219,8 +221,8 @@ func TestListSessionsEnforced(t *testing.T) {
 	if sb["net"] != "none" || sb["user"] != "session" {
 		t.Errorf("list_sessions sandbox = %v; want net none, user session", sb)
 	}
-	if !strings.Contains(r.text(), "confined: user session (uid 1900000042") {
-		t.Errorf("list_sessions text = %q; want what is confined", r.text())
+	if !strings.Contains(r.Text(), "confined: user session (uid 1900000042") {
+		t.Errorf("list_sessions text = %q; want what is confined", r.Text())
 	}
 }
 
@@ -228,22 +230,22 @@ func TestListSessionsEnforced(t *testing.T) {
 // any case: plain exec, exec in a session, wait false. Nothing reaches
 // the guest.
 func TestExecEnvReserved(t *testing.T) {
-	f := newSessFixture(t, haveBins(), allowAll)
+	f := newSessFixture(t, haveBins(), mcptest.AllowAll)
 	id := f.createSession(t, "alice", `{"vm":"lab/vm1"}`)
 	before := f.guest.count()
 	for _, key := range []string{"VMGATE_SESSION", "vmgate_session", "VmGaTe_SeSsIoN", "VMGATE_X", "VMGATE_", "vmgate_driver_plugin"} {
 		for _, extra := range []string{``, `,"session":"` + id + `"`, `,"wait":false`} {
 			args := fmt.Sprintf(`{"vm":"lab/vm1","command":["env"],"env":{"OK":"1",%q:"%s.secret"}%s}`, key, id, extra)
 			r := f.as(t, "alice", "vm_agent_exec", args)
-			if !hasTag(r, TagInvalid) || !strings.Contains(r.text(), "env."+key) || !strings.Contains(r.text(), "VMGATE_* variables are reserved") {
-				t.Errorf("vm_agent_exec(%s) = %q; want %s naming env.%s as reserved", args, r.text(), TagInvalid, key)
+			if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "env."+key) || !strings.Contains(r.Text(), "VMGATE_* variables are reserved") {
+				t.Errorf("vm_agent_exec(%s) = %q; want %s naming env.%s as reserved", args, r.Text(), TagInvalid, key)
 			}
 		}
 	}
 	for _, key := range []string{"VMGATEX", "MY_VMGATE_SESSION", "VMGAT_SESSION"} {
 		args := fmt.Sprintf(`{"vm":"lab/vm1","command":["env"],"env":{%q:"1"},"session":%q}`, key, id)
 		if r := f.as(t, "alice", "vm_agent_exec", args); r.Result == nil || r.Result.IsError {
-			t.Errorf("vm_agent_exec(%s) = %q; want success (not a VMGATE_ name)", args, r.text())
+			t.Errorf("vm_agent_exec(%s) = %q; want success (not a VMGATE_ name)", args, r.Text())
 		}
 	}
 	if got, want := f.guest.count(), before+3; got != want {
@@ -255,31 +257,31 @@ func TestExecEnvReserved(t *testing.T) {
 // comes back with its own stderr and a note on what the sandbox allows; a
 // command that succeeds or fails otherwise gets no note.
 func TestSessionExecSandboxNote(t *testing.T) {
-	f := newSessFixture(t, haveBins(), allowAll)
+	f := newSessFixture(t, haveBins(), mcptest.AllowAll)
 	id := f.createSession(t, "alice", `{"vm":"lab/vm1"}`)
 	r := f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","shell":"echo x > /root/x","session":"`+id+`"}`)
 	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_agent_exec = %q; want the command's result", r.text())
+		t.Fatalf("vm_agent_exec = %q; want the command's result", r.Text())
 	}
-	if txt := r.text(); !strings.Contains(txt, "exit 2") || !strings.Contains(txt, "Permission denied") || !strings.Contains(txt, "sessions are sandboxed") {
+	if txt := r.Text(); !strings.Contains(txt, "exit 2") || !strings.Contains(txt, "Permission denied") || !strings.Contains(txt, "sessions are sandboxed") {
 		t.Errorf("vm_agent_exec text = %q; want exit 2, the shell's Permission denied and the sandbox note", txt)
 	}
-	if r.Result.StructuredContent["sandbox_note"] != sandboxNote {
+	if r.Result.StructuredContent["sandbox_note"] != tools.SandboxNote {
 		t.Errorf("structured = %v; want sandbox_note", r.Result.StructuredContent)
 	}
 	r = f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","shell":"true","session":"`+id+`"}`)
-	if _, ok := r.Result.StructuredContent["sandbox_note"]; ok || strings.Contains(r.text(), "sandboxed") {
-		t.Errorf("vm_agent_exec(true) = %q; want no sandbox note", r.text())
+	if _, ok := r.Result.StructuredContent["sandbox_note"]; ok || strings.Contains(r.Text(), "sandboxed") {
+		t.Errorf("vm_agent_exec(true) = %q; want no sandbox note", r.Text())
 	}
 	// Issue 32: a write path the guest says Unix permissions block is named.
 	r = f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","shell":"echo x > /data/x","session":"`+id+`"}`)
 	want := `the policy lets it write "/data" ("owned by root, mode 0755: the session's uid cannot write"), but the guest's own file permissions do not`
-	if note, _ := r.Result.StructuredContent["sandbox_note"].(string); !strings.Contains(note, want) || !strings.Contains(r.text(), want) {
-		t.Errorf("vm_agent_exec(write /data) = %q; want the note to say %q", r.text(), want)
+	if note, _ := r.Result.StructuredContent["sandbox_note"].(string); !strings.Contains(note, want) || !strings.Contains(r.Text(), want) {
+		t.Errorf("vm_agent_exec(write /data) = %q; want the note to say %q", r.Text(), want)
 	}
 	// Issue 29: a read-only mount's refusal gets the note too.
 	r = f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","shell":"truncate -s 1 /data/ww","session":"`+id+`"}`)
-	if r.Result.StructuredContent["sandbox_note"] != sandboxNote {
-		t.Errorf("vm_agent_exec(truncate) = %q; want the sandbox note", r.text())
+	if r.Result.StructuredContent["sandbox_note"] != tools.SandboxNote {
+		t.Errorf("vm_agent_exec(truncate) = %q; want the sandbox note", r.Text())
 	}
 }

@@ -1,26 +1,34 @@
-// Package server is vmgate's MCP adapter: the tool catalogue, the gate every
-// tools/call passes through, and the stdio and streamable HTTP transports
-// with their authentication. It is the only package that imports mcp-go.
+// Package server is vmgate's gate: the one chokepoint every MCP message
+// passes before anything reaches a hypervisor. It reads every message
+// strictly (server/jsonrpc), runs a tools/call through seven named steps
+// (gate.go: decode, validate, resolve, decide, approve, reserve, record),
+// makes decisions durable (durability.go, advance.go), parks calls for an
+// operator or asks the client's user (park.go, elicit.go), takes undo
+// snapshots (undo.go), and hands a call that passed to its tool's handler
+// with a single-use ticket (ticket.go). docs/design.md describes the
+// whole.
 //
-// # The gate
+// # The rooms around it
+//
+// The tools live in server/tools on the contract of server/catalog: a
+// handler gets a catalog.Env and a catalog.Call, never the Server. The
+// transports (server/stdio, server/mcphttp, server/operator) import this
+// package and use its transport API (transport.go: Conn, Handle, Admit,
+// Grant, GrantForToken); only cmd/vmgate imports them.
 //
 // mcp-go validates arguments and filters tools before any tool middleware
 // runs, so a gate written as middleware would not see unknown tools or
 // malformed arguments. The gate therefore sits in front of mcp-go at the
-// JSON-RPC message level: ServeStdio runs its own line loop and Handler
-// wraps mcp-go's streamable HTTP handler, and both hand every message to
-// (*Server).gateMessage before (*MCPServer).HandleMessage sees it. A
-// message that fails strict decoding never reaches mcp-go. A tools/call
-// is decoded strictly, validated against the catalogue, decided by the
-// grant's policy, approved, reserved in the store and recorded durably in
-// the audit log; only then is it passed to mcp-go with a single-use ticket
-// in its context. Tool handlers refuse to run without that ticket and run
-// with the arguments the gate checked, not with mcp-go's own decoding.
+// JSON-RPC message level: a message that fails strict decoding never
+// reaches mcp-go, and a tools/call reaches its handler only with the
+// ticket the gate put in its context for exactly that call, with the
+// arguments the gate checked, not with mcp-go's own decoding.
 //
 // # Concurrency
 //
 // A Server is safe for concurrent use; its transports serve calls
-// concurrently. Grants, backends and the catalogue are immutable after New.
+// concurrently. Grants, backends, the catalogue and the Env are immutable
+// after New; a grant's policy is swapped atomically (SetPolicy).
 package server
 
 import (
@@ -30,7 +38,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,13 +51,26 @@ import (
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/lease"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
-// Name and Version are what the server reports in initialize.
+// Name is what the server reports in initialize.
 const Name = "vmgate"
 
-// Version is reported in initialize; cmd/vmgate sets it at start.
-var Version = "dev"
+// The tags every error result starts with (catalog's).
+const (
+	TagDenied      = catalog.TagDenied
+	TagRateLimited = catalog.TagRateLimited
+	TagApproval    = catalog.TagApproval
+	TagInvalid     = catalog.TagInvalid
+	TagUnknownVM   = catalog.TagUnknownVM
+	TagBackend     = catalog.TagBackend
+	TagTimedOut    = catalog.TagTimedOut
+	TagQuota       = catalog.TagQuota
+)
 
 // Auditor is the audit log as the gate uses it; *audit.Log implements it.
 type Auditor interface {
@@ -60,71 +80,31 @@ type Auditor interface {
 	AppendLazy(ctx context.Context, rec audit.Record) error
 }
 
-// Grant is one identity with its policy.
-type Grant struct {
-	Name string
-	// TokenSHA256 is the lowercase hex SHA-256 of the grant's HTTP bearer
-	// token; empty means the grant cannot use HTTP.
-	TokenSHA256 string
-	// Policy decides the grant's calls; nil means the grant can do nothing.
-	Policy *policy.Engine
-	// VMs are path.Match globs over VM ids ("lab/*"); empty means every VM.
-	VMs []string
-	// RequestsPerMinute overrides HTTPOptions.RequestsPerMinute for this
-	// grant (0: the server's).
-	RequestsPerMinute int
-}
-
-// Backend is one hypervisor driver and the name its VM ids start with.
-type Backend struct {
-	Name   string
-	Driver hypervisor.Driver
-}
-
-// HTTPOptions configure Handler.
-type HTTPOptions struct {
-	// AllowedOrigins are the Origin values (scheme://host[:port]) a browser
-	// may send besides loopback origins on a loopback address
-	// (originAllowed, httpguard.go); a request with any other Origin gets
-	// 403. Requests without Origin (non-browser clients) are allowed.
-	AllowedOrigins []string
-	// AllowedHosts are the Host header values accepted besides loopback
-	// names (localhost, 127.0.0.1, [::1]) with any port; others get 403.
-	AllowedHosts []string
-	// Sessions bound the HTTP sessions (httpsessions.go).
-	Sessions HTTPSessionLimits
-	// RequestsPerMinute is each grant's request budget (httpbudget.go;
-	// default DefaultHTTPRequestsPerMinute); Grant.RequestsPerMinute
-	// overrides it.
-	RequestsPerMinute int
-	// BodyTimeout bounds how long a client takes to send a request body
-	// (default DefaultBodyTimeout).
-	BodyTimeout time.Duration
-	// BodyBytes and BodyBytesPerGrant bound the request bodies held in
-	// memory at once, in all and per grant (httpbody.go; defaults
-	// DefaultHTTPBodyBytes, DefaultHTTPBodyBytesPerGrant; both at least
-	// the largest body a message may have).
-	BodyBytes, BodyBytesPerGrant int64
-}
-
 // Config is what New needs. Store, Audit and at least one grant are required.
 type Config struct {
 	Grants   []Grant
 	Backends []Backend
 	Store    store.Store
 	Audit    Auditor
-	Limits   Limits
-	HTTP     HTTPOptions
-	// StdioGrant is the grant ServeStdio serves as (default "local").
-	StdioGrant string
-	Logger     *slog.Logger     // default slog.Default()
-	Now        func() time.Time // default time.Now
+	Limits   catalog.Limits
+	// Timeouts bound each call by what it does (zero values: the defaults,
+	// catalog.DefaultTimeouts).
+	Timeouts catalog.Timeouts
+	// Version is what initialize reports (default "dev").
+	Version string
+	// ShutdownGrace is how long ServeStdio lets calls in flight finish
+	// after its context ends or its input closes, before it cancels them
+	// (default DefaultShutdownGrace).
+	ShutdownGrace time.Duration
+	Logger        *slog.Logger     // default slog.Default()
+	Now           func() time.Time // default time.Now
 	// Sessions, GuestBinaries and ReapEvery configure the session and
-	// process tools (see guest.go and tool_sessions.go).
+	// process tools (catalog/guest.go, tools/sessions.go; the reaper in
+	// reaper.go).
 	Sessions      store.Sessions
 	GuestBinaries guestctl.Binaries
 	ReapEvery     time.Duration
-	// Templates are what vm_create makes VMs from (tool_lifecycle.go);
+	// Templates are what vm_create makes VMs from (tools/lifecycle.go);
 	// each names one of Backends. Leases keeps the created VMs' leases
 	// (default: Store, when it keeps leases); without it vm_create refuses.
 	// LeaseReapEvery is how often the lease reaper runs (default
@@ -132,7 +112,7 @@ type Config struct {
 	Templates      []config.Template
 	Leases         store.Leases
 	LeaseReapEvery time.Duration
-	// Snapshots keeps who made each snapshot (snapowners.go; default:
+	// Snapshots keeps who made each snapshot (catalog/snapowners.go; default:
 	// Store, when it keeps them, else memory).
 	Snapshots store.Snapshots
 	// AuditRecords reads the audit log's records in order; `vmgate undo`
@@ -143,9 +123,11 @@ type Config struct {
 
 // Server is the MCP server with its gate.
 type Server struct {
-	mcp      *mcpserver.MCPServer
-	specs    []*toolSpec
-	tools    map[string]*toolSpec
+	mcp   *mcpserver.MCPServer
+	specs []*catalog.Tool
+	tools map[string]*catalog.Tool
+	// env is what every tool handler gets besides its call.
+	env      *catalog.Env
 	grants   map[string]*Grant
 	tokens   []tokenEntry
 	backends map[string]hypervisor.Driver
@@ -154,10 +136,11 @@ type Server struct {
 	// advances are the durable reservations read-only calls use
 	// (advance.go).
 	advances advanceSet
-	limits   Limits
-	httpOpts HTTPOptions
-	log      *slog.Logger
-	now      func() time.Time
+	limits   catalog.Limits
+	// grace is Config.ShutdownGrace.
+	grace time.Duration
+	log   *slog.Logger
+	now   func() time.Time
 	// policies holds each grant's current engine by grant name. The map is
 	// fixed at New; SetPolicy swaps an engine atomically, so a call uses the
 	// engine it loaded for its whole decision and a reload never tears one.
@@ -165,18 +148,19 @@ type Server struct {
 	// progressEvery is how often a call whose client sent a progress token
 	// is reported on while it runs (see progress.go).
 	progressEvery time.Duration
-	execs         execTable
-	stdioGrant    string
-	guest         *guestTools
-	undo          *undoKeeper // undo snapshots (undo.go)
-	snaps         *snapOwners // who made each snapshot, and the bounds (snapowners.go)
+	undo          *undoKeeper   // undo snapshots (undo.go)
+	elicitStates  *elicitStates // the client approvals' request states (elicit.go)
+	reaper        *reaper       // sessions and undo snapshots past their time (reaper.go)
 	auditRecords  func(fn func(audit.Record) error) error
 	templates     map[string]*config.Template
-	leases        *vmLeases // nil: no lease store
+	leases        *lease.Keeper // nil: no lease store
 	// direct holds the calls handle runs without mcp-go (dispatch.go);
 	// noDirect, set only by tests, sends every call through mcp-go.
 	direct   directCalls
 	noDirect bool
+	// notify holds the sessions the transports attached, which the
+	// server's notifications go to (notify.go, events.go).
+	notify notifier
 
 	// mu guards closed; calls holds every call in flight so Close can wait.
 	mu     sync.Mutex
@@ -184,27 +168,12 @@ type Server struct {
 	calls  sync.WaitGroup
 }
 
-type tokenEntry struct {
-	hash  [32]byte
-	grant *Grant
-}
-
 // ErrUnknownGrant: a grant the server was not created with (ServeStdio,
 // SetPolicy).
 var ErrUnknownGrant = errors.New("unknown grant")
 
-// backendName reports whether s is a valid backend name: [a-z0-9_-]{1,64}.
-func backendName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
+// DefaultShutdownGrace is Config.ShutdownGrace when it is not set.
+const DefaultShutdownGrace = 10 * time.Second
 
 // New builds a Server from cfg. It validates cfg before doing anything.
 func New(cfg Config) (*Server, error) {
@@ -217,6 +186,21 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.Grants) == 0 {
 		return nil, errors.New("server: new: no grants")
 	}
+	s := newServer(cfg)
+	for _, step := range []func(Config) error{s.setupGrants, s.setupBackends, s.setupLeases} {
+		if err := step(cfg); err != nil {
+			return nil, err
+		}
+	}
+	s.setupTools(cfg)
+	s.setupMCP(cfg.Version)
+	s.watchProcesses()
+	s.reaper = startReaper(s, cfg.ReapEvery)
+	return s, nil
+}
+
+// newServer is s with cfg's plain settings and their defaults.
+func newServer(cfg Config) *Server {
 	s := &Server{
 		progressEvery: defaultProgressEvery,
 		grants:        make(map[string]*Grant, len(cfg.Grants)),
@@ -224,14 +208,15 @@ func New(cfg Config) (*Server, error) {
 		backends:      make(map[string]hypervisor.Driver, len(cfg.Backends)),
 		store:         cfg.Store,
 		audit:         cfg.Audit,
-		limits:        cfg.Limits.withDefaults(),
-		httpOpts:      cfg.HTTP,
+		limits:        cfg.Limits.WithDefaults(),
+		grace:         cfg.ShutdownGrace,
 		log:           cfg.Logger,
 		now:           cfg.Now,
-		stdioGrant:    cfg.StdioGrant,
+		auditRecords:  cfg.AuditRecords,
+		elicitStates:  newElicitStates(),
 	}
-	if s.stdioGrant == "" {
-		s.stdioGrant = "local"
+	if s.grace <= 0 {
+		s.grace = DefaultShutdownGrace
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -239,23 +224,28 @@ func New(cfg Config) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	return s
+}
+
+// setupGrants checks and keeps cfg's grants, their tokens and policies.
+func (s *Server) setupGrants(cfg Config) error {
 	for i := range cfg.Grants {
 		g := cfg.Grants[i]
 		if g.Name == "" || strings.ContainsAny(g.Name, "\x00\n") {
-			return nil, fmt.Errorf("server: new: grant %d: invalid name %q", i, g.Name)
+			return fmt.Errorf("server: new: grant %d: invalid name %q", i, g.Name)
 		}
 		if _, dup := s.grants[g.Name]; dup {
-			return nil, fmt.Errorf("server: new: grant %q defined twice", g.Name)
+			return fmt.Errorf("server: new: grant %q defined twice", g.Name)
 		}
 		for _, glob := range g.VMs {
 			if _, err := path.Match(glob, ""); err != nil {
-				return nil, fmt.Errorf("server: new: grant %q: vms glob %q: %w", g.Name, glob, err)
+				return fmt.Errorf("server: new: grant %q: vms glob %q: %w", g.Name, glob, err)
 			}
 		}
 		if g.TokenSHA256 != "" {
 			h, err := hex.DecodeString(g.TokenSHA256)
 			if err != nil || len(h) != 32 {
-				return nil, fmt.Errorf("server: new: grant %q: token_sha256 is not 64 hex digits", g.Name)
+				return fmt.Errorf("server: new: grant %q: token_sha256 is not 64 hex digits", g.Name)
 			}
 			var e tokenEntry
 			copy(e.hash[:], h)
@@ -267,38 +257,81 @@ func New(cfg Config) (*Server, error) {
 		p.Store(g.Policy)
 		s.policies[g.Name] = p
 	}
+	return nil
+}
+
+// setupBackends checks and keeps cfg's backends.
+func (s *Server) setupBackends(cfg Config) error {
 	for _, b := range cfg.Backends {
-		if !backendName(b.Name) {
-			return nil, fmt.Errorf("server: new: invalid backend name %q (want [a-z0-9_-]{1,64})", b.Name)
+		if !config.ValidBackendName(b.Name) {
+			return fmt.Errorf("server: new: invalid backend name %q (want %s)", b.Name, config.BackendNameRule)
 		}
 		if b.Driver == nil {
-			return nil, fmt.Errorf("server: new: backend %q has no driver", b.Name)
+			return fmt.Errorf("server: new: backend %q has no driver", b.Name)
 		}
 		if _, dup := s.backends[b.Name]; dup {
-			return nil, fmt.Errorf("server: new: backend %q defined twice", b.Name)
+			return fmt.Errorf("server: new: backend %q defined twice", b.Name)
 		}
 		s.backends[b.Name] = b.Driver
 	}
-	s.undo = newUndoKeeper(s)
-	s.snaps = newSnapOwners(s, cfg)
-	s.auditRecords = cfg.AuditRecords
-	s.guest = newGuestTools(s, cfg)
-	if err := s.setupLeases(cfg); err != nil {
-		return nil, err
+	return nil
+}
+
+// setupTools builds the catalogue and what its handlers share (the Env):
+// the guest helpers with the session store, the snapshot owners and the
+// undo keeper.
+func (s *Server) setupTools(cfg Config) {
+	sessions := cfg.Sessions
+	if sessions == nil {
+		if ss, ok := cfg.Store.(store.Sessions); ok {
+			sessions = ss
+		} else {
+			s.log.Warn("server: the store keeps no sessions; they are kept in memory and a restart forgets them")
+			sessions = memory.NewSessions()
+		}
 	}
-	s.specs = catalogue(s.limits)
-	s.tools = make(map[string]*toolSpec, len(s.specs))
-	s.mcp = mcpserver.NewMCPServer(Name, Version,
-		mcpserver.WithToolCapabilities(false),
+	snaps := cfg.Snapshots
+	if snaps == nil {
+		if ss, ok := cfg.Store.(store.Snapshots); ok {
+			snaps = ss
+		} else {
+			s.log.Warn("server: the store keeps no snapshot owners; they are kept in memory and a restart forgets them")
+			snaps = memory.NewSnapshots()
+		}
+	}
+	s.undo = newUndoKeeper(s)
+	s.env = &catalog.Env{
+		Limits: s.limits, Timeouts: cfg.Timeouts.WithDefaults(), Now: s.now, Log: s.log,
+		Backends: s.backends, Execs: &catalog.ExecTable{}, Leases: s.leases, Templates: s.templates,
+		Guest:     catalog.NewGuest(sessions, cfg.GuestBinaries, s.backends, s.now, s.log),
+		Snapshots: catalog.NewSnapOwners(snaps, s.now, s.log, s.undo.forgetPruned),
+		Policy:    redecider{s},
+	}
+	s.specs = tools.Catalogue(s.limits)
+	s.tools = make(map[string]*catalog.Tool, len(s.specs))
+	for _, t := range s.specs {
+		s.tools[t.Name] = t
+	}
+}
+
+// setupMCP makes the mcp-go server that serves everything but the gated
+// calls' handlers, with every tool registered.
+func (s *Server) setupMCP(version string) {
+	if version == "" {
+		version = "dev"
+	}
+	s.mcp = mcpserver.NewMCPServer(Name, version,
+		// tools.listChanged: a policy reload that changes what a grant
+		// sees tells its sessions (events.go).
+		mcpserver.WithToolCapabilities(true),
+		mcpserver.WithLogging(),
 		mcpserver.WithToolFilter(s.filterTools),
 		mcpserver.WithInstructions("vmgate runs tools inside virtual machines. Call list_vms first; "+
 			"every call is checked by a policy and audited. Errors start with a tag such as [POLICY DENIED] or [RATE LIMITED]."),
 	)
-	for _, spec := range s.specs {
-		s.tools[spec.name] = spec
-		s.mcp.AddTool(spec.mcpTool(), s.toolHandler(spec))
+	for _, t := range s.specs {
+		s.mcp.AddTool(t.MCPTool(), s.toolHandler(t))
 	}
-	return s, nil
 }
 
 // MCP returns the underlying mcp-go server. Messages sent to it directly
@@ -312,13 +345,13 @@ func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
-	s.guest.stop()
+	s.reaper.stop()
 	s.calls.Wait()
 	for _, a := range s.advances.retireAll() {
 		s.endAdvance(a)
 	}
 	if s.leases != nil {
-		s.leases.close()
+		s.leases.Close()
 	}
 	var errs []error
 	for name, d := range s.backends {
@@ -342,52 +375,34 @@ func (s *Server) begin() bool {
 	return true
 }
 
-// vmVisible reports whether grant g may see the VM id.
-func (g *Grant) vmVisible(id string) bool {
-	if len(g.VMs) == 0 {
-		return true
+// setupLeases takes cfg's templates and lease store and starts the lease
+// reaper. Every template must name a backend of cfg.
+func (s *Server) setupLeases(cfg Config) error {
+	s.templates = make(map[string]*config.Template, len(cfg.Templates))
+	for i := range cfg.Templates {
+		t := &cfg.Templates[i]
+		if _, ok := s.backends[t.Backend]; !ok {
+			return fmt.Errorf("server: new: template %q names backend %q, which the server does not have", t.Name, t.Backend)
+		}
+		if _, dup := s.templates[t.Name]; dup {
+			return fmt.Errorf("server: new: template %q defined twice", t.Name)
+		}
+		s.templates[t.Name] = t
 	}
-	return slices.ContainsFunc(g.VMs, func(glob string) bool {
-		ok, _ := path.Match(glob, id)
-		return ok
+	ls := cfg.Leases
+	if ls == nil {
+		ls, _ = cfg.Store.(store.Leases)
+	}
+	if ls == nil {
+		return nil
+	}
+	s.leases = lease.New(lease.Options{
+		Store: ls, Templates: s.templates, Now: s.now, Log: s.log, Every: cfg.LeaseReapEvery,
+		OnEnd: s.notifyLeaseEnded,
+		Creator: func(backend string) (hypervisor.Creator, bool) {
+			c, ok := s.backends[backend].(hypervisor.Creator)
+			return c, ok
+		},
 	})
-}
-
-// resolveVM splits a VM id and finds its backend, as grant g sees it: an
-// id of another grant's VM, of an unknown backend or one validVMID refuses
-// are all the same "unknown VM".
-func (s *Server) resolveVM(g *Grant, id string) (backend string, name string, d hypervisor.Driver, ok bool) {
-	if !validVMID(id) {
-		return "", "", nil, false
-	}
-	backend, name, _ = strings.Cut(id, "/")
-	d, ok = s.backends[backend]
-	if !ok || !g.vmVisible(id) {
-		return "", "", nil, false
-	}
-	return backend, name, d, true
-}
-
-// policyOf returns g's current policy engine; nil means g can do nothing.
-func (s *Server) policyOf(g *Grant) *policy.Engine {
-	if p := s.policies[g.Name]; p != nil {
-		return p.Load()
-	}
-	return nil
-}
-
-// SetPolicy replaces grant's policy engine (a reload). Calls already past
-// their decision keep the engine they used; counters live in the store and
-// carry over. A nil engine is refused: a reload never leaves a grant
-// without a policy by accident.
-func (s *Server) SetPolicy(grant string, eng *policy.Engine) error {
-	p := s.policies[grant]
-	if p == nil {
-		return fmt.Errorf("server: set policy: %w %q", ErrUnknownGrant, grant)
-	}
-	if eng == nil {
-		return fmt.Errorf("server: set policy of %q: nil engine", grant)
-	}
-	p.Store(eng)
 	return nil
 }

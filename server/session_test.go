@@ -19,8 +19,10 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/policy/audit/audittest"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // fakeBins is a guestctl.Binaries made of a function field.
@@ -80,6 +82,9 @@ func (g *fakeGuest) driver() *hypervisortest.Fake {
 			g.mu.Lock()
 			defer g.mu.Unlock()
 			g.next++
+			if len(req.Argv) > 2 && req.Argv[1] == "--out" { // data output: inline (replyData)
+				req.Argv = append([]string{req.Argv[0]}, req.Argv[3:]...)
+			}
 			g.argvs = append(g.argvs, req.Argv)
 			if req.Cwd != "" {
 				g.cwds = append(g.cwds, "driver:"+req.Cwd)
@@ -106,6 +111,13 @@ func (g *fakeGuest) driver() *hypervisortest.Fake {
 func reply(v any) hypervisor.ExecResult {
 	b, _ := json.Marshal(wire.Reply{OK: true, Result: v})
 	return hypervisor.ExecResult{Exited: true, Stdout: b}
+}
+
+// replyData is the reply of a command with data output (--out auto):
+// the data inline after the reply's line.
+func replyData(v any, data []byte) hypervisor.ExecResult {
+	b, _ := json.Marshal(wire.Reply{OK: true, Result: v, Data: &wire.DataOut{Bytes: int64(len(data))}})
+	return hypervisor.ExecResult{Exited: true, Stdout: append(append(b, '\n'), data...)}
 }
 
 func replyErr(code, reason, msg string) hypervisor.ExecResult {
@@ -200,7 +212,7 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		return reply(res)
 	}
 	switch a[1] {
-	case "file":
+	case "file", "dir", "archive":
 		if g.file != nil {
 			return g.file(a, req.Stdin)
 		}
@@ -270,17 +282,17 @@ type sessFixture struct {
 func newSessFixture(t *testing.T, bins guestctl.Binaries, alicePolicy string) *sessFixture {
 	t.Helper()
 	if alicePolicy == "" {
-		alicePolicy = allowAll
+		alicePolicy = mcptest.AllowAll
 	}
 	ea, err := policy.Parse("alice.json", []byte(alicePolicy))
 	if err != nil {
 		t.Fatal(err)
 	}
-	eb, err := policy.Parse("bob.json", []byte(allowAll))
+	eb, err := policy.Parse("bob.json", []byte(mcptest.AllowAll))
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &sessFixture{fixture: &fixture{calls: new(atomic.Int64), now: new(atomic.Int64), rec: &recorder{}, store: memory.New()}, guest: newFakeGuest(), sessions: memory.NewSessions()}
+	f := &sessFixture{fixture: &fixture{calls: new(atomic.Int64), now: new(atomic.Int64), rec: &audittest.Recorder{}, store: memory.New()}, guest: newFakeGuest(), sessions: memory.NewSessions()}
 	f.now.Store(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano())
 	f.s, err = New(Config{
 		Grants:        []Grant{{Name: "alice", Policy: ea, VMs: []string{"lab/*"}}, {Name: "bob", Policy: eb, VMs: []string{"lab/*"}}},
@@ -299,16 +311,16 @@ func newSessFixture(t *testing.T, bins guestctl.Binaries, alicePolicy string) *s
 	return f
 }
 
-func (f *sessFixture) as(t *testing.T, grant, tool, args string) rpcReply {
+func (f *sessFixture) as(t *testing.T, grant, tool, args string) mcptest.Reply {
 	t.Helper()
-	return f.sendAs(t, grant, toolCall(1, tool, args))
+	return f.sendAs(t, grant, mcptest.ToolCall(1, tool, args))
 }
 
 func (f *sessFixture) createSession(t *testing.T, grant, args string) string {
 	t.Helper()
 	r := f.as(t, grant, "create_session", args)
 	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("create_session(%s) = %q; want success", args, r.text())
+		t.Fatalf("create_session(%s) = %q; want success", args, r.Text())
 	}
 	id, _ := r.Result.StructuredContent["session"].(string)
 	if wire.ValidateSessionID(id) != nil || len(id) != 32 {
@@ -324,7 +336,7 @@ func TestSessionGrantBinding(t *testing.T) {
 		t.Fatalf("two create_session calls gave the same id %q", id)
 	}
 	never := strings.Repeat("a", 32)
-	unknown := f.as(t, "alice", "destroy_session", fmt.Sprintf(`{"vm":"lab/vm1","session":%q}`, never)).text()
+	unknown := f.as(t, "alice", "destroy_session", fmt.Sprintf(`{"vm":"lab/vm1","session":%q}`, never)).Text()
 	if unknown != TagInvalid+" unknown session" {
 		t.Fatalf("destroy_session(never created) = %q; want %q", unknown, TagInvalid+" unknown session")
 	}
@@ -340,7 +352,7 @@ func TestSessionGrantBinding(t *testing.T) {
 	}
 	before := len(f.guest.argvs)
 	for _, tt := range hostile {
-		if got := f.as(t, tt.grant, tt.tool, tt.args).text(); got != unknown {
+		if got := f.as(t, tt.grant, tt.tool, tt.args).Text(); got != unknown {
 			t.Errorf("%s: %s = %q; want %q (the answer for an id that never existed)", tt.name, tt.tool, got, unknown)
 		}
 	}
@@ -349,43 +361,43 @@ func TestSessionGrantBinding(t *testing.T) {
 	}
 	r := f.as(t, "bob", "list_sessions", `{}`)
 	if r.Result == nil || r.Result.IsError || len(r.Result.StructuredContent["sessions"].([]any)) != 0 {
-		t.Errorf("bob's list_sessions = %q; want no sessions", r.text())
+		t.Errorf("bob's list_sessions = %q; want no sessions", r.Text())
 	}
 	r = f.as(t, "alice", "list_sessions", `{"vm":"lab/vm1"}`)
 	if got := len(r.Result.StructuredContent["sessions"].([]any)); got != 2 {
-		t.Errorf("alice's list_sessions = %q; want 2 sessions", r.text())
+		t.Errorf("alice's list_sessions = %q; want 2 sessions", r.Text())
 	}
 	// Alice uses her session: exec and list_processes touch it.
 	f.advance(time.Minute)
 	r = f.as(t, "alice", "vm_agent_exec", fmt.Sprintf(`{"vm":"lab/vm1","session":%q,"shell":"true"}`, id))
 	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["stdout"] != "ran in "+id {
-		t.Errorf("alice's exec in her session = %q; want it run in the session", r.text())
+		t.Errorf("alice's exec in her session = %q; want it run in the session", r.Text())
 	}
 	if s, _ := f.sessions.GetSession(context.Background(), id); !s.LastUsed.Equal(time.Unix(0, f.now.Load())) {
 		t.Errorf("after exec LastUsed = %v; want now %v", s.LastUsed, time.Unix(0, f.now.Load()))
 	}
 	r = f.as(t, "alice", "list_processes", fmt.Sprintf(`{"vm":"lab/vm1","session":%q}`, id))
-	if r.Result == nil || r.Result.IsError || !strings.Contains(r.text(), "sleep 1000") {
-		t.Errorf("alice's list_processes = %q; want her session's processes", r.text())
+	if r.Result == nil || r.Result.IsError || !strings.Contains(r.Text(), "sleep 1000") {
+		t.Errorf("alice's list_processes = %q; want her session's processes", r.Text())
 	}
 	// Destroy, twice, then bob once more.
 	r = f.as(t, "alice", "destroy_session", fmt.Sprintf(`{"vm":"lab/vm1","session":%q}`, id))
 	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["existed"] != true {
-		t.Fatalf("destroy_session = %q; want destroyed", r.text())
+		t.Fatalf("destroy_session = %q; want destroyed", r.Text())
 	}
 	r = f.as(t, "alice", "destroy_session", fmt.Sprintf(`{"vm":"lab/vm1","session":%q}`, id))
-	if r.Result == nil || r.Result.IsError || !strings.Contains(r.text(), "already gone") {
-		t.Errorf("second destroy_session = %q; want success saying already gone", r.text())
+	if r.Result == nil || r.Result.IsError || !strings.Contains(r.Text(), "already gone") {
+		t.Errorf("second destroy_session = %q; want success saying already gone", r.Text())
 	}
-	if got := f.as(t, "bob", "destroy_session", fmt.Sprintf(`{"vm":"lab/vm1","session":%q}`, id)).text(); got != unknown {
+	if got := f.as(t, "bob", "destroy_session", fmt.Sprintf(`{"vm":"lab/vm1","session":%q}`, id)).Text(); got != unknown {
 		t.Errorf("bob destroying alice's destroyed session = %q; want %q", got, unknown)
 	}
 	if n := f.guest.count(guestctl.GuestPath, "session", "destroy"); n != 1 {
 		t.Errorf("guest saw %d session destroy commands; want 1", n)
 	}
 	r = f.as(t, "alice", "vm_agent_exec", fmt.Sprintf(`{"vm":"lab/vm1","session":%q,"shell":"true"}`, id))
-	if !hasTag(r, TagInvalid) || !strings.Contains(r.text(), "has ended") {
-		t.Errorf("exec in a destroyed session = %q; want %s ... has ended", r.text(), TagInvalid)
+	if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "has ended") {
+		t.Errorf("exec in a destroyed session = %q; want %s ... has ended", r.Text(), TagInvalid)
 	}
 	if n := f.guest.count("mv"); n != 1 {
 		t.Errorf("the helper was pushed %d times; want once (cached per VM)", n)
@@ -405,8 +417,8 @@ func TestHelperNotAvailable(t *testing.T) {
 	}
 	for _, tt := range tests {
 		r := f.as(t, "alice", tt.tool, tt.args)
-		if !hasTag(r, TagBackend) || !strings.Contains(r.text(), "vmgate-guest helper is not available on this host (build it with make build)") {
-			t.Errorf("%s(%s) = %q; want %s ... not available on this host", tt.tool, tt.args, r.text(), TagBackend)
+		if !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), "vmgate-guest helper is not available on this host (build it with make build)") {
+			t.Errorf("%s(%s) = %q; want %s ... not available on this host", tt.tool, tt.args, r.Text(), TagBackend)
 		}
 	}
 	// kill_process has no fallback without the helper (the guards live in
@@ -435,10 +447,10 @@ func TestKillProcessMapping(t *testing.T) {
 	for _, tt := range tests {
 		r := f.as(t, "alice", "kill_process", tt.args)
 		switch {
-		case tt.tag == "" && (r.Result == nil || r.Result.IsError || r.text() != tt.text):
-			t.Errorf("kill_process(%s) = %q; want success %q", tt.args, r.text(), tt.text)
-		case tt.tag != "" && (!hasTag(r, tt.tag) || !strings.Contains(r.text(), tt.text)):
-			t.Errorf("kill_process(%s) = %q; want %s ... %s", tt.args, r.text(), tt.tag, tt.text)
+		case tt.tag == "" && (r.Result == nil || r.Result.IsError || r.Text() != tt.text):
+			t.Errorf("kill_process(%s) = %q; want success %q", tt.args, r.Text(), tt.text)
+		case tt.tag != "" && (!mcptest.HasTag(r, tt.tag) || !strings.Contains(r.Text(), tt.text)):
+			t.Errorf("kill_process(%s) = %q; want %s ... %s", tt.args, r.Text(), tt.tag, tt.text)
 		case tt.refused != "" && r.Result.StructuredContent["refused"] != tt.refused:
 			t.Errorf("kill_process(%s) structured refused = %v; want %q", tt.args, r.Result.StructuredContent["refused"], tt.refused)
 		}
@@ -458,8 +470,8 @@ func TestCreateSessionLimitsPolicy(t *testing.T) {
 		"require":[{"path":"args.limits.memory_mb","op":"lte","value":512}]}}}`
 	f := newSessFixture(t, haveBins(), pol)
 	for _, args := range []string{`{"vm":"lab/vm1"}`, `{"vm":"lab/vm1","limits":{"memory_mb":1024}}`, `{"vm":"lab/vm1","limits":{"pids":10}}`} {
-		if r := f.as(t, "alice", "create_session", args); !hasTag(r, TagDenied) {
-			t.Errorf("create_session(%s) = %q; want %s", args, r.text(), TagDenied)
+		if r := f.as(t, "alice", "create_session", args); !mcptest.HasTag(r, TagDenied) {
+			t.Errorf("create_session(%s) = %q; want %s", args, r.Text(), TagDenied)
 		}
 	}
 	if n := f.guest.count(guestctl.GuestPath, "session", "create"); n != 0 {
@@ -484,14 +496,14 @@ func TestReaper(t *testing.T) {
 	ctx := context.Background()
 
 	f.advance(20 * time.Second)
-	if rep := f.s.guest.reap(ctx); len(rep.Destroyed)+len(rep.Reaped)+len(rep.Errors) != 0 {
+	if rep := f.s.env.Guest.Reap(ctx); len(rep.Destroyed)+len(rep.Reaped)+len(rep.Errors) != 0 {
 		t.Fatalf("reap at +20 s = %+v; want nothing", rep)
 	}
 	f.guest.mu.Lock()
 	f.guest.reaped, f.guest.reapVM = []string{byGuest}, "vm1"
 	f.guest.mu.Unlock()
 	f.advance(41 * time.Second) // +61 s: short is past its ttl, idle past its idle time
-	rep := f.s.guest.reap(ctx)
+	rep := f.s.env.Guest.Reap(ctx)
 	slices.Sort(rep.Destroyed)
 	want := []string{short, idle}
 	slices.Sort(want)
@@ -509,8 +521,8 @@ func TestReaper(t *testing.T) {
 	}
 	// The expired session answers as ended to its owner.
 	r := f.as(t, "alice", "list_processes", fmt.Sprintf(`{"vm":"lab/vm1","session":%q}`, short))
-	if !hasTag(r, TagInvalid) || !strings.Contains(r.text(), "has ended") {
-		t.Errorf("list_processes of a reaped session = %q; want %s ... has ended", r.text(), TagInvalid)
+	if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "has ended") {
+		t.Errorf("list_processes of a reaped session = %q; want %s ... has ended", r.Text(), TagInvalid)
 	}
 }
 
@@ -527,14 +539,14 @@ func (failingSessions) GetSession(context.Context, string) (store.Session, error
 
 func TestSessionStoreDown(t *testing.T) {
 	f := newSessFixture(t, haveBins(), "")
-	f.s.guest.sessions = failingSessions{}
+	f.s.env.Guest.Sessions = failingSessions{}
 	for _, tt := range []struct{ tool, args string }{
 		{"create_session", `{"vm":"lab/vm1"}`},
 		{"destroy_session", `{"vm":"lab/vm1","session":"0123456789abcdef0123456789abcdef"}`},
 	} {
 		r := f.as(t, "alice", tt.tool, tt.args)
-		if !hasTag(r, TagBackend) || !strings.Contains(r.text(), "session store") {
-			t.Errorf("%s with the store down = %q; want %s ... session store", tt.tool, r.text(), TagBackend)
+		if !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), "session store") {
+			t.Errorf("%s with the store down = %q; want %s ... session store", tt.tool, r.Text(), TagBackend)
 		}
 	}
 	if n := f.guest.count(guestctl.GuestPath, "session"); n != 0 {

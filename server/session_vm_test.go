@@ -18,7 +18,9 @@ import (
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/plugins/qemu"
 	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/policy/audit/audittest"
 	"github.com/vmgate/vmgate/policy/store/bolt"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // guestDir holds the vmgate-guest build the lab tests push; it is built on
@@ -74,11 +76,11 @@ func labServer(t *testing.T) (*fixture, hypervisor.Driver) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	eng, err := policy.Parse("allow.json", []byte(allowAll))
+	eng, err := policy.Parse("allow.json", []byte(mcptest.AllowAll))
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{rec: &recorder{}, store: st}
+	f := &fixture{rec: &audittest.Recorder{}, store: st}
 	f.s, err = New(Config{
 		Grants:   []Grant{{Name: "alice", Policy: eng}, {Name: "bob", Policy: eng}},
 		Backends: []Backend{{Name: "lab", Driver: d}},
@@ -105,11 +107,11 @@ func guestSh(t *testing.T, d hypervisor.Driver, line string) string {
 	return string(res.Stdout)
 }
 
-func okCall(t *testing.T, f *fixture, grant, tool, args string) rpcReply {
+func okCall(t *testing.T, f *fixture, grant, tool, args string) mcptest.Reply {
 	t.Helper()
-	r := f.sendAs(t, grant, toolCall(1, tool, args))
+	r := f.sendAs(t, grant, mcptest.ToolCall(1, tool, args))
 	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("%s as %s (%s) = %q; want success", tool, grant, args, r.text())
+		t.Fatalf("%s as %s (%s) = %q; want success", tool, grant, args, r.Text())
 	}
 	return r
 }
@@ -143,7 +145,7 @@ func TestLabSessionTools(t *testing.T) {
 		t.Fatalf("guest helper sha256 after first use = %v; want the pushed build's %s", got, bin.SHA256)
 	}
 	t.Cleanup(func() {
-		f.sendAs(t, "alice", toolCall(1, "destroy_session", fmt.Sprintf(`{"vm":"lab/srv","session":%q}`, id)))
+		f.sendAs(t, "alice", mcptest.ToolCall(1, "destroy_session", fmt.Sprintf(`{"vm":"lab/srv","session":%q}`, id)))
 	})
 
 	sessArgs := fmt.Sprintf(`{"vm":"lab/srv","session":%q}`, id)
@@ -156,18 +158,18 @@ func TestLabSessionTools(t *testing.T) {
 	}
 
 	// Another grant: the same answer as for a session that never existed.
-	unknown := f.sendAs(t, "alice", toolCall(1, "destroy_session", `{"vm":"lab/srv","session":"00000000000000000000000000000000"}`)).text()
+	unknown := f.sendAs(t, "alice", mcptest.ToolCall(1, "destroy_session", `{"vm":"lab/srv","session":"00000000000000000000000000000000"}`)).Text()
 	for _, tt := range []struct{ tool, args string }{
 		{"list_processes", sessArgs},
 		{"vm_agent_exec", fmt.Sprintf(`{"vm":"lab/srv","session":%q,"command":["touch","bob-was-here"]}`, id)},
 		{"destroy_session", sessArgs},
 	} {
-		if got := f.sendAs(t, "bob", toolCall(1, tt.tool, tt.args)).text(); got != unknown || !strings.Contains(got, "unknown session") {
+		if got := f.sendAs(t, "bob", mcptest.ToolCall(1, tt.tool, tt.args)).Text(); got != unknown || !strings.Contains(got, "unknown session") {
 			t.Errorf("bob's %s of alice's session = %q; want %q", tt.tool, got, unknown)
 		}
 	}
 	if r := okCall(t, f, "bob", "list_sessions", `{}`); len(r.Result.StructuredContent["sessions"].([]any)) != 0 {
-		t.Errorf("bob's list_sessions = %q; want none", r.text())
+		t.Errorf("bob's list_sessions = %q; want none", r.Text())
 	}
 	if got := len(sleepers(t, f, sessArgs)); got != 2 {
 		t.Fatalf("after bob's attempts alice's session has %d sleepers; want 2", got)
@@ -176,7 +178,7 @@ func TestLabSessionTools(t *testing.T) {
 	// Destroy: nothing of the session is left, its files are gone; twice is fine.
 	r = okCall(t, f, "alice", "destroy_session", sessArgs)
 	if r.Result.StructuredContent["existed"] != true {
-		t.Errorf("destroy_session = %q; want existed", r.text())
+		t.Errorf("destroy_session = %q; want existed", r.Text())
 	}
 	if got := sleepers(t, f, `{"vm":"lab/srv"}`); len(got) != 0 {
 		t.Errorf("processes left after destroy_session: %v", got)
@@ -184,25 +186,27 @@ func TestLabSessionTools(t *testing.T) {
 	if out := guestSh(t, d, "ls -A "+filepath.Dir(workdir)); strings.Contains(out, id) {
 		t.Errorf("workdir of %s left after destroy: %q", id, out)
 	}
-	if r = okCall(t, f, "alice", "destroy_session", sessArgs); !strings.Contains(r.text(), "already gone") {
-		t.Errorf("second destroy_session = %q; want already gone", r.text())
+	if r = okCall(t, f, "alice", "destroy_session", sessArgs); !strings.Contains(r.Text(), "already gone") {
+		t.Errorf("second destroy_session = %q; want already gone", r.Text())
 	}
-	if got := f.sendAs(t, "bob", toolCall(1, "destroy_session", sessArgs)).text(); got != unknown {
+	if got := f.sendAs(t, "bob", mcptest.ToolCall(1, "destroy_session", sessArgs)).Text(); got != unknown {
 		t.Errorf("bob's destroy of the destroyed session = %q; want %q", got, unknown)
 	}
 }
 
 func TestLabKillProcess(t *testing.T) {
 	f, d := labServer(t)
-	call := func(args string) rpcReply { return f.sendAs(t, "alice", toolCall(1, "kill_process", args)) }
+	call := func(args string) mcptest.Reply {
+		return f.sendAs(t, "alice", mcptest.ToolCall(1, "kill_process", args))
+	}
 	qga := strings.TrimSpace(guestSh(t, d, "for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = qemu-ga ] && echo ${p#/proc/} && break; done"))
 	kthread := strings.TrimSpace(guestSh(t, d, "cat /proc/2/comm >/dev/null && echo 2"))
 	for _, tt := range []struct {
 		pid, reason string
 	}{{"1", "pid 1 is init"}, {kthread, "kernel thread"}, {qga, "guest agent"}} {
 		r := call(fmt.Sprintf(`{"vm":"lab/srv","pid":%s,"signal":"KILL"}`, tt.pid))
-		if !hasTag(r, TagInvalid) || r.text() != TagInvalid+" refused: "+tt.reason {
-			t.Errorf("kill_process(pid %s) = %q; want %s refused: %s", tt.pid, r.text(), TagInvalid, tt.reason)
+		if !mcptest.HasTag(r, TagInvalid) || r.Text() != TagInvalid+" refused: "+tt.reason {
+			t.Errorf("kill_process(pid %s) = %q; want %s refused: %s", tt.pid, r.Text(), TagInvalid, tt.reason)
 		}
 	}
 	if strings.TrimSpace(guestSh(t, d, "cat /proc/"+qga+"/comm")) != "qemu-ga" {
@@ -216,12 +220,12 @@ func TestLabKillProcess(t *testing.T) {
 	}
 	pid, started := int64(rows[0]["pid"].(float64)), int64(rows[0]["started_at"].(float64))
 	r := call(fmt.Sprintf(`{"vm":"lab/srv","pid":%d,"started_at":%d}`, pid, started-5000))
-	if !hasTag(r, TagInvalid) || !strings.Contains(r.text(), "refused: pid was reused") {
-		t.Errorf("kill_process with a stale started_at = %q; want %s refused: pid was reused", r.text(), TagInvalid)
+	if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "refused: pid was reused") {
+		t.Errorf("kill_process with a stale started_at = %q; want %s refused: pid was reused", r.Text(), TagInvalid)
 	}
 	r = call(fmt.Sprintf(`{"vm":"lab/srv","pid":%d,"started_at":%d}`, pid, started))
-	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["exited"] != true || !strings.Contains(r.text(), "it exited") {
-		t.Errorf("kill_process of the sleeper = %q; want it exited", r.text())
+	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["exited"] != true || !strings.Contains(r.Text(), "it exited") {
+		t.Errorf("kill_process of the sleeper = %q; want it exited", r.Text())
 	}
 	if got := sleepers(t, f, `{"vm":"lab/srv"}`); len(got) != 0 {
 		t.Errorf("sleep 1000 still there after the kill: %v", got)

@@ -12,6 +12,8 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // TestSnapshotNamesReserved: names in the server's namespace, in any case
@@ -39,18 +41,18 @@ func TestSnapshotNamesReserved(t *testing.T) {
 		{"vmgateundo-x", false},
 	}
 	for _, tt := range tests {
-		if got := reservedSnapshotName(tt.name); got != tt.reserved {
-			t.Errorf("reservedSnapshotName(%q) = %v; want %v", tt.name, got, tt.reserved)
+		if got := catalog.ReservedSnapshotName(tt.name); got != tt.reserved {
+			t.Errorf("catalog.ReservedSnapshotName(%q) = %v; want %v", tt.name, got, tt.reserved)
 		}
 		if !tt.reserved {
 			continue
 		}
 		for _, tool := range []string{"snapshot_create", "snapshot_revert", "snapshot_delete"} {
-			f, sf := newSnapFixture(t, bothModes, allowAll)
+			f, sf := newSnapFixture(t, bothModes, mcptest.AllowAll)
 			sf.put("vm1", hypervisor.Snapshot{Name: tt.name, ID: "fake:planted"})
 			r := f.call(t, tool, `{"vm":"lab/vm1","name":"`+tt.name+`"}`)
-			if !hasTag(r, TagInvalid) || !strings.Contains(r.text(), "belong to the server's undo snapshots") || !strings.Contains(r.text(), "vmgate undo") {
-				t.Errorf("%s(%q) = %q; want %s saying the name is the server's", tool, tt.name, r.text(), TagInvalid)
+			if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "belong to the server's undo snapshots") || !strings.Contains(r.Text(), "vmgate undo") {
+				t.Errorf("%s(%q) = %q; want %s saying the name is the server's", tool, tt.name, r.Text(), TagInvalid)
 			}
 			if n := sf.calls.Load(); n != 0 {
 				t.Errorf("%s(%q): %d driver calls; want none", tool, tt.name, n)
@@ -58,10 +60,10 @@ func TestSnapshotNamesReserved(t *testing.T) {
 		}
 	}
 	// snapshot_list still shows them.
-	f, sf := newSnapFixture(t, bothModes, allowAll)
+	f, sf := newSnapFixture(t, bothModes, mcptest.AllowAll)
 	sf.put("vm1", hypervisor.Snapshot{Name: "vmgate-undo-t880qt-abc", ID: "fake:u"})
-	if r := f.call(t, "snapshot_list", `{"vm":"lab/vm1"}`); r.Result == nil || r.Result.IsError || !strings.Contains(r.text(), "vmgate-undo-t880qt-abc") {
-		t.Errorf("snapshot_list = %q; want the undo snapshot listed", r.text())
+	if r := f.call(t, "snapshot_list", `{"vm":"lab/vm1"}`); r.Result == nil || r.Result.IsError || !strings.Contains(r.Text(), "vmgate-undo-t880qt-abc") {
+		t.Errorf("snapshot_list = %q; want the undo snapshot listed", r.Text())
 	}
 }
 
@@ -117,9 +119,9 @@ func TestSnapshotOwnership(t *testing.T) {
 				_, kept := sf.get("vm1", "s1")
 				switch {
 				case tt.want == "" && (r.Result == nil || r.Result.IsError):
-					t.Errorf("%s = %q; want it done", tool, r.text())
-				case tt.want != "" && (!hasTag(r, TagDenied) || !strings.Contains(r.text(), tt.want) || !strings.Contains(r.text(), `"snapshots": {"others": true}`)):
-					t.Errorf("%s = %q; want %s containing %q and naming the knob", tool, r.text(), TagDenied, tt.want)
+					t.Errorf("%s = %q; want it done", tool, r.Text())
+				case tt.want != "" && (!mcptest.HasTag(r, TagDenied) || !strings.Contains(r.Text(), tt.want) || !strings.Contains(r.Text(), `"snapshots": {"others": true}`)):
+					t.Errorf("%s = %q; want %s containing %q and naming the knob", tool, r.Text(), TagDenied, tt.want)
 				case tt.want != "" && (len(sf.reverted) != 0 || !kept):
 					t.Errorf("%s refused, yet reverted %q, snapshot kept %v", tool, sf.reverted, kept)
 				case tt.want == "" && tool == "snapshot_delete" && kept:
@@ -210,24 +212,24 @@ func TestSnapshotBounds(t *testing.T) {
 			drv.PowerFunc = func(context.Context, string, hypervisor.PowerAction) error { return nil }
 			f := newFixture(t, fixtureOpts{driver: drv, policy: boundsPolicy(tt.bounds), otherVMs: []string{"lab/*"}})
 			t.Cleanup(func() { f.s.Close() })
-			var refused rpcReply
+			var refused mcptest.Reply
 			for i, st := range tt.steps {
 				f.advance(time.Second)
-				r := f.sendAs(t, st.grant, toolCall(1, st.tool, st.args))
+				r := f.sendAs(t, st.grant, mcptest.ToolCall(1, st.tool, st.args))
 				if st.want == "" && (r.Result == nil || r.Result.IsError) {
-					t.Fatalf("step %d %s as %s = %q; want success", i, st.tool, st.grant, r.text())
+					t.Fatalf("step %d %s as %s = %q; want success", i, st.tool, st.grant, r.Text())
 				}
 				if st.want != "" {
-					if !hasTag(r, st.want) {
-						t.Fatalf("step %d %s as %s = %q; want %s", i, st.tool, st.grant, r.text(), st.want)
+					if !mcptest.HasTag(r, st.want) {
+						t.Fatalf("step %d %s as %s = %q; want %s", i, st.tool, st.grant, r.Text(), st.want)
 					}
 					refused = r
 				}
 			}
-			if tt.refusedBy != "" && !strings.Contains(refused.text(), tt.refusedBy) {
-				t.Errorf("refusal = %q; want it to contain %q", refused.text(), tt.refusedBy)
+			if tt.refusedBy != "" && !strings.Contains(refused.Text(), tt.refusedBy) {
+				t.Errorf("refusal = %q; want it to contain %q", refused.Text(), tt.refusedBy)
 			}
-			recs, _ := f.s.snaps.store.ListSnapshots(context.Background(), "lab/vm1")
+			recs, _ := f.s.env.Snapshots.Store.ListSnapshots(context.Background(), "lab/vm1")
 			var got []string
 			for _, r := range recs {
 				sn, ok := sf.get("vm1", r.Name)
@@ -307,7 +309,7 @@ func undoCallOf(t *testing.T, u *undoFixture, vm string) (string, string) {
 	t.Helper()
 	r := u.call(t, "vm_power", `{"vm":"`+vm+`","action":"reset"}`)
 	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_power reset %s = %q", vm, r.text())
+		t.Fatalf("vm_power reset %s = %q", vm, r.Text())
 	}
 	return r.Result.StructuredContent["undo_call"].(string), r.Result.StructuredContent["undo_snapshot"].(string)
 }
@@ -318,14 +320,13 @@ func undoCallOf(t *testing.T, u *undoFixture, vm string) (string, string) {
 // made anew under the name since (before the approval and after it).
 func TestUndoRevertsOnlyTheRecordedSnapshot(t *testing.T) {
 	u := newUndoFixture(t, undoPolicy, bothModes)
-	o := startOperator(t, u.fixture, t.TempDir())
+	sock := startOperator(t, u.s, t.TempDir())
 	ctx := context.Background()
 	undo := func(call string) (*UndoResult, error) {
-		resp, err := OperatorCall(ctx, o.Path(), OperatorRequest{Op: OpUndo, ID: call})
-		return resp.Undo, err
+		return operatorUndo(ctx, sock, call)
 	}
 	grant := func(id string) {
-		if _, err := OperatorCall(ctx, o.Path(), OperatorRequest{Op: OpGrant, ID: id}); err != nil {
+		if err := operatorGrant(ctx, sock, id); err != nil {
 			t.Fatalf("grant %s: %v", id, err)
 		}
 	}
@@ -439,7 +440,7 @@ func TestUndoForgedNames(t *testing.T) {
 func TestUndoOwnerRecord(t *testing.T) {
 	u := newUndoFixture(t, undoPolicy, bothModes)
 	call, snap := undoCallOf(t, u, "lab/vm1")
-	r, err := u.s.snaps.store.GetSnapshot(context.Background(), "lab/vm1", snap)
+	r, err := u.s.env.Snapshots.Store.GetSnapshot(context.Background(), "lab/vm1", snap)
 	if err != nil || r.Grant != "local" || !r.Undo || r.CallID != call || r.Expires.IsZero() {
 		t.Fatalf("owner record of %s = %+v, %v; want local's undo snapshot of call %s", snap, r, err, call)
 	}
@@ -447,7 +448,7 @@ func TestUndoOwnerRecord(t *testing.T) {
 	if errs := u.s.undo.reap(context.Background()); len(errs) != 0 {
 		t.Fatalf("reap = %v", errs)
 	}
-	if _, err := u.s.snaps.store.GetSnapshot(context.Background(), "lab/vm1", snap); err == nil {
+	if _, err := u.s.env.Snapshots.Store.GetSnapshot(context.Background(), "lab/vm1", snap); err == nil {
 		t.Errorf("owner record of %s kept after the reaper deleted it", snap)
 	} else if !strings.Contains(err.Error(), store.ErrUnknownSnapshot.Error()) {
 		t.Errorf("GetSnapshot after the reap = %v; want unknown", err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // snapFake is a fake backend with snapshots kept in a map by VM and
@@ -106,7 +107,7 @@ func (sf *snapFake) byName(vm, name string, del bool) error {
 }
 
 func (sf *snapFake) driver(modes hypervisor.SnapshotModes) *hypervisortest.Fake {
-	f := countingFake(&sf.calls)
+	f := hypervisortest.Counting(&sf.calls)
 	f.Modes = modes
 	f.SnapshotCreateFunc = func(ctx context.Context, vm string, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, error) {
 		sf.calls.Add(1)
@@ -148,8 +149,8 @@ func TestSnapshotTools(t *testing.T) {
 	}
 	for _, st := range steps {
 		r := f.call(t, st.tool, st.args)
-		if r.Result == nil || r.Result.IsError || !strings.Contains(r.text(), st.want) {
-			t.Fatalf("%s(%s) = %q; want success containing %q", st.tool, st.args, r.text(), st.want)
+		if r.Result == nil || r.Result.IsError || !strings.Contains(r.Text(), st.want) {
+			t.Fatalf("%s(%s) = %q; want success containing %q", st.tool, st.args, r.Text(), st.want)
 		}
 	}
 	if len(sf.reqs) != 2 || sf.reqs[0].Memory || sf.reqs[0].Description != "line one\nline two" || !sf.reqs[1].Memory {
@@ -167,7 +168,7 @@ func TestSnapshotTools(t *testing.T) {
 func TestSnapshotDefaultMemory(t *testing.T) {
 	f, sf := newSnapFixture(t, hypervisor.SnapshotModes{DiskOnly: true}, "")
 	if r := f.call(t, "snapshot_create", `{"vm":"lab/vm1","name":"s1"}`); r.Result == nil || r.Result.IsError {
-		t.Fatalf("snapshot_create = %q; want success", r.text())
+		t.Fatalf("snapshot_create = %q; want success", r.Text())
 	}
 	if len(sf.reqs) != 1 || sf.reqs[0].Memory {
 		t.Errorf("SnapshotCreate requests = %+v; want one disk-only", sf.reqs)
@@ -198,8 +199,8 @@ func TestSnapshotErrors(t *testing.T) {
 			sf.put("vm1", hypervisor.Snapshot{Name: "taken"})
 			sf.err = tt.err
 			r := f.call(t, tt.tool, tt.args)
-			if !hasTag(r, tt.tag) || !strings.Contains(r.text(), tt.want) {
-				t.Errorf("%s(%s) = %q; want %s containing %q", tt.tool, tt.args, r.text(), tt.tag, tt.want)
+			if !mcptest.HasTag(r, tt.tag) || !strings.Contains(r.Text(), tt.want) {
+				t.Errorf("%s(%s) = %q; want %s containing %q", tt.tool, tt.args, r.Text(), tt.tag, tt.want)
 			}
 		})
 	}
@@ -216,8 +217,8 @@ func TestSnapshotNoCapability(t *testing.T) {
 			args = `{"vm":"lab/vm1"}`
 		}
 		r := f.call(t, tool, args)
-		if !hasTag(r, TagBackend) || !strings.Contains(r.text(), `backend "lab" cannot take snapshots`) {
-			t.Errorf("%s on a backend without snapshots = %q; want %s naming the backend", tool, r.text(), TagBackend)
+		if !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), `backend "lab" cannot take snapshots`) {
+			t.Errorf("%s on a backend without snapshots = %q; want %s naming the backend", tool, r.Text(), TagBackend)
 		}
 	}
 	if n := f.calls.Load(); n != 0 {
@@ -261,8 +262,8 @@ func TestSnapshotBadArguments(t *testing.T) {
 			f := newFixture(t, fixtureOpts{driver: sf.driver(bothModes), policy: gated, vms: []string{"lab/*"}})
 			t.Cleanup(func() { f.s.Close() })
 			r := f.call(t, tt.tool, tt.args)
-			if !hasTag(r, tt.tag) || !strings.Contains(r.text(), tt.want) {
-				t.Errorf("%s(%.80s) = %q; want %s containing %q", tt.tool, tt.args, r.text(), tt.tag, tt.want)
+			if !mcptest.HasTag(r, tt.tag) || !strings.Contains(r.Text(), tt.want) {
+				t.Errorf("%s(%.80s) = %q; want %s containing %q", tt.tool, tt.args, r.Text(), tt.tag, tt.want)
 			}
 			if n := sf.calls.Load(); n != 0 {
 				t.Errorf("driver calls = %d; want 0", n)
@@ -277,7 +278,7 @@ func TestSnapshotBadArguments(t *testing.T) {
 // TestVMNetwork: the guest's answer is cleaned before it is shown.
 func TestVMNetwork(t *testing.T) {
 	var calls atomic.Int64
-	drv := countingFake(&calls)
+	drv := hypervisortest.Counting(&calls)
 	drv.GuestNetworkFunc = func(ctx context.Context, vm string) ([]hypervisor.NetInterface, error) {
 		return []hypervisor.NetInterface{
 			{Name: "lo", Addresses: []hypervisor.IPAddress{{Family: "ipv4", Address: "127.0.0.1", Prefix: 8}}},
@@ -288,21 +289,21 @@ func TestVMNetwork(t *testing.T) {
 	t.Cleanup(func() { f.s.Close() })
 	r := f.call(t, "vm_network", `{"vm":"lab/vm1"}`)
 	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_network = %q; want success", r.text())
+		t.Fatalf("vm_network = %q; want success", r.Text())
 	}
 	for _, want := range []string{"2 interface(s)", "lo 127.0.0.1/8", "eth0[31m 52:54:00:ab:cd:ef 10.0.2.15/24 fe80::1/64"} {
-		if !strings.Contains(r.text(), want) {
-			t.Errorf("vm_network text = %q; want it to contain %q", r.text(), want)
+		if !strings.Contains(r.Text(), want) {
+			t.Errorf("vm_network text = %q; want it to contain %q", r.Text(), want)
 		}
 	}
-	if strings.ContainsAny(r.text(), "\x1b") || strings.Contains(r.text(), "not-an-ip") {
-		t.Errorf("vm_network text = %q; want control characters and bad addresses dropped", r.text())
+	if strings.ContainsAny(r.Text(), "\x1b") || strings.Contains(r.Text(), "not-an-ip") {
+		t.Errorf("vm_network text = %q; want control characters and bad addresses dropped", r.Text())
 	}
 
 	f2 := newFixture(t, fixtureOpts{})
 	t.Cleanup(func() { f2.s.Close() })
-	if r := f2.call(t, "vm_network", `{"vm":"lab/vm1"}`); !hasTag(r, TagBackend) || !strings.Contains(r.text(), `backend "lab" cannot read`) {
-		t.Errorf("vm_network without the capability = %q; want %s naming the backend", r.text(), TagBackend)
+	if r := f2.call(t, "vm_network", `{"vm":"lab/vm1"}`); !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), `backend "lab" cannot read`) {
+		t.Errorf("vm_network without the capability = %q; want %s naming the backend", r.Text(), TagBackend)
 	}
 }
 
@@ -334,13 +335,13 @@ func TestVMMetrics(t *testing.T) {
 			t.Cleanup(func() { f.s.Close() })
 			r := f.call(t, "vm_metrics", `{"vm":"lab/vm1","sample_ms":250}`)
 			if tt.wantError != "" {
-				if !hasTag(r, TagBackend) || !strings.Contains(r.text(), tt.wantError) {
-					t.Errorf("vm_metrics = %q; want %s containing %q", r.text(), TagBackend, tt.wantError)
+				if !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), tt.wantError) {
+					t.Errorf("vm_metrics = %q; want %s containing %q", r.Text(), TagBackend, tt.wantError)
 				}
 				return
 			}
 			if r.Result == nil || r.Result.IsError {
-				t.Fatalf("vm_metrics = %q; want success", r.text())
+				t.Fatalf("vm_metrics = %q; want success", r.Text())
 			}
 			for _, k := range tt.wantKeys {
 				if _, ok := r.Result.StructuredContent[k]; !ok {
@@ -348,8 +349,8 @@ func TestVMMetrics(t *testing.T) {
 				}
 			}
 			for _, w := range tt.wantText {
-				if !strings.Contains(r.text(), w) {
-					t.Errorf("vm_metrics text = %q; want it to contain %q", r.text(), w)
+				if !strings.Contains(r.Text(), w) {
+					t.Errorf("vm_metrics text = %q; want it to contain %q", r.Text(), w)
 				}
 			}
 			if tt.bins.BinaryFunc != nil && g.count("/usr/local/bin/vmgate-guest", "metrics", "--sample-ms", "250") == 0 && tt.name != "host only" {

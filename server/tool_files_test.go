@@ -2,6 +2,9 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,6 +13,7 @@ import (
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/guestctl"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // guestFiles answers vmgate-guest's file commands for a guest with
@@ -35,18 +39,35 @@ func guestFiles(argv []string, stdin []byte) hypervisor.ExecResult {
 		if _, ok := links[p]; ok {
 			return replyErr(wire.CodeRefused, wire.ReasonSymlink, "file read: refused: "+p+" is a symlink (to \""+links[p]+"\"), its last component of "+p)
 		}
-		n, _ := strconv.Atoi(flag(argv, "--max-bytes"))
-		data := "content"[:min(n, 7)]
-		r := reply(wire.FileRead{FileInfo: wire.FileInfo{Path: p, Exists: true, Type: "file", Mode: 0o644, Size: 7}, Bytes: int64(len(data)), Truncated: n < 7})
-		r.Stdout = append(append(r.Stdout, '\n'), data...) // --raw: the data after the reply's line
-		return r
+		off, _ := strconv.Atoi(flag(argv, "--offset"))
+		n, _ := strconv.Atoi(flag(argv, "--length"))
+		const content = "content"
+		data := content[min(off, 7):min(off+n, 7)]
+		fr := wire.FileRead{FileInfo: wire.FileInfo{Path: p, Exists: true, Type: "file", Mode: 0o644, Size: 7}, Bytes: int64(len(data)), Offset: int64(off), Truncated: off+n < 7, EOF: off+n >= 7}
+		if slices.Contains(argv, "--hash") {
+			fr.SHA256 = sha256Hex(content)
+		}
+		return replyData(fr, []byte(data))
 	case "write":
 		if _, ok := links[p]; ok {
 			return replyErr(wire.CodeRefused, wire.ReasonSymlink, "file write: refused: "+p+" is a symlink")
 		}
-		return reply(wire.FileWritten{FileInfo: wire.FileInfo{Path: p, Exists: true, Type: "file", Mode: 0o644}, Bytes: int64(len(stdin)), Created: true})
+		if e := flag(argv, "--expect-sha256"); e != "" && e != sha256Hex("content") {
+			return replyErr(wire.CodeRefused, wire.ReasonChanged, "file write: refused: "+p+" changed: its sha256 is not "+e)
+		}
+		fw := wire.FileWritten{FileInfo: wire.FileInfo{Path: p, Exists: true, Type: "file", Mode: 0o644}, Bytes: int64(len(stdin)), Created: true, Atomic: true}
+		if o := flag(argv, "--offset"); o != "" || slices.Contains(argv, "--append") {
+			fw.Offset, _ = strconv.ParseInt(o, 10, 64)
+			fw.Created, fw.Atomic = false, false
+		}
+		return reply(fw)
 	}
 	return replyErr(wire.CodeInvalid, "", "unknown file command")
+}
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
 }
 
 func TestFileToolsResolveInTheGuest(t *testing.T) {
@@ -60,13 +81,35 @@ func TestFileToolsResolveInTheGuest(t *testing.T) {
 		argv                     []string // the last file command the guest ran ("" none)
 	}{
 		{"symlink to a root file refused", fmtPolicy(tmpOnly, "", ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/link"}`,
-			TagDenied, "/tmp/link is a symlink", []string{"file", "read", "--path", "/tmp/link", "--max-bytes", "1048576", "--raw"}},
+			TagDenied, "/tmp/link is a symlink", []string{"file", "read", "--path", "/tmp/link", "--offset", "0", "--length", "1048576"}},
 		{"followed symlink re-decided on the real path", fmtPolicy(tmpOnly, follow, ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/link"}`,
 			TagDenied, "leads through symlinks to /root/secret, which the policy does not allow", []string{"file", "stat", "--path", "/tmp/link", "--follow-symlinks"}},
 		{"followed symlink inside the rules", fmtPolicy(tmpOnly, follow, ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/inside"}`,
-			"", "content", []string{"file", "read", "--path", "/tmp/ok", "--max-bytes", "1048576", "--raw"}},
+			"", "content", []string{"file", "read", "--path", "/tmp/ok", "--offset", "0", "--length", "1048576"}},
 		{"plain read", fmtPolicy(tmpOnly, "", ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/ok","max_bytes":5}`,
-			"", "conte\n(truncated)", []string{"file", "read", "--path", "/tmp/ok", "--max-bytes", "5", "--raw"}},
+			"", "conte\n(truncated: the file goes on; read on with offset 5)", []string{"file", "read", "--path", "/tmp/ok", "--offset", "0", "--length", "5"}},
+		{"a range with the hash", fmtPolicy(tmpOnly, "", ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/ok","offset":3,"length":100,"hash":true}`,
+			"", "(bytes 3..7 of 7)\ntent\nsha256 " + sha256Hex("content"), []string{"file", "read", "--path", "/tmp/ok", "--offset", "3", "--length", "100", "--hash"}},
+		{"a range past the policy's cap", fmtPolicy(tmpOnly, `,"files":{"max_read_bytes":2}`, ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/ok","offset":1,"length":100}`,
+			"", "(bytes 1..3 of 7)\non", []string{"file", "read", "--path", "/tmp/ok", "--offset", "1", "--length", "2"}},
+		{"length and max_bytes", fmtPolicy(tmpOnly, "", ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/ok","length":3,"max_bytes":3}`,
+			TagInvalid, "give length or max_bytes, not both", nil},
+		{"length 0 without hash", fmtPolicy(tmpOnly, "", ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/ok","length":0}`,
+			TagInvalid, "length 0 reads nothing", nil},
+		{"negative offset", fmtPolicy(tmpOnly, "", ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/ok","offset":-1}`,
+			TagInvalid, "offset", nil},
+		{"append", fmtPolicy(tmpOnly, "", ""), "vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"abc","append":true}`,
+			"", "in place", []string{"file", "write", "--path", "/tmp/x", "--size", "3", "--create-mode", "420", "--append"}},
+		{"offset with expect_sha256", fmtPolicy(tmpOnly, "", ""), "vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"abc","offset":2,"expect_sha256":"` + strings.ToUpper(sha256Hex("content")) + `"}`,
+			"", "at offset 2", []string{"file", "write", "--path", "/tmp/x", "--size", "3", "--create-mode", "420", "--offset", "2", "--expect-sha256", sha256Hex("content")}},
+		{"file changed since read", fmtPolicy(tmpOnly, "", ""), "vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"abc","append":true,"expect_sha256":"` + sha256Hex("other") + `"}`,
+			TagInvalid, "the file changed since it was read", []string{"file", "write", "--path", "/tmp/x", "--size", "3", "--create-mode", "420", "--append", "--expect-sha256", sha256Hex("other")}},
+		{"offset and append", fmtPolicy(tmpOnly, "", ""), "vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"abc","offset":0,"append":true}`,
+			TagInvalid, "offset and append do not go together", nil},
+		{"expect_sha256 not hex", fmtPolicy(tmpOnly, "", ""), "vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"abc","expect_sha256":"` + strings.Repeat("g", 64) + `"}`,
+			TagInvalid, "want 64 hex digits", nil},
+		{"bad base64 before the policy", fmtPolicy(tmpOnly, "", ""), "vm_file_write", `{"vm":"lab/vm1","path":"/root/x","content_base64":"!!"}`,
+			TagInvalid, "content_base64 is not valid base64", nil},
 		{"dotdot", fmtPolicy(tmpOnly, "", ""), "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/x/../../root/secret"}`,
 			TagInvalid, `"/tmp/x/../../root/secret" is not clean (want "/root/secret")`, nil}, // before the policy sees it
 		{"dotdot inside the glob", `{"version":"1","default":"allow"}`, "vm_file_read", `{"vm":"lab/vm1","path":"/tmp/link/../secret"}`,
@@ -95,11 +138,11 @@ func TestFileToolsResolveInTheGuest(t *testing.T) {
 			r := f.as(t, "alice", tc.tool, tc.args)
 			switch {
 			case tc.tag == "" && (r.Result == nil || r.Result.IsError):
-				t.Errorf("%s(%s) = %q; want success", tc.tool, tc.args, r.text())
-			case tc.tag != "" && !hasTag(r, tc.tag):
-				t.Errorf("%s(%s) = %q; want %s", tc.tool, tc.args, r.text(), tc.tag)
-			case !strings.Contains(r.text(), tc.text):
-				t.Errorf("%s(%s) = %q; want it to say %q", tc.tool, tc.args, r.text(), tc.text)
+				t.Errorf("%s(%s) = %q; want success", tc.tool, tc.args, r.Text())
+			case tc.tag != "" && !mcptest.HasTag(r, tc.tag):
+				t.Errorf("%s(%s) = %q; want %s", tc.tool, tc.args, r.Text(), tc.tag)
+			case !strings.Contains(r.Text(), tc.text):
+				t.Errorf("%s(%s) = %q; want it to say %q", tc.tool, tc.args, r.Text(), tc.text)
 			}
 			var last []string
 			for _, a := range f.guest.argvs {
@@ -123,8 +166,8 @@ func TestFileToolsWithoutHelperFailClosed(t *testing.T) {
 		{"vm_file_read", `{"vm":"lab/vm1","path":"/tmp/link"}`},
 		{"vm_file_write", `{"vm":"lab/vm1","path":"/tmp/link","content":"x"}`},
 	} {
-		if r := f.as(t, "alice", c.tool, c.args); !hasTag(r, TagBackend) || !strings.Contains(r.text(), "vmgate-guest") {
-			t.Errorf("%s without builds = %q; want %s naming vmgate-guest", c.tool, r.text(), TagBackend)
+		if r := f.as(t, "alice", c.tool, c.args); !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), "vmgate-guest") {
+			t.Errorf("%s without builds = %q; want %s naming vmgate-guest", c.tool, r.Text(), TagBackend)
 		}
 	}
 	if n := len(f.guest.argvs); n != 0 {
@@ -146,17 +189,63 @@ func TestFollowedPathNeedsItsOwnApproval(t *testing.T) {
 	args := `{"vm":"lab/vm1","path":"/tmp/inside"}`
 	r := f.as(t, "alice", "vm_file_read", args)
 	id, _ := r.Result.StructuredContent["approval_id"].(string)
-	if !hasTag(r, TagApproval) || id == "" {
-		t.Fatalf("first call = %q; want %s with an approval id", r.text(), TagApproval)
+	if !mcptest.HasTag(r, TagApproval) || id == "" {
+		t.Fatalf("first call = %q; want %s with an approval id", r.Text(), TagApproval)
 	}
 	if _, err := f.s.Approvals().Grant(context.Background(), id, "alice", "ok"); err != nil {
 		t.Fatal(err)
 	}
 	r = f.as(t, "alice", "vm_file_read", args)
-	if !hasTag(r, TagDenied) || !strings.Contains(r.text(), `needs an approval of its own: call again with path "/tmp/ok"`) {
-		t.Errorf("approved call through a symlink = %q; want %s naming /tmp/ok", r.text(), TagDenied)
+	if !mcptest.HasTag(r, TagDenied) || !strings.Contains(r.Text(), `needs an approval of its own: call again with path "/tmp/ok"`) {
+		t.Errorf("approved call through a symlink = %q; want %s naming /tmp/ok", r.Text(), TagDenied)
 	}
 	if n := f.guest.count(guestctl.GuestPath, "file", "read"); n != 0 {
 		t.Errorf("the guest read %d times; want none", n)
+	}
+}
+
+// TestFileModeAsGiven: vm_file_write takes mode as a number, and both file
+// tools report it as that number (with its octal spelling beside it), as
+// their outputSchema says.
+func TestFileModeAsGiven(t *testing.T) {
+	f := newSessFixture(t, haveBins(), `{"version":"1","default":"allow"}`)
+	f.guest.file = guestFiles
+	for _, c := range []struct{ tool, args string }{
+		{"vm_file_write", `{"vm":"lab/vm1","path":"/tmp/x","content":"abc","mode":420}`},
+		{"vm_file_read", `{"vm":"lab/vm1","path":"/tmp/ok"}`},
+	} {
+		r := f.as(t, "alice", c.tool, c.args)
+		if r.Result == nil || r.Result.IsError {
+			t.Fatalf("%s(%s) = %q; want success", c.tool, c.args, r.Text())
+		}
+		sc := r.Result.StructuredContent
+		if sc["mode"] != float64(0o644) || sc["mode_octal"] != "0644" {
+			t.Errorf("%s(%s): mode %#v, mode_octal %#v; want 420 (the number mode takes) and \"0644\"", c.tool, c.args, sc["mode"], sc["mode_octal"])
+		}
+	}
+}
+
+// TestFileNotFoundReadme: a missing file's read answers what README shows,
+// with no hint about commands and PATH (that hint is for vm_agent_exec).
+func TestFileNotFoundReadme(t *testing.T) {
+	f := newSessFixture(t, haveBins(), `{"version":"1","default":"allow"}`)
+	f.guest.file = func(argv []string, stdin []byte) hypervisor.ExecResult {
+		if p := flag(argv, "--path"); p == "/nope" {
+			// guest/agent/files.go's fileErr for ENOENT
+			return replyErr(wire.CodeNotFound, "", "file "+argv[2]+": "+p+": no such file or directory")
+		}
+		return guestFiles(argv, stdin)
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := f.as(t, "alice", "vm_file_read", `{"vm":"lab/vm1","path":"/nope"}`)
+	got := r.Text()
+	if !mcptest.HasTag(r, TagInvalid) || strings.Contains(got, "PATH") {
+		t.Errorf("vm_file_read of a missing file = %q; want %s without a PATH hint", got, TagInvalid)
+	}
+	if !strings.Contains(string(readme), "`"+got+"`") {
+		t.Errorf("vm_file_read of a missing file = %q; README does not show it as it is", got)
 	}
 }

@@ -16,8 +16,12 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/policy/audit/audittest"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/lease"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 // lifecyclePolicy lets a grant hold 2 VMs and 1024 MiB, leases of 10 min
@@ -51,7 +55,7 @@ func teamTemplate() config.Template {
 // "other" that both see every VM.
 type lifecycle struct {
 	*fixture
-	fake    *fakeCreator
+	fake    *hypervisortest.Creator
 	creates atomic.Int64
 	leases  *memory.Store
 	policy  string
@@ -64,8 +68,8 @@ func newLifecycle(t *testing.T) *lifecycle {
 
 func newLifecycleWith(t *testing.T, pol string) *lifecycle {
 	t.Helper()
-	lc := &lifecycle{fake: newFakeCreator(), leases: memory.New(), policy: pol}
-	f := &fixture{calls: new(atomic.Int64), now: new(atomic.Int64), rec: &recorder{}, store: lc.leases}
+	lc := &lifecycle{fake: &hypervisortest.Creator{}, leases: memory.New(), policy: pol}
+	f := &fixture{calls: new(atomic.Int64), now: new(atomic.Int64), rec: &audittest.Recorder{}, store: lc.leases}
 	f.now.Store(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano())
 	lc.fixture = f
 	lc.fixture.s = lc.server(t)
@@ -82,7 +86,7 @@ func (lc *lifecycle) server(t *testing.T) *Server {
 	drv := &hypervisortest.Fake{
 		ListVMsFunc: func(ctx context.Context) ([]hypervisor.VM, error) {
 			vms := []hypervisor.VM{{Name: "vm1", State: hypervisor.StateRunning}}
-			for _, n := range lc.fake.names() {
+			for _, n := range lc.fake.Names() {
 				vms = append(vms, hypervisor.VM{Name: n, State: hypervisor.StateRunning, Agent: true})
 			}
 			return vms, nil
@@ -93,7 +97,7 @@ func (lc *lifecycle) server(t *testing.T) *Server {
 		},
 		DeleteVMFunc: lc.fake.DeleteVM,
 		StatusFunc: func(ctx context.Context, vm string) (hypervisor.Status, error) {
-			if vm != "vm1" && !slices.Contains(lc.fake.names(), vm) {
+			if vm != "vm1" && !slices.Contains(lc.fake.Names(), vm) {
 				return hypervisor.Status{}, fmt.Errorf("fake: %w: %s", hypervisor.ErrUnknownVM, vm)
 			}
 			return hypervisor.Status{Name: vm, State: hypervisor.StateRunning}, nil
@@ -117,9 +121,9 @@ func (lc *lifecycle) server(t *testing.T) *Server {
 	return s
 }
 
-func (lc *lifecycle) reapNow(t *testing.T) leaseReport {
+func (lc *lifecycle) reapNow(t *testing.T) lease.Report {
 	t.Helper()
-	return lc.s.leases.reap(context.Background())
+	return lc.s.leases.Reap(context.Background())
 }
 
 func (lc *lifecycle) leaseCount(t *testing.T) int {
@@ -139,7 +143,7 @@ func TestVMCreateQuotaDelete(t *testing.T) {
 	for _, name := range []string{"a", "b"} {
 		r := lc.call(t, "vm_create", `{"template":"lab","name":"`+name+`"}`)
 		if r.Result == nil || r.Result.IsError {
-			t.Fatalf("vm_create(%s) = %q; want success", name, r.text())
+			t.Fatalf("vm_create(%s) = %q; want success", name, r.Text())
 		}
 		sc := r.Result.StructuredContent
 		if sc["vm"] != "lab/lab-"+name || sc["memory_mb"] != float64(256) || sc["cpus"] != float64(1) || sc["ttl_s"] != float64(600) {
@@ -147,8 +151,8 @@ func TestVMCreateQuotaDelete(t *testing.T) {
 		}
 	}
 	r := lc.call(t, "vm_create", `{"template":"lab","name":"c"}`)
-	if !hasTag(r, TagQuota) || !strings.Contains(r.text(), "quota vms is full: 2 of 2") || !strings.Contains(r.text(), "lab/lab-a") || !strings.Contains(r.text(), "vm_delete") {
-		t.Errorf("third vm_create = %q; want %s naming the quota, its holders and vm_delete", r.text(), TagQuota)
+	if !mcptest.HasTag(r, TagQuota) || !strings.Contains(r.Text(), "quota vms is full: 2 of 2") || !strings.Contains(r.Text(), "lab/lab-a") || !strings.Contains(r.Text(), "vm_delete") {
+		t.Errorf("third vm_create = %q; want %s naming the quota, its holders and vm_delete", r.Text(), TagQuota)
 	}
 	if n := lc.creates.Load(); n != 2 {
 		t.Errorf("CreateVM calls = %d; want 2 (the refused third never reaches the driver)", n)
@@ -165,25 +169,25 @@ func TestVMCreateQuotaDelete(t *testing.T) {
 			created = append(created, e["id"].(string))
 		}
 	}
-	if !slices.Equal(created, []string{"lab/lab-a", "lab/lab-b"}) || !strings.Contains(list.text(), "lab/lab-a running (created by local from lab, lease ends 2030-01-02T03:14:05Z)") {
-		t.Errorf("list_vms created = %v, text %q; want lab-a and lab-b marked, vm1 not", created, list.text())
+	if !slices.Equal(created, []string{"lab/lab-a", "lab/lab-b"}) || !strings.Contains(list.Text(), "lab/lab-a running (created by local from lab, lease ends 2030-01-02T03:14:05Z)") {
+		t.Errorf("list_vms created = %v, text %q; want lab-a and lab-b marked, vm1 not", created, list.Text())
 	}
 	if d := lc.call(t, "vm_delete", `{"vm":"lab/lab-a"}`); d.Result == nil || d.Result.IsError {
-		t.Fatalf("vm_delete(lab/lab-a) = %q; want success", d.text())
+		t.Fatalf("vm_delete(lab/lab-a) = %q; want success", d.Text())
 	}
-	if got := lc.fake.names(); !slices.Equal(got, []string{"lab-b"}) {
+	if got := lc.fake.Names(); !slices.Equal(got, []string{"lab-b"}) {
 		t.Errorf("VMs after vm_delete = %v; want [lab-b]", got)
 	}
 	if r := lc.call(t, "vm_create", `{"template":"lab","name":"c","memory_mb":512}`); r.Result == nil || r.Result.IsError {
-		t.Errorf("vm_create after a delete = %q; want success (the unit came back)", r.text())
+		t.Errorf("vm_create after a delete = %q; want success (the unit came back)", r.Text())
 	}
 	// The memory quota: 256 + 512 held, 512 more does not fit 1024. (The
 	// VM count would refuse it too; it is checked in policy order.)
-	if r := lc.call(t, "vm_create", `{"template":"lab","memory_mb":512}`); !hasTag(r, TagQuota) {
-		t.Errorf("vm_create over both quotas = %q; want %s", r.text(), TagQuota)
+	if r := lc.call(t, "vm_create", `{"template":"lab","memory_mb":512}`); !mcptest.HasTag(r, TagQuota) {
+		t.Errorf("vm_create over both quotas = %q; want %s", r.Text(), TagQuota)
 	}
 	outcomes := map[string]int{}
-	for _, rec := range lc.rec.records() {
+	for _, rec := range lc.rec.Records() {
 		if rec.Kind == audit.KindOutcome && (rec.Tool == "vm_create" || rec.Tool == "vm_delete") {
 			outcomes[rec.Tool+" "+rec.Outcome]++
 		}
@@ -220,8 +224,8 @@ func TestVMCreateRefusals(t *testing.T) {
 		{`{"template":"lab","mark":"Lforged00"}`, `mark`},
 	} {
 		r := lc.call(t, "vm_create", tc.args)
-		if !hasTag(r, TagInvalid) || !strings.Contains(r.text(), tc.want) {
-			t.Errorf("vm_create(%s) = %q; want %s containing %q", tc.args, r.text(), TagInvalid, tc.want)
+		if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), tc.want) {
+			t.Errorf("vm_create(%s) = %q; want %s containing %q", tc.args, r.Text(), TagInvalid, tc.want)
 		}
 	}
 	if n, l := lc.creates.Load(), lc.leaseCount(t); n != 0 || l != 0 {
@@ -234,7 +238,7 @@ func TestVMCreateRefusals(t *testing.T) {
 func TestVMDeleteRefusals(t *testing.T) {
 	lc := newLifecycle(t)
 	if r := lc.call(t, "vm_create", `{"template":"lab","name":"mine"}`); r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_create = %q", r.text())
+		t.Fatalf("vm_create = %q", r.Text())
 	}
 	for _, tc := range []struct{ grant, args, tag, want string }{
 		{"local", `{"vm":"lab/vm1"}`, TagInvalid, "lab/vm1 was not created by vm_create"},
@@ -244,15 +248,13 @@ func TestVMDeleteRefusals(t *testing.T) {
 		{"local", `{"vm":"lab/../lab-mine"}`, TagUnknownVM, "no VM"},
 		{"local", `{"vm":"lab/lab-mine","force":true}`, TagInvalid, "force"},
 	} {
-		r := lc.sendAs(t, tc.grant, toolCall(1, "vm_delete", tc.args))
-		if !hasTag(r, tc.tag) || !strings.Contains(r.text(), tc.want) {
-			t.Errorf("vm_delete(%s) as %s = %q; want %s containing %q", tc.args, tc.grant, r.text(), tc.tag, tc.want)
+		r := lc.sendAs(t, tc.grant, mcptest.ToolCall(1, "vm_delete", tc.args))
+		if !mcptest.HasTag(r, tc.tag) || !strings.Contains(r.Text(), tc.want) {
+			t.Errorf("vm_delete(%s) as %s = %q; want %s containing %q", tc.args, tc.grant, r.Text(), tc.tag, tc.want)
 		}
 	}
-	lc.fake.mu.Lock()
-	deletes := len(lc.fake.deletes)
-	lc.fake.mu.Unlock()
-	if got := lc.fake.names(); deletes != 0 || !slices.Equal(got, []string{"lab-mine"}) {
+	deletes := len(lc.fake.Deletes())
+	if got := lc.fake.Names(); deletes != 0 || !slices.Equal(got, []string{"lab-mine"}) {
 		t.Errorf("after refusals: %d DeleteVM calls, VMs %v; want none, [lab-mine]", deletes, got)
 	}
 }
@@ -264,12 +266,12 @@ func TestVMLeaseEnds(t *testing.T) {
 	lc := newLifecycle(t)
 	r := lc.call(t, "vm_create", `{"template":"lab","name":"short","ttl_s":60}`)
 	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["ttl_s"] != float64(60) {
-		t.Fatalf("vm_create(ttl 60) = %q", r.text())
+		t.Fatalf("vm_create(ttl 60) = %q", r.Text())
 	}
 	r = lc.call(t, "vm_create", `{"template":"lab","name":"long","ttl_s":86400}`)
 	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["ttl_s"] != float64(3600) || r.Result.StructuredContent["ttl_clamped"] != true ||
-		!strings.Contains(r.text(), "ttl_s 86400 was capped by the policy") {
-		t.Fatalf("vm_create(ttl 86400) = %q, %v; want a lease of 3600 s, said to be capped", r.text(), r.Result.StructuredContent)
+		!strings.Contains(r.Text(), "ttl_s 86400 was capped by the policy") {
+		t.Fatalf("vm_create(ttl 86400) = %q, %v; want a lease of 3600 s, said to be capped", r.Text(), r.Result.StructuredContent)
 	}
 	lc.advance(59 * time.Second)
 	if rep := lc.reapNow(t); len(rep.Deleted) != 0 {
@@ -286,7 +288,7 @@ func TestVMLeaseEnds(t *testing.T) {
 	if rep := lc.reapNow(t); len(rep.Errors) != 0 {
 		t.Errorf("reap after the restart = %+v", rep)
 	}
-	if got, n := lc.fake.names(), lc.leaseCount(t); len(got) != 0 || n != 0 {
+	if got, n := lc.fake.Names(), lc.leaseCount(t); len(got) != 0 || n != 0 {
 		t.Errorf("after the leases ended: VMs %v, %d leases; want none", got, n)
 	}
 }
@@ -295,12 +297,12 @@ func TestVMLeaseEnds(t *testing.T) {
 // the quota unit comes back.
 func TestVMCreateDriverFailure(t *testing.T) {
 	lc := newLifecycle(t)
-	lc.fake.create = func(req hypervisor.CreateRequest) (hypervisor.CreatedVM, error) {
+	lc.fake.CreateFunc = func(req hypervisor.CreateRequest) (hypervisor.CreatedVM, error) {
 		return hypervisor.CreatedVM{}, errors.New("fake: disk full")
 	}
 	for range 3 {
-		if r := lc.call(t, "vm_create", `{"template":"lab"}`); !hasTag(r, TagBackend) {
-			t.Fatalf("vm_create with a failing driver = %q; want %s", r.text(), TagBackend)
+		if r := lc.call(t, "vm_create", `{"template":"lab"}`); !mcptest.HasTag(r, TagBackend) {
+			t.Fatalf("vm_create with a failing driver = %q; want %s", r.Text(), TagBackend)
 		}
 	}
 	if n := lc.leaseCount(t); n != 0 {
@@ -316,17 +318,17 @@ func TestVMCreateApproval(t *testing.T) {
 	const args = `{"template":"lab","name":"ok"}`
 	r := lc.call(t, "vm_create", args)
 	id, _ := r.Result.StructuredContent["approval_id"].(string)
-	if !hasTag(r, TagApproval) || id == "" || lc.creates.Load() != 0 {
-		t.Fatalf("vm_create under approval = %q (%d creates); want %s with an id and nothing made", r.text(), lc.creates.Load(), TagApproval)
+	if !mcptest.HasTag(r, TagApproval) || id == "" || lc.creates.Load() != 0 {
+		t.Fatalf("vm_create under approval = %q (%d creates); want %s with an id and nothing made", r.Text(), lc.creates.Load(), TagApproval)
 	}
 	if _, err := lc.leases.DecideApproval(context.Background(), id, true, "op", "", time.Unix(0, lc.now.Load())); err != nil {
 		t.Fatal(err)
 	}
 	if r := lc.call(t, "vm_create", args); r.Result == nil || r.Result.IsError || r.Result.StructuredContent["vm"] != "lab/lab-ok" {
-		t.Fatalf("approved vm_create = %q; want lab/lab-ok made", r.text())
+		t.Fatalf("approved vm_create = %q; want lab/lab-ok made", r.Text())
 	}
-	if r := lc.call(t, "vm_create", args); !hasTag(r, TagApproval) || lc.creates.Load() != 1 {
-		t.Errorf("vm_create again = %q (%d creates); want a new approval and one VM only", r.text(), lc.creates.Load())
+	if r := lc.call(t, "vm_create", args); !mcptest.HasTag(r, TagApproval) || lc.creates.Load() != 1 {
+		t.Errorf("vm_create again = %q (%d creates); want a new approval and one VM only", r.Text(), lc.creates.Load())
 	}
 }
 
@@ -336,21 +338,19 @@ func TestVMCreateApproval(t *testing.T) {
 func TestVMDeleteAfterABackendRefusal(t *testing.T) {
 	lc := newLifecycle(t)
 	if r := lc.call(t, "vm_create", `{"template":"lab","name":"kept"}`); r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_create = %q", r.text())
+		t.Fatalf("vm_create = %q", r.Text())
 	}
 	var refusals atomic.Int64
-	lc.fake.delete = func(req hypervisor.DeleteRequest) error {
+	lc.fake.DeleteFunc = func(req hypervisor.DeleteRequest) error {
 		if refusals.Add(1) == 1 {
 			return fmt.Errorf("%w: can't remove VM 100 - protection mode enabled", hypervisor.ErrBackend)
 		}
-		lc.fake.mu.Lock()
-		defer lc.fake.mu.Unlock()
-		delete(lc.fake.vms, req.Name)
+		lc.fake.Remove(req.Name)
 		return nil
 	}
 	r := lc.call(t, "vm_delete", `{"vm":"lab/lab-kept"}`)
-	if !hasTag(r, TagBackend) || !strings.Contains(r.text(), "protection mode enabled") {
-		t.Fatalf("vm_delete refused by the backend = %q; want %s with the backend's reason", r.text(), TagBackend)
+	if !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), "protection mode enabled") {
+		t.Fatalf("vm_delete refused by the backend = %q; want %s with the backend's reason", r.Text(), TagBackend)
 	}
 	list, err := lc.leases.ListLeases(context.Background())
 	if err != nil || len(list) != 1 || list[0].State != store.LeaseLive || list[0].Holder != "" ||
@@ -359,9 +359,9 @@ func TestVMDeleteAfterABackendRefusal(t *testing.T) {
 	}
 	// Protection off: the next vm_delete deletes it at once.
 	if r := lc.call(t, "vm_delete", `{"vm":"lab/lab-kept"}`); r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_delete after the cause is gone = %q; want success", r.text())
+		t.Fatalf("vm_delete after the cause is gone = %q; want success", r.Text())
 	}
-	if got, n := lc.fake.names(), lc.leaseCount(t); len(got) != 0 || n != 0 {
+	if got, n := lc.fake.Names(), lc.leaseCount(t); len(got) != 0 || n != 0 {
 		t.Errorf("after the second vm_delete: VMs %v, %d leases; want none", got, n)
 	}
 	if n := refusals.Load(); n != 2 {
@@ -371,7 +371,7 @@ func TestVMDeleteAfterABackendRefusal(t *testing.T) {
 
 // sendWith sends raw as grant to s, a server of lc's other than lc.s (a
 // restart, a replica).
-func (lc *lifecycle) sendWith(t *testing.T, s *Server, grant, raw string) rpcReply {
+func (lc *lifecycle) sendWith(t *testing.T, s *Server, grant, raw string) mcptest.Reply {
 	t.Helper()
 	old := lc.fixture.s
 	lc.fixture.s = s
@@ -388,18 +388,18 @@ func (lc *lifecycle) sendWith(t *testing.T, s *Server, grant, raw string) rpcRep
 func TestCreatedVMExistsOnlyForItsCreator(t *testing.T) {
 	lc := newLifecycle(t)
 	for _, c := range []struct{ grant, args string }{{"local", `{"template":"lab","name":"mine"}`}, {"other", `{"template":"team","name":"ours"}`}} {
-		if r := lc.sendAs(t, c.grant, toolCall(1, "vm_create", c.args)); r.Result == nil || r.Result.IsError {
-			t.Fatalf("%s's vm_create(%s) = %q", c.grant, c.args, r.text())
+		if r := lc.sendAs(t, c.grant, mcptest.ToolCall(1, "vm_create", c.args)); r.Result == nil || r.Result.IsError {
+			t.Fatalf("%s's vm_create(%s) = %q", c.grant, c.args, r.Text())
 		}
 	}
 	// A second replica over the same store makes one more: this server's
 	// index has not seen it.
 	replica := lc.server(t)
-	if r := lc.sendWith(t, replica, "local", toolCall(1, "vm_create", `{"template":"lab","name":"elsewhere"}`)); r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_create on the replica = %q", r.text())
+	if r := lc.sendWith(t, replica, "local", mcptest.ToolCall(1, "vm_create", `{"template":"lab","name":"elsewhere"}`)); r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_create on the replica = %q", r.Text())
 	}
 	listed := func(s *Server, grant string) []string {
-		r := lc.sendWith(t, s, grant, toolCall(1, "list_vms", `{}`))
+		r := lc.sendWith(t, s, grant, mcptest.ToolCall(1, "list_vms", `{}`))
 		var ids []string
 		for _, v := range r.Result.StructuredContent["vms"].([]any) {
 			ids = append(ids, v.(map[string]any)["id"].(string))
@@ -407,8 +407,8 @@ func TestCreatedVMExistsOnlyForItsCreator(t *testing.T) {
 		slices.Sort(ids)
 		return ids
 	}
-	never := lc.sendAs(t, "other", toolCall(1, "vm_status", `{"vm":"lab/lab-never"}`)).text()
-	if want := TagUnknownVM + " " + unknownVMText("lab/lab-never"); never != want {
+	never := lc.sendAs(t, "other", mcptest.ToolCall(1, "vm_status", `{"vm":"lab/lab-never"}`)).Text()
+	if want := TagUnknownVM + " " + catalog.UnknownVMText("lab/lab-never"); never != want {
 		t.Fatalf("vm_status of a VM that never existed = %q; want %q", never, want)
 	}
 	restarted := lc.server(t)
@@ -432,27 +432,47 @@ func TestCreatedVMExistsOnlyForItsCreator(t *testing.T) {
 			} {
 				args := strings.ReplaceAll(tc.args, "VM", vm)
 				want := strings.ReplaceAll(never, "lab/lab-never", vm)
-				if got := lc.sendWith(t, s, "other", toolCall(1, tc.tool, args)).text(); got != want {
+				if got := lc.sendWith(t, s, "other", mcptest.ToolCall(1, tc.tool, args)).Text(); got != want {
 					t.Errorf("%s: other's %s(%s) = %q; want %q", name, tc.tool, args, got, want)
 				}
 			}
 		}
 		// The shared VM: local uses it, but only other, who made it, deletes it.
-		if r := lc.sendWith(t, s, "local", toolCall(1, "vm_status", `{"vm":"lab/team-ours"}`)); hasTag(r, TagUnknownVM) {
-			t.Errorf("%s: local's vm_status of other's shared VM = %q; want it known", name, r.text())
+		if r := lc.sendWith(t, s, "local", mcptest.ToolCall(1, "vm_status", `{"vm":"lab/team-ours"}`)); mcptest.HasTag(r, TagUnknownVM) {
+			t.Errorf("%s: local's vm_status of other's shared VM = %q; want it known", name, r.Text())
 		}
-		if r := lc.sendWith(t, s, "local", toolCall(1, "vm_delete", `{"vm":"lab/team-ours"}`)); !hasTag(r, TagDenied) || !strings.Contains(r.text(), "created by another grant") {
-			t.Errorf("%s: local's vm_delete of other's shared VM = %q; want %s ... created by another grant", name, r.text(), TagDenied)
+		if r := lc.sendWith(t, s, "local", mcptest.ToolCall(1, "vm_delete", `{"vm":"lab/team-ours"}`)); !mcptest.HasTag(r, TagDenied) || !strings.Contains(r.Text(), "created by another grant") {
+			t.Errorf("%s: local's vm_delete of other's shared VM = %q; want %s ... created by another grant", name, r.Text(), TagDenied)
 		}
 	}
 	for _, c := range []struct{ grant, vm string }{{"local", "lab/lab-mine"}, {"other", "lab/team-ours"}} {
-		if r := lc.sendAs(t, c.grant, toolCall(1, "vm_delete", `{"vm":"`+c.vm+`"}`)); r.Result == nil || r.Result.IsError {
-			t.Errorf("the creator's vm_delete(%s) = %q; want success", c.vm, r.text())
+		if r := lc.sendAs(t, c.grant, mcptest.ToolCall(1, "vm_delete", `{"vm":"`+c.vm+`"}`)); r.Result == nil || r.Result.IsError {
+			t.Errorf("the creator's vm_delete(%s) = %q; want success", c.vm, r.Text())
 		}
 	}
-	for _, rec := range lc.rec.records() {
+	for _, rec := range lc.rec.Records() {
 		if rec.Grant == "other" && rec.Kind == audit.KindDecision && (rec.VM == "lab/lab-mine" || rec.VM == "lab/lab-elsewhere") && rec.Decision != decisionUnknownVM {
 			t.Errorf("other's %s of %s was decided %q; want %q before anything ran", rec.Tool, rec.VM, rec.Decision, decisionUnknownVM)
+		}
+	}
+}
+
+// TestVMCreateSaysItsName: a name given to vm_create is a suffix after the
+// template's prefix, and the result says so: the VM's id, the name asked
+// for and the prefix put before it.
+func TestVMCreateSaysItsName(t *testing.T) {
+	lc := newLifecycle(t)
+	r := lc.call(t, "vm_create", `{"template":"lab","name":"w1"}`)
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_create(w1) = %q; want success", r.Text())
+	}
+	sc := r.Result.StructuredContent
+	if sc["vm"] != "lab/lab-w1" || sc["requested_name"] != "w1" || sc["name_prefix"] != "lab-" {
+		t.Errorf("vm_create(w1) = %v; want vm lab/lab-w1, requested_name w1, name_prefix lab-", sc)
+	}
+	for _, want := range []string{`name "w1"`, `prefix "lab-"`, "lab/lab-w1"} {
+		if !strings.Contains(r.Text(), want) {
+			t.Errorf("vm_create(w1) text = %q; want it to say %q", r.Text(), want)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // Undo snapshots. When a call's decision carries a policy.SnapshotBefore
@@ -22,7 +23,7 @@ import (
 // before it runs (nothing fails open). The snapshot's name goes into the
 // result (text and structuredContent, with the call id that `vmgate undo`
 // takes) and, with its identity as the backend gives it, into the call's
-// outcome record; it belongs to the call's grant (snapowners.go: it counts
+// outcome record; it belongs to the call's grant (catalog/snapowners.go: it counts
 // against the grant's bounds, and the oldest are pruned first) and is
 // deleted once its retention is over.
 //
@@ -33,7 +34,7 @@ import (
 // backend has them and picks up the undo snapshots it finds. A name whose
 // expiry lies beyond the longest retention (policy.MaxSnapshotRetention)
 // was not made by the server and is never treated as its own. No grant can
-// make such a name (snapowners.go), and `vmgate undo` trusts the audit log,
+// make such a name (catalog/snapowners.go), and `vmgate undo` trusts the audit log,
 // not the name (undo_operator.go). Concurrency: undoKeeper's maps are
 // guarded by its mutex, never held across I/O.
 
@@ -42,9 +43,6 @@ const undoPrefix = "vmgate-undo-"
 
 // undoCallChars is how much of the call id the name keeps.
 const undoCallChars = 12
-
-// undoGrace is added to the deadline of a call that takes an undo snapshot.
-var undoGrace = 10 * time.Minute
 
 // undoName is the name of the undo snapshot of call id, kept until expires.
 func undoName(callID string, expires time.Time) string {
@@ -73,19 +71,10 @@ func parseUndoName(name string) (expires time.Time, call string, ok bool) {
 	return time.Unix(secs, 0), call, true
 }
 
-// wantsUndo reports whether c is a call its snapshot_before applies to.
+// wantsUndo reports whether c is a call its snapshot_before applies to:
+// one whose arguments say it can destroy guest state (catalog.Undoable).
 func (c *call) wantsUndo() bool {
-	if c.snapshot == nil || c.driver == nil {
-		return false
-	}
-	switch c.spec.name {
-	case "vm_power":
-		a, ok := c.args.(*powerArgs)
-		return ok && (a.Action == string(hypervisor.PowerStop) || a.Action == string(hypervisor.PowerReset))
-	case "destroy_session", "vm_agent_exec":
-		return true
-	}
-	return false
+	return c.snapshot != nil && c.Driver != nil && catalog.UndoApplies(c.Args)
 }
 
 // undoSlack is how far past the longest retention an undo name's expiry
@@ -136,41 +125,47 @@ func (k *undoKeeper) forget(e undoEntry) {
 	delete(k.byKey, e.VM+"\x00"+e.Name)
 }
 
+// forgetPruned forgets the undo snapshot name of vm, which the snapshot
+// owners pruned to keep a grant within its bounds.
+func (k *undoKeeper) forgetPruned(vm, name string) { k.forget(undoEntry{VM: vm, Name: name}) }
+
 // undoFailure is the result of a call whose undo snapshot could not be
 // taken or kept: tag, why, and that the call did not run.
-func undoFailure(tag, why string) *result {
-	r := failure(tag, "the policy wants a snapshot before this call, and "+why+"; the call did not run", true)
+func undoFailure(tag, why string) *catalog.Result {
+	r := catalog.Failure(tag, "the policy wants a snapshot before this call, and "+why+"; the call did not run", true)
 	return &r
 }
 
 // takeUndo takes c's undo snapshot within its grant's bounds and records
 // it. It returns a result when the call must not run.
-func (s *Server) takeUndo(c *call) *result {
-	sn, ok := hypervisor.AsSnapshotter(c.driver)
+func (s *Server) takeUndo(c *call) *catalog.Result {
+	sn, ok := hypervisor.AsSnapshotter(c.Driver)
 	if !ok {
-		r := failure(TagBackend, fmt.Sprintf("the policy wants a snapshot before %s (%s), and backend %q cannot take snapshots; the call did not run", c.spec.name, c.snapshot.Rule, c.backend), true)
+		r := catalog.Failure(TagBackend, fmt.Sprintf("the policy wants a snapshot before %s (%s), and backend %q cannot take snapshots; the call did not run", c.Tool, c.snapshot.Rule, c.Backend), true)
 		return &r
 	}
-	unlock, err := s.snaps.lock(c.ctx, c.vm)
+	owners := s.env.Snapshots
+	unlock, err := owners.Lock(c.Ctx, c.VM)
 	if err != nil {
 		return undoFailure(TagTimedOut, err.Error())
 	}
 	defer unlock()
 	expires := s.now().Add(c.snapshot.Retention)
 	req := hypervisor.SnapshotRequest{
-		Name:        undoName(c.id, expires),
-		Description: fmt.Sprintf("vmgate: before %s, call %s of grant %s; kept until %s", c.spec.name, c.id, c.grant.Name, expires.UTC().Format(time.RFC3339)),
+		Name:        undoName(c.ID, expires),
+		Description: fmt.Sprintf("vmgate: before %s, call %s of grant %s; kept until %s", c.Tool, c.ID, c.Grant.Name, expires.UTC().Format(time.RFC3339)),
 		Memory:      sn.SnapshotModes().Memory,
 	}
-	var b snapBudget
-	if bounded(c.snapRules) {
-		var r *result
-		if b, r = s.budgetOf(c, sn); r != nil {
-			return undoFailure(r.tag, r.text)
+	rules := c.Rules.Snapshots
+	var b catalog.SnapBudget
+	if catalog.Bounded(rules) {
+		var r *catalog.Result
+		if b, r = owners.Budget(&c.Call, sn); r != nil {
+			return undoFailure(r.Tag, r.Text)
 		}
-		if why := s.snaps.pruneFor(c, sn, &b, c.snapRules, req.Memory); why != "" {
-			if !req.Memory || !sn.SnapshotModes().DiskOnly || b.over(c.snapRules, false) != "" {
-				return undoFailure(TagDenied, "it does not fit the grant's snapshot bounds of "+c.vm+" ("+why+"; only the grant's undo snapshots are pruned)")
+		if why := owners.PruneFor(&c.Call, sn, &b, rules, req.Memory); why != "" {
+			if !req.Memory || !sn.SnapshotModes().DiskOnly || b.Over(rules, false) != "" {
+				return undoFailure(TagDenied, "it does not fit the grant's snapshot bounds of "+c.VM+" ("+why+"; only the grant's undo snapshots are pruned)")
 			}
 			req.Memory = false // disks only fit
 		}
@@ -184,16 +179,16 @@ func (s *Server) takeUndo(c *call) *result {
 
 // createUndo takes the snapshot req asks for, of the disks only when the
 // VM has no memory to save (a stopped one).
-func (s *Server) createUndo(c *call, sn hypervisor.Snapshotter, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, *result) {
-	snap, err := sn.SnapshotCreate(c.ctx, c.name, req)
+func (s *Server) createUndo(c *call, sn hypervisor.Snapshotter, req hypervisor.SnapshotRequest) (hypervisor.Snapshot, *catalog.Result) {
+	snap, err := sn.SnapshotCreate(c.Ctx, c.Name, req)
 	if errors.Is(err, hypervisor.ErrSnapshotMemory) && sn.SnapshotModes().DiskOnly {
 		req.Memory = false // a stopped VM: its disks are all there is
-		snap, err = sn.SnapshotCreate(c.ctx, c.name, req)
+		snap, err = sn.SnapshotCreate(c.Ctx, c.Name, req)
 	}
 	if err != nil {
-		r := snapshotFailure(c, req.Name, err)
-		r.tag, r.noEffect = TagBackend, true
-		r.text = "the policy wants a snapshot before this call, and it could not be taken (" + r.text + "); the call did not run"
+		r := catalog.SnapshotFailure(&c.Call, req.Name, err)
+		r.Tag, r.NoEffect = TagBackend, true
+		r.Text = "the policy wants a snapshot before this call, and it could not be taken (" + r.Text + "); the call did not run"
 		return snap, &r
 	}
 	return snap, nil
@@ -202,49 +197,50 @@ func (s *Server) createUndo(c *call, sn hypervisor.Snapshotter, req hypervisor.S
 // keepUndo checks the snapshot just taken against the grant's size bound,
 // records its owner and remembers it; a snapshot that cannot be kept is
 // deleted again and the call does not run.
-func (s *Server) keepUndo(c *call, sn hypervisor.Snapshotter, b *snapBudget, snap hypervisor.Snapshot, expires time.Time) *result {
+func (s *Server) keepUndo(c *call, sn hypervisor.Snapshotter, b *catalog.SnapBudget, snap hypervisor.Snapshot, expires time.Time) *catalog.Result {
+	owners := s.env.Snapshots
 	why := ""
 	switch {
 	case snap.ID == "":
-		why = fmt.Sprintf("backend %q gives snapshots no identity, so vmgate undo could never verify it", c.backend)
-	case bounded(c.snapRules):
-		if w := s.snaps.fitsAfter(c, sn, b, c.snapRules, snap, true); w != "" {
-			why = "it does not fit the grant's snapshot bounds of " + c.vm + " (" + w + ")"
+		why = fmt.Sprintf("backend %q gives snapshots no identity, so vmgate undo could never verify it", c.Backend)
+	case catalog.Bounded(c.Rules.Snapshots):
+		if w := owners.FitsAfter(&c.Call, sn, b, c.Rules.Snapshots, snap, true); w != "" {
+			why = "it does not fit the grant's snapshot bounds of " + c.VM + " (" + w + ")"
 		}
 	}
-	e := undoEntry{VM: c.vm, Name: snap.Name, ID: snap.ID, Taken: snap.CreatedAt, Expires: expires}
+	e := undoEntry{VM: c.VM, Name: snap.Name, ID: snap.ID, Taken: snap.CreatedAt, Expires: expires}
 	if e.Taken.IsZero() {
 		e.Taken = s.now()
 	}
 	if why == "" {
-		if err := s.snaps.put(c.ctx, c, snap, &e); err != nil {
-			why = "its owner could not be recorded (" + backendReason(err.Error()) + ")"
+		if err := owners.Put(c.Ctx, &c.Call, snap, e.Expires); err != nil {
+			why = "its owner could not be recorded (" + catalog.BackendReason(err.Error()) + ")"
 		}
 	}
 	if why != "" {
-		return undoFailure(TagBackend, why+s.dropTaken(c, sn, snap.Name))
+		return undoFailure(TagBackend, why+owners.DropTaken(&c.Call, sn, snap.Name))
 	}
 	c.undo = &e
 	s.undo.add(e)
-	s.log.Info("server: undo snapshot taken", "call", c.id, "vm", c.vm, "snapshot", snap.Name, "id", snap.ID, "expires", expires)
+	s.log.Info("server: undo snapshot taken", "call", c.ID, "vm", c.VM, "snapshot", snap.Name, "id", snap.ID, "expires", expires)
 	return nil
 }
 
 // withUndo adds c's undo snapshot to r: its name, when it was taken, when
 // it expires and the call id vmgate undo takes.
-func (c *call) withUndo(r result) result {
+func (c *call) withUndo(r catalog.Result) catalog.Result {
 	if c.undo == nil {
 		return r
 	}
 	u := c.undo
-	if m, ok := r.structured.(map[string]any); ok {
+	if m, ok := r.Structured.(map[string]any); ok {
 		m["undo_snapshot"] = u.Name
-		m["undo_call"] = c.id
+		m["undo_call"] = c.ID
 		m["undo_taken"] = u.Taken.UTC().Format(time.RFC3339Nano)
 		m["undo_expires"] = u.Expires.UTC().Format(time.RFC3339)
 	}
-	r.text += fmt.Sprintf("\nundo: snapshot %s of %s was taken first, at %s, and is kept until %s (an operator reverts the VM to it with vmgate undo %s)",
-		u.Name, u.VM, u.Taken.UTC().Format(time.RFC3339), u.Expires.UTC().Format(time.RFC3339), c.id)
+	r.Text += fmt.Sprintf("\nundo: snapshot %s of %s was taken first, at %s, and is kept until %s (an operator reverts the VM to it with vmgate undo %s)",
+		u.Name, u.VM, u.Taken.UTC().Format(time.RFC3339), u.Expires.UTC().Format(time.RFC3339), c.ID)
 	return r
 }
 
@@ -292,7 +288,7 @@ func (k *undoKeeper) delete(ctx context.Context, e undoEntry) error {
 		return fmt.Errorf("server: undo: delete %s of %s: %w", e.Name, e.VM, err)
 	}
 	k.forget(e)
-	k.s.snaps.forget(ctx, e.VM, e.Name)
+	k.s.env.Snapshots.Forget(ctx, e.VM, e.Name)
 	k.s.log.Info("server: undo snapshot expired and deleted", "vm", e.VM, "snapshot", e.Name)
 	return nil
 }

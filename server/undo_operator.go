@@ -13,6 +13,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
+	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // `vmgate undo CALL_ID`: the operator reverts a VM to the undo snapshot a
@@ -30,18 +31,11 @@ import (
 // consumes it, checks the identity once more and reverts, bound to it.
 // Everything is audited.
 
-// OpUndo is the operator socket's undo operation (ID: the call id).
-const OpUndo = "undo"
-
 // Undo approvals are bound to this grant and tool name.
 const (
 	undoGrant = "operator"
 	undoTool  = "undo"
 )
-
-// undoTimeout bounds an undo over the operator socket (a revert loads a
-// VM's memory).
-var undoTimeout = 10 * time.Minute
 
 // callIDRE is a call id as the gate mints them (rand.Text: base32).
 var callIDRE = regexp.MustCompile(`^[A-Za-z2-7]{12,26}$`)
@@ -108,12 +102,23 @@ func (s *Server) findUndo(callID string) (undoCall, error) {
 	case u.ID == "":
 		return u, fmt.Errorf("server: undo %s: %w: its outcome record holds no identity of snapshot %s (recorded by an older vmgate), so it cannot be verified", callID, ErrNoUndo, u.Name)
 	}
-	exp, _, ok := parseUndoName(u.Name)
-	if !ok || !undoExpiryOK(exp, u.Time) {
+	exp, ok := UndoExpiry(u.Name, u.Time)
+	if !ok {
 		return u, fmt.Errorf("server: undo %s: %w: %q is not the name of an undo snapshot the server takes", callID, ErrNoUndo, u.Name)
 	}
 	u.Expires = exp
 	return u, nil
+}
+
+// UndoExpiry returns when the undo snapshot name, taken for a call made at
+// callTime, expires, as `vmgate undo` reads it; false for a name that is
+// not one the server could have given that call (never trusted as its own).
+func UndoExpiry(name string, callTime time.Time) (time.Time, bool) {
+	exp, _, ok := parseUndoName(name)
+	if !ok || !undoExpiryOK(exp, callTime) {
+		return time.Time{}, false
+	}
+	return exp, true
 }
 
 // approvalArgs are what the operator approves: the snapshot and when it
@@ -166,7 +171,7 @@ func orNone(s string) string {
 // returns its id.
 func (s *Server) Undo(ctx context.Context, callID, by string) (UndoResult, error) {
 	if !callIDRE.MatchString(callID) {
-		return UndoResult{}, fmt.Errorf("server: undo: %w: %q is not a call id", store.ErrInvalid, truncate(callID, 40))
+		return UndoResult{}, fmt.Errorf("server: undo: %w: %q is not a call id", store.ErrInvalid, catalog.Truncate(callID, 40))
 	}
 	u, err := s.findUndo(callID)
 	if err != nil {
@@ -230,7 +235,7 @@ func (s *Server) revertUndo(ctx context.Context, u undoCall, approvalID, by stri
 	if _, err := s.audit.Append(ctx, rec); err != nil {
 		return fmt.Errorf("server: undo %s: audit: %w", u.Call, err)
 	}
-	rctx, cancel := context.WithTimeout(ctx, snapshotDeadline)
+	rctx, cancel := context.WithTimeout(ctx, s.env.Timeouts.Snapshot)
 	defer cancel()
 	sn, name, err := s.checkUndoSnapshot(rctx, u)
 	if err == nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/policy/audit"
+	"github.com/vmgate/vmgate/server/mcptest"
 )
 
 const undoPolicy = `{"version":"1","default":"allow","tools":{
@@ -75,7 +76,7 @@ func TestSnapshotBeforeStop(t *testing.T) {
 	u := newUndoFixture(t, undoPolicy, bothModes)
 	r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"stop"}`)
 	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_power stop = %q; want success", r.text())
+		t.Fatalf("vm_power stop = %q; want success", r.Text())
 	}
 	name, _ := r.Result.StructuredContent["undo_snapshot"].(string)
 	exp, _, ok := parseUndoName(name)
@@ -89,10 +90,10 @@ func TestSnapshotBeforeStop(t *testing.T) {
 	if len(u.sf.reqs) != 1 || !u.sf.reqs[0].Memory || !strings.Contains(u.sf.reqs[0].Description, "before vm_power") {
 		t.Errorf("snapshot requests = %+v; want one with memory describing the call", u.sf.reqs)
 	}
-	if !strings.Contains(r.text(), "undo: snapshot "+name+" of lab/vm1") || !strings.Contains(r.text(), "vmgate undo ") {
-		t.Errorf("vm_power text = %q; want the undo snapshot named", r.text())
+	if !strings.Contains(r.Text(), "undo: snapshot "+name+" of lab/vm1") || !strings.Contains(r.Text(), "vmgate undo ") {
+		t.Errorf("vm_power text = %q; want the undo snapshot named", r.Text())
 	}
-	out, ok := outcomeOf(u.rec.records(), "vm_power")
+	out, ok := outcomeOf(u.rec.Records(), "vm_power")
 	if !ok || out.Snapshot != name || out.Outcome != "ok" {
 		t.Errorf("outcome record = %+v; want outcome ok with snapshot %q", out, name)
 	}
@@ -104,8 +105,8 @@ func TestSnapshotBeforeStop(t *testing.T) {
 	if sc["undo_call"] != out.CallID || sc["undo_taken"] != taken.CreatedAt.Format(time.RFC3339Nano) {
 		t.Errorf("structuredContent = %v; want undo_call %s and undo_taken %v", sc, out.CallID, taken.CreatedAt)
 	}
-	if !strings.Contains(r.text(), "vmgate undo "+out.CallID) {
-		t.Errorf("vm_power text = %q; want the call id for vmgate undo", r.text())
+	if !strings.Contains(r.Text(), "vmgate undo "+out.CallID) {
+		t.Errorf("vm_power text = %q; want the call id for vmgate undo", r.Text())
 	}
 }
 
@@ -115,7 +116,7 @@ func TestSnapshotBeforeOnlyDestructive(t *testing.T) {
 	u := newUndoFixture(t, undoPolicy, bothModes)
 	for _, a := range []string{"start", "reboot", "shutdown"} {
 		if r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"`+a+`"}`); r.Result == nil || r.Result.IsError || r.Result.StructuredContent["undo_snapshot"] != nil {
-			t.Errorf("vm_power %s = %q %v; want success without a snapshot", a, r.text(), r.Result)
+			t.Errorf("vm_power %s = %q %v; want success without a snapshot", a, r.Text(), r.Result)
 		}
 	}
 	if len(u.sf.reqs) != 0 {
@@ -136,13 +137,13 @@ func TestSnapshotBeforeOnlyDestructive(t *testing.T) {
 			u := newUndoFixture(t, undoPolicy, tt.modes)
 			u.sf.err = tt.err
 			r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"reset"}`)
-			if !hasTag(r, TagBackend) || !strings.Contains(r.text(), tt.want) || !strings.Contains(r.text(), "the call did not run") {
-				t.Errorf("vm_power reset = %q; want %s containing %q", r.text(), TagBackend, tt.want)
+			if !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), tt.want) || !strings.Contains(r.Text(), "the call did not run") {
+				t.Errorf("vm_power reset = %q; want %s containing %q", r.Text(), TagBackend, tt.want)
 			}
 			if slices.Contains(u.steps(), "power reset") {
 				t.Errorf("driver calls = %q; want no power action", u.steps())
 			}
-			if out, _ := outcomeOf(u.rec.records(), "vm_power"); !out.Refunded || out.Snapshot != "" {
+			if out, _ := outcomeOf(u.rec.Records(), "vm_power"); !out.Refunded || out.Snapshot != "" {
 				t.Errorf("outcome = %+v; want refunded, no snapshot", out)
 			}
 		})
@@ -153,13 +154,13 @@ func TestSnapshotBeforeOnlyDestructive(t *testing.T) {
 // named, and the call does not run.
 func TestSnapshotBeforeNoBackendSupport(t *testing.T) {
 	var powered bool
-	drv := countingFake(new(atomic.Int64))
+	drv := hypervisortest.Counting(new(atomic.Int64))
 	drv.PowerFunc = func(ctx context.Context, vm string, action hypervisor.PowerAction) error { powered = true; return nil }
 	f := newFixture(t, fixtureOpts{driver: drv, policy: undoPolicy})
 	t.Cleanup(func() { f.s.Close() })
 	r := f.call(t, "vm_power", `{"vm":"lab/vm1","action":"stop"}`)
-	if !hasTag(r, TagBackend) || !strings.Contains(r.text(), `backend "lab" cannot take snapshots`) || powered {
-		t.Errorf("vm_power stop without snapshots = %q (powered %v); want %s naming the backend, and no power action", r.text(), powered, TagBackend)
+	if !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), `backend "lab" cannot take snapshots`) || powered {
+		t.Errorf("vm_power stop without snapshots = %q (powered %v); want %s naming the backend, and no power action", r.Text(), powered, TagBackend)
 	}
 }
 
@@ -170,7 +171,7 @@ func TestSnapshotBeforeDiskOnlyFallback(t *testing.T) {
 	u.sf.noMemory = true
 	r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"stop"}`)
 	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["undo_snapshot"] == nil {
-		t.Fatalf("vm_power stop = %q; want success with an undo snapshot", r.text())
+		t.Fatalf("vm_power stop = %q; want success with an undo snapshot", r.Text())
 	}
 	if len(u.sf.reqs) != 2 || !u.sf.reqs[0].Memory || u.sf.reqs[1].Memory {
 		t.Errorf("snapshot requests = %+v; want with memory, then disks only", u.sf.reqs)
@@ -207,7 +208,7 @@ func TestUndoReaper(t *testing.T) {
 	u.sf.put("vm1", hypervisor.Snapshot{Name: keep})
 	u.sf.put("vm1", hypervisor.Snapshot{Name: "mine"})
 	if r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"stop"}`); r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_power stop = %q", r.text())
+		t.Fatalf("vm_power stop = %q", r.Text())
 	}
 	taken := u.sf.reqs[0].Name
 	if errs := u.s.undo.reap(context.Background()); len(errs) != 0 {
@@ -258,15 +259,14 @@ func TestUndoOperator(t *testing.T) {
 		reverted = append(reverted, vm+" "+name)
 		return revert(ctx, vm, name)
 	}
-	o := startOperator(t, u.fixture, t.TempDir())
+	sock := startOperator(t, u.s, t.TempDir())
 	if r := u.call(t, "vm_power", `{"vm":"lab/vm1","action":"reset"}`); r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_power reset = %q", r.text())
+		t.Fatalf("vm_power reset = %q", r.Text())
 	}
-	out, _ := outcomeOf(u.rec.records(), "vm_power")
+	out, _ := outcomeOf(u.rec.Records(), "vm_power")
 	ctx := context.Background()
 	undo := func() (*UndoResult, error) {
-		resp, err := OperatorCall(ctx, o.Path(), OperatorRequest{Op: OpUndo, ID: out.CallID})
-		return resp.Undo, err
+		return operatorUndo(ctx, sock, out.CallID)
 	}
 	first, err := undo()
 	if err != nil || first == nil || first.Reverted || first.ApprovalID == "" || first.Snapshot != out.Snapshot || first.VM != "lab/vm1" {
@@ -278,7 +278,7 @@ func TestUndoOperator(t *testing.T) {
 	if len(reverted) != 0 {
 		t.Fatalf("reverted %q before any approval", reverted)
 	}
-	if _, err := OperatorCall(ctx, o.Path(), OperatorRequest{Op: OpGrant, ID: first.ApprovalID}); err != nil {
+	if err := operatorGrant(ctx, sock, first.ApprovalID); err != nil {
 		t.Fatalf("grant: %v", err)
 	}
 	done, err := undo()
@@ -292,12 +292,12 @@ func TestUndoOperator(t *testing.T) {
 		t.Errorf("undo after the approval was used = %+v, %v; want a new pending approval", next, err)
 	}
 	var sawOutcome bool
-	for _, rec := range u.rec.records() {
+	for _, rec := range u.rec.Records() {
 		if rec.Tool == undoTool && rec.Kind == audit.KindOutcome {
 			sawOutcome = rec.Outcome == "ok" && rec.Snapshot == out.Snapshot && rec.VM == "lab/vm1"
 		}
 	}
 	if !sawOutcome {
-		t.Errorf("no ok outcome record of the undo with its snapshot in %+v", u.rec.records())
+		t.Errorf("no ok outcome record of the undo with its snapshot in %+v", u.rec.Records())
 	}
 }

@@ -8,6 +8,13 @@
 //     (arguments as flags, a run request as JSON on stdin) and reads exactly
 //     one JSON reply from its stdout.
 //
+// Data flags may come before a command run per command: --in P1:N1,P2:N2,...
+// makes staging files of file stage (each of the size given) the command's
+// data input instead of stdin; --out inline|stage|auto sends its data output
+// after the reply's line, to staging files the reply lists, or inline up to
+// 256 KiB and staged beyond. The resident helper reads data from the
+// request's stdin and answers it inline.
+//
 // Its commands:
 //
 //	vmgate-guest serve [--detach] [--replace] [--port NAME] [--socket PATH]
@@ -26,8 +33,15 @@
 //	vmgate-guest metrics [--sample-ms N]
 //	vmgate-guest file stat --path P [--follow-symlinks] [--write]
 //	vmgate-guest file read --path P [--max-bytes N] [--raw]
-//	vmgate-guest file write --path P --size N [--mode M] [--create-mode M] [--special-bits] [--from STAGED] < data
-//	vmgate-guest file stage
+//	vmgate-guest [--out MODE] file read --path P [--offset N] [--length N] [--hash]
+//	vmgate-guest [--in PIECES] file write --path P --size N [--mode M] [--create-mode M] [--special-bits]
+//	    [--offset N | --append] [--expect-sha256 HEX] [--hash] [--from STAGED] < data
+//	vmgate-guest file stage [--count N]
+//	vmgate-guest file unstage --path STAGED [--path STAGED ...]
+//	vmgate-guest dir list --path DIR [--depth N] [--max-entries N]
+//	vmgate-guest [--out MODE] archive read --path DIR [--gzip] [--max-bytes N] [--max-entries N]
+//	vmgate-guest [--in PIECES] archive write --path DIR [--max-bytes N] [--max-entries N] [--special-bits]
+//	    [--devices] [--symlinks-out] [--all-or-nothing] [--dry-run] [--create] [--skip 1,4,7-9] < tar
 //
 // Build it static: CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags='-s -w'.
 package main

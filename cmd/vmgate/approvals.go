@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/operator"
 )
 
 func init() { commands = append(commands, newApprovalsCmd) }
@@ -77,8 +78,8 @@ approval of its own.`,
 		return c
 	}
 	cmd.AddCommand(list, show,
-		decide(server.OpGrant, "Approve a parked call: its identical retry goes through once"),
-		decide(server.OpDeny, "Refuse a parked call"))
+		decide(operator.OpGrant, "Approve a parked call: its identical retry goes through once"),
+		decide(operator.OpDeny, "Refuse a parked call"))
 	return cmd
 }
 
@@ -90,7 +91,7 @@ func operatorSocket(o approvalsOptions) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("approvals: %w", err)
 	}
-	return filepath.Join(cfg.StateDir, server.OperatorSocketName), nil
+	return filepath.Join(cfg.StateDir, operator.SocketName), nil
 }
 
 func runApprovalsList(ctx context.Context, out io.Writer, o approvalsOptions) error {
@@ -98,7 +99,7 @@ func runApprovalsList(ctx context.Context, out io.Writer, o approvalsOptions) er
 	if err != nil {
 		return err
 	}
-	resp, err := server.OperatorCall(ctx, path, server.OperatorRequest{Op: server.OpList})
+	resp, err := operator.Call(ctx, path, operator.Request{Op: operator.OpList})
 	if err != nil {
 		return fmt.Errorf("approvals list: %w", err)
 	}
@@ -128,7 +129,7 @@ func runApprovalsShow(ctx context.Context, out io.Writer, o approvalsOptions, id
 	if err != nil {
 		return err
 	}
-	resp, err := server.OperatorCall(ctx, path, server.OperatorRequest{Op: server.OpShow, ID: id})
+	resp, err := operator.Call(ctx, path, operator.Request{Op: operator.OpShow, ID: id})
 	if err != nil {
 		return fmt.Errorf("approvals show: %w", err)
 	}
@@ -149,7 +150,7 @@ func runApprovalsDecide(ctx context.Context, out io.Writer, o approvalsOptions, 
 	if err != nil {
 		return err
 	}
-	resp, err := server.OperatorCall(ctx, path, server.OperatorRequest{Op: op, ID: id, Reason: reason})
+	resp, err := operator.Call(ctx, path, operator.Request{Op: op, ID: id, Reason: reason})
 	if err != nil {
 		return fmt.Errorf("approvals %s: %w", op, err)
 	}
@@ -168,7 +169,7 @@ func runApprovalsDecide(ctx context.Context, out io.Writer, o approvalsOptions, 
 // startOperator serves the operator socket of srv in stateDir until ctx
 // ends; stop closes it and waits for the serving goroutine.
 func startOperator(ctx context.Context, srv *server.Server, stateDir string) (stop func(), err error) {
-	o, err := srv.ListenOperator(filepath.Join(stateDir, server.OperatorSocketName))
+	o, err := operator.Listen(srv, filepath.Join(stateDir, operator.SocketName))
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}

@@ -14,10 +14,13 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/internal/mcpcall"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store/memory"
 	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/mcphttp"
+	"github.com/vmgate/vmgate/server/operator"
 )
 
 // approvalServer is a server whose policy parks every vm_agent_exec, with
@@ -47,9 +50,9 @@ func approvalServer(t *testing.T) (sock string, call func(args string) string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(srv.Handler())
+	ts := httptest.NewServer(mcphttp.New(srv, mcphttp.Options{}))
 	t.Cleanup(ts.Close)
-	o, err := srv.ListenOperator(filepath.Join(dir, server.OperatorSocketName))
+	o, err := operator.Listen(srv, filepath.Join(dir, operator.SocketName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +63,7 @@ func approvalServer(t *testing.T) (sock string, call func(args string) string) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		res, err := server.Call(ctx, server.CallOptions{URL: ts.URL + "/mcp", Token: "agent-token"}, "vm_agent_exec", []byte(args))
+		res, err := mcpcall.Call(ctx, mcpcall.Options{URL: ts.URL + "/mcp", Token: "agent-token"}, "vm_agent_exec", []byte(args))
 		if err != nil || !strings.HasPrefix(res.Text, server.TagApproval) {
 			t.Fatalf("vm_agent_exec(%s) = %+v, %v; want %s", args, res, err, server.TagApproval)
 		}

@@ -18,11 +18,6 @@ import (
 // unrelated call of another grant two days earlier.
 func approvedCallLog(t *testing.T, now time.Time) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "audit.log")
-	l, err := audit.Open(path, audit.Options{Fsync: audit.FsyncInterval})
-	if err != nil {
-		t.Fatal(err)
-	}
 	args := map[string]any{"vm": "lab/vm1", "command": []any{"rm", "-rf", "/srv/cache"}, "stdin": "password123"}
 	recs := []audit.Record{
 		{Time: now.Add(-48 * time.Hour), Kind: audit.KindDecision, CallID: "OLD1", Grant: "bob", Transport: "http", Tool: "list_vms", Decision: "allow"},
@@ -35,6 +30,18 @@ func approvedCallLog(t *testing.T, now time.Time) string {
 		{Time: now.Add(-8 * time.Minute), Kind: audit.KindOutcome, CallID: "CALL1", Grant: "alice", Transport: "stdio", Tool: "vm_agent_exec", VM: "lab/vm1",
 			Outcome: "ok", DurationMS: 812.5, Snapshot: "vmgate-undo-20260702T120000Z-CALL1"},
 		{Time: now.Add(-time.Minute), Kind: audit.KindDecision, CallID: "undo-CALL1", Grant: "operator", Transport: "operator", Tool: "undo", VM: "lab/vm1", Decision: "allow"},
+	}
+	return writeAuditLog(t, recs)
+}
+
+// writeAuditLog writes recs to a new audit log, as the server would, and
+// returns its path.
+func writeAuditLog(t *testing.T, recs []audit.Record) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "audit.log")
+	l, err := audit.Open(path, audit.Options{Fsync: audit.FsyncInterval})
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, r := range recs {
 		if _, err := l.Append(context.Background(), r); err != nil {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/internal/mcpcall"
 )
 
 func init() { commands = append(commands, newCallCmd) }
@@ -52,7 +52,7 @@ and stops it afterwards:
 			} else if len(pos) != 1 {
 				return fmt.Errorf("call: unexpected arguments %q (serve arguments go after --)", pos[1:])
 			}
-			o := server.CallOptions{Timeout: timeout, Stderr: os.Stderr}
+			o := mcpcall.Options{Timeout: timeout, Stderr: os.Stderr, ClientVersion: version}
 			if url != "" {
 				if len(serveArgs) > 0 {
 					return fmt.Errorf("call: --url and serve arguments after -- exclude each other")
@@ -68,7 +68,7 @@ and stops it afterwards:
 				}
 				o.Command, o.Args = exe, childArgs(serveArgs)
 			}
-			res, err := server.Call(cmd.Context(), o, tool, []byte(args))
+			res, err := mcpcall.Call(cmd.Context(), o, tool, []byte(args))
 			if err != nil {
 				return &exitError{code: 2, msg: err.Error()}
 			}

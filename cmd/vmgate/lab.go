@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -38,100 +39,124 @@ func newLabCmd() *cobra.Command {
 	return cmd
 }
 
+// labUp is what `lab up` was asked for.
+type labUp struct {
+	n       int
+	prefix  string
+	memory  int
+	cmdline map[string]string
+}
+
 func newLabUpCmd(stateDir func() (string, error)) *cobra.Command {
-	var (
-		n       int
-		prefix  string
-		memory  int
-		cmdline map[string]string
-	)
+	var u labUp
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Build the lab image and boot N lab VMs (vm1..vmN)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if n < 1 || n > 32 {
-				return fmt.Errorf("lab up: --vms %d: want 1..32", n)
-			}
-			dir, err := stateDir()
-			if err != nil {
-				return err
-			}
-			specs := make([]lab.Spec, n)
-			for i := range specs {
-				specs[i] = lab.Spec{Name: prefix + strconv.Itoa(i+1), StateDir: dir, MemoryMB: memory, Cmdline: cmdline, Daemonize: true}
-			}
-			// Validate every spec before building or booting anything.
-			for _, s := range specs {
-				if err := s.Validate(); err != nil {
-					return fmt.Errorf("lab up: %w", err)
-				}
-			}
-			stderr := cmd.ErrOrStderr()
-			var outMu sync.Mutex
-			step := func(s string) {
-				outMu.Lock()
-				defer outMu.Unlock()
-				fmt.Fprintln(stderr, "lab:", s)
-			}
-			// Made 0700 with its files 0600, or tightened so when an older
-			// lab up left it open: its disks hold the guests' files and,
-			// in their snapshots, their memory.
-			if err := lab.PrepareStateDir(dir); err != nil {
-				return fmt.Errorf("lab up: %w", err)
-			}
-			step("state directory " + dir)
-			img, err := image.Build(cmd.Context(), image.Options{StateDir: dir, Progress: step, Extra: guestHelperExtra(step)})
-			if err != nil {
-				return fmt.Errorf("lab up: %w", err)
-			}
-			type result struct {
-				vm  *lab.VM
-				err error
-			}
-			results := make([]result, n)
-			var wg sync.WaitGroup
-			for i, s := range specs {
-				s.Image, s.Progress = &img, step
-				wg.Go(func() {
-					if old, err := lab.Get(dir, s.Name); err == nil && old.State == lab.StateRunning {
-						step(s.Name + " is already running")
-						results[i] = result{vm: old}
-						return
-					}
-					ctx, cancel := context.WithTimeout(cmd.Context(), lab.DefaultBootTimeout)
-					defer cancel()
-					v, err := lab.Start(ctx, s)
-					results[i] = result{v, err}
-				})
-			}
-			wg.Wait()
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATE\tPID\tBOOT\tQGA SOCKET\tQMP SOCKET")
-			var errs []error
-			for _, r := range results {
-				if r.err != nil {
-					errs = append(errs, r.err)
-					continue
-				}
-				boot := "-"
-				if r.vm.BootTime > 0 {
-					boot = r.vm.BootTime.Round(100 * time.Millisecond).String()
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.vm.Name, lab.StateRunning, r.vm.PID, boot, r.vm.QGASocket, r.vm.QMPSocket)
-			}
-			tw.Flush()
-			if err := errors.Join(errs...); err != nil {
-				return fmt.Errorf("lab up: %w", err)
-			}
-			return nil
+			return u.run(cmd, stateDir)
 		},
 	}
-	cmd.Flags().IntVar(&n, "vms", 1, "number of VMs")
-	cmd.Flags().StringVar(&prefix, "name-prefix", "vm", "VM names are <prefix>1..<prefix>N")
-	cmd.Flags().IntVar(&memory, "memory", lab.DefaultMemoryMB, "guest memory in MiB")
-	cmd.Flags().StringToStringVar(&cmdline, "cmdline", nil, "KEY=VALUE for the guest's /init (QGA_BLOCK=guest-exec, CGROUP2=0)")
+	cmd.Flags().IntVar(&u.n, "vms", 1, "number of VMs")
+	cmd.Flags().StringVar(&u.prefix, "name-prefix", "vm", "VM names are <prefix>1..<prefix>N")
+	cmd.Flags().IntVar(&u.memory, "memory", lab.DefaultMemoryMB, "guest memory in MiB")
+	cmd.Flags().StringToStringVar(&u.cmdline, "cmdline", nil, "KEY=VALUE for the guest's /init (QGA_BLOCK=guest-exec, CGROUP2=0)")
 	return cmd
+}
+
+// labStarted is one VM lab up started (or found running), or why not.
+type labStarted struct {
+	vm  *lab.VM
+	err error
+}
+
+// run validates every VM's spec, builds the image and boots the VMs in
+// parallel, then prints them.
+func (u labUp) run(cmd *cobra.Command, stateDir func() (string, error)) error {
+	if u.n < 1 || u.n > 32 {
+		return fmt.Errorf("lab up: --vms %d: want 1..32", u.n)
+	}
+	dir, err := stateDir()
+	if err != nil {
+		return err
+	}
+	specs := make([]lab.Spec, u.n)
+	for i := range specs {
+		specs[i] = lab.Spec{Name: u.prefix + strconv.Itoa(i+1), StateDir: dir, MemoryMB: u.memory, Cmdline: u.cmdline, Daemonize: true}
+	}
+	// Validate every spec before building or booting anything.
+	for _, s := range specs {
+		if err := s.Validate(); err != nil {
+			return fmt.Errorf("lab up: %w", err)
+		}
+	}
+	stderr := cmd.ErrOrStderr()
+	var outMu sync.Mutex
+	step := func(s string) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Fprintln(stderr, "lab:", s)
+	}
+	// Made 0700 with its files 0600, or tightened so when an older lab up
+	// left it open: its disks hold the guests' files and, in their
+	// snapshots, their memory.
+	if err := lab.PrepareStateDir(dir); err != nil {
+		return fmt.Errorf("lab up: %w", err)
+	}
+	step("state directory " + dir)
+	img, err := image.Build(cmd.Context(), image.Options{StateDir: dir, Progress: step, Extra: guestHelperExtra(step)})
+	if err != nil {
+		return fmt.Errorf("lab up: %w", err)
+	}
+	results := startLabVMs(cmd.Context(), dir, specs, &img, step)
+	if err := printLabVMs(cmd.OutOrStdout(), results); err != nil {
+		return fmt.Errorf("lab up: %w", err)
+	}
+	return nil
+}
+
+// startLabVMs boots the VMs of specs from img in parallel; one already
+// running is left as it is.
+func startLabVMs(ctx context.Context, dir string, specs []lab.Spec, img *image.Image, step func(string)) []labStarted {
+	results := make([]labStarted, len(specs))
+	var wg sync.WaitGroup
+	for i, s := range specs {
+		s.Image, s.Progress = img, step
+		wg.Go(func() {
+			if old, err := lab.Get(dir, s.Name); err == nil && old.State == lab.StateRunning {
+				step(s.Name + " is already running")
+				results[i] = labStarted{vm: old}
+				return
+			}
+			ctx, cancel := context.WithTimeout(ctx, lab.DefaultBootTimeout)
+			defer cancel()
+			v, err := lab.Start(ctx, s)
+			results[i] = labStarted{v, err}
+		})
+	}
+	wg.Wait()
+	return results
+}
+
+// printLabVMs writes a table of the VMs started and returns the errors of
+// those that were not.
+func printLabVMs(out io.Writer, results []labStarted) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSTATE\tPID\tBOOT\tQGA SOCKET\tQMP SOCKET")
+	var errs []error
+	for _, r := range results {
+		if r.err != nil {
+			errs = append(errs, r.err)
+			continue
+		}
+		boot := "-"
+		if r.vm.BootTime > 0 {
+			boot = r.vm.BootTime.Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.vm.Name, lab.StateRunning, r.vm.PID, boot, r.vm.QGASocket, r.vm.QMPSocket)
+	}
+	tw.Flush()
+	return errors.Join(errs...)
 }
 
 func newLabStatusCmd(stateDir func() (string, error)) *cobra.Command {

@@ -13,7 +13,9 @@ import (
 	"github.com/vmgate/vmgate/internal/hostguard"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/mcphttp"
 	"github.com/vmgate/vmgate/server/metrics"
+	"github.com/vmgate/vmgate/server/tools"
 	"github.com/vmgate/vmgate/server/ui"
 )
 
@@ -26,6 +28,9 @@ type operatorWeb struct {
 	backends []server.Backend
 	metrics  *metrics.Metrics
 	store    store.Store
+	// srv is the server, once made (serve sets it before anything is
+	// served): the notifications it dropped are counted.
+	srv *server.Server
 }
 
 // newOperatorWeb builds the metrics for the config's grants and backends.
@@ -40,7 +45,7 @@ func newOperatorWeb(cfg *config.Config, backends []server.Backend) (*operatorWeb
 		mb[i] = metrics.Backend{Name: b.Name, Driver: b.Driver}
 	}
 	m, err := metrics.New(metrics.Options{
-		Tools: server.ToolNames(), Grants: grants, Backends: mb, Replica: cfg.ReplicaLabel(), PerVMLabels: cfg.Metrics.PerVMLabels,
+		Tools: tools.Names(), Grants: grants, Backends: mb, Replica: cfg.ReplicaLabel(), PerVMLabels: cfg.Metrics.PerVMLabels,
 		PendingApprovals: func(ctx context.Context) (int, error) {
 			if w.store == nil {
 				return 0, errors.New("no store")
@@ -54,6 +59,12 @@ func newOperatorWeb(cfg *config.Config, backends []server.Backend) (*operatorWeb
 				}
 			}
 			return n, err
+		},
+		NotificationsDropped: func() uint64 {
+			if w.srv == nil {
+				return 0
+			}
+			return w.srv.NotificationsDropped()
 		},
 	})
 	if err != nil {
@@ -111,11 +122,11 @@ func (w *operatorWeb) serveMetrics(ctx context.Context) (stop func(), err error)
 // within the configured body timeout.
 func (w *operatorWeb) handler(srv *server.Server, tlsOn bool) (http.Handler, error) {
 	mux := http.NewServeMux()
-	mux.Handle("/", srv.Handler())
+	mux.Handle("/", mcphttp.New(srv, httpOptions(w.cfg.HTTP)))
 	bodyTimeout := httpOptions(w.cfg.HTTP).BodyTimeout
 	if w.cfg.Operator.TokenSHA256 == "" {
 		slog.Info("vmgate: no operator token in the config: the approvals page /ui is off")
-		return server.LimitBodyTime(mux, bodyTimeout), nil
+		return mcphttp.LimitBodyTime(mux, bodyTimeout), nil
 	}
 	backends := make([]ui.Backend, len(w.backends))
 	for i, b := range w.backends {
@@ -134,7 +145,7 @@ func (w *operatorWeb) handler(srv *server.Server, tlsOn bool) (http.Handler, err
 	if w.cfg.Metrics.Addr == "" {
 		mux.Handle("/metrics", page.OperatorOnly(w.metrics.Handler()))
 	}
-	return server.LimitBodyTime(mux, bodyTimeout), nil
+	return mcphttp.LimitBodyTime(mux, bodyTimeout), nil
 }
 
 // metricsHostGuard refuses a /metrics request on metrics.addr whose Host is

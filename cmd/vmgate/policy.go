@@ -17,7 +17,7 @@ import (
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
-	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
 func init() { commands = append(commands, newPolicyCmd) }
@@ -104,7 +104,7 @@ func checkPolicyFile(cmd *cobra.Command, name string, strict bool) bool {
 		}
 		return false
 	}
-	unknown := e.UnknownTools(server.ToolNames())
+	unknown := e.UnknownTools(tools.Names())
 	kind := "warning"
 	if strict {
 		kind = "error"
@@ -217,7 +217,7 @@ func expandCases(cases []testCase) ([]testCall, error) {
 		if n < 0 || n > 1_000_000 {
 			return nil, fmt.Errorf("%s: repeat %d is out of range (1 to 1000000)", where, n)
 		}
-		call := policy.Call{Grant: tc.Grant, Tool: tc.Tool, VM: tc.VM, Session: tc.Session, Args: server.ArgsWithDefaults(tc.Tool, tc.Args), Transport: "stdio"}
+		call := policy.Call{Grant: tc.Grant, Tool: tc.Tool, VM: tc.VM, Session: tc.Session, Args: tools.ArgsWithDefaults(tc.Tool, tc.Args), Transport: "stdio"}
 		if call.Grant == "" {
 			call.Grant = "local"
 		}
@@ -357,7 +357,7 @@ func newPolicyExplainCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("policy explain: --args: %w", err)
 			}
-			call := policy.Call{Grant: grant, Tool: tool, VM: vm, Session: session, Args: server.ArgsWithDefaults(tool, args), Transport: "stdio"}
+			call := policy.Call{Grant: grant, Tool: tool, VM: vm, Session: session, Args: tools.ArgsWithDefaults(tool, args), Transport: "stdio"}
 			if s, ok := args["vm"].(string); ok && call.VM == "" {
 				call.VM = s
 			}

@@ -179,7 +179,7 @@ func TestPolicyCheckUnknownTool(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, wantStrict) || strings.Contains(out, "ok") {
 		t.Errorf("check --strict typo: code %d, stdout %q, stderr %q; want 1 and %q", code, out, errOut, wantStrict)
 	}
-	builtin := writeFile(t, dir, "builtin.json", string(config.DefaultPolicy))
+	builtin := writeFile(t, dir, "builtin.json", string(config.DefaultPolicy()))
 	if out, errOut, code := runVmgate(t, "policy", "check", "--strict", builtin); code != 0 || errOut != "" {
 		t.Errorf("check --strict (built-in policy): code %d, stdout %q, stderr %q; want 0 and no warning", code, out, errOut)
 	}

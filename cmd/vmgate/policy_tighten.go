@@ -13,7 +13,8 @@ import (
 	"github.com/vmgate/vmgate/policy/diff"
 	"github.com/vmgate/vmgate/policy/replay"
 	"github.com/vmgate/vmgate/policy/suggest"
-	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
 // Tightening a policy from evidence: `vmgate policy suggest` (policy/suggest),
@@ -104,8 +105,12 @@ func parseWindowFlag(s string) (time.Duration, error) {
 // offlineTools is the server's catalogue as policy/suggest takes it.
 func offlineTools() []suggest.Tool {
 	var out []suggest.Tool
-	for _, t := range server.Catalogue() {
-		out = append(out, suggest.Tool{Name: t.Name, Args: t.Args, Destructive: t.Destructive})
+	for _, t := range tools.Catalogue(catalog.DefaultLimits()) {
+		st := suggest.Tool{Name: t.Name, Destructive: t.Destructive}
+		for _, f := range t.Fields {
+			st.Args = append(st.Args, f.Name)
+		}
+		out = append(out, st)
 	}
 	return out
 }
@@ -116,7 +121,7 @@ func runPolicySuggest(cmd *cobra.Command, from, output string, o suggest.Options
 		return err
 	}
 	defer f.Close()
-	o.Defaults, o.Tools, o.Source = server.ArgsWithDefaults, offlineTools(), filepath.Base(from)
+	o.Defaults, o.Tools, o.Source = tools.ArgsWithDefaults, offlineTools(), filepath.Base(from)
 	ev, err := suggest.Collect(f, o)
 	if err != nil {
 		return fmt.Errorf("policy suggest: %s: %w", from, err)
@@ -162,7 +167,7 @@ The tools compared are the server's and every tool either document names.`,
 			if err != nil {
 				return fmt.Errorf("policy diff: %w", err)
 			}
-			changes := diff.Compare(oldEng.Describe(), newEng.Describe(), server.ToolNames())
+			changes := diff.Compare(oldEng.Describe(), newEng.Describe(), tools.Names())
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "OLD %s\nNEW %s\n", args[0], args[1])
 			if len(changes) == 0 {
@@ -202,7 +207,7 @@ func runReplay(cmd *cobra.Command, policyFile string, rf replayFlags) error {
 	if err != nil {
 		return fmt.Errorf("policy test: %w", err)
 	}
-	o := replay.Options{Grant: rf.grant, Defaults: server.ArgsWithDefaults}
+	o := replay.Options{Grant: rf.grant, Defaults: tools.ArgsWithDefaults}
 	now := time.Now()
 	if o.Since, err = parseWhen("--since", rf.since, now); err != nil {
 		return fmt.Errorf("policy test: %w", err)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/vmgate/vmgate/config"
 	"github.com/vmgate/vmgate/policy"
-	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/tools"
 )
 
 // policyPollInterval is how often serve looks for changed policy files.
@@ -45,7 +45,7 @@ func loadPolicies(grants []config.Grant) (map[string]*policy.Engine, error) {
 // policy stays in force: `vmgate policy check --strict` is the way to make
 // such a name an error before it is deployed.
 func warnUnknownTools(log *slog.Logger, grant string, eng *policy.Engine) {
-	for _, w := range eng.UnknownTools(server.ToolNames()) {
+	for _, w := range eng.UnknownTools(tools.Names()) {
 		log.Warn("vmgate: the policy names a tool this server does not have", "grant", grant, "problem", w.Error())
 	}
 }

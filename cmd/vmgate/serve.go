@@ -28,6 +28,8 @@ import (
 	"github.com/vmgate/vmgate/policy/store/memory"
 	"github.com/vmgate/vmgate/policy/store/redis"
 	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/catalog"
+	"github.com/vmgate/vmgate/server/stdio"
 )
 
 func init() { commands = append(commands, newServeCmd) }
@@ -149,32 +151,10 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, stopProfile()) }()
-	cfg, err := loadConfig(o.config)
+	cfg, engines, grants, err := prepareServe(&o)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(cfg.StateDir, lab.DirMode); err != nil {
-		return fmt.Errorf("serve: state directory: %w", err)
-	}
-	// Refused, not tightened: the operator may have opened it on purpose,
-	// and should know that what was in it could be read.
-	if err := lab.CheckStateDir(cfg.StateDir); err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	engines, err := loadPolicies(cfg.Grants)
-	if err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	warnNoBackends(slog.Default(), cfg, o.config)
-	grants := make([]server.Grant, 0, len(cfg.Grants))
-	for _, g := range cfg.Grants {
-		warnUnknownTools(slog.Default(), g.Name, engines[g.Name])
-		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs, RequestsPerMinute: g.RequestsPerMinute})
-	}
-	if err := o.chooseTransport(cfg); err != nil {
-		return err
-	}
-
 	log, err := openAuditLog(cfg)
 	if err != nil {
 		return err
@@ -201,30 +181,67 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 			err = errors.Join(err, fmt.Errorf("serve: stop drivers: %w", cerr))
 		}
 	}()
-	server.Version = version
 	web, err := newOperatorWeb(cfg, backends) // metrics and the /ui page (operatorweb.go)
 	if err != nil {
 		return err
 	}
 	countedStore, countedLog := web.wrap(st, log)
-	leases, _ := st.(store.Leases)   // every store type keeps them; the metrics wrapper does not pass them on
-	snaps, _ := st.(store.Snapshots) // bbolt and Redis keep them (memory: the server's own)
 	srv, err := server.New(server.Config{
-		Grants: grants, Backends: backends, Store: countedStore, Audit: countedLog, StdioGrant: o.grant,
-		Templates: cfg.Templates, Leases: leases, Snapshots: snaps,
+		Grants: grants, Backends: backends, Store: countedStore, Audit: countedLog,
+		Templates:    cfg.Templates, // the store keeps the leases and snapshot owners (the metrics wrapper passes them on)
 		AuditRecords: func(fn func(audit.Record) error) error { return audit.Read(log.Path(), fn) },
-		Limits:       server.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
-		HTTP:         httpOptions(cfg.HTTP),
+		Limits:       catalog.Limits{MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxTimeoutS: cfg.Limits.MaxTimeoutS},
+		Version:      version, ShutdownGrace: o.grace,
 	})
 	if err != nil {
 		return err
 	}
+	web.srv = srv
 	defer func() {
 		if cerr := srv.Close(); cerr != nil {
 			err = errors.Join(err, cerr)
 		}
 	}()
-	server.ShutdownGrace = o.grace
+	return serveServer(ctx, srv, web, cfg, engines, o)
+}
+
+// prepareServe loads the config, checks the state directory, loads
+// every grant's policy and settles the transport (o.httpAddr): what serve
+// needs before it opens anything.
+func prepareServe(o *serveOptions) (*config.Config, map[string]*policy.Engine, []server.Grant, error) {
+	cfg, err := loadConfig(o.config)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := os.MkdirAll(cfg.StateDir, lab.DirMode); err != nil {
+		return nil, nil, nil, fmt.Errorf("serve: state directory: %w", err)
+	}
+	// Refused, not tightened: the operator may have opened it on purpose,
+	// and should know that what was in it could be read.
+	if err := lab.CheckStateDir(cfg.StateDir); err != nil {
+		return nil, nil, nil, fmt.Errorf("serve: %w", err)
+	}
+	engines, err := loadPolicies(cfg.Grants)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("serve: %w", err)
+	}
+	warnNoBackends(slog.Default(), cfg, o.config)
+	grants := make([]server.Grant, 0, len(cfg.Grants))
+	for _, g := range cfg.Grants {
+		warnUnknownTools(slog.Default(), g.Name, engines[g.Name])
+		grants = append(grants, server.Grant{Name: g.Name, TokenSHA256: g.TokenSHA256, Policy: engines[g.Name], VMs: g.VMs, RequestsPerMinute: g.RequestsPerMinute})
+	}
+	if err := o.chooseTransport(cfg); err != nil {
+		return nil, nil, nil, err
+	}
+	return cfg, engines, grants, nil
+}
+
+// serveServer serves srv until ctx ends or its stdio input does: the
+// operator socket, the metrics listener, policy reloads on SIGHUP and when
+// a policy file changes, and the MCP transport (stdio, or HTTP on
+// --http).
+func serveServer(ctx context.Context, srv *server.Server, web *operatorWeb, cfg *config.Config, engines map[string]*policy.Engine, o serveOptions) error {
 	stopOperator, err := startOperator(ctx, srv, cfg.StateDir)
 	if err != nil {
 		return err
@@ -236,7 +253,6 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	}
 	defer stopMetrics()
 
-	// Policies reload on SIGHUP and when a policy file changes.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -247,7 +263,7 @@ func runServe(ctx context.Context, o serveOptions) (err error) {
 	addr := o.httpAddr
 	if addr == "" {
 		slog.Info("vmgate: serving MCP on stdio", "grant", o.grant, "state", cfg.StateDir)
-		return srv.ServeStdio(ctx, os.Stdin, os.Stdout)
+		return stdio.Serve(ctx, srv, o.grant, os.Stdin, os.Stdout)
 	}
 	return serveHTTP(ctx, srv, web, cfg, addr, o)
 }

@@ -65,8 +65,9 @@ func DefaultConfig() Config {
 // Agent carries out the commands. Run per command it holds no state
 // between commands; the resident helper (Serve) adds its jobs (res).
 type Agent struct {
-	cfg  Config
-	proc procFS
+	cfg    Config
+	proc   procFS
+	faults fileFaults // tests only: failures injected into file writes
 	// res is the resident helper's state; nil in a process per command.
 	// Set once by Serve before it serves.
 	res *resident
@@ -125,19 +126,23 @@ func VersionInfo() wire.Version {
 	return wire.Version{Version: v, GOOS: runtime.GOOS, GOARCH: runtime.GOARCH}
 }
 
-// rawData is a result whose bytes follow the JSON reply's line on stdout
-// as they are (file read --raw), instead of base64 inside it.
-type rawData struct {
-	reply any
-	data  []byte
-}
-
 // Main runs one command line (without the program name) and writes one
-// wire.Reply to stdout (for file read --raw, followed by the data). It returns the process exit status: 0 ok, 1 when
-// the reply is an error, 2 when the reply could not be written.
+// wire.Reply to stdout, followed by the command's data output when it goes
+// inline (see files_stage.go for --in and --out, the data flags that may
+// come before the command). It returns the process exit status: 0 ok, 1
+// when the reply is an error, 2 when the reply could not be written.
 func (a *Agent) Main(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) int {
-	res, err := a.dispatch(ctx, args, stdin)
+	d, args, err := a.dataFlags(args, stdin)
+	var res any
+	if err == nil {
+		res, err = a.dispatch(ctx, args, d)
+	}
+	var tail []byte
 	reply := wire.Reply{OK: err == nil, Result: res}
+	if err == nil && d.out != nil {
+		reply.Data, tail, err = d.out.finish()
+	}
+	d.close(err != nil)
 	if err != nil {
 		var we *wire.Error
 		if !errors.As(err, &we) {
@@ -145,11 +150,8 @@ func (a *Agent) Main(ctx context.Context, args []string, stdin io.Reader, stdout
 		} else if we.Message != err.Error() {
 			we = &wire.Error{Code: we.Code, Reason: we.Reason, Message: err.Error()}
 		}
-		reply.Result, reply.Error = nil, we
-	}
-	var tail []byte
-	if raw, ok := res.(rawData); ok && err == nil {
-		reply.Result, tail = raw.reply, raw.data
+		reply = wire.Reply{Error: we}
+		tail = nil
 	}
 	if werr := json.NewEncoder(stdout).Encode(reply); werr != nil {
 		a.cfg.Logger.Error("writing reply", "err", werr)
@@ -194,10 +196,11 @@ func decodeStrict(s string, v any) error {
 	return nil
 }
 
-func (a *Agent) dispatch(ctx context.Context, args []string, stdin io.Reader) (any, error) {
+func (a *Agent) dispatch(ctx context.Context, args []string, d *dataIO) (any, error) {
 	if len(args) == 0 {
-		return nil, invalidf("usage: vmgate-guest version|hello|ps|run|job|kill|session|file|metrics|install ...")
+		return nil, invalidf("usage: vmgate-guest [--in PIECES] [--out MODE] version|hello|ps|run|job|kill|session|file|dir|archive|metrics|install ...")
 	}
+	stdin := d.in
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "version":
 		fs := newFlags("version")
@@ -249,7 +252,11 @@ func (a *Agent) dispatch(ctx context.Context, args []string, stdin io.Reader) (a
 	case "session":
 		return a.sessionCommand(ctx, rest)
 	case "file":
-		return a.fileCommand(ctx, rest, stdin)
+		return a.fileCommand(ctx, rest, d)
+	case "dir":
+		return a.dirCommand(ctx, rest)
+	case "archive":
+		return a.archiveCommand(ctx, rest, d)
 	case "metrics":
 		fs := newFlags("metrics")
 		sample := fs.Int64("sample-ms", wire.DefaultMetricsSampleMS, "CPU sample, ms")

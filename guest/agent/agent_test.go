@@ -378,7 +378,7 @@ func idleSession(t *testing.T, a *Agent, id string) {
 	if _, err := a.SessionCreate(context.Background(), wire.SessionCreate{ID: id, IdleS: 60}); err != nil {
 		t.Fatal(err)
 	}
-	m, err := a.readMetaLocked(id)
+	m, err := a.readMeta(id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +419,7 @@ func TestHostRunRecordsUse(t *testing.T) {
 	if res, err := a.Run(ctx, wire.RunRequest{Session: id, Argv: []string{"true"}}); err != nil || res.ExitCode != 0 {
 		t.Fatalf("Run in session = %+v, %v; want exit 0", res, err)
 	}
-	if m, err := a.readMetaLocked(id); err != nil || m.LastUsedMS < before {
+	if m, err := a.readMeta(id); err != nil || m.LastUsedMS < before {
 		t.Errorf("after Run, LastUsedMS = %d, %v; want at least %d", m.LastUsedMS, err, before)
 	}
 	if r, err := a.SessionReap(ctx); err != nil || len(r.Destroyed) != 0 {

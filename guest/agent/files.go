@@ -3,10 +3,14 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -33,16 +37,6 @@ import (
 // is created O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600 until the data is in, then
 // given its mode exactly (no umask); an existing one must be a regular file
 // with one link and without setuid or setgid bits unless those are allowed.
-
-// FileWriteOptions say how file write treats the file.
-type FileWriteOptions struct {
-	// Mode is the permission bits to set; -1 keeps an existing file's
-	// mode and gives a new file CreateMode.
-	Mode        int64
-	CreateMode  uint32
-	SpecialBits bool  // setuid, setgid and sticky allowed
-	Size        int64 // the exact number of bytes on the data reader
-}
 
 // useOpenat2 is cleared when the kernel has no openat2 (and by tests, to
 // exercise the per-component walk).
@@ -160,14 +154,12 @@ func fileErr(op, p string, err error) error {
 	return fmt.Errorf("%s: %s: %w", op, p, err)
 }
 
+// typeOf is FileInfo.Type: file, dir, symlink, or other (kindOf in
+// files_dir.go tells the others apart).
 func typeOf(st *unix.Stat_t) string {
-	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFREG:
-		return "file"
-	case unix.S_IFDIR:
-		return "dir"
-	case unix.S_IFLNK:
-		return "symlink"
+	switch k := kindOf(st); k {
+	case "file", "dir", "symlink":
+		return k
 	}
 	return "other"
 }
@@ -275,12 +267,40 @@ func resolveReal(op, p string, forWrite bool) (string, error) {
 // FileRead reads at most maxBytes of the regular file p names; Truncated
 // says whether there was more.
 func (a *Agent) FileRead(ctx context.Context, p string, maxBytes int64) (wire.FileRead, error) {
+	if maxBytes < 1 || maxBytes > wire.MaxFileReadBytes {
+		return wire.FileRead{}, invalidf("file read: --max-bytes %d: want 1..%d", maxBytes, wire.MaxFileReadBytes)
+	}
+	var buf bytes.Buffer
+	fr, err := a.FileReadRange(ctx, p, ReadOptions{Length: maxBytes}, &buf)
+	fr.Data = buf.Bytes()
+	return fr, err
+}
+
+// ReadOptions say what FileReadRange reads.
+type ReadOptions struct {
+	Offset int64
+	// Length is the most to read (0..wire.MaxReadLength).
+	Length int64
+	// Hash: report the whole file's SHA-256, read in the same pass.
+	Hash bool
+}
+
+// readChunk is the buffer of ranged reads and hashing.
+const readChunk = 256 << 10
+
+// FileReadRange copies the range [o.Offset, o.Offset+o.Length) of the
+// regular file p names to w, stopping at its end. With o.Hash it reads the
+// whole file once, hashing all of it and copying the range on the way, so
+// the hash and the range come from one pass over one descriptor; the file
+// is never held in memory. An offset at or past the end reads nothing and
+// reports EOF.
+func (a *Agent) FileReadRange(ctx context.Context, p string, o ReadOptions, w io.Writer) (wire.FileRead, error) {
 	const op = "file read"
 	if err := checkFilePath(op, p); err != nil {
 		return wire.FileRead{}, err
 	}
-	if maxBytes < 1 || maxBytes > wire.MaxFileReadBytes {
-		return wire.FileRead{}, invalidf("%s: --max-bytes %d: want 1..%d", op, maxBytes, wire.MaxFileReadBytes)
+	if o.Offset < 0 || o.Length < 0 || o.Length > wire.MaxReadLength {
+		return wire.FileRead{}, invalidf("%s: offset %d / length %d: want an offset of 0 or more and a length of 0..%d", op, o.Offset, o.Length, wire.MaxReadLength)
 	}
 	fd, err := openNoFollow(op, p, unix.O_PATH, 0)
 	if err != nil {
@@ -299,33 +319,93 @@ func (a *Agent) FileRead(ctx context.Context, p string, maxBytes int64) (wire.Fi
 		return wire.FileRead{}, err
 	}
 	defer f.Close()
-	buf := make([]byte, min(maxBytes+1, max(st.Size+1, 4096)))
-	data, err := readUpTo(f, buf, maxBytes+1)
+	out := wire.FileRead{FileInfo: infoOf(p, &st), Offset: o.Offset}
+	var n int64
+	var more bool
+	if o.Hash {
+		n, more, out.SHA256, err = hashRange(ctx, f, o.Offset, o.Length, w)
+	} else {
+		n, more, err = copyRange(ctx, f, o.Offset, o.Length, w)
+	}
 	if err != nil {
+		var we *wire.Error
+		if errors.As(err, &we) || errors.Is(err, errOverMax) || ctx.Err() != nil {
+			return wire.FileRead{}, err
+		}
 		return wire.FileRead{}, fileErr(op, p, err)
 	}
-	out := wire.FileRead{FileInfo: infoOf(p, &st), Data: data}
-	if int64(len(data)) > maxBytes {
-		out.Data, out.Truncated = data[:maxBytes], true
-	}
+	out.Bytes, out.Truncated, out.EOF = n, more, !more
 	return out, nil
 }
 
-// readUpTo reads until EOF or limit bytes, growing buf as needed.
-func readUpTo(r io.Reader, buf []byte, limit int64) ([]byte, error) {
-	n := 0
-	for int64(n) < limit {
-		if n == len(buf) {
-			buf = append(buf, make([]byte, min(int64(len(buf)), limit-int64(n)))...)
+// copyRange copies at most length bytes of f from off to w and reports
+// whether the file has more after them.
+func copyRange(ctx context.Context, f *os.File, off, length int64, w io.Writer) (n int64, more bool, err error) {
+	buf := make([]byte, min(length+1, readChunk))
+	for n < length {
+		if err := ctx.Err(); err != nil {
+			return n, false, err
 		}
-		m, err := r.Read(buf[n:min(int64(len(buf)), limit)])
-		n += m
-		if errors.Is(err, io.EOF) {
-			break
+		m, rerr := f.ReadAt(buf[:min(int64(len(buf)), length-n)], off+n)
+		if m > 0 {
+			if _, err := w.Write(buf[:m]); err != nil {
+				return n, false, err
+			}
+			n += int64(m)
 		}
-		if err != nil {
-			return nil, err
+		if errors.Is(rerr, io.EOF) {
+			return n, false, nil
+		}
+		if rerr != nil {
+			return n, false, rerr
 		}
 	}
-	return buf[:n], nil
+	m, rerr := f.ReadAt(buf[:1], off+n)
+	if rerr != nil && !errors.Is(rerr, io.EOF) {
+		return n, false, rerr
+	}
+	return n, m > 0, nil
+}
+
+// hashRange reads f from the start to its end, hashing everything and
+// copying [off, off+length) to w.
+func hashRange(ctx context.Context, f *os.File, off, length int64, w io.Writer) (n int64, more bool, sum string, err error) {
+	h := sha256.New()
+	buf := make([]byte, readChunk)
+	var pos int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return 0, false, "", err
+		}
+		m, rerr := f.Read(buf)
+		if m > 0 {
+			h.Write(buf[:m])
+			// The part of this chunk inside the range.
+			lo, hi := max(off, pos), min(off+length, pos+int64(m))
+			if lo < hi {
+				if _, err := w.Write(buf[lo-pos : hi-pos]); err != nil {
+					return 0, false, "", err
+				}
+				n += hi - lo
+			}
+			pos += int64(m)
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return 0, false, "", rerr
+		}
+	}
+	return n, pos > off+length, hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// hashFile is the SHA-256 of what f holds, read from the start through its
+// own offsets (pread), so f's file position is left alone.
+func hashFile(ctx context.Context, f *os.File) (string, error) {
+	h := sha256.New()
+	if _, _, err := copyRange(ctx, f, 0, math.MaxInt64-1, h); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -133,7 +133,7 @@ func (r *resident) touchLater(a *Agent, id string) {
 			return
 		}
 		defer unlock()
-		if m, err := a.readMetaLocked(id); err == nil {
+		if m, err := a.readMeta(id); err == nil {
 			if err := a.touchLocked(m); err != nil {
 				a.cfg.Logger.Warn("run: recording last use", "session", id, "err", err)
 			}

@@ -23,7 +23,7 @@ func TestPlan(t *testing.T) {
 	full := kernel{landlockABI: 7, netns: true, mountns: true, mountAPI: true, cgroup: true}
 	old := kernel{} // no Landlock, no namespaces, no cgroup v2
 	lab := kernel{landlockABI: 2, netns: true, mountns: true, mountAPI: true, cgroup: true}
-	all := wire.Sandbox{BestEffort: wire.Features}
+	all := wire.Sandbox{BestEffort: wire.Features()}
 	tcp := &wire.TCPPorts{Connect: []uint16{443}}
 	tests := []struct {
 		name    string
@@ -64,7 +64,7 @@ func TestPlan(t *testing.T) {
 				t.Errorf("plan = %+v; want uid membership, rlimits and four things said", e)
 			}
 		}},
-		{name: "old kernel, root, best effort", sb: wire.Sandbox{User: wire.UserRoot, BestEffort: wire.Features}, k: old, check: func(t *testing.T, e wire.Enforced) {
+		{name: "old kernel, root, best effort", sb: wire.Sandbox{User: wire.UserRoot, BestEffort: wire.Features()}, k: old, check: func(t *testing.T, e wire.Enforced) {
 			if e.Membership != wire.MemberSecret || e.Capabilities != "all" || !hasNote(e, "user root") {
 				t.Errorf("plan = %+v; want secret membership, root's capabilities, said", e)
 			}
@@ -94,7 +94,7 @@ func TestPlan(t *testing.T) {
 				}
 				wantHeld(t, e, map[string]string{"truncate": wire.HeldUID, "write": wire.HeldLandlock})
 			}},
-		{name: "held by, root without Landlock", sb: wire.Sandbox{User: wire.UserRoot, BestEffort: wire.Features},
+		{name: "held by, root without Landlock", sb: wire.Sandbox{User: wire.UserRoot, BestEffort: wire.Features()},
 			k: kernel{netns: true, mountns: true, mountAPI: true}, check: func(t *testing.T, e wire.Enforced) {
 				wantHeld(t, e, map[string]string{"write": wire.HeldNothing, "chmod": wire.HeldNothing})
 			}},
@@ -112,7 +112,7 @@ func TestPlan(t *testing.T) {
 				if !errors.As(err, &we) || we.Code != wire.CodeRefused || we.Reason != wire.ReasonSandboxUnavailable {
 					t.Fatalf("plan(%+v) = %v; want refused", tt.sb, err)
 				}
-				for _, f := range wire.Features {
+				for _, f := range wire.Features() {
 					if named := strings.Contains(we.Message, string(f)+" ("); named != slices.Contains(tt.refused, string(f)) {
 						t.Errorf("refusal %q names %s: %v; want %v", we.Message, f, named, !named)
 					}
@@ -171,7 +171,7 @@ func TestSandboxValidate(t *testing.T) {
 		}
 	}
 	good := wire.Sandbox{Net: wire.NetHost, User: wire.UserRoot, FS: wire.FSAccess{Read: []string{"/srv"}, Write: []string{"/"}},
-		TCP: &wire.TCPPorts{Bind: []uint16{0}, Connect: []uint16{443}}, BestEffort: wire.Features}
+		TCP: &wire.TCPPorts{Bind: []uint16{0}, Connect: []uint16{443}}, BestEffort: wire.Features()}
 	if err := good.Validate(); err != nil {
 		t.Errorf("Validate(%+v) = %v; want nil", good, err)
 	}
@@ -314,7 +314,7 @@ func TestHostRootSandbox(t *testing.T) {
 	a := sandboxAgent(t)
 	ctx := context.Background()
 	id := "5a4db0c5a4db0c000002"
-	s, err := a.SessionCreate(ctx, wire.SessionCreate{ID: id, Sandbox: &wire.Sandbox{User: wire.UserRoot, Net: wire.NetHost, BestEffort: wire.Features}})
+	s, err := a.SessionCreate(ctx, wire.SessionCreate{ID: id, Sandbox: &wire.Sandbox{User: wire.UserRoot, Net: wire.NetHost, BestEffort: wire.Features()}})
 	if err != nil {
 		t.Fatalf("SessionCreate = %v", err)
 	}
@@ -350,10 +350,10 @@ func TestHostSandboxCreateRefusals(t *testing.T) {
 		msg  string
 	}{
 		{"cgroup required", wire.Sandbox{}, wire.CodeRefused, "cgroup (this guest has no writable cgroup v2)"},
-		{"a symlink", wire.Sandbox{FS: wire.FSAccess{Write: []string{filepath.Join(dir, "link")}}, BestEffort: wire.Features}, wire.CodeInvalid, "link is a symlink"},
-		{"below a symlink", wire.Sandbox{FS: wire.FSAccess{Read: []string{filepath.Join(dir, "link", "x")}}, BestEffort: wire.Features}, wire.CodeInvalid, "link is a symlink"},
-		{"missing", wire.Sandbox{FS: wire.FSAccess{Read: []string{filepath.Join(dir, "nothing")}}, BestEffort: wire.Features}, wire.CodeInvalid, "no such file"},
-		{"vmgate's state", wire.Sandbox{FS: wire.FSAccess{Read: []string{a.metaDir()}}, BestEffort: wire.Features}, wire.CodeInvalid, "inside vmgate-guest's state"},
+		{"a symlink", wire.Sandbox{FS: wire.FSAccess{Write: []string{filepath.Join(dir, "link")}}, BestEffort: wire.Features()}, wire.CodeInvalid, "link is a symlink"},
+		{"below a symlink", wire.Sandbox{FS: wire.FSAccess{Read: []string{filepath.Join(dir, "link", "x")}}, BestEffort: wire.Features()}, wire.CodeInvalid, "link is a symlink"},
+		{"missing", wire.Sandbox{FS: wire.FSAccess{Read: []string{filepath.Join(dir, "nothing")}}, BestEffort: wire.Features()}, wire.CodeInvalid, "no such file"},
+		{"vmgate's state", wire.Sandbox{FS: wire.FSAccess{Read: []string{a.metaDir()}}, BestEffort: wire.Features()}, wire.CodeInvalid, "inside vmgate-guest's state"},
 		{"unknown feature", wire.Sandbox{BestEffort: []wire.Feature{"seccomp"}}, wire.CodeInvalid, `best_effort "seccomp"`},
 		{"unknown net", wire.Sandbox{Net: "internet"}, wire.CodeInvalid, `net "internet"`},
 	}

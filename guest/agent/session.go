@@ -43,8 +43,13 @@ func (a *Agent) lock() (unlock func(), err error) {
 
 func (a *Agent) metaPath(id string) string { return filepath.Join(a.metaDir(), id+".json") }
 
-// readMetaLocked reads a session's metadata; notFound when there is none.
-func (a *Agent) readMetaLocked(id string) (meta, error) {
+// readMeta reads a session's metadata; notFound when there is none. It
+// needs no lock: a metadata file is only ever replaced whole, by a rename
+// (writeMetaLocked), or removed, so a read sees one whole version. A caller
+// that changes the session after reading holds the lock across both, so
+// that no other change comes between (joinSession, destroyLocked,
+// SessionRestore); listing and indexing read without it.
+func (a *Agent) readMeta(id string) (meta, error) {
 	var m meta
 	b, err := os.ReadFile(a.metaPath(id))
 	if errors.Is(err, os.ErrNotExist) {
@@ -207,7 +212,7 @@ func (a *Agent) readAllMeta() ([]meta, error) {
 		if !ok || wire.ValidateSessionID(id) != nil {
 			continue
 		}
-		m, err := a.readMetaLocked(id)
+		m, err := a.readMeta(id)
 		if err != nil {
 			a.cfg.Logger.Warn("session metadata: skipping", "id", id, "err", err)
 			continue
@@ -275,7 +280,7 @@ func (a *Agent) destroyLocked(ctx context.Context, id string, trash time.Duratio
 	// unreadable metadata the uid and the marker's secret are unknown: only
 	// the cgroup (and the files the id names) can still be found.
 	t := tree{}
-	m, err := a.readMetaLocked(id)
+	m, err := a.readMeta(id)
 	var we *wire.Error
 	switch {
 	case err == nil:

@@ -103,7 +103,7 @@ func (a *Agent) SessionRestore(ctx context.Context, id, from string) (wire.Resto
 		return wire.RestoreResult{}, fmt.Errorf("session restore: %w", err)
 	}
 	defer unlock()
-	m, err := a.readMetaLocked(id)
+	m, err := a.readMeta(id)
 	if err != nil {
 		return wire.RestoreResult{}, fmt.Errorf("session restore: %w", err)
 	}

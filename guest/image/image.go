@@ -182,7 +182,7 @@ func Build(ctx context.Context, opts Options) (Image, error) {
 		return Image{}, fmt.Errorf("image: build: %w", err)
 	}
 	img.KernelVersion = kf.version
-	for _, m := range Modules {
+	for _, m := range Modules() {
 		tree["/lib/modules/"+m+".ko"] = &entry{typ: cpioTypeFile, perm: 0o644, data: kf.modules[m], source: filepath.Base(deb)}
 	}
 	addParents(tree)
@@ -196,22 +196,9 @@ func Build(ctx context.Context, opts Options) (Image, error) {
 		return Image{}, fmt.Errorf("image: build: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	if err := writeInitrd(filepath.Join(tmp, InitrdName), tree); err != nil {
-		return Image{}, fmt.Errorf("image: build: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(tmp, KernelName), kf.vmlinuz, fileMode); err != nil {
-		return Image{}, fmt.Errorf("image: build: %w", err)
-	}
 	man := Manifest{Hash: hash, Recipe: recipeVersion, KernelPackage: pkg, KernelDeb: debSum,
-		KernelVersion: kf.version, Modules: Modules, Built: time.Now().UTC(), Files: manifestEntries(tree)}
-	mb, err := json.MarshalIndent(man, "", "  ")
-	if err != nil {
-		return Image{}, fmt.Errorf("image: build: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(tmp, ManifestName), append(mb, '\n'), fileMode); err != nil {
-		return Image{}, fmt.Errorf("image: build: %w", err)
-	}
-	if err := os.Chmod(tmp, dirMode); err != nil {
+		KernelVersion: kf.version, Modules: Modules(), Built: time.Now().UTC(), Files: manifestEntries(tree)}
+	if err := writeImage(tmp, tree, kf.vmlinuz, man); err != nil {
 		return Image{}, fmt.Errorf("image: build: %w", err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
@@ -224,6 +211,26 @@ func Build(ctx context.Context, opts Options) (Image, error) {
 	}
 	progress("image " + hash[:12] + " built (kernel " + kf.version + ")")
 	return img, nil
+}
+
+// writeImage writes the image into dir (a new directory, installed by a
+// rename once it is complete): the initramfs of tree, the kernel and the
+// manifest man.
+func writeImage(dir string, tree map[string]*entry, vmlinuz []byte, man Manifest) error {
+	if err := writeInitrd(filepath.Join(dir, InitrdName), tree); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, KernelName), vmlinuz, fileMode); err != nil {
+		return err
+	}
+	mb, err := json.MarshalIndent(man, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, ManifestName), append(mb, '\n'), fileMode); err != nil {
+		return err
+	}
+	return os.Chmod(dir, dirMode)
 }
 
 // ReadManifest reads dir/manifest.json.
@@ -413,7 +420,7 @@ func sharedLibs(ctx context.Context, bin string) ([]string, error) {
 // entry's path, type, mode and content.
 func inputHash(debSum string, tree map[string]*entry) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\nkernel-deb %s\nmodules %s\n", recipeVersion, debSum, strings.Join(Modules, ","))
+	fmt.Fprintf(h, "%s\nkernel-deb %s\nmodules %s\n", recipeVersion, debSum, strings.Join(Modules(), ","))
 	for _, p := range sortedPaths(tree) {
 		e := tree[p]
 		sum := sha256.Sum256(e.data)

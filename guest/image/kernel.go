@@ -22,8 +22,10 @@ const KernelMetaPackage = "linux-image-cloud-amd64"
 
 // Modules are the kernel modules /init loads, in this order: the cloud
 // kernel builds virtio as modules and its .deb carries no modules.dep.
-var Modules = []string{"virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci", "virtio_console",
-	"virtio_blk", "failover", "net_failover", "virtio_net"}
+func Modules() []string {
+	return []string{"virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci", "virtio_console",
+		"virtio_blk", "failover", "net_failover", "virtio_net"}
+}
 
 // resolveKernelPackage asks apt which versioned package the meta package
 // depends on (linux-image-6.1.0-57-cloud-amd64, say).
@@ -112,7 +114,7 @@ func extractKernel(ctx context.Context, debPath string) (kernelFiles, error) {
 		return kf, fmt.Errorf("dpkg-deb: %w", err)
 	}
 	want := map[string]bool{}
-	for _, m := range Modules {
+	for _, m := range Modules() {
 		want[m] = true
 	}
 	compressed := map[string]string{}
@@ -163,7 +165,7 @@ func extractKernel(ctx context.Context, debPath string) (kernelFiles, error) {
 	if kf.vmlinuz == nil {
 		return kf, fmt.Errorf("%s: no boot/vmlinuz-*", debPath)
 	}
-	for _, m := range Modules {
+	for _, m := range Modules() {
 		b, ok := kf.modules[m]
 		if !ok {
 			return kf, fmt.Errorf("%s: module %s not found", debPath, m)

@@ -13,6 +13,11 @@ func TestOCRFound(t *testing.T) {
 		{"/ # echo vmgatexxxxtmw\n", "vmgatetebgtmw", false},
 		{"vmgate\ntebgtmw\n", "vmgatetebgtmw", false}, // not across lines
 		{"", "vmgatetebgtmw", false},
+		// What tesseract read on VirtualBox's screen once: "q" as "gq" (a
+		// letter added) and "y" as "u".
+		{"“ # echo vmgatepwugqupz\nVngatepwugupz\n", "vmgatepwuqypz", true},
+		{"/ # echo vmgatexxxxxxxx\n", "vmgatepwuqypz", false},
+		{"vmgatepw\nuqypz\n", "vmgatepwuqypz", false},
 	}
 	for _, tt := range tests {
 		if got := ocrFound(tt.text, tt.token); got != tt.want {

@@ -8,6 +8,7 @@ import (
 	"image/png"
 	mrand "math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -117,8 +118,9 @@ func checkKeysRefused(t testing.TB, h Harness) {
 }
 
 // ocrLetters are letters OCR does not confuse with digits or each other
-// on a VGA text console (no i, l, o).
-const ocrLetters = "abcdefghjkmnpqrstuvwxyz"
+// on a VGA text console (no i, l, o; none of g q y u v w m n, which it
+// reads as one another, or splits: "q" as "gq").
+const ocrLetters = "abcdefhjkprstxz"
 
 func ocrToken() string {
 	b := []byte("vmgate")
@@ -167,26 +169,37 @@ func typeAndSee(t testing.TB, h Harness, token string) {
 }
 
 // ocrFound reports whether text (OCR's reading of a screen) holds token,
-// allowing OCR two misread letters (on a VGA console it reads "w" as "y"
-// or "m" as "n" now and then): some stretch of a line, spaces left out,
-// within two substitutions of token. A random 13-letter token is that
-// close to nothing else on the screen by chance.
+// allowing OCR two misread letters (on a VGA console it reads "w" as "y",
+// "m" as "n", "q" as "gq" now and then): some stretch of a line, spaces
+// left out, within an edit distance of two of token (a letter changed,
+// added or dropped). A random 13-letter token is that close to nothing
+// else on the screen by chance.
 func ocrFound(text, token string) bool {
 	for _, line := range strings.Split(strings.ToLower(text), "\n") {
-		line = strings.ReplaceAll(line, " ", "")
-		for i := 0; i+len(token) <= len(line); i++ {
-			diff := 0
-			for j := 0; j < len(token) && diff <= 2; j++ {
-				if line[i+j] != token[j] {
-					diff++
-				}
-			}
-			if diff <= 2 {
-				return true
-			}
+		if nearSubstring(strings.ReplaceAll(line, " ", ""), token, 2) {
+			return true
 		}
 	}
 	return false
+}
+
+// nearSubstring reports whether some substring of s is within edit
+// distance k of t (Sellers' algorithm: a match may start anywhere in s).
+func nearSubstring(s, t string, k int) bool {
+	prev := make([]int, len(s)+1) // row 0: the empty prefix of t matches anywhere
+	cur := make([]int, len(s)+1)
+	for i := 1; i <= len(t); i++ {
+		cur[0] = i
+		for j := 1; j <= len(s); j++ {
+			sub := prev[j-1]
+			if t[i-1] != s[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return slices.Min(prev) <= k
 }
 
 // consoleMarker echoes marker to the guest's console through exec.

@@ -30,9 +30,11 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/strictjson"
 )
 
 // Settings are one driver's settings: a pointer to a struct whose fields
@@ -207,8 +209,11 @@ func Names() []string {
 	return names
 }
 
-// decodeStrict decodes config into v: one JSON object, unknown fields and
-// trailing data refused. Errors wrap hypervisor.ErrInvalidArgument.
+// decodeStrict decodes config into v: one JSON object, read first by the
+// one strict lexer (internal/strictjson: no key twice or in two cases, at
+// any depth; valid UTF-8; bounded nesting), then decoded with unknown
+// fields and trailing data refused. Errors wrap
+// hypervisor.ErrInvalidArgument.
 func decodeStrict(config []byte, v any) error {
 	trimmed := bytes.TrimSpace(config)
 	if len(trimmed) == 0 {
@@ -217,10 +222,7 @@ func decodeStrict(config []byte, v any) error {
 	if trimmed[0] != '{' {
 		return fmt.Errorf("%w: want a JSON object", hypervisor.ErrInvalidArgument)
 	}
-	if err := checkNoDuplicateKeys(trimmed); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF // the object ends too soon
-		}
+	if err := checkStrict(trimmed); err != nil {
 		return fmt.Errorf("%w: %w", hypervisor.ErrInvalidArgument, err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(trimmed))
@@ -234,50 +236,83 @@ func decodeStrict(config []byte, v any) error {
 	return nil
 }
 
-// checkNoDuplicateKeys refuses an object with a key given twice at any
-// depth (encoding/json would keep the last one silently).
-func checkNoDuplicateKeys(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var walk func(path string) error
-	walk = func(path string) error {
-		tok, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		switch tok {
-		case json.Delim('{'):
-			seen := map[string]bool{}
-			for dec.More() {
-				k, err := dec.Token()
-				if err != nil {
-					return err
-				}
-				key, _ := k.(string)
-				at := key
-				if path != "" {
-					at = path + "." + key
-				}
-				if seen[key] {
-					return fmt.Errorf("%s: defined twice", at)
-				}
-				seen[key] = true
-				if err := walk(at); err != nil {
-					return err
-				}
-			}
-			_, err = dec.Token()
-			return err
-		case json.Delim('['):
-			for i := 0; dec.More(); i++ {
-				if err := walk(fmt.Sprintf("%s[%d]", path, i)); err != nil {
-					return err
-				}
-			}
-			_, err = dec.Token()
-			return err
-		}
-		return nil
+// strictError is the lexer's refusal err, inside the object or array at
+// path of data, as decodeStrict reports it.
+func strictError(data []byte, path string, err error) error {
+	var se *strictjson.SyntaxError
+	if !errors.As(err, &se) {
+		return err
 	}
-	return walk("")
+	if strings.HasPrefix(se.Msg, "unexpected end of input") {
+		return io.ErrUnexpectedEOF
+	}
+	if strings.HasPrefix(se.Msg, "duplicate key") {
+		// The key starts at the refusal's offset: name it by its path.
+		if k, kerr := json.NewDecoder(bytes.NewReader(data[se.Off:])).Token(); kerr == nil {
+			if key, ok := k.(string); ok {
+				if path != "" {
+					key = path + "." + key
+				}
+				return fmt.Errorf("%s: defined twice", key)
+			}
+		}
+	}
+	if path == "" {
+		return errors.New(se.Msg)
+	}
+	return fmt.Errorf("%s: %s", path, se.Msg)
+}
+
+// checkStrict reads the one JSON object data starts with through the
+// strict lexer (what follows it is decodeStrict's to refuse), and names
+// where a refusal happened: a key given twice by its path
+// ("items[0].id: defined twice"), anything else by the path of the object
+// or array it is in; an object cut short is io.ErrUnexpectedEOF.
+func checkStrict(data []byte) error {
+	var l strictjson.Lexer
+	l.Reset(data)
+	type frame struct {
+		path  string
+		array bool
+		n     int // the array's next index
+	}
+	var stack []frame
+	key := ""
+	for {
+		t, err := l.Next()
+		if err != nil {
+			path := ""
+			if len(stack) > 0 {
+				path = stack[len(stack)-1].path
+			}
+			return strictError(data, path, err)
+		}
+		switch t.Kind {
+		case strictjson.Key:
+			key = t.Text
+			continue
+		case strictjson.EndObject, strictjson.EndArray:
+			stack = stack[:len(stack)-1]
+			if len(stack) == 0 {
+				return nil
+			}
+			continue
+		}
+		at := ""
+		if len(stack) > 0 {
+			top := &stack[len(stack)-1]
+			switch {
+			case top.array:
+				at = fmt.Sprintf("%s[%d]", top.path, top.n)
+				top.n++
+			case top.path == "":
+				at = key
+			default:
+				at = top.path + "." + key
+			}
+		}
+		if t.Kind == strictjson.BeginObject || t.Kind == strictjson.BeginArray {
+			stack = append(stack, frame{path: at, array: t.Kind == strictjson.BeginArray})
+		}
+	}
 }

@@ -121,6 +121,12 @@ func TestNew(t *testing.T) {
 		{`{"name":"a","nme":"b"}`, `unknown field "nme"`},
 		{`{"name":"a","name":"b"}`, "name: defined twice"},
 		{`{"name":"a","items":[{"id":"x","id":"y"}]}`, "items[0].id: defined twice"},
+		// encoding/json matches a field in any case: two spellings of one
+		// key would reach the driver as one, so the strict lexer refuses
+		// them.
+		{`{"name":"a","Name":"b"}`, `key "Name" differs from key "name" only in case`},
+		{`{"name":"a","items":[{"id":"x","ID":"y"}]}`, `items[0]: key "ID" differs from key "id" only in case`},
+		{"{\"name\":\"a\xff\"}", "UTF-8"},
 		{`{"name":"a"} {}`, "trailing data"},
 		{`{"name":"a"}x`, "trailing data"},
 		{`[{"name":"a"}]`, "want a JSON object"},

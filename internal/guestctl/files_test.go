@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -49,10 +50,12 @@ func (g *fileGuest) driver() *hypervisortest.Fake {
 			case a[0] == "sha256sum":
 				sum, _ := fixedBinaries{}.Binary("amd64")
 				return hypervisor.ExecResult{Exited: true, Stdout: []byte(sum.SHA256 + "  " + a[1] + "\n")}, nil
-			case slices.Equal(a[1:], []string{"file", "stage"}):
-				return out(wire.FileInfo{Path: stagedAt, Exists: true}), nil
+			case slices.Equal(a[1:], []string{"file", "stage", "--count", "1"}):
+				return out([]wire.FileInfo{{Path: stagedAt, Exists: true}}), nil
 			case a[1] == "file" && a[2] == "write":
 				return out(wire.FileWritten{FileInfo: wire.FileInfo{Path: a[4], Mode: 0o644}, Bytes: 1}), nil
+			case a[1] == "--in" && a[3] == "file" && a[4] == "write":
+				return out(wire.FileWritten{FileInfo: wire.FileInfo{Path: a[6], Mode: 0o644}, Bytes: 1}), nil
 			}
 			return hypervisor.ExecResult{Exited: true, ExitCode: 127}, nil
 		},
@@ -67,7 +70,7 @@ func (g *fileGuest) driver() *hypervisortest.Fake {
 
 // TestFileWriteStagesLargeData: up to StdinMax the data is the write's
 // stdin; beyond, it goes through the file channel to the staging path file
-// stage gave, and write takes it --from there. No exec ever carries more
+// stage gave, and write takes it --in from there. No exec ever carries more
 // than StdinMax of stdin (Proxmox relays at most 64 KiB).
 func TestFileWriteStagesLargeData(t *testing.T) {
 	for _, n := range []int{0, 10, StdinMax, StdinMax + 1, 5 << 20} {
@@ -79,8 +82,8 @@ func TestFileWriteStagesLargeData(t *testing.T) {
 		}
 		last := g.argvs[len(g.argvs)-1]
 		staged := n > StdinMax
-		if got := slices.Contains(last, "--from"); got != staged {
-			t.Errorf("FileWrite(%d bytes): last command %q; want --from %v", n, last, staged)
+		if got := slices.Contains(last, "--in") && slices.Contains(last, stagedAt+":"+strconv.Itoa(n)); got != staged {
+			t.Errorf("FileWrite(%d bytes): last command %q; want --in %s:%d %v", n, last, stagedAt, n, staged)
 		}
 		if staged && (!bytes.Equal(g.written[stagedAt], data) || len(g.written) != 1) {
 			t.Errorf("FileWrite(%d bytes): file channel wrote %d paths; want the data at %s only", n, len(g.written), stagedAt)

@@ -27,6 +27,7 @@ import (
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/keylock"
 )
 
 // GuestPath is where the helper lives in the guest.
@@ -124,11 +125,15 @@ type Helper struct {
 	bins     Binaries
 	callRoad bool // WithCallRoad
 
-	mu       sync.Mutex             // mu guards ensured, roads and vmLocks
-	ensured  map[string]string      // vm -> SHA-256 verified in the guest
-	roads    map[string]*Road       // vm -> its road, once decided
-	vmLocks  map[string]*sync.Mutex // one Ensure per VM at a time; one road decision (roadLockKey+vm), taken first
-	pushHook func(vm string)        // tests: called after each push
+	mu      sync.Mutex        // mu guards ensured, roads and tr
+	ensured map[string]string // vm -> SHA-256 verified in the guest; Forget drops a VM
+	roads   map[string]*Road  // vm -> its road, once decided; Forget drops a VM
+	// vmLocks: one Ensure per VM at a time (key vm), one road decision
+	// per VM at a time (key roadLockKey+vm, taken first, never while
+	// holding vm's); an entry lives only while held or waited for.
+	vmLocks  keylock.Map
+	tr       Transport       // the file, dir and archive commands' (transport.go)
+	pushHook func(vm string) // tests: called after each push
 }
 
 // Option configures a Helper.
@@ -142,7 +147,8 @@ func WithCallRoad(on bool) Option { return func(h *Helper) { h.callRoad = on } }
 
 // New returns a Helper running on d with builds from bins.
 func New(d hypervisor.Driver, bins Binaries, opts ...Option) *Helper {
-	h := &Helper{d: d, bins: bins, ensured: map[string]string{}, roads: map[string]*Road{}, vmLocks: map[string]*sync.Mutex{}}
+	h := &Helper{d: d, bins: bins, ensured: map[string]string{}, roads: map[string]*Road{}}
+	h.tr = &execTransport{h: h}
 	for _, o := range opts {
 		o(h)
 	}
@@ -157,7 +163,9 @@ func NewSessionID() string {
 }
 
 // Forget drops the cached check of vm and its road, so the next call
-// checks (and pushes) again and looks for its resident helper.
+// checks (and pushes) again and looks for its resident helper: after an
+// exec failure, and when the VM is deleted (vm_delete), so that the cache
+// holds only VMs that exist.
 func (h *Helper) Forget(vm string) {
 	h.mu.Lock()
 	delete(h.ensured, vm)
@@ -170,17 +178,6 @@ func (h *Helper) forgetBinary(vm string) {
 	h.mu.Lock()
 	delete(h.ensured, vm)
 	h.mu.Unlock()
-}
-
-func (h *Helper) vmLock(vm string) *sync.Mutex {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	l, ok := h.vmLocks[vm]
-	if !ok {
-		l = &sync.Mutex{}
-		h.vmLocks[vm] = l
-	}
-	return l
 }
 
 // Ensure makes sure GuestPath in vm is the build for the guest's
@@ -202,9 +199,11 @@ func (h *Helper) ensure(ctx context.Context, vm string) (pushed bool, err error)
 	if ok {
 		return false, nil
 	}
-	l := h.vmLock(vm)
-	l.Lock()
-	defer l.Unlock()
+	unlock, err := h.vmLocks.Lock(ctx, vm)
+	if err != nil {
+		return false, fmt.Errorf("helper: ensure %s: waiting for another check of the helper: %w", vm, err)
+	}
+	defer unlock()
 	h.mu.Lock()
 	_, ok = h.ensured[vm]
 	h.mu.Unlock()

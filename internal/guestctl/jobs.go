@@ -132,9 +132,11 @@ func (h *Helper) jobRoad(ctx context.Context, vm string) (string, error) {
 	if r.Jobs != "" {
 		return r.Jobs, nil
 	}
-	l := h.vmLock(roadLockKey + vm)
-	l.Lock()
-	defer l.Unlock()
+	unlock, err := h.vmLocks.Lock(ctx, roadLockKey+vm)
+	if err != nil {
+		return "", fmt.Errorf("%w (%s; waiting for another look for it: %w)", ErrNotResident, r, err)
+	}
+	defer unlock()
 	if cur := h.Road(vm); cur.Jobs != "" {
 		return cur.Jobs, nil
 	}

@@ -124,9 +124,12 @@ func (h *Helper) road(ctx context.Context, vm string) Road {
 	if r, ok := h.decided(vm); ok {
 		return r
 	}
-	l := h.vmLock(roadLockKey + vm)
-	l.Lock()
-	defer l.Unlock()
+	unlock, err := h.vmLocks.Lock(ctx, roadLockKey+vm)
+	if err != nil {
+		// Not stored: the next call decides.
+		return Road{Kind: RoadPerCommand, Why: "waiting for another look for the resident helper: " + err.Error()}
+	}
+	defer unlock()
 	if r, ok := h.decided(vm); ok {
 		return r
 	}

@@ -17,6 +17,8 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/libvirttest"
+	"github.com/vmgate/vmgate/internal/pluginhost"
 	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
@@ -29,6 +31,14 @@ var guestDir string
 var labVMs = []string{"cg", "nocg", "noport"}
 
 func TestMain(m *testing.M) {
+	// The test binary doubles as the QEMU driver's plugin (files_kill_vm_test.go).
+	if len(os.Args) > 2 && os.Args[1] == "plugin" {
+		if err := pluginhost.ServeBuiltin(pluginhost.Registered(), os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
 	dir, err := os.MkdirTemp("", "vmgate-guest-build-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper test:", err)
@@ -43,11 +53,19 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "helper test: building vmgate-guest: %v\n%s", err, out)
 			return 2
 		}
-		return labtest.Main(m,
-			lab.Spec{Name: "cg"},
+		// A libvirt domain for the file commands through libvirt
+		// (files_backends_vm_test.go); it boots only when a test asks.
+		libvirttest.Register(libvirttest.Spec{Name: libvirtVM, MemoryMiB: 512})
+		code := labtest.Main(m,
+			lab.Spec{Name: "cg", MemoryMB: 512}, // 512: the 64 MiB file tests hold it twice in tmpfs
 			lab.Spec{Name: "nocg", Cmdline: map[string]string{"CGROUP2": "0"}},
 			lab.Spec{Name: "noport", NoHelperPort: true},
 		)
+		if err := libvirttest.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "libvirttest.Stop:", err)
+			code = max(code, 1)
+		}
+		return code
 	}()
 	os.Exit(code)
 }
@@ -77,7 +95,14 @@ func testCtx(t testing.TB, d time.Duration) context.Context {
 // sh runs a shell line in the guest straight through the driver (not the helper).
 func sh(t testing.TB, ctx context.Context, h *Helper, vm, line string) hypervisor.ExecResult {
 	t.Helper()
-	res, err := hypervisor.Run(ctx, h.d, vm, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", line}, Timeout: time.Minute})
+	return shWithin(t, ctx, h, vm, line, time.Minute)
+}
+
+// shWithin is sh with its own timeout in the guest, for setup that moves
+// much data (a TCG guest on a loaded machine takes minutes for 64 MiB).
+func shWithin(t testing.TB, ctx context.Context, h *Helper, vm, line string, timeout time.Duration) hypervisor.ExecResult {
+	t.Helper()
+	res, err := hypervisor.Run(ctx, h.d, vm, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", line}, Timeout: timeout})
 	if err != nil {
 		t.Fatalf("sh %q on %s: %v", line, vm, err)
 	}

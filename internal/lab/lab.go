@@ -269,16 +269,8 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 	if progress == nil {
 		progress = func(string) {}
 	}
-	qemu, err := exec.LookPath(QEMUBinary)
+	qemu, err := startable(spec)
 	if err != nil {
-		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, ErrNoQEMU)
-	}
-	if qemu, err = filepath.Abs(qemu); err != nil {
-		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
-	}
-	if old, err := Get(spec.StateDir, spec.Name); err == nil && old.State == StateRunning {
-		return nil, fmt.Errorf("lab: start %s: %w (pid %d)", spec.Name, ErrRunning, old.PID)
-	} else if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("lab: start %s: %w", spec.Name, err)
 	}
 	if _, ok := ctx.Deadline(); !ok {
@@ -335,6 +327,24 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 	v.State = StateRunning
 	progress(fmt.Sprintf("%s ready in %.1fs (pid %d)", spec.Name, v.BootTime.Seconds(), v.PID))
 	return v, nil
+}
+
+// startable finds QEMU (its absolute path) and checks that spec's VM does
+// not run already.
+func startable(spec Spec) (string, error) {
+	qemu, err := exec.LookPath(QEMUBinary)
+	if err != nil {
+		return "", ErrNoQEMU
+	}
+	if qemu, err = filepath.Abs(qemu); err != nil {
+		return "", err
+	}
+	if old, err := Get(spec.StateDir, spec.Name); err == nil && old.State == StateRunning {
+		return "", fmt.Errorf("%w (pid %d)", ErrRunning, old.PID)
+	} else if err != nil && !errors.Is(err, ErrNotFound) {
+		return "", err
+	}
+	return qemu, nil
 }
 
 // setUp lays out the VM's directory for a boot: the directory (DirMode),

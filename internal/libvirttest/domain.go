@@ -205,25 +205,10 @@ func (d *Daemons) Boot(ctx context.Context, spec Spec, kernel, initrd string) (_
 	d.mu.Unlock()
 
 	bootDir := filepath.Join(d.Dir, "domains", spec.Name)
-	if err := os.MkdirAll(bootDir, 0o755); err != nil {
-		return nil, fmt.Errorf("libvirttest: boot %s: %w", spec.Name, err)
-	}
-	if err := os.Chmod(filepath.Dir(bootDir), 0o755); err != nil {
-		return nil, fmt.Errorf("libvirttest: boot %s: %w", spec.Name, err)
-	}
-	k, i := filepath.Join(bootDir, "vmlinuz"), filepath.Join(bootDir, "initrd.img")
-	for _, c := range [][2]string{{kernel, k}, {initrd, i}} {
-		if err := copyFile(c[0], c[1]); err != nil {
-			return nil, fmt.Errorf("libvirttest: boot %s: %w", spec.Name, err)
-		}
-	}
 	dom.SerialLog = filepath.Join(bootDir, "serial.log")
-	disk := filepath.Join(bootDir, "disk.qcow2")
-	if spec.Disk {
-		out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", disk, strconv.Itoa(DiskMiB)+"M").CombinedOutput()
-		if err != nil {
-			return nil, fmt.Errorf("libvirttest: boot %s: qemu-img create: %w: %s", spec.Name, err, out)
-		}
+	k, i, disk, err := prepareBoot(ctx, bootDir, spec, kernel, initrd)
+	if err != nil {
+		return nil, fmt.Errorf("libvirttest: boot %s: %w", spec.Name, err)
 	}
 	domXML := spec.DomainXML(k, i, dom.SerialLog, disk)
 
@@ -268,6 +253,32 @@ func (d *Daemons) Boot(ctx context.Context, spec Spec, kernel, initrd string) (_
 		}
 		wait = min(wait*2, time.Second)
 	}
+}
+
+// prepareBoot lays out bootDir for spec: copies of kernel and initrd (k,
+// i) where the daemons' QEMU may read them, and the disk when spec wants
+// one.
+func prepareBoot(ctx context.Context, bootDir string, spec Spec, kernel, initrd string) (k, i, disk string, err error) {
+	if err := os.MkdirAll(bootDir, 0o755); err != nil {
+		return "", "", "", err
+	}
+	if err := os.Chmod(filepath.Dir(bootDir), 0o755); err != nil {
+		return "", "", "", err
+	}
+	k, i = filepath.Join(bootDir, "vmlinuz"), filepath.Join(bootDir, "initrd.img")
+	for _, c := range [][2]string{{kernel, k}, {initrd, i}} {
+		if err := copyFile(c[0], c[1]); err != nil {
+			return "", "", "", err
+		}
+	}
+	disk = filepath.Join(bootDir, "disk.qcow2")
+	if spec.Disk {
+		out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", disk, strconv.Itoa(DiskMiB)+"M").CombinedOutput()
+		if err != nil {
+			return "", "", "", fmt.Errorf("qemu-img create: %w: %s", err, out)
+		}
+	}
+	return k, i, disk, nil
 }
 
 func (d *Daemons) setHandle(dom *Domain, h golibvirt.Domain) {

@@ -18,7 +18,7 @@ const maxStateEntries = 4096
 
 // stateCache keeps a plugin's recent ListVMs and Status answers for the
 // state TTL, so that an agent polling list_vms or vm_status costs no plugin
-// round trip while the answer is fresh (DESIGN.md's performance budget:
+// round trip while the answer is fresh (the performance budget of docs/design.md:
 // "one driver call for list_vms or vm_status, or none when a short-lived
 // cache answers"). It lives in the Supervisor because the round trip it
 // saves is the plugin boundary; a driver running in process answers as fast

@@ -121,9 +121,14 @@ func TestPluginKilledMidCallFailsThatCallAndRestarts(t *testing.T) {
 	}
 }
 
+// A killed plugin is restarted without a call asking for it, and whoever
+// watches the process (the server, which tells its clients) hears of the
+// exit and then of the restart.
 func TestPluginRestartsInTheBackground(t *testing.T) {
 	h, _ := newTestHost(t, Options{})
 	s := launchSleepy(t, h, "vm1")
+	events := make(chan hypervisor.ProcessEvent, 8)
+	s.WatchProcess(func(ev hypervisor.ProcessEvent) { events <- ev })
 	oldPID := s.PID()
 	if err := syscall.Kill(oldPID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill(%d) = %v", oldPID, err)
@@ -134,6 +139,20 @@ func TestPluginRestartsInTheBackground(t *testing.T) {
 	}
 	if s.Restarts() != 1 || s.PID() == oldPID || s.PID() == 0 {
 		t.Fatalf("after the kill and no call: Restarts() = %d, PID() = %d (old %d); want a background restart", s.Restarts(), s.PID(), oldPID)
+	}
+	want := []hypervisor.ProcessEvent{
+		{Driver: "sleepy", Kind: hypervisor.ProcessExited, Restarts: 0},
+		{Driver: "sleepy", Kind: hypervisor.ProcessRestarted, Restarts: 1},
+	}
+	for i, w := range want {
+		select {
+		case ev := <-events:
+			if ev.Driver != w.Driver || ev.Kind != w.Kind || ev.Restarts != w.Restarts || (w.Kind == hypervisor.ProcessExited) != (ev.RestartIn > 0) {
+				t.Errorf("event %d = %+v; want %+v (a restart delay only on the exit)", i, ev, w)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("event %d (%s) never came", i, w.Kind)
+		}
 	}
 }
 

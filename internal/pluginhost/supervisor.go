@@ -99,12 +99,35 @@ type Supervisor struct {
 	closed     bool
 	retryTimer *time.Timer
 	watchers   sync.WaitGroup
+	// told are the WatchProcess functions, called under mu (so in the
+	// order the events happened).
+	told []func(hypervisor.ProcessEvent)
 }
 
 var (
-	_ hypervisor.Driver = (*Supervisor)(nil)
-	_ hypervisor.Runner = (*Supervisor)(nil)
+	_ hypervisor.Driver         = (*Supervisor)(nil)
+	_ hypervisor.Runner         = (*Supervisor)(nil)
+	_ hypervisor.ProcessWatcher = (*Supervisor)(nil)
 )
+
+// WatchProcess adds fn to be told of the plugin's exits, restarts and
+// failed restarts. fn is called with the supervisor's lock held, in the
+// order the events happened: it must not block nor call the supervisor.
+func (s *Supervisor) WatchProcess(fn func(hypervisor.ProcessEvent)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.told = append(s.told, fn)
+}
+
+// tellLocked tells the WatchProcess functions of an event of kind (s.mu
+// held); restartIn is when the next start is tried, for an exit or a
+// failed restart.
+func (s *Supervisor) tellLocked(kind hypervisor.ProcessEventKind, restartIn time.Duration) {
+	ev := hypervisor.ProcessEvent{Driver: s.spec.Driver, Kind: kind, Restarts: s.restarts.Load(), RestartIn: restartIn}
+	for _, fn := range s.told {
+		fn(ev)
+	}
+}
 
 func newSupervisor(opts Options, log *slog.Logger, spec Spec, cmd command) *Supervisor {
 	return &Supervisor{opts: opts, log: log, spec: spec, cmd: cmd, startSem: make(chan struct{}, 1), backoff: opts.MinBackoff,
@@ -176,6 +199,7 @@ func (s *Supervisor) get(ctx context.Context) (*instance, error) {
 	if s.ever {
 		s.restarts.Add(1)
 		s.log.Info("driver plugin restarted", "pid", inst.proc.PID(), "restarts", s.restarts.Load())
+		s.tellLocked(hypervisor.ProcessRestarted, 0)
 	}
 	s.ever = true
 	s.cur = inst
@@ -221,7 +245,7 @@ func (s *Supervisor) start(ctx context.Context) (*instance, error) {
 	// this user before using the call socket there (hypervisor/callsocket.go).
 	gp := &hypervisor.GRPCPlugin{Name: s.spec.Driver}
 	client := plugin.NewClient(&plugin.ClientConfig{
-		HandshakeConfig:  hypervisor.Handshake,
+		HandshakeConfig:  hypervisor.Handshake(),
 		Plugins:          plugin.PluginSet{hypervisor.PluginName: gp},
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		SkipHostEnv:      true,
@@ -315,6 +339,7 @@ func (s *Supervisor) noteExitLocked(inst *instance) {
 	s.backoff = min(2*s.backoff, s.opts.MaxBackoff)
 	if !s.closed {
 		s.scheduleRetryLocked(inst.delay)
+		s.tellLocked(hypervisor.ProcessExited, inst.delay)
 	}
 }
 
@@ -332,6 +357,7 @@ func (s *Supervisor) scheduleRetryLocked(delay time.Duration) {
 			s.mu.Lock()
 			if !s.closed && s.cur == nil {
 				s.scheduleRetryLocked(time.Until(s.nextStart))
+				s.tellLocked(hypervisor.ProcessRestartFailed, time.Until(s.nextStart))
 			}
 			s.mu.Unlock()
 		}

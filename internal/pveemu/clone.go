@@ -58,39 +58,47 @@ func (e *Emulator) vmClone(r *request) (any, *apiError) {
 		if err := loadAndCheck(); err != nil {
 			return err
 		}
-		nv := newVM(spec)
-		nv.lock, nv.description = "clone", description
-		e.mu.Lock()
-		if e.vms[newid] != nil {
-			e.mu.Unlock()
-			return die("unable to create VM %d: config file already exists", newid)
-		}
-		e.vms[newid] = nv
-		e.mu.Unlock()
-		fail := func(msg string) *apiError {
-			e.mu.Lock()
-			delete(e.vms, newid)
-			e.mu.Unlock()
-			nv.close()
-			return die("clone failed: %s", msg)
-		}
-		if e.opts.NewMachine != nil {
-			ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
-			m, err := e.opts.NewMachine(ctx, newid, name)
-			cancel()
-			if err != nil {
-				return fail(err.Error())
-			}
-			nv.machine, nv.ownMachine = m, true
-			if sock := m.AgentSocket(); sock != "" {
-				nv.agent = newAgentClient(sock)
-			}
-		}
-		nv.mu.Lock()
-		nv.lock = ""
-		nv.mu.Unlock()
-		return nil
+		return e.cloneInto(spec, description)
 	}), nil
+}
+
+// cloneInto is the qmclone task's copy: the new VM of spec, locked
+// 'clone' until its machine (Options.NewMachine) is made; removed again
+// when that fails.
+func (e *Emulator) cloneInto(spec VMSpec, description string) *apiError {
+	newid := spec.VMID
+	nv := newVM(spec)
+	nv.lock, nv.description = "clone", description
+	e.mu.Lock()
+	if e.vms[newid] != nil {
+		e.mu.Unlock()
+		return die("unable to create VM %d: config file already exists", newid)
+	}
+	e.vms[newid] = nv
+	e.mu.Unlock()
+	fail := func(msg string) *apiError {
+		e.mu.Lock()
+		delete(e.vms, newid)
+		e.mu.Unlock()
+		nv.close()
+		return die("clone failed: %s", msg)
+	}
+	if e.opts.NewMachine != nil {
+		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+		m, err := e.opts.NewMachine(ctx, newid, spec.Name)
+		cancel()
+		if err != nil {
+			return fail(err.Error())
+		}
+		nv.machine, nv.ownMachine = m, true
+		if sock := m.AgentSocket(); sock != "" {
+			nv.agent = newAgentClient(sock)
+		}
+	}
+	nv.mu.Lock()
+	nv.lock = ""
+	nv.mu.Unlock()
+	return nil
 }
 
 // vmDestroy is destroy_vm: $early_checks before the qmdestroy task and

@@ -55,7 +55,7 @@ func (c client) entries(typ string) (string, map[string]map[string]any) {
 // "unknown" with nothing else (PVE::API2Tools extract_vm_stats without rrd
 // data, pmxcfs' rrd_entry_is_old).
 func TestClusterNodes(t *testing.T) {
-	e, c := emuNodes(t, PVE92, threeNodes, []string{"VM.Audit"},
+	e, c := emuNodes(t, PVE92(), threeNodes, []string{"VM.Audit"},
 		VMSpec{VMID: 1000, Node: "pve-2", Name: "big", Running: true},
 		VMSpec{VMID: 101, Node: "pve", Name: "a", Running: true},
 		VMSpec{VMID: 104, Node: "pve-3", Name: "far", Running: true})
@@ -104,7 +104,7 @@ func TestClusterNodes(t *testing.T) {
 // /cluster/status (Sys.Audit on /), with quorum lost when two of three
 // nodes are offline.
 func TestNodesAndClusterStatus(t *testing.T) {
-	e, c := emuNodes(t, PVE84, threeNodes, []string{"VM.Audit"})
+	e, c := emuNodes(t, PVE84(), threeNodes, []string{"VM.Audit"})
 	var nodes []map[string]any
 	c.do("GET", "/nodes", nil).data(t, &nodes)
 	fp := regexp.MustCompile(`^([0-9A-F]{2}:){31}[0-9A-F]{2}$`)
@@ -152,7 +152,7 @@ func TestNodesAndClusterStatus(t *testing.T) {
 // permission check on the node answering, then its forward fails: 595 No
 // route to host, no body (pve-http-server proxy_request).
 func TestProxyToOfflineNode(t *testing.T) {
-	e, c := emuNodes(t, PVE92, threeNodes, []string{"VM.Audit"}, VMSpec{VMID: 104, Node: "pve-3", Running: true})
+	e, c := emuNodes(t, PVE92(), threeNodes, []string{"VM.Audit"}, VMSpec{VMID: 104, Node: "pve-3", Running: true})
 	e.SetNodeOnline("pve-3", false)
 	upid := "UPID:pve-3:00000001:00000002:00000003:qmstart:104:" + tokID + ":"
 	for _, tc := range []struct {
@@ -178,7 +178,7 @@ func TestProxyToOfflineNode(t *testing.T) {
 // migrateEmu is a three-node emulator with VMs 101 (running) and 102
 // (stopped) on pve, and the CI token allowed to migrate.
 func migrateEmu(t *testing.T) (*Emulator, client) {
-	return emuNodes(t, PVE92, threeNodes, append(allVMPrivs(PVE92), "VM.Migrate"),
+	return emuNodes(t, PVE92(), threeNodes, append(allVMPrivs(PVE92()), "VM.Migrate"),
 		VMSpec{VMID: 101, Node: "pve", Name: "on", Running: true}, VMSpec{VMID: 102, Node: "pve", Name: "off"})
 }
 
@@ -267,7 +267,7 @@ func TestMigrateRefused(t *testing.T) {
 			t.Errorf("migrate 101 on %s %v = %d %q %v; want %d %q %v", tc.node, tc.params, r.code, r.reason, r.body.Errors, tc.code, tc.reason, tc.errors)
 		}
 	}
-	e.AddToken(Token{ID: tokID, Secret: tokSecret, ACL: []ACL{{Path: "/vms", Privs: allVMPrivs(PVE92), Propagate: true}}})
+	e.AddToken(Token{ID: tokID, Secret: tokSecret, ACL: []ACL{{Path: "/vms", Privs: allVMPrivs(PVE92()), Propagate: true}}})
 	if r := c.migrate("pve", 101, url.Values{"target": {"pve-2"}}); r.code != 403 || r.reason != "Permission check failed (/vms/101, VM.Migrate)" {
 		t.Errorf("migrate without VM.Migrate = %d %q", r.code, r.reason)
 	}
@@ -276,7 +276,7 @@ func TestMigrateRefused(t *testing.T) {
 // TestMigrateNoQuorum: check_cfs_quorum refuses a migration while most
 // nodes are offline.
 func TestMigrateNoQuorum(t *testing.T) {
-	e, c := emuNodes(t, PVE92, threeNodes, append(allVMPrivs(PVE92), "VM.Migrate"), VMSpec{VMID: 102, Node: "pve", Name: "off"})
+	e, c := emuNodes(t, PVE92(), threeNodes, append(allVMPrivs(PVE92()), "VM.Migrate"), VMSpec{VMID: 102, Node: "pve", Name: "off"})
 	e.SetNodeOnline("pve-2", false)
 	e.SetNodeOnline("pve-3", false)
 	if r := c.do("POST", "/nodes/pve/qemu/102/migrate", url.Values{"target": {"pve-2"}}); r.code != 500 || r.reason != "cluster not ready - no quorum?" {
@@ -290,7 +290,7 @@ func TestMigrateNoQuorum(t *testing.T) {
 // ("unable to find configuration file ...") before forking, or in the
 // worker's first step (the task fails, the method answers a UPID).
 func TestWrongNodeAnswers(t *testing.T) {
-	e, c := emuNodes(t, PVE92, threeNodes, allVMPrivs(PVE92), VMSpec{VMID: 101, Node: "pve", Name: "on", Running: true})
+	e, c := emuNodes(t, PVE92(), threeNodes, allVMPrivs(PVE92()), VMSpec{VMID: 101, Node: "pve", Name: "on", Running: true})
 	if err := e.Migrate(context.Background(), 101, "pve-2"); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestWrongNodeAnswers(t *testing.T) {
 // migration held it finds the config gone (lock_config, then the worker's
 // first look at the config).
 func TestTaskAfterMigration(t *testing.T) {
-	e, c := emuNodes(t, PVE92, threeNodes, allVMPrivs(PVE92), VMSpec{VMID: 101, Node: "pve", Name: "on", Running: true})
+	e, c := emuNodes(t, PVE92(), threeNodes, allVMPrivs(PVE92()), VMSpec{VMID: 101, Node: "pve", Name: "on", Running: true})
 	v := e.vmByID(101)
 	v.cfgMu.Lock() // a migration holds the lock
 	r := c.do("POST", "/nodes/pve/qemu/101/status/stop", url.Values{})

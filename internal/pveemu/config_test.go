@@ -10,8 +10,8 @@ import (
 // (update_vm) with the privilege of each option, a digest guards against a
 // concurrent change, and nextid hands out the lowest free vmid.
 func TestConfigAndNextID(t *testing.T) {
-	privs := append(allVMPrivs(PVE92), "VM.Config.Memory")
-	_, c := emu(t, PVE92, privs, VMSpec{VMID: 100, Node: "pve", Name: "tmpl", Template: true, MemoryMB: 256, Cores: 2})
+	privs := append(allVMPrivs(PVE92()), "VM.Config.Memory")
+	_, c := emu(t, PVE92(), privs, VMSpec{VMID: 100, Node: "pve", Name: "tmpl", Template: true, MemoryMB: 256, Cores: 2})
 	var next any
 	c.do("GET", "/cluster/nextid", nil).data(t, &next)
 	if next != float64(101) {

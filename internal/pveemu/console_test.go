@@ -10,9 +10,9 @@ import (
 // (its user, path, port and signature), the port's range and a running
 // VM, as qemu-server does, before anything is opened.
 func TestConsoleRefusals(t *testing.T) {
-	_, c := emu(t, PVE92, []string{"VM.Audit", "VM.Console"},
+	_, c := emu(t, PVE92(), []string{"VM.Audit", "VM.Console"},
 		VMSpec{VMID: 101, Node: "pve", Name: "a", Running: true}, VMSpec{VMID: 102, Node: "pve", Name: "off"})
-	_, audit := emu(t, PVE92, []string{"VM.Audit"}, VMSpec{VMID: 101, Node: "pve", Name: "a", Running: true})
+	_, audit := emu(t, PVE92(), []string{"VM.Audit"}, VMSpec{VMID: 101, Node: "pve", Name: "a", Running: true})
 	forged := "PVEVNC:6770F00D::" + strings.Repeat("ab", 32)
 	for _, tc := range []struct {
 		c            client
@@ -43,7 +43,7 @@ func TestConsoleRefusals(t *testing.T) {
 // TestVNCTicket: a ticket verifies for its own user, path and port only,
 // with or without vncproxy's password prefix.
 func TestVNCTicket(t *testing.T) {
-	e, _ := emu(t, PVE92, []string{"VM.Audit"})
+	e, _ := emu(t, PVE92(), []string{"VM.Audit"})
 	tk := e.vncTicket("u@pve!t", "/vms/101", 5901)
 	for _, tc := range []struct {
 		ticket, user, path string

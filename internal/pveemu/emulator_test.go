@@ -189,7 +189,7 @@ func TestVersion(t *testing.T) {
 }
 
 func TestErrorAnswers(t *testing.T) {
-	_, c := emu(t, PVE92, []string{"VM.Audit"}, VMSpec{VMID: 101, Node: "pve", Name: "a", Running: true})
+	_, c := emu(t, PVE92(), []string{"VM.Audit"}, VMSpec{VMID: 101, Node: "pve", Name: "a", Running: true})
 	for _, tc := range []struct {
 		method, path string
 		params       url.Values
@@ -225,7 +225,7 @@ func TestErrorAnswers(t *testing.T) {
 }
 
 func TestAuthentication(t *testing.T) {
-	e, _ := emu(t, PVE84, []string{"VM.Audit"})
+	e, _ := emu(t, PVE84(), []string{"VM.Audit"})
 	for _, tc := range []struct {
 		auth, reason string
 	}{
@@ -258,10 +258,10 @@ func TestAgentPrivileges(t *testing.T) {
 		v                       Version
 		exec, info, read, write string
 	}{
-		{PVE84, "VM.Monitor", "VM.Monitor", "VM.Monitor", "VM.Monitor"},
-		{PVE90, "VM.GuestAgent.Unrestricted", "VM.GuestAgent.Audit|VM.GuestAgent.Unrestricted",
+		{PVE84(), "VM.Monitor", "VM.Monitor", "VM.Monitor", "VM.Monitor"},
+		{PVE90(), "VM.GuestAgent.Unrestricted", "VM.GuestAgent.Audit|VM.GuestAgent.Unrestricted",
 			"VM.GuestAgent.FileRead|VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileWrite|VM.GuestAgent.Unrestricted"},
-		{PVE92, "VM.GuestAgent.Unrestricted", "VM.GuestAgent.Audit|VM.GuestAgent.Unrestricted",
+		{PVE92(), "VM.GuestAgent.Unrestricted", "VM.GuestAgent.Audit|VM.GuestAgent.Unrestricted",
 			"VM.GuestAgent.FileRead|VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileWrite|VM.GuestAgent.Unrestricted"},
 	} {
 		t.Run(tc.v.String(), func(t *testing.T) {
@@ -284,7 +284,7 @@ func TestAgentPrivileges(t *testing.T) {
 }
 
 func TestAccessPermissions(t *testing.T) {
-	e := Start(t, Options{Version: PVE92})
+	e := Start(t, Options{Version: PVE92()})
 	e.AddToken(Token{ID: tokID, Secret: tokSecret, ACL: []ACL{
 		{Path: "/vms", Privs: []string{"VM.Audit"}, Propagate: true},
 		{Path: "/vms/101", Privs: []string{"VM.Audit", "VM.PowerMgmt"}},
@@ -312,7 +312,7 @@ func TestAccessPermissions(t *testing.T) {
 // the task's exit status, except reset and reboot of a stopped VM, which
 // fail before forking.
 func TestPowerTasks(t *testing.T) {
-	_, c := emu(t, PVE92, allVMPrivs(PVE92), VMSpec{VMID: 102, Node: "pve-2", Name: "off"})
+	_, c := emu(t, PVE92(), allVMPrivs(PVE92()), VMSpec{VMID: 102, Node: "pve-2", Name: "off"})
 	post := func(action string) reply { return c.do("POST", "/nodes/pve-2/qemu/102/status/"+action, url.Values{}) }
 	task := func(action, want string) {
 		t.Helper()
@@ -351,7 +351,7 @@ func TestPowerTasks(t *testing.T) {
 // TestClusterResources: VMs without VM.Audit are left out; a VM pvestatd
 // has not sampled yet is "unknown".
 func TestClusterResources(t *testing.T) {
-	e := Start(t, Options{Version: PVE84})
+	e := Start(t, Options{Version: PVE84()})
 	e.AddToken(Token{ID: tokID, Secret: tokSecret, ACL: []ACL{{Path: "/vms/101", Privs: []string{"VM.Audit"}}, {Path: "/vms/103", Privs: []string{"VM.Audit"}}}})
 	e.AddVM(VMSpec{VMID: 101, Node: "pve", Name: "a", Running: true})
 	e.AddVM(VMSpec{VMID: 102, Node: "pve", Name: "hidden"})
@@ -377,7 +377,7 @@ func TestFileReadCountByVersion(t *testing.T) {
 	for _, tc := range []struct {
 		v    Version
 		code int
-	}{{PVE84, 400}, {PVE91, 400}, {PVE92, 500}} {
+	}{{PVE84(), 400}, {PVE91(), 400}, {PVE92(), 500}} {
 		_, c := emu(t, tc.v, allVMPrivs(tc.v), VMSpec{VMID: 101, Node: "pve", Running: true})
 		// 500 once count is known: the VM has no agent behind it.
 		r := c.do("GET", "/nodes/pve/qemu/101/agent/file-read", url.Values{"file": {"/etc/hostname"}, "count": {"10"}})
@@ -396,7 +396,7 @@ func TestFileReadCountByVersion(t *testing.T) {
 // TestCloneDestroy: clone and destroy are tasks with their early checks
 // answered at once.
 func TestCloneDestroy(t *testing.T) {
-	_, c := emu(t, PVE92, allVMPrivs(PVE92), VMSpec{VMID: 101, Node: "pve", Name: "tmpl", Running: true})
+	_, c := emu(t, PVE92(), allVMPrivs(PVE92()), VMSpec{VMID: 101, Node: "pve", Name: "tmpl", Running: true})
 	task := func(r reply) map[string]any { t.Helper(); return c.taskOf("pve", r) }
 	if st := task(c.do("POST", "/nodes/pve/qemu/101/clone", url.Values{"newid": {"150"}})); st["exitstatus"] != "OK" || st["type"] != "qmclone" || st["id"] != "101" {
 		t.Fatalf("clone task = %v; want a qmclone task of 101 ending OK", st)
@@ -436,7 +436,7 @@ func TestCloneDestroy(t *testing.T) {
 // (AnyEvent.pm: body size, a body on GET, the format) and a body that is not
 // JSON.
 func TestHostileRequests(t *testing.T) {
-	e, c := emu(t, PVE92, allVMPrivs(PVE92), VMSpec{VMID: 101, Node: "pve", Running: true})
+	e, c := emu(t, PVE92(), allVMPrivs(PVE92()), VMSpec{VMID: 101, Node: "pve", Running: true})
 	for _, tc := range []struct {
 		method, path, ctype, body string
 		code                      int

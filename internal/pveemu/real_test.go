@@ -27,7 +27,7 @@ func readReal(t *testing.T, name string) (string, []byte) {
 // same situation, byte for byte where the version matches.
 func TestRealAnswers(t *testing.T) {
 	// A VM whose agent is enabled but not running, on PVE 9.0.
-	_, c := emu(t, PVE90, allVMPrivs(PVE90), VMSpec{VMID: 198, Node: "pve", Running: true})
+	_, c := emu(t, PVE90(), allVMPrivs(PVE90()), VMSpec{VMID: 198, Node: "pve", Running: true})
 	line, body := readReal(t, "agent-not-running.response")
 	r := c.do("GET", "/nodes/pve/qemu/198/agent/network-get-interfaces", nil)
 	if got := fmt.Sprintf("%d %s", r.code, r.reason); got != line || r.raw != string(body) {
@@ -78,7 +78,7 @@ func TestRealCluster(t *testing.T) {
 		delete(x, "tags") // only for tagged VMs
 		realKeys[fmt.Sprint(x["type"])] = keys(x)
 	}
-	e := Start(t, Options{Version: PVE92, Nodes: threeNodes})
+	e := Start(t, Options{Version: PVE92(), Nodes: threeNodes})
 	e.AddToken(Token{ID: tokID, Secret: tokSecret, ACL: []ACL{{Path: "/vms", Privs: []string{"VM.Audit"}, Propagate: true},
 		{Path: "/nodes", Privs: []string{"Sys.Audit"}, Propagate: true}}})
 	e.AddVM(VMSpec{VMID: 100, Node: "pve-2", Name: "server1", Running: true})

@@ -18,11 +18,22 @@ type route struct {
 
 // routeTable lists the emulated methods (built once, by New).
 func (e *Emulator) routeTable() []route {
-	agent := func(name, method string, run func(e *Emulator, r *request) (any, *apiError), extra map[string]prop) route {
-		return route{method: method, path: "/nodes/{node}/qemu/{vmid}/agent/" + name, perm: e.agentPerm(name),
-			schema: vmSchema(extra), proxyto: true, run: run}
+	var out []route
+	for _, rs := range [][]route{e.configRoutes(), e.consoleRoutes(), e.clusterRoutes(), e.powerRoutes(), e.agentRoutes(), e.vmRoutes()} {
+		out = append(out, rs...)
 	}
-	return append(append(e.configRoutes(), e.consoleRoutes()...), []route{
+	return out
+}
+
+// agentRoute is the guest agent method name (…/agent/NAME).
+func (e *Emulator) agentRoute(name, method string, run func(e *Emulator, r *request) (any, *apiError), extra map[string]prop) route {
+	return route{method: method, path: "/nodes/{node}/qemu/{vmid}/agent/" + name, perm: e.agentPerm(name),
+		schema: vmSchema(extra), proxyto: true, run: run}
+}
+
+// clusterRoutes are the methods on the cluster, its nodes and tasks.
+func (e *Emulator) clusterRoutes() []route {
+	return []route{
 		{method: "GET", path: "/version", schema: schema{props: map[string]prop{}}, run: (*Emulator).getVersion},
 		{method: "GET", path: "/cluster/resources", run: (*Emulator).clusterResources,
 			schema: schema{props: map[string]prop{"type": {typ: "string", optional: true, enum: []string{"vm", "storage", "node", "sdn"}}}}},
@@ -36,6 +47,12 @@ func (e *Emulator) routeTable() []route {
 		{method: "GET", path: "/nodes/{node}/tasks/{upid}/log", proxyto: true, run: (*Emulator).taskLog,
 			schema: schema{props: map[string]prop{"node": optNode, "upid": {typ: "string"},
 				"start": {typ: "integer", optional: true, minimum: num(0)}, "limit": {typ: "integer", optional: true, minimum: num(0)}}}},
+	}
+}
+
+// powerRoutes are a VM's status and power methods.
+func (e *Emulator) powerRoutes() []route {
+	return []route{
 		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/status/current", perm: vmPerm("VM.Audit"), proxyto: true,
 			schema: vmSchema(nil), run: (*Emulator).vmStatus},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/start", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
@@ -53,20 +70,32 @@ func (e *Emulator) routeTable() []route {
 			schema: vmSchema(map[string]prop{"timeout": {typ: "integer", optional: true, minimum: num(0)}}), run: (*Emulator).vmReboot},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/status/reset", perm: vmPerm("VM.PowerMgmt"), proxyto: true,
 			schema: vmSchema(map[string]prop{"skiplock": {typ: "boolean", optional: true}}), run: (*Emulator).vmReset},
-		agent("ping", "POST", e.agentSimple("ping"), nil),
-		agent("info", "GET", e.agentSimple("info"), nil),
-		agent("network-get-interfaces", "GET", e.agentSimple("network-get-interfaces"), nil),
-		agent("get-osinfo", "GET", e.agentSimple("get-osinfo"), nil),
-		agent("get-host-name", "GET", e.agentSimple("get-host-name"), nil),
-		agent("exec", "POST", (*Emulator).agentExec, map[string]prop{
+	}
+}
+
+// agentRoutes are the guest agent's methods.
+func (e *Emulator) agentRoutes() []route {
+	return []route{
+		e.agentRoute("ping", "POST", e.agentSimple("ping"), nil),
+		e.agentRoute("info", "GET", e.agentSimple("info"), nil),
+		e.agentRoute("network-get-interfaces", "GET", e.agentSimple("network-get-interfaces"), nil),
+		e.agentRoute("get-osinfo", "GET", e.agentSimple("get-osinfo"), nil),
+		e.agentRoute("get-host-name", "GET", e.agentSimple("get-host-name"), nil),
+		e.agentRoute("exec", "POST", (*Emulator).agentExec, map[string]prop{
 			"command":    {typ: "array"},
 			"input-data": {typ: "string", optional: true, maxLength: 64 * 1024}}),
-		agent("exec-status", "GET", (*Emulator).agentExecStatus, map[string]prop{"pid": {typ: "integer"}}),
-		agent("file-read", "GET", (*Emulator).agentFileRead, e.fileReadProps()),
-		agent("file-write", "POST", (*Emulator).agentFileWrite, map[string]prop{
+		e.agentRoute("exec-status", "GET", (*Emulator).agentExecStatus, map[string]prop{"pid": {typ: "integer"}}),
+		e.agentRoute("file-read", "GET", (*Emulator).agentFileRead, e.fileReadProps()),
+		e.agentRoute("file-write", "POST", (*Emulator).agentFileWrite, map[string]prop{
 			"file":    {typ: "string"},
 			"content": {typ: "string", maxLength: 60 * 1024},
 			"encode":  {typ: "boolean", optional: true}}),
+	}
+}
+
+// vmRoutes are a VM's snapshot, clone, destroy and rrddata methods.
+func (e *Emulator) vmRoutes() []route {
+	return []route{
 		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/snapshot", perm: vmPerm("VM.Audit"), proxyto: true,
 			schema: vmSchema(nil), run: (*Emulator).snapshotList},
 		{method: "POST", path: "/nodes/{node}/qemu/{vmid}/snapshot", perm: vmPerm("VM.Snapshot"), proxyto: true,
@@ -89,7 +118,7 @@ func (e *Emulator) routeTable() []route {
 		{method: "GET", path: "/nodes/{node}/qemu/{vmid}/rrddata", perm: vmPerm("VM.Audit"), proxyto: true,
 			schema: vmSchema(map[string]prop{"timeframe": {typ: "string", enum: []string{"hour", "day", "week", "month", "year"}},
 				"cf": {typ: "string", optional: true, enum: []string{"AVERAGE", "MAX"}}}), run: (*Emulator).vmRRDData},
-	}...)
+	}
 }
 
 // vmSchema is a VM method's parameters: node, vmid and extra.

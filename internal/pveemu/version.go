@@ -34,15 +34,24 @@ type Version struct {
 //     9a6a59d9): "qga command", file-read still without count.
 //   - PVE92: pve-manager 9.2.11 (commit f6997e69), qemu-server 9.2.6 (commit
 //     e6352be6): file-read with count, offset and decode.
-var (
-	PVE84 = Version{Manager: "8.4.21", Release: "8.4", RepoID: "2606ac850d46da29", QemuServer: "8.4.10"}
-	PVE90 = Version{Manager: "9.0.11", Release: "9.0", RepoID: "3bf5476b8a4699e2", QemuServer: "9.0.23"}
-	PVE91 = Version{Manager: "9.1.2", Release: "9.1", RepoID: "9d436f37a0ac4172", QemuServer: "9.1.1"}
-	PVE92 = Version{Manager: "9.2.11", Release: "9.2", RepoID: "f6997e698c7933ea", QemuServer: "9.2.6"}
-)
+func PVE84() Version {
+	return Version{Manager: "8.4.21", Release: "8.4", RepoID: "2606ac850d46da29", QemuServer: "8.4.10"}
+}
+
+func PVE90() Version {
+	return Version{Manager: "9.0.11", Release: "9.0", RepoID: "3bf5476b8a4699e2", QemuServer: "9.0.23"}
+}
+
+func PVE91() Version {
+	return Version{Manager: "9.1.2", Release: "9.1", RepoID: "9d436f37a0ac4172", QemuServer: "9.1.1"}
+}
+
+func PVE92() Version {
+	return Version{Manager: "9.2.11", Release: "9.2", RepoID: "f6997e698c7933ea", QemuServer: "9.2.6"}
+}
 
 // Versions lists the presets, oldest first.
-func Versions() []Version { return []Version{PVE84, PVE90, PVE91, PVE92} }
+func Versions() []Version { return []Version{PVE84(), PVE90(), PVE91(), PVE92()} }
 
 // String is the release, for test names.
 func (v Version) String() string { return "pve" + strings.ReplaceAll(v.Release, ".", "") }

@@ -641,19 +641,19 @@ func checkToolRow(what string, tools []string, args string, props map[string]map
 	return ok(what)
 }
 
-// checkMissingFile: README's example of a [BACKEND ERROR] (a file that is
-// not there) starts as vm_file_read's answer for /nope on lab/vm1 does.
+// checkMissingFile: README's example of a guest's refusal (a file that is
+// not there) is vm_file_read's answer for /nope on lab/vm1.
 func checkMissingFile(t *testing.T, e *env, readme string) result {
 	const what = "the missing-file example"
-	m := regexp.MustCompile("`(\\[BACKEND ERROR\\] not found:[^`…]*)").FindStringSubmatch(readme)
+	m := regexp.MustCompile("`(\\[INVALID ARGUMENT\\] not found:[^`…]*)`").FindStringSubmatch(readme)
 	if m == nil {
-		return fail(what, "README has no [BACKEND ERROR] not found: example")
+		return fail(what, "README has no [INVALID ARGUMENT] not found: example")
 	}
 	e.lab(t)
 	srv := e.httpServer(t)
 	r := e.sh("", []string{"VMGATE_TOKEN=" + srv.token}, `vmgate call vm_file_read --url `+srv.url+` --args '{"vm":"lab/vm1","path":"/nope"}'`)
 	var res callResult
-	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || !strings.HasPrefix(res.Text, strings.TrimSpace(m[1])) {
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Text != m[1] {
 		return fail(what, "vm_file_read of /nope: %v; README says %q", r, m[1])
 	}
 	return ok(what)

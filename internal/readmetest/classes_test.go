@@ -20,6 +20,7 @@ var classes = map[string]entry{
 	"Policy #1":                       {class: parsed, has: `"hide"`, check: checkPolicyDoc},
 	"Policy #2":                       {class: run, has: "vmgate policy check", check: checkPolicyCommands},
 	"Policy #3":                       {class: parsed, has: `"max_count"`, check: checkPolicyDoc},
+	"Policy #4":                       {class: parsed, has: `"vm_send_keys"`, check: checkPolicyDoc},
 	"Configuration #1":                {class: parsed, has: "grants:", check: checkFullConfig},
 	"Backends #1":                     {class: parsed, has: "driver: qemu", check: checkConfigFragment},
 	"Backends #2":                     {class: parsed, has: "driver: libvirt", check: checkConfigFragment},
@@ -47,9 +48,7 @@ var classes = map[string]entry{
 // knownBroken are the parts of README (block id or prose id, " / ", the
 // part) that do not work as written yet, with the finding that fixes them.
 // Each must still fail; when one passes, remove it.
-var knownBroken = map[string]string{
-	"Tools / the missing-file example": "issue 32 item 7: the real answer is [INVALID ARGUMENT] with a PATH hint",
-}
+var knownBroken = map[string]string{}
 
 // proseCheck checks README statements that are not blocks (tables,
 // examples in the text).

@@ -14,7 +14,7 @@
 // a valid one. Every token and every error carries its byte offset, so the
 // policy parser can name the line and column of a mistake.
 //
-// It imports the standard library only: DESIGN.md lets the policy package
+// It imports the standard library only: docs/design.md (Layout) lets the policy package
 // import exactly this leaf, and the dependency test keeps it a leaf.
 package strictjson
 

@@ -202,7 +202,7 @@ func (e *emu) showGuest(m *Machine) {
 // gaRevision is the Additions' revision: the release's own for an
 // emulated release, 0 for another version.
 func (e *emu) gaRevision(ga string) int {
-	for _, v := range Versions {
+	for _, v := range Versions() {
 		if v.String() == ga {
 			return v.Revision
 		}

@@ -19,23 +19,33 @@ type Version struct {
 	Year int
 }
 
-// The emulated releases.
-var (
-	V61 = &Version{Major: 6, Minor: 1, Build: 38, Revision: 153438, Product: "Oracle VM VirtualBox", Vendor: "Oracle Corporation", Year: 2022}
-	V70 = &Version{Major: 7, Minor: 0, Build: 18, Revision: 162988, Product: "Oracle VM VirtualBox", Vendor: "Oracle and/or its affiliates", Year: 2024}
-	V71 = &Version{Major: 7, Minor: 1, Build: 6, Revision: 167084, Product: "Oracle VirtualBox", Vendor: "Oracle and/or its affiliates", Year: 2025}
-)
+// The emulated releases; each call returns a new Version.
+
+// V61 is VirtualBox 6.1.38.
+func V61() *Version {
+	return &Version{Major: 6, Minor: 1, Build: 38, Revision: 153438, Product: "Oracle VM VirtualBox", Vendor: "Oracle Corporation", Year: 2022}
+}
+
+// V70 is VirtualBox 7.0.18.
+func V70() *Version {
+	return &Version{Major: 7, Minor: 0, Build: 18, Revision: 162988, Product: "Oracle VM VirtualBox", Vendor: "Oracle and/or its affiliates", Year: 2024}
+}
+
+// V71 is VirtualBox 7.1.6.
+func V71() *Version {
+	return &Version{Major: 7, Minor: 1, Build: 6, Revision: 167084, Product: "Oracle VirtualBox", Vendor: "Oracle and/or its affiliates", Year: 2025}
+}
 
 // Versions lists the emulated releases, oldest first.
-var Versions = []*Version{V61, V70, V71}
+func Versions() []*Version { return []*Version{V61(), V70(), V71()} }
 
 // LookupVersion finds an emulated release by "6.1", "7.0", "7.1" or its
 // full number ("7.1.6"). The empty string means the newest.
 func LookupVersion(s string) (*Version, error) {
 	if s == "" {
-		return V71, nil
+		return V71(), nil
 	}
-	for _, v := range Versions {
+	for _, v := range Versions() {
 		if s == v.Short() || s == v.String() {
 			return v, nil
 		}

@@ -8,6 +8,9 @@ import (
 	"image/png"
 	"io"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 
@@ -44,16 +47,19 @@ const maxScreenBytes = 64 << 20
 // errTooLarge: the stream carried more than its bound.
 var errTooLarge = errors.New("more than the bound")
 
-// boundedBuffer is a bytes.Buffer that refuses to grow past max.
+// boundedBuffer is a bytes.Buffer that refuses to grow past max and
+// counts what it was given, which another goroutine may read (written).
 type boundedBuffer struct {
 	bytes.Buffer
-	max int
+	max     int
+	written atomic.Int64
 }
 
 func (b *boundedBuffer) Write(p []byte) (int, error) {
 	if b.Len()+len(p) > b.max {
 		return 0, errTooLarge
 	}
+	b.written.Add(int64(len(p)))
 	return b.Buffer.Write(p)
 }
 
@@ -74,12 +80,18 @@ func (d *Driver) Screenshot(ctx context.Context, name string, req hypervisor.Scr
 	if err != nil {
 		return hypervisor.Screenshot{}, err
 	}
-	// go-libvirt loses a screenshot stream's end now and then (the image
-	// comes short, or not at all, with the return value undecodable):
-	// an image that does not decode is taken again, a few times.
+	// go-libvirt loses a screenshot stream's end now and then: the image
+	// comes short, or not at all, with the return value undecodable, or
+	// the call never returns. A stream that does not decode, or that
+	// brings nothing for screenshotStall, is taken again, a few times.
 	var last error
 	for range screenshotTries {
-		mime, img, err := d.screenshotStream(ctx, s.handle())
+		mime, img, err := d.screenshotStream(ctx, s.handle(), screenshotStall)
+		if errors.Is(err, errStreamStalled) && ctx.Err() == nil {
+			last = err
+			d.log.Debug("screenshot stream stalled; taking it again", "domain", name, "err", err)
+			continue
+		}
 		if err != nil {
 			return hypervisor.Screenshot{}, screenshotError(err)
 		}
@@ -96,31 +108,41 @@ func (d *Driver) Screenshot(ctx context.Context, name string, req hypervisor.Scr
 // screenshotTries bounds the screenshots taken for one Screenshot.
 const screenshotTries = 4
 
+// screenshotStall is how long a screenshot stream may bring no byte, from
+// its call or its last byte, before its connection is closed and it is
+// taken again. A screen's image is a few MiB at most over a local
+// socket; a guest starved of CPU slows QEMU's screendump, not libvirt's
+// stream, so a stall this long is go-libvirt's lost end.
+const screenshotStall = 15 * time.Second
+
+// errStreamStalled: a screenshot stream brought nothing for its stall
+// limit; its connection was closed.
+var errStreamStalled = errors.New("the screenshot stream stalled")
+
 // screenshotStream reads one virDomainScreenshot stream on a connection
 // of its own (go-libvirt leaves a stream it has read half closed on its
 // connection, and the next screenshot stream there came short): the
 // image's MIME type (sniffed when go-libvirt cannot decode it) and bytes.
-func (d *Driver) screenshotStream(ctx context.Context, h golibvirt.Domain) (string, []byte, error) {
-	type result struct {
-		mime string
-		img  []byte
-		err  error
+// A stream that brings no byte for stall is ended by closing its
+// connection (errStreamStalled); so is one whose ctx ends. The goroutine
+// that reads the stream owns nothing else and ends once the connection
+// is closed.
+func (d *Driver) screenshotStream(ctx context.Context, h golibvirt.Domain, stall time.Duration) (string, []byte, error) {
+	c, err := d.dialConsole()
+	if err != nil {
+		return "", nil, fmt.Errorf("connection to libvirtd failed: %w", err)
 	}
-	res := make(chan result, 1)
+	var closeOnce sync.Once
+	disconnect := func() { closeOnce.Do(func() { c.Disconnect() }) }
+	defer disconnect()
+	sc, ok := c.(screenConn)
+	if !ok {
+		return "", nil, errors.New("this connection has no screenshots")
+	}
+	img := &boundedBuffer{max: maxScreenBytes}
+	res := make(chan streamResult, 1)
 	go func() {
-		c, err := d.dialConsole()
-		if err != nil {
-			res <- result{err: fmt.Errorf("connection to libvirtd failed: %w", err)}
-			return
-		}
-		defer c.Disconnect()
-		sc, ok := c.(screenConn)
-		if !ok {
-			res <- result{err: errors.New("this connection has no screenshots")}
-			return
-		}
-		img := boundedBuffer{max: maxScreenBytes}
-		m, err := sc.DomainScreenshot(h, &img, 0, 0)
+		m, err := sc.DomainScreenshot(h, img, 0, 0)
 		mime := ""
 		if len(m) > 0 {
 			mime = m[0]
@@ -132,16 +154,45 @@ func (d *Driver) screenshotStream(ctx context.Context, h golibvirt.Domain) (stri
 			// the image is sniffed instead, and checked by decoding it.
 			err = nil
 		}
-		if mime == "" {
-			mime = sniffImage(img.Bytes())
-		}
-		res <- result{mime, img.Bytes(), err}
+		res <- streamResult{mime, err}
 	}()
-	select {
-	case r := <-res:
-		return r.mime, r.img, r.err
-	case <-ctx.Done():
-		return "", nil, fmt.Errorf("%w: %w", hypervisor.ErrTimeout, ctx.Err())
+	return waitScreenshot(ctx, res, img, stall, disconnect)
+}
+
+// streamResult is what a screenshot stream's call returned.
+type streamResult struct {
+	mime string
+	err  error
+}
+
+// waitScreenshot waits for a screenshot stream's call to return, checking
+// its bytes as they come: it closes the stream's connection (disconnect)
+// when ctx ends or when img grows by nothing for stall.
+func waitScreenshot(ctx context.Context, res <-chan streamResult, img *boundedBuffer, stall time.Duration, disconnect func()) (string, []byte, error) {
+	tick := time.NewTicker(stall / 10)
+	defer tick.Stop()
+	seen, since := img.written.Load(), time.Now()
+	for {
+		select {
+		case r := <-res:
+			mime := r.mime
+			if mime == "" {
+				mime = sniffImage(img.Bytes())
+			}
+			return mime, img.Bytes(), r.err
+		case <-ctx.Done():
+			disconnect()
+			return "", nil, fmt.Errorf("%w: %w", hypervisor.ErrTimeout, ctx.Err())
+		case now := <-tick.C:
+			if n := img.written.Load(); n != seen {
+				seen, since = n, now
+			} else if now.Sub(since) >= stall {
+				// The call ends with its connection (or never: it owns
+				// img, which nothing here reads again).
+				disconnect()
+				return "", nil, fmt.Errorf("%w: no byte for %s after %d bytes", errStreamStalled, stall, n)
+			}
+		}
 	}
 }
 

@@ -99,10 +99,10 @@ func TestPrivilegesByVersion(t *testing.T) {
 		v                 pveemu.Version
 		exec, read, write string
 	}{
-		{pveemu.PVE84, "VM.Monitor", "VM.Monitor", "VM.Monitor"},
+		{pveemu.PVE84(), "VM.Monitor", "VM.Monitor", "VM.Monitor"},
 		// exec's preflight (agent/info) is refused first.
-		{pveemu.PVE90, "VM.GuestAgent.Audit or VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileRead or VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileWrite or VM.GuestAgent.Unrestricted"},
-		{pveemu.PVE92, "VM.GuestAgent.Audit or VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileRead or VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileWrite or VM.GuestAgent.Unrestricted"},
+		{pveemu.PVE90(), "VM.GuestAgent.Audit or VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileRead or VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileWrite or VM.GuestAgent.Unrestricted"},
+		{pveemu.PVE92(), "VM.GuestAgent.Audit or VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileRead or VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileWrite or VM.GuestAgent.Unrestricted"},
 	} {
 		t.Run(tc.v.String(), func(t *testing.T) {
 			e := startEmu(t, tc.v, []pveemu.ACL{{Path: "/vms", Privs: []string{"VM.Audit"}, Propagate: true}},
@@ -147,7 +147,7 @@ func TestPrivilegesByVersion(t *testing.T) {
 			}
 		})
 	}
-	e := startEmu(t, pveemu.PVE92, []pveemu.ACL{{Path: "/storage", Privs: []string{"Datastore.Audit"}, Propagate: true}})
+	e := startEmu(t, pveemu.PVE92(), []pveemu.ACL{{Path: "/storage", Privs: []string{"Datastore.Audit"}, Propagate: true}})
 	cfg := e.cfg
 	cfg.Logger = quietLogger()
 	if d, err := Open(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "VM.Audit") || !errors.Is(err, hypervisor.ErrBackend) {
@@ -169,9 +169,9 @@ func TestFileReadCount(t *testing.T) {
 		counts    []string // the count of each file-read request
 		truncated bool
 	}{
-		{pveemu.PVE84, []string{""}, true},
-		{pveemu.PVE91, []string{"1001", ""}, true},
-		{pveemu.PVE92, []string{"1001"}, true},
+		{pveemu.PVE84(), []string{""}, true},
+		{pveemu.PVE91(), []string{"1001", ""}, true},
+		{pveemu.PVE92(), []string{"1001"}, true},
 	} {
 		t.Run(tc.v.String(), func(t *testing.T) {
 			e := startEmu(t, tc.v, nil, pveemu.VMSpec{VMID: 101, Node: "pve", Name: "t1", Machine: pveemu.NewLabMachine(t1)})
@@ -218,7 +218,7 @@ func TestFileReadCount(t *testing.T) {
 // is refused before any part is written, so the guest's directory is as it
 // was (an independent check found the parts left behind).
 func TestLargeWriteWithoutExecLeavesNothing(t *testing.T) {
-	e := startEmu(t, pveemu.PVE92, []pveemu.ACL{{Path: "/vms", Privs: []string{"VM.Audit", "VM.GuestAgent.Audit", "VM.GuestAgent.FileWrite"}, Propagate: true}},
+	e := startEmu(t, pveemu.PVE92(), []pveemu.ACL{{Path: "/vms", Privs: []string{"VM.Audit", "VM.GuestAgent.Audit", "VM.GuestAgent.FileWrite"}, Propagate: true}},
 		pveemu.VMSpec{VMID: 101, Node: "pve", Name: "t1", Machine: pveemu.NewLabMachine(labtest.VM(t, "t1"))})
 	cfg := e.cfg
 	cfg.Logger = quietLogger()
@@ -231,7 +231,7 @@ func TestLargeWriteWithoutExecLeavesNothing(t *testing.T) {
 	// A second token of the same emulator, with every privilege, looks into
 	// the guest (the guest agent serves one client: one emulator only).
 	const fullID, fullSecret = "vmgate@pve!full", "0e6f1b7a-2c44-4e59-8d1b-6a7f3c2d9e50"
-	if err := e.AddToken(pveemu.Token{ID: fullID, Secret: fullSecret, ACL: []pveemu.ACL{{Path: "/vms", Privs: driverPrivs(pveemu.PVE92), Propagate: true}}}); err != nil {
+	if err := e.AddToken(pveemu.Token{ID: fullID, Secret: fullSecret, ACL: []pveemu.ACL{{Path: "/vms", Privs: driverPrivs(pveemu.PVE92()), Propagate: true}}}); err != nil {
 		t.Fatal(err)
 	}
 	ca, secret := e.ClientFiles(t, fullSecret)

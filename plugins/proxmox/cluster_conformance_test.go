@@ -173,7 +173,7 @@ func offlineChecks(t *testing.T, e *testEmu, d hypervisor.Driver) {
 // cluster. The driver trusts its view for an hour here, so each move is
 // found by a wrong-node answer and followed, which the harness checks.
 func TestConformanceCluster(t *testing.T) {
-	e := startCluster(t, pveemu.PVE92)
+	e := startCluster(t, pveemu.PVE92())
 	d := newDriver(t, e.cfg)
 	d.place.ttl = time.Hour
 	hypervisortest.Run(t, clusterHarness(e, d, true))
@@ -191,7 +191,7 @@ func TestConformanceCluster(t *testing.T) {
 // TestConformanceClusterPlugin runs the suite on the cluster through the
 // plugin boundary, on PVE 8.4, with the driver's own view lifetime.
 func TestConformanceClusterPlugin(t *testing.T) {
-	e := startCluster(t, pveemu.PVE84)
+	e := startCluster(t, pveemu.PVE84())
 	d := launchPlugin(t, e.cfg)
 	hypervisortest.Run(t, clusterHarness(e, d, false))
 	t.Run("Cluster/OfflineNode", func(t *testing.T) { offlineChecks(t, e, d) })

@@ -37,7 +37,7 @@ func stoppedLabMachine(t *testing.T) func(context.Context, int, string) (pveemu.
 // only with its mark, also when only the name asked for is known.
 func TestCreateDelete(t *testing.T) {
 	labtest.RequireQEMU(t)
-	v := pveemu.PVE92
+	v := pveemu.PVE92()
 	e := pveemu.Start(t, pveemu.Options{Version: v, Nodes: []string{"pve"}, NewMachine: stoppedLabMachine(t)})
 	if err := e.AddToken(pveemu.Token{ID: emuTokenID, Secret: emuSecret,
 		ACL: []pveemu.ACL{{Path: "/vms", Privs: append(driverPrivs(v), createPrivs...), Propagate: true}}}); err != nil {

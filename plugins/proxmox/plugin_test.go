@@ -94,7 +94,7 @@ func TestConformanceSnapshots(t *testing.T) {
 }
 
 func TestRegisteredSettings(t *testing.T) {
-	e := startEmu(t, pveemu.PVE92, nil)
+	e := startEmu(t, pveemu.PVE92(), nil)
 	good := jsonConfig(e.cfg)
 	d, err := registry.New(context.Background(), Name, good)
 	if err != nil {
@@ -128,7 +128,7 @@ func TestRegisteredSettings(t *testing.T) {
 // the host side of the plugin boundary as hypervisor.ErrBackend with
 // Proxmox's reason (the task's exit status, the privilege).
 func TestBackendErrorsPlugin(t *testing.T) {
-	e := startEmu(t, pveemu.PVE92, []pveemu.ACL{{Path: "/vms", Privs: []string{"VM.Audit", "VM.PowerMgmt"}, Propagate: true}},
+	e := startEmu(t, pveemu.PVE92(), []pveemu.ACL{{Path: "/vms", Privs: []string{"VM.Audit", "VM.PowerMgmt"}, Propagate: true}},
 		pveemu.VMSpec{VMID: 102, Node: "pve", Name: "on", Running: true})
 	d := launchPlugin(t, e.cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

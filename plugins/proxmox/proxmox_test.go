@@ -77,7 +77,7 @@ func labVMs(t *testing.T) []pveemu.VMSpec {
 // newest emulated version (TestConformancePlugin runs it for every version
 // through the plugin boundary).
 func TestConformance(t *testing.T) {
-	e := startEmu(t, pveemu.PVE92, nil, labVMs(t)...)
+	e := startEmu(t, pveemu.PVE92(), nil, labVMs(t)...)
 	d := newDriver(t, e.cfg)
 	hypervisortest.Run(t, hypervisortest.Harness{Driver: d, VM: "101", NoExecVM: "103", UnknownVM: "999",
 		Capabilities: pveCapabilities, DiskDir: "/data"})
@@ -124,7 +124,7 @@ func TestCheckNode(t *testing.T) {
 // TestHostileNames: a name that is not a vmid is refused before any
 // request, and a cluster resource with a hostile node name never reaches a URL.
 func TestHostileNames(t *testing.T) {
-	e := startEmu(t, pveemu.PVE92, nil, pveemu.VMSpec{VMID: 102, Node: "pve", Name: "off"},
+	e := startEmu(t, pveemu.PVE92(), nil, pveemu.VMSpec{VMID: 102, Node: "pve", Name: "off"},
 		pveemu.VMSpec{VMID: 104, Node: "../../../cluster", Name: "evil", Running: true},
 		pveemu.VMSpec{VMID: 105, Node: "pve%2f..", Name: "evil2", Running: true})
 	d := newDriver(t, e.cfg)
@@ -168,7 +168,7 @@ func TestHostileNames(t *testing.T) {
 }
 
 func TestBadToken(t *testing.T) {
-	e := startEmu(t, pveemu.PVE84, nil, pveemu.VMSpec{VMID: 102, Node: "pve", Name: "off"})
+	e := startEmu(t, pveemu.PVE84(), nil, pveemu.VMSpec{VMID: 102, Node: "pve", Name: "off"})
 	cfg := e.cfg
 	wrong := filepath.Join(t.TempDir(), "wrong")
 	if err := os.WriteFile(wrong, []byte("not-the-secret\n"), 0o600); err != nil {
@@ -192,7 +192,7 @@ func TestBadToken(t *testing.T) {
 }
 
 func TestTLSVerification(t *testing.T) {
-	e := startEmu(t, pveemu.PVE92, nil, pveemu.VMSpec{VMID: 102, Node: "pve", Name: "off"})
+	e := startEmu(t, pveemu.PVE92(), nil, pveemu.VMSpec{VMID: 102, Node: "pve", Name: "off"})
 	cfg := e.cfg
 	cfg.CAFile = ""
 	d := newDriver(t, cfg)
@@ -276,7 +276,7 @@ func TestByteStrings(t *testing.T) {
 // against testdata/golden.txtar, exchange by exchange: the access check of
 // Open, the power tasks waited for, and a failed one.
 func TestGolden(t *testing.T) {
-	e := startEmu(t, pveemu.PVE92, nil, pveemu.VMSpec{VMID: 102, Node: "pve", Name: "off"})
+	e := startEmu(t, pveemu.PVE92(), nil, pveemu.VMSpec{VMID: 102, Node: "pve", Name: "off"})
 	ctx := ctxT(t)
 	cfg := e.cfg
 	cfg.Logger = quietLogger()

@@ -41,7 +41,7 @@ func TestVNCAuthResponse(t *testing.T) {
 // serial socket says what to set.
 func TestConsoleBootAndNoAgent(t *testing.T) {
 	v := labtest.Start(t, lab.Spec{Name: "pscreen"})
-	e := startEmu(t, pveemu.PVE92, nil, pveemu.VMSpec{VMID: 130, Node: "pve", Name: "pscreen", Machine: pveemu.NewLabMachine(v)},
+	e := startEmu(t, pveemu.PVE92(), nil, pveemu.VMSpec{VMID: 130, Node: "pve", Name: "pscreen", Machine: pveemu.NewLabMachine(v)},
 		pveemu.VMSpec{VMID: 131, Node: "pve-2", Name: "off"})
 	d := newDriver(t, e.cfg)
 	h := hypervisortest.Harness{Driver: d, VM: "130", Capabilities: pveCapabilities}

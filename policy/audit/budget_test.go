@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// The fsync budget of DESIGN.md: one synchronous fsync per durable append,
+// The fsync budget of docs/design.md: one synchronous fsync per durable append,
 // and none of its own for a lazy one (it rides with the next commit).
 
 func outcomeFor(callID string) Record {

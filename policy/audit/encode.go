@@ -126,8 +126,8 @@ func sortedKeys[V any](m map[string]V, buf []string) []string {
 	return keys
 }
 
-// appendRedactedMap writes m as Redact(m) would be written: stdin, content
-// and content_base64 (any case, any depth) become their digests, and so
+// appendRedactedMap writes m as Redact(m) would be written: stdin, content,
+// content_base64 and text (any case, any depth) become their digests, and so
 // does every value of env.
 func appendRedactedMap(b []byte, m map[string]any) ([]byte, error) {
 	var buf [16]string

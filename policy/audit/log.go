@@ -141,34 +141,10 @@ type reply struct {
 // the chain from the last good record. Only one Log may have a file open at
 // a time (an exclusive flock); a second Open fails.
 func Open(path string, opts Options) (*Log, error) {
-	l := &Log{
-		path:     path,
-		always:   true,
-		interval: opts.Interval,
-		maxBatch: opts.maxBatch,
-		logger:   opts.Logger,
+	l, keyFile, err := newLog(path, opts)
+	if err != nil {
+		return nil, err
 	}
-	switch opts.Fsync {
-	case "", FsyncAlways:
-	case FsyncInterval:
-		l.always = false
-	default:
-		return nil, fmt.Errorf("audit: open: fsync %q: want %q or %q: %w", opts.Fsync, FsyncAlways, FsyncInterval, ErrInvalid)
-	}
-	if l.interval == 0 {
-		l.interval = DefaultInterval
-	}
-	if l.interval < 0 {
-		return nil, fmt.Errorf("audit: open: negative interval %v: %w", l.interval, ErrInvalid)
-	}
-	if l.logger == nil {
-		l.logger = slog.Default()
-	}
-	keyFile := opts.KeyFile
-	if keyFile == "" {
-		keyFile = DefaultKeyFile(path)
-	}
-
 	_, statErr := os.Stat(path)
 	isNew := errors.Is(statErr, fs.ErrNotExist)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
@@ -181,31 +157,10 @@ func Open(path string, opts Options) (*Log, error) {
 			f.Close()
 		}
 	}()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return nil, fmt.Errorf("audit: open: %s is %w: %w", path, ErrInUse, err)
-	}
-	fi, err := f.Stat()
+	key, err := lockAndKey(f, path, keyFile, isNew)
 	if err != nil {
-		return nil, fmt.Errorf("audit: open: %w", err)
+		return nil, err
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("audit: open: %s: not a regular file: %w", path, ErrInvalid)
-	}
-	var key []byte
-	if fi.Size() == 0 {
-		key, err = LoadOrCreateKey(keyFile)
-	} else {
-		key, err = LoadKey(keyFile)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("audit: open: %w", err)
-	}
-	if isNew {
-		if err := syncDir(filepath.Dir(path)); err != nil {
-			return nil, fmt.Errorf("audit: open: %w", err)
-		}
-	}
-
 	rep, err := walk(f, key, nil)
 	if err != nil {
 		return nil, fmt.Errorf("audit: open: %s: %w", path, err)
@@ -232,6 +187,70 @@ func Open(path string, opts Options) (*Log, error) {
 	go l.writer()
 	ok = true
 	return l, nil
+}
+
+// newLog is the Log opts describe for path, not open yet, and the file of
+// its key.
+func newLog(path string, opts Options) (*Log, string, error) {
+	l := &Log{
+		path:     path,
+		always:   true,
+		interval: opts.Interval,
+		maxBatch: opts.maxBatch,
+		logger:   opts.Logger,
+	}
+	switch opts.Fsync {
+	case "", FsyncAlways:
+	case FsyncInterval:
+		l.always = false
+	default:
+		return nil, "", fmt.Errorf("audit: open: fsync %q: want %q or %q: %w", opts.Fsync, FsyncAlways, FsyncInterval, ErrInvalid)
+	}
+	if l.interval == 0 {
+		l.interval = DefaultInterval
+	}
+	if l.interval < 0 {
+		return nil, "", fmt.Errorf("audit: open: negative interval %v: %w", l.interval, ErrInvalid)
+	}
+	if l.logger == nil {
+		l.logger = slog.Default()
+	}
+	keyFile := opts.KeyFile
+	if keyFile == "" {
+		keyFile = DefaultKeyFile(path)
+	}
+	return l, keyFile, nil
+}
+
+// lockAndKey takes the exclusive flock on f (the log at path), checks that
+// it is a regular file and returns its key: keyFile's, made anew for an
+// empty log. A log just created (isNew) has its directory synced.
+func lockAndKey(f *os.File, path, keyFile string, isNew bool) ([]byte, error) {
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return nil, fmt.Errorf("audit: open: %s is %w: %w", path, ErrInUse, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("audit: open: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("audit: open: %s: not a regular file: %w", path, ErrInvalid)
+	}
+	var key []byte
+	if fi.Size() == 0 {
+		key, err = LoadOrCreateKey(keyFile)
+	} else {
+		key, err = LoadKey(keyFile)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: open: %w", err)
+	}
+	if isNew {
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			return nil, fmt.Errorf("audit: open: %w", err)
+		}
+	}
+	return key, nil
 }
 
 // terminateLastLine ends f with a newline if it does not end with one (a
@@ -756,8 +775,38 @@ func (l *Log) commitLocked(lazy [][]byte, batch []*request) {
 		answer(l.broken)
 		return
 	}
-	seq := l.seq
-	buf := l.buf[:0]
+	buf, seq, last := l.chainLocked(lazy, batch)
+	if cap(buf) <= 1<<20 {
+		l.buf = buf
+	}
+	l.reserveLocked(int64(len(buf)))
+	l.writes.Add(1)
+	if _, err := l.f.Write(buf); err != nil {
+		l.undoWriteLocked(err)
+		answer(fmt.Errorf("write: %w", err))
+		return
+	}
+	l.records.Add(uint64(len(lazy) + len(batch)))
+	l.seq, l.prevHash = seq, last
+	l.size += int64(len(buf))
+	l.dirty = true
+	if l.always && needsSync(batch) {
+		l.syncLocked()
+		if l.broken != nil {
+			answer(l.broken)
+			return
+		}
+	}
+	answer(nil)
+}
+
+// chainLocked encodes lazy, then batch, as the next records of the chain
+// into one buffer (l.buf reused), and returns it, the last sequence number
+// and the last record's hash; l.seqs gets batch's sequence numbers.
+// writeMu held.
+func (l *Log) chainLocked(lazy [][]byte, batch []*request) (buf []byte, seq uint64, last string) {
+	seq = l.seq
+	buf = l.buf[:0]
 	var prev []byte // the previous record's hash, in buf once the first record is in
 	if len(l.prevHash) > 0 {
 		prev = []byte(l.prevHash)
@@ -791,35 +840,19 @@ func (l *Log) commitLocked(lazy [][]byte, batch []*request) {
 		l.seqs = append(l.seqs, seq)
 	}
 	// buf may have been reallocated after prev was taken: take it again.
-	last := string(buf[len(buf)-2-2*sha256.Size-1 : len(buf)-3])
-	if cap(buf) <= 1<<20 {
-		l.buf = buf
+	last = string(buf[len(buf)-2-2*sha256.Size-1 : len(buf)-3])
+	return buf, seq, last
+}
+
+// undoWriteLocked takes back whatever part of a failed write reached the
+// file, so the chain ends at the last complete record and readers can
+// verify it; a log it cannot truncate is broken. writeMu held.
+func (l *Log) undoWriteLocked(err error) {
+	l.reserved = 0 // a truncate frees the blocks past the end
+	if terr := l.f.Truncate(l.size); terr != nil {
+		l.failed.Store(true)
+		l.broken = fmt.Errorf("write: %w; truncate back: %v: %w", err, terr, ErrBroken)
+		l.logger.Error("audit: write failed and could not be undone; the log refuses appends until reopened",
+			"path", l.path, "err", err, "truncate_err", terr)
 	}
-	l.reserveLocked(int64(len(buf)))
-	l.writes.Add(1)
-	if _, err := l.f.Write(buf); err != nil {
-		// Take back whatever part of the batch reached the file, so the
-		// chain ends at the last complete record and readers can verify it.
-		l.reserved = 0 // a truncate frees the blocks past the end
-		if terr := l.f.Truncate(l.size); terr != nil {
-			l.failed.Store(true)
-			l.broken = fmt.Errorf("write: %w; truncate back: %v: %w", err, terr, ErrBroken)
-			l.logger.Error("audit: write failed and could not be undone; the log refuses appends until reopened",
-				"path", l.path, "err", err, "truncate_err", terr)
-		}
-		answer(fmt.Errorf("write: %w", err))
-		return
-	}
-	l.records.Add(uint64(len(lazy) + len(batch)))
-	l.seq, l.prevHash = seq, last
-	l.size += int64(len(buf))
-	l.dirty = true
-	if l.always && needsSync(batch) {
-		l.syncLocked()
-		if l.broken != nil {
-			answer(l.broken)
-			return
-		}
-	}
-	answer(nil)
 }

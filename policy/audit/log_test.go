@@ -338,11 +338,11 @@ func TestRedactedInFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	secrets := []string{"stdin-secret-7f3a", "env-secret-91bc", "file-secret-c0de", "b64-secret-55aa", "upper-secret-1234"}
+	secrets := []string{"stdin-secret-7f3a", "env-secret-91bc", "file-secret-c0de", "b64-secret-55aa", "upper-secret-1234", "typed-secret-4e2d"}
 	rec := testRecord(1)
 	rec.Args = map[string]any{
 		"vm": "lab/vm1", "stdin": secrets[0], "env": map[string]any{"TOKEN": secrets[1]},
-		"content": secrets[2], "content_base64": secrets[3], "STDIN": secrets[4],
+		"content": secrets[2], "content_base64": secrets[3], "STDIN": secrets[4], "text": secrets[5],
 	}
 	if _, err := l.Append(context.Background(), rec); err != nil {
 		t.Fatal(err)

@@ -8,12 +8,15 @@ import (
 	"strings"
 )
 
-// secretKeys are argument names whose whole value is a secret.
-var secretKeys = []string{"stdin", "content", "content_base64"}
+// secretKeys are argument names whose whole value is a secret: what a
+// command reads, a file's content, and text typed on a VM's keyboard or
+// serial console (vm_send_keys, vm_console_write: a password at a login
+// prompt is typed there).
+var secretKeys = []string{"stdin", "content", "content_base64", "text"}
 
 // Redact returns a copy of args with secrets replaced by
 // "sha256:<hex>,len:N" (the SHA-256 and byte length of the value as sent):
-// the values of stdin, content and content_base64, and every value (not the
+// the values of stdin, content, content_base64 and text, and every value (not the
 // names) of env. Keys match case-insensitively and at any depth, so a
 // malformed call (`"STDIN"`, an env nested somewhere odd) leaks nothing
 // either. A secret that is not a string is hashed as its JSON encoding; an
@@ -115,6 +118,6 @@ func redactValue(v any) string {
 }
 
 // IsSecretArg reports whether the log keeps an argument of this name only
-// as a digest: stdin, content and content_base64 (whole), env (every
+// as a digest: stdin, content, content_base64 and text (whole), env (every
 // value), in any case and at any depth.
 func IsSecretArg(name string) bool { return isSecretKey(name) || strings.EqualFold(name, "env") }

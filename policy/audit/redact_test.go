@@ -31,6 +31,9 @@ func TestRedact(t *testing.T) {
 		{"typed env", map[string]any{"env": map[string]string{"K": "v"}}, map[string]any{"env": map[string]any{"K": digest("v")}}},
 		{"content", map[string]any{"content": "file body"}, map[string]any{"content": digest("file body")}},
 		{"content_base64 as sent", map[string]any{"content_base64": "aGk="}, map[string]any{"content_base64": digest("aGk=")}},
+		{"typed text, keys kept", map[string]any{"text": "hunter2\n", "keys": []any{"ctrl-alt-delete"}},
+			map[string]any{"text": digest("hunter2\n"), "keys": []any{"ctrl-alt-delete"}}},
+		{"text in a case variant", map[string]any{"Text": "root\n"}, map[string]any{"Text": digest("root\n")}},
 		{"case variant keys", map[string]any{"STDIN": "a", "Env": map[string]any{"X": "b"}, "Content": "c"},
 			map[string]any{"STDIN": digest("a"), "Env": map[string]any{"X": digest("b")}, "Content": digest("c")}},
 		{"nested", map[string]any{"outer": []any{map[string]any{"stdin": "deep"}}},
@@ -70,13 +73,14 @@ func FuzzRedactLeaksNothing(f *testing.F) {
 	f.Add("stdin", "secret-value-123")
 	f.Add("ENV", "another-secret-456")
 	f.Add("content_base64", "c2VjcmV0")
+	f.Add("TEXT", "typed-password-789")
 	f.Fuzz(func(t *testing.T, key, secret string) {
 		if len(secret) < 8 || strings.Contains(digest(secret), secret) {
 			return
 		}
 		var k string
 		switch strings.ToLower(key) {
-		case "stdin", "content", "content_base64":
+		case "stdin", "content", "content_base64", "text":
 			k = key
 		default:
 			k = "stdin"

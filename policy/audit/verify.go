@@ -282,6 +282,27 @@ func isLowerHex(b []byte) bool {
 	return true
 }
 
+// misplaced says how rec, a genuine record (its hash holds) that does not
+// continue the chain after the record lastSeq, breaks it: records missing
+// before it, records out of order, or a prev_hash that is not the previous
+// record's.
+func misplaced(rec *Record, lr *lineReader, lastSeq uint64) (ProblemKind, string) {
+	want := lastSeq + 1
+	switch {
+	case rec.Seq > want:
+		if n, ok := lr.peek(0); ok && n.rec != nil && n.macOK && n.rec.Seq == want {
+			return ProblemReordered, fmt.Sprintf("seq %d comes before seq %d", rec.Seq, want)
+		}
+		if rec.Seq > want+1 {
+			return ProblemRemoved, fmt.Sprintf("seq %d to %d are missing", want, rec.Seq-1)
+		}
+		return ProblemRemoved, fmt.Sprintf("seq %d is missing", want)
+	case rec.Seq < want:
+		return ProblemReordered, fmt.Sprintf("seq %d after seq %d", rec.Seq, lastSeq)
+	}
+	return ProblemUnlinked, "prev_hash is not the hash of the previous record"
+}
+
 // walk checks the chain of the log in r (the hashes too when key is not nil)
 // and calls fn, if not nil, with every good record.
 func walk(r io.Reader, key []byte, fn func(Record) error) (Report, error) {
@@ -339,21 +360,8 @@ func walk(r io.Reader, key []byte, fn func(Record) error) (Report, error) {
 			return bad(l, rec.Seq, ProblemAltered, "hash does not match the record (changed, forged, or not this log's key)")
 		}
 		if !continues(l) {
-			switch {
-			case rec.Seq > want:
-				if n, ok := lr.peek(0); ok && n.rec != nil && n.macOK && n.rec.Seq == want {
-					return bad(l, rec.Seq, ProblemReordered, fmt.Sprintf("seq %d comes before seq %d", rec.Seq, want))
-				}
-				missing := fmt.Sprintf("seq %d is missing", want)
-				if rec.Seq > want+1 {
-					missing = fmt.Sprintf("seq %d to %d are missing", want, rec.Seq-1)
-				}
-				return bad(l, rec.Seq, ProblemRemoved, missing)
-			case rec.Seq < want:
-				return bad(l, rec.Seq, ProblemReordered, fmt.Sprintf("seq %d after seq %d", rec.Seq, rep.LastSeq))
-			default:
-				return bad(l, rec.Seq, ProblemUnlinked, "prev_hash is not the hash of the previous record")
-			}
+			kind, detail := misplaced(rec, lr, rep.LastSeq)
+			return bad(l, rec.Seq, kind, detail)
 		}
 		rep.Records++
 		rep.LastSeq, rep.LastHash = rec.Seq, rec.Hash

@@ -32,7 +32,7 @@ type Options struct {
 	Grant        string    // only this grant's calls; "" for every grant's
 	Since, Until time.Time // zero: unbounded
 	// Defaults fills in the arguments a call left out, as the server's
-	// conditions see them (server.ArgsWithDefaults).
+	// conditions see them (tools.ArgsWithDefaults).
 	Defaults func(tool string, args map[string]any) map[string]any
 }
 

@@ -123,7 +123,7 @@ func walk(get func(string) *facts, p, name string, v any) {
 }
 
 // number reads the numbers evidence holds: float64 from the log, the
-// int64 of a default (server.ArgsWithDefaults).
+// int64 of a default (tools.ArgsWithDefaults).
 func number(v any) (float64, bool) {
 	switch x := v.(type) {
 	case float64:

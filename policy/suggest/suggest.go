@@ -21,7 +21,7 @@ type Options struct {
 	// shadow mode: would have allowed); else every call that ran.
 	OnlyAllowed bool
 	// Defaults fills in the arguments a call left out, as the server's
-	// conditions see them (server.ArgsWithDefaults).
+	// conditions see them (tools.ArgsWithDefaults).
 	Defaults func(tool string, args map[string]any) map[string]any
 	// Tools is the server's catalogue: it says which tools are destructive
 	// and which arguments a tool takes (those no call sent are denied).

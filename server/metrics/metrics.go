@@ -55,13 +55,18 @@ const Other = "other"
 // words, "approved" is a call that went through on a granted approval and
 // "approval_required" a call that was parked (both are "approve" in the
 // log; the first is made durable before dispatch, the second is not).
-var Decisions = []string{
+func Decisions() []string { return slices.Clone(decisions) }
+
+// decisions are Decisions, read on every call.
+var decisions = []string{
 	"allow", "deny", "approved", "approval_required", "rate_limited", "invalid", "unknown_vm", "error",
 	"approval_granted", "approval_denied", Other,
 }
 
 // Outcomes are the outcome label values of finished calls.
-var Outcomes = []string{"ok", "error", "timed_out", "not_run", Other}
+func Outcomes() []string { return slices.Clone(outcomeNames) }
+
+var outcomeNames = []string{"ok", "error", "timed_out", "not_run", Other}
 
 // Auditor is the audit log as the gate uses it (the same method set as
 // server.Auditor, so a wrapped log plugs into server.Config.Audit).
@@ -93,6 +98,10 @@ type Options struct {
 	// PendingApprovals returns the number of pending approvals at scrape
 	// time; nil leaves the gauge out.
 	PendingApprovals func(ctx context.Context) (int, error)
+	// NotificationsDropped returns the notifications the server dropped
+	// because a client's queue was full (server.NotificationsDropped);
+	// nil leaves the counter out.
+	NotificationsDropped func() uint64
 	// ScrapeTimeout bounds each scrape-time call (default 2 s).
 	ScrapeTimeout time.Duration
 	// Replica, when set, is the value of a constant label replica on every
@@ -126,9 +135,13 @@ type Metrics struct {
 }
 
 // StoreOps are the op label values of vmgate_store_errors_total.
-var StoreOps = []string{
-	"reserve", "refund", "create_approval", "get_approval", "list_approvals", "decide_approval", "consume_approval",
-	"create_session", "get_session", "list_sessions", "touch_session", "delete_session",
+func StoreOps() []string {
+	return []string{
+		"reserve", "refund", "create_approval", "get_approval", "list_approvals", "decide_approval", "consume_approval",
+		"create_session", "get_session", "list_sessions", "touch_session", "delete_session",
+		"acquire_lease", "get_lease", "list_leases", "update_lease", "release_lease",
+		"put_snapshot", "get_snapshot", "list_snapshots", "delete_snapshot",
+	}
 }
 
 // New builds the metrics and registers them in a new private registry.
@@ -192,12 +205,12 @@ func New(o Options) (*Metrics, error) {
 		}
 	}
 	for _, t := range tools {
-		for _, d := range Decisions {
+		for _, d := range decisions {
 			for _, g := range grants {
 				m.calls[callKey{t, d, g}] = calls.WithLabelValues(t, d, g)
 			}
 		}
-		for _, oc := range Outcomes {
+		for _, oc := range outcomeNames {
 			m.outcomes[outcomeKey{t, oc}] = outcomes.WithLabelValues(t, oc)
 		}
 		m.duration[t] = duration.WithLabelValues(t)
@@ -206,7 +219,7 @@ func New(o Options) (*Metrics, error) {
 	for _, k := range []string{string(audit.KindDecision), string(audit.KindOutcome)} {
 		m.auditErrors[k] = auditErrors.WithLabelValues(k)
 	}
-	for _, op := range StoreOps {
+	for _, op := range StoreOps() {
 		m.storeErrors[op] = storeErrors.WithLabelValues(op)
 	}
 	return m, nil
@@ -256,7 +269,7 @@ func (m *Metrics) fallback(k callKey) callKey {
 	if _, ok := m.duration[k.tool]; !ok {
 		k.tool = Other
 	}
-	if !slices.Contains(Decisions, k.decision) {
+	if !slices.Contains(decisions, k.decision) {
 		k.decision = Other
 	}
 	if _, ok := m.calls[callKey{Other, Other, k.grant}]; !ok {
@@ -364,19 +377,23 @@ var (
 	restartsDesc = prometheus.NewDesc("vmgate_plugin_restarts_total", "Restarts of a backend's driver plugin process.", []string{"backend"}, nil)
 	vmStateDesc  = prometheus.NewDesc("vmgate_vm_state", "1 for each VM a backend lists, by its power state (only with metrics.per_vm_labels).",
 		[]string{"backend", "vm", "state"}, nil)
-	scrapeDesc = prometheus.NewDesc("vmgate_scrape_errors", "Scrape-time lookups that failed in this scrape, by source.", []string{"source"}, nil)
+	droppedDesc = prometheus.NewDesc("vmgate_notifications_dropped_total", "Notifications to MCP clients dropped because the client's queue was full.", nil, nil)
+	scrapeDesc  = prometheus.NewDesc("vmgate_scrape_errors", "Scrape-time lookups that failed in this scrape, by source.", []string{"source"}, nil)
 )
 
 // States are the state label values of vmgate_vms (always all present).
-var States = [...]hypervisor.State{hypervisor.StateRunning, hypervisor.StatePaused, hypervisor.StateStopped, hypervisor.StateUnknown}
+func States() []hypervisor.State { return slices.Clone(states[:]) }
 
-// stateIndex is st's index in States; a state outside them counts as
+// states are States, in the order of a scrape's counts.
+var states = [...]hypervisor.State{hypervisor.StateRunning, hypervisor.StatePaused, hypervisor.StateStopped, hypervisor.StateUnknown}
+
+// stateIndex is st's index in states; a state outside them counts as
 // unknown.
 func stateIndex(st hypervisor.State) int {
-	if i := slices.Index(States[:], st); i >= 0 {
+	if i := slices.Index(states[:], st); i >= 0 {
 		return i
 	}
-	return slices.Index(States[:], hypervisor.StateUnknown)
+	return slices.Index(states[:], hypervisor.StateUnknown)
 }
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -384,6 +401,7 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- vmsDesc
 	ch <- restartsDesc
 	ch <- scrapeDesc
+	ch <- droppedDesc
 	if c.m.opts.PerVMLabels {
 		ch <- vmStateDesc
 	}
@@ -403,6 +421,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n))
 		}
 	}
+	if o.NotificationsDropped != nil {
+		ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(o.NotificationsDropped()))
+	}
 	var wg sync.WaitGroup
 	for _, b := range o.Backends {
 		if r, ok := b.Driver.(Restarter); ok {
@@ -418,15 +439,15 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 				mu.Unlock()
 				return
 			}
-			var by [len(States)]float64
+			var by [len(states)]float64
 			for _, vm := range vms {
 				i := stateIndex(vm.State)
 				by[i]++
 				if o.PerVMLabels {
-					ch <- prometheus.MustNewConstMetric(vmStateDesc, prometheus.GaugeValue, 1, b.Name, vm.Name, string(States[i]))
+					ch <- prometheus.MustNewConstMetric(vmStateDesc, prometheus.GaugeValue, 1, b.Name, vm.Name, string(states[i]))
 				}
 			}
-			for i, st := range States {
+			for i, st := range states {
 				ch <- prometheus.MustNewConstMetric(vmsDesc, prometheus.GaugeValue, by[i], b.Name, string(st))
 			}
 		})

@@ -226,10 +226,11 @@ func TestScrapeTimeGauges(t *testing.T) {
 		},
 	}, n: 3}
 	broken := &hypervisortest.Fake{} // ListVMs fails: not supported
-	pending := 0
+	pending, dropped := 0, uint64(0)
 	m := newMetrics(t, Options{
-		Backends:         []Backend{{Name: "lab", Driver: drv}, {Name: "pve", Driver: broken}},
-		PendingApprovals: func(context.Context) (int, error) { return pending, nil },
+		Backends:             []Backend{{Name: "lab", Driver: drv}, {Name: "pve", Driver: broken}},
+		PendingApprovals:     func(context.Context) (int, error) { return pending, nil },
+		NotificationsDropped: func() uint64 { return dropped },
 	})
 	text := scrape(t, m)
 	for series, want := range map[string]string{
@@ -240,13 +241,17 @@ func TestScrapeTimeGauges(t *testing.T) {
 		`vmgate_plugin_restarts_total{backend="lab"}`: "3",
 		`vmgate_scrape_errors{source="backend/pve"}`:  "1",
 		`vmgate_pending_approvals`:                    "0",
+		`vmgate_notifications_dropped_total`:          "0",
 	} {
 		if got := value(text, series); got != want {
 			t.Errorf("%s = %q; want %q", series, got, want)
 		}
 	}
-	pending, drv.n = 2, 4
+	pending, drv.n, dropped = 2, 4, 7
 	text = scrape(t, m)
+	if got := value(text, "vmgate_notifications_dropped_total"); got != "7" {
+		t.Errorf("vmgate_notifications_dropped_total = %q after 7 drops; want 7", got)
+	}
 	if got := value(text, "vmgate_pending_approvals"); got != "2" {
 		t.Errorf("vmgate_pending_approvals = %q after two parked calls; want 2", got)
 	}

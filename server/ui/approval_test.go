@@ -46,6 +46,10 @@ func TestApprovalPagesShowTheArguments(t *testing.T) {
 		{ID: "APPROVALLONG", Grant: "agent", Tool: "vm_agent_exec", VM: "lab/vm1", State: store.ApprovalPending,
 			Created: now, Expires: now.Add(time.Hour), TTL: time.Hour, Digest: "f",
 			FullArgs: `{"command":["cat"],"stdin":"` + long + `","vm":"lab/vm1"}`},
+		{ID: "APPROVALKEYS", Grant: "agent", Tool: "vm_console_write", VM: "lab/vm1", State: store.ApprovalPending,
+			Created: now, Expires: now.Add(time.Hour), TTL: time.Hour, Digest: "g",
+			Args:     `{"text":"sha256:00,len:40","vm":"lab/vm1"}`,
+			FullArgs: `{"text":"passwd root\n\u001b[2Ksecret-console-text\r\n","vm":"lab/vm1"}`},
 	}}
 	page, err := ui.New(ui.Config{Approvals: fa, AuditPath: filepath.Join(t.TempDir(), "audit.log"), TokenSHA256: sha(operatorToken)})
 	if err != nil {
@@ -66,6 +70,7 @@ func TestApprovalPagesShowTheArguments(t *testing.T) {
 		"binary, hex dump, 8 bytes", "7f 45 4c 46 02 01 01 00", "|.ELF....|",
 		"5012 bytes, first 1024 shown",
 		`href="/ui/approval?id=APPROVALLONG">show all arguments`,
+		"passwd root\n" + `\x1b[2Ksecret-console-text\x0d`,
 	} {
 		if !strings.Contains(html.UnescapeString(body), html.UnescapeString(want)) {
 			t.Errorf("GET /ui/pending lacks %q", want)

@@ -163,7 +163,8 @@ func TestBrowserApproveAndDeny(t *testing.T) {
 	}
 	run("pending list empty", chromedp.Navigate(f.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#pending p.none")))
 
-	// The audit log names the operator on both decisions.
+	// The audit log names the operator on both decisions; the grant, given
+	// no reason, says so (not a bare "alice:").
 	var decided []audit.Record
 	for _, r := range f.auditRecords(t) {
 		if r.Transport == "operator" {
@@ -171,7 +172,7 @@ func TestBrowserApproveAndDeny(t *testing.T) {
 		}
 	}
 	if len(decided) != 2 || decided[0].Decision != "approval_granted" || decided[1].Decision != "approval_denied" ||
-		!strings.HasPrefix(decided[0].Reason, operatorName+":") || decided[1].Reason != operatorName+": not during the demo" {
+		decided[0].Reason != operatorName+" (no reason given)" || decided[1].Reason != operatorName+": not during the demo" {
 		t.Errorf("operator audit records = %+v; want approval_granted and approval_denied by %s", decided, operatorName)
 	}
 }

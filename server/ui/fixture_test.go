@@ -14,12 +14,15 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
+	"github.com/vmgate/vmgate/internal/mcpcall"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/memory"
 	"github.com/vmgate/vmgate/server"
+	"github.com/vmgate/vmgate/server/mcphttp"
 	"github.com/vmgate/vmgate/server/metrics"
+	"github.com/vmgate/vmgate/server/tools"
 	"github.com/vmgate/vmgate/server/ui"
 )
 
@@ -81,7 +84,7 @@ func newFixture(t *testing.T) *fixture {
 	}
 	mem := memory.New()
 	m, err := metrics.New(metrics.Options{
-		Tools: server.ToolNames(), Grants: []string{"agent"},
+		Tools: tools.Names(), Grants: []string{"agent"},
 		Backends: []metrics.Backend{{Name: "lab", Driver: drv}},
 		PendingApprovals: func(ctx context.Context) (int, error) {
 			list, err := mem.ListApprovals(ctx, time.Now())
@@ -115,7 +118,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatalf("ui.New: %v", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/", f.srv.Handler())
+	mux.Handle("/", mcphttp.New(f.srv, mcphttp.Options{}))
 	mux.Handle(ui.Prefix+"/", f.page)
 	mux.Handle("/metrics", m.Handler())
 	ts := httptest.NewServer(mux)
@@ -128,11 +131,11 @@ func newFixture(t *testing.T) *fixture {
 }
 
 // call makes one tools/call as the agent over streamable HTTP.
-func (f *fixture) call(t *testing.T, tool, args string) server.CallResult {
+func (f *fixture) call(t *testing.T, tool, args string) mcpcall.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := server.Call(ctx, server.CallOptions{URL: f.url + "/mcp", Token: agentToken}, tool, []byte(args))
+	res, err := mcpcall.Call(ctx, mcpcall.Options{URL: f.url + "/mcp", Token: agentToken}, tool, []byte(args))
 	if err != nil {
 		t.Fatalf("Call(%s, %s) = %v", tool, args, err)
 	}

@@ -215,8 +215,8 @@ func TestPageShowsDecisionsCountersAndVMs(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	for _, want := range []string{
-		"list_rate|grant=5:agent", // the counter key
-		"<td>3</td><td>50</td>",   // used and limit
+		"<td>list_rate (grant agent)</td>", // the counter, readable
+		"<td>3</td><td>50</td>",            // used and limit
 		"lab/vm1", "connected (9.2)", "lab/vm2", "not connected",
 		`<code>action</code>`, `>start</pre>`, // the parked call's arguments
 		`<tr class="d-approve">`, // the parked call among the decisions
@@ -224,6 +224,9 @@ func TestPageShowsDecisionsCountersAndVMs(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("GET /ui/ lacks %q", want)
 		}
+	}
+	if strings.Contains(body, "grant=5:") {
+		t.Errorf("GET /ui/ shows a counter's key (list_rate|grant=5:agent); want its name and scope in words")
 	}
 	_, filtered := get(t, c, f.url+"/ui/?tool=vm_power", nil)
 	if strings.Contains(filtered, "<code>list_vms</code></td><td></td><td>allow") || !strings.Contains(filtered, "<code>vm_power</code>") {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 )
 
@@ -57,6 +58,7 @@ type callRes struct {
 // CounterView is one counter as the page shows it.
 type CounterView struct {
 	Key     string
+	Label   string // Key in words (policy.CounterLabel)
 	Window  time.Duration
 	Max     int64
 	Used    int64
@@ -227,7 +229,7 @@ func (j *journal) counters(now time.Time) []CounterView {
 				oldest = r.at
 			}
 		}
-		out = append(out, CounterView{Key: k, Window: st.window, Max: st.max, Used: int64(len(st.res)), FreesAt: oldest.Add(st.window)})
+		out = append(out, CounterView{Key: k, Label: policy.CounterLabel(k), Window: st.window, Max: st.max, Used: int64(len(st.res)), FreesAt: oldest.Add(st.window)})
 	}
 	for id, cr := range j.calls {
 		if !cr.end.After(now) {

@@ -67,7 +67,9 @@ const (
 )
 
 // Features lists every Feature, in a fixed order.
-var Features = []Feature{FeatureLandlock, FeatureLandlockTCP, FeatureNetNS, FeatureMountNS, FeatureCgroup}
+func Features() []Feature {
+	return []Feature{FeatureLandlock, FeatureLandlockTCP, FeatureNetNS, FeatureMountNS, FeatureCgroup}
+}
 
 // Sandbox limits of the request.
 const (
@@ -171,7 +173,7 @@ func (s Sandbox) Validate() error {
 		}
 	}
 	for _, f := range s.BestEffort {
-		if !slices.Contains(Features, f) {
+		if !slices.Contains(Features(), f) {
 			return fmt.Errorf("%w: best_effort %q (want some of %s)", ErrInvalidSandbox, f, featureList())
 		}
 	}
@@ -179,8 +181,9 @@ func (s Sandbox) Validate() error {
 }
 
 func featureList() string {
-	s := make([]string, len(Features))
-	for i, f := range Features {
+	features := Features()
+	s := make([]string, len(features))
+	for i, f := range features {
 		s[i] = string(f)
 	}
 	return strings.Join(s, ", ")

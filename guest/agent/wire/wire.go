@@ -34,7 +34,8 @@ const (
 	ReasonAncestor      = "ancestor of vmgate-guest"
 	ReasonNotInSession  = "process is not in the session"
 	ReasonNoCgroupLimit = "limit needs cgroup v2"
-	// File refusals (file read, write, stat).
+	// File refusals (file read, write, stat; dir list; archive write
+	// entries): see files.go for the rest.
 	ReasonSymlink     = "symlink in the path"
 	ReasonNotRegular  = "not a regular file"
 	ReasonSpecialBits = "setuid, setgid or sticky bits"
@@ -46,6 +47,9 @@ type Reply struct {
 	OK     bool   `json:"ok"`
 	Result any    `json:"result,omitempty"`
 	Error  *Error `json:"error,omitempty"`
+	// Data says where a command's data output is (file read, archive
+	// read): after the reply's line on stdout, or in staging files.
+	Data *DataOut `json:"data,omitempty"`
 }
 
 // Error is a failed command's reason.
@@ -307,36 +311,4 @@ func ParseSignal(s string) (string, int, error) {
 		}
 	}
 	return "", 0, fmt.Errorf("%w: %q (want one of TERM KILL INT HUP QUIT USR1 USR2 STOP CONT)", ErrInvalidSignal, s)
-}
-
-// MaxFileReadBytes caps what one file read returns.
-const MaxFileReadBytes = 16 << 20
-
-// FileInfo is a file as the guest resolved it (file stat, and part of the
-// read and write replies).
-type FileInfo struct {
-	// Path is the real path: absolute, clean, no symlink in it.
-	Path   string `json:"path"`
-	Exists bool   `json:"exists"`
-	Type   string `json:"type,omitempty"` // "file", "dir", "symlink", "other"
-	Mode   uint32 `json:"mode"`           // permission bits with setuid, setgid and sticky (07777)
-	Size   int64  `json:"size"`
-	Nlink  uint64 `json:"nlink,omitempty"`
-}
-
-// FileRead is the reply of file read: at most the bytes asked for.
-type FileRead struct {
-	FileInfo
-	Data      []byte `json:"data,omitempty"`
-	Truncated bool   `json:"truncated"`
-	// Bytes is the length of the data that follows the reply's line on
-	// stdout (file read --raw), where Data is empty.
-	Bytes int64 `json:"bytes,omitempty"`
-}
-
-// FileWritten is the reply of file write.
-type FileWritten struct {
-	FileInfo
-	Bytes   int64 `json:"bytes"`
-	Created bool  `json:"created"`
 }

@@ -12,7 +12,7 @@
 //
 // # The server's counters live here, not in bbolt
 //
-// DESIGN.md's budget allows one synchronous fsync per call, and the audit
+// The budget of docs/design.md allows one synchronous fsync per call, and the audit
 // log spends it on the decision record, which names every counter the call
 // reserved. A bbolt commit per call is over that budget even with NoSync:
 // on the 2-core build machine (ext4 on a virtual disk shared with other

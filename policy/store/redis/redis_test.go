@@ -63,7 +63,7 @@ func TestPrefixesAreSeparate(t *testing.T) {
 	defer a.Close()
 	defer b.Close()
 	c := []policy.Counter{{Key: "k", Window: time.Minute, Max: 1}}
-	now := storetest.T0
+	now := storetest.T0()
 	for _, s := range []*Store{a, b} {
 		if err := s.ReserveAll(context.Background(), "id", now, c); err != nil {
 			t.Errorf("ReserveAll under prefix %q = %v; want nil", s.prefix, err)
@@ -82,19 +82,19 @@ func TestServerDown(t *testing.T) {
 	defer s.Close()
 	ctx := context.Background()
 	c := []policy.Counter{{Key: "down", Window: time.Minute, Max: 5}}
-	if err := s.ReserveAll(ctx, "before", storetest.T0, c); err != nil {
+	if err := s.ReserveAll(ctx, "before", storetest.T0(), c); err != nil {
 		t.Fatalf("ReserveAll before the stop = %v; want nil", err)
 	}
 	stop()
 	calls := map[string]func() error{
-		"ReserveAll": func() error { return s.ReserveAll(ctx, "during", storetest.T0, c) },
-		"Refund":     func() error { return s.Refund(ctx, "before", storetest.T0, c) },
+		"ReserveAll": func() error { return s.ReserveAll(ctx, "during", storetest.T0(), c) },
+		"Refund":     func() error { return s.Refund(ctx, "before", storetest.T0(), c) },
 		"ListApprovals": func() error {
-			_, err := s.ListApprovals(ctx, storetest.T0)
+			_, err := s.ListApprovals(ctx, storetest.T0())
 			return err
 		},
 		"ConsumeApproval": func() error {
-			_, _, err := s.ConsumeApproval(ctx, "g", "t", "d", storetest.T0)
+			_, _, err := s.ConsumeApproval(ctx, "g", "t", "d", storetest.T0())
 			return err
 		},
 	}
@@ -115,7 +115,7 @@ func TestServerDown(t *testing.T) {
 	restart()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		err := s.ReserveAll(ctx, "after", storetest.T0, c)
+		err := s.ReserveAll(ctx, "after", storetest.T0(), c)
 		if err == nil {
 			break
 		}
@@ -145,7 +145,7 @@ func redisChild(addr string) error {
 	var wg sync.WaitGroup
 	for i := range 200 {
 		wg.Go(func() {
-			err := s.ReserveAll(context.Background(), fmt.Sprintf("%d-%d", os.Getpid(), i), storetest.T0, c)
+			err := s.ReserveAll(context.Background(), fmt.Sprintf("%d-%d", os.Getpid(), i), storetest.T0(), c)
 			var le *store.LimitedError
 			switch {
 			case err == nil:

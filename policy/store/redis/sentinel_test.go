@@ -19,11 +19,17 @@ const testPassword = "s3cret-pass"
 
 func openSentinelTest(t testing.TB, d *redistest.Deployment, prefix string) *Store {
 	t.Helper()
+	return openSentinelAck(t, d, prefix, 200*time.Millisecond)
+}
+
+// openSentinelAck is openSentinelTest with ack as Options.AckTimeout.
+func openSentinelAck(t testing.TB, d *redistest.Deployment, prefix string, ack time.Duration) *Store {
+	t.Helper()
 	if prefix == "" {
 		prefix = fmt.Sprintf("t%d:", prefixes.Add(1))
 	}
 	s, err := OpenSentinel(Sentinel{Master: redistest.MasterName, Addrs: d.SentinelAddrs(), Password: testPassword},
-		Options{Prefix: prefix, Timeout: 2 * time.Second, AckTimeout: 200 * time.Millisecond})
+		Options{Prefix: prefix, Timeout: max(2*time.Second, 2*ack), AckTimeout: ack})
 	if err != nil {
 		t.Fatalf("OpenSentinel = %v", err)
 	}
@@ -80,7 +86,7 @@ func TestSentinelReplicaSilent(t *testing.T) {
 	s := openSentinelTest(t, d, "")
 	ctx := context.Background()
 	c := []policy.Counter{{Key: "silent", Name: "silent", Window: time.Hour, Max: 2}}
-	if err := s.ReserveAll(ctx, "before", storetest.T0, c); err != nil {
+	if err := s.ReserveAll(ctx, "before", storetest.T0(), c); err != nil {
 		t.Fatalf("ReserveAll with the replica up = %v; want nil", err)
 	}
 	if err := s.CreateApproval(ctx, testApproval("ap1")); err != nil {
@@ -89,12 +95,12 @@ func TestSentinelReplicaSilent(t *testing.T) {
 	d.Servers[1].Pause()
 	t.Cleanup(d.Servers[1].Resume)
 	calls := map[string]func() error{
-		"ReserveAll": func() error { return s.ReserveAll(ctx, "during", storetest.T0, c) },
+		"ReserveAll": func() error { return s.ReserveAll(ctx, "during", storetest.T0(), c) },
 		"CreateApproval": func() error {
 			return s.CreateApproval(ctx, testApproval("ap2"))
 		},
 		"DecideApproval": func() error {
-			_, err := s.DecideApproval(ctx, "ap1", true, "op", "", storetest.T0)
+			_, err := s.DecideApproval(ctx, "ap1", true, "op", "", storetest.T0())
 			return err
 		},
 		"AcquireLease": func() error {
@@ -115,7 +121,7 @@ func TestSentinelReplicaSilent(t *testing.T) {
 	d.Servers[1].Resume()
 	var err error
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if err = s.ReserveAll(ctx, "after", storetest.T0, c); !errors.Is(err, store.ErrUnavailable) {
+		if err = s.ReserveAll(ctx, "after", storetest.T0(), c); !errors.Is(err, store.ErrUnavailable) {
 			break
 		}
 	}
@@ -124,14 +130,14 @@ func TestSentinelReplicaSilent(t *testing.T) {
 	}
 	// "before" and "after" fill the max of 2.
 	var le *store.LimitedError
-	if err := s.ReserveAll(ctx, "third", storetest.T0, c); !errors.As(err, &le) {
+	if err := s.ReserveAll(ctx, "third", storetest.T0(), c); !errors.As(err, &le) {
 		t.Errorf("a third ReserveAll of a max-2 counter = %v; want the limit", err)
 	}
 }
 
 func testApproval(id string) store.Approval {
 	return store.Approval{ID: id, Grant: "alice", Tool: "vm_power", Digest: "d", State: store.ApprovalPending,
-		Created: storetest.T0, Expires: storetest.T0.Add(time.Hour), TTL: time.Hour}
+		Created: storetest.T0(), Expires: storetest.T0().Add(time.Hour), TTL: time.Hour}
 }
 
 // TestFailoverKeepsWhatItAcknowledged: the replica falls behind (it is
@@ -147,7 +153,11 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 	d := redistest.StartSentinel(t, redistest.SentinelOptions{Password: testPassword})
 	ctx := context.Background()
 	old := d.Servers[0]
-	acked := openSentinelTest(t, d, "")
+	// An acknowledgement may take seconds on a loaded machine (the old
+	// primary back as a replica, catching up): a write applied but not
+	// acknowledged in time is refused, and an approval it consumed is
+	// spent (fail closed), which would leave the scenario nothing to count.
+	acked := openSentinelAck(t, d, "", 5*time.Second)
 	control, err := Open("redis://:"+testPassword+"@"+old.Addr(), Options{Prefix: fmt.Sprintf("ctl%d:", prefixes.Add(1)), Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +170,7 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 		if err := s.CreateApproval(ctx, testApproval("ap")); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.DecideApproval(ctx, "ap", true, "op", "", storetest.T0); err != nil {
+		if _, err := s.DecideApproval(ctx, "ap", true, "op", "", storetest.T0()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -175,7 +185,7 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 	if err := ack.use(acked, "a1"); !errors.Is(err, errNotReplicated) {
 		t.Fatalf("Sentinel store with the replica behind = %v; want it refused for want of an acknowledgement", err)
 	}
-	if err := acked.ReserveAll(ctx, "a1", storetest.T0, onceCounter); !errors.Is(err, errNotReplicated) {
+	if err := acked.ReserveAll(ctx, "a1", storetest.T0(), onceCounter); !errors.Is(err, errNotReplicated) {
 		t.Fatalf("Sentinel store ReserveAll with the replica behind = %v; want it refused", err)
 	}
 	primary := failOver(t, d)
@@ -189,6 +199,14 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 	}
 	if ctl.uses != 2 || ctl.grants != 2 {
 		t.Fatalf("the control lost nothing (approval used %d times, %d grants of a max-1 counter): the scenario proves nothing", ctl.uses, ctl.grants)
+	}
+	// The new primary's replica in sync first: a write acknowledged.
+	probe := 0
+	if err := until(60*time.Second, func() error {
+		probe++
+		return acked.ReserveAll(ctx, fmt.Sprintf("probe%d", probe), storetest.T0(), probeCounter)
+	}); err != nil {
+		t.Fatalf("a write acknowledged after the failover: %v", err)
 	}
 	if err := until(30*time.Second, func() error { return ack.use(acked, "a2") }); err != nil {
 		t.Fatalf("Sentinel store after the failover: %v", err)
@@ -210,6 +228,9 @@ func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
 
 var onceCounter = []policy.Counter{{Key: "once", Name: "once", Window: time.Hour, Max: 1}}
 
+// probeCounter is reserved to see that writes are acknowledged again.
+var probeCounter = []policy.Counter{{Key: "probe", Name: "probe", Window: time.Hour, Max: 1 << 20}}
+
 // useCount counts the calls a store let run on approval "ap" and the
 // reservations it granted of onceCounter.
 type useCount struct{ uses, grants int }
@@ -217,7 +238,7 @@ type useCount struct{ uses, grants int }
 // use consumes the approval and reserves id, as a call would.
 func (u *useCount) use(s *Store, id string) error {
 	ctx := context.Background()
-	_, ok, err := s.ConsumeApproval(ctx, "alice", "vm_power", "d", storetest.T0)
+	_, ok, err := s.ConsumeApproval(ctx, "alice", "vm_power", "d", storetest.T0())
 	if err != nil {
 		return err
 	}
@@ -225,7 +246,7 @@ func (u *useCount) use(s *Store, id string) error {
 		u.uses++
 	}
 	var le *store.LimitedError
-	switch err := s.ReserveAll(ctx, id, storetest.T0, onceCounter); {
+	switch err := s.ReserveAll(ctx, id, storetest.T0(), onceCounter); {
 	case err == nil:
 		u.grants++
 	case !errors.As(err, &le):
@@ -306,7 +327,7 @@ func BenchmarkAck(b *testing.B) {
 				for b.Loop() {
 					n++
 					start := time.Now()
-					if err := st.s.ReserveAll(ctx, strconv.FormatInt(n, 10), storetest.T0.Add(time.Duration(n)*time.Microsecond), c); err != nil {
+					if err := st.s.ReserveAll(ctx, strconv.FormatInt(n, 10), storetest.T0().Add(time.Duration(n)*time.Microsecond), c); err != nil {
 						b.Fatal(err)
 					}
 					took = append(took, time.Since(start))

@@ -22,7 +22,7 @@ import (
 )
 
 // T0 is the virtual clock's origin in the suite.
-var T0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+func T0() time.Time { return time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC) }
 
 // Run runs the suite.
 func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
@@ -59,7 +59,7 @@ func counter(key string, window time.Duration, max int64) policy.Counter {
 	return policy.Counter{Key: key, Name: "n_" + key, Window: window, Max: max, Rule: "/tools/t/limits/0"}
 }
 
-func at(d time.Duration) time.Time { return T0.Add(d) }
+func at(d time.Duration) time.Time { return T0().Add(d) }
 
 // reserveN reserves n units of cs with ids prefix-0… at now and fails on any error.
 func reserveN(t *testing.T, s store.Store, prefix string, n int, now time.Time, cs ...policy.Counter) {

@@ -42,7 +42,7 @@ func build(_ context.Context, config []byte) (hypervisor.Driver, error) {
 
 func main() {
 	d := hypervisor.NewDeferred(build)
-	hs := hypervisor.Handshake
+	hs := hypervisor.Handshake()
 	switch name := filepath.Base(os.Args[0]); {
 	case strings.HasSuffix(name, "-badcookie"):
 		hs.MagicCookieValue = "not-the-vmgate-cookie"

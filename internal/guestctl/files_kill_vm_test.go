@@ -1,0 +1,144 @@
+//go:build linux
+
+package guestctl
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/plugins/qemu"
+)
+
+// A whole-file write killed half-way leaves the old file: the guest agent
+// stopped while the data is staged, and the driver's plugin process killed
+// between the data's two pieces.
+
+const killDir = "/tmp/vmgate-kill"
+
+// victimSetup makes killDir/victim with known content and returns its
+// sha256sum, with the staging directory emptied.
+func victimSetup(t *testing.T, ctx context.Context, h *Helper, vm string) string {
+	t.Helper()
+	res := sh(t, ctx, h, vm, "rm -rf "+killDir+" /var/lib/vmgate/xfer/x-*; mkdir -p "+killDir+" && printf 'the old content' > "+killDir+"/victim && chmod 0600 "+killDir+"/victim && sha256sum "+killDir+"/victim")
+	if res.ExitCode != 0 {
+		t.Fatalf("setup: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	return strings.Fields(string(res.Stdout))[0]
+}
+
+// victimIntact checks the old content and that no temporary file is left
+// beside it, then empties the staging directory (what a killed transfer
+// left there is vmgate-guest's own, removed after an hour).
+func victimIntact(t *testing.T, ctx context.Context, h *Helper, vm, want string) {
+	t.Helper()
+	got := string(sh(t, ctx, h, vm, "sha256sum "+killDir+"/victim; stat -c %a "+killDir+"/victim; ls -A "+killDir+"; stat -c %a /var/lib/vmgate/xfer").Stdout)
+	if exp := want + "  " + killDir + "/victim\n600\nvictim\n700\n"; got != exp {
+		t.Errorf("guest after the killed write: %q; want %q (the old file, nothing beside it, the staging directory private)", got, exp)
+	}
+	t.Logf("left in the staging directory: %q", sh(t, ctx, h, vm, "ls -l /var/lib/vmgate/xfer").Stdout)
+	sh(t, ctx, h, vm, "rm -rf "+killDir+" /var/lib/vmgate/xfer/x-*")
+}
+
+// waitAgent waits until vm's guest agent runs commands again.
+func waitAgent(t *testing.T, ctx context.Context, d hypervisor.Driver, vm string) {
+	t.Helper()
+	var b hypervisor.Backoff
+	for {
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		res, err := hypervisor.Run(c, d, vm, hypervisor.ExecRequest{Argv: []string{"/bin/true"}, Timeout: 5 * time.Second})
+		cancel()
+		if err == nil && res.ExitCode == 0 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the guest agent did not come back: %v", err)
+		}
+		time.Sleep(b.Next())
+	}
+}
+
+// TestLabWriteAgentStopped kills qemu-ga (the lab guest's init restarts
+// it) once 4 MiB of a 20 MiB write are staged in the guest.
+func TestLabWriteAgentStopped(t *testing.T) {
+	h, _ := labHelper(t, "cg")
+	ctx := testCtx(t, 10*time.Minute)
+	old := victimSetup(t, ctx, h, "cg")
+	watcher := `while :; do for f in /var/lib/vmgate/xfer/x-*; do
+		[ -f "$f" ] && [ "$(wc -c < "$f")" -gt 4194304 ] && { echo "killing qemu-ga at $(wc -c < "$f") bytes" >/dev/console; kill -9 $(pidof qemu-ga); exit 0; }
+	done; sleep 0.05 2>/dev/null || sleep 1; done`
+	if _, err := h.d.ExecStart(ctx, "cg", hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", watcher}}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 90*time.Second) // the write in flight waits for its deadline
+	defer cancel()
+	_, err := h.FileWrite(wctx, "cg", killDir+"/victim", randomData(20<<20, 7), WriteOptions{CreateMode: 0o644})
+	if err == nil {
+		t.Fatalf("FileWrite with the guest agent killed half-way = nil error")
+	}
+	t.Logf("FileWrite with the agent killed: %v", err)
+	waitAgent(t, ctx, h.d, "cg")
+	victimIntact(t, ctx, h, "cg", old)
+}
+
+// stageSpy is a driver that calls onStage before each write to a
+// staging file, with its number (1, 2, ...).
+type stageSpy struct {
+	hypervisor.Driver
+	n       atomic.Int32
+	onStage func(n int)
+}
+
+func (s *stageSpy) FileWrite(ctx context.Context, vm, path string, data []byte, mode uint32) error {
+	if stagePath.MatchString(path) {
+		s.onStage(int(s.n.Add(1)))
+	}
+	return s.Driver.FileWrite(ctx, vm, path, data, mode)
+}
+
+// TestLabWritePluginKilled runs the QEMU driver as a plugin process (this
+// test binary, as `vmgate plugin qemu`) and kills it with SIGKILL when the
+// second 16 MiB piece of a 20 MiB write is about to go: the first is in
+// the guest, the file is not touched.
+func TestLabWritePluginKilled(t *testing.T) {
+	v := labtest.VM(t, "cg")
+	host := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(func() { host.Close() })
+	cfg, _ := json.Marshal(qemu.Settings{LabDir: filepath.Dir(v.Dir)})
+	ctx := testCtx(t, 10*time.Minute)
+	d, err := host.Launch(ctx, pluginhost.Spec{Driver: "qemu", Backend: "lab", Config: cfg})
+	if err != nil {
+		t.Fatalf("Launch(qemu) = %v", err)
+	}
+	sup := d.(*pluginhost.Supervisor)
+	spy := &stageSpy{Driver: sup}
+	var killed atomic.Int32
+	spy.onStage = func(n int) {
+		if n == 2 {
+			killed.Store(int32(sup.PID()))
+			syscall.Kill(sup.PID(), syscall.SIGKILL)
+		}
+	}
+	h := New(spy, &DirBinaries{Dirs: []string{guestDir}})
+	old := victimSetup(t, ctx, h, "cg")
+	_, err = h.FileWrite(ctx, "cg", killDir+"/victim", randomData(20<<20, 8), WriteOptions{CreateMode: 0o644})
+	if err == nil || killed.Load() == 0 {
+		t.Fatalf("FileWrite with the plugin killed = %v (killed pid %d); want an error", err, killed.Load())
+	}
+	t.Logf("FileWrite with the plugin killed: %v", err)
+	waitAgent(t, ctx, sup, "cg") // the supervisor starts a new plugin
+	if sup.PID() == int(killed.Load()) {
+		t.Errorf("the plugin's pid is still %d; want a new process", killed.Load())
+	}
+	victimIntact(t, ctx, h, "cg", old)
+}

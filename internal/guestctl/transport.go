@@ -1,0 +1,239 @@
+package guestctl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vmgate/vmgate/guest/agent/wire"
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// Transport runs one vmgate-guest command with its bulk data, which may be
+// larger than one message of the backend's channels. The default one
+// (execTransport) uses the driver's exec channel and, for data beyond
+// StdinMax in or inlineMax out, staging files moved with the driver's file
+// channel; a resident helper with a channel of its own can replace it
+// (SetTransport). A Transport is safe for concurrent use.
+type Transport interface {
+	Call(ctx context.Context, vm string, c Command) (Reply, error)
+}
+
+// Command is one vmgate-guest command line and its data.
+type Command struct {
+	Op   string   // what it is, for errors: "file read"
+	Args []string // after the program name, without the data flags
+	// In is the command's data input (its stdin); nil for none.
+	In []byte
+	// Out: the command writes data output (at most MaxOut bytes).
+	Out    bool
+	MaxOut int64
+	// MaxReply bounds the JSON reply.
+	MaxReply int64
+	// Timeout bounds the command in the guest; 0 is CommandTimeout.
+	Timeout time.Duration
+}
+
+// Reply is a command's JSON reply line and its data output.
+type Reply struct {
+	Line []byte
+	Data []byte
+	// Exec is the exec that ran the command (its exit status and stderr,
+	// for error reports); zero for a transport without one.
+	Exec hypervisor.ExecResult
+}
+
+// SetTransport replaces the transport of the file, dir and archive
+// commands (nil: back to the exec channel).
+func (h *Helper) SetTransport(t Transport) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if t == nil {
+		t = &execTransport{h: h}
+	}
+	h.tr = t
+}
+
+func (h *Helper) transport() Transport {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.tr
+}
+
+// inlineMax is the most data output that comes back inline with the reply
+// (vmgate-guest --out auto); beyond it, staging files and the file channel
+// (see wire.InlineMax for the figures).
+const inlineMax = wire.InlineMax
+
+// execTransport is the Transport over the driver's exec and file channels
+// (see guest/agent/files_stage.go for the guest's half).
+type execTransport struct{ h *Helper }
+
+var _ Transport = (*execTransport)(nil)
+
+func (t *execTransport) Call(ctx context.Context, vm string, c Command) (Reply, error) {
+	h := t.h
+	args := c.Args
+	var stdin []byte
+	var staged []wire.Piece
+	if len(c.In) > StdinMax {
+		var err error
+		if staged, err = t.stageIn(ctx, vm, c.Op, c.In); err != nil {
+			return Reply{}, err
+		}
+		args = append([]string{"--in", pieceList(staged)}, args...)
+	} else {
+		stdin = c.In
+	}
+	if c.Out {
+		args = append([]string{"--out", "auto"}, args...)
+	}
+	timeout := c.Timeout
+	if timeout == 0 {
+		timeout = CommandTimeout
+	}
+	maxOut := c.MaxReply + 1<<16
+	if c.Out {
+		maxOut += min(c.MaxOut, inlineMax)
+	}
+	res, err := h.run(ctx, vm, c.Op, args, stdin, timeout, maxOut)
+	if err != nil {
+		t.unstage(ctx, vm, c.Op, staged)
+		return Reply{}, err
+	}
+	line, data, _ := bytes.Cut(res.Stdout, []byte("\n"))
+	r := Reply{Line: line, Exec: res}
+	var env struct {
+		OK   bool          `json:"ok"`
+		Data *wire.DataOut `json:"data"`
+	}
+	if json.Unmarshal(line, &env) != nil || !env.OK {
+		t.unstage(ctx, vm, c.Op, staged) // what the guest did not take
+		return r, nil                    // decodeReply words it
+	}
+	if !c.Out {
+		return r, nil
+	}
+	r.Data, err = t.dataOut(ctx, vm, c, env.Data, data, res)
+	return r, err
+}
+
+// pieceList is --in's value: PATH:SIZE,...
+func pieceList(ps []wire.Piece) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.Path + ":" + strconv.FormatInt(p.Bytes, 10)
+	}
+	return strings.Join(s, ",")
+}
+
+// stageIn puts data into the guest as staging files of at most
+// wire.PieceBytes: file stage makes them (private to vmgate-guest), the
+// driver's file channel fills them.
+func (t *execTransport) stageIn(ctx context.Context, vm, op string, data []byte) ([]wire.Piece, error) {
+	n := (len(data) + wire.PieceBytes - 1) / wire.PieceBytes
+	if n > wire.MaxPieces {
+		return nil, invalid(op, "%d bytes of data: more than %d pieces of %d", len(data), wire.MaxPieces, wire.PieceBytes)
+	}
+	var made []FileInfo
+	if err := t.h.call(ctx, vm, "file stage", []string{"file", "stage", "--count", strconv.Itoa(n)}, nil, 0, 1<<20, &made); err != nil {
+		return nil, err
+	}
+	pieces := make([]wire.Piece, 0, n)
+	for i, f := range made {
+		if !stagePath.MatchString(f.Path) || len(made) != n {
+			t.unstage(ctx, vm, op, pieces)
+			return nil, &ReplyError{Op: "file stage", Cause: fmt.Errorf("staging path %q (%d of %d) is not one of vmgate-guest's", f.Path, len(made), n)}
+		}
+		piece := data[i*wire.PieceBytes : min(len(data), (i+1)*wire.PieceBytes)]
+		pieces = append(pieces, wire.Piece{Path: f.Path, Bytes: int64(len(piece))})
+		if err := t.h.d.FileWrite(ctx, vm, f.Path, piece, 0o600); err != nil {
+			t.unstage(ctx, vm, op, stagedPieces(made))
+			return nil, fmt.Errorf("helper: %s: staging %d bytes (piece %d of %d): %w", op, len(data), i+1, n, err)
+		}
+	}
+	return pieces, nil
+}
+
+func stagedPieces(fs []FileInfo) []wire.Piece {
+	out := make([]wire.Piece, len(fs))
+	for i, f := range fs {
+		out[i] = wire.Piece{Path: f.Path}
+	}
+	return out
+}
+
+// dataOut is the command's data output: inline after the reply's line, or
+// read from the staging files the reply lists (then removed).
+func (t *execTransport) dataOut(ctx context.Context, vm string, c Command, d *wire.DataOut, inline []byte, res hypervisor.ExecResult) ([]byte, error) {
+	bad := func(format string, args ...any) error {
+		return &ReplyError{Op: c.Op, ExitCode: res.ExitCode, Stderr: res.Stderr, Cause: fmt.Errorf(format, args...)}
+	}
+	if d == nil || d.Bytes < 0 || d.Bytes > c.MaxOut {
+		return nil, bad("data output %+v: want at most %d bytes", d, c.MaxOut)
+	}
+	if len(d.Staged) == 0 {
+		if int64(len(inline)) != d.Bytes {
+			return nil, bad("%d bytes of data after the reply, which says %d", len(inline), d.Bytes)
+		}
+		return inline, nil
+	}
+	defer t.unstage(ctx, vm, c.Op, d.Staged)
+	var total int64
+	for _, p := range d.Staged {
+		if !stagePath.MatchString(p.Path) || p.Bytes < 0 || p.Bytes > wire.PieceBytes {
+			return nil, bad("staged piece %+v is not one of vmgate-guest's", p)
+		}
+		total += p.Bytes
+	}
+	if total != d.Bytes || len(inline) != 0 {
+		return nil, bad("staged pieces of %d bytes and %d inline; the reply says %d", total, len(inline), d.Bytes)
+	}
+	out := make([]byte, 0, total)
+	for i, p := range d.Staged {
+		fc, err := t.h.d.FileRead(ctx, vm, p.Path, max(p.Bytes, 1))
+		if err != nil {
+			return nil, fmt.Errorf("helper: %s: reading staged piece %d of %d: %w", c.Op, i+1, len(d.Staged), err)
+		}
+		// Truncated is no matter: the piece is as long as the reply says
+		// (Proxmox calls a read of exactly its 16 MiB maximum truncated).
+		if int64(len(fc.Data)) != p.Bytes {
+			return nil, bad("staged piece %s holds %d bytes; the reply says %d", p.Path, len(fc.Data), p.Bytes)
+		}
+		out = append(out, fc.Data...)
+	}
+	return out, nil
+}
+
+// unstage removes staging files (also when ctx is done: they hold data).
+func (t *execTransport) unstage(ctx context.Context, vm, _ string, ps []wire.Piece) {
+	if len(ps) == 0 {
+		return
+	}
+	args := []string{"file", "unstage"}
+	for _, p := range ps {
+		args = append(args, "--path", p.Path)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CommandTimeout)
+	defer cancel()
+	// Best effort: what stays is removed by the next file stage after an
+	// hour, and is private to vmgate-guest until then.
+	var out map[string]int
+	_ = t.h.call(ctx, vm, "file unstage", args, nil, 0, 1<<16, &out)
+}
+
+// callData runs c through the transport and decodes its result into out.
+func (h *Helper) callData(ctx context.Context, vm string, c Command, out any) ([]byte, error) {
+	r, err := h.transport().Call(ctx, vm, c)
+	if err != nil {
+		return nil, err
+	}
+	if err := decodeReply(c.Op, r.Exec, r.Line, out); err != nil {
+		return nil, err
+	}
+	return r.Data, nil
+}
