@@ -35,13 +35,13 @@ type toolRule struct {
 	denyIf     []condition
 	approval   *ApprovalSpec // set exactly when action is Approve
 	limits     []limit
-	sandbox    *sandboxRule  // create_session's or vm_agent_exec's own sandbox block; nil without one
+	sandbox    *sandboxRule // create_session's or vm_agent_exec's own sandbox block; nil without one
 	// maxTimeoutS is vm_agent_exec's max_timeout_s; 0 without one.
 	maxTimeoutS int64
-	files      *FileRules    // a file tool's own files block; nil without one
-	snapshot   *snapshotRule // the snapshot_before block; nil without one
-	keepFiles  time.Duration // destroy_session's keep_files; 0 without one
-	lease      *LeaseSpec    // QuotaTool's lease block; nil without one
+	files       *FileRules    // a file tool's own files block; nil without one
+	snapshot    *snapshotRule // the snapshot_before block; nil without one
+	keepFiles   time.Duration // destroy_session's keep_files; 0 without one
+	lease       *LeaseSpec    // QuotaTool's lease block; nil without one
 	// snapOthers is the tool's snapshots block's others (snapshot.go), at
 	// snapOthersPtr.
 	snapOthers    bool
