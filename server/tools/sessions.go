@@ -101,6 +101,16 @@ func sandboxField() catalog.Field {
 		}}
 }
 
+// execSandboxField is vm_agent_exec's sandbox: create_session's, for one
+// command in a session of its own.
+func execSandboxField() catalog.Field {
+	f := sandboxField()
+	f.Desc = "Run the command alone in a sandbox of its own (as create_session's sandbox; not with session), made for it and " +
+		"destroyed with every process it left once it ends. A field left out gets the loosest value the policy allows; " +
+		"a policy may require a sandbox, and then a command without one runs in the policy's."
+	return f
+}
+
 // sessionShape is a session as sessionView shows it (with processes and
 // in_guest when list_sessions asked the guest).
 func sessionShape() map[string]any {
@@ -149,14 +159,17 @@ type createSessionArgs struct {
 	} `arg:"limits"`
 	// Sandbox is what the call asked for; the handler runs the policy's
 	// answer to it (call.sandbox), never this.
-	Sandbox *struct {
-		Net  *string `arg:"net"`
-		User *string `arg:"user"`
-		FS   *struct {
-			Read  []string `arg:"read"`
-			Write []string `arg:"write"`
-		} `arg:"fs"`
-	} `arg:"sandbox"`
+	Sandbox *sandboxArg `arg:"sandbox"`
+}
+
+// sandboxArg is a sandbox argument (sandboxField) as a call gave it.
+type sandboxArg struct {
+	Net  *string `arg:"net"`
+	User *string `arg:"user"`
+	FS   *struct {
+		Read  []string `arg:"read"`
+		Write []string `arg:"write"`
+	} `arg:"fs"`
 }
 
 // destroySessionArgs are destroy_session's arguments.
