@@ -290,18 +290,7 @@ func TestExecProgressCarriesOutputLine(t *testing.T) {
 	f := newSessFixture(t, haveBins(), "")
 	f.s.progressEvery = 5 * time.Millisecond
 	sess := f.createSession(t, "alice", `{"vm":"lab/vm1"}`)
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	go func() { serveStdio(context.Background(), f.s, "alice", inR, outW); outW.Close() }()
-	t.Cleanup(func() { inW.Close() })
-	lines := bufio.NewScanner(outR)
-	lines.Buffer(nil, 1<<20)
-	send := func(msg string) {
-		t.Helper()
-		if _, err := io.WriteString(inW, msg+"\n"); err != nil {
-			t.Fatalf("write: %v", err)
-		}
-	}
+	send, lines := stdioPipe(t, f.s, "alice")
 	type message struct {
 		Method string          `json:"method"`
 		ID     json.RawMessage `json:"id"`
