@@ -1,11 +1,8 @@
 package server
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"strings"
 	"sync/atomic"
 	"testing"
