@@ -114,7 +114,8 @@ test('the resident helper through the MCP SDK', { skip: missingEnv }, async (t) 
       `rm -f ${GUEST}`,
     ]) {
       const res = await call(client, 'vm_agent_exec', { vm: env.vm, session: sess.session, shell: attempt });
-      assert.notEqual(res.structuredContent?.exit_code, 0, `${attempt} in the session: ${text(res)}`);
+      assert.equal(res.isError ?? false, false, `${attempt} in the session did not run: ${text(res)}`);
+      assert.notEqual(res.structuredContent.exit_code, 0, `${attempt} in the session exited 0: ${text(res)}`);
     }
     // From outside: the same helper runs, not stopped, from the same binary.
     const st = await outside(client, `grep '^State:' /proc/${pid}/status; sha256sum ${GUEST}`);
