@@ -262,8 +262,8 @@ func (j *job) endBy(why string) {
 	}
 }
 
-// sessionDestroyed ends the jobs of a destroyed session (its processes are
-// dead already; this ends the jobs' waits and says why).
+// sessionDestroyed ends the jobs of a session being destroyed, saying why
+// (the destroy then kills whatever of the session is left).
 func (t *jobTable) sessionDestroyed(id string) {
 	t.mu.Lock()
 	var js []*job

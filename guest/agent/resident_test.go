@@ -573,3 +573,37 @@ func TestJobOutlivesItsCallersThread(t *testing.T) {
 		t.Errorf("job after its caller's thread exited = %+v; want exited 0 with %q", js, "survived\n")
 	}
 }
+
+// TestSessionDestroyEndsItsJobs: a session's destroy ends its jobs, each
+// saying so (canceled, with the reason), not as if a signal came from
+// nowhere; the destroy kills the job's processes with the session's.
+func TestSessionDestroyEndsItsJobs(t *testing.T) {
+	s := serveForTest(t, t.TempDir())
+	id := "0123456789abcdef0123456789abcd01"
+	if err := s.call(t, []string{"session", "create", "--id", id}, nil, nil); err != nil {
+		t.Fatalf("session create = %v", err)
+	}
+	var st wire.JobStarted
+	if err := s.call(t, []string{"job", "start"}, runJSON(t, wire.RunRequest{Session: id, Shell: "echo up; sleep 1001", TimeoutMS: 60000}), &st); err != nil {
+		t.Fatal(err)
+	}
+	var js wire.JobStatus
+	for js.LastLine != "up" {
+		if err := s.call(t, []string{"job", "status", "--id", st.ID, "--wait-ms", "1000"}, nil, &js); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var d wire.DestroyResult
+	if err := s.call(t, []string{"session", "destroy", "--id", id}, nil, &d); err != nil || !d.Existed {
+		t.Fatalf("session destroy = %+v, %v", d, err)
+	}
+	if err := s.call(t, []string{"job", "status", "--id", st.ID}, nil, &js); err != nil {
+		t.Fatal(err)
+	}
+	if js.State != wire.JobExited || !js.Canceled || !strings.Contains(js.Note, "session was destroyed") {
+		t.Errorf("the job after its session's destroy = %+v; want exited, canceled, saying its session was destroyed", js)
+	}
+	if err := syscall.Kill(st.PID, 0); err == nil {
+		t.Errorf("the job's process %d runs on after its session's destroy", st.PID)
+	}
+}

@@ -296,13 +296,15 @@ func (a *Agent) destroyLocked(ctx context.Context, id string, trash time.Duratio
 			t.cgroup, res.Existed = cg, true
 		}
 	}
+	if a.res != nil {
+		// Before the kill, so that each job ends saying why (a job whose
+		// processes the kill ended first would read as killed by a signal).
+		a.res.jobs.sessionDestroyed(id)
+	}
 	killed, rounds, err := a.killUntilGone(ctx, t, 0, DestroyTimeout)
 	res.Killed, res.Rounds = killed, rounds
 	if err != nil {
 		return res, fmt.Errorf("session destroy: %w", err)
-	}
-	if a.res != nil {
-		a.res.jobs.sessionDestroyed(id)
 	}
 	if err := a.removeSessionFiles(id, t.cgroup, trash, &res); err != nil {
 		return res, fmt.Errorf("session destroy: %w", err)
