@@ -54,8 +54,10 @@ func TestMain(m *testing.M) {
 			return 2
 		}
 		// A libvirt domain for the file commands through libvirt
-		// (files_backends_vm_test.go); it boots only when a test asks.
-		libvirttest.Register(libvirttest.Spec{Name: libvirtVM, MemoryMiB: 512})
+		// (files_backends_vm_test.go) and the roads' conformance
+		// (conformance_vm_test.go), with the helper's port; it boots
+		// only when a test asks.
+		libvirttest.Register(libvirttest.Spec{Name: libvirtVM, MemoryMiB: 512, HelperPort: true})
 		code := labtest.Main(m,
 			lab.Spec{Name: "cg", MemoryMB: 512}, // 512: the 64 MiB file tests hold it twice in tmpfs
 			lab.Spec{Name: "nocg", Cmdline: map[string]string{"CGROUP2": "0"}},
