@@ -26,7 +26,7 @@
 //	vmgate-guest run < request.json
 //	vmgate-guest job start < request.json       (resident only)
 //	vmgate-guest job status --id ID [--stdout-since N] [--stderr-since N] [--max-bytes N] [--wait-ms N]
-//	vmgate-guest job list | cancel --id ID
+//	vmgate-guest job list | cancel --id ID | end-session --session ID
 //	vmgate-guest kill --pid P [--signal TERM] [--started-at MS]
 //	vmgate-guest session create --id ID [--ttl-s N] [--idle-s N] [--memory-mb N] [--pids N] [--cpu-percent N] [--sandbox JSON]
 //	vmgate-guest session list | destroy --id ID | reap

@@ -14,7 +14,7 @@ import (
 // helper serves.
 func (a *Agent) jobCommand(ctx context.Context, args []string, stdin io.Reader) (any, error) {
 	if len(args) == 0 {
-		return nil, invalidf("usage: vmgate-guest job start|status|list|cancel")
+		return nil, invalidf("usage: vmgate-guest job start|status|list|cancel|end-session")
 	}
 	if a.res == nil {
 		return nil, refused(wire.ReasonNotResident, "job %s: jobs need the resident helper (vmgate-guest serve); this is a process per command", args[0])
@@ -64,6 +64,38 @@ func (a *Agent) jobCommand(ctx context.Context, args []string, stdin io.Reader) 
 			return nil, err
 		}
 		return jobs.cancel(ctx, *id, "canceled")
+	case "end-session":
+		// What a session's destroy run per command asks of the resident
+		// helper before it kills (endSessionJobs).
+		fs := newFlags("job end-session")
+		id := fs.String("session", "", "session id")
+		if err := parseFlags(fs, rest); err != nil {
+			return nil, err
+		}
+		if err := wire.ValidateSessionID(*id); err != nil {
+			return nil, invalidf("job end-session: %v", err)
+		}
+		return map[string]int{"ended": jobs.endSession(ctx, *id)}, nil
 	}
 	return nil, invalidf("unknown job command %q", args[0])
+}
+
+// jobsEndWait bounds how long a session's destroy waits for its jobs to end
+// (each job's own cancel ends its tree within the agent's grace).
+const jobsEndWait = 10 * time.Second
+
+// endSessionJobs ends session id's jobs before its destroy kills: in the
+// resident helper its own, in a process per command those of the resident
+// helper, if one runs, through its socket (best effort: without it there
+// are no jobs, and the destroy's kill ends any job's processes anyway).
+func (a *Agent) endSessionJobs(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(ctx, jobsEndWait)
+	defer cancel()
+	if a.res != nil {
+		a.res.jobs.endSession(ctx, id)
+		return
+	}
+	if err := callResident(ctx, a.cfg.Root, []string{"job", "end-session", "--session", id}); err != nil {
+		a.cfg.Logger.Debug("session destroy: ending the resident helper's jobs", "session", id, "err", err)
+	}
 }

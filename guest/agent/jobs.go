@@ -262,9 +262,11 @@ func (j *job) endBy(why string) {
 	}
 }
 
-// sessionDestroyed ends the jobs of a session being destroyed, saying why
-// (the destroy then kills whatever of the session is left).
-func (t *jobTable) sessionDestroyed(id string) {
+// endSession ends the jobs of session id, which is being destroyed,
+// saying why, and waits (bounded by ctx) until they have ended; it
+// returns how many it ended. The destroy then kills whatever of the
+// session is left.
+func (t *jobTable) endSession(ctx context.Context, id string) int {
 	t.mu.Lock()
 	var js []*job
 	for _, j := range t.byID {
@@ -276,6 +278,14 @@ func (t *jobTable) sessionDestroyed(id string) {
 	for _, j := range js {
 		j.endBy("its session was destroyed")
 	}
+	for _, j := range js {
+		select {
+		case <-j.done:
+		case <-ctx.Done():
+			return len(js)
+		}
+	}
+	return len(js)
 }
 
 // list is every job's status, oldest first, without data.

@@ -575,35 +575,51 @@ func TestJobOutlivesItsCallersThread(t *testing.T) {
 }
 
 // TestSessionDestroyEndsItsJobs: a session's destroy ends its jobs, each
-// saying so (canceled, with the reason), not as if a signal came from
-// nowhere; the destroy kills the job's processes with the session's.
+// saying so (canceled, with the reason) by the time the destroy answers,
+// not as if a signal came from nowhere; so does a destroy run by a process
+// per command, which asks the resident helper through its socket.
 func TestSessionDestroyEndsItsJobs(t *testing.T) {
-	s := serveForTest(t, t.TempDir())
-	id := "0123456789abcdef0123456789abcd01"
-	if err := s.call(t, []string{"session", "create", "--id", id}, nil, nil); err != nil {
-		t.Fatalf("session create = %v", err)
-	}
-	var st wire.JobStarted
-	if err := s.call(t, []string{"job", "start"}, runJSON(t, wire.RunRequest{Session: id, Shell: "echo up; sleep 1001", TimeoutMS: 60000}), &st); err != nil {
-		t.Fatal(err)
-	}
-	var js wire.JobStatus
-	for js.LastLine != "up" {
-		if err := s.call(t, []string{"job", "status", "--id", st.ID, "--wait-ms", "1000"}, nil, &js); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var d wire.DestroyResult
-	if err := s.call(t, []string{"session", "destroy", "--id", id}, nil, &d); err != nil || !d.Existed {
-		t.Fatalf("session destroy = %+v, %v", d, err)
-	}
-	if err := s.call(t, []string{"job", "status", "--id", st.ID}, nil, &js); err != nil {
-		t.Fatal(err)
-	}
-	if js.State != wire.JobExited || !js.Canceled || !strings.Contains(js.Note, "session was destroyed") {
-		t.Errorf("the job after its session's destroy = %+v; want exited, canceled, saying its session was destroyed", js)
-	}
-	if err := syscall.Kill(st.PID, 0); err == nil {
-		t.Errorf("the job's process %d runs on after its session's destroy", st.PID)
+	for _, perCommand := range []bool{false, true} {
+		t.Run(fmt.Sprintf("per command %v", perCommand), func(t *testing.T) {
+			root := t.TempDir()
+			s := serveForTest(t, root)
+			id := "0123456789abcdef0123456789abcd01"
+			if err := s.call(t, []string{"session", "create", "--id", id}, nil, nil); err != nil {
+				t.Fatalf("session create = %v", err)
+			}
+			var st wire.JobStarted
+			if err := s.call(t, []string{"job", "start"}, runJSON(t, wire.RunRequest{Session: id, Shell: "echo up; sleep 1001", TimeoutMS: 60000}), &st); err != nil {
+				t.Fatal(err)
+			}
+			var js wire.JobStatus
+			for js.LastLine != "up" {
+				if err := s.call(t, []string{"job", "status", "--id", st.ID, "--wait-ms", "1000"}, nil, &js); err != nil {
+					t.Fatal(err)
+				}
+			}
+			destroy := []string{"session", "destroy", "--id", id}
+			if perCommand {
+				self, _ := os.Executable()
+				a, err := New(Config{Root: root, ProcDir: "/proc", Self: self, Grace: 100 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var out bytes.Buffer
+				if code := a.Main(context.Background(), destroy, nil, &out); code != 0 {
+					t.Fatalf("session destroy per command = %d, %s", code, out.Bytes())
+				}
+			} else if err := s.call(t, destroy, nil, nil); err != nil {
+				t.Fatalf("session destroy = %v", err)
+			}
+			if err := s.call(t, []string{"job", "status", "--id", st.ID}, nil, &js); err != nil {
+				t.Fatal(err)
+			}
+			if js.State != wire.JobExited || !js.Canceled || !strings.Contains(js.Note, "session was destroyed") {
+				t.Errorf("the job after its session's destroy = %+v; want exited, canceled, saying its session was destroyed", js)
+			}
+			if err := syscall.Kill(st.PID, 0); err == nil {
+				t.Errorf("the job's process %d runs on after its session's destroy", st.PID)
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -190,6 +192,30 @@ func CallMain(root string, args []string, stdin io.Reader, stdout io.Writer) int
 		return 2
 	}
 	return rep.Exit
+}
+
+// callResident sends one command to the resident helper through its
+// socket and fails unless it answers ok.
+func callResident(ctx context.Context, root string, args []string) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", SocketPath(root))
+	if err != nil {
+		return err
+	}
+	cl, _, err := mux.Dial(ctx, c)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	defer cl.Close()
+	rep, err := cl.Call(ctx, mux.Request{Args: args})
+	if err != nil {
+		return err
+	}
+	if rep.Exit != 0 {
+		return fmt.Errorf("%s: exit %d: %s", strings.Join(args, " "), rep.Exit, bytes.TrimSpace(rep.Stdout))
+	}
+	return nil
 }
 
 func noHelper(w io.Writer, err error) int {
