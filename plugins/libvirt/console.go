@@ -40,13 +40,14 @@ var (
 )
 
 // consoleConn is what a console stream needs of its own connection;
-// *golibvirt.Libvirt implements it.
+// *streamConn implements it (rpcstream.go: go-libvirt's streams can hang
+// at their end, and Disconnect with them).
 type consoleConn interface {
 	DomainOpenConsoleBidirectional(dom golibvirt.Domain, devName golibvirt.OptString, outStream io.Reader, inStream io.Writer, flags uint32) error
 	Disconnect() error
 }
 
-var _ consoleConn = (*golibvirt.Libvirt)(nil)
+var _ consoleConn = (*streamConn)(nil)
 
 // consoleRingBytes is how much output the driver keeps per domain.
 const consoleRingBytes = 1 << 20

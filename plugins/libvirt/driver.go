@@ -14,6 +14,7 @@ import (
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket"
 
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
@@ -52,14 +53,16 @@ type Driver struct {
 	// name, so that starting one again says ErrNotSupported, not unknown VM.
 	destroyed map[string]string // name -> UUID
 
-	// dialConsole opens a connection for one stream (a console, a
-	// screenshot); tests
+	// dialConsole opens a connection for one console stream; tests
 	// replace it. consMu guards consoles; consWG counts the streams'
 	// goroutines (console.go).
 	dialConsole func() (consoleConn, error)
-	consMu      sync.Mutex
-	consoles    map[string]*console
-	consWG      sync.WaitGroup
+	// streamDialer connects a screenshot's own RPC connection
+	// (rpcstream.go); tests replace it.
+	streamDialer socket.Dialer
+	consMu       sync.Mutex
+	consoles     map[string]*console
+	consWG       sync.WaitGroup
 }
 
 var (
@@ -131,17 +134,11 @@ func New(cfg Config) (*Driver, error) {
 	d.helpers = helperchan.New()
 	d.dial = func() (conn, error) { return dialLibvirt(ep, cfg.DialTimeout) }
 	d.consoles = map[string]*console{}
+	d.streamDialer = dialer{ep: ep, timeout: cfg.DialTimeout}
 	d.dialConsole = func() (consoleConn, error) {
-		c, err := dialLibvirt(ep, cfg.DialTimeout)
-		if err != nil {
-			return nil, err
-		}
-		cc, ok := c.(consoleConn)
-		if !ok {
-			c.Disconnect()
-			return nil, fmt.Errorf("connection %T has no console streams", c)
-		}
-		return cc, nil
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout)
+		defer cancel()
+		return dialStream(ctx, d.streamDialer, ep.name)
 	}
 	return d, nil
 }

@@ -6,10 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"image/png"
-	"io"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -32,10 +29,9 @@ var (
 	_ hypervisor.KeySender = (*Driver)(nil)
 )
 
-// screenConn is what the screen and keyboard need of a libvirt
-// connection; *golibvirt.Libvirt implements it.
+// screenConn is what the keyboard needs of a libvirt connection (the
+// screen has its own, rpcstream.go); *golibvirt.Libvirt implements it.
 type screenConn interface {
-	DomainScreenshot(dom golibvirt.Domain, inStream io.Writer, screen uint32, flags uint32) (golibvirt.OptString, error)
 	DomainSendKey(dom golibvirt.Domain, codeset uint32, holdtime uint32, keycodes []uint32, flags uint32) error
 }
 
@@ -47,19 +43,16 @@ const maxScreenBytes = 64 << 20
 // errTooLarge: the stream carried more than its bound.
 var errTooLarge = errors.New("more than the bound")
 
-// boundedBuffer is a bytes.Buffer that refuses to grow past max and
-// counts what it was given, which another goroutine may read (written).
+// boundedBuffer is a bytes.Buffer that refuses to grow past max.
 type boundedBuffer struct {
 	bytes.Buffer
-	max     int
-	written atomic.Int64
+	max int
 }
 
 func (b *boundedBuffer) Write(p []byte) (int, error) {
 	if b.Len()+len(p) > b.max {
 		return 0, errTooLarge
 	}
-	b.written.Add(int64(len(p)))
 	return b.Buffer.Write(p)
 }
 
@@ -108,11 +101,10 @@ func (d *Driver) Screenshot(ctx context.Context, name string, req hypervisor.Scr
 // screenshotTries bounds the screenshots taken for one Screenshot.
 const screenshotTries = 4
 
-// screenshotStall is how long a screenshot stream may bring no byte, from
-// its call or its last byte, before its connection is closed and it is
-// taken again. A screen's image is a few MiB at most over a local
-// socket; a guest starved of CPU slows QEMU's screendump, not libvirt's
-// stream, so a stall this long is go-libvirt's lost end.
+// screenshotStall is how long a screenshot stream may bring no packet
+// before its connection is closed and it is taken again. An image is a
+// few MiB at most over a local socket, and a guest starved of CPU slows
+// QEMU's screendump before the stream starts, not the stream itself.
 const screenshotStall = 15 * time.Second
 
 // errStreamStalled: a screenshot stream brought nothing for its stall
@@ -120,80 +112,31 @@ const screenshotStall = 15 * time.Second
 var errStreamStalled = errors.New("the screenshot stream stalled")
 
 // screenshotStream reads one virDomainScreenshot stream on a connection
-// of its own (go-libvirt leaves a stream it has read half closed on its
-// connection, and the next screenshot stream there came short): the
-// image's MIME type (sniffed when go-libvirt cannot decode it) and bytes.
-// A stream that brings no byte for stall is ended by closing its
-// connection (errStreamStalled); so is one whose ctx ends. The goroutine
-// that reads the stream owns nothing else and ends once the connection
-// is closed.
+// of its own, through streamConn (rpcstream.go) rather than go-libvirt's
+// streams, which can hang forever at a stream's end: the image's MIME
+// type (sniffed when the reply has none) and bytes.
 func (d *Driver) screenshotStream(ctx context.Context, h golibvirt.Domain, stall time.Duration) (string, []byte, error) {
-	c, err := d.dialConsole()
+	c, err := dialStream(ctx, d.streamDialer, d.ep.name)
 	if err != nil {
 		return "", nil, fmt.Errorf("connection to libvirtd failed: %w", err)
 	}
-	var closeOnce sync.Once
-	disconnect := func() { closeOnce.Do(func() { c.Disconnect() }) }
-	defer disconnect()
-	sc, ok := c.(screenConn)
-	if !ok {
-		return "", nil, errors.New("this connection has no screenshots")
+	defer c.close()
+	ret, err := c.call(ctx, procDomainScreenshot, screenshotArgs(h, 0, 0))
+	if err != nil {
+		return "", nil, err
 	}
 	img := &boundedBuffer{max: maxScreenBytes}
-	res := make(chan streamResult, 1)
-	go func() {
-		m, err := sc.DomainScreenshot(h, img, 0, 0)
-		mime := ""
-		if len(m) > 0 {
-			mime = m[0]
-		}
-		if err != nil && strings.HasPrefix(err.Error(), "xdr:") {
-			// go-libvirt decodes the call's return value (the MIME type)
-			// from the stream's last packet, which has none (rpc.go
-			// requestStream returns processIncomingStream's response):
-			// the image is sniffed instead, and checked by decoding it.
-			err = nil
-		}
-		res <- streamResult{mime, err}
-	}()
-	return waitScreenshot(ctx, res, img, stall, disconnect)
-}
-
-// streamResult is what a screenshot stream's call returned.
-type streamResult struct {
-	mime string
-	err  error
-}
-
-// waitScreenshot waits for a screenshot stream's call to return, checking
-// its bytes as they come: it closes the stream's connection (disconnect)
-// when ctx ends or when img grows by nothing for stall.
-func waitScreenshot(ctx context.Context, res <-chan streamResult, img *boundedBuffer, stall time.Duration, disconnect func()) (string, []byte, error) {
-	tick := time.NewTicker(stall / 10)
-	defer tick.Stop()
-	seen, since := img.written.Load(), time.Now()
-	for {
-		select {
-		case r := <-res:
-			mime := r.mime
-			if mime == "" {
-				mime = sniffImage(img.Bytes())
-			}
-			return mime, img.Bytes(), r.err
-		case <-ctx.Done():
-			disconnect()
+	if err := c.readStream(ctx, stall, img); err != nil {
+		if ctx.Err() != nil {
 			return "", nil, fmt.Errorf("%w: %w", hypervisor.ErrTimeout, ctx.Err())
-		case now := <-tick.C:
-			if n := img.written.Load(); n != seen {
-				seen, since = n, now
-			} else if now.Sub(since) >= stall {
-				// The call ends with its connection (or never: it owns
-				// img, which nothing here reads again).
-				disconnect()
-				return "", nil, fmt.Errorf("%w: no byte for %s after %d bytes", errStreamStalled, stall, n)
-			}
 		}
+		return "", nil, err
 	}
+	mime := screenshotMime(ret)
+	if mime == "" {
+		mime = sniffImage(img.Bytes())
+	}
+	return mime, img.Bytes(), nil
 }
 
 // screenshotError says what a domain without a screen lacks.
