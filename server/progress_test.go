@@ -36,18 +36,7 @@ func TestProgressNotifications(t *testing.T) {
 	f := newFixture(t, fixtureOpts{driver: drv})
 	f.s.progressEvery = 100 * time.Millisecond
 
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	go func() { serveStdio(context.Background(), f.s, "local", inR, outW); outW.Close() }()
-	t.Cleanup(func() { inW.Close() })
-	lines := bufio.NewScanner(outR)
-	lines.Buffer(nil, 1<<20)
-	send := func(msg string) {
-		t.Helper()
-		if _, err := io.WriteString(inW, msg+"\n"); err != nil {
-			t.Fatalf("write: %v", err)
-		}
-	}
+	send, lines := stdioPipe(t, f.s, "local")
 	// readUntil reads messages up to the response with id, returning the
 	// progress notifications seen before it.
 	type progress struct {
@@ -134,4 +123,21 @@ func TestProgressCarriesTheHandlersReport(t *testing.T) {
 			t.Fatal("no progress notification carried the handler's report")
 		}
 	}
+}
+
+// stdioPipe serves s over stdio as grant for the test: send writes one
+// message, lines reads what the server writes.
+func stdioPipe(t *testing.T, s *Server, grant string) (send func(msg string), lines *bufio.Scanner) {
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	go func() { serveStdio(context.Background(), s, grant, inR, outW); outW.Close() }()
+	t.Cleanup(func() { inW.Close() })
+	lines = bufio.NewScanner(outR)
+	lines.Buffer(nil, 1<<20)
+	return func(msg string) {
+		t.Helper()
+		if _, err := io.WriteString(inW, msg+"\n"); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	}, lines
 }

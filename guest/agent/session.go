@@ -296,6 +296,9 @@ func (a *Agent) destroyLocked(ctx context.Context, id string, trash time.Duratio
 			t.cgroup, res.Existed = cg, true
 		}
 	}
+	// Before the kill, so that each job ends saying why (a job whose
+	// processes the kill ended first would read as killed by a signal).
+	a.endSessionJobs(ctx, id)
 	killed, rounds, err := a.killUntilGone(ctx, t, 0, DestroyTimeout)
 	res.Killed, res.Rounds = killed, rounds
 	if err != nil {
