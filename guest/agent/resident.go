@@ -88,7 +88,8 @@ var ErrNoPort = errors.New("no such virtio-serial port")
 type resident struct {
 	jobs       *jobTable
 	pool       *sessionPool // nil when ServeOptions.OneShotPool is negative
-	hello      wire.Hello   // fixed at start; Jobs is filled per answer
+	ids        idsScan
+	hello      wire.Hello // fixed at start; Jobs is filled per answer
 	oomLowered bool
 
 	// touchMu guards touched: when each session's last use was last

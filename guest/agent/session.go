@@ -301,6 +301,14 @@ func (a *Agent) sessionTree(id string) (tree, wire.DestroyResult) {
 	case err == nil:
 		res.Existed = true
 		t.markerKey, t.markerVal, t.uid = SessionEnv, m.marker(), m.uid()
+		if t.uid > 0 {
+			// A session uid's processes run as it from the exec on and
+			// cannot change it (no capabilities, no_new_privs), and the
+			// lock a start holds until then keeps a destroy out: the uid
+			// finds every process the marker would, without reading every
+			// process's environment.
+			t.markerKey, t.markerVal = "", ""
+		}
 	case errors.As(err, &we) && we.Code == wire.CodeNotFound:
 	default:
 		a.cfg.Logger.Warn("session destroy: metadata", "id", id, "err", err)
