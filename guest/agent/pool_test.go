@@ -25,17 +25,7 @@ func servePool(t *testing.T, root string) *served {
 	if k.landlockABI == 0 || !k.netns || !k.mountns {
 		t.Skipf("this host kernel lacks Landlock or namespaces (%+v); the lab VM test covers the pool", k)
 	}
-	for dir := filepath.Dir(root); dir != "/"; dir = filepath.Dir(dir) {
-		st, err := os.Stat(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Mode().Perm()&0o001 == 0 {
-			if err := os.Chmod(dir, st.Mode().Perm()|0o011); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	letOthersEnter(t, filepath.Dir(root))
 	return serveForTest(t, root)
 }
 
