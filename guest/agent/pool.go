@@ -28,7 +28,12 @@ import (
 //     the command cannot tell it from a fresh one: its workdir and /tmp are
 //     empty, its uid has no process, nothing ever ran in it.
 //   - Each is handed to one run (take pops it under mu) and destroyed
-//     after that run (retire), never used again. Its metadata says OneShot:
+//     after that run (retire), never used again: what the command left
+//     in the session's cgroup is killed before the reply, and the destroy
+//     (a scan of every process, the removal of the session's files)
+//     follows in the background, so that a one-shot run costs what a run
+//     in a session does. Without cgroup v2 the processes the command left
+//     end with that destroy, within milliseconds of the reply. Its metadata says OneShot:
 //     no other command joins it, and the host's lists leave it out.
 //   - The pool holds sessions of one sandbox at a time (key, the sandbox
 //     normalised, as JSON): a run that asks for another empties it and
@@ -257,7 +262,15 @@ func (a *Agent) oneShotSession(ctx context.Context, req wire.RunRequest) (wire.R
 	var end func()
 	if a.res != nil && a.res.pool != nil {
 		m, err = a.res.pool.take(req.Sandbox)
-		end = func() { a.res.pool.retire(m.ID) }
+		end = func() {
+			// What the command left in its cgroup is killed before the
+			// reply (one write to cgroup.kill); the destroy, with its
+			// scan of every process, follows in the background.
+			if m.Tracking == wire.TrackCgroup {
+				killCgroup(a.sessionCgroup(m.ID))
+			}
+			a.res.pool.retire(m.ID)
+		}
 	} else {
 		m, err = a.createSession(wire.SessionCreate{ID: oneShotID(), Sandbox: req.Sandbox}, false)
 		end = func() {
