@@ -9,9 +9,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 )
@@ -28,38 +31,47 @@ import (
 //     the command cannot tell it from a fresh one: its workdir and /tmp are
 //     empty, its uid has no process, nothing ever ran in it.
 //   - Each is handed to one run (take pops it under mu) and destroyed
-//     after that run (retire), never used again: what the command left
+//     after that run (runEnded), never used again: what the command left
 //     in the session's cgroup is killed before the reply, and the destroy
 //     (a scan of every process, the removal of the session's files)
 //     follows in the background, so that a one-shot run costs what a run
 //     in a session does. Without cgroup v2 the processes the command left
-//     end with that destroy, within milliseconds of the reply. Its metadata says OneShot:
-//     no other command joins it, and the host's lists leave it out.
+//     end with that destroy, shortly after the reply. Its metadata says
+//     OneShot: no other command joins it, and the host's lists leave it
+//     out.
 //   - The pool holds sessions of one sandbox at a time (key, the sandbox
 //     normalised, as JSON): a run that asks for another empties it and
 //     refills it with the new one. It holds at most size sessions and
 //     makes none while the guest has less than poolMinAvailable memory
 //     available; a run that finds it empty gets a session made for it, as
 //     before the pool.
-//   - One goroutine refills it, one session at a time, after a run took
-//     one. Ready sessions are destroyed when the helper ends (close); a
-//     helper that starts destroys the one-shot sessions a helper before it
-//     left (recover), ready or in use: their runs died with it.
+//   - The pool's background work (making sessions, destroying used
+//     ones) runs after the run it follows, one job at a time, on one
+//     thread of its own with a lower priority (poolNice), so that it
+//     takes the guest's CPU from no command: on a one-CPU guest a create
+//     running beside a run slowed the run by half. A run takes a session
+//     without waiting for that work; one that finds the pool empty gets a
+//     session made for it, as before the pool. Ready sessions are
+//     destroyed when the helper ends (close); a helper that starts
+//     destroys the one-shot sessions a helper before it left (recover),
+//     ready or in use: their runs died with it.
 //
-// Concurrency: mu guards every field below it; wg counts the refill and
-// the destroys in flight, and close waits for them. Neither a create nor
-// a destroy runs under mu.
+// Concurrency: mu guards every field below it (cond waits on it). Jobs
+// run on the worker goroutine, never under mu; close waits for the
+// worker, which drains the jobs queued before it.
 type sessionPool struct {
 	a    *Agent
 	size int
+	done chan struct{} // closed when the worker has ended
 
 	mu      sync.Mutex
+	cond    *sync.Cond
 	key     string       // the normalised sandbox the ready sessions have
 	spec    wire.Sandbox // the same, as a value
 	ready   []meta
-	filling bool
+	jobs    []func()
+	filling bool // a fill job is queued or running
 	closed  bool
-	wg      sync.WaitGroup
 }
 
 // Pool bounds.
@@ -71,10 +83,47 @@ const (
 	poolMinAvailable = 64 << 20
 	// oneShotPrefix starts a one-shot session's id, pooled or not.
 	oneShotPrefix = "oneshot"
+	// poolNice is the worker thread's nice value.
+	poolNice = 10
 )
 
 func newSessionPool(a *Agent, size int) *sessionPool {
-	return &sessionPool{a: a, size: size}
+	p := &sessionPool{a: a, size: size, done: make(chan struct{})}
+	p.cond = sync.NewCond(&p.mu)
+	go p.worker()
+	return p
+}
+
+// worker runs the pool's jobs in order on a thread of its own at nice
+// poolNice (per thread on Linux), until the pool is closed and no job is
+// left. The thread is never given back to the runtime, which would hand
+// its lower priority to any goroutine: it ends with this one.
+func (p *sessionPool) worker() {
+	defer close(p.done)
+	runtime.LockOSThread()
+	if err := unix.Setpriority(unix.PRIO_PROCESS, 0, poolNice); err != nil {
+		p.a.cfg.Logger.Warn("one-shot pool: lowering the worker's priority", "err", err)
+	}
+	for {
+		p.mu.Lock()
+		for len(p.jobs) == 0 && !p.closed {
+			p.cond.Wait()
+		}
+		if len(p.jobs) == 0 {
+			p.mu.Unlock()
+			return
+		}
+		job := p.jobs[0]
+		p.jobs = p.jobs[1:]
+		p.mu.Unlock()
+		job()
+	}
+}
+
+// queueLocked adds a job for the worker.
+func (p *sessionPool) queueLocked(job func()) {
+	p.jobs = append(p.jobs, job)
+	p.cond.Signal()
 }
 
 func oneShotID() string { return oneShotPrefix + randomHex(12) }
@@ -110,7 +159,6 @@ func (p *sessionPool) take(sb *wire.Sandbox) (meta, error) {
 	if ok {
 		m, p.ready = p.ready[0], p.ready[1:]
 	}
-	p.refillLocked()
 	p.mu.Unlock()
 	if ok {
 		return m, nil
@@ -118,52 +166,51 @@ func (p *sessionPool) take(sb *wire.Sandbox) (meta, error) {
 	return p.a.createSession(req, true)
 }
 
-// refillLocked starts the refill unless it runs or is not needed.
+// refillLocked queues the refill unless it is queued or not needed.
 func (p *sessionPool) refillLocked() {
 	if p.filling || p.closed || len(p.ready) >= p.size {
 		return
 	}
 	p.filling = true
-	p.wg.Add(1)
-	go p.fill()
+	p.queueLocked(p.fillOne)
 }
 
-// fill makes sessions until the pool holds size of the current sandbox,
-// the guest runs short of memory, a create fails or the pool closes.
-func (p *sessionPool) fill() {
-	defer p.wg.Done()
-	for {
-		p.mu.Lock()
-		key, spec := p.key, p.spec
-		if p.closed || len(p.ready) >= p.size || !memoryForPool() {
-			p.filling = false
-			p.mu.Unlock()
-			return
-		}
+// fillOne makes one session of the current sandbox and queues itself
+// again until the pool holds size, the guest runs short of memory, a
+// create fails or the pool closes.
+func (p *sessionPool) fillOne() {
+	p.mu.Lock()
+	key, spec := p.key, p.spec
+	if p.closed || len(p.ready) >= p.size || !memoryForPool() {
+		p.filling = false
 		p.mu.Unlock()
-		m, err := p.a.createSession(wire.SessionCreate{ID: oneShotID(), Sandbox: &spec}, true)
-		p.mu.Lock()
-		switch {
-		case err != nil:
-			p.filling = false
-			p.mu.Unlock()
-			p.a.cfg.Logger.Warn("one-shot pool: making a session", "err", err)
-			return
-		case p.closed || key != p.key:
-			p.retireLocked(m.ID)
-		default:
-			p.ready = append(p.ready, m)
-		}
-		p.mu.Unlock()
+		return
 	}
+	p.mu.Unlock()
+	m, err := p.a.createSession(wire.SessionCreate{ID: oneShotID(), Sandbox: &spec}, true)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case err != nil:
+		p.filling = false
+		p.a.cfg.Logger.Warn("one-shot pool: making a session", "err", err)
+		return
+	case p.closed || key != p.key:
+		p.retireLocked(m.ID)
+	default:
+		p.ready = append(p.ready, m)
+	}
+	p.filling = false
+	p.refillLocked()
 }
 
-// retire destroys a one-shot session after its run, in the background
-// while the pool is open.
-func (p *sessionPool) retire(id string) {
+// runEnded is called after a run that took a session: it destroys that
+// session and refills the pool, both in the background.
+func (p *sessionPool) runEnded(id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.retireLocked(id)
+	p.refillLocked()
 }
 
 func (p *sessionPool) retireLocked(id string) {
@@ -171,25 +218,22 @@ func (p *sessionPool) retireLocked(id string) {
 		p.a.destroyOneShot(id)
 		return
 	}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		p.a.destroyOneShot(id)
-	}()
+	p.queueLocked(func() { p.a.destroyOneShot(id) })
 }
 
-// close destroys the ready sessions and waits for the refill and every
-// destroy in flight; the pool makes no session after it.
+// close waits for the jobs queued so far and destroys the ready
+// sessions; the pool makes no session after it.
 func (p *sessionPool) close() {
 	p.mu.Lock()
 	p.closed = true
 	ready := p.ready
 	p.ready = nil
+	p.cond.Broadcast()
 	p.mu.Unlock()
+	<-p.done
 	for _, m := range ready {
 		p.a.destroyOneShot(m.ID)
 	}
-	p.wg.Wait()
 }
 
 // recover destroys the one-shot sessions a helper before this one left.
@@ -228,6 +272,13 @@ func (a *Agent) destroyOneShot(id string) {
 	}
 }
 
+// cgroupPopulated reports whether a process is in cgroup dir or below
+// (cgroup.events); an unreadable file says yes.
+func cgroupPopulated(dir string) bool {
+	b, err := os.ReadFile(dir + "/cgroup.events")
+	return err != nil || bytes.Contains(b, []byte("populated 1"))
+}
+
 // memoryForPool reports whether the guest has poolMinAvailable memory
 // available (MemAvailable of /proc/meminfo); an unreadable figure says no.
 func memoryForPool() bool {
@@ -254,7 +305,7 @@ func memoryForPool() bool {
 
 // oneShotSession makes or takes the session of a one-shot sandbox and
 // returns req in it, the session (which the run joins without the lock)
-// and the function that destroys it: the pool's retire in the resident
+// and the function that destroys it: the pool's runEnded in the resident
 // helper, a destroy in this call in a process per command.
 func (a *Agent) oneShotSession(ctx context.Context, req wire.RunRequest) (wire.RunRequest, *meta, func(), error) {
 	var m meta
@@ -266,10 +317,10 @@ func (a *Agent) oneShotSession(ctx context.Context, req wire.RunRequest) (wire.R
 			// What the command left in its cgroup is killed before the
 			// reply (one write to cgroup.kill); the destroy, with its
 			// scan of every process, follows in the background.
-			if m.Tracking == wire.TrackCgroup {
-				killCgroup(a.sessionCgroup(m.ID))
+			if cg := a.sessionCgroup(m.ID); m.Tracking == wire.TrackCgroup && cgroupPopulated(cg) {
+				killCgroup(cg)
 			}
-			a.res.pool.retire(m.ID)
+			a.res.pool.runEnded(m.ID)
 		}
 	} else {
 		m, err = a.createSession(wire.SessionCreate{ID: oneShotID(), Sandbox: req.Sandbox}, false)
