@@ -97,7 +97,9 @@ func newSessionPool(a *Agent, size int) *sessionPool {
 // worker runs the pool's jobs in order on a thread of its own at nice
 // poolNice (per thread on Linux), until the pool is closed and no job is
 // left. The thread is never given back to the runtime, which would hand
-// its lower priority to any goroutine: it ends with this one.
+// its lower priority to any goroutine: it ends with this one. (The
+// runtime makes new threads from a template thread, never by cloning a
+// locked one, so none inherits the value.)
 func (p *sessionPool) worker() {
 	defer close(p.done)
 	runtime.LockOSThread()
