@@ -85,6 +85,8 @@ const (
 	oneShotPrefix = "oneshot"
 	// poolNice is the worker thread's nice value.
 	poolNice = 10
+	// maxPendingJobs bounds the worker's queue of destroys.
+	maxPendingJobs = 8
 )
 
 func newSessionPool(a *Agent, size int) *sessionPool {
@@ -208,11 +210,19 @@ func (p *sessionPool) fillOne() {
 
 // runEnded is called after a run that took a session: it destroys that
 // session and refills the pool, both in the background.
+// With maxPendingJobs queued already, the run destroys its session
+// itself: the sessions waiting for their destroy are bounded.
 func (p *sessionPool) runEnded(id string) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.retireLocked(id)
+	now := p.closed || len(p.jobs) >= maxPendingJobs
+	if !now {
+		p.queueLocked(func() { p.a.destroyOneShot(id) })
+	}
 	p.refillLocked()
+	p.mu.Unlock()
+	if now {
+		p.a.destroyOneShot(id)
+	}
 }
 
 func (p *sessionPool) retireLocked(id string) {

@@ -272,3 +272,35 @@ func TestPoolFollowsTheSandboxAndEmptiesOnStop(t *testing.T) {
 		t.Errorf("one-shot sessions after a new helper started: %v (workdir there: %v); want none", left, exists(m.Workdir))
 	}
 }
+
+// TestPoolBoundsPendingDestroys: with maxPendingJobs destroys queued, a
+// run's session is destroyed by the run itself, before runEnded returns.
+func TestPoolBoundsPendingDestroys(t *testing.T) {
+	k := (&Agent{cfg: DefaultConfig()}).probeKernel()
+	if k.landlockABI == 0 || !k.netns || !k.mountns {
+		t.Skipf("this host kernel lacks Landlock or namespaces (%+v)", k)
+	}
+	a := sandboxAgent(t)
+	p := &sessionPool{a: a, size: 0, done: make(chan struct{})} // no worker: what is queued stays queued
+	p.cond = sync.NewCond(&p.mu)
+	ids := make([]string, maxPendingJobs+1)
+	for i := range ids {
+		m, err := a.createSession(wire.SessionCreate{ID: oneShotID(), Sandbox: hostBox()}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = m.ID
+	}
+	for _, id := range ids {
+		p.runEnded(id)
+	}
+	if n := len(p.jobs); n != maxPendingJobs {
+		t.Errorf("%d destroys queued; want %d", n, maxPendingJobs)
+	}
+	if left := oneShotMetas(t, a); len(left) != maxPendingJobs || slices.Contains(left, ids[maxPendingJobs]) {
+		t.Errorf("one-shot sessions left %v; want the %d queued ones, not %s", left, maxPendingJobs, ids[maxPendingJobs])
+	}
+	for _, job := range p.jobs {
+		job()
+	}
+}
