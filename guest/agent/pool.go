@@ -76,8 +76,10 @@ type sessionPool struct {
 
 // Pool bounds.
 const (
-	// DefaultPoolSize is how many ready sessions the pool keeps.
+	// DefaultPoolSize is how many ready sessions the pool keeps
+	// (`serve --oneshot-pool`); maxPoolSize bounds the setting.
 	DefaultPoolSize = 2
+	maxPoolSize     = 16
 	// poolMinAvailable: below this much available memory (MemAvailable)
 	// the pool makes no session.
 	poolMinAvailable = 64 << 20

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -302,5 +303,16 @@ func TestPoolBoundsPendingDestroys(t *testing.T) {
 	}
 	for _, job := range p.jobs {
 		job()
+	}
+}
+
+func TestServeOneShotPoolFlag(t *testing.T) {
+	a := hostAgent(t)
+	for _, v := range []string{"-1", "17", "x"} {
+		var out bytes.Buffer
+		if code := a.ServeMain([]string{"--oneshot-pool", v, "--socket", filepath.Join(t.TempDir(), "s")}, &out); code != 1 ||
+			!strings.Contains(out.String(), "oneshot-pool") {
+			t.Errorf("serve --oneshot-pool %s = %d %s; want 1 and the flag named", v, code, out.String())
+		}
 	}
 }
