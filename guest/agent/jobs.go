@@ -98,6 +98,7 @@ func (t *jobTable) start(req wire.RunRequest) (wire.JobStarted, error) {
 		t.expire(time.Now(), true)
 	}
 	end := func() {}
+	var own *meta
 	if req.Sandbox != nil {
 		if req.Session != "" {
 			return wire.JobStarted{}, invalidf("job start: sandbox and session are exclusive (a session has its own sandbox)")
@@ -106,7 +107,7 @@ func (t *jobTable) start(req wire.RunRequest) (wire.JobStarted, error) {
 			return wire.JobStarted{}, err
 		}
 		var err error
-		if req, end, err = t.a.oneShotSession(t.life, req); err != nil {
+		if req, own, end, err = t.a.oneShotSession(t.life, req); err != nil {
 			return wire.JobStarted{}, fmt.Errorf("job start: %w", err)
 		}
 	}
@@ -115,7 +116,7 @@ func (t *jobTable) start(req wire.RunRequest) (wire.JobStarted, error) {
 	size := outputCap(req)
 	j.stdout = newRing(size, func() { j.last.Store(1) })
 	j.stderr = newRing(size, func() { j.last.Store(2) })
-	p, err := t.a.startRun(req, j.stdout, j.stderr)
+	p, err := t.a.startRun(req, own, j.stdout, j.stderr)
 	if err != nil {
 		end()
 		return wire.JobStarted{}, fmt.Errorf("job start: %w", err)

@@ -87,6 +87,8 @@ var ErrNoPort = errors.New("no such virtio-serial port")
 // resident is the state only the resident helper has.
 type resident struct {
 	jobs       *jobTable
+	pool       *sessionPool // nil when ServeOptions.OneShotPool is negative
+	ids        idsScan
 	hello      wire.Hello // fixed at start; Jobs is filled per answer
 	oomLowered bool
 
@@ -156,6 +158,10 @@ type ServeOptions struct {
 	// jobs; SIGKILL after replaceWait) and serves in its place: how the
 	// host moves a guest to a new build.
 	Replace bool
+	// OneShotPool is how many sandboxed sessions the helper keeps ready
+	// for one-shot runs (pool.go): 0 means DefaultPoolSize, a negative
+	// number none.
+	OneShotPool int
 }
 
 // replaceWait bounds how long Replace waits for the old helper to end.
@@ -178,6 +184,13 @@ func (a *Agent) Serve(ctx context.Context, o ServeOptions) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	a.res = &resident{jobs: newJobTable(a, ctx)}
+	if o.OneShotPool == 0 {
+		o.OneShotPool = DefaultPoolSize
+	}
+	if o.OneShotPool > 0 {
+		a.res.pool = newSessionPool(a, o.OneShotPool)
+		a.res.pool.recover()
+	}
 	if !o.KeepProcess {
 		a.res.oomLowered = a.harden()
 	}
@@ -203,6 +216,9 @@ func (a *Agent) Serve(ctx context.Context, o ServeOptions) error {
 	ln.Close()
 	a.endJobs()
 	wg.Wait()
+	if a.res.pool != nil {
+		a.res.pool.close()
+	}
 	return nil
 }
 

@@ -139,9 +139,14 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 	if req.Sandbox != nil {
 		return a.runOneShot(ctx, req)
 	}
+	return a.run(ctx, req, nil)
+}
+
+// run is Run of req, in own when set (startRun).
+func (a *Agent) run(ctx context.Context, req wire.RunRequest, own *meta) (wire.RunResult, error) {
 	maxOut := outputCap(req)
 	stdout, stderr := &capped{max: maxOut}, &capped{max: maxOut}
-	p, err := a.startRun(req, stdout, stderr)
+	p, err := a.startRun(req, own, stdout, stderr)
 	if err != nil {
 		return wire.RunResult{}, err
 	}
@@ -158,9 +163,10 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 	return res, nil
 }
 
-// runOneShot runs req confined by req.Sandbox in a session of its own,
-// created for the run and destroyed after it (every process the command
-// left ends with it), all in this one call.
+// runOneShot runs req confined by req.Sandbox in a session of its own
+// (oneShotSession), destroyed after it with every process the command
+// left: in this call by a process per command, right after the reply by
+// the resident helper.
 func (a *Agent) runOneShot(ctx context.Context, req wire.RunRequest) (wire.RunResult, error) {
 	if req.Session != "" {
 		return wire.RunResult{}, invalidf("run: sandbox and session are exclusive (a session has its own sandbox)")
@@ -168,28 +174,12 @@ func (a *Agent) runOneShot(ctx context.Context, req wire.RunRequest) (wire.RunRe
 	if err := validateRun(req); err != nil {
 		return wire.RunResult{}, err
 	}
-	req, end, err := a.oneShotSession(ctx, req)
+	req, own, end, err := a.oneShotSession(ctx, req)
 	if err != nil {
 		return wire.RunResult{}, err
 	}
 	defer end()
-	return a.Run(ctx, req)
-}
-
-// oneShotSession creates the session of a one-shot sandbox and returns
-// req in it, and the function that destroys it.
-func (a *Agent) oneShotSession(ctx context.Context, req wire.RunRequest) (wire.RunRequest, func(), error) {
-	s, err := a.SessionCreate(ctx, wire.SessionCreate{ID: "oneshot" + randomHex(12), Sandbox: req.Sandbox})
-	if err != nil {
-		return req, nil, fmt.Errorf("run: one-shot sandbox: %w", err)
-	}
-	end := func() {
-		if _, derr := a.SessionDestroy(context.WithoutCancel(ctx), s.ID); derr != nil {
-			a.cfg.Logger.Error("run: one-shot sandbox: destroy", "session", s.ID, "err", derr)
-		}
-	}
-	req.Sandbox, req.Session = nil, s.ID
-	return req, end, nil
+	return a.run(ctx, req, own)
 }
 
 // outputCap is the per-stream output cap of req.
@@ -209,8 +199,10 @@ type running struct {
 }
 
 // startRun validates req and starts its process with stdout and stderr
-// as its output, joining its session (if any) for the start.
-func (a *Agent) startRun(req wire.RunRequest, stdout, stderr io.Writer) (running, error) {
+// as its output, joining its session (if any) for the start. own, when
+// set, is the session of a one-shot run, which this run alone holds
+// (oneShotSession): it is joined as it is, without the lock.
+func (a *Agent) startRun(req wire.RunRequest, own *meta, stdout, stderr io.Writer) (running, error) {
 	if err := validateRun(req); err != nil {
 		return running{}, err
 	}
@@ -231,7 +223,13 @@ func (a *Agent) startRun(req wire.RunRequest, stdout, stderr io.Writer) (running
 		r.cwd = "/"
 	}
 	release := func() {}
-	if req.Session != "" {
+	switch {
+	case own != nil:
+		if err := a.joinMeta(r, req, *own); err != nil {
+			r.close()
+			return running{}, err
+		}
+	case req.Session != "":
 		var err error
 		if release, err = a.joinSession(r, req); err != nil {
 			r.close()
@@ -318,6 +316,28 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (release func(), e
 	if err != nil {
 		return nil, fmt.Errorf("run: %w", err)
 	}
+	if m.OneShot {
+		return nil, notFoundf("run: session %s is a one-shot run's own: it takes no other command", m.ID)
+	}
+	if err := a.joinMeta(r, req, m); err != nil {
+		return nil, err
+	}
+	return func() {
+		if a.res != nil {
+			unlock()
+			a.res.touchLater(a, m.ID)
+			return
+		}
+		if err := a.touchLocked(m); err != nil {
+			a.cfg.Logger.Warn("run: recording last use", "session", m.ID, "err", err)
+		}
+		unlock()
+	}, nil
+}
+
+// joinMeta points r at session m's workdir, marker, cgroup and
+// confinement.
+func (a *Agent) joinMeta(r *runSetup, req wire.RunRequest, m meta) error {
 	if req.Cwd == "" {
 		r.cwd = m.Workdir
 	}
@@ -325,7 +345,7 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (release func(), e
 	if m.Tracking == wire.TrackCgroup {
 		dir, f, err := a.newRunCgroup(m.ID, r.runID)
 		if err != nil {
-			return nil, fmt.Errorf("run: %w", err)
+			return fmt.Errorf("run: %w", err)
 		}
 		r.runCgroup, r.cgroupFD = dir, f
 		r.attr.UseCgroupFD, r.attr.CgroupFD = true, int(f.Fd())
@@ -343,7 +363,7 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (release func(), e
 		// can set them before the command's first instruction.
 		spec, err := json.Marshal(c)
 		if err != nil {
-			return nil, fmt.Errorf("run: %w", err)
+			return fmt.Errorf("run: %w", err)
 		}
 		r.argv = append([]string{a.cfg.Self, SandboxCommand, string(spec), "--"}, r.argv...)
 		r.sandboxed = true
@@ -352,17 +372,7 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (release func(), e
 			"--as", strconv.FormatInt(m.Limits.MemoryMB<<20, 10),
 			"--nproc", strconv.FormatInt(m.Limits.Pids, 10), "--"}, r.argv...)
 	}
-	return func() {
-		if a.res != nil {
-			unlock()
-			a.res.touchLater(a, m.ID)
-			return
-		}
-		if err := a.touchLocked(m); err != nil {
-			a.cfg.Logger.Warn("run: recording last use", "session", m.ID, "err", err)
-		}
-		unlock()
-	}, nil
+	return nil
 }
 
 // start starts the process. For a sandboxed run it waits for the shim's

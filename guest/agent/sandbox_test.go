@@ -185,7 +185,15 @@ func TestSandboxValidate(t *testing.T) {
 func sandboxAgent(t testing.TB) *Agent {
 	t.Helper()
 	a := hostAgent(t)
-	for dir := a.cfg.Root; dir != "/"; dir = filepath.Dir(dir) {
+	letOthersEnter(t, a.cfg.Root)
+	return a
+}
+
+// letOthersEnter gives dir and every directory above it o+x (and g+x),
+// so that a session's uid can reach its directories below dir.
+func letOthersEnter(t testing.TB, dir string) {
+	t.Helper()
+	for ; dir != "/"; dir = filepath.Dir(dir) {
 		st, err := os.Stat(dir)
 		if err != nil {
 			t.Fatal(err)
@@ -196,7 +204,6 @@ func sandboxAgent(t testing.TB) *Agent {
 			}
 		}
 	}
-	return a
 }
 
 // TestHostSandboxedSession runs a sandboxed session on the host (root, no

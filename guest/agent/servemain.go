@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -32,7 +33,7 @@ const (
 // detachWait bounds how long `serve --detach` waits for the helper to listen.
 const detachWait = 30 * time.Second
 
-// ServeMain runs `vmgate-guest serve [--detach] [--replace] [--port NAME] [--socket PATH]`:
+// ServeMain runs `vmgate-guest serve [--detach] [--replace] [--port NAME] [--socket PATH] [--oneshot-pool N]`:
 // in the foreground until SIGTERM or SIGINT; with --detach it starts the
 // helper in a session of its own (the guest agent's exec returns, the
 // helper stays) and answers with one wire.Reply (wire.Serving) once it
@@ -44,11 +45,15 @@ func (a *Agent) ServeMain(args []string, stdout io.Writer) int {
 	socket := fs.String("socket", SocketPath(a.cfg.Root), "unix socket to serve")
 	readyFD := fs.Int("ready-fd", 0, "descriptor to report readiness on (used by --detach)")
 	replace := fs.Bool("replace", false, "end the helper that serves already and serve in its place")
+	pool := fs.Int("oneshot-pool", DefaultPoolSize, "sandboxed sessions kept ready for one-shot runs (0: none)")
 	if err := parseFlags(fs, args); err != nil {
 		return a.reply(stdout, nil, err)
 	}
+	if *pool < 0 || *pool > maxPoolSize {
+		return a.reply(stdout, nil, invalidf("serve: --oneshot-pool %d: want 0..%d", *pool, maxPoolSize))
+	}
 	if *detach {
-		res, err := a.detach(*port, *socket, *replace)
+		res, err := a.detach(*port, *socket, *replace, *pool)
 		return a.reply(stdout, res, err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -65,7 +70,11 @@ func (a *Agent) ServeMain(args []string, stdout io.Writer) int {
 			ready = nil
 		}
 	}
-	err := a.Serve(ctx, ServeOptions{Port: *port, Socket: *socket, Replace: *replace, Ready: func(h wire.Hello) {
+	size := *pool
+	if size == 0 {
+		size = -1 // none (ServeOptions' 0 is the default)
+	}
+	err := a.Serve(ctx, ServeOptions{Port: *port, Socket: *socket, Replace: *replace, OneShotPool: size, Ready: func(h wire.Hello) {
 		report(wire.Reply{OK: true, Result: wire.Serving{PID: h.PID}})
 	}})
 	var already *AlreadyServingError
@@ -100,7 +109,7 @@ func (a *Agent) reply(w io.Writer, res any, err error) int {
 
 // detach starts `serve --ready-fd 3` as a new session whose output goes to
 // <Root>/helper/serve.log, and waits for what it reports.
-func (a *Agent) detach(port, socket string, replace bool) (wire.Serving, error) {
+func (a *Agent) detach(port, socket string, replace bool, pool int) (wire.Serving, error) {
 	dir := filepath.Dir(SocketPath(a.cfg.Root))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return wire.Serving{}, fmt.Errorf("serve: %w", err)
@@ -115,7 +124,7 @@ func (a *Agent) detach(port, socket string, replace bool) (wire.Serving, error) 
 		return wire.Serving{}, fmt.Errorf("serve: %w", err)
 	}
 	defer pr.Close()
-	args := []string{ServeCommand, "--port", port, "--socket", socket, "--ready-fd", "3"}
+	args := []string{ServeCommand, "--port", port, "--socket", socket, "--ready-fd", "3", "--oneshot-pool", strconv.Itoa(pool)}
 	if replace {
 		args = append(args, "--replace")
 	}

@@ -43,7 +43,8 @@ type Client struct {
 	nonce []byte
 	hello chan []byte // the guest's hello, once
 
-	heard atomic.Int64 // unix nanoseconds of the last frame from the guest
+	opt   Options
+	heard atomic.Uint64 // frames heard from the guest
 }
 
 // ErrNeedHello: the guest's helper has had no hello on this connection
@@ -51,24 +52,33 @@ type Client struct {
 // connection is given up.
 var ErrNeedHello = errors.New("mux: the helper has had no hello on this connection (it restarted); the call did not run")
 
-// ErrSilent: the guest sent nothing for DeadAfter, pings unanswered.
-var ErrSilent = errors.New("mux: the guest stopped answering pings")
+// ErrSilent: the guest sent nothing for Options.SilenceLimit while it owed
+// an answer (the error says how long, and what it owed).
+var ErrSilent = errors.New("mux: the guest sent nothing")
 
 type pendingCall struct {
 	buf  []byte
 	done chan struct{}
 	rep  Reply
 	err  error
+	sent time.Time // when Call sent it (Options' clock)
+	what string    // callName of its arguments
 }
 
 // Dial starts a connection on c: it writes lineBreak (ending whatever was
 // left half-written on the line) and a hello, resent every helloEvery,
 // and returns once the guest answered with its hello (the JSON the
 // helper's Server.Hello gave). On failure c is closed. ErrNoHello when
-// ctx ends first.
+// ctx ends first. The connection's liveness check has the default
+// Options.
 func Dial(ctx context.Context, c io.ReadWriteCloser) (*Client, []byte, error) {
+	return DialWith(ctx, c, Options{})
+}
+
+// DialWith is Dial with the liveness check's Options.
+func DialWith(ctx context.Context, c io.ReadWriteCloser, o Options) (*Client, []byte, error) {
 	cl := &Client{c: c, pending: map[uint32]*pendingCall{}, done: make(chan struct{}),
-		nonce: make([]byte, nonceBytes), hello: make(chan []byte, 1)}
+		nonce: make([]byte, nonceBytes), hello: make(chan []byte, 1), opt: o.withDefaults()}
 	_, _ = rand.Read(cl.nonce)
 	var start [4]byte
 	_, _ = rand.Read(start[:])
@@ -105,20 +115,22 @@ func Dial(ctx context.Context, c io.ReadWriteCloser) (*Client, []byte, error) {
 	}
 }
 
-// keepalive pings every PingEvery and fails the connection when nothing
-// came back for DeadAfter.
+// keepalive pings every PingEvery and fails the connection once the
+// guest has owed an answer and sent nothing for SilenceLimit (silence).
 func (cl *Client) keepalive() {
-	t := time.NewTicker(PingEvery)
-	defer t.Stop()
+	tick, stop := cl.opt.clk.ticker(cl.opt.PingEvery)
+	defer stop()
+	var s silence
 	var n uint32
 	for {
+		var now time.Time
 		select {
 		case <-cl.done:
 			return
-		case <-t.C:
+		case now = <-tick:
 		}
-		if time.Since(time.Unix(0, cl.heard.Load())) > DeadAfter {
-			cl.fail(fmt.Errorf("%w for %v", ErrSilent, DeadAfter))
+		if err := s.tick(now, cl.heard.Load(), cl.owed(), cl.opt.PingEvery, cl.opt.SilenceLimit); err != nil {
+			cl.fail(err)
 			return
 		}
 		n++
@@ -126,7 +138,21 @@ func (cl *Client) keepalive() {
 		if cl.snd.control(enc) != nil {
 			return
 		}
+		s.pinged(now)
 	}
+}
+
+// owed counts the calls in flight and names the oldest.
+func (cl *Client) owed() owed {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	o := owed{calls: len(cl.pending)}
+	for _, p := range cl.pending {
+		if o.oldestSent.IsZero() || p.sent.Before(o.oldestSent) {
+			o.oldestSent, o.oldestWhat = p.sent, p.what
+		}
+	}
+	return o
 }
 
 // Done is closed once the connection has failed or been closed.
@@ -176,7 +202,7 @@ func (cl *Client) Call(ctx context.Context, req Request) (Reply, error) {
 	if len(msg) > MaxMessageBytes {
 		return Reply{}, fmt.Errorf("mux: request of %d bytes, at most %d", len(msg), MaxMessageBytes)
 	}
-	p := &pendingCall{done: make(chan struct{})}
+	p := &pendingCall{done: make(chan struct{}), sent: cl.opt.clk.now(), what: callName(req.Args)}
 	cl.mu.Lock()
 	if cl.err != nil {
 		err := cl.err
@@ -234,7 +260,7 @@ func (cl *Client) read() {
 // frame handles one frame from the guest. Frames before the answer to
 // this connection's hello are stale and dropped.
 func (cl *Client) frame(f frame) error {
-	cl.heard.Store(time.Now().UnixNano())
+	cl.heard.Add(1)
 	if f.kind == kindHelloAck {
 		if len(f.payload) >= nonceBytes && bytes.Equal(f.payload[:nonceBytes], cl.nonce) {
 			select {
@@ -249,10 +275,10 @@ func (cl *Client) frame(f frame) error {
 		p, ok := cl.pending[f.id]
 		delete(cl.pending, f.id)
 		cl.mu.Unlock()
-		if ok {
+		if ok { // the connection is given up before the call learns why
+			cl.fail(ErrNeedHello)
 			p.err = ErrNeedHello
 			close(p.done)
-			cl.fail(ErrNeedHello)
 		}
 		return nil
 	}

@@ -65,9 +65,16 @@
 //
 // A virtio-serial port's host end stays connected when the guest's
 // helper dies (QEMU keeps its socket open, and buffers), so the host
-// pings every PingEvery and gives the connection up when it has heard
-// nothing for DeadAfter: calls in flight fail (Client.Call), and the next
-// one dials again.
+// pings every Options.PingEvery and gives the connection up when the
+// guest has owed an answer (a call in flight, a ping) and sent nothing for
+// Options.SilenceLimit: calls in flight fail (Client.Call) with ErrSilent,
+// saying how long and what was owed, and the next call dials again. A
+// guest that is slow is not a guest that is gone: any frame counts as
+// life, silence counts only while the guest owes something, and it is
+// counted in the keepalive's own ticks, so that a host process that was
+// not scheduled does not blame the guest for its own stall. The limit is
+// generous by default (DefaultSilenceLimit) for an emulated guest on a
+// loaded host; DialWith sets another.
 package mux
 
 import (
@@ -75,15 +82,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 )
 
 // Limits.
 const (
-	// PingEvery is how often a Client pings; DeadAfter is how long it
-	// waits for any frame before it gives the connection up.
-	PingEvery = time.Second
-	DeadAfter = 4 * time.Second
 	// MaxMessageBytes bounds one message (a run's 64 MiB of stdin, a
 	// file read's 16 MiB of data, with room for their envelopes).
 	MaxMessageBytes = 80 << 20

@@ -276,17 +276,27 @@ func TestPortDropsRequestsBeforeHello(t *testing.T) {
 
 // TestClientGivesUpOnASilentGuest: a helper that dies behind a port whose
 // host end stays open (as QEMU's does) fails the calls in flight once
-// DeadAfter passes without a frame.
+// the silence limit passes without a frame.
 func TestClientGivesUpOnASilentGuest(t *testing.T) {
 	port := newFakePort()
 	s := &Server{Hello: helloJSON, Handler: echo}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { _ = s.ServePort(ctx, port) }()
-	cl, _, err := Dial(ctxT(t, 10*time.Second), port.connect())
+	fc := newFakeClock()
+	cl, _, err := DialWith(ctxT(t, 10*time.Second), port.connect(), Options{SilenceLimit: 5 * time.Second, clk: fc.clock()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
+	go func() { // the keepalive's ticks, a second apart, while the test runs
+		for i := 1; ; i++ {
+			select {
+			case fc.tick <- sec(float64(i)):
+			case <-cl.Done():
+				return
+			}
+		}
+	}()
 	// The helper dies: nothing reads the port or answers any more.
 	cancel()
 	port.mu.Lock()

@@ -35,11 +35,16 @@ import (
 //	        VirtualBox have, both behind the lab's own qemu-ga here (the
 //	        emulators add the same transport to each side)
 //
+// Back to back by default; -rows.gap pauses after each measurement of
+// either side, as an agent does between commands (the one-shot pool of
+// row 8b refills in such pauses).
+//
 //	go test -run '^$' -bench '^BenchmarkLabRows$' -benchtime 1x ./internal/guestctl/
 var (
 	rowsPairs  = flag.Int("rows.pairs", 6, "BenchmarkLabRows: rounds that count")
 	rowsWarmup = flag.Int("rows.warmup", 1, "BenchmarkLabRows: rounds thrown away first")
 	rowsN      = flag.Int("rows.n", 15, "BenchmarkLabRows: measurements of each side per round")
+	rowsGap    = flag.Duration("rows.gap", 0, "BenchmarkLabRows: pause after each measurement, either side (an agent's pace between commands; 0: back to back)")
 )
 
 func BenchmarkLabRows(b *testing.B) {
@@ -113,6 +118,7 @@ func pairedRounds(b *testing.B, a, base func() (time.Duration, error)) {
 						b.Fatal(err)
 					}
 					sd.ms = append(sd.ms, float64(d.Microseconds())/1000)
+					time.Sleep(*rowsGap)
 				}
 			}
 			if i >= *rowsWarmup {
