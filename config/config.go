@@ -38,6 +38,29 @@ func DefaultPolicy() []byte { return bytes.Clone(defaultPolicy) }
 // BuiltinPolicy as a grant's policy names DefaultPolicy.
 const BuiltinPolicy = "builtin:default"
 
+// sandboxedPolicy is the default policy with every vm_agent_exec confined:
+// in a session, or in a sandbox of its own (net none, user session, writes
+// only in its own directories), never as root.
+//
+//go:embed sandboxed_policy.json
+var sandboxedPolicy []byte
+
+// BuiltinSandboxed as a grant's policy names the sandboxed built-in policy.
+const BuiltinSandboxed = "builtin:sandboxed"
+
+// Builtin returns the built-in policy a grant's policy names (BuiltinPolicy
+// or BuiltinSandboxed): its file name and a copy of it; ok is false for a
+// file name.
+func Builtin(name string) (file string, doc []byte, ok bool) {
+	switch name {
+	case BuiltinPolicy:
+		return "default_policy.json", DefaultPolicy(), true
+	case BuiltinSandboxed:
+		return "sandboxed_policy.json", bytes.Clone(sandboxedPolicy), true
+	}
+	return "", nil, false
+}
+
 // The store types.
 const (
 	StoreBolt   = "bolt"
@@ -138,7 +161,8 @@ type Grant struct {
 	Name string `yaml:"name"`
 	// TokenSHA256 is the hex SHA-256 of the grant's HTTP bearer token.
 	TokenSHA256 string `yaml:"token_sha256"`
-	// Policy is a policy file (relative to the config file) or BuiltinPolicy.
+	// Policy is a policy file (relative to the config file), BuiltinPolicy
+	// or BuiltinSandboxed.
 	Policy string `yaml:"policy"`
 	// VMs are globs over VM ids ("lab/*"); empty means every VM.
 	VMs []string `yaml:"vms"`
@@ -289,7 +313,7 @@ func (c *Config) fill(dir string) {
 		c.Audit.Fsync = FsyncAlways
 	}
 	for i := range c.Grants {
-		if c.Grants[i].Policy != BuiltinPolicy {
+		if _, _, builtin := Builtin(c.Grants[i].Policy); !builtin {
 			c.Grants[i].Policy = abs(c.Grants[i].Policy)
 		}
 	}
@@ -364,7 +388,7 @@ func (c *Config) validateGrants() (map[string]string, error) {
 			tokens[g.TokenSHA256] = g.Name
 		}
 		if g.Policy == "" {
-			return nil, fmt.Errorf("grants[%d].policy: required (a policy file, or %q)", i, BuiltinPolicy)
+			return nil, fmt.Errorf("grants[%d].policy: required (a policy file, %q or %q)", i, BuiltinPolicy, BuiltinSandboxed)
 		}
 		for j, glob := range g.VMs {
 			if _, err := path.Match(glob, ""); err != nil || glob == "" {
@@ -409,8 +433,8 @@ func ptr[T any](v T) *T { return &v }
 
 // PolicyDocument returns the name and bytes of grant g's policy.
 func (g Grant) PolicyDocument() (string, []byte, error) {
-	if g.Policy == BuiltinPolicy {
-		return "default_policy.json", DefaultPolicy(), nil
+	if file, doc, ok := Builtin(g.Policy); ok {
+		return file, doc, nil
 	}
 	data, err := os.ReadFile(g.Policy)
 	if err != nil {

@@ -128,3 +128,40 @@ func reserves(d policy.Decision, name string) bool {
 	}
 	return false
 }
+
+// TestSandboxedPolicy: builtin:sandboxed is the default policy but for
+// vm_agent_exec, whose every command runs confined: in its session, or in
+// the policy's sandbox (never as root) when it asks for none.
+func TestSandboxedPolicy(t *testing.T) {
+	file, doc, ok := Builtin(BuiltinSandboxed)
+	if !ok || file != "sandboxed_policy.json" {
+		t.Fatalf("Builtin(%q) = %q, ok %v; want sandboxed_policy.json", BuiltinSandboxed, file, ok)
+	}
+	e, err := policy.Parse(file, doc)
+	if err != nil {
+		t.Fatalf("Parse(%s) = %v", file, err)
+	}
+	def, err := policy.Parse("default_policy.json", DefaultPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(e.Tools(), def.Tools()) {
+		t.Errorf("sandboxed policy's tools = %v; want the default's %v", e.Tools(), def.Tools())
+	}
+	want := &policy.Sandbox{Net: "none", User: "session", BestEffort: []string{"cgroup"}}
+	d := e.Decide(policy.Call{Grant: "local", Tool: policy.ExecTool, VM: "lab/vm1", Args: map[string]any{"command": []any{"id"}}})
+	if d.Verdict != policy.Allow || !reflect.DeepEqual(d.Sandbox, want) {
+		t.Errorf("Decide(vm_agent_exec) = %v %q, sandbox %+v; want allow in %+v", d.Verdict, d.Reason, d.Sandbox, want)
+	}
+	d = e.Decide(policy.Call{Grant: "local", Tool: policy.ExecTool, VM: "lab/vm1", Args: map[string]any{"command": []any{"id"}, "sandbox": map[string]any{"user": "root"}}})
+	if d.Verdict != policy.Deny || d.Rule != "/tools/vm_agent_exec/sandbox" {
+		t.Errorf("Decide(vm_agent_exec as root) = %v %q %q; want a sandbox deny", d.Verdict, d.Rule, d.Reason)
+	}
+	d = def.Decide(policy.Call{Grant: "local", Tool: policy.ExecTool, VM: "lab/vm1", Args: map[string]any{"command": []any{"id"}}})
+	if d.Verdict != policy.Allow || d.Sandbox != nil {
+		t.Errorf("default policy: Decide(vm_agent_exec) = %v, sandbox %+v; want allow, unconfined", d.Verdict, d.Sandbox)
+	}
+	if _, _, ok := Builtin("builtin:other"); ok {
+		t.Errorf("Builtin(builtin:other) ok; want only the two built-in policies")
+	}
+}

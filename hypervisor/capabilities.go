@@ -12,6 +12,8 @@ type Capabilities struct {
 	Metrics bool `json:"metrics"`
 	// Create: the driver is a Creator (vm_create, vm_delete).
 	Create bool `json:"create"`
+	// HelperChannel: the driver is a HelperCaller.
+	HelperChannel bool `json:"helper_channel"`
 	// Screenshot, SendKeys, ConsoleRead, ConsoleWrite: the driver is a
 	// Screener, a KeySender, a ConsoleReader, a ConsoleWriter (screen.go).
 	Screenshot   bool `json:"screenshot"`
@@ -43,6 +45,7 @@ func CapabilitiesOf(d Driver) Capabilities {
 	_, c.GuestNetwork = d.(GuestNetworker)
 	_, c.Metrics = d.(MetricsReader)
 	_, c.Create = d.(Creator)
+	_, c.HelperChannel = d.(HelperCaller)
 	_, c.Screenshot = d.(Screener)
 	_, c.SendKeys = d.(KeySender)
 	_, c.ConsoleRead = d.(ConsoleReader)

@@ -27,6 +27,7 @@ type snapDriver struct {
 // fullDriver has every capability by type.
 type fullDriver struct {
 	Driver
+	HelperCaller
 	Snapshotter
 	GuestNetworker
 	MetricsReader
@@ -52,7 +53,7 @@ func TestCapabilitiesOf(t *testing.T) {
 		{"snapshots by type, with the driver's modes", snapDriver{Snapshotter: modesOnly{}},
 			Capabilities{Snapshots: true, SnapshotModes: SnapshotModes{Memory: true}}},
 		{"all by type", fullDriver{Snapshotter: modesOnly{}},
-			Capabilities{Snapshots: true, SnapshotModes: SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, Create: true}},
+			Capabilities{Snapshots: true, SnapshotModes: SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, Create: true, HelperChannel: true}},
 		{"a reporter is believed over its type", reporting{fullDriver{Snapshotter: modesOnly{}}}, Capabilities{GuestNetwork: true}},
 	}
 	for _, tt := range tests {

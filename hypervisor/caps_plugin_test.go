@@ -3,6 +3,7 @@ package hypervisor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -41,6 +42,13 @@ func fullFake(got *[]string) *hypervisortest.Fake {
 				{Name: "eth0", MAC: "52:54:00:12:34:56", Addresses: []hypervisor.IPAddress{}, Stats: &hypervisor.NetStats{RxBytes: 1, TxDropped: 8}},
 			}, nil
 		},
+		HelperCallFunc: func(_ context.Context, vm string, c hypervisor.HelperCall) (hypervisor.HelperReply, error) {
+			*got = append(*got, fmt.Sprintf("helper %s %q %q %v", vm, c.Args, c.Stdin, c.Timeout))
+			if c.Args[0] == "down" {
+				return hypervisor.HelperReply{}, fmt.Errorf("fake: %w", hypervisor.ErrHelperUnavailable)
+			}
+			return hypervisor.HelperReply{Exit: 1, Stdout: []byte("{\"ok\":false}\n")}, nil
+		},
 		VMMetricsFunc: func(_ context.Context, vm string) (hypervisor.VMMetrics, error) {
 			*got = append(*got, "metrics "+vm)
 			return hypervisor.VMMetrics{Time: created, Source: "fake", VCPUs: 2, CPUTimeNS: hypervisor.Uint64(0), MemoryBytes: hypervisor.Uint64(1 << 30)}, nil
@@ -57,7 +65,7 @@ func TestCapabilitiesCrossTheBoundary(t *testing.T) {
 	if err := drv.(hypervisor.Configurer).Configure(ctx, nil); err != nil {
 		t.Fatalf("Configure() = %v", err)
 	}
-	want := hypervisor.Capabilities{Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true}
+	want := hypervisor.Capabilities{Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, HelperChannel: true}
 	if k := hypervisor.CapabilitiesOf(drv); k != want {
 		t.Fatalf("CapabilitiesOf(plugin client) = %+v; want %+v", k, want)
 	}
@@ -95,7 +103,16 @@ func TestCapabilitiesCrossTheBoundary(t *testing.T) {
 		m.BalloonBytes != nil || m.VCPUs != 2 || m.Source != "fake" || !m.Time.Equal(wantM.Time) {
 		t.Errorf("VMMetrics() = %+v, %v; want %+v (a reported zero stays a zero, an unreported field nil)", m, err, wantM)
 	}
-	wantCalls := []string{"create vm1 s1 d ✓ mem", "list vm1", "revert vm1 s1", "delete vm1 gone", "network vm1", "metrics vm1"}
+	hc, _ := hypervisor.AsHelperCaller(drv)
+	rep, err := hc.HelperCall(ctx, "vm1", hypervisor.HelperCall{Args: []string{"ps", "--session", "x"}, Stdin: []byte("in"), Timeout: time.Minute})
+	if err != nil || rep.Exit != 1 || string(rep.Stdout) != "{\"ok\":false}\n" {
+		t.Errorf("HelperCall() = %+v, %v; want exit 1 and the reply", rep, err)
+	}
+	if _, err := hc.HelperCall(ctx, "vm1", hypervisor.HelperCall{Args: []string{"down"}}); !errors.Is(err, hypervisor.ErrHelperUnavailable) {
+		t.Errorf("HelperCall(down) = %v; want ErrHelperUnavailable across the boundary", err)
+	}
+	wantCalls := []string{"create vm1 s1 d ✓ mem", "list vm1", "revert vm1 s1", "delete vm1 gone", "network vm1", "metrics vm1",
+		`helper vm1 ["ps" "--session" "x"] "in" 1m0s`, `helper vm1 ["down"] "" 0s`}
 	if !reflect.DeepEqual(got, wantCalls) {
 		t.Errorf("the plugin's driver saw %q; want %q", got, wantCalls)
 	}

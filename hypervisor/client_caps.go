@@ -22,6 +22,7 @@ var (
 	_ SnapshotIDReverter = (*client)(nil)
 	_ GuestNetworker     = (*client)(nil)
 	_ MetricsReader      = (*client)(nil)
+	_ HelperCaller       = (*client)(nil)
 )
 
 func (c *client) setCaps(k Capabilities) { c.caps.Store(&k) }
@@ -70,6 +71,7 @@ func (c *client) need(ctx context.Context, op, what string, has func(Capabilitie
 func hasSnapshots(k Capabilities) bool { return k.Snapshots }
 func hasNetwork(k Capabilities) bool   { return k.GuestNetwork }
 func hasMetrics(k Capabilities) bool   { return k.Metrics }
+func hasHelper(k Capabilities) bool    { return k.HelperChannel }
 
 // SnapshotModes implements Snapshotter from the plugin's capabilities.
 func (c *client) SnapshotModes() SnapshotModes { return c.Capabilities().SnapshotModes }
@@ -156,4 +158,15 @@ func (c *client) VMMetrics(ctx context.Context, vm string) (VMMetrics, error) {
 		return VMMetrics{}, c.fromStatus(ctx, "metrics", err)
 	}
 	return metricsFromPB(resp), nil
+}
+
+func (c *client) HelperCall(ctx context.Context, vm string, call HelperCall) (HelperReply, error) {
+	if err := c.need(ctx, "helper call", "resident helper channel", hasHelper); err != nil {
+		return HelperReply{}, fmt.Errorf("%w (%w)", err, ErrNoHelperChannel)
+	}
+	resp, err := c.rpc.HelperCall(ctx, &pb.HelperCallRequest{Vm: vm, Args: call.Args, Stdin: call.Stdin, TimeoutNs: int64(call.Timeout)})
+	if err != nil {
+		return HelperReply{}, c.fromStatus(ctx, "helper call", err)
+	}
+	return HelperReply{Exit: int(resp.GetExit()), Stdout: resp.GetStdout()}, nil
 }

@@ -15,6 +15,7 @@ var (
 	_ SnapshotIDReverter = (*Deferred)(nil)
 	_ GuestNetworker     = (*Deferred)(nil)
 	_ MetricsReader      = (*Deferred)(nil)
+	_ HelperCaller       = (*Deferred)(nil)
 )
 
 // Capabilities reports the built driver's capabilities; none before Configure.
@@ -114,4 +115,17 @@ func (f *Deferred) VMMetrics(ctx context.Context, vm string) (VMMetrics, error) 
 		return VMMetrics{}, fmt.Errorf("metrics: %w: this backend has no hypervisor metrics", ErrNotSupported)
 	}
 	return m.VMMetrics(ctx, vm)
+}
+
+// HelperCall implements HelperCaller.
+func (f *Deferred) HelperCall(ctx context.Context, vm string, call HelperCall) (HelperReply, error) {
+	d, err := f.driver()
+	if err != nil {
+		return HelperReply{}, err
+	}
+	h, ok := AsHelperCaller(d)
+	if !ok {
+		return HelperReply{}, fmt.Errorf("helper call: %w: %w: this backend has no resident helper channel", ErrNotSupported, ErrNoHelperChannel)
+	}
+	return h.HelperCall(ctx, vm, call)
 }

@@ -40,6 +40,9 @@ var errorKinds = []struct {
 	{"invalid_argument", ErrInvalidArgument, codes.InvalidArgument},
 	{"backend", ErrBackend, codes.Aborted},
 	{"plugin_exited", ErrPluginExited, codes.Unavailable},
+	{"no_helper_channel", ErrNoHelperChannel, codes.FailedPrecondition},
+	{"helper_unavailable", ErrHelperUnavailable, codes.FailedPrecondition},
+	{"helper_lost", ErrHelperLost, codes.Aborted},
 	{"deadline_exceeded", context.DeadlineExceeded, codes.DeadlineExceeded},
 	{"canceled", context.Canceled, codes.Canceled},
 }

@@ -107,10 +107,22 @@ func (s *server) VMMetrics(ctx context.Context, req *pb.VMRequest) (*pb.VMMetric
 
 // Conversions shared by client and server.
 
+func (s *server) HelperCall(ctx context.Context, req *pb.HelperCallRequest) (*pb.HelperCallReply, error) {
+	h, ok := AsHelperCaller(s.d)
+	if !ok {
+		return nil, toStatus(fmt.Errorf("helper call: %w: %w: this backend has no resident helper channel", ErrNotSupported, ErrNoHelperChannel))
+	}
+	rep, err := h.HelperCall(ctx, req.GetVm(), HelperCall{Args: req.GetArgs(), Stdin: req.GetStdin(), Timeout: time.Duration(req.GetTimeoutNs())})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.HelperCallReply{Exit: int32(rep.Exit), Stdout: rep.Stdout}, nil
+}
+
 func capabilitiesToPB(k Capabilities) *pb.CapabilitySet {
 	return &pb.CapabilitySet{
 		Snapshots: k.Snapshots, SnapshotMemory: k.SnapshotModes.Memory, SnapshotDiskOnly: k.SnapshotModes.DiskOnly,
-		GuestNetwork: k.GuestNetwork, Metrics: k.Metrics, Create: k.Create,
+		GuestNetwork: k.GuestNetwork, Metrics: k.Metrics, Create: k.Create, HelperChannel: k.HelperChannel,
 		Screenshot: k.Screenshot, SendKeys: k.SendKeys, ConsoleRead: k.ConsoleRead, ConsoleWrite: k.ConsoleWrite,
 	}
 }
@@ -118,7 +130,8 @@ func capabilitiesToPB(k Capabilities) *pb.CapabilitySet {
 // capabilitiesFromPB reads a plugin's answer; modes count only with snapshots.
 func capabilitiesFromPB(k *pb.CapabilitySet) Capabilities {
 	out := Capabilities{Snapshots: k.GetSnapshots(), GuestNetwork: k.GetGuestNetwork(), Metrics: k.GetMetrics(), Create: k.GetCreate(),
-		Screenshot: k.GetScreenshot(), SendKeys: k.GetSendKeys(), ConsoleRead: k.GetConsoleRead(), ConsoleWrite: k.GetConsoleWrite()}
+		HelperChannel: k.GetHelperChannel(),
+		Screenshot:    k.GetScreenshot(), SendKeys: k.GetSendKeys(), ConsoleRead: k.GetConsoleRead(), ConsoleWrite: k.GetConsoleWrite()}
 	if out.Snapshots {
 		out.SnapshotModes = SnapshotModes{Memory: k.GetSnapshotMemory(), DiskOnly: k.GetSnapshotDiskOnly()}
 	}

@@ -82,9 +82,15 @@ type Decision struct {
 	// Approval is set when Verdict is Approve.
 	Approval *ApprovalSpec
 	// Sandbox is the sandbox a create_session call gets: its sandbox
-	// argument over the policy's (see SandboxTool). On a Deny for a looser
-	// sandbox it is what the call asked for (what a shadow-mode caller runs).
+	// argument over the policy's (see SandboxTool); for vm_agent_exec, the
+	// one-shot sandbox its command runs in (nil: none, or the session's;
+	// see execsandbox.go). On a Deny for a looser sandbox it is what the
+	// call asked for (what a shadow-mode caller runs).
 	Sandbox *Sandbox
+	// MaxTimeoutS is vm_agent_exec's max_timeout_s: the largest timeout_s
+	// the grant's commands may ask for (up to MaxExecTimeoutS); 0 when the
+	// policy sets none and the server's own cap applies.
+	MaxTimeoutS int64
 	// Files is what a vm_file_read or vm_file_write call may do with the
 	// file its path names (the tool's files block, or DefaultFileRules);
 	// nil for other tools. See FileRules.

@@ -37,6 +37,8 @@ type ToolSummary struct {
 	// SnapshotBefore: the tool has a snapshot_before block.
 	SnapshotBefore bool
 	KeepFiles      time.Duration
+	// MaxTimeoutS is vm_agent_exec's max_timeout_s (0: none).
+	MaxTimeoutS int64
 }
 
 // ConditionSummary is one condition of require or deny_if.
@@ -79,7 +81,7 @@ func (e *Engine) Describe() Summary {
 			Require: describeConditions(t.require), DenyIf: describeConditions(t.denyIf),
 			Limits:  describeLimits(t.limits),
 			Sandbox: t.sandbox != nil, Files: t.files != nil, Lease: t.lease != nil,
-			SnapshotBefore: t.snapshot != nil, KeepFiles: t.keepFiles,
+			SnapshotBefore: t.snapshot != nil, KeepFiles: t.keepFiles, MaxTimeoutS: t.maxTimeoutS,
 		}
 		if t.approval != nil {
 			a := *t.approval

@@ -35,11 +35,13 @@ type toolRule struct {
 	denyIf     []condition
 	approval   *ApprovalSpec // set exactly when action is Approve
 	limits     []limit
-	sandbox    *sandboxRule  // create_session's own sandbox block; nil without one
-	files      *FileRules    // a file tool's own files block; nil without one
-	snapshot   *snapshotRule // the snapshot_before block; nil without one
-	keepFiles  time.Duration // destroy_session's keep_files; 0 without one
-	lease      *LeaseSpec    // QuotaTool's lease block; nil without one
+	sandbox    *sandboxRule // create_session's or vm_agent_exec's own sandbox block; nil without one
+	// maxTimeoutS is vm_agent_exec's max_timeout_s; 0 without one.
+	maxTimeoutS int64
+	files       *FileRules    // a file tool's own files block; nil without one
+	snapshot    *snapshotRule // the snapshot_before block; nil without one
+	keepFiles   time.Duration // destroy_session's keep_files; 0 without one
+	lease       *LeaseSpec    // QuotaTool's lease block; nil without one
 	// snapOthers is the tool's snapshots block's others (snapshot.go), at
 	// snapOthersPtr.
 	snapOthers    bool
@@ -163,8 +165,12 @@ func (e *Engine) decide(call *Call, tr *[]Step) Decision {
 	if deny != nil {
 		return *deny
 	}
+	if deny := t.checkTimeout(call, tr); deny != nil {
+		return *deny
+	}
 	d := t.verdict(tr)
 	d.Sandbox = sb
+	d.MaxTimeoutS = t.maxTimeoutS
 	d.Files = fileRulesFor(t, call.Tool)
 	d.Snapshot = t.snapshot.snapshotFor(call, tr)
 	d.Snapshots = snapshotRulesFor(e.snapshots, t, call.Tool)
@@ -261,16 +267,31 @@ func (t *toolRule) verdict(tr *[]Step) Decision {
 // policy's: create_session's own block (t), else the top-level one, else
 // the default.
 func (e *Engine) checkSandbox(t *toolRule, call *Call, shadow bool, tr *[]Step) (*Sandbox, *Decision) {
-	if call.Tool != SandboxTool {
+	switch call.Tool {
+	case SandboxTool:
+	case ExecTool:
+		return e.checkExecSandbox(t, call, shadow, tr)
+	default:
 		return nil, nil
 	}
-	r := &defaultSandbox
+	return e.ceiling(t).decideSandbox(call, shadow, tr)
+}
+
+// ceiling is the sandbox block that bounds t's calls: t's own, else the
+// top-level one, else the default.
+func (e *Engine) ceiling(t *toolRule) *sandboxRule {
 	switch {
 	case t != nil && t.sandbox != nil:
-		r = t.sandbox
+		return t.sandbox
 	case e.sandbox != nil:
-		r = e.sandbox
+		return e.sandbox
 	}
+	return &defaultSandbox
+}
+
+// decideSandbox is the call's sandbox argument over r, or the Deny of one
+// looser than r.
+func (r *sandboxRule) decideSandbox(call *Call, shadow bool, tr *[]Step) (*Sandbox, *Decision) {
 	sb, why := r.sandboxFor(call.Args)
 	if why == "" {
 		if tr != nil {

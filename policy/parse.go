@@ -298,7 +298,7 @@ func (b *builder) mode(v *node, l loc) (shadow bool) {
 
 func (b *builder) tool(name string, n *node, l loc, shadow bool) *toolRule {
 	t := &toolRule{name: name, ptr: l.ptr, action: Allow, actionPtr: l.ptr, shadow: shadow}
-	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox", "files", "snapshot_before", "keep_files", "lease", "snapshots")
+	m, ok := b.object(n, l, "action", "reason", "mode", "require", "deny_if", "approval", "limits", "sandbox", "files", "snapshot_before", "keep_files", "lease", "snapshots", "max_timeout_s")
 	if !ok {
 		return t
 	}
@@ -362,8 +362,8 @@ func (b *builder) toolAction(t *toolRule, m map[string]*node, l loc) {
 }
 
 // toolBlocks reads the blocks that belong on some tools only (lease,
-// sandbox, files, keep_files, snapshot_before, snapshots) from m (t's
-// object, at l).
+// sandbox, files, keep_files, snapshot_before, snapshots, max_timeout_s)
+// from m (t's object, at l).
 func (b *builder) toolBlocks(t *toolRule, m map[string]*node, l loc) {
 	name := t.name
 	if v, ok := m["lease"]; ok {
@@ -376,11 +376,17 @@ func (b *builder) toolBlocks(t *toolRule, m map[string]*node, l loc) {
 	}
 	if v, ok := m["sandbox"]; ok {
 		ls := l.key("sandbox")
-		if name != SandboxTool {
-			b.errorf(v.off, ls.path, "a sandbox block belongs on %s (or the top level), not on %s", SandboxTool, name)
-		} else {
+		switch name {
+		case SandboxTool:
 			t.sandbox = b.sandbox(v, ls)
+		case ExecTool:
+			t.sandbox = b.execSandbox(v, ls)
+		default:
+			b.errorf(v.off, ls.path, "a sandbox block belongs on %s or %s (or the top level), not on %s", SandboxTool, ExecTool, name)
 		}
+	}
+	if v, ok := m["max_timeout_s"]; ok {
+		t.maxTimeoutS = b.maxTimeout(name, v, l.key("max_timeout_s"))
 	}
 	if v, ok := m["files"]; ok {
 		lf := l.key("files")

@@ -35,7 +35,8 @@ import (
 // block, a tcp block whose ports are among the policy's; best_effort
 // features among the policy's. A looser call is denied with the field that was too loose.
 
-// SandboxTool is the tool whose calls the sandbox block constrains.
+// SandboxTool is the tool whose calls the sandbox block constrains; ExecTool's
+// one-shot sandboxes too (execsandbox.go).
 const SandboxTool = "create_session"
 
 // Sandbox is the sandbox a create_session call gets (Decision.Sandbox).
@@ -78,6 +79,9 @@ var defaultSandbox = sandboxRule{sb: Sandbox{Net: "none", User: "session", BestE
 type sandboxRule struct {
 	sb  Sandbox
 	ptr string // its JSON pointer; "" for the default
+	// require (ExecTool's block only): every command of the tool runs
+	// sandboxed, in a session or a sandbox of its own (execsandbox.go).
+	require bool
 }
 
 // sandboxValue is what parses a sandbox, from a document (node tree) or
@@ -93,11 +97,12 @@ type sandboxValue interface {
 
 // parseSandbox reads a sandbox into out; problems go to v.fail. Fields
 // absent are left as they are in out, so a call's parse starts from the
-// policy's sandbox.
-func parseSandbox(v sandboxValue, out *Sandbox) {
-	m, ok := v.fields("net", "user", "fs", "tcp", "best_effort")
+// policy's sandbox. extra are fields the caller reads itself (the exec
+// block's require), returned with the others.
+func parseSandbox(v sandboxValue, out *Sandbox, extra ...string) map[string]sandboxValue {
+	m, ok := v.fields(append([]string{"net", "user", "fs", "tcp", "best_effort"}, extra...)...)
 	if !ok {
-		return
+		return nil
 	}
 	if f, ok := m["net"]; ok {
 		out.Net = rankedString(f, netRank, "net", "none, loopback or host", out.Net)
@@ -131,6 +136,7 @@ func parseSandbox(v sandboxValue, out *Sandbox) {
 		}
 		out.BestEffort = sortedSet(out.BestEffort)
 	}
+	return m
 }
 
 func rankedString(v sandboxValue, ranks map[string]int, what, want, old string) string {

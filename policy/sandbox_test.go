@@ -13,6 +13,9 @@ func TestParseSandboxErrors(t *testing.T) {
 	cs := func(sb string) string {
 		return `{"version":"1","default":"deny","tools":{"create_session":{"sandbox":` + sb + `}}}`
 	}
+	exec := func(sb string) string {
+		return `{"version":"1","default":"deny","tools":{"vm_agent_exec":{"sandbox":` + sb + `}}}`
+	}
 	cases := []struct {
 		name, doc, at, want string
 	}{
@@ -31,7 +34,15 @@ func TestParseSandboxErrors(t *testing.T) {
 		{"connect port 0", top(`{"tcp":{"connect":[0]}}`), `0]`, `sandbox.tcp.connect[0]: port 0 cannot be connected to`},
 		{"port not an integer", top(`{"tcp":{"bind":[80.5]}}`), `80.5`, `sandbox.tcp.bind[0]: want an integer, got 80.5`},
 		{"unknown feature", top(`{"best_effort":["cgroup","seccomp"]}`), `"seccomp"`, `sandbox.best_effort[1]: unknown feature "seccomp" (want landlock, landlock_tcp, netns, mountns, cgroup)`},
-		{"on another tool", `{"version":"1","default":"deny","tools":{"vm_agent_exec":{"sandbox":{}}}}`, `{}}`, `tools.vm_agent_exec.sandbox: a sandbox block belongs on create_session (or the top level), not on vm_agent_exec`},
+		{"on another tool", `{"version":"1","default":"deny","tools":{"kill_process":{"sandbox":{}}}}`, `{}}`, `tools.kill_process.sandbox: a sandbox block belongs on create_session or vm_agent_exec (or the top level), not on kill_process`},
+		{"require on create_session", cs(`{"require":true}`), `"require"`, `tools.create_session.sandbox.require: unknown field "require"`},
+		{"require at the top", top(`{"require":true}`), `"require"`, `sandbox.require: unknown field "require"`},
+		{"require not a boolean", exec(`{"require":"yes"}`), `"yes"`, `tools.vm_agent_exec.sandbox.require: want true or false, got string`},
+		{"require with root", exec(`{"require":true,"user":"root"}`), `true`, `tools.vm_agent_exec.sandbox.require: require is true but user is "root"`},
+		{"max_timeout_s on another tool", `{"version":"1","default":"deny","tools":{"kill_process":{"max_timeout_s":60}}}`, `60`, `tools.kill_process.max_timeout_s: max_timeout_s belongs on vm_agent_exec, not on kill_process`},
+		{"max_timeout_s over a day", `{"version":"1","default":"deny","tools":{"vm_agent_exec":{"max_timeout_s":86401}}}`, `86401`, `tools.vm_agent_exec.max_timeout_s: max_timeout_s 86401 is out of range (want 1 to 86400)`},
+		{"max_timeout_s zero", `{"version":"1","default":"deny","tools":{"vm_agent_exec":{"max_timeout_s":0}}}`, `0}`, `tools.vm_agent_exec.max_timeout_s: max_timeout_s 0 is out of range`},
+		{"max_timeout_s a string", `{"version":"1","default":"deny","tools":{"vm_agent_exec":{"max_timeout_s":"1h"}}}`, `"1h"`, `tools.vm_agent_exec.max_timeout_s: want an integer, got string`},
 		{"second line", "{\"version\":\"1\",\"default\":\"deny\",\n\"sandbox\":{\"net\":\"hots\"}}", `"hots"`, `sandbox.net: unknown net "hots"`},
 		{"too many paths", top(`{"fs":{"write":[` + strings.Repeat(`"/a",`, maxSandboxPaths) + `"/a"]}}`), `[`, `sandbox.fs.write: 65 paths; the limit is 64`},
 		{"long path", top(`{"fs":{"read":["/` + strings.Repeat("a", maxSandboxPath) + `"]}}`), `"/aa`, `sandbox.fs.read[0]: path is 4097 bytes; the limit is 4096`},

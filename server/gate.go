@@ -188,7 +188,7 @@ func (g *gating) decide() (verdict, bool) {
 	d := eng.Decide(policy.Call{Grant: g.conn.Grant.Name, Transport: g.conn.Transport, Tool: name, VM: g.call.VM, Session: session, Args: args})
 	g.decision = d
 	g.call.snapshot = d.Snapshot
-	g.call.Rules = catalog.Rules{Files: d.Files, Sandbox: d.Sandbox, Snapshots: d.Snapshots, KeepFiles: d.KeepFiles, Quotas: d.Quotas, Lease: d.Lease, Verdict: d.Verdict, Rule: d.Rule}
+	g.call.Rules = catalog.Rules{Files: d.Files, Sandbox: d.Sandbox, MaxTimeoutS: d.MaxTimeoutS, Snapshots: d.Snapshots, KeepFiles: d.KeepFiles, Quotas: d.Quotas, Lease: d.Lease, Verdict: d.Verdict, Rule: d.Rule}
 	g.rec.Rule, g.rec.Reason, g.rec.Shadow = d.Rule, d.Reason, d.Shadow
 	if hasRoundTrip(g.params) && !isClientChannel(d) {
 		return g.invalid("requestState and inputResponses answer a client approval, and this call asks for none")

@@ -67,6 +67,8 @@ type fakeGuest struct {
 	trash    map[string]bool // sessions destroyed with --trash-s
 	procs    []wire.Process  // what ps answers, when set
 	cwds     []string        // the cwd of every command run with one through the driver, and of every vmgate-guest run
+	res      fakeResident    // the resident helper (resident_fake_test.go)
+	lastRun  wire.RunRequest // the last vmgate-guest run's request
 }
 
 func newFakeGuest() *fakeGuest {
@@ -78,7 +80,11 @@ func (g *fakeGuest) driver() *hypervisortest.Fake {
 		ListVMsFunc: func(ctx context.Context) ([]hypervisor.VM, error) {
 			return []hypervisor.VM{{Name: "vm1", State: hypervisor.StateRunning}, {Name: "vm2", State: hypervisor.StateRunning}}, nil
 		},
+		StatusFunc: func(ctx context.Context, vm string) (hypervisor.Status, error) {
+			return hypervisor.Status{Name: vm, State: hypervisor.StateRunning, AgentConnected: true}, nil
+		},
 		ExecStartFunc: func(ctx context.Context, vm string, req hypervisor.ExecRequest) (hypervisor.ExecHandle, error) {
+			g.waitForJob(ctx, req.Argv)
 			g.mu.Lock()
 			defer g.mu.Unlock()
 			g.next++
@@ -152,6 +158,8 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 		return hypervisor.ExecResult{Exited: true, Stdout: []byte("exited\n")}
 	case a[0] != guestctl.GuestPath:
 		return hypervisor.ExecResult{Exited: true, ExitCode: 127}
+	case len(a) > 1 && (a[1] == "call" || a[1] == "serve"):
+		return g.residentLocked(vm, req)
 	}
 	switch strings.Join(a[1:min(3, len(a))], " ") {
 	case "session create":
@@ -230,6 +238,7 @@ func (g *fakeGuest) answerLocked(vm string, req hypervisor.ExecRequest) hypervis
 			return replyErr(wire.CodeInvalid, "", err.Error())
 		}
 		g.cwds = append(g.cwds, "run:"+rr.Cwd)
+		g.lastRun = rr
 		if strings.Contains(rr.Shell, "> /root/") { // as a sandboxed session's shell answers
 			return reply(wire.RunResult{PID: 9, ExitCode: 2, Stderr: []byte("sh: 1: cannot create /root/x: Permission denied\n")})
 		}

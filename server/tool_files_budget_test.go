@@ -2,13 +2,11 @@ package server
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -134,24 +132,6 @@ func newStagingFixture(t *testing.T, data []byte, noted chan struct{}) *sessFixt
 	d.FileReadFunc = g.fileRead
 	d.FileWriteFunc = func(ctx context.Context, vm, path string, data []byte, mode uint32) error { return g.piece(ctx) }
 	return f
-}
-
-// stdioPipe serves grant on s over an in-memory stdio stream: send writes
-// one message, lines reads what the server writes (up to 64 MiB a line).
-func stdioPipe(t *testing.T, s *Server, grant string) (send func(string), lines *bufio.Scanner) {
-	t.Helper()
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	go func() { serveStdio(context.Background(), s, grant, inR, outW); outW.Close() }()
-	t.Cleanup(func() { inW.Close() })
-	lines = bufio.NewScanner(outR)
-	lines.Buffer(nil, 64<<20)
-	return func(msg string) {
-		t.Helper()
-		if _, err := io.WriteString(inW, msg+"\n"); err != nil {
-			t.Fatalf("write: %v", err)
-		}
-	}, lines
 }
 
 // TestFileProgressByBytes: a vm_file_read and a vm_file_write whose data

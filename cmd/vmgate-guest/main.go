@@ -1,16 +1,32 @@
-// Command vmgate-guest is vmgate's in-guest helper: the host runs it through
-// the guest agent's exec channel (arguments as flags, a run request as JSON on
-// stdin) and reads exactly one JSON reply from its stdout. See guest/agent.
+// Command vmgate-guest is vmgate's in-guest helper. It serves the host in
+// one of two ways (see guest/agent):
 //
-// Data flags may come before a command: --in P1:N1,P2:N2,... makes staging
-// files of file stage (each of the size given) the command's data input
-// instead of stdin; --out inline|stage|auto sends its data output after the
-// reply's line, to staging files the reply lists, or inline up to 256 KiB and
-// staged beyond.
+//   - resident: `vmgate-guest serve` stays running and answers every
+//     command below on the virtio-serial port org.vmgate.guest.0 and on a
+//     root-only unix socket, where `vmgate-guest call ARGS...` reaches it;
+//   - per command: the host runs it through the guest agent's exec channel
+//     (arguments as flags, a run request as JSON on stdin) and reads exactly
+//     one JSON reply from its stdout.
 //
+// Data flags may come before a command run per command: --in P1:N1,P2:N2,...
+// makes staging files of file stage (each of the size given) the command's
+// data input instead of stdin; --out inline|stage|auto sends its data output
+// after the reply's line, to staging files the reply lists, or inline up to
+// 256 KiB and staged beyond. The resident helper reads data from the
+// request's stdin and answers it inline.
+//
+// Its commands:
+//
+//	vmgate-guest serve [--detach] [--replace] [--port NAME] [--socket PATH]
+//	vmgate-guest call ARGS... < stdin
+//	vmgate-guest install [--unit-dir DIR] [--no-start]
 //	vmgate-guest version --json
+//	vmgate-guest hello
 //	vmgate-guest ps [--session ID]
 //	vmgate-guest run < request.json
+//	vmgate-guest job start < request.json       (resident only)
+//	vmgate-guest job status --id ID [--stdout-since N] [--stderr-since N] [--max-bytes N] [--wait-ms N]
+//	vmgate-guest job list | cancel --id ID | end-session --session ID
 //	vmgate-guest kill --pid P [--signal TERM] [--started-at MS]
 //	vmgate-guest session create --id ID [--ttl-s N] [--idle-s N] [--memory-mb N] [--pids N] [--cpu-percent N] [--sandbox JSON]
 //	vmgate-guest session list | destroy --id ID | reap
@@ -42,6 +58,9 @@ import (
 
 func main() {
 	args := os.Args[1:]
+	if len(args) > 0 && args[0] == agent.CallCommand {
+		os.Exit(agent.CallMain(agent.DefaultConfig().Root, args[1:], os.Stdin, os.Stdout))
+	}
 	if len(args) > 0 && args[0] == agent.SandboxCommand {
 		os.Exit(agent.SandboxMain(args[1:]))
 	}
@@ -54,6 +73,9 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "vmgate-guest:", err)
 		os.Exit(2)
+	}
+	if len(args) > 0 && args[0] == agent.ServeCommand {
+		os.Exit(a.ServeMain(args[1:], os.Stdout))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	code := a.Main(ctx, args, os.Stdin, os.Stdout)

@@ -82,13 +82,13 @@ func newPolicyReloader(grants []config.Grant, engines map[string]*policy.Engine,
 	return r
 }
 
-// stat returns the stamps of the grants' policy files (the built-in policy
-// has none). A file that cannot be read has the zero stamp, so its return
+// stat returns the stamps of the grants' policy files (the built-in policies
+// have none). A file that cannot be read has the zero stamp, so its return
 // counts as a change.
 func (r *policyReloader) stat() map[string]fileStamp {
 	m := make(map[string]fileStamp)
 	for _, g := range r.grants {
-		if g.Policy == config.BuiltinPolicy {
+		if _, _, builtin := config.Builtin(g.Policy); builtin {
 			continue
 		}
 		var st fileStamp

@@ -62,11 +62,15 @@ func DefaultConfig() Config {
 	}
 }
 
-// Agent carries out the commands. It holds no state between commands.
+// Agent carries out the commands. Run per command it holds no state
+// between commands; the resident helper (Serve) adds its jobs (res).
 type Agent struct {
 	cfg    Config
 	proc   procFS
 	faults fileFaults // tests only: failures injected into file writes
+	// res is the resident helper's state; nil in a process per command.
+	// Set once by Serve before it serves.
+	res *resident
 }
 
 // New returns an Agent for cfg.
@@ -194,7 +198,7 @@ func decodeStrict(s string, v any) error {
 
 func (a *Agent) dispatch(ctx context.Context, args []string, d *dataIO) (any, error) {
 	if len(args) == 0 {
-		return nil, invalidf("usage: vmgate-guest [--in PIECES] [--out MODE] version|ps|run|kill|session|file|dir|archive|metrics ...")
+		return nil, invalidf("usage: vmgate-guest [--in PIECES] [--out MODE] version|hello|ps|run|job|kill|session|file|dir|archive|metrics|install ...")
 	}
 	stdin := d.in
 	switch cmd, rest := args[0], args[1:]; cmd {
@@ -216,14 +220,9 @@ func (a *Agent) dispatch(ctx context.Context, args []string, d *dataIO) (any, er
 		if err := parseFlags(newFlags("run"), rest); err != nil {
 			return nil, err
 		}
-		var req wire.RunRequest
-		dec := json.NewDecoder(io.LimitReader(stdin, 64<<20))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			return nil, invalidf("run: request on stdin: %v", err)
-		}
-		if dec.More() {
-			return nil, invalidf("run: request on stdin: trailing data")
+		req, err := readRunRequest("run", stdin)
+		if err != nil {
+			return nil, err
 		}
 		return a.Run(ctx, req)
 	case "kill":
@@ -235,6 +234,21 @@ func (a *Agent) dispatch(ctx context.Context, args []string, d *dataIO) (any, er
 			return nil, err
 		}
 		return a.Kill(ctx, *pid, *sig, *started)
+	case "hello":
+		if err := parseFlags(newFlags("hello"), rest); err != nil {
+			return nil, err
+		}
+		return a.Hello()
+	case "job":
+		return a.jobCommand(ctx, rest, stdin)
+	case "install":
+		fs := newFlags("install")
+		dir := fs.String("unit-dir", "/etc/systemd/system", "where the systemd unit goes")
+		noStart := fs.Bool("no-start", false, "write the unit only")
+		if err := parseFlags(fs, rest); err != nil {
+			return nil, err
+		}
+		return a.Install(ctx, *dir, !*noStart)
 	case "session":
 		return a.sessionCommand(ctx, rest)
 	case "file":
@@ -255,6 +269,20 @@ func (a *Agent) dispatch(ctx context.Context, args []string, d *dataIO) (any, er
 		return a.Metrics(ctx, time.Duration(*sample)*time.Millisecond)
 	}
 	return nil, invalidf("unknown command %q", args[0])
+}
+
+// readRunRequest reads one wire.RunRequest (strictly) from stdin.
+func readRunRequest(op string, stdin io.Reader) (wire.RunRequest, error) {
+	var req wire.RunRequest
+	dec := json.NewDecoder(io.LimitReader(stdin, 64<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, invalidf("%s: request on stdin: %v", op, err)
+	}
+	if dec.More() {
+		return req, invalidf("%s: request on stdin: trailing data", op)
+	}
+	return req, nil
 }
 
 func (a *Agent) sessionCommand(ctx context.Context, args []string) (any, error) {

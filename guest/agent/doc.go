@@ -32,7 +32,10 @@
 // agent's exec channel: arguments as flags, the run request as JSON on stdin,
 // and exactly one JSON reply (wire.Reply) on stdout. Logs go to stderr only.
 // Concurrent vmgate-guest processes serialise session changes with an
-// flock on <Root>/lock; nothing else is shared between them.
+// flock on <Root>/lock; nothing else is shared between them. The resident
+// helper (`vmgate-guest serve`, resident.go) serves the same commands
+// without a process per command, keeps jobs (jobs.go), and keeps a few
+// sandboxed sessions ready for one-shot runs (pool.go).
 //
 // Where gopsutil is used, and where /proc is read directly: gopsutil v4
 // lists the pids for ps, and it is the reference the ps rows are tested

@@ -34,6 +34,10 @@ type meta struct {
 	Token string `json:"token,omitempty"`
 	// NetNS is the session's bind-mounted network namespace; "" for none.
 	NetNS string `json:"netns,omitempty"`
+	// OneShot marks a session the resident helper made for one one-shot
+	// run (pool.go): no other command joins it, the host's lists leave it
+	// out, and a helper that starts destroys those its predecessor left.
+	OneShot bool `json:"oneshot,omitempty"`
 }
 
 // marker is the value of SessionEnv for m's processes.

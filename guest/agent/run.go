@@ -136,19 +136,82 @@ func randomHex(n int) string {
 // marker or descending from it, in rounds until none is left; the result
 // has TimedOut and the output so far.
 func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, error) {
+	if req.Sandbox != nil {
+		return a.runOneShot(ctx, req)
+	}
+	return a.run(ctx, req, nil)
+}
+
+// run is Run of req, in own when set (startRun).
+func (a *Agent) run(ctx context.Context, req wire.RunRequest, own *meta) (wire.RunResult, error) {
+	maxOut := outputCap(req)
+	stdout, stderr := &capped{max: maxOut}, &capped{max: maxOut}
+	p, err := a.startRun(req, own, stdout, stderr)
+	if err != nil {
+		return wire.RunResult{}, err
+	}
+	defer p.r.close()
+	res, err := a.wait(ctx, p.cmd, p.r, p.timeout)
+	if err != nil {
+		return res, err
+	}
+	res.Stdout, res.StdoutTruncated = stdout.result()
+	res.Stderr, res.StderrTruncated = stderr.result()
+	if res.ExitCode != 0 {
+		res.WriteBlocked = p.r.writeBlocked
+	}
+	return res, nil
+}
+
+// runOneShot runs req confined by req.Sandbox in a session of its own
+// (oneShotSession), destroyed after it with every process the command
+// left: in this call by a process per command, right after the reply by
+// the resident helper.
+func (a *Agent) runOneShot(ctx context.Context, req wire.RunRequest) (wire.RunResult, error) {
+	if req.Session != "" {
+		return wire.RunResult{}, invalidf("run: sandbox and session are exclusive (a session has its own sandbox)")
+	}
 	if err := validateRun(req); err != nil {
 		return wire.RunResult{}, err
 	}
-	if err := checkCwd(req.Cwd); err != nil {
+	req, own, end, err := a.oneShotSession(ctx, req)
+	if err != nil {
 		return wire.RunResult{}, err
+	}
+	defer end()
+	return a.run(ctx, req, own)
+}
+
+// outputCap is the per-stream output cap of req.
+func outputCap(req wire.RunRequest) int {
+	if req.MaxOutputBytes == 0 {
+		return wire.DefaultMaxOutputBytes
+	}
+	return int(req.MaxOutputBytes)
+}
+
+// running is a run whose process has started; the caller waits for it
+// (Agent.wait) and then closes r.
+type running struct {
+	r       *runSetup
+	cmd     *exec.Cmd
+	timeout time.Duration
+}
+
+// startRun validates req and starts its process with stdout and stderr
+// as its output, joining its session (if any) for the start. own, when
+// set, is the session of a one-shot run, which this run alone holds
+// (oneShotSession): it is joined as it is, without the lock.
+func (a *Agent) startRun(req wire.RunRequest, own *meta, stdout, stderr io.Writer) (running, error) {
+	if err := validateRun(req); err != nil {
+		return running{}, err
+	}
+	if err := checkCwd(req.Cwd); err != nil {
+		return running{}, err
 	}
 	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
 	if timeout == 0 {
 		timeout = wire.DefaultRunTimeoutMS * time.Millisecond
-	}
-	maxOut := int(req.MaxOutputBytes)
-	if maxOut == 0 {
-		maxOut = wire.DefaultMaxOutputBytes
 	}
 	r := &runSetup{runID: randomHex(12), cwd: req.Cwd, argv: req.Argv,
 		attr: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}}
@@ -159,30 +222,28 @@ func (a *Agent) Run(ctx context.Context, req wire.RunRequest) (wire.RunResult, e
 	if r.cwd == "" {
 		r.cwd = "/"
 	}
-	defer r.close()
 	release := func() {}
-	if req.Session != "" {
+	switch {
+	case own != nil:
+		if err := a.joinMeta(r, req, *own); err != nil {
+			r.close()
+			return running{}, err
+		}
+	case req.Session != "":
 		var err error
 		if release, err = a.joinSession(r, req); err != nil {
-			return wire.RunResult{}, err
+			r.close()
+			return running{}, err
 		}
 	}
-	stdout, stderr := &capped{max: maxOut}, &capped{max: maxOut}
 	cmd, err := r.start(req.Stdin, stdout, stderr)
 	release()
 	if err != nil {
-		return wire.RunResult{}, err
+		r.close()
+		return running{}, err
 	}
-	res, err := a.wait(ctx, cmd, r, timeout)
-	if err != nil {
-		return res, err
-	}
-	res.Stdout, res.StdoutTruncated = stdout.result()
-	res.Stderr, res.StderrTruncated = stderr.result()
-	if res.ExitCode != 0 {
-		res.WriteBlocked = r.writeBlocked
-	}
-	return res, nil
+	a.childStarted(cmd.Process.Pid)
+	return running{r: r, cmd: cmd, timeout: timeout}, nil
 }
 
 // checkCwd refuses a cwd that is no directory or that is reached through a
@@ -221,6 +282,9 @@ type runSetup struct {
 	// starts the process (startConfined); release ends that thread.
 	confine *confinement
 	release chan struct{}
+	// onThread: start runs on the run's own confined thread, which forks
+	// the process itself (see forkOnStableThread for the others).
+	onThread bool
 }
 
 func (r *runSetup) close() {
@@ -252,6 +316,28 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (release func(), e
 	if err != nil {
 		return nil, fmt.Errorf("run: %w", err)
 	}
+	if m.OneShot {
+		return nil, notFoundf("run: session %s is a one-shot run's own: it takes no other command", m.ID)
+	}
+	if err := a.joinMeta(r, req, m); err != nil {
+		return nil, err
+	}
+	return func() {
+		if a.res != nil {
+			unlock()
+			a.res.touchLater(a, m.ID)
+			return
+		}
+		if err := a.touchLocked(m); err != nil {
+			a.cfg.Logger.Warn("run: recording last use", "session", m.ID, "err", err)
+		}
+		unlock()
+	}, nil
+}
+
+// joinMeta points r at session m's workdir, marker, cgroup and
+// confinement.
+func (a *Agent) joinMeta(r *runSetup, req wire.RunRequest, m meta) error {
 	if req.Cwd == "" {
 		r.cwd = m.Workdir
 	}
@@ -259,7 +345,7 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (release func(), e
 	if m.Tracking == wire.TrackCgroup {
 		dir, f, err := a.newRunCgroup(m.ID, r.runID)
 		if err != nil {
-			return nil, fmt.Errorf("run: %w", err)
+			return fmt.Errorf("run: %w", err)
 		}
 		r.runCgroup, r.cgroupFD = dir, f
 		r.attr.UseCgroupFD, r.attr.CgroupFD = true, int(f.Fd())
@@ -277,7 +363,7 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (release func(), e
 		// can set them before the command's first instruction.
 		spec, err := json.Marshal(c)
 		if err != nil {
-			return nil, fmt.Errorf("run: %w", err)
+			return fmt.Errorf("run: %w", err)
 		}
 		r.argv = append([]string{a.cfg.Self, SandboxCommand, string(spec), "--"}, r.argv...)
 		r.sandboxed = true
@@ -286,12 +372,7 @@ func (a *Agent) joinSession(r *runSetup, req wire.RunRequest) (release func(), e
 			"--as", strconv.FormatInt(m.Limits.MemoryMB<<20, 10),
 			"--nproc", strconv.FormatInt(m.Limits.Pids, 10), "--"}, r.argv...)
 	}
-	return func() {
-		if err := a.touchLocked(m); err != nil {
-			a.cfg.Logger.Warn("run: recording last use", "session", m.ID, "err", err)
-		}
-		unlock()
-	}, nil
+	return nil
 }
 
 // start starts the process. For a sandboxed run it waits for the shim's
@@ -320,7 +401,12 @@ func (r *runSetup) start(stdin []byte, stdout, stderr io.Writer) (*exec.Cmd, err
 		status = pr
 		defer pw.Close()
 	}
-	err := cmd.Start()
+	var err error
+	if r.onThread {
+		err = cmd.Start()
+	} else {
+		err = forkOnStableThread(cmd.Start)
+	}
 	if len(cmd.ExtraFiles) > 0 {
 		cmd.ExtraFiles[0].Close() // the child holds its own copy
 	}
@@ -378,6 +464,7 @@ func (r *runSetup) startConfined(stdin []byte, stdout, stderr io.Writer) (*exec.
 	}
 	c := r.confine
 	r.confine = nil // start below runs the plain road, on the confined thread
+	r.onThread = true
 	if c.PrivateTmp {
 		c.cwd, r.cwd = r.cwd, "" // entered by the thread, once its mounts are made
 	}
@@ -441,9 +528,19 @@ func (a *Agent) wait(ctx context.Context, cmd *exec.Cmd, r *runSetup, timeout ti
 		return res, fmt.Errorf("run: wait: %w", waitErr)
 	}
 	// A run cgroup that emptied is removed; one with background members stays
-	// until the session is destroyed.
-	if r.runCgroup != "" && len(cgroupPIDs(r.runCgroup)) == 0 {
-		_ = removeCgroupTree(r.runCgroup)
+	// until the session is destroyed. The resident helper does it after
+	// the reply.
+	if cg := r.runCgroup; cg != "" {
+		tidy := func() {
+			if len(cgroupPIDs(cg)) == 0 {
+				_ = removeCgroupTree(cg)
+			}
+		}
+		if a.res != nil {
+			go tidy()
+		} else {
+			tidy()
+		}
 	}
 	return res, nil
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -184,7 +185,15 @@ func TestSandboxValidate(t *testing.T) {
 func sandboxAgent(t testing.TB) *Agent {
 	t.Helper()
 	a := hostAgent(t)
-	for dir := a.cfg.Root; dir != "/"; dir = filepath.Dir(dir) {
+	letOthersEnter(t, a.cfg.Root)
+	return a
+}
+
+// letOthersEnter gives dir and every directory above it o+x (and g+x),
+// so that a session's uid can reach its directories below dir.
+func letOthersEnter(t testing.TB, dir string) {
+	t.Helper()
+	for ; dir != "/"; dir = filepath.Dir(dir) {
 		st, err := os.Stat(dir)
 		if err != nil {
 			t.Fatal(err)
@@ -195,7 +204,6 @@ func sandboxAgent(t testing.TB) *Agent {
 			}
 		}
 	}
-	return a
 }
 
 // TestHostSandboxedSession runs a sandboxed session on the host (root, no
@@ -589,5 +597,35 @@ func TestHostWriteBlocked(t *testing.T) {
 	}
 	if res, err := a.Run(context.Background(), wire.RunRequest{Session: s.ID, Shell: "true"}); err != nil || res.WriteBlocked != nil {
 		t.Errorf("a command that succeeded carries write_blocked %+v, %v; want none", res.WriteBlocked, err)
+	}
+}
+
+// TestHostOneShotSandbox: a run with a sandbox and no session runs
+// confined in a session of its own that is gone once the run ends, with
+// the processes the command left behind.
+func TestHostOneShotSandbox(t *testing.T) {
+	k := (&Agent{cfg: DefaultConfig()}).probeKernel()
+	if k.landlockABI == 0 || !k.netns || !k.mountns {
+		t.Skipf("this host kernel lacks Landlock or namespaces (%+v); the lab VM test covers the sandbox", k)
+	}
+	a := sandboxAgent(t)
+	ctx := context.Background()
+	res, err := a.Run(ctx, wire.RunRequest{Shell: "id -u; cat /etc/shadow; sleep 1196 </dev/null >/dev/null 2>&1 &", TimeoutMS: 20000,
+		Sandbox: &wire.Sandbox{BestEffort: []wire.Feature{wire.FeatureCgroup}}})
+	if err != nil {
+		t.Fatalf("Run(one-shot sandbox) = %v", err)
+	}
+	uid, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(res.Stdout), "\n", 2)[0]))
+	if uid < DefaultUIDBase || !strings.Contains(string(res.Stderr), "shadow") {
+		t.Errorf("one-shot run: stdout %q stderr %q; want a sandbox uid and /etc/shadow refused", res.Stdout, res.Stderr)
+	}
+	if ss, err := a.SessionList(ctx); err != nil || len(ss) != 0 {
+		t.Errorf("SessionList after the one-shot run = %+v, %v; want none left", ss, err)
+	}
+	if out, _ := exec.Command("pgrep", "-f", "sleep 1196").Output(); len(out) != 0 {
+		t.Errorf("the one-shot command's background process is still running: %q", out)
+	}
+	if _, err := a.Run(ctx, wire.RunRequest{Argv: []string{"true"}, Session: "5a4db0c5a4db0c000001", Sandbox: &wire.Sandbox{}}); !isCode(err, wire.CodeInvalid) {
+		t.Errorf("Run with a session and a sandbox = %v; want %s", err, wire.CodeInvalid)
 	}
 }

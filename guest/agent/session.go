@@ -101,28 +101,35 @@ func (a *Agent) writeMetaLocked(m meta) error {
 // existing id is CodeExists; a sandbox this kernel cannot give is
 // CodeRefused naming what is missing. On failure nothing is left behind.
 func (a *Agent) SessionCreate(ctx context.Context, req wire.SessionCreate) (wire.Session, error) {
+	m, err := a.createSession(req, false)
+	return m.Session, err
+}
+
+// createSession is SessionCreate; oneShot marks the session as the
+// resident helper's, for one run (meta.OneShot).
+func (a *Agent) createSession(req wire.SessionCreate, oneShot bool) (meta, error) {
 	sb, err := a.validateCreate(req)
 	if err != nil {
-		return wire.Session{}, err
+		return meta{}, err
 	}
 	unlock, err := a.lock()
 	if err != nil {
-		return wire.Session{}, fmt.Errorf("session create: %w", err)
+		return meta{}, fmt.Errorf("session create: %w", err)
 	}
 	defer unlock()
 	if _, err := os.Lstat(a.metaPath(req.ID)); err == nil {
-		return wire.Session{}, &wire.Error{Code: wire.CodeExists, Message: "session create: session " + req.ID + " exists"}
+		return meta{}, &wire.Error{Code: wire.CodeExists, Message: "session create: session " + req.ID + " exists"}
 	}
 	now := time.Now().UnixMilli()
-	c := &creation{a: a, k: a.probeKernel(), m: meta{Token: randomHex(16), Session: wire.Session{
+	c := &creation{a: a, k: a.probeKernel(), m: meta{Token: randomHex(16), OneShot: oneShot, Session: wire.Session{
 		ID: req.ID, Workdir: filepath.Join(a.sessionsDir(), req.ID), Tracking: wire.TrackMarker,
 		CreatedMS: now, LastUsedMS: now, TTLS: req.TTLS, IdleS: req.IdleS, Limits: req.Limits, Sandbox: sb,
 	}}}
 	if err := c.run(); err != nil {
 		c.undo()
-		return wire.Session{}, fmt.Errorf("session create: %w", err)
+		return meta{}, fmt.Errorf("session create: %w", err)
 	}
-	return c.m.Session, nil
+	return c.m, nil
 }
 
 // validateCreate checks a create request without side effects and returns
@@ -188,6 +195,9 @@ func (a *Agent) SessionList(ctx context.Context) ([]wire.Session, error) {
 	now := time.Now().UnixMilli()
 	out := make([]wire.Session, 0, len(metas))
 	for _, m := range metas {
+		if m.OneShot { // a one-shot run's own (pool.go), nobody's session
+			continue
+		}
 		m.Processes = members[m.ID]
 		m.Expired = m.ExpiredAt(now)
 		out = append(out, m.Session)
@@ -275,10 +285,23 @@ func (a *Agent) SessionTrash(ctx context.Context, id string, trash time.Duration
 // the trash (trash.go) for that long instead of being removed.
 func (a *Agent) destroyLocked(ctx context.Context, id string, trash time.Duration) (wire.DestroyResult, error) {
 	start := time.Now()
+	t, res := a.sessionTree(id)
+	// Before the kill, so that each job ends saying why (a job whose
+	// processes the kill ended first would read as killed by a signal).
+	a.endSessionJobs(ctx, id)
+	if err := a.killSession(ctx, t, &res); err != nil {
+		return res, err
+	}
+	return a.removeSessionLocked(id, t, trash, res, start)
+}
+
+// sessionTree is what a destroy of session id kills: its cgroup, its uid
+// and its marker. With unreadable metadata the uid and the marker's
+// secret are unknown: only the cgroup (and the files the id names) can
+// still be found. The metadata is written by rename: a read without the
+// lock sees it whole.
+func (a *Agent) sessionTree(id string) (tree, wire.DestroyResult) {
 	res := wire.DestroyResult{ID: id}
-	// What to kill: the session's cgroup, its uid and its marker. With
-	// unreadable metadata the uid and the marker's secret are unknown: only
-	// the cgroup (and the files the id names) can still be found.
 	t := tree{}
 	m, err := a.readMeta(id)
 	var we *wire.Error
@@ -286,6 +309,14 @@ func (a *Agent) destroyLocked(ctx context.Context, id string, trash time.Duratio
 	case err == nil:
 		res.Existed = true
 		t.markerKey, t.markerVal, t.uid = SessionEnv, m.marker(), m.uid()
+		if t.uid > 0 {
+			// A session uid's processes run as it from the exec on and
+			// cannot change it (no capabilities, no_new_privs), and the
+			// lock a start holds until then keeps a destroy out: the uid
+			// finds every process the marker would, without reading every
+			// process's environment.
+			t.markerKey, t.markerVal = "", ""
+		}
 	case errors.As(err, &we) && we.Code == wire.CodeNotFound:
 	default:
 		a.cfg.Logger.Warn("session destroy: metadata", "id", id, "err", err)
@@ -296,11 +327,22 @@ func (a *Agent) destroyLocked(ctx context.Context, id string, trash time.Duratio
 			t.cgroup, res.Existed = cg, true
 		}
 	}
+	return t, res
+}
+
+// killSession kills every process of t, in rounds until none is left.
+func (a *Agent) killSession(ctx context.Context, t tree, res *wire.DestroyResult) error {
 	killed, rounds, err := a.killUntilGone(ctx, t, 0, DestroyTimeout)
 	res.Killed, res.Rounds = killed, rounds
 	if err != nil {
-		return res, fmt.Errorf("session destroy: %w", err)
+		return fmt.Errorf("session destroy: %w", err)
 	}
+	return nil
+}
+
+// removeSessionLocked removes what session id leaves once its processes
+// (t) are gone.
+func (a *Agent) removeSessionLocked(id string, t tree, trash time.Duration, res wire.DestroyResult, start time.Time) (wire.DestroyResult, error) {
 	if err := a.removeSessionFiles(id, t.cgroup, trash, &res); err != nil {
 		return res, fmt.Errorf("session destroy: %w", err)
 	}

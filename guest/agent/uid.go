@@ -28,7 +28,12 @@ const (
 // number is seldom reused at once. The caller holds the lock.
 func (a *Agent) allocateIDLocked(taken map[int]bool) (int, error) {
 	base, n := a.cfg.UIDBase, a.cfg.UIDCount
-	busy := a.idsInUse(base, n)
+	var busy map[int]bool
+	if a.res != nil {
+		busy = a.res.idsInUseKept(a, base, n)
+	} else {
+		busy = a.idsInUse(base, n)
+	}
 	for id := range taken {
 		busy[id] = true
 	}

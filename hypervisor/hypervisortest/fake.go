@@ -39,6 +39,8 @@ type Fake struct {
 	// (fake_create.go).
 	CreateVMFunc func(ctx context.Context, req hypervisor.CreateRequest) (hypervisor.CreatedVM, error)
 	DeleteVMFunc func(ctx context.Context, req hypervisor.DeleteRequest) error
+	// HelperCallFunc makes Fake a hypervisor.HelperCaller.
+	HelperCallFunc func(ctx context.Context, vm string, call hypervisor.HelperCall) (hypervisor.HelperReply, error)
 	// The screen, keyboard and console capabilities (fake_screen.go).
 	ScreenshotFunc   func(ctx context.Context, vm string, req hypervisor.ScreenshotRequest) (hypervisor.Screenshot, error)
 	SendKeysFunc     func(ctx context.Context, vm string, req hypervisor.KeysRequest) error

@@ -11,6 +11,7 @@ var (
 	_ hypervisor.Snapshotter        = (*Fake)(nil)
 	_ hypervisor.GuestNetworker     = (*Fake)(nil)
 	_ hypervisor.MetricsReader      = (*Fake)(nil)
+	_ hypervisor.HelperCaller       = (*Fake)(nil)
 )
 
 // Capabilities reports the capabilities whose functions are set: snapshots
@@ -23,6 +24,7 @@ func (f *Fake) Capabilities() hypervisor.Capabilities {
 	k.GuestNetwork = f.GuestNetworkFunc != nil
 	k.Metrics = f.VMMetricsFunc != nil
 	k.Create = f.CreateVMFunc != nil || f.DeleteVMFunc != nil
+	k.HelperChannel = f.HelperCallFunc != nil
 	k.Screenshot, k.SendKeys = f.ScreenshotFunc != nil, f.SendKeysFunc != nil
 	k.ConsoleRead, k.ConsoleWrite = f.ConsoleReadFunc != nil, f.ConsoleWriteFunc != nil
 	return k
@@ -77,4 +79,12 @@ func (f *Fake) VMMetrics(ctx context.Context, vm string) (hypervisor.VMMetrics, 
 		return hypervisor.VMMetrics{}, unset("VMMetrics")
 	}
 	return f.VMMetricsFunc(ctx, vm)
+}
+
+// HelperCall calls HelperCallFunc.
+func (f *Fake) HelperCall(ctx context.Context, vm string, call hypervisor.HelperCall) (hypervisor.HelperReply, error) {
+	if f.HelperCallFunc == nil {
+		return hypervisor.HelperReply{}, unset("HelperCall")
+	}
+	return f.HelperCallFunc(ctx, vm, call)
 }

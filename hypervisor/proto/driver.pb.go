@@ -4,7 +4,7 @@
 // says which optional capabilities the plugin's driver has), Capabilities
 // (the same answer, for a host that did not configure), and one RPC per
 // method of the optional capabilities (Snapshotter, GuestNetworker,
-// MetricsReader, Creator, Screener, KeySender, ConsoleReader, ConsoleWriter). A plugin whose driver lacks a capability answers its RPCs
+// MetricsReader, Creator, Screener, KeySender, ConsoleReader, ConsoleWriter, HelperCaller). A plugin whose driver lacks a capability answers its RPCs
 // with ErrNotSupported; the host does not send them at all.
 //
 // Only package hypervisor's plugin glue (client*.go, server*.go) uses these messages;
@@ -1226,6 +1226,7 @@ type CapabilitySet struct {
 	SendKeys         bool                   `protobuf:"varint,8,opt,name=send_keys,json=sendKeys,proto3" json:"send_keys,omitempty"`
 	ConsoleRead      bool                   `protobuf:"varint,9,opt,name=console_read,json=consoleRead,proto3" json:"console_read,omitempty"`
 	ConsoleWrite     bool                   `protobuf:"varint,10,opt,name=console_write,json=consoleWrite,proto3" json:"console_write,omitempty"`
+	HelperChannel    bool                   `protobuf:"varint,11,opt,name=helper_channel,json=helperChannel,proto3" json:"helper_channel,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -1326,6 +1327,13 @@ func (x *CapabilitySet) GetConsoleRead() bool {
 func (x *CapabilitySet) GetConsoleWrite() bool {
 	if x != nil {
 		return x.ConsoleWrite
+	}
+	return false
+}
+
+func (x *CapabilitySet) GetHelperChannel() bool {
+	if x != nil {
+		return x.HelperChannel
 	}
 	return false
 }
@@ -2310,6 +2318,127 @@ func (*DeleteVMResponse) Descriptor() ([]byte, []int) {
 	return file_proto_driver_proto_rawDescGZIP(), []int{36}
 }
 
+// HelperCall: one command to vmgate-guest's resident helper (HelperCaller).
+type HelperCallRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vm            string                 `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	Args          []string               `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
+	Stdin         []byte                 `protobuf:"bytes,3,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	TimeoutNs     int64                  `protobuf:"varint,4,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HelperCallRequest) Reset() {
+	*x = HelperCallRequest{}
+	mi := &file_proto_driver_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HelperCallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HelperCallRequest) ProtoMessage() {}
+
+func (x *HelperCallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HelperCallRequest.ProtoReflect.Descriptor instead.
+func (*HelperCallRequest) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *HelperCallRequest) GetVm() string {
+	if x != nil {
+		return x.Vm
+	}
+	return ""
+}
+
+func (x *HelperCallRequest) GetArgs() []string {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *HelperCallRequest) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *HelperCallRequest) GetTimeoutNs() int64 {
+	if x != nil {
+		return x.TimeoutNs
+	}
+	return 0
+}
+
+type HelperCallReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Exit          int32                  `protobuf:"varint,1,opt,name=exit,proto3" json:"exit,omitempty"`
+	Stdout        []byte                 `protobuf:"bytes,2,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HelperCallReply) Reset() {
+	*x = HelperCallReply{}
+	mi := &file_proto_driver_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HelperCallReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HelperCallReply) ProtoMessage() {}
+
+func (x *HelperCallReply) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_driver_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HelperCallReply.ProtoReflect.Descriptor instead.
+func (*HelperCallReply) Descriptor() ([]byte, []int) {
+	return file_proto_driver_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *HelperCallReply) GetExit() int32 {
+	if x != nil {
+		return x.Exit
+	}
+	return 0
+}
+
+func (x *HelperCallReply) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
 // Screenshot returns the VM's display as a PNG (hypervisor.Screener).
 type ScreenshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2321,7 +2450,7 @@ type ScreenshotRequest struct {
 
 func (x *ScreenshotRequest) Reset() {
 	*x = ScreenshotRequest{}
-	mi := &file_proto_driver_proto_msgTypes[37]
+	mi := &file_proto_driver_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2462,7 @@ func (x *ScreenshotRequest) String() string {
 func (*ScreenshotRequest) ProtoMessage() {}
 
 func (x *ScreenshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_driver_proto_msgTypes[37]
+	mi := &file_proto_driver_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2475,7 @@ func (x *ScreenshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScreenshotRequest.ProtoReflect.Descriptor instead.
 func (*ScreenshotRequest) Descriptor() ([]byte, []int) {
-	return file_proto_driver_proto_rawDescGZIP(), []int{37}
+	return file_proto_driver_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ScreenshotRequest) GetVm() string {
@@ -2376,7 +2505,7 @@ type ScreenshotResponse struct {
 
 func (x *ScreenshotResponse) Reset() {
 	*x = ScreenshotResponse{}
-	mi := &file_proto_driver_proto_msgTypes[38]
+	mi := &file_proto_driver_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2388,7 +2517,7 @@ func (x *ScreenshotResponse) String() string {
 func (*ScreenshotResponse) ProtoMessage() {}
 
 func (x *ScreenshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_driver_proto_msgTypes[38]
+	mi := &file_proto_driver_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2401,7 +2530,7 @@ func (x *ScreenshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScreenshotResponse.ProtoReflect.Descriptor instead.
 func (*ScreenshotResponse) Descriptor() ([]byte, []int) {
-	return file_proto_driver_proto_rawDescGZIP(), []int{38}
+	return file_proto_driver_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ScreenshotResponse) GetPng() []byte {
@@ -2450,7 +2579,7 @@ type KeyCombo struct {
 
 func (x *KeyCombo) Reset() {
 	*x = KeyCombo{}
-	mi := &file_proto_driver_proto_msgTypes[39]
+	mi := &file_proto_driver_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2462,7 +2591,7 @@ func (x *KeyCombo) String() string {
 func (*KeyCombo) ProtoMessage() {}
 
 func (x *KeyCombo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_driver_proto_msgTypes[39]
+	mi := &file_proto_driver_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2475,7 +2604,7 @@ func (x *KeyCombo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyCombo.ProtoReflect.Descriptor instead.
 func (*KeyCombo) Descriptor() ([]byte, []int) {
-	return file_proto_driver_proto_rawDescGZIP(), []int{39}
+	return file_proto_driver_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *KeyCombo) GetKeys() []string {
@@ -2497,7 +2626,7 @@ type SendKeysRequest struct {
 
 func (x *SendKeysRequest) Reset() {
 	*x = SendKeysRequest{}
-	mi := &file_proto_driver_proto_msgTypes[40]
+	mi := &file_proto_driver_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2509,7 +2638,7 @@ func (x *SendKeysRequest) String() string {
 func (*SendKeysRequest) ProtoMessage() {}
 
 func (x *SendKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_driver_proto_msgTypes[40]
+	mi := &file_proto_driver_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2522,7 +2651,7 @@ func (x *SendKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendKeysRequest.ProtoReflect.Descriptor instead.
 func (*SendKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_driver_proto_rawDescGZIP(), []int{40}
+	return file_proto_driver_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SendKeysRequest) GetVm() string {
@@ -2561,7 +2690,7 @@ type SendKeysResponse struct {
 
 func (x *SendKeysResponse) Reset() {
 	*x = SendKeysResponse{}
-	mi := &file_proto_driver_proto_msgTypes[41]
+	mi := &file_proto_driver_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2573,7 +2702,7 @@ func (x *SendKeysResponse) String() string {
 func (*SendKeysResponse) ProtoMessage() {}
 
 func (x *SendKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_driver_proto_msgTypes[41]
+	mi := &file_proto_driver_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2586,7 +2715,7 @@ func (x *SendKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendKeysResponse.ProtoReflect.Descriptor instead.
 func (*SendKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_driver_proto_rawDescGZIP(), []int{41}
+	return file_proto_driver_proto_rawDescGZIP(), []int{43}
 }
 
 // ConsoleRead and ConsoleWrite reach the VM's serial console
@@ -2603,7 +2732,7 @@ type ConsoleReadRequest struct {
 
 func (x *ConsoleReadRequest) Reset() {
 	*x = ConsoleReadRequest{}
-	mi := &file_proto_driver_proto_msgTypes[42]
+	mi := &file_proto_driver_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2615,7 +2744,7 @@ func (x *ConsoleReadRequest) String() string {
 func (*ConsoleReadRequest) ProtoMessage() {}
 
 func (x *ConsoleReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_driver_proto_msgTypes[42]
+	mi := &file_proto_driver_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2628,7 +2757,7 @@ func (x *ConsoleReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleReadRequest.ProtoReflect.Descriptor instead.
 func (*ConsoleReadRequest) Descriptor() ([]byte, []int) {
-	return file_proto_driver_proto_rawDescGZIP(), []int{42}
+	return file_proto_driver_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ConsoleReadRequest) GetVm() string {
@@ -2673,7 +2802,7 @@ type ConsoleChunk struct {
 
 func (x *ConsoleChunk) Reset() {
 	*x = ConsoleChunk{}
-	mi := &file_proto_driver_proto_msgTypes[43]
+	mi := &file_proto_driver_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2685,7 +2814,7 @@ func (x *ConsoleChunk) String() string {
 func (*ConsoleChunk) ProtoMessage() {}
 
 func (x *ConsoleChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_driver_proto_msgTypes[43]
+	mi := &file_proto_driver_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2698,7 +2827,7 @@ func (x *ConsoleChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleChunk.ProtoReflect.Descriptor instead.
 func (*ConsoleChunk) Descriptor() ([]byte, []int) {
-	return file_proto_driver_proto_rawDescGZIP(), []int{43}
+	return file_proto_driver_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ConsoleChunk) GetData() []byte {
@@ -2753,7 +2882,7 @@ type ConsoleWriteRequest struct {
 
 func (x *ConsoleWriteRequest) Reset() {
 	*x = ConsoleWriteRequest{}
-	mi := &file_proto_driver_proto_msgTypes[44]
+	mi := &file_proto_driver_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2765,7 +2894,7 @@ func (x *ConsoleWriteRequest) String() string {
 func (*ConsoleWriteRequest) ProtoMessage() {}
 
 func (x *ConsoleWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_driver_proto_msgTypes[44]
+	mi := &file_proto_driver_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2778,7 +2907,7 @@ func (x *ConsoleWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleWriteRequest.ProtoReflect.Descriptor instead.
 func (*ConsoleWriteRequest) Descriptor() ([]byte, []int) {
-	return file_proto_driver_proto_rawDescGZIP(), []int{44}
+	return file_proto_driver_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ConsoleWriteRequest) GetVm() string {
@@ -2803,7 +2932,7 @@ type ConsoleWriteResponse struct {
 
 func (x *ConsoleWriteResponse) Reset() {
 	*x = ConsoleWriteResponse{}
-	mi := &file_proto_driver_proto_msgTypes[45]
+	mi := &file_proto_driver_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2815,7 +2944,7 @@ func (x *ConsoleWriteResponse) String() string {
 func (*ConsoleWriteResponse) ProtoMessage() {}
 
 func (x *ConsoleWriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_driver_proto_msgTypes[45]
+	mi := &file_proto_driver_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2828,7 +2957,7 @@ func (x *ConsoleWriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleWriteResponse.ProtoReflect.Descriptor instead.
 func (*ConsoleWriteResponse) Descriptor() ([]byte, []int) {
-	return file_proto_driver_proto_rawDescGZIP(), []int{45}
+	return file_proto_driver_proto_rawDescGZIP(), []int{47}
 }
 
 var File_proto_driver_proto protoreflect.FileDescriptor
@@ -2911,7 +3040,7 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\x0f\n" +
 	"\rPowerResponse\"\x15\n" +
-	"\x13CapabilitiesRequest\"\xe0\x02\n" +
+	"\x13CapabilitiesRequest\"\x87\x03\n" +
 	"\rCapabilitySet\x12\x1c\n" +
 	"\tsnapshots\x18\x01 \x01(\bR\tsnapshots\x12'\n" +
 	"\x0fsnapshot_memory\x18\x02 \x01(\bR\x0esnapshotMemory\x12,\n" +
@@ -2925,7 +3054,8 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\tsend_keys\x18\b \x01(\bR\bsendKeys\x12!\n" +
 	"\fconsole_read\x18\t \x01(\bR\vconsoleRead\x12#\n" +
 	"\rconsole_write\x18\n" +
-	" \x01(\bR\fconsoleWrite\"u\n" +
+	" \x01(\bR\fconsoleWrite\x12%\n" +
+	"\x0ehelper_channel\x18\v \x01(\bR\rhelperChannel\"u\n" +
 	"\x15SnapshotCreateRequest\x12\x0e\n" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
@@ -3015,7 +3145,16 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x0fDeleteVMRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04mark\x18\x02 \x01(\tR\x04mark\"\x12\n" +
-	"\x10DeleteVMResponse\"@\n" +
+	"\x10DeleteVMResponse\"l\n" +
+	"\x11HelperCallRequest\x12\x0e\n" +
+	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
+	"\x04args\x18\x02 \x03(\tR\x04args\x12\x14\n" +
+	"\x05stdin\x18\x03 \x01(\fR\x05stdin\x12\x1d\n" +
+	"\n" +
+	"timeout_ns\x18\x04 \x01(\x03R\ttimeoutNs\"=\n" +
+	"\x0fHelperCallReply\x12\x12\n" +
+	"\x04exit\x18\x01 \x01(\x05R\x04exit\x12\x16\n" +
+	"\x06stdout\x18\x02 \x01(\fR\x06stdout\"@\n" +
 	"\x11ScreenshotRequest\x12\x0e\n" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x1b\n" +
 	"\tmax_width\x18\x02 \x01(\x03R\bmaxWidth\"\x9c\x01\n" +
@@ -3049,7 +3188,7 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\x13ConsoleWriteRequest\x12\x0e\n" +
 	"\x02vm\x18\x01 \x01(\tR\x02vm\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\"\x16\n" +
-	"\x14ConsoleWriteResponse2\xb8\x10\n" +
+	"\x14ConsoleWriteResponse2\x96\x11\n" +
 	"\x06Driver\x12\\\n" +
 	"\tConfigure\x12&.vmgate.hypervisor.v1.ConfigureRequest\x1a'.vmgate.hypervisor.v1.ConfigureResponse\x12V\n" +
 	"\aListVMs\x12$.vmgate.hypervisor.v1.ListVMsRequest\x1a%.vmgate.hypervisor.v1.ListVMsResponse\x12O\n" +
@@ -3070,7 +3209,9 @@ const file_proto_driver_proto_rawDesc = "" +
 	"\fGuestNetwork\x12\x1f.vmgate.hypervisor.v1.VMRequest\x1a*.vmgate.hypervisor.v1.GuestNetworkResponse\x12U\n" +
 	"\tVMMetrics\x12\x1f.vmgate.hypervisor.v1.VMRequest\x1a'.vmgate.hypervisor.v1.VMMetricsResponse\x12R\n" +
 	"\bCreateVM\x12%.vmgate.hypervisor.v1.CreateVMRequest\x1a\x1f.vmgate.hypervisor.v1.CreatedVM\x12Y\n" +
-	"\bDeleteVM\x12%.vmgate.hypervisor.v1.DeleteVMRequest\x1a&.vmgate.hypervisor.v1.DeleteVMResponse\x12_\n" +
+	"\bDeleteVM\x12%.vmgate.hypervisor.v1.DeleteVMRequest\x1a&.vmgate.hypervisor.v1.DeleteVMResponse\x12\\\n" +
+	"\n" +
+	"HelperCall\x12'.vmgate.hypervisor.v1.HelperCallRequest\x1a%.vmgate.hypervisor.v1.HelperCallReply\x12_\n" +
 	"\n" +
 	"Screenshot\x12'.vmgate.hypervisor.v1.ScreenshotRequest\x1a(.vmgate.hypervisor.v1.ScreenshotResponse\x12Y\n" +
 	"\bSendKeys\x12%.vmgate.hypervisor.v1.SendKeysRequest\x1a&.vmgate.hypervisor.v1.SendKeysResponse\x12[\n" +
@@ -3089,7 +3230,7 @@ func file_proto_driver_proto_rawDescGZIP() []byte {
 	return file_proto_driver_proto_rawDescData
 }
 
-var file_proto_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_proto_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_proto_driver_proto_goTypes = []any{
 	(*ErrorDetail)(nil),            // 0: vmgate.hypervisor.v1.ErrorDetail
 	(*ConfigureRequest)(nil),       // 1: vmgate.hypervisor.v1.ConfigureRequest
@@ -3128,15 +3269,17 @@ var file_proto_driver_proto_goTypes = []any{
 	(*CreatedVM)(nil),              // 34: vmgate.hypervisor.v1.CreatedVM
 	(*DeleteVMRequest)(nil),        // 35: vmgate.hypervisor.v1.DeleteVMRequest
 	(*DeleteVMResponse)(nil),       // 36: vmgate.hypervisor.v1.DeleteVMResponse
-	(*ScreenshotRequest)(nil),      // 37: vmgate.hypervisor.v1.ScreenshotRequest
-	(*ScreenshotResponse)(nil),     // 38: vmgate.hypervisor.v1.ScreenshotResponse
-	(*KeyCombo)(nil),               // 39: vmgate.hypervisor.v1.KeyCombo
-	(*SendKeysRequest)(nil),        // 40: vmgate.hypervisor.v1.SendKeysRequest
-	(*SendKeysResponse)(nil),       // 41: vmgate.hypervisor.v1.SendKeysResponse
-	(*ConsoleReadRequest)(nil),     // 42: vmgate.hypervisor.v1.ConsoleReadRequest
-	(*ConsoleChunk)(nil),           // 43: vmgate.hypervisor.v1.ConsoleChunk
-	(*ConsoleWriteRequest)(nil),    // 44: vmgate.hypervisor.v1.ConsoleWriteRequest
-	(*ConsoleWriteResponse)(nil),   // 45: vmgate.hypervisor.v1.ConsoleWriteResponse
+	(*HelperCallRequest)(nil),      // 37: vmgate.hypervisor.v1.HelperCallRequest
+	(*HelperCallReply)(nil),        // 38: vmgate.hypervisor.v1.HelperCallReply
+	(*ScreenshotRequest)(nil),      // 39: vmgate.hypervisor.v1.ScreenshotRequest
+	(*ScreenshotResponse)(nil),     // 40: vmgate.hypervisor.v1.ScreenshotResponse
+	(*KeyCombo)(nil),               // 41: vmgate.hypervisor.v1.KeyCombo
+	(*SendKeysRequest)(nil),        // 42: vmgate.hypervisor.v1.SendKeysRequest
+	(*SendKeysResponse)(nil),       // 43: vmgate.hypervisor.v1.SendKeysResponse
+	(*ConsoleReadRequest)(nil),     // 44: vmgate.hypervisor.v1.ConsoleReadRequest
+	(*ConsoleChunk)(nil),           // 45: vmgate.hypervisor.v1.ConsoleChunk
+	(*ConsoleWriteRequest)(nil),    // 46: vmgate.hypervisor.v1.ConsoleWriteRequest
+	(*ConsoleWriteResponse)(nil),   // 47: vmgate.hypervisor.v1.ConsoleWriteResponse
 }
 var file_proto_driver_proto_depIdxs = []int32{
 	21, // 0: vmgate.hypervisor.v1.ConfigureResponse.capabilities:type_name -> vmgate.hypervisor.v1.CapabilitySet
@@ -3147,7 +3290,7 @@ var file_proto_driver_proto_depIdxs = []int32{
 	28, // 5: vmgate.hypervisor.v1.NetInterface.addresses:type_name -> vmgate.hypervisor.v1.IPAddress
 	29, // 6: vmgate.hypervisor.v1.NetInterface.stats:type_name -> vmgate.hypervisor.v1.NetStats
 	30, // 7: vmgate.hypervisor.v1.GuestNetworkResponse.interfaces:type_name -> vmgate.hypervisor.v1.NetInterface
-	39, // 8: vmgate.hypervisor.v1.SendKeysRequest.combos:type_name -> vmgate.hypervisor.v1.KeyCombo
+	41, // 8: vmgate.hypervisor.v1.SendKeysRequest.combos:type_name -> vmgate.hypervisor.v1.KeyCombo
 	1,  // 9: vmgate.hypervisor.v1.Driver.Configure:input_type -> vmgate.hypervisor.v1.ConfigureRequest
 	3,  // 10: vmgate.hypervisor.v1.Driver.ListVMs:input_type -> vmgate.hypervisor.v1.ListVMsRequest
 	6,  // 11: vmgate.hypervisor.v1.Driver.Status:input_type -> vmgate.hypervisor.v1.VMRequest
@@ -3167,35 +3310,37 @@ var file_proto_driver_proto_depIdxs = []int32{
 	6,  // 25: vmgate.hypervisor.v1.Driver.VMMetrics:input_type -> vmgate.hypervisor.v1.VMRequest
 	33, // 26: vmgate.hypervisor.v1.Driver.CreateVM:input_type -> vmgate.hypervisor.v1.CreateVMRequest
 	35, // 27: vmgate.hypervisor.v1.Driver.DeleteVM:input_type -> vmgate.hypervisor.v1.DeleteVMRequest
-	37, // 28: vmgate.hypervisor.v1.Driver.Screenshot:input_type -> vmgate.hypervisor.v1.ScreenshotRequest
-	40, // 29: vmgate.hypervisor.v1.Driver.SendKeys:input_type -> vmgate.hypervisor.v1.SendKeysRequest
-	42, // 30: vmgate.hypervisor.v1.Driver.ConsoleRead:input_type -> vmgate.hypervisor.v1.ConsoleReadRequest
-	44, // 31: vmgate.hypervisor.v1.Driver.ConsoleWrite:input_type -> vmgate.hypervisor.v1.ConsoleWriteRequest
-	2,  // 32: vmgate.hypervisor.v1.Driver.Configure:output_type -> vmgate.hypervisor.v1.ConfigureResponse
-	4,  // 33: vmgate.hypervisor.v1.Driver.ListVMs:output_type -> vmgate.hypervisor.v1.ListVMsResponse
-	7,  // 34: vmgate.hypervisor.v1.Driver.Status:output_type -> vmgate.hypervisor.v1.StatusResponse
-	9,  // 35: vmgate.hypervisor.v1.Driver.AgentInfo:output_type -> vmgate.hypervisor.v1.AgentInfoResponse
-	11, // 36: vmgate.hypervisor.v1.Driver.ExecStart:output_type -> vmgate.hypervisor.v1.ExecHandle
-	13, // 37: vmgate.hypervisor.v1.Driver.ExecStatus:output_type -> vmgate.hypervisor.v1.ExecResult
-	13, // 38: vmgate.hypervisor.v1.Driver.Run:output_type -> vmgate.hypervisor.v1.ExecResult
-	15, // 39: vmgate.hypervisor.v1.Driver.FileRead:output_type -> vmgate.hypervisor.v1.FileContent
-	17, // 40: vmgate.hypervisor.v1.Driver.FileWrite:output_type -> vmgate.hypervisor.v1.FileWriteResponse
-	19, // 41: vmgate.hypervisor.v1.Driver.Power:output_type -> vmgate.hypervisor.v1.PowerResponse
-	21, // 42: vmgate.hypervisor.v1.Driver.Capabilities:output_type -> vmgate.hypervisor.v1.CapabilitySet
-	23, // 43: vmgate.hypervisor.v1.Driver.SnapshotCreate:output_type -> vmgate.hypervisor.v1.Snapshot
-	24, // 44: vmgate.hypervisor.v1.Driver.SnapshotList:output_type -> vmgate.hypervisor.v1.SnapshotListResponse
-	26, // 45: vmgate.hypervisor.v1.Driver.SnapshotRevert:output_type -> vmgate.hypervisor.v1.SnapshotRevertResponse
-	27, // 46: vmgate.hypervisor.v1.Driver.SnapshotDelete:output_type -> vmgate.hypervisor.v1.SnapshotDeleteResponse
-	31, // 47: vmgate.hypervisor.v1.Driver.GuestNetwork:output_type -> vmgate.hypervisor.v1.GuestNetworkResponse
-	32, // 48: vmgate.hypervisor.v1.Driver.VMMetrics:output_type -> vmgate.hypervisor.v1.VMMetricsResponse
-	34, // 49: vmgate.hypervisor.v1.Driver.CreateVM:output_type -> vmgate.hypervisor.v1.CreatedVM
-	36, // 50: vmgate.hypervisor.v1.Driver.DeleteVM:output_type -> vmgate.hypervisor.v1.DeleteVMResponse
-	38, // 51: vmgate.hypervisor.v1.Driver.Screenshot:output_type -> vmgate.hypervisor.v1.ScreenshotResponse
-	41, // 52: vmgate.hypervisor.v1.Driver.SendKeys:output_type -> vmgate.hypervisor.v1.SendKeysResponse
-	43, // 53: vmgate.hypervisor.v1.Driver.ConsoleRead:output_type -> vmgate.hypervisor.v1.ConsoleChunk
-	45, // 54: vmgate.hypervisor.v1.Driver.ConsoleWrite:output_type -> vmgate.hypervisor.v1.ConsoleWriteResponse
-	32, // [32:55] is the sub-list for method output_type
-	9,  // [9:32] is the sub-list for method input_type
+	37, // 28: vmgate.hypervisor.v1.Driver.HelperCall:input_type -> vmgate.hypervisor.v1.HelperCallRequest
+	39, // 29: vmgate.hypervisor.v1.Driver.Screenshot:input_type -> vmgate.hypervisor.v1.ScreenshotRequest
+	42, // 30: vmgate.hypervisor.v1.Driver.SendKeys:input_type -> vmgate.hypervisor.v1.SendKeysRequest
+	44, // 31: vmgate.hypervisor.v1.Driver.ConsoleRead:input_type -> vmgate.hypervisor.v1.ConsoleReadRequest
+	46, // 32: vmgate.hypervisor.v1.Driver.ConsoleWrite:input_type -> vmgate.hypervisor.v1.ConsoleWriteRequest
+	2,  // 33: vmgate.hypervisor.v1.Driver.Configure:output_type -> vmgate.hypervisor.v1.ConfigureResponse
+	4,  // 34: vmgate.hypervisor.v1.Driver.ListVMs:output_type -> vmgate.hypervisor.v1.ListVMsResponse
+	7,  // 35: vmgate.hypervisor.v1.Driver.Status:output_type -> vmgate.hypervisor.v1.StatusResponse
+	9,  // 36: vmgate.hypervisor.v1.Driver.AgentInfo:output_type -> vmgate.hypervisor.v1.AgentInfoResponse
+	11, // 37: vmgate.hypervisor.v1.Driver.ExecStart:output_type -> vmgate.hypervisor.v1.ExecHandle
+	13, // 38: vmgate.hypervisor.v1.Driver.ExecStatus:output_type -> vmgate.hypervisor.v1.ExecResult
+	13, // 39: vmgate.hypervisor.v1.Driver.Run:output_type -> vmgate.hypervisor.v1.ExecResult
+	15, // 40: vmgate.hypervisor.v1.Driver.FileRead:output_type -> vmgate.hypervisor.v1.FileContent
+	17, // 41: vmgate.hypervisor.v1.Driver.FileWrite:output_type -> vmgate.hypervisor.v1.FileWriteResponse
+	19, // 42: vmgate.hypervisor.v1.Driver.Power:output_type -> vmgate.hypervisor.v1.PowerResponse
+	21, // 43: vmgate.hypervisor.v1.Driver.Capabilities:output_type -> vmgate.hypervisor.v1.CapabilitySet
+	23, // 44: vmgate.hypervisor.v1.Driver.SnapshotCreate:output_type -> vmgate.hypervisor.v1.Snapshot
+	24, // 45: vmgate.hypervisor.v1.Driver.SnapshotList:output_type -> vmgate.hypervisor.v1.SnapshotListResponse
+	26, // 46: vmgate.hypervisor.v1.Driver.SnapshotRevert:output_type -> vmgate.hypervisor.v1.SnapshotRevertResponse
+	27, // 47: vmgate.hypervisor.v1.Driver.SnapshotDelete:output_type -> vmgate.hypervisor.v1.SnapshotDeleteResponse
+	31, // 48: vmgate.hypervisor.v1.Driver.GuestNetwork:output_type -> vmgate.hypervisor.v1.GuestNetworkResponse
+	32, // 49: vmgate.hypervisor.v1.Driver.VMMetrics:output_type -> vmgate.hypervisor.v1.VMMetricsResponse
+	34, // 50: vmgate.hypervisor.v1.Driver.CreateVM:output_type -> vmgate.hypervisor.v1.CreatedVM
+	36, // 51: vmgate.hypervisor.v1.Driver.DeleteVM:output_type -> vmgate.hypervisor.v1.DeleteVMResponse
+	38, // 52: vmgate.hypervisor.v1.Driver.HelperCall:output_type -> vmgate.hypervisor.v1.HelperCallReply
+	40, // 53: vmgate.hypervisor.v1.Driver.Screenshot:output_type -> vmgate.hypervisor.v1.ScreenshotResponse
+	43, // 54: vmgate.hypervisor.v1.Driver.SendKeys:output_type -> vmgate.hypervisor.v1.SendKeysResponse
+	45, // 55: vmgate.hypervisor.v1.Driver.ConsoleRead:output_type -> vmgate.hypervisor.v1.ConsoleChunk
+	47, // 56: vmgate.hypervisor.v1.Driver.ConsoleWrite:output_type -> vmgate.hypervisor.v1.ConsoleWriteResponse
+	33, // [33:57] is the sub-list for method output_type
+	9,  // [9:33] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -3213,7 +3358,7 @@ func file_proto_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_driver_proto_rawDesc), len(file_proto_driver_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   46,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

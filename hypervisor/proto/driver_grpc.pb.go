@@ -4,7 +4,7 @@
 // says which optional capabilities the plugin's driver has), Capabilities
 // (the same answer, for a host that did not configure), and one RPC per
 // method of the optional capabilities (Snapshotter, GuestNetworker,
-// MetricsReader, Creator, Screener, KeySender, ConsoleReader, ConsoleWriter). A plugin whose driver lacks a capability answers its RPCs
+// MetricsReader, Creator, Screener, KeySender, ConsoleReader, ConsoleWriter, HelperCaller). A plugin whose driver lacks a capability answers its RPCs
 // with ErrNotSupported; the host does not send them at all.
 //
 // Only package hypervisor's plugin glue (client*.go, server*.go) uses these messages;
@@ -53,6 +53,7 @@ const (
 	Driver_VMMetrics_FullMethodName      = "/vmgate.hypervisor.v1.Driver/VMMetrics"
 	Driver_CreateVM_FullMethodName       = "/vmgate.hypervisor.v1.Driver/CreateVM"
 	Driver_DeleteVM_FullMethodName       = "/vmgate.hypervisor.v1.Driver/DeleteVM"
+	Driver_HelperCall_FullMethodName     = "/vmgate.hypervisor.v1.Driver/HelperCall"
 	Driver_Screenshot_FullMethodName     = "/vmgate.hypervisor.v1.Driver/Screenshot"
 	Driver_SendKeys_FullMethodName       = "/vmgate.hypervisor.v1.Driver/SendKeys"
 	Driver_ConsoleRead_FullMethodName    = "/vmgate.hypervisor.v1.Driver/ConsoleRead"
@@ -82,6 +83,7 @@ type DriverClient interface {
 	VMMetrics(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*VMMetricsResponse, error)
 	CreateVM(ctx context.Context, in *CreateVMRequest, opts ...grpc.CallOption) (*CreatedVM, error)
 	DeleteVM(ctx context.Context, in *DeleteVMRequest, opts ...grpc.CallOption) (*DeleteVMResponse, error)
+	HelperCall(ctx context.Context, in *HelperCallRequest, opts ...grpc.CallOption) (*HelperCallReply, error)
 	Screenshot(ctx context.Context, in *ScreenshotRequest, opts ...grpc.CallOption) (*ScreenshotResponse, error)
 	SendKeys(ctx context.Context, in *SendKeysRequest, opts ...grpc.CallOption) (*SendKeysResponse, error)
 	ConsoleRead(ctx context.Context, in *ConsoleReadRequest, opts ...grpc.CallOption) (*ConsoleChunk, error)
@@ -286,6 +288,16 @@ func (c *driverClient) DeleteVM(ctx context.Context, in *DeleteVMRequest, opts .
 	return out, nil
 }
 
+func (c *driverClient) HelperCall(ctx context.Context, in *HelperCallRequest, opts ...grpc.CallOption) (*HelperCallReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HelperCallReply)
+	err := c.cc.Invoke(ctx, Driver_HelperCall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *driverClient) Screenshot(ctx context.Context, in *ScreenshotRequest, opts ...grpc.CallOption) (*ScreenshotResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ScreenshotResponse)
@@ -349,6 +361,7 @@ type DriverServer interface {
 	VMMetrics(context.Context, *VMRequest) (*VMMetricsResponse, error)
 	CreateVM(context.Context, *CreateVMRequest) (*CreatedVM, error)
 	DeleteVM(context.Context, *DeleteVMRequest) (*DeleteVMResponse, error)
+	HelperCall(context.Context, *HelperCallRequest) (*HelperCallReply, error)
 	Screenshot(context.Context, *ScreenshotRequest) (*ScreenshotResponse, error)
 	SendKeys(context.Context, *SendKeysRequest) (*SendKeysResponse, error)
 	ConsoleRead(context.Context, *ConsoleReadRequest) (*ConsoleChunk, error)
@@ -419,6 +432,9 @@ func (UnimplementedDriverServer) CreateVM(context.Context, *CreateVMRequest) (*C
 }
 func (UnimplementedDriverServer) DeleteVM(context.Context, *DeleteVMRequest) (*DeleteVMResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteVM not implemented")
+}
+func (UnimplementedDriverServer) HelperCall(context.Context, *HelperCallRequest) (*HelperCallReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method HelperCall not implemented")
 }
 func (UnimplementedDriverServer) Screenshot(context.Context, *ScreenshotRequest) (*ScreenshotResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Screenshot not implemented")
@@ -795,6 +811,24 @@ func _Driver_DeleteVM_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Driver_HelperCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HelperCallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DriverServer).HelperCall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Driver_HelperCall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DriverServer).HelperCall(ctx, req.(*HelperCallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Driver_Screenshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ScreenshotRequest)
 	if err := dec(in); err != nil {
@@ -949,6 +983,10 @@ var Driver_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteVM",
 			Handler:    _Driver_DeleteVM_Handler,
+		},
+		{
+			MethodName: "HelperCall",
+			Handler:    _Driver_HelperCall_Handler,
 		},
 		{
 			MethodName: "Screenshot",

@@ -79,6 +79,7 @@ const (
 	argviewRule    = "server/argview imports only the standard library"
 	strictjsonRule = "internal/strictjson (the leaf policy may import) imports only the standard library"
 	auditRule      = "policy/audit imports only the standard library and policy (its counters are the policy's)"
+	muxRule        = "guest/mux (the helper's framing, shared by drivers and the guest) imports only the standard library"
 	guestRule      = "nothing under guest/ imports hypervisor (host-side code such as internal/guestctl lives on the host side)"
 )
 
@@ -165,6 +166,12 @@ var depRules = []depRule{
 		applies:    func(pkg string) bool { return within(pkg, "guest") },
 		transitive: true,
 		forbidden:  func(dep string, ours bool) bool { return ours && within(dep, "hypervisor") },
+	},
+	{
+		name:       muxRule,
+		applies:    func(pkg string) bool { return pkg == "guest/mux" },
+		transitive: true,
+		forbidden:  func(dep string, ours bool) bool { return ours || !standard(dep) },
 	},
 	{
 		name: "the offline policy tools (policy/suggest, diff, replay) import only the standard library and, of ours, policy/... and the strict JSON lexer: the server's catalogue comes in as data",
@@ -323,6 +330,8 @@ func TestDependencyRulesBite(t *testing.T) {
 		{"hypervisor imports guest/qga", listedPackage{ImportPath: m("hypervisor"), Imports: []string{m("guest/qga")}, Deps: []string{m("guest/qga")}}, depRules[4].name},
 		{"hypervisor depends on policy through proto", listedPackage{ImportPath: m("hypervisor"), Imports: []string{m("hypervisor/proto")}, Deps: []string{m("hypervisor/proto"), m("policy")}}, depRules[4].name},
 		{"server/argview imports policy/store", listedPackage{ImportPath: m("server/argview"), Imports: []string{m("policy/store")}, Deps: []string{m("policy/store"), m("policy")}}, argviewRule},
+		{"guest/mux imports the agent's wire types", listedPackage{ImportPath: m("guest/mux"), Imports: []string{m("guest/agent/wire")}, Deps: []string{m("guest/agent/wire")}}, muxRule},
+		{"guest/mux depends on a third party", listedPackage{ImportPath: m("guest/mux"), Imports: []string{"io"}, Deps: []string{"io", "golang.org/x/sys/unix"}}, muxRule},
 		{"server/argview depends on mcp-go", listedPackage{ImportPath: m("server/argview"), Imports: []string{"strings"}, Deps: []string{"strings", "github.com/mark3labs/mcp-go/mcp"}}, argviewRule},
 	}
 	if found, _ := violations(clean, depRules); len(found) != 0 {

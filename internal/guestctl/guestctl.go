@@ -118,24 +118,40 @@ const CommandTimeout = 60 * time.Second
 // so the guest side kills its tree and replies before the driver gives up.
 const runMargin = 15 * time.Second
 
-// Helper runs vmgate-guest on a driver's VMs. Safe for concurrent use.
+// Helper runs vmgate-guest on a driver's VMs, by the road each VM has
+// (road.go). Safe for concurrent use.
 type Helper struct {
-	d    hypervisor.Driver
-	bins Binaries
+	d        hypervisor.Driver
+	bins     Binaries
+	callRoad bool // WithCallRoad
 
-	mu      sync.Mutex        // mu guards ensured and tr
+	mu      sync.Mutex        // mu guards ensured, roads and tr
 	ensured map[string]string // vm -> SHA-256 verified in the guest; Forget drops a VM
-	// vmLocks: one Ensure per VM at a time; a VM's entry lives only
-	// while an Ensure holds or waits for it.
+	roads   map[string]*Road  // vm -> its road, once decided; Forget drops a VM
+	// vmLocks: one Ensure per VM at a time (key vm), one road decision
+	// per VM at a time (key roadLockKey+vm, taken first, never while
+	// holding vm's); an entry lives only while held or waited for.
 	vmLocks  keylock.Map
 	tr       Transport       // the file, dir and archive commands' (transport.go)
 	pushHook func(vm string) // tests: called after each push
 }
 
+// Option configures a Helper.
+type Option func(*Helper)
+
+// WithCallRoad sends every command to VMs the driver has no channel to
+// through `vmgate-guest call` (the agent's exec to the resident helper's
+// socket) rather than a vmgate-guest process per command. Jobs take that
+// road on such VMs either way.
+func WithCallRoad(on bool) Option { return func(h *Helper) { h.callRoad = on } }
+
 // New returns a Helper running on d with builds from bins.
-func New(d hypervisor.Driver, bins Binaries) *Helper {
-	h := &Helper{d: d, bins: bins, ensured: map[string]string{}}
+func New(d hypervisor.Driver, bins Binaries, opts ...Option) *Helper {
+	h := &Helper{d: d, bins: bins, ensured: map[string]string{}, roads: map[string]*Road{}}
 	h.tr = &execTransport{h: h}
+	for _, o := range opts {
+		o(h)
+	}
 	return h
 }
 
@@ -146,10 +162,19 @@ func NewSessionID() string {
 	return hex.EncodeToString(b)
 }
 
-// Forget drops the cached check of vm, so the next call checks (and pushes)
-// again: after an exec failure, and when the VM is deleted (vm_delete), so
-// that the cache holds only VMs that exist.
+// Forget drops the cached check of vm and its road, so the next call
+// checks (and pushes) again and looks for its resident helper: after an
+// exec failure, and when the VM is deleted (vm_delete), so that the cache
+// holds only VMs that exist.
 func (h *Helper) Forget(vm string) {
+	h.mu.Lock()
+	delete(h.ensured, vm)
+	delete(h.roads, vm)
+	h.mu.Unlock()
+}
+
+// forgetBinary drops the cached check of vm's binary only.
+func (h *Helper) forgetBinary(vm string) {
 	h.mu.Lock()
 	delete(h.ensured, vm)
 	h.mu.Unlock()
@@ -307,15 +332,59 @@ func (h *Helper) call(ctx context.Context, vm, op string, args []string, stdin [
 	return decodeReply(op, res, res.Stdout, out)
 }
 
-// run ensures the helper and runs it with args (and stdin).
+// run runs the helper command args (and stdin) by vm's road: through
+// the resident helper, or a process per command. A resident helper that
+// did not take the call is looked for again (started again) and sent the
+// call once more; so is one lost during a call that only reads (retrySafe);
+// without one, the call goes per command.
 func (h *Helper) run(ctx context.Context, vm, op string, args []string, stdin []byte, timeout time.Duration, maxOut int64) (hypervisor.ExecResult, error) {
+	for range 2 {
+		r := h.road(ctx, vm)
+		if r.Kind != RoadResident {
+			break
+		}
+		res, err := h.viaResident(ctx, vm, r.Via, nil, args, stdin, timeout, maxOut)
+		if errors.Is(err, hypervisor.ErrHelperLost) && retrySafe(args) {
+			h.dropRoad(vm, r)
+			continue
+		}
+		if !errors.Is(err, errNotSent) {
+			if err != nil {
+				return res, fmt.Errorf("helper: %s: %w", op, err)
+			}
+			return res, nil
+		}
+		h.dropRoad(vm, r)
+	}
+	return h.perCommand(ctx, vm, op, args, stdin, timeout, maxOut)
+}
+
+// retrySafe reports whether the command only reads, so that sending it
+// again after a lost call changes nothing.
+func retrySafe(args []string) bool {
+	if len(args) == 0 {
+		return false
+	}
+	cmd := args[0]
+	if len(args) > 1 && (cmd == "session" || cmd == "job" || cmd == "file") {
+		cmd += " " + args[1]
+	}
+	switch cmd {
+	case "hello", "version", "ps", "metrics", "session list", "job status", "job list", "file stat", "file read":
+		return true
+	}
+	return false
+}
+
+// perCommand ensures the helper binary and runs it with args (and stdin).
+func (h *Helper) perCommand(ctx context.Context, vm, op string, args []string, stdin []byte, timeout time.Duration, maxOut int64) (hypervisor.ExecResult, error) {
 	if err := h.Ensure(ctx, vm); err != nil {
 		return hypervisor.ExecResult{}, err
 	}
 	req := hypervisor.ExecRequest{Argv: append([]string{GuestPath}, args...), Stdin: stdin, Timeout: timeout, MaxOutputBytes: maxOut}
 	res, err := h.exec(ctx, vm, req)
 	if err != nil && ctx.Err() == nil && !errors.Is(err, hypervisor.ErrTimeout) {
-		h.Forget(vm)
+		h.forgetBinary(vm)
 		pushed, eerr := h.ensure(ctx, vm)
 		if eerr != nil {
 			return res, fmt.Errorf("helper: %s: %w (and re-checking the helper: %w)", op, err, eerr)
@@ -380,23 +449,9 @@ func (h *Helper) PS(ctx context.Context, vm, session string) ([]Process, error) 
 // Run runs req through vmgate-guest (tree kill on timeout, output caps,
 // session tracking). req is validated before anything reaches the guest.
 func (h *Helper) Run(ctx context.Context, vm string, req RunRequest) (RunResult, error) {
-	if (len(req.Argv) == 0) == (req.Shell == "") {
-		return RunResult{}, invalid("run", "exactly one of argv and shell must be set")
-	}
-	if req.Session != "" {
-		if err := wire.ValidateSessionID(req.Session); err != nil {
-			return RunResult{}, invalid("run", "%v", err)
-		}
-	}
-	if req.TimeoutMS < 0 || req.TimeoutMS > wire.MaxRunTimeoutMS {
-		return RunResult{}, invalid("run", "timeout_ms %d out of range 0..%d", req.TimeoutMS, wire.MaxRunTimeoutMS)
-	}
-	if req.MaxOutputBytes < 0 || req.MaxOutputBytes > wire.MaxOutputBytesLimit {
-		return RunResult{}, invalid("run", "max_output_bytes %d out of range 0..%d", req.MaxOutputBytes, wire.MaxOutputBytesLimit)
-	}
-	stdin, err := json.Marshal(req)
+	stdin, err := checkRun(req)
 	if err != nil {
-		return RunResult{}, invalid("run", "%v", err)
+		return RunResult{}, err
 	}
 	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
 	if timeout == 0 {

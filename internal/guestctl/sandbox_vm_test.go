@@ -55,7 +55,7 @@ func pushEscape(t *testing.T, ctx context.Context, h *Helper, vm string) {
 	}
 }
 
-func sandboxSession(t *testing.T, ctx context.Context, h *Helper, vm string, sb wire.Sandbox) Session {
+func sandboxSession(t testing.TB, ctx context.Context, h *Helper, vm string, sb wire.Sandbox) Session {
 	t.Helper()
 	s, err := h.SessionCreate(ctx, vm, SessionCreate{ID: NewSessionID(), TTLS: 3600, Sandbox: &sb})
 	if err != nil {
@@ -384,7 +384,7 @@ func TestLabForgedMarker(t *testing.T) {
 			h, _ := labHelper(t, vm)
 			ctx := testCtx(t, 3*time.Minute)
 			s := newSession(t, ctx, h, vm)
-			if s.Enforced.Membership != map[string]wire.Membership{"cg": wire.MemberCgroup, "nocg": wire.MemberSecret}[vm] {
+			if s.Enforced.Membership != map[string]wire.Membership{"cg": wire.MemberCgroup, "nocg": wire.MemberSecret, "noport": wire.MemberCgroup}[vm] {
 				t.Errorf("Enforced.Membership = %q", s.Enforced.Membership)
 			}
 			bgPID(t, ctx, h, vm, s.ID, "sleep 1140")

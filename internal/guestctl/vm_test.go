@@ -25,8 +25,10 @@ import (
 // guestDir holds the vmgate-guest builds TestMain makes.
 var guestDir string
 
-// labVMs: one guest with cgroup v2 mounted, one without (marker tracking).
-var labVMs = []string{"cg", "nocg"}
+// labVMs: one guest with cgroup v2 mounted, one without (marker tracking),
+// both with the resident helper's port; and one without the port, whose
+// helper commands take the per-command road (the fallback).
+var labVMs = []string{"cg", "nocg", "noport"}
 
 func TestMain(m *testing.M) {
 	// The test binary doubles as the QEMU driver's plugin (files_kill_vm_test.go).
@@ -52,11 +54,14 @@ func TestMain(m *testing.M) {
 			return 2
 		}
 		// A libvirt domain for the file commands through libvirt
-		// (files_backends_vm_test.go); it boots only when a test asks.
-		libvirttest.Register(libvirttest.Spec{Name: libvirtVM, MemoryMiB: 512})
+		// (files_backends_vm_test.go) and the roads' conformance
+		// (conformance_vm_test.go), with the helper's port; it boots
+		// only when a test asks.
+		libvirttest.Register(libvirttest.Spec{Name: libvirtVM, MemoryMiB: 512, HelperPort: true})
 		code := labtest.Main(m,
 			lab.Spec{Name: "cg", MemoryMB: 512}, // 512: the 64 MiB file tests hold it twice in tmpfs
 			lab.Spec{Name: "nocg", Cmdline: map[string]string{"CGROUP2": "0"}},
+			lab.Spec{Name: "noport", NoHelperPort: true},
 		)
 		if err := libvirttest.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "libvirttest.Stop:", err)
@@ -144,6 +149,9 @@ func TestLabPushMissingAndChanged(t *testing.T) {
 		t.Run(vm, func(t *testing.T) {
 			h, pushes := labHelper(t, vm)
 			ctx := testCtx(t, 3*time.Minute)
+			// A resident helper (an earlier test's) would serve without
+			// its binary: end it, so that the helper must start again.
+			endResident(t, ctx, h, vm)
 			sh(t, ctx, h, vm, "rm -f "+GuestPath)
 			if _, err := h.PS(ctx, vm, ""); err != nil {
 				t.Fatalf("PS with the helper missing = %v; want nil (pushed)", err)
@@ -162,10 +170,13 @@ func TestLabPushMissingAndChanged(t *testing.T) {
 			if _, err := h.PS(ctx, vm, ""); err != nil || pushes.Load() != 1 {
 				t.Errorf("second PS = %v, pushes %d; want nil, 1", err, pushes.Load())
 			}
-			// Changed helper: garbage in place; a new Helper (fresh cache) replaces it.
-			if err := h.d.FileWrite(ctx, vm, GuestPath, []byte("#!/bin/sh\necho garbage\n"), 0o755); err != nil {
+			// Changed helper: garbage in place (renamed over it: a running
+			// resident helper keeps the file busy for writing); a new Helper
+			// (fresh cache) replaces it.
+			if err := h.d.FileWrite(ctx, vm, GuestPath+".garbage", []byte("#!/bin/sh\necho garbage\n"), 0o755); err != nil {
 				t.Fatalf("FileWrite garbage = %v", err)
 			}
+			sh(t, ctx, h, vm, "mv -f "+GuestPath+".garbage "+GuestPath)
 			h.Forget(vm)
 			if err := h.Ensure(ctx, vm); err != nil {
 				t.Fatalf("Ensure over garbage = %v; want nil", err)
@@ -179,7 +190,9 @@ func TestLabPushMissingAndChanged(t *testing.T) {
 			if out := sh(t, ctx, h, vm, "ls /usr/local/bin").Stdout; strings.Contains(string(out), ".tmp-") {
 				t.Errorf("temporary push files left: %q", out)
 			}
-			// Removed behind the cache's back: the exec failure re-pushes.
+			// Removed behind the cache's back (and the resident helper
+			// gone): the failure re-pushes.
+			endResident(t, ctx, h, vm)
 			sh(t, ctx, h, vm, "rm -f "+GuestPath)
 			if _, err := h.SessionList(ctx, vm); err != nil {
 				t.Fatalf("SessionList after removal = %v; want nil (re-pushed)", err)

@@ -4,6 +4,8 @@
 //
 //	qmp.sock      QMP monitor
 //	qga.sock      QEMU guest agent (virtio-serial port org.qemu.guest_agent.0)
+//	guest.sock    vmgate-guest's resident helper (virtio-serial port
+//	              org.vmgate.guest.0), unless the spec leaves it out
 //	console.sock  the guest's serial console (ttyS0): a socket chardev
 //	              (server, one client at a time) whose input is the
 //	              console's keyboard; everything the guest writes to it
@@ -98,17 +100,23 @@ const (
 	QGASocketName     = "qga.sock"
 	ConsoleSocketName = "console.sock"
 	VNCSocketName     = "vnc.sock"
-	PIDFileName       = "qemu.pid"
-	SerialLogName     = "serial.log"
-	QEMULogName       = "qemu.log"
-	StateFileName     = "vm.json"
+	// HelperSocketName is the host end of the virtio-serial port
+	// HelperPortName, on which vmgate-guest's resident helper listens.
+	HelperSocketName = "guest.sock"
+	PIDFileName      = "qemu.pid"
+	SerialLogName    = "serial.log"
+	QEMULogName      = "qemu.log"
+	StateFileName    = "vm.json"
 )
+
+// HelperPortName is the virtio-serial port of vmgate-guest's resident helper.
+const HelperPortName = "org.vmgate.guest.0"
 
 // ConsoleChardev is the QEMU chardev id of the serial console.
 const ConsoleChardev = "serial0"
 
 // socketNames are the sockets QEMU makes in a VM directory.
-var socketNames = []string{QMPSocketName, QGASocketName, ConsoleSocketName, VNCSocketName}
+var socketNames = []string{QMPSocketName, QGASocketName, ConsoleSocketName, VNCSocketName, HelperSocketName}
 
 // DefaultStateDir is $VMGATE_STATE_DIR, else $XDG_STATE_HOME/vmgate, else
 // ~/.local/state/vmgate.
@@ -150,6 +158,10 @@ type Spec struct {
 	DiskMB int
 	// CPUs is the number of virtual CPUs; 0 means 1.
 	CPUs int
+	// NoHelperPort leaves out the resident helper's virtio-serial port
+	// (HelperPortName): such a guest is served by a vmgate-guest process
+	// per command.
+	NoHelperPort bool
 }
 
 // State is what List reports about a VM.
@@ -169,7 +181,9 @@ type VM struct {
 	Dir       string   `json:"dir"`
 	QMPSocket string   `json:"qmp_socket"`
 	QGASocket string   `json:"qga_socket"`
-	SerialLog string   `json:"serial_log"`
+	// HelperSocket is the host end of the helper's port, "" without one.
+	HelperSocket string `json:"helper_socket,omitempty"`
+	SerialLog    string `json:"serial_log"`
 	// ConsoleSocket and VNCSocket are empty for a VM an older vmgate
 	// started (its console went to SerialLog alone, it had no display).
 	ConsoleSocket string    `json:"console_socket,omitempty"`
@@ -368,6 +382,9 @@ func setUp(ctx context.Context, spec Spec, qemu string, img *image.Image) (*VM, 
 		ConsoleSocket: filepath.Join(dir, ConsoleSocketName),
 		VNCSocket:     filepath.Join(dir, VNCSocketName),
 	}
+	if !spec.NoHelperPort {
+		v.HelperSocket = filepath.Join(dir, HelperSocketName)
+	}
 	v.Argv = append(qemuArgv(qemu, v, spec, img), diskArgv(disk)...)
 	logf, err := v.createLogs()
 	if err != nil {
@@ -391,7 +408,10 @@ func (v *VM) createLogs() (*os.File, error) {
 // privateSockets gives the sockets, which QEMU made with its umask, mode
 // FileMode (the VM directory keeps others out already).
 func (v *VM) privateSockets() error {
-	for _, sock := range []string{v.QMPSocket, v.QGASocket, v.ConsoleSocket, v.VNCSocket} {
+	for _, sock := range []string{v.QMPSocket, v.QGASocket, v.ConsoleSocket, v.VNCSocket, v.HelperSocket} {
+		if sock == "" {
+			continue
+		}
 		if err := os.Chmod(sock, FileMode); err != nil {
 			return err
 		}
@@ -463,9 +483,16 @@ func qemuArgv(qemu string, v *VM, spec Spec, img *image.Image) []string {
 		"-device", "virtio-serial-pci",
 		"-chardev", "socket,id=qga0,path=" + v.QGASocket + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
-		"-qmp", "unix:" + v.QMPSocket + ",server=on,wait=off",
-		"-pidfile", filepath.Join(v.Dir, PIDFileName),
 	}
+	if v.HelperSocket != "" {
+		argv = append(argv,
+			"-chardev", "socket,id=vmgate0,path="+v.HelperSocket+",server=on,wait=off",
+			"-device", "virtserialport,chardev=vmgate0,name="+HelperPortName)
+	}
+	argv = append(argv,
+		"-qmp", "unix:"+v.QMPSocket+",server=on,wait=off",
+		"-pidfile", filepath.Join(v.Dir, PIDFileName),
+	)
 	if spec.Daemonize {
 		argv = append(argv, "-daemonize")
 	}

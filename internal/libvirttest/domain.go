@@ -51,13 +51,23 @@ type Spec struct {
 	// DefineOnly defines a persistent domain without starting it (a
 	// template for vm_create); Boot returns once it is defined.
 	DefineOnly bool
+	// HelperPort gives the domain the resident helper's virtio-serial
+	// port org.vmgate.guest.0, a unix channel whose socket is
+	// HelperSocketName beside the serial log (where the host, outside the
+	// daemons' mount namespace, reaches it).
+	HelperPort bool
 }
 
 // DiskMiB is the virtual size of a Spec.Disk disk.
 const DiskMiB = 64
 
-// devicesXML is the optional devices of s; disk is the qcow2 file.
-func (s Spec) devicesXML(disk string) string {
+// HelperSocketName is the socket of a HelperPort domain's helper channel,
+// in its boot directory (beside Domain.SerialLog).
+const HelperSocketName = "helper.sock"
+
+// devicesXML is the optional devices of s; disk is the qcow2 file, dir the
+// domain's boot directory.
+func (s Spec) devicesXML(disk, dir string) string {
 	var b strings.Builder
 	if s.Disk {
 		fmt.Fprintf(&b, `    <disk type='file' device='disk'>
@@ -69,6 +79,10 @@ func (s Spec) devicesXML(disk string) string {
 	}
 	if s.NIC {
 		b.WriteString("    <interface type='user'><model type='virtio'/></interface>\n")
+	}
+	if s.HelperPort {
+		fmt.Fprintf(&b, "    <channel type='unix'><source mode='bind' path='%s'/><target type='virtio' name='org.vmgate.guest.0'/></channel>\n",
+			esc(filepath.Join(dir, HelperSocketName)))
 	}
 	return b.String()
 }
@@ -181,7 +195,7 @@ func (s Spec) DomainXML(kernel, initrd, serialLog, disk string) string {
 %s    <memballoon model='none'/>
   </devices>
 </domain>
-`, esc(s.Name), meta, mem, esc(kernel), esc(initrd), esc(s.cmdline()), esc(serialLog), s.devicesXML(disk))
+`, esc(s.Name), meta, mem, esc(kernel), esc(initrd), esc(s.cmdline()), esc(serialLog), s.devicesXML(disk, filepath.Dir(serialLog)))
 }
 
 // Boot copies kernel and initrd, starts spec as a domain and waits until

@@ -20,6 +20,7 @@ var (
 	_ hypervisor.SnapshotIDReverter = (*Supervisor)(nil)
 	_ hypervisor.GuestNetworker     = (*Supervisor)(nil)
 	_ hypervisor.MetricsReader      = (*Supervisor)(nil)
+	_ hypervisor.HelperCaller       = (*Supervisor)(nil)
 )
 
 // Capabilities reports the plugin driver's capabilities: the running
@@ -132,5 +133,18 @@ func (s *Supervisor) VMMetrics(ctx context.Context, vm string) (hypervisor.VMMet
 			return hypervisor.VMMetrics{}, err
 		}
 		return m.VMMetrics(ctx, vm)
+	})
+}
+
+// HelperCall implements hypervisor.HelperCaller. A helper command can
+// change the VM's state as an exec can (a run of poweroff), so it empties
+// the state cache as ExecStart does.
+func (s *Supervisor) HelperCall(ctx context.Context, vm string, hc hypervisor.HelperCall) (hypervisor.HelperReply, error) {
+	return changing(s, ctx, func(d remote) (hypervisor.HelperReply, error) {
+		h, err := capability[hypervisor.HelperCaller]("helper call", d)
+		if err != nil {
+			return hypervisor.HelperReply{}, err
+		}
+		return h.HelperCall(ctx, vm, hc)
 	})
 }

@@ -15,7 +15,7 @@ import (
 
 // qemuCapabilities are the QEMU driver's optional capabilities.
 var qemuCapabilities = hypervisor.Capabilities{
-	Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, Create: true,
+	Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, Create: true, HelperChannel: true,
 	Screenshot: true, SendKeys: true, ConsoleRead: true, ConsoleWrite: true,
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/plugins/internal/agentexec"
+	"github.com/vmgate/vmgate/plugins/internal/helperchan"
 )
 
 // Driver is the libvirt backend. It is safe for concurrent use.
@@ -40,6 +41,8 @@ type Driver struct {
 	// core is the exec road; it tracks the commands ExecStart started and
 	// caches guest-info per domain.
 	core *agentexec.Core
+	// helpers are the resident helpers' channels (helper.go).
+	helpers *helperchan.Pool
 
 	// mu guards conn, doms, destroyed and closed. It is never held across I/O.
 	mu     sync.Mutex
@@ -63,9 +66,10 @@ type Driver struct {
 }
 
 var (
-	_ hypervisor.Driver = (*Driver)(nil)
-	_ hypervisor.Runner = (*Driver)(nil)
-	_ hypervisor.Closer = (*Driver)(nil)
+	_ hypervisor.Driver       = (*Driver)(nil)
+	_ hypervisor.Runner       = (*Driver)(nil)
+	_ hypervisor.Closer       = (*Driver)(nil)
+	_ hypervisor.HelperCaller = (*Driver)(nil)
 )
 
 // domState is one domain's handle and caches.
@@ -74,10 +78,13 @@ type domState struct {
 	// agentSlot is a one-slot semaphore: one agent call in flight per domain.
 	agentSlot chan struct{}
 
-	// mu guards dom and checkedAt. Never held across I/O.
+	// mu guards dom, checkedAt and helper. Never held across I/O.
 	mu        sync.Mutex
 	dom       golibvirt.Domain
 	checkedAt time.Time // when dom was looked up and found to pass the filters
+	// helper is the resident helper's channel socket as the running
+	// domain's XML gave it (helper.go), for the domain id it was read for.
+	helper helperSocket
 }
 
 func (s *domState) handle() golibvirt.Domain {
@@ -124,6 +131,7 @@ func New(cfg Config) (*Driver, error) {
 	d.core = agentexec.NewCore(agentexec.CoreConfig{Driver: "libvirt", Reach: d.reach,
 		ExecTimeout: cfg.ExecTimeout, InfoTTL: cfg.InfoTTL, Logger: d.log})
 	d.Exec = d.core.Exec()
+	d.helpers = helperchan.New()
 	d.dial = func() (conn, error) { return dialLibvirt(ep, cfg.DialTimeout) }
 	d.consoles = map[string]*console{}
 	d.streamDialer = dialer{ep: ep, timeout: cfg.DialTimeout}
@@ -144,6 +152,7 @@ func (d *Driver) Close() error {
 	d.doms = map[string]*domState{}
 	d.mu.Unlock()
 	d.core.Close()
+	d.helpers.Close()
 	consErr := d.closeConsoles()
 	if c == nil {
 		return consErr
@@ -292,8 +301,19 @@ func stateOf(st int32) (hypervisor.State, string) {
 
 // hasAgentChannel reports whether a domain's XML declares the guest agent channel.
 func hasAgentChannel(domXML string) bool {
+	_, ok := virtioChannel(domXML, "org.qemu.guest_agent.0")
+	return ok
+}
+
+// virtioChannel finds the virtio-serial channel called name in a domain's
+// XML and returns its unix socket's path ("" when it is no unix channel).
+func virtioChannel(domXML, name string) (socket string, ok bool) {
 	var v struct {
 		Channels []struct {
+			Type   string `xml:"type,attr"`
+			Source struct {
+				Path string `xml:"path,attr"`
+			} `xml:"source"`
 			Target struct {
 				Type string `xml:"type,attr"`
 				Name string `xml:"name,attr"`
@@ -301,14 +321,17 @@ func hasAgentChannel(domXML string) bool {
 		} `xml:"devices>channel"`
 	}
 	if err := xml.Unmarshal([]byte(domXML), &v); err != nil {
-		return false
+		return "", false
 	}
 	for _, c := range v.Channels {
-		if c.Target.Type == "virtio" && c.Target.Name == "org.qemu.guest_agent.0" {
-			return true
+		if c.Target.Type == "virtio" && c.Target.Name == name {
+			if c.Type == "unix" {
+				return c.Source.Path, true
+			}
+			return "", true
 		}
 	}
-	return false
+	return "", false
 }
 
 // ListVMs returns the domains that pass the filters, sorted by name, with

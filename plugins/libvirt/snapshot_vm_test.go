@@ -18,7 +18,7 @@ import (
 
 // libvirtCapabilities are what the libvirt driver must have.
 var libvirtCapabilities = hypervisor.Capabilities{
-	Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, Create: true,
+	Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, Create: true, HelperChannel: true,
 	// The screen, the keyboard and the console: on every domain.
 	Screenshot: true, SendKeys: true, ConsoleRead: true, ConsoleWrite: true,
 }

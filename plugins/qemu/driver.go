@@ -16,6 +16,7 @@ import (
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/plugins/internal/agentexec"
+	"github.com/vmgate/vmgate/plugins/internal/helperchan"
 )
 
 // Driver defaults.
@@ -52,6 +53,9 @@ type VMConfig struct {
 	Name      string
 	QMPSocket string
 	QGASocket string
+	// HelperSocket is the host end of the VM's virtio-serial port
+	// org.vmgate.guest.0 (vmgate-guest's resident helper); "" for none.
+	HelperSocket string
 	// ConsoleSocket and ConsoleLog are the VM's serial console: the
 	// socket and the logfile of its socket chardev (console.go). Empty:
 	// the console tools say what to configure.
@@ -101,6 +105,8 @@ type Driver struct {
 	// core is the exec road; it tracks the commands ExecStart started and
 	// caches guest-info per VM.
 	core *agentexec.Core
+	// helpers are the resident helpers' channels (helper.go).
+	helpers *helperchan.Pool
 
 	// mu guards vms and closed. It is never held across I/O.
 	mu     sync.Mutex
@@ -109,9 +115,10 @@ type Driver struct {
 }
 
 var (
-	_ hypervisor.Driver = (*Driver)(nil)
-	_ hypervisor.Runner = (*Driver)(nil)
-	_ hypervisor.Closer = (*Driver)(nil)
+	_ hypervisor.Driver       = (*Driver)(nil)
+	_ hypervisor.Runner       = (*Driver)(nil)
+	_ hypervisor.Closer       = (*Driver)(nil)
+	_ hypervisor.HelperCaller = (*Driver)(nil)
 )
 
 // vmState is one VM's clients and caches.
@@ -119,7 +126,9 @@ type vmState struct {
 	name    string
 	qmpPath string
 	qgaPath string
-	labDir  string // non-empty for a lab VM
+	// helperPath is the host end of the resident helper's port ("" for none).
+	helperPath string
+	labDir     string // non-empty for a lab VM
 
 	// qmpMu serialises QMP operations on this VM: QEMU's QMP socket serves
 	// one client at a time, so the driver connects per operation and
@@ -168,6 +177,7 @@ func New(cfg Config) (*Driver, error) {
 	d.core = agentexec.NewCore(agentexec.CoreConfig{Driver: "qemu", Reach: d.reach,
 		ExecTimeout: cfg.ExecTimeout, InfoTTL: cfg.InfoTTL, Logger: log})
 	d.Exec = d.core.Exec()
+	d.helpers = helperchan.New()
 	d.newAgent = func(p string) agent { return qga.New(p, qga.WithLogger(log)) }
 	d.newMonitor = func(p string) monitor { return NewMonitor("unix", p, MonitorOptions{Logger: log}) }
 	d.startProcess = startDaemonized
@@ -182,6 +192,7 @@ func (d *Driver) Close() error {
 	d.vms = map[string]*vmState{}
 	d.mu.Unlock()
 	d.core.Close()
+	d.helpers.Close()
 	var errs []error
 	for _, vm := range vms {
 		errs = append(errs, d.closeVM(vm))
@@ -192,6 +203,9 @@ func (d *Driver) Close() error {
 // closeVM stops vm's exec watchdogs and closes its agent client.
 func (d *Driver) closeVM(vm *vmState) error {
 	d.core.Forget(vm.name)
+	if vm.helperPath != "" {
+		d.helpers.Forget(vm.helperPath)
+	}
 	vm.mu.Lock()
 	a := vm.agent
 	vm.agent = nil
@@ -228,11 +242,12 @@ func (d *Driver) lookup(op, name string) (*vmState, error) {
 	if vm, ok := d.vms[name]; ok {
 		return vm, nil
 	}
-	vm := &vmState{name: name, qmpPath: cfg.QMPSocket, qgaPath: cfg.QGASocket, labDir: labDir,
+	vm := &vmState{name: name, qmpPath: cfg.QMPSocket, qgaPath: cfg.QGASocket, helperPath: cfg.HelperSocket, labDir: labDir,
 		consoleSock: cfg.ConsoleSocket, consoleLog: cfg.ConsoleLog}
 	if labDir != "" {
 		vm.qmpPath = filepath.Join(labDir, "qmp.sock")
 		vm.qgaPath = filepath.Join(labDir, "qga.sock")
+		vm.helperPath = filepath.Join(labDir, "guest.sock")
 	}
 	vm.mon = d.newMonitor(vm.qmpPath)
 	d.vms[name] = vm

@@ -43,6 +43,11 @@ type VMSettings struct {
 	Name string `json:"name"`
 	QMP  string `json:"qmp"`
 	QGA  string `json:"qga"`
+	// Helper is the host end of the VM's virtio-serial port
+	// org.vmgate.guest.0, where vmgate-guest's resident helper listens
+	// (optional: without it, helper commands start a process through the
+	// guest agent).
+	Helper string `json:"helper,omitempty"`
 	// Console and ConsoleLog are the VM's serial console: the path of a
 	// socket chardev (server=on) and its logfile, for vm_console_write
 	// and vm_console_read. Optional.
@@ -76,6 +81,9 @@ func (s *Settings) CheckTemplate(json.RawMessage) error {
 func (s *Settings) Resolve(env registry.Env) {
 	for i := range s.VMs {
 		s.VMs[i].QMP, s.VMs[i].QGA = env.Abs(s.VMs[i].QMP), env.Abs(s.VMs[i].QGA)
+		if s.VMs[i].Helper != "" {
+			s.VMs[i].Helper = env.Abs(s.VMs[i].Helper)
+		}
 		s.VMs[i].Console, s.VMs[i].ConsoleLog = env.Abs(s.VMs[i].Console), env.Abs(s.VMs[i].ConsoleLog)
 	}
 	if s.Lab && s.LabDir == "" && env.StateDir != "" {
@@ -100,7 +108,7 @@ func (s *Settings) Validate() error {
 func (s *Settings) config() Config {
 	cfg := Config{LabDir: s.LabDir, ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D()}
 	for _, vm := range s.VMs {
-		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA,
+		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA, HelperSocket: vm.Helper,
 			ConsoleSocket: vm.Console, ConsoleLog: vm.ConsoleLog})
 	}
 	return cfg

@@ -18,7 +18,7 @@ import (
 
 // labCapabilities are what the QEMU driver must have on a lab VM.
 var labCapabilities = hypervisor.Capabilities{
-	Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, Create: true,
+	Snapshots: true, SnapshotModes: hypervisor.SnapshotModes{Memory: true}, GuestNetwork: true, Metrics: true, Create: true, HelperChannel: true,
 	// The screen, the keyboard and the console: on every VM.
 	Screenshot: true, SendKeys: true, ConsoleRead: true, ConsoleWrite: true,
 }

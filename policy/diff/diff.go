@@ -289,6 +289,15 @@ func blockChanges(name string, o, n policy.ToolSummary) []Change {
 			out = append(out, Change{Tool: name, Effect: Other, Text: presence("OLD", "NEW", b.old, b.what) + " (without it: " + b.without + ")"})
 		}
 	}
+	if o.MaxTimeoutS != n.MaxTimeoutS {
+		words := func(s int64) string {
+			if s == 0 {
+				return "none (the server's cap)"
+			}
+			return fmt.Sprintf("%d s", s)
+		}
+		out = append(out, Change{Tool: name, Effect: Other, Text: fmt.Sprintf("max_timeout_s: OLD %s, NEW %s", words(o.MaxTimeoutS), words(n.MaxTimeoutS))})
+	}
 	if o.KeepFiles != n.KeepFiles {
 		out = append(out, Change{Tool: name, Effect: Other, Text: fmt.Sprintf("keep_files: OLD %s, NEW %s", keepWords(o.KeepFiles), keepWords(n.KeepFiles))})
 	}

@@ -114,6 +114,11 @@ func TestCompareWording(t *testing.T) {
 				"destroy_session ~ OLD has snapshot_before (an undo snapshot before each call), NEW does not (without it: no undo snapshot)",
 				"destroy_session ~ keep_files: OLD keeps a destroyed session's files 1h0m0s, NEW removes a destroyed session's files",
 			}},
+		{"exec blocks", doc(`"vm_agent_exec":{}`), doc(`"vm_agent_exec":{"sandbox":{"require":true},"max_timeout_s":3600}`),
+			[]string{
+				"vm_agent_exec ~ NEW has a sandbox block, OLD does not (without it: the top-level or default sandbox applies)",
+				"vm_agent_exec ~ max_timeout_s: OLD none (the server's cap), NEW 3600 s",
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -112,9 +112,13 @@ func (p *Progress) Latest() string {
 type Rules struct {
 	// Files are the file rules of the file tools (nil: the defaults).
 	Files *policy.FileRules
-	// Sandbox is the policy's sandbox for a create_session call; nil for
-	// every other tool.
+	// Sandbox is the policy's sandbox for a create_session call, and for
+	// a vm_agent_exec call the one-shot sandbox its command runs in (nil:
+	// none, or its session's); nil for every other tool.
 	Sandbox *policy.Sandbox
+	// MaxTimeoutS is the policy's cap on vm_agent_exec's timeout_s; 0: the
+	// server's (Limits.MaxTimeoutS).
+	MaxTimeoutS int64
 	// Snapshots say what a snapshot tool may touch, and the grant's bounds.
 	Snapshots policy.SnapshotRules
 	// KeepFiles is destroy_session's keep_files.

@@ -11,12 +11,21 @@ import (
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/guestctl"
+	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/server/catalog"
 )
 
 // Commands: vm_agent_exec (through the driver's guest exec, or through
-// vmgate-guest when it runs in a session) and vm_agent_exec_status (polling
-// a command started with wait: false).
+// vmgate-guest when it runs in a session or a sandbox of its own) and
+// vm_agent_exec_status (polling a command started with wait: false).
+//
+// A command in a session or a one-shot sandbox (sandbox, or a policy that
+// requires one: policy/execsandbox.go) runs through vmgate-guest; with
+// wait: false it is a job of the resident helper (exec_jobs.go), whose
+// output vm_agent_exec_status reads from a cursor while it runs and whose
+// exec_id a restarted server finds again. timeout_s goes up to the
+// server's cap (limits.max_timeout_s, 600 s by default) unless the grant's
+// policy sets its own (max_timeout_s, up to a day).
 //
 // A cwd means the directory it names, as a file tool's path does
 // (tool_files.go): the catalogue takes only an absolute, clean path, and
@@ -40,7 +49,9 @@ func execTool(l catalog.Limits) *catalog.Tool {
 			"Give exactly one of command (an argv array, run without a shell) or shell (a string run by /bin/sh -c). " +
 			"The command is killed after timeout_s seconds (timed_out: true, partial output kept). " +
 			"Output is capped per stream (stdout_truncated/stderr_truncated say so). " +
-			"With wait: false it returns an exec_id at once (and the pid with its started_at, as kill_process takes them); poll it with vm_agent_exec_status.",
+			"With wait: false it returns an exec_id at once (and the pid with its started_at, as kill_process takes them); poll it with vm_agent_exec_status. " +
+			"With session, or sandbox (a one-shot sandbox, as create_session's), the command runs confined through vmgate-guest; " +
+			"with wait: false there, vm_agent_exec_status shows its output while it runs.",
 		Fields: []catalog.Field{
 			catalog.VMField(true),
 			{Name: "command", Kind: catalog.KindStringArray, Desc: "Program and arguments, e.g. [\"ls\", \"-l\", \"/tmp\"]. No shell is involved.", MaxLen: 4096},
@@ -49,14 +60,16 @@ func execTool(l catalog.Limits) *catalog.Tool {
 			{Name: "env", Kind: catalog.KindStringMap, Desc: "Environment variables to add, name → value. VMGATE_* names are reserved.", MaxLen: 256},
 			{Name: "cwd", Kind: catalog.KindString, Desc: "Working directory in the guest: an absolute, clean path (no \".\", \"..\", \"//\" or trailing \"/\"), entered following no symlink unless the policy allows following symlinks.", MaxLen: 4096, GuestPath: true},
 			catalog.SessionField(),
-			{Name: "timeout_s", Kind: catalog.KindInteger, Desc: fmt.Sprintf("Seconds before the command is killed (default %d).", l.DefaultTimeoutS), Min: 1, Max: l.MaxTimeoutS, Default: l.DefaultTimeoutS},
+			execSandboxField(),
+			{Name: "timeout_s", Kind: catalog.KindInteger, Min: 1, Max: policy.MaxExecTimeoutS, Default: l.DefaultTimeoutS,
+				Desc: fmt.Sprintf("Seconds before the command is killed (default %d, at most %d unless the grant's policy allows more, up to %d).", l.DefaultTimeoutS, l.MaxTimeoutS, policy.MaxExecTimeoutS)},
 			{Name: "max_output_bytes", Kind: catalog.KindInteger, Desc: fmt.Sprintf("Cap for each of stdout and stderr; the server caps it at %d.", l.MaxOutputBytes), Min: 1, Max: math.MaxInt64},
 			{Name: "wait", Kind: catalog.KindBoolean, Desc: "Wait for the command to finish (default true). false returns an exec_id to poll.", Default: true},
 		},
 		ExactlyOne: [][]string{{"command", "shell"}},
 		Output: []map[string]any{
 			execShape(),
-			catalog.OObject(map[string]any{"exec_id": catalog.OString(), "pid": catalog.OInteger(), "started_at": catalog.OInteger()}, "exec_id", "pid"),
+			catalog.OObject(map[string]any{"exec_id": catalog.OString(), "pid": catalog.OInteger(), "started_at": catalog.OInteger(), "session": catalog.OString(), "job": catalog.OBoolean()}, "exec_id", "pid"),
 		},
 	}, runExec)
 }
@@ -65,9 +78,14 @@ func execStatusTool() *catalog.Tool {
 	return catalog.NewTool(catalog.Tool{
 		Name: "vm_agent_exec_status", Title: "Poll a command", ReadOnly: true,
 		Desc: "Poll a command started with vm_agent_exec wait: false. Returns exited: false (no exit_code) while it runs, " +
-			"with the output so far when the guest agent hands it over, then the final exit code and output " +
-			"(after which the exec_id is forgotten).",
-		Fields: []catalog.Field{catalog.VMField(true), {Name: "exec_id", Kind: catalog.KindString, Desc: "The exec_id vm_agent_exec returned.", Required: true, MaxLen: 128}},
+			"with the output so far when the guest hands it over, then the final exit code and output " +
+			"(after which the exec_id is forgotten, but for a command in a session or sandbox, which can be read again while the guest keeps it). " +
+			"A command in a session or sandbox shows its output while it runs: pass since (the next of the previous answer) to get only what came after.",
+		Fields: []catalog.Field{catalog.VMField(true), {Name: "exec_id", Kind: catalog.KindString, Desc: "The exec_id vm_agent_exec returned.", Required: true, MaxLen: 128},
+			{Name: "since", Kind: catalog.KindObject, Desc: "Where to start reading each stream: the next of the previous answer (a command in a session or sandbox only; default: from the start).", Fields: []catalog.Field{
+				{Name: "stdout", Kind: catalog.KindInteger, Desc: "Offset in stdout.", Min: 0, Max: math.MaxInt64},
+				{Name: "stderr", Kind: catalog.KindInteger, Desc: "Offset in stderr.", Min: 0, Max: math.MaxInt64},
+			}}},
 		Output: []map[string]any{execShape()},
 	}, runExecStatus)
 }
@@ -80,6 +98,10 @@ func execShape() map[string]any {
 		"stdout": catalog.OString(), "stdout_base64": catalog.OString(), "stderr": catalog.OString(), "stderr_base64": catalog.OString(),
 		"stdout_truncated": catalog.OBoolean(), "stderr_truncated": catalog.OBoolean(), "timed_out": catalog.OBoolean(),
 		"session": catalog.OString(), "duration_ms": catalog.ONonNeg(), "killed": catalog.ONonNeg(), "sandbox_note": catalog.OString(),
+		"sandboxed": catalog.OBoolean(), "state": catalog.OString(), "canceled": catalog.OBoolean(), "note": catalog.OString(), "last_line": catalog.OString(),
+		"next":          catalog.OObject(map[string]any{"stdout": catalog.ONonNeg(), "stderr": catalog.ONonNeg()}, "stdout", "stderr"),
+		"stdout_offset": catalog.ONonNeg(), "stderr_offset": catalog.ONonNeg(), "stdout_total": catalog.ONonNeg(), "stderr_total": catalog.ONonNeg(),
+		"stdout_dropped": catalog.ONonNeg(), "stderr_dropped": catalog.ONonNeg(), "more": catalog.OBoolean(),
 	}, "pid", "exited", "stdout_truncated", "stderr_truncated", "timed_out")
 }
 
@@ -87,15 +109,18 @@ func execShape() map[string]any {
 // the driver's own exec, and vmgate-guest's run when session is given.
 // Exactly one of Command and Shell is set (the catalogue says so).
 type execArgs struct {
-	Command        []string          `arg:"command"`
-	Shell          *string           `arg:"shell"`
-	Stdin          *string           `arg:"stdin"`
-	Env            map[string]string `arg:"env"`
-	Cwd            *string           `arg:"cwd"`
-	Session        *string           `arg:"session"` // given, even "": the command runs in that session or not at all
-	TimeoutS       int64             `arg:"timeout_s"`
-	MaxOutputBytes int64             `arg:"max_output_bytes"`
-	Wait           *bool             `arg:"wait"`
+	Command []string          `arg:"command"`
+	Shell   *string           `arg:"shell"`
+	Stdin   *string           `arg:"stdin"`
+	Env     map[string]string `arg:"env"`
+	Cwd     *string           `arg:"cwd"`
+	Session *string           `arg:"session"` // given, even "": the command runs in that session or not at all
+	// Sandbox is what the call asked for; the handler runs the policy's
+	// answer to it (Call.Rules.Sandbox), never this.
+	Sandbox        *sandboxArg `arg:"sandbox"`
+	TimeoutS       int64       `arg:"timeout_s"`
+	MaxOutputBytes int64       `arg:"max_output_bytes"`
+	Wait           *bool       `arg:"wait"`
 }
 
 // timeoutS is the command's timeout: timeout_s, or the server's default.
@@ -119,8 +144,8 @@ func (a *execArgs) noWait() bool { return a.Wait != nil && !*a.Wait }
 // (catalog.ArgChecker): the gate runs it before the policy decides, so a
 // call it refuses parks no approval and reserves nothing.
 func (a *execArgs) CheckArgs() error {
-	if a.Session != nil && a.noWait() {
-		return errors.New("wait: false cannot be combined with session (commands in a session run to completion)")
+	if a.Session != nil && a.Sandbox != nil {
+		return errors.New("sandbox cannot be combined with session (a session has its own sandbox, set when it was created)")
 	}
 	return nil
 }
@@ -177,8 +202,16 @@ func (a *execArgs) runRequest(e *catalog.Env, id string) guestctl.RunRequest {
 }
 
 func runExec(e *catalog.Env, c *catalog.Call, a *execArgs) catalog.Result {
-	if a.Session != nil {
+	if r := checkTimeout(e, c, a); r != nil {
+		return *r
+	}
+	switch {
+	case a.Session != nil:
 		return runSessionExec(e, c, a)
+	case c.Rules.Sandbox != nil:
+		return runSandboxedExec(e, c, a)
+	case a.Sandbox != nil: // the policy gave no sandbox for one asked for: never unconfined
+		return catalog.Failure(catalog.TagDenied, "the policy gave no sandbox for this command, so it does not run", true)
 	}
 	if r := resolveCwd(e, c, a); r != nil {
 		return *r
@@ -230,9 +263,44 @@ func runSessionExec(e *catalog.Env, c *catalog.Call, a *execArgs) catalog.Result
 	if r := resolveCwd(e, c, a); r != nil {
 		return *r
 	}
-	req := a.runRequest(e, id)
+	return runInGuest(e, c, a, h, a.runRequest(e, id))
+}
+
+// runSandboxedExec is vm_agent_exec in a sandbox of its own (the policy's
+// answer to the call's sandbox, or the sandbox it requires): vmgate-guest
+// makes a session for the one command and destroys it, with whatever the
+// command left, once it ends.
+func runSandboxedExec(e *catalog.Env, c *catalog.Call, a *execArgs) catalog.Result {
+	h, r := e.Guest.HelperFor(c)
+	if r != nil {
+		return *r
+	}
+	sb, r := wireSandbox(c.Rules.Sandbox)
+	if r != nil {
+		return *r
+	}
+	if r := resolveCwd(e, c, a); r != nil {
+		return *r
+	}
+	req := a.runRequest(e, "")
+	req.Sandbox = sb
+	return runInGuest(e, c, a, h, req)
+}
+
+// runInGuest runs req through vmgate-guest: as a job of the resident
+// helper with wait: false, else to its end.
+func runInGuest(e *catalog.Env, c *catalog.Call, a *execArgs, h *guestctl.Helper, req guestctl.RunRequest) catalog.Result {
+	if a.noWait() {
+		return startJob(e, c, h, req)
+	}
 	secs := a.timeoutS(e.Limits)
-	res, err := h.Run(c.Ctx, c.Name, req)
+	var res guestctl.RunResult
+	var err error
+	if c.Progress != nil {
+		res, err = runReporting(c, h, req)
+	} else {
+		res, err = h.Run(c.Ctx, c.Name, req)
+	}
 	if err != nil {
 		r := catalog.HelperFailure(err)
 		if r.Tag == catalog.TagTimedOut {
@@ -247,7 +315,7 @@ func runSessionExec(e *catalog.Env, c *catalog.Call, a *execArgs) catalog.Result
 	}
 	out := execResult(er, killedText(e, secs, " (with every process it started)"))
 	if m, ok := out.Structured.(map[string]any); ok {
-		m["session"] = id
+		putGuestRun(m, req)
 		m["duration_ms"] = res.DurationMS
 		if res.Killed > 0 {
 			m["killed"] = res.Killed
@@ -259,6 +327,31 @@ func runSessionExec(e *catalog.Env, c *catalog.Call, a *execArgs) catalog.Result
 		}
 	}
 	return out
+}
+
+// putGuestRun says in m where req ran: its session, or a sandbox of its own.
+func putGuestRun(m map[string]any, req guestctl.RunRequest) {
+	if req.Session != "" {
+		m["session"] = req.Session
+	}
+	if req.Sandbox != nil {
+		m["sandboxed"] = true
+	}
+}
+
+// checkTimeout refuses a timeout_s over the grant's cap: the policy's
+// max_timeout_s, else the server's.
+func checkTimeout(e *catalog.Env, c *catalog.Call, a *execArgs) *catalog.Result {
+	limit, whose := e.Limits.MaxTimeoutS, "this server's cap (limits.max_timeout_s)"
+	if c.Rules.MaxTimeoutS > 0 {
+		limit, whose = c.Rules.MaxTimeoutS, "this grant's policy's cap (max_timeout_s)"
+	}
+	if a.TimeoutS <= limit {
+		return nil
+	}
+	r := catalog.Failure(catalog.TagInvalid, fmt.Sprintf("timeout_s %d is over %s of %d s; a grant's policy can allow up to %d s (tools.vm_agent_exec.max_timeout_s)",
+		a.TimeoutS, whose, limit, policy.MaxExecTimeoutS), true)
+	return &r
 }
 
 // resolveCwd checks a's cwd in the guest (see the top of this file) and
@@ -310,12 +403,26 @@ func cwdFailure(err error) catalog.Result {
 // execStatusArgs are vm_agent_exec_status's arguments.
 type execStatusArgs struct {
 	ExecID string `arg:"exec_id"`
+	Since  *struct {
+		Stdout int64 `arg:"stdout"`
+		Stderr int64 `arg:"stderr"`
+	} `arg:"since"`
 }
 
 func runExecStatus(e *catalog.Env, c *catalog.Call, a *execStatusArgs) catalog.Result {
 	x, ok := e.Execs.Get(a.ExecID, c.Grant.Name, c.VM)
 	if !ok {
-		return catalog.Failure(catalog.TagInvalid, "unknown exec_id (finished results are returned once)", true)
+		if job, isJob := catalog.JobOf(a.ExecID); isJob {
+			return jobStatus(e, c, a, execJob{ID: job}, false)
+		}
+		return unknownExec()
+	}
+	if x.Job != "" {
+		return jobStatus(e, c, a, execJob{ID: x.Job, Session: x.Session}, true)
+	}
+	if a.Since != nil {
+		return catalog.Failure(catalog.TagInvalid, "since is for a command in a session or sandbox, whose output is read while it runs; "+
+			"this one runs through the guest agent, which hands its output over when it ends: poll without since", true)
 	}
 	res, err := c.Driver.ExecStatus(c.Ctx, c.Name, x.Handle)
 	if err != nil {
@@ -328,4 +435,8 @@ func runExecStatus(e *catalog.Env, c *catalog.Call, a *execStatusArgs) catalog.R
 		e.Execs.Remove(a.ExecID)
 	}
 	return execResult(res, "command killed after its timeout; give it a larger timeout_s next time")
+}
+
+func unknownExec() catalog.Result {
+	return catalog.Failure(catalog.TagInvalid, "unknown exec_id (finished results are returned once)", true)
 }

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/guestctl"
-	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/server/catalog"
 )
@@ -76,31 +74,6 @@ func destroySessionTool() *catalog.Tool {
 	}, runDestroySession)
 }
 
-// sandboxField is create_session's sandbox argument. Only its shape is
-// checked here (known fields, modes, absolute clean paths, at most
-// wire.MaxSandboxPaths of them); whether it is within the policy's is the
-// policy's decision (policy/sandbox.go), and whether a path is a symlink
-// the guest's (it refuses one).
-func sandboxField() catalog.Field {
-	paths := func(name, desc string) catalog.Field {
-		return catalog.Field{Name: name, Kind: catalog.KindStringArray, Desc: desc, MaxLen: wire.MaxSandboxPaths, AllowEmpty: true, Valid: wire.ValidateSandboxPath}
-	}
-	return catalog.Field{Name: "sandbox", Kind: catalog.KindObject,
-		Desc: "How the session's processes are confined; a field left out gets the loosest value the policy allows. " +
-			"Asking for more than the policy allows is denied, naming what was too loose.",
-		Fields: []catalog.Field{
-			{Name: "net", Kind: catalog.KindString, Enum: []string{"none", "loopback", "host"},
-				Desc: "none: a network namespace with only its own loopback; loopback is enforced as none (a stock kernel cannot share the guest's loopback alone); host: the guest's network."},
-			{Name: "user", Kind: catalog.KindString, Enum: []string{"session", "root"},
-				Desc: "session: an unprivileged uid and gid of the session's own, no capabilities; root: root, unconfined by uid."},
-			{Name: "fs", Kind: catalog.KindObject, Desc: "Extra paths beyond the system directories (read) and the session's own directories (write).",
-				Fields: []catalog.Field{
-					paths("read", "Absolute paths the session may also read and execute (no symlinks)."),
-					paths("write", "Absolute paths the session may also write (no symlinks)."),
-				}},
-		}}
-}
-
 // sessionShape is a session as sessionView shows it (with processes and
 // in_guest when list_sessions asked the guest).
 func sessionShape() map[string]any {
@@ -149,14 +122,7 @@ type createSessionArgs struct {
 	} `arg:"limits"`
 	// Sandbox is what the call asked for; the handler runs the policy's
 	// answer to it (call.sandbox), never this.
-	Sandbox *struct {
-		Net  *string `arg:"net"`
-		User *string `arg:"user"`
-		FS   *struct {
-			Read  []string `arg:"read"`
-			Write []string `arg:"write"`
-		} `arg:"fs"`
-	} `arg:"sandbox"`
+	Sandbox *sandboxArg `arg:"sandbox"`
 }
 
 // destroySessionArgs are destroy_session's arguments.
@@ -246,31 +212,6 @@ func forgetFailedSession(e *catalog.Env, c *catalog.Call, h *guestctl.Helper, id
 	if _, derr := h.SessionDestroy(context.WithoutCancel(c.Ctx), c.Name, id); derr != nil {
 		e.Log.Warn("server: clean up a failed session", "vm", c.VM, "session", id, "err", derr)
 	}
-}
-
-// wireSandbox is the policy's sandbox for the call as vmgate-guest takes
-// it. Every create_session has one (the policy's default at least): a
-// call without one is refused, never run unconfined.
-func wireSandbox(sb *policy.Sandbox) (*wire.Sandbox, *catalog.Result) {
-	if sb == nil {
-		r := catalog.Failure(catalog.TagDenied, "the policy gave no sandbox for this session, so it is not created", true)
-		return nil, &r
-	}
-	ws := wire.Sandbox{
-		Net: wire.NetMode(sb.Net), User: wire.UserMode(sb.User),
-		FS: wire.FSAccess{Read: slices.Clone(sb.Read), Write: slices.Clone(sb.Write)},
-	}
-	if sb.TCP != nil {
-		ws.TCP = &wire.TCPPorts{Bind: slices.Clone(sb.TCP.Bind), Connect: slices.Clone(sb.TCP.Connect)}
-	}
-	for _, f := range sb.BestEffort {
-		ws.BestEffort = append(ws.BestEffort, wire.Feature(f))
-	}
-	if err := ws.Validate(); err != nil {
-		r := catalog.Failure(catalog.TagDenied, "the policy's sandbox cannot be sent to the guest: "+err.Error(), true)
-		return nil, &r
-	}
-	return &ws, nil
 }
 
 // sessionCreateFailure is helperFailure, but a guest whose kernel lacks

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmgate/vmgate/config"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/internal/vmpage"
 	"github.com/vmgate/vmgate/server/catalog"
 	"github.com/vmgate/vmgate/server/lease"
@@ -97,10 +98,16 @@ func pageError(err error) error {
 func vmStatusTool() *catalog.Tool {
 	return catalog.NewTool(catalog.Tool{
 		Name: "vm_status", Title: "VM status", ReadOnly: true, Idempotent: true,
-		Desc:   "Report a VM's power state and whether its guest agent answers (needed by exec, file and process tools).",
+		Desc: "Report a VM's power state, whether its guest agent answers (needed by exec, file and process tools), " +
+			"and how vmgate reaches its vmgate-guest helper (the road: its resident helper over a channel of its own or through the agent's exec, " +
+			"or a helper process per command, with why).",
 		Fields: []catalog.Field{catalog.VMField(true)},
 		Output: []map[string]any{catalog.OObject(map[string]any{
 			"vm": catalog.OString(), "state": catalog.OString(), "agent_connected": catalog.OBoolean(), "agent_version": catalog.OString(), "detail": catalog.OString(),
+			"helper": catalog.OObject(map[string]any{
+				"road": catalog.OString(), "via": catalog.OString(), "why": catalog.OString(), "jobs_via": catalog.OString(),
+				"pid": catalog.OInteger(), "version": catalog.OString(), "running_jobs": catalog.ONonNeg(), "checked": catalog.OTime(),
+			}, "road"),
 		}, "vm", "state", "agent_connected")},
 	}, runStatus)
 }
@@ -247,5 +254,31 @@ func runStatus(e *catalog.Env, c *catalog.Call, _ *catalog.NoArgs) catalog.Resul
 	if st.AgentConnected {
 		agent = "agent connected"
 	}
-	return catalog.Success(out, fmt.Sprintf("%s: %s, %s", c.VM, st.State, agent))
+	text := fmt.Sprintf("%s: %s, %s", c.VM, st.State, agent)
+	if h := e.Guest.Helpers[c.Backend]; h != nil && e.Guest.Available() {
+		r := h.Road(c.Name)
+		out["helper"] = roadView(r)
+		text += "; vmgate-guest: " + r.String()
+	}
+	return catalog.Success(out, text)
+}
+
+// roadView is how vmgate reaches a VM's vmgate-guest as vm_status shows it:
+// as last decided (vm_status neither starts nor looks for the helper).
+func roadView(r guestctl.Road) map[string]any {
+	v := map[string]any{"road": r.Kind}
+	if r.Kind == "" {
+		v["road"], v["why"] = "undecided", "no call has needed vmgate-guest in this VM since the server started"
+		return v
+	}
+	for k, s := range map[string]string{"via": r.Via, "why": catalog.CleanReason(catalog.Truncate(r.Why, 500)), "jobs_via": r.Jobs} {
+		if s != "" {
+			v[k] = s
+		}
+	}
+	if r.Helper != nil {
+		v["pid"], v["version"], v["running_jobs"] = r.Helper.PID, r.Helper.Version, r.Helper.Jobs
+	}
+	v["checked"] = r.Checked.UTC()
+	return v
 }

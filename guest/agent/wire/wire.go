@@ -89,6 +89,10 @@ type RunRequest struct {
 	// MaxOutputBytes caps each of stdout and stderr; 0 means DefaultMaxOutputBytes.
 	// At most MaxOutputBytesLimit.
 	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+	// Sandbox, without Session, runs the command alone in a sandbox of
+	// its own (a one-shot session, created for it and destroyed with every
+	// process it left once it ends), as create_session's sandbox would.
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
 }
 
 // Run limits.

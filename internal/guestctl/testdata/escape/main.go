@@ -14,6 +14,8 @@
 //	                     chmod PATH OCTAL, chown PATH UID GID, link OLD NEW, rename OLD NEW,
 //	                     utime PATH
 //	escape listxattr PATH  print PATH's extended attribute names, one a line
+//	escape open PATH     open PATH for reading and writing (a device node)
+//	escape dial-unix PATH  connect to the unix socket PATH
 package main
 
 import (
@@ -81,6 +83,26 @@ func main() {
 		}
 		b, _ := io.ReadAll(c)
 		os.Stdout.Write(b)
+	case "open":
+		if len(os.Args) < 3 {
+			fail("open: no path")
+		}
+		f, err := os.OpenFile(os.Args[2], os.O_RDWR|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			fail("open %s: %v", os.Args[2], err)
+		}
+		f.Close()
+		fmt.Printf("open %s: opened\n", os.Args[2])
+	case "dial-unix":
+		if len(os.Args) < 3 {
+			fail("dial-unix: no path")
+		}
+		c, err := net.DialTimeout("unix", os.Args[2], 3*time.Second)
+		if err != nil {
+			fail("dial-unix %s: %v", os.Args[2], err)
+		}
+		c.Close()
+		fmt.Printf("dial-unix %s: connected\n", os.Args[2])
 	case "race":
 		race()
 	case "fs":

@@ -1,0 +1,175 @@
+// Package helperchan is the drivers' side of vmgate-guest's resident
+// helper channel: one guest/mux connection per VM, over the unix socket
+// that is the host end of the VM's virtio-serial port org.vmgate.guest.0
+// (QEMU's chardev socket, libvirt's <channel type='unix'>), dialled on
+// first use and again after it fails. The QEMU and libvirt drivers
+// implement hypervisor.HelperCaller with it.
+//
+// A QEMU chardev socket serves one client at a time: a second client's
+// connect succeeds but nothing reads it until the first leaves, so its
+// hello goes unanswered (ErrHelperUnavailable) and its caller uses the
+// guest agent instead.
+//
+// Concurrency: Pool is safe for concurrent use. mu guards conns; each
+// conn's mu is held while it dials (one dial per socket at a time) and
+// never across a call, which the mux client multiplexes.
+package helperchan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vmgate/vmgate/guest/mux"
+	"github.com/vmgate/vmgate/hypervisor"
+)
+
+// PortName is the resident helper's virtio-serial port.
+const PortName = "org.vmgate.guest.0"
+
+// HelloTimeout bounds the wait for the helper's answer to a new
+// connection's hello (the helper polls a closed port every 100 ms at most).
+const HelloTimeout = 3 * time.Second
+
+// Pool holds the connections. The zero value is not usable: use New.
+type Pool struct {
+	mu    sync.Mutex
+	conns map[string]*conn
+	// dial opens a socket; tests replace it.
+	dial func(ctx context.Context, path string) (net.Conn, error)
+}
+
+type conn struct {
+	mu sync.Mutex
+	cl *mux.Client
+}
+
+// New returns an empty Pool.
+func New() *Pool {
+	var d net.Dialer
+	return &Pool{conns: map[string]*conn{}, dial: func(ctx context.Context, path string) (net.Conn, error) {
+		return d.DialContext(ctx, "unix", path)
+	}}
+}
+
+// Call sends one helper command over the channel whose host end is the
+// socket at path. ErrNoHelperChannel when there is no socket there;
+// ErrHelperUnavailable when nothing answers on it (the call was not sent);
+// ErrHelperLost when the connection fails during the call (the command
+// may have run).
+func (p *Pool) Call(ctx context.Context, path string, call hypervisor.HelperCall) (hypervisor.HelperReply, error) {
+	cl, err := p.client(ctx, path)
+	if err != nil {
+		return hypervisor.HelperReply{}, err
+	}
+	req := mux.Request{Args: call.Args, Stdin: call.Stdin}
+	if call.Timeout > 0 {
+		req.TimeoutMS = call.Timeout.Milliseconds()
+	}
+	rep, err := cl.Call(ctx, req)
+	switch {
+	case err == nil:
+		return hypervisor.HelperReply{Exit: rep.Exit, Stdout: rep.Stdout}, nil
+	case ctx.Err() != nil:
+		return hypervisor.HelperReply{}, fmt.Errorf("helper channel: %w: %w", hypervisor.ErrTimeout, ctx.Err())
+	case errors.Is(err, mux.ErrRejected):
+		return hypervisor.HelperReply{}, fmt.Errorf("helper channel: %w: %w", hypervisor.ErrBackend, err)
+	case errors.Is(err, mux.ErrNeedHello):
+		p.drop(path, cl)
+		return hypervisor.HelperReply{}, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperUnavailable, err)
+	}
+	p.drop(path, cl)
+	return hypervisor.HelperReply{}, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperLost, err)
+}
+
+// client returns the live connection to path, dialling one if needed.
+func (p *Pool) client(ctx context.Context, path string) (*mux.Client, error) {
+	p.mu.Lock()
+	c, ok := p.conns[path]
+	if !ok {
+		c = &conn{}
+		p.conns[path] = c
+	}
+	p.mu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cl != nil {
+		select {
+		case <-c.cl.Done():
+			c.cl = nil
+		default:
+			return c.cl, nil
+		}
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("helper channel: %w: no socket at %s (the VM has no port %s): %w", hypervisor.ErrNoHelperChannel, path, PortName, err)
+	}
+	hctx, cancel := context.WithTimeout(ctx, HelloTimeout)
+	defer cancel()
+	nc, err := p.dial(hctx, path)
+	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("helper channel %s: %w: nothing listens (is the VM running?): %w", path, hypervisor.ErrHelperUnavailable, err)
+		}
+		return nil, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperUnavailable, err)
+	}
+	cl, _, err := mux.Dial(hctx, nc)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("helper channel: %w: %w", hypervisor.ErrTimeout, ctx.Err())
+		}
+		return nil, fmt.Errorf("helper channel %s: %w: no resident vmgate-guest answered in %v (not started, or another client holds the port): %w",
+			path, hypervisor.ErrHelperUnavailable, HelloTimeout, err)
+	}
+	c.cl = cl
+	return cl, nil
+}
+
+// drop closes cl if it is still path's connection.
+func (p *Pool) drop(path string, cl *mux.Client) {
+	p.mu.Lock()
+	c := p.conns[path]
+	p.mu.Unlock()
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	if c.cl == cl {
+		c.cl = nil
+	}
+	c.mu.Unlock()
+	cl.Close()
+}
+
+// Forget closes path's connection (its VM stopped or was deleted).
+func (p *Pool) Forget(path string) {
+	p.mu.Lock()
+	c := p.conns[path]
+	delete(p.conns, path)
+	p.mu.Unlock()
+	if c != nil {
+		c.mu.Lock()
+		if c.cl != nil {
+			c.cl.Close()
+		}
+		c.mu.Unlock()
+	}
+}
+
+// Close closes every connection.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	paths := make([]string, 0, len(p.conns))
+	for path := range p.conns {
+		paths = append(paths, path)
+	}
+	p.mu.Unlock()
+	for _, path := range paths {
+		p.Forget(path)
+	}
+}
