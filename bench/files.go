@@ -5,51 +5,60 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
-	"path/filepath"
+	"os"
 	"strconv"
 	"time"
 
 	"github.com/vmgate/vmgate/guest/qga"
-	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/internal/lab"
-	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
-// The file rows, at the guestctl level (the tools will call it): what
-// vmgate-guest's safe roads cost against the guest agent's raw ones, on a
-// lab VM, each round one of each right after the other.
+// The file rows: the MCP tools through `vmgate serve` as shipped (stdio,
+// the gate, the QEMU driver in its plugin process, vmgate-guest's safe
+// roads in the guest) against the guest agent's raw roads, on a lab VM,
+// each round one of each right after the other.
 //
-//	12a  read of a 64 MiB file in 16 MiB ranges: guestctl.FileReadRange
-//	     (vmgate-guest opens it following no symlink and stages each range;
-//	     the driver's file channel reads the stage) / one guest-file-read
-//	     loop over the file (qga.Client.FileRead, 256 KiB a call)
-//	12b  write of the same in 16 MiB ranges: guestctl.FileWrite (the first
-//	     range atomically, the others at their offsets; each staged through
-//	     the file channel, then copied by vmgate-guest) / one
-//	     guest-file-write loop (qga.Client.FileWrite)
-//	12c  extraction of a 2,000-file tar: guestctl.ArchiveWrite (two passes,
-//	     every entry beneath the target's descriptor, each file through a
-//	     temporary one) / tar -x with the tar on guest-exec's stdin
+//	12a  read of a 64 MiB file in ranges: vm_file_read with offset and
+//	     length 16 MiB, reading on from where each result ends (one result
+//	     carries at most the message limit, 8 MiB: about 6 MiB of binary
+//	     data as base64), every range's content_base64 decoded and the whole
+//	     hashed / one guest-file-read loop over the file (qga.Client.FileRead,
+//	     256 KiB a call)
+//	12b  write of the same: vm_file_write, the first range whole (atomic),
+//	     the others appended, each range the most one message carries /
+//	     one guest-file-write loop (qga.Client.FileWrite)
+//	12c  extraction of a 2,000-file tar: vm_archive_write (every entry asked
+//	     of the policy on the host, then checked beneath the target's
+//	     descriptor in the guest, each file through a temporary one) / tar -x
+//	     with the tar on guest-exec's stdin
 //
-// guestctl runs over an in-process QEMU driver on the VM's agent; the
-// baselines over the second agent of agent2.go, so neither waits for the
-// other's connection. The rows are in MiB/s and files/s: higher is better.
+// The server runs for the whole row (its first call, in the warm-up,
+// launches the plugin and pushes vmgate-guest); the baselines go through
+// the second agent of agent2.go, so neither waits for the other's
+// connection. The rows are in MiB/s and files/s: higher is better.
 
 const (
 	benchFileSize  = 64 << 20
 	benchRange     = 16 << 20
 	benchTreeFiles = 2000
 	benchGuestDir  = "/tmp/vmgate-bench-files"
+	// benchWriteRange is the most data one vm_file_write message carries:
+	// base64 within the message limit (8 MiB) less room for the envelope.
+	benchWriteRange = (8<<20 - 64<<10) / 4 * 3
 )
 
+// filesPolicy allows the file tools without a counter.
+const filesPolicy = `{"version":"1","default":"deny","tools":{"vm_file_read":{},"vm_file_write":{},"vm_archive_write":{}}}`
+
 func fileRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
-	read := &Row{ID: "12a", Unit: "MiB/s", What: "read of a 64 MiB file in 16 MiB ranges: guestctl FileReadRange (no-follow open, staged, file channel) / raw guest-file-read loop"}
-	write := &Row{ID: "12b", Unit: "MiB/s", What: "write of a 64 MiB file in 16 MiB ranges: guestctl FileWrite (atomic first range, then offsets; staged) / raw guest-file-write loop"}
-	arch := &Row{ID: "12c", Unit: "files/s", What: "extraction of a 2,000-file tar: guestctl ArchiveWrite (checked entry by entry, atomic files) / raw tar -x through guest-exec stdin"}
+	read := &Row{ID: "12a", Unit: "MiB/s", What: "read of a 64 MiB file in ranges: vm_file_read (MCP stdio, gate, QEMU plugin, no-follow open, staged pieces, base64; one result at most 8 MiB) / raw guest-file-read loop"}
+	write := &Row{ID: "12b", Unit: "MiB/s", What: "write of a 64 MiB file: vm_file_write (atomic first range, then appends; ranges of one message, staged) / raw guest-file-write loop"}
+	arch := &Row{ID: "12c", Unit: "files/s", What: "extraction of a 2,000-file tar: vm_archive_write (policy per entry, checked entry by entry, atomic files) / raw tar -x through guest-exec stdin"}
 	rows := []*Row{read, write, arch}
 	fail := func(err error) []*Row { return failRows(rows, pairs, err) }
 	if withoutQEMU(rows) {
@@ -60,7 +69,7 @@ func fileRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	if err != nil {
 		return fail(err)
 	}
-	fb, err := newFileBench(ctx, l, vmgate)
+	fb, err := newFileBench(ctx, l)
 	if err != nil {
 		return fail(err)
 	}
@@ -91,15 +100,15 @@ func fileRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 
 // fileBench is the lab VM with both roads to it.
 type fileBench struct {
-	d    *qemu.Driver
-	h    *guestctl.Helper
+	srv  *stdioProc  // vmgate serve
 	raw  *qga.Client // the second agent
 	data []byte      // what 12b writes
-	tree []byte      // the tar 12c extracts
+	tree string      // the tar 12c extracts, base64
+	raw0 []byte      // the same tar
 	sum  [32]byte    // of the file 12a reads
 }
 
-func newFileBench(ctx context.Context, l *labEnv, vmgate string) (*fileBench, error) {
+func newFileBench(ctx context.Context, l *labEnv) (*fileBench, error) {
 	vm1, err := lab.Get(l.stateDir, "vm1")
 	if err != nil {
 		return nil, err
@@ -108,29 +117,34 @@ func newFileBench(ctx context.Context, l *labEnv, vmgate string) (*fileBench, er
 	if err != nil {
 		return nil, err
 	}
-	d, err := qemu.New(qemu.Config{LabDir: filepath.Dir(vm1.Dir), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return nil, err
-	}
-	fb := &fileBench{d: d, raw: qga.New(sock), data: benchData(benchFileSize, 1), tree: benchTree()}
-	// vmgate-guest for the guest, built beside vmgate by scripts/bench.sh.
-	fb.h = guestctl.New(d, &guestctl.DirBinaries{Dirs: []string{filepath.Dir(vmgate)}})
+	tree := benchTree()
+	fb := &fileBench{raw: qga.New(sock), data: benchData(benchFileSize, 1), raw0: tree, tree: base64.StdEncoding.EncodeToString(tree)}
 	file := benchData(benchFileSize, 2)
 	fb.sum = sha256.Sum256(file)
 	if err := fb.rawExec(ctx, nil, "mkdir", "-p", benchGuestDir); err != nil {
-		fb.close()
+		fb.raw.Close()
 		return nil, err
 	}
 	if err := fb.raw.FileWrite(ctx, benchGuestDir+"/read", file, 0o644); err != nil {
-		fb.close()
+		fb.raw.Close()
 		return nil, fmt.Errorf("12a: writing the file to read: %w", err)
+	}
+	cfg, err := l.writePolicyConfig("files", filesPolicy)
+	if err == nil {
+		fb.srv, err = l.serve(ctx, cfg)
+	}
+	if err != nil {
+		fb.raw.Close()
+		return nil, err
 	}
 	return fb, nil
 }
 
 func (fb *fileBench) close() {
+	if err := fb.srv.stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: files: %v\n", err)
+	}
 	fb.raw.Close()
-	fb.d.Close()
 }
 
 // rawExec runs argv through the second agent and wants exit 0.
@@ -198,21 +212,14 @@ func order(i int, a, b func() error) error {
 }
 
 func (fb *fileBench) readRound(ctx context.Context, i int) (vmgate, raw float64, err error) {
-	const vm, p = "vm1", benchGuestDir + "/read"
+	const p = benchGuestDir + "/read"
 	err = order(i, func() (err error) {
 		vmgate, err = rate(benchFileSize>>20, func() error {
-			h := sha256.New()
-			for off := int64(0); off < benchFileSize; off += benchRange {
-				r, err := fb.h.FileReadRange(ctx, vm, p, guestctl.ReadOptions{Offset: off, Length: benchRange})
-				if err != nil {
-					return fmt.Errorf("12a: %w", err)
-				}
-				h.Write(r.Data)
+			sum, n, err := fb.toolRead(ctx, p)
+			if err == nil && (n != benchFileSize || sum != fb.sum) {
+				err = fmt.Errorf("12a: the ranges read (%d bytes) are not the file", n)
 			}
-			if !bytes.Equal(h.Sum(nil), fb.sum[:]) {
-				return errors.New("12a: the ranges read are not the file")
-			}
-			return nil
+			return err
 		})
 		return err
 	}, func() (err error) {
@@ -228,21 +235,41 @@ func (fb *fileBench) readRound(ctx context.Context, i int) (vmgate, raw float64,
 	return vmgate, raw, err
 }
 
+// toolRead reads p through vm_file_read in ranges of benchRange, each from
+// where the last result ended, and hashes what came.
+func (fb *fileBench) toolRead(ctx context.Context, p string) (sum [32]byte, n int64, err error) {
+	h := sha256.New()
+	for {
+		r, err := fb.srv.client.callTool(ctx, "vm_file_read", fmt.Sprintf(`{"vm":"lab/vm1","path":%q,"offset":%d,"length":%d}`, p, n, benchRange))
+		if err != nil {
+			return sum, n, fmt.Errorf("12a: %w", err)
+		}
+		var sc struct {
+			Bytes  int64  `json:"bytes"`
+			EOF    bool   `json:"eof"`
+			Base64 string `json:"content_base64"`
+		}
+		if err := json.Unmarshal(r.StructuredContent, &sc); err != nil {
+			return sum, n, fmt.Errorf("12a: vm_file_read result: %w", err)
+		}
+		data, err := base64.StdEncoding.DecodeString(sc.Base64)
+		if err != nil || int64(len(data)) != sc.Bytes {
+			return sum, n, fmt.Errorf("12a: vm_file_read gave %d bytes of content_base64 (%v); its bytes say %d", len(data), err, sc.Bytes)
+		}
+		h.Write(data)
+		n += sc.Bytes
+		if sc.EOF || sc.Bytes == 0 {
+			break
+		}
+	}
+	copy(sum[:], h.Sum(nil))
+	return sum, n, nil
+}
+
 func (fb *fileBench) writeRound(ctx context.Context, i int) (vmgate, raw float64, err error) {
-	const vm, pa, pb = "vm1", benchGuestDir + "/written-vmgate", benchGuestDir + "/written-raw"
+	const pa, pb = benchGuestDir + "/written-vmgate", benchGuestDir + "/written-raw"
 	err = order(i, func() (err error) {
-		vmgate, err = rate(benchFileSize>>20, func() error {
-			for off := int64(0); off < benchFileSize; off += benchRange {
-				o := guestctl.WriteOptions{CreateMode: 0o644}
-				if off > 0 {
-					o.Offset = &off
-				}
-				if _, err := fb.h.FileWrite(ctx, vm, pa, fb.data[off:off+benchRange], o); err != nil {
-					return fmt.Errorf("12b: %w", err)
-				}
-			}
-			return nil
-		})
+		vmgate, err = rate(benchFileSize>>20, func() error { return fb.toolWrite(ctx, pa) })
 		if err == nil {
 			err = fb.rawExec(ctx, nil, "rm", "-f", pa) // untimed, and room for the other
 		}
@@ -257,15 +284,35 @@ func (fb *fileBench) writeRound(ctx context.Context, i int) (vmgate, raw float64
 	return vmgate, raw, err
 }
 
+// toolWrite writes fb.data to p through vm_file_write: the first range
+// whole, the others appended.
+func (fb *fileBench) toolWrite(ctx context.Context, p string) error {
+	for off := 0; off < len(fb.data); off += benchWriteRange {
+		b64 := base64.StdEncoding.EncodeToString(fb.data[off:min(off+benchWriteRange, len(fb.data))])
+		how := ""
+		if off > 0 {
+			how = `,"append":true`
+		}
+		if _, err := fb.srv.client.callTool(ctx, "vm_file_write", fmt.Sprintf(`{"vm":"lab/vm1","path":%q,"content_base64":%q%s}`, p, b64, how)); err != nil {
+			return fmt.Errorf("12b: at %d: %w", off, err)
+		}
+	}
+	return nil
+}
+
 func (fb *fileBench) archiveRound(ctx context.Context, i int) (vmgate, raw float64, err error) {
-	const vm, pa, pb = "vm1", benchGuestDir + "/tree-vmgate", benchGuestDir + "/tree-raw"
+	const pa, pb = benchGuestDir + "/tree-vmgate", benchGuestDir + "/tree-raw"
 	err = order(i, func() (err error) {
 		vmgate, err = rate(benchTreeFiles, func() error {
-			w, err := fb.h.ArchiveWrite(ctx, vm, pa, fb.tree, guestctl.ArchiveWriteOptions{Create: true})
-			if err == nil && (w.Written != benchTreeFiles+50 || w.Refused != 0) {
-				err = fmt.Errorf("wrote %d entries, refused %d; want %d", w.Written, w.Refused, benchTreeFiles+50)
+			r, err := fb.srv.client.callTool(ctx, "vm_archive_write", fmt.Sprintf(`{"vm":"lab/vm1","path":%q,"content_base64":%q,"create":true}`, pa, fb.tree))
+			if err != nil {
+				return err
 			}
-			return err
+			var w struct{ Written, Refused int }
+			if err := json.Unmarshal(r.StructuredContent, &w); err != nil || w.Written != benchTreeFiles+50 || w.Refused != 0 {
+				return fmt.Errorf("wrote %d entries, refused %d (%v); want %d", w.Written, w.Refused, err, benchTreeFiles+50)
+			}
+			return nil
 		})
 		if err == nil {
 			err = fb.rawExec(ctx, nil, "rm", "-rf", pa)
@@ -278,7 +325,7 @@ func (fb *fileBench) archiveRound(ctx context.Context, i int) (vmgate, raw float
 		if err := fb.rawExec(ctx, nil, "mkdir", "-p", pb); err != nil {
 			return err
 		}
-		raw, err = rate(benchTreeFiles, func() error { return fb.rawExec(ctx, fb.tree, "tar", "-x", "-C", pb) })
+		raw, err = rate(benchTreeFiles, func() error { return fb.rawExec(ctx, fb.raw0, "tar", "-x", "-C", pb) })
 		if err == nil {
 			err = fb.rawExec(ctx, nil, "rm", "-rf", pb)
 		}

@@ -4,6 +4,7 @@
 // Grant "files" follows no symlink; grant "follow" lets reads follow them,
 // and the policy decides again on the real path.
 import { test } from 'node:test';
+import { createHash } from 'node:crypto';
 import assert from 'node:assert/strict';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
@@ -83,6 +84,47 @@ test('with follow_symlinks the policy decides on the real path', { skip: missing
       assert.equal(res.structuredContent.path, `${D}/plain`);
       assert.equal(res.structuredContent.requested_path, `${D}/inside`);
     });
+  } finally {
+    await client.close();
+  }
+});
+
+// A 16 MiB range is more than one message carries (the SDK's stdio client
+// drops its connection on a message over 10 MiB): the server answers with
+// the part that fits, truncated, saying where to read on, with progress in
+// bytes on the way; read on, the ranges reassemble the file, whose SHA-256
+// the guest reports (hash, length 0).
+test('a range larger than one message comes back in parts the SDK reads', { skip: missingEnv }, async () => {
+  const client = await connect('files');
+  try {
+    const path = `${D}/big`;
+    const whole = await ok(client, 'vm_file_read', { vm: env.vm, path, length: 0, hash: true });
+    assert.equal(whole.structuredContent.size, 16 << 20);
+    const h = createHash('sha256');
+    let offset = 0;
+    let first = true;
+    for (;;) {
+      const seen = [];
+      const res = await client.callTool({ name: 'vm_file_read', arguments: { vm: env.vm, path, offset, length: 16 << 20 } }, undefined,
+        { timeout: 300_000, onprogress: (p) => seen.push(p) });
+      assert.equal(res.isError ?? false, false, text(res));
+      const sc = res.structuredContent;
+      const data = Buffer.from(sc.content_base64, 'base64');
+      assert.equal(data.length, sc.bytes);
+      if (first) {
+        assert.ok(sc.bytes < 8 << 20 && sc.truncated && !sc.eof, `first range: ${sc.bytes} bytes, truncated ${sc.truncated}; want under 8 MiB, truncated`);
+        assert.match(text(res), new RegExp(`message limit\\); read on with offset ${sc.bytes}`));
+        for (let i = 1; i < seen.length; i++) {
+          assert.ok(seen[i].progress > seen[i - 1].progress, `progress ${JSON.stringify(seen)}; want increasing`);
+        }
+        first = false;
+      }
+      h.update(data);
+      offset += sc.bytes;
+      if (sc.eof) break;
+    }
+    assert.equal(offset, 16 << 20);
+    assert.equal(h.digest('hex'), whole.structuredContent.sha256);
   } finally {
     await client.close();
   }

@@ -46,6 +46,7 @@ printf plain > $D/plain
 ln -s /root/vmgate-e2e-secret $D/link
 ln -s /etc/passwd $D/passwd
 ln -s $D/plain $D/inside
+head -c 16777216 /dev/urandom > $D/big
 sha256sum /etc/passwd /root/vmgate-e2e-secret`
 
 // filesAfter is what the guest must show after files.test.mjs: the link

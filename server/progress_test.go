@@ -126,14 +126,15 @@ func TestProgressCarriesTheHandlersReport(t *testing.T) {
 }
 
 // stdioPipe serves s over stdio as grant for the test: send writes one
-// message, lines reads what the server writes.
+// message, lines reads what the server writes (up to 64 MiB a line: file
+// results of the message limit).
 func stdioPipe(t *testing.T, s *Server, grant string) (send func(msg string), lines *bufio.Scanner) {
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	go func() { serveStdio(context.Background(), s, grant, inR, outW); outW.Close() }()
 	t.Cleanup(func() { inW.Close() })
 	lines = bufio.NewScanner(outR)
-	lines.Buffer(nil, 1<<20)
+	lines.Buffer(nil, 64<<20)
 	return func(msg string) {
 		t.Helper()
 		if _, err := io.WriteString(inW, msg+"\n"); err != nil {

@@ -100,6 +100,9 @@ func (s *Server) refuseMalformed(ctx context.Context, c *Conn, raw []byte, cause
 	if peek.Method == string(mcp.MethodToolsCall) || jsonrpc.MayBeToolsCall(raw) {
 		rec := audit.Record{Kind: audit.KindDecision, CallID: rand.Text(), Grant: c.Grant.Name, Transport: c.Transport, Tool: catalog.Truncate(peek.Tool, 128)}
 		rec.Reason = fmt.Sprintf("malformed tools/call of %d bytes", len(raw))
+		if len(raw) > s.limits.MaxMessageBytes {
+			why += tooLargeAdvice(peek.Tool)
+		}
 		r := invalidArg("rejected: " + why)
 		if id == nil {
 			s.record(ctx, rec, r)
@@ -111,4 +114,15 @@ func (s *Server) refuseMalformed(ctx context.Context, c *Conn, raw []byte, cause
 		return verdict{reply: jsonrpc.ErrorReply(nil, mcp.PARSE_ERROR, "parse error: "+why)}
 	}
 	return verdict{reply: jsonrpc.ErrorReply(id, mcp.INVALID_REQUEST, "invalid request: "+why)}
+}
+
+// tooLargeAdvice says how a tool's data goes in messages within the limit.
+func tooLargeAdvice(tool string) string {
+	switch tool {
+	case "vm_file_write":
+		return "; write the data in ranges of about 6 MiB (base64 within the limit): the first whole, the others with append or offset"
+	case "vm_archive_write":
+		return "; send the tree as several tars (one per subdirectory), or gzip it"
+	}
+	return ""
 }

@@ -88,7 +88,8 @@ func (g *fakeGuest) driver() *hypervisortest.Fake {
 			g.mu.Lock()
 			defer g.mu.Unlock()
 			g.next++
-			if len(req.Argv) > 2 && req.Argv[1] == "--out" { // data output: inline (replyData)
+			// Data flags: output inline (replyData), input from staged pieces.
+			for len(req.Argv) > 2 && (req.Argv[1] == "--out" || req.Argv[1] == "--in") {
 				req.Argv = append([]string{req.Argv[0]}, req.Argv[3:]...)
 			}
 			g.argvs = append(g.argvs, req.Argv)

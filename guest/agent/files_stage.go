@@ -302,7 +302,7 @@ func (d *dataIO) writer(op string, max int64) *dataSink {
 }
 
 // dataSink collects a command's data output: in memory (inline, and auto
-// until wire.InlineMax) or in staging files of at most wire.PieceBytes.
+// until wire.InlineMax) or in staging files of at most wire.PieceCap.
 type dataSink struct {
 	a      *Agent
 	op     string
@@ -348,12 +348,12 @@ func (s *dataSink) spill() error {
 
 func (s *dataSink) stage(p []byte) error {
 	for len(p) > 0 {
-		if s.cur == nil || s.curN == wire.PieceBytes {
+		if s.cur == nil || s.curN == wire.PieceCap(len(s.pieces)-1) {
 			if err := s.next(); err != nil {
 				return err
 			}
 		}
-		n := min(int64(len(p)), wire.PieceBytes-s.curN)
+		n := min(int64(len(p)), wire.PieceCap(len(s.pieces)-1)-s.curN)
 		if _, err := s.cur.Write(p[:n]); err != nil {
 			return fileErr(s.op, s.cur.Name(), err)
 		}

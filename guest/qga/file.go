@@ -86,10 +86,17 @@ func (a Agent) FileRead(ctx context.Context, path string, maxBytes int64) (data 
 			BufB64 string `json:"buf-b64"`
 			EOF    bool   `json:"eof"`
 		}
+		// The last chunk of a file of exactly maxBytes asks for the one
+		// byte more with it: qemu-ga then reports EOF on that read, and no
+		// further round trip asks for the byte alone.
+		count, rest := int64(a.chunkBytes()), want-int64(len(data))
+		if rest <= count+1 {
+			count = rest
+		}
 		args := struct {
 			Handle int64 `json:"handle"`
 			Count  int64 `json:"count"`
-		}{h, min(int64(a.chunkBytes()), want-int64(len(data)))}
+		}{h, count}
 		if err := a.Caller.Call(ctx, "guest-file-read", args, &r); err != nil {
 			return nil, false, err
 		}

@@ -29,6 +29,8 @@ import (
 type ArchiveReadOptions struct {
 	Gzip   bool
 	Limits ArchiveLimits // zero values: the defaults
+	// Progress, when set, is told the bytes moved as pieces move (Command.Progress).
+	Progress func(done, total int64)
 }
 
 // ArchiveRead archives the directory p names (opened following no
@@ -49,7 +51,7 @@ func (h *Helper) ArchiveRead(ctx context.Context, vm, p string, o ArchiveReadOpt
 	}
 	maxTar := lim.MaxBytes + int64(lim.MaxEntries+2)*2048
 	var out ArchiveRead
-	data, err := h.callData(ctx, vm, Command{Op: op, Args: args, Out: true, MaxOut: maxTar, MaxReply: 1 << 20, Timeout: archiveTimeout(lim.MaxBytes)}, &out)
+	data, err := h.callData(ctx, vm, Command{Op: op, Args: args, Out: true, MaxOut: maxTar, MaxReply: 1 << 20, Timeout: archiveTimeout(lim.MaxBytes), Progress: o.Progress}, &out)
 	if err != nil {
 		return ArchiveRead{}, nil, err
 	}
@@ -71,6 +73,8 @@ type ArchiveWriteOptions struct {
 	Create       bool          // create the directory (its parent must exist)
 	// Skip are the indexes of entries the policy refused (ArchiveList).
 	Skip []int
+	// Progress, when set, is told the bytes moved as pieces move (Command.Progress).
+	Progress func(done, total int64)
 }
 
 // maxSkipArg bounds --skip's length (it travels in the command line).
@@ -107,7 +111,7 @@ func (h *Helper) ArchiveWrite(ctx context.Context, vm, p string, data []byte, o 
 		args = append(args, "--skip", skip)
 	}
 	var out ArchiveWritten
-	_, err := h.callData(ctx, vm, Command{Op: op, Args: args, In: data, MaxReply: int64(lim.MaxEntries)*1024 + 1<<20, Timeout: archiveTimeout(int64(len(data)))}, &out)
+	_, err := h.callData(ctx, vm, Command{Op: op, Args: args, In: data, MaxReply: int64(lim.MaxEntries)*1024 + 1<<20, Timeout: archiveTimeout(int64(len(data))), Progress: o.Progress}, &out)
 	return out, err
 }
 

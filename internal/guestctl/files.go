@@ -63,6 +63,8 @@ type WriteOptions struct {
 	ExpectSHA256 string
 	// Hash: FileWritten.SHA256 is the file's hash after the write.
 	Hash bool
+	// Progress, when set, is told the bytes moved as pieces move (Command.Progress).
+	Progress func(done, total int64)
 }
 
 // fileTimeout bounds a file command: a minute plus one per 4 MiB.
@@ -141,7 +143,7 @@ func (h *Helper) FileWrite(ctx context.Context, vm, p string, data []byte, o Wri
 		return FileWritten{}, err
 	}
 	var out FileWritten
-	_, err = h.callData(ctx, vm, Command{Op: "file write", Args: args, In: data, MaxReply: 1 << 16, Timeout: fileTimeout(int64(len(data)))}, &out)
+	_, err = h.callData(ctx, vm, Command{Op: "file write", Args: args, In: data, MaxReply: 1 << 16, Timeout: fileTimeout(int64(len(data))), Progress: o.Progress}, &out)
 	return out, err
 }
 
@@ -202,6 +204,8 @@ type ReadOptions struct {
 	// Hash: FileRead.SHA256 is the whole file's hash, read in the same
 	// pass as the range.
 	Hash bool
+	// Progress, when set, is told the bytes moved as pieces move (Command.Progress).
+	Progress func(done, total int64)
 }
 
 // FileReadRange reads [o.Offset, o.Offset+o.Length) of the regular file p
@@ -221,7 +225,7 @@ func (h *Helper) FileReadRange(ctx context.Context, vm, p string, o ReadOptions)
 		args = append(args, "--hash")
 	}
 	var out FileRead
-	data, err := h.callData(ctx, vm, Command{Op: op, Args: args, Out: true, MaxOut: o.Length, MaxReply: 1 << 16, Timeout: fileTimeout(o.Length)}, &out)
+	data, err := h.callData(ctx, vm, Command{Op: op, Args: args, Out: true, MaxOut: o.Length, MaxReply: 1 << 16, Timeout: fileTimeout(o.Length), Progress: o.Progress}, &out)
 	if err != nil {
 		return FileRead{}, err
 	}

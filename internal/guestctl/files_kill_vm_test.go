@@ -69,13 +69,14 @@ func waitAgent(t *testing.T, ctx context.Context, d hypervisor.Driver, vm string
 }
 
 // TestLabWriteAgentStopped kills qemu-ga (the lab guest's init restarts
-// it) once 4 MiB of a 20 MiB write are staged in the guest.
+// it) once a staging piece of a 20 MiB write holds 2 MiB (pieces are of
+// wire.SmallPieceBytes, 4 MiB: the kill comes in the middle of one).
 func TestLabWriteAgentStopped(t *testing.T) {
 	h, _ := labHelper(t, "cg")
 	ctx := testCtx(t, 10*time.Minute)
 	old := victimSetup(t, ctx, h, "cg")
 	watcher := `while :; do for f in /var/lib/vmgate/xfer/x-*; do
-		[ -f "$f" ] && [ "$(wc -c < "$f")" -gt 4194304 ] && { echo "killing qemu-ga at $(wc -c < "$f") bytes" >/dev/console; kill -9 $(pidof qemu-ga); exit 0; }
+		[ -f "$f" ] && [ "$(wc -c < "$f")" -gt 2097152 ] && { echo "killing qemu-ga at $(wc -c < "$f") bytes" >/dev/console; kill -9 $(pidof qemu-ga); exit 0; }
 	done; sleep 0.05 2>/dev/null || sleep 1; done`
 	if _, err := h.d.ExecStart(ctx, "cg", hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", watcher}}); err != nil {
 		t.Fatal(err)
@@ -108,7 +109,7 @@ func (s *stageSpy) FileWrite(ctx context.Context, vm, path string, data []byte, 
 
 // TestLabWritePluginKilled runs the QEMU driver as a plugin process (this
 // test binary, as `vmgate plugin qemu`) and kills it with SIGKILL when the
-// second 16 MiB piece of a 20 MiB write is about to go: the first is in
+// second piece (4 MiB) of a 20 MiB write is about to go: the first is in
 // the guest, the file is not touched.
 func TestLabWritePluginKilled(t *testing.T) {
 	v := labtest.VM(t, "cg")

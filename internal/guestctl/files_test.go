@@ -73,7 +73,7 @@ func (g *fileGuest) driver() *hypervisortest.Fake {
 // stage gave, and write takes it --in from there. No exec ever carries more
 // than StdinMax of stdin (Proxmox relays at most 64 KiB).
 func TestFileWriteStagesLargeData(t *testing.T) {
-	for _, n := range []int{0, 10, StdinMax, StdinMax + 1, 5 << 20} {
+	for _, n := range []int{0, 10, StdinMax, StdinMax + 1, wire.SmallPieceBytes} { // the largest: one piece
 		g := &fileGuest{written: map[string][]byte{}}
 		h := New(g.driver(), fixedBinaries{})
 		data := bytes.Repeat([]byte{'z'}, n)

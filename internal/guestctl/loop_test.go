@@ -254,8 +254,8 @@ func TestLoopStagingFails(t *testing.T) {
 		return nil
 	}
 	_, err := h.FileWrite(context.Background(), "vm", p, pattern(40<<20), WriteOptions{CreateMode: 0o644})
-	if !errors.Is(err, hypervisor.ErrAgentUnavailable) || !strings.Contains(err.Error(), "piece 2 of 3") {
-		t.Errorf("FileWrite with a failing file channel = %v; want the agent's failure, at piece 2 of 3", err)
+	if !errors.Is(err, hypervisor.ErrAgentUnavailable) || !strings.Contains(err.Error(), "piece 2 of 10") {
+		t.Errorf("FileWrite with a failing file channel = %v; want the agent's failure, at piece 2 of 10 (4 MiB each)", err)
 	}
 	if b, _ := os.ReadFile(p); string(b) != "old" {
 		t.Errorf("file after the failed write holds %d bytes; want old", len(b))

@@ -36,6 +36,18 @@ type Command struct {
 	MaxReply int64
 	// Timeout bounds the command in the guest; 0 is CommandTimeout.
 	Timeout time.Duration
+	// Progress, when set, is told the bytes of data moved so far and the
+	// total as pieces of In or of the output move (done increases; the
+	// total of the output is known once the command replied). A transport
+	// calls it from the goroutine of Call.
+	Progress func(done, total int64)
+}
+
+// moved reports done of total to c.Progress, if any.
+func (c *Command) moved(done, total int64) {
+	if c.Progress != nil {
+		c.Progress(done, total)
+	}
 }
 
 // Reply is a command's JSON reply line and its data output.
@@ -82,7 +94,7 @@ func (t *execTransport) Call(ctx context.Context, vm string, c Command) (Reply, 
 	var staged []wire.Piece
 	if len(c.In) > StdinMax {
 		var err error
-		if staged, err = t.stageIn(ctx, vm, c.Op, c.In); err != nil {
+		if staged, err = t.stageIn(ctx, vm, &c); err != nil {
 			return Reply{}, err
 		}
 		args = append([]string{"--in", pieceList(staged)}, args...)
@@ -131,30 +143,42 @@ func pieceList(ps []wire.Piece) string {
 	return strings.Join(s, ",")
 }
 
-// stageIn puts data into the guest as staging files of at most
-// wire.PieceBytes: file stage makes them (private to vmgate-guest), the
-// driver's file channel fills them.
-func (t *execTransport) stageIn(ctx context.Context, vm, op string, data []byte) ([]wire.Piece, error) {
-	n := (len(data) + wire.PieceBytes - 1) / wire.PieceBytes
-	if n > wire.MaxPieces {
-		return nil, invalid(op, "%d bytes of data: more than %d pieces of %d", len(data), wire.MaxPieces, wire.PieceBytes)
+// stageIn puts c.In into the guest as staging files of wire.PieceCap
+// bytes: file stage makes them (private to vmgate-guest, in a directory
+// no one else may enter), the driver's file channel fills them.
+func (t *execTransport) stageIn(ctx context.Context, vm string, c *Command) ([]wire.Piece, error) {
+	data := c.In
+	var sizes []int64
+	for rest := int64(len(data)); rest > 0; {
+		n := min(rest, wire.PieceCap(len(sizes)))
+		sizes, rest = append(sizes, n), rest-n
 	}
+	if len(sizes) > wire.MaxPieces {
+		return nil, invalid(c.Op, "%d bytes of data: more than %d pieces", len(data), wire.MaxPieces)
+	}
+	n := len(sizes)
 	var made []FileInfo
 	if err := t.h.call(ctx, vm, "file stage", []string{"file", "stage", "--count", strconv.Itoa(n)}, nil, 0, 1<<20, &made); err != nil {
 		return nil, err
 	}
 	pieces := make([]wire.Piece, 0, n)
+	var off int64
+	c.moved(0, int64(len(data)))
 	for i, f := range made {
 		if !stagePath.MatchString(f.Path) || len(made) != n {
-			t.unstage(ctx, vm, op, pieces)
+			t.unstage(ctx, vm, c.Op, pieces)
 			return nil, &ReplyError{Op: "file stage", Cause: fmt.Errorf("staging path %q (%d of %d) is not one of vmgate-guest's", f.Path, len(made), n)}
 		}
-		piece := data[i*wire.PieceBytes : min(len(data), (i+1)*wire.PieceBytes)]
+		piece := data[off : off+sizes[i]]
 		pieces = append(pieces, wire.Piece{Path: f.Path, Bytes: int64(len(piece))})
-		if err := t.h.d.FileWrite(ctx, vm, f.Path, piece, 0o600); err != nil {
-			t.unstage(ctx, vm, op, stagedPieces(made))
-			return nil, fmt.Errorf("helper: %s: staging %d bytes (piece %d of %d): %w", op, len(data), i+1, n, err)
+		// Mode 0: the file stays as file stage made it (0600, in a
+		// directory private to root), and no driver runs a chmod for it.
+		if err := t.h.d.FileWrite(ctx, vm, f.Path, piece, 0); err != nil {
+			t.unstage(ctx, vm, c.Op, stagedPieces(made))
+			return nil, fmt.Errorf("helper: %s: staging %d bytes (piece %d of %d): %w", c.Op, len(data), i+1, n, err)
 		}
+		off += sizes[i]
+		c.moved(off, int64(len(data)))
 	}
 	return pieces, nil
 }
@@ -194,6 +218,7 @@ func (t *execTransport) dataOut(ctx context.Context, vm string, c Command, d *wi
 		return nil, bad("staged pieces of %d bytes and %d inline; the reply says %d", total, len(inline), d.Bytes)
 	}
 	out := make([]byte, 0, total)
+	c.moved(0, total)
 	for i, p := range d.Staged {
 		fc, err := t.h.d.FileRead(ctx, vm, p.Path, max(p.Bytes, 1))
 		if err != nil {
@@ -205,6 +230,7 @@ func (t *execTransport) dataOut(ctx context.Context, vm string, c Command, d *wi
 			return nil, bad("staged piece %s holds %d bytes; the reply says %d", p.Path, len(fc.Data), p.Bytes)
 		}
 		out = append(out, fc.Data...)
+		c.moved(int64(len(out)), total)
 	}
 	return out, nil
 }

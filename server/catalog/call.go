@@ -44,9 +44,51 @@ type Call struct {
 	Progress *Progress
 }
 
-// Progress is what a running call last reported of itself. Safe for
-// concurrent use; the zero value holds nothing.
-type Progress struct{ msg atomic.Pointer[string] }
+// Progress is what a running call last reported of itself: a line, and
+// for a call that moves data, the bytes moved of how many. Safe for
+// concurrent use; the zero value holds nothing (NewProgress's also wakes
+// a reporter when bytes move).
+type Progress struct {
+	msg   atomic.Pointer[string]
+	bytes atomic.Pointer[[2]int64] // done, total
+	moved chan struct{}            // a token when bytes moved since the reporter last looked
+}
+
+// NewProgress is a Progress whose Moved channel says when bytes moved.
+func NewProgress() *Progress { return &Progress{moved: make(chan struct{}, 1)} }
+
+// Bytes reports that done of total bytes have moved (files, archives: as
+// their pieces move). done should not decrease; a reporter sends only
+// increases.
+func (p *Progress) Bytes(done, total int64) {
+	if p == nil {
+		return
+	}
+	p.bytes.Store(&[2]int64{done, total})
+	select {
+	case p.moved <- struct{}{}:
+	default:
+	}
+}
+
+// Moved reports the bytes last reported; ok is false before any.
+func (p *Progress) Moved() (done, total int64, ok bool) {
+	if p == nil {
+		return 0, 0, false
+	}
+	if b := p.bytes.Load(); b != nil {
+		return b[0], b[1], true
+	}
+	return 0, 0, false
+}
+
+// Wake receives a token after Bytes (nil, never ready, for a zero Progress).
+func (p *Progress) Wake() <-chan struct{} {
+	if p == nil {
+		return nil
+	}
+	return p.moved
+}
 
 // Report makes msg what the call's next progress notification says.
 func (p *Progress) Report(msg string) {

@@ -138,14 +138,27 @@ func runArchiveRead(e *catalog.Env, c *catalog.Call, a *archiveReadArgs) catalog
 	}
 	rules := c.FileRules()
 	lim := guestctl.ArchiveLimits{MaxBytes: rules.MaxArchiveBytes, MaxEntries: rules.MaxEntries}
+	// One result carries the tar (budget.go): its files' content is bounded
+	// by that too, unless gzip may shrink them.
+	maxTar := catalog.Base64Budget(e.ResultBudget())
+	capped := !a.Gzip && maxTar < lim.MaxBytes
+	if capped {
+		lim.MaxBytes = maxTar
+	}
 	c.Progress.Report("archiving " + p)
-	ar, tarball, err := h.ArchiveRead(c.Ctx, c.Name, p, guestctl.ArchiveReadOptions{Gzip: a.Gzip, Limits: lim})
+	ar, tarball, err := h.ArchiveRead(c.Ctx, c.Name, p, guestctl.ArchiveReadOptions{Gzip: a.Gzip, Limits: lim, Progress: bytesMoved(c)})
 	if err != nil {
+		if capped && isLimit(err, "content past") {
+			return tarTooLarge(e, p, a.Gzip, err)
+		}
 		return fileFailure(err)
 	}
 	tarball, cut, r := filterRead(newEntryPolicy(e, c), tarball, ar.Path, lim, rules.RefuseDeniedEntries)
 	if r != nil {
 		return *r
+	}
+	if int64(len(tarball)) > maxTar {
+		return tarTooLarge(e, p, a.Gzip, fmt.Errorf("archive read: a tar of %d bytes", len(tarball)))
 	}
 	sum := sha256.Sum256(tarball)
 	out := map[string]any{"path": ar.Path, "entries": ar.Entries - len(cut), "bytes": ar.Bytes, "gzip": ar.Gzip,
@@ -237,7 +250,7 @@ func runArchiveWrite(e *catalog.Env, c *catalog.Call, a *archiveWriteArgs) catal
 	c.Progress.Report(fmt.Sprintf("writing %d entries (%d bytes) into %s", len(entries), len(data), a.Path))
 	aw, err := h.ArchiveWrite(c.Ctx, c.Name, a.Path, data, guestctl.ArchiveWriteOptions{
 		Limits: lim, SpecialBits: rules.SpecialBits, Devices: rules.Devices, SymlinksOut: rules.SymlinksOut,
-		AllOrNothing: a.AllOrNothing, DryRun: a.DryRun, Create: a.Create, Skip: skip,
+		AllOrNothing: a.AllOrNothing, DryRun: a.DryRun, Create: a.Create, Skip: skip, Progress: bytesMoved(c),
 	})
 	if err != nil {
 		return fileFailure(err)

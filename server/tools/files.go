@@ -38,7 +38,7 @@ func fileReadTool(l catalog.Limits) *catalog.Tool {
 			{Name: "path", Kind: catalog.KindString, Desc: "Absolute, clean path in the guest (no \".\", \"..\", \"//\" or trailing \"/\").", Required: true, MaxLen: 4096, GuestPath: true},
 			{Name: "max_bytes", Kind: catalog.KindInteger, Desc: fmt.Sprintf("Read at most this many bytes from the start; the server caps it at %d. For more, give offset and length instead.", l.MaxOutputBytes), Min: 1, Max: math.MaxInt64},
 			{Name: "offset", Kind: catalog.KindInteger, Desc: "Where the range starts, in bytes (default 0; at most 2^62); at or past the end reads nothing, with eof.", Min: 0, Max: maxOffset},
-			{Name: "length", Kind: catalog.KindInteger, Desc: fmt.Sprintf("The most to read from offset; the policy caps one range (files.max_read_bytes, default %d). 0 with hash reads only the hash.", policy.DefaultMaxReadBytes), Min: 0, Max: math.MaxInt64},
+			{Name: "length", Kind: catalog.KindInteger, Desc: fmt.Sprintf("The most to read from offset; the policy caps one range (files.max_read_bytes, default %d), and one result carries at most %d bytes (base64 of binary data: about %d): a longer range comes back shorter, truncated, saying where to read on. 0 with hash reads only the hash.", policy.DefaultMaxReadBytes, l.MaxMessageBytes, catalog.Base64Budget(int64(l.MaxMessageBytes)-catalog.ResultSlack)), Min: 0, Max: math.MaxInt64},
 			{Name: "hash", Kind: catalog.KindBoolean, Desc: "Also return sha256, the whole file's SHA-256 (read in the same pass)."},
 		},
 		Output: []map[string]any{catalog.OObject(map[string]any{
@@ -93,13 +93,14 @@ func (a *fileReadArgs) CheckArgs() error {
 }
 
 // readOptions is the range to read: length capped by the policy, or
-// max_bytes capped by the server's output cap.
-func (a *fileReadArgs) readOptions(e *catalog.Env, rules policy.FileRules) guestctl.ReadOptions {
+// max_bytes capped by the server's output cap; and then by what one
+// result carries (budget.go). wanted is the length before that last cap.
+func (a *fileReadArgs) readOptions(e *catalog.Env, rules policy.FileRules) (o guestctl.ReadOptions, wanted int64) {
 	n := min(e.OutputCap(a.MaxBytes), wire.MaxFileReadBytes)
 	if a.Length != nil {
 		n = min(*a.Length, rules.MaxReadBytes, wire.MaxReadLength)
 	}
-	return guestctl.ReadOptions{Offset: a.Offset, Length: n, Hash: a.Hash}
+	return guestctl.ReadOptions{Offset: a.Offset, Length: min(n, catalog.Base64Budget(e.ResultBudget())), Hash: a.Hash}, n
 }
 
 func runFileRead(e *catalog.Env, c *catalog.Call, a *fileReadArgs) catalog.Result {
@@ -110,10 +111,13 @@ func runFileRead(e *catalog.Env, c *catalog.Call, a *fileReadArgs) catalog.Resul
 	if r != nil {
 		return *r
 	}
-	fr, err := h.FileReadRange(c.Ctx, c.Name, p, a.readOptions(e, c.FileRules()))
+	o, wanted := a.readOptions(e, c.FileRules())
+	o.Progress = bytesMoved(c)
+	fr, err := h.FileReadRange(c.Ctx, c.Name, p, o)
 	if err != nil {
 		return fileFailure(err)
 	}
+	fitText(e, &fr)
 	out := map[string]any{"path": fr.Path, "bytes": len(fr.Data), "truncated": fr.Truncated, "mode": fr.Mode, "mode_octal": octalMode(fr.Mode), "size": fr.Size,
 		"offset": fr.Offset, "eof": fr.EOF}
 	if fr.Path != a.Path {
@@ -132,8 +136,11 @@ func runFileRead(e *catalog.Env, c *catalog.Call, a *fileReadArgs) catalog.Resul
 	if fr.Offset != 0 || a.Length != nil {
 		text = fmt.Sprintf("(bytes %d..%d of %d)\n", fr.Offset, fr.Offset+int64(len(fr.Data)), fr.Size) + text
 	}
-	if fr.Truncated {
-		text += fmt.Sprintf("\n(truncated: the file goes on; read on with offset %d)", fr.Offset+int64(len(fr.Data)))
+	switch next := fr.Offset + int64(len(fr.Data)); {
+	case fr.Truncated && int64(len(fr.Data)) < wanted:
+		text += "\n(truncated: " + messageNote(e, next) + ")"
+	case fr.Truncated:
+		text += fmt.Sprintf("\n(truncated: the file goes on; read on with offset %d)", next)
 	}
 	if fr.SHA256 != "" {
 		text += "\nsha256 " + fr.SHA256
@@ -213,6 +220,7 @@ func runFileWrite(e *catalog.Env, c *catalog.Call, a *fileWriteArgs) catalog.Res
 	if r != nil {
 		return *r
 	}
+	o.Progress = bytesMoved(c)
 	fw, err := h.FileWrite(c.Ctx, c.Name, p, data, o)
 	if err != nil {
 		return fileFailure(err)

@@ -46,6 +46,15 @@ const (
 	// moves as several, so no message of the driver's file channel carries
 	// more.
 	PieceBytes = 16 << 20
+	// SmallPieceBytes is what the first SmallPieces staging files of a
+	// command hold (the host's and the guest's alike): a piece is the step
+	// in which a transfer's progress is reported, so a 16 MiB range moves
+	// in four; larger data goes on in pieces of PieceBytes, so that
+	// MaxPieces still carry gigabytes. Reading or writing a piece costs an
+	// open and a close of the file channel on top of its data (a few
+	// milliseconds on a lab guest).
+	SmallPieceBytes = 4 << 20
+	SmallPieces     = 256
 	// MaxPieces bounds the staging files one command takes or makes.
 	MaxPieces = 1024
 	// InlineMax is where --out auto switches from data after the reply
@@ -55,6 +64,14 @@ const (
 	// as exec output (qemu-ga gathers output 4 KiB at a time).
 	InlineMax = 256 << 10
 )
+
+// PieceCap is the most the i-th staging piece (from 0) of one command holds.
+func PieceCap(i int) int64 {
+	if i < SmallPieces {
+		return SmallPieceBytes
+	}
+	return PieceBytes
+}
 
 // Limits of dir list.
 const (

@@ -1,0 +1,50 @@
+package catalog
+
+import "unicode/utf8"
+
+// Results that carry data are bounded by the message limit
+// (Limits.MaxMessageBytes, 8 MiB by default), the same bound the
+// server puts on what it reads: the official MCP SDK's stdio client drops
+// its connection on a message over 10 MiB (its read buffer's default), so
+// a result over the limit would not arrive at all. A ranged read that would
+// not fit comes back shorter, truncated, saying where to read on; an
+// archive that would not fit is refused, saying how to take it in parts.
+
+// ResultSlack is what a result holds besides its data: the JSON-RPC and
+// tools/call envelope, the structured fields, the short text.
+const ResultSlack = 64 << 10
+
+// ResultBudget is the most data bytes one result's encoding may take.
+func (e *Env) ResultBudget() int64 {
+	return max(int64(e.Limits.MaxMessageBytes)-ResultSlack, 4<<10)
+}
+
+// Base64Budget is the most raw bytes whose base64 fits budget bytes.
+func Base64Budget(budget int64) int64 { return budget / 4 * 3 }
+
+// jsonCost is how many bytes r takes in a JSON string as encoding/json
+// writes it (HTML characters and line separators escaped as \uXXXX).
+func jsonCost(r rune) int64 {
+	switch {
+	case r == '"' || r == '\\' || r == '\n' || r == '\r' || r == '\t':
+		return 2
+	case r < 0x20 || r == '<' || r == '>' || r == '&' || r == '\u2028' || r == '\u2029':
+		return 6
+	}
+	return int64(utf8.RuneLen(r))
+}
+
+// TextFits is how many bytes of text (valid UTF-8) fit budget when the
+// result carries them copies times (a text read is both the result's text
+// and its structured content): all of it, or a prefix ending on a whole
+// character.
+func TextFits(text []byte, copies, budget int64) int {
+	var cost int64
+	for i, r := range string(text) {
+		cost += copies * jsonCost(r)
+		if cost > budget {
+			return i
+		}
+	}
+	return len(text)
+}
