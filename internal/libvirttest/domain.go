@@ -83,7 +83,8 @@ type Domain struct {
 	Persistent bool
 	// SerialLog is the guest console.
 	SerialLog string
-	// QEMUPID is the domain's QEMU process.
+	// QEMUPID is the domain's QEMU process, as the test process sees it
+	// (0 when it was not found).
 	QEMUPID int
 
 	handle golibvirt.Domain
@@ -235,7 +236,8 @@ func (d *Daemons) Boot(ctx context.Context, spec Spec, kernel, initrd string) (_
 	if err != nil {
 		return nil, fmt.Errorf("libvirttest: boot %s: %w\n%s", spec.Name, err, d.Logs())
 	}
-	dom.QEMUPID = readPID(filepath.Join(d.Dir, "run", "qemu", spec.Name+".pid")) // the private /run/libvirt/qemu
+	// The private /run/libvirt/qemu; the pid there is one of libvirtd's PID namespace.
+	dom.QEMUPID = d.hostPID(readPID(filepath.Join(d.Dir, "run", "qemu", spec.Name+".pid")))
 
 	ctx, cancel := context.WithTimeout(ctx, BootTimeout)
 	defer cancel()
