@@ -14,6 +14,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/redistest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/policy/store/redis"
 )
 
@@ -60,7 +61,7 @@ func TestVMQuotaReplicas(t *testing.T) {
 		cfgs = append(cfgs, s)
 		procs = append(procs, startServe(t, s.cfg))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var mu sync.Mutex
 	outcomes := map[string]int{}

@@ -17,6 +17,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
@@ -80,7 +81,7 @@ func TestLabWriteAgentStopped(t *testing.T) {
 	if _, err := h.d.ExecStart(ctx, "cg", hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", watcher}}); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 90*time.Second) // the write in flight waits for its deadline
+	wctx, cancel := testload.WithTimeout(ctx, 90*time.Second) // the write in flight waits for its deadline
 	defer cancel()
 	_, err := h.FileWrite(wctx, "cg", killDir+"/victim", randomData(20<<20, 7), WriteOptions{CreateMode: 0o644})
 	if err == nil {

@@ -64,6 +64,8 @@ import (
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
+
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // The binaries the helper starts, looked up on PATH.
@@ -74,7 +76,8 @@ const (
 
 // ReadyTimeout bounds the wait for libvirtd to answer an API call after its
 // start (4–5 s cold on an idle machine, under 1 s once its capabilities
-// cache exists; much more on a loaded one).
+// cache exists; much more on a loaded one, so the wait scales it with the
+// machine's load: package testload).
 const ReadyTimeout = 60 * time.Second
 
 // Daemons is a running virtlogd + libvirtd pair. Its methods are safe for
@@ -338,7 +341,7 @@ func (d *Daemons) start(name string, argv ...string) (p *process, err error) {
 
 // waitFor polls ready until it succeeds, p exits, ctx ends or ReadyTimeout passes.
 func waitFor(ctx context.Context, what string, p *process, ready func() error) error {
-	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
+	ctx, cancel := testload.WithTimeout(ctx, ReadyTimeout)
 	defer cancel()
 	wait := 20 * time.Millisecond
 	for {
@@ -351,7 +354,7 @@ func waitFor(ctx context.Context, what string, p *process, ready func() error) e
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("libvirttest: waiting for %s: %w (last: %v)", what, ctx.Err(), err)
+			return fmt.Errorf("libvirttest: waiting for %s: %w (last: %v)", what, context.Cause(ctx), err)
 		case <-time.After(wait):
 		}
 		wait = min(wait*2, 500*time.Millisecond)

@@ -17,6 +17,8 @@ import (
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/digitalocean/go-libvirt/socket/dialers"
+
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // BootTimeout bounds one domain's boot to its first agent answer (5–7 s on
@@ -239,7 +241,7 @@ func (d *Daemons) Boot(ctx context.Context, spec Spec, kernel, initrd string) (_
 	// The private /run/libvirt/qemu; the pid there is one of libvirtd's PID namespace.
 	dom.QEMUPID = d.hostPID(readPID(filepath.Join(d.Dir, "run", "qemu", spec.Name+".pid")))
 
-	ctx, cancel := context.WithTimeout(ctx, BootTimeout)
+	ctx, cancel := testload.WithTimeout(ctx, BootTimeout)
 	defer cancel()
 	wait := 50 * time.Millisecond
 	for {
@@ -250,7 +252,7 @@ func (d *Daemons) Boot(ctx context.Context, spec Spec, kernel, initrd string) (_
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("libvirttest: boot %s: no agent answer: %w (last: %v); console: %s",
-				spec.Name, ctx.Err(), err, tailFile(dom.SerialLog, 1500))
+				spec.Name, context.Cause(ctx), err, tailFile(dom.SerialLog, 1500))
 		case <-time.After(wait):
 		}
 		wait = min(wait*2, time.Second)
