@@ -18,15 +18,20 @@ import (
 	"github.com/vmgate/vmgate/policy/store/redis"
 )
 
-// quotaPolicy: at most 3 VMs alive on the whole deployment, leases of 90 s.
-const quotaPolicy = `{
+// quotaPolicy: at most 3 VMs alive on the whole deployment, leases of
+// ttl (whole seconds).
+func quotaPolicy(ttl time.Duration) string {
+	return strings.ReplaceAll(quotaPolicyText, "TTL", fmt.Sprintf("%ds", int(ttl.Seconds())))
+}
+
+const quotaPolicyText = `{
   "version": "1",
   "default": "deny",
   "tools": {
     "list_vms": {},
     "vm_create": {
       "limits": [ { "counter": "fleet_vms", "kind": "quota", "max": 3, "scope": "global" } ],
-      "lease": { "default_ttl": "90s", "max_ttl": "90s" }
+      "lease": { "default_ttl": "TTL", "max_ttl": "TTL" }
     },
     "vm_delete": {}
   }
@@ -50,12 +55,17 @@ func TestVMQuotaReplicas(t *testing.T) {
 	ghost := &lab.VM{Name: "ghost", QMPSocket: filepath.Join(t.TempDir(), "qmp.sock"), QGASocket: filepath.Join(t.TempDir(), "qga.sock")}
 	templates := fmt.Sprintf("templates:\n  - name: lab\n    backend: lab\n    source: {image: %q}\n    memory_mb: {default: 128}\n", img.Dir)
 	token, prefix := newToken(), "chaos-"+newToken()[:8]+":"
+	// The leases must outlast the creates and both kills (they start when
+	// a VM has booted, the boots run together), and the test then waits
+	// for them to end: 45 s on an idle machine (CI: the whole test took
+	// 127 s with 90 s leases), longer on a busy one.
+	policy := quotaPolicy(testload.Scale(45 * time.Second))
 	var cfgs []setup
 	var procs []*serveProc
 	for range 2 {
 		s := writeConfig(t, configOpts{
 			store: "redis", redisURL: "redis://" + addr, prefix: prefix,
-			grants: []grantSpec{{name: "agent", token: token, policy: quotaPolicy}},
+			grants: []grantSpec{{name: "agent", token: token, policy: policy}},
 			vms:    []*lab.VM{ghost}, labDir: labDir, templates: templates,
 		})
 		cfgs = append(cfgs, s)
