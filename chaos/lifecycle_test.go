@@ -55,11 +55,13 @@ func TestVMQuotaReplicas(t *testing.T) {
 	ghost := &lab.VM{Name: "ghost", QMPSocket: filepath.Join(t.TempDir(), "qmp.sock"), QGASocket: filepath.Join(t.TempDir(), "qga.sock")}
 	templates := fmt.Sprintf("templates:\n  - name: lab\n    backend: lab\n    source: {image: %q}\n    memory_mb: {default: 128}\n", img.Dir)
 	token, prefix := newToken(), "chaos-"+newToken()[:8]+":"
-	// The leases must outlast the creates and both kills (they start when
-	// a VM has booted, the boots run together), and the test then waits
-	// for them to end: 45 s on an idle machine (CI: the whole test took
-	// 127 s with 90 s leases), longer on a busy one.
-	policy := quotaPolicy(testload.Scale(45 * time.Second))
+	// The leases must outlast the creates and both kills (a lease starts
+	// when its VM has booted; the boots run together), and the test then
+	// waits for them to end: 45 s on an idle machine plus 15 s per unit of
+	// load factor above 1 (CI: the whole test took 127 s with 90 s leases;
+	// at load 12 on two cores, leases scaled in full, 45 s × 6, made it
+	// 364 s).
+	policy := quotaPolicy(30*time.Second + time.Duration(testload.Factor()*float64(15*time.Second)))
 	var cfgs []setup
 	var procs []*serveProc
 	for range 2 {
