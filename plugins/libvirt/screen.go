@@ -133,14 +133,8 @@ func (d *Driver) screenshotStream(ctx context.Context, h golibvirt.Domain, stall
 		return "", nil, fmt.Errorf("connection to libvirtd failed: %w", err)
 	}
 	var closeOnce sync.Once
-	defer closeOnce.Do(func() { c.Disconnect() })
-	// A stalled or abandoned stream's connection is disconnected without
-	// waiting: go-libvirt can deadlock there, its reader holding the
-	// callbacks' lock while it hands the stream's last packet to a call
-	// that has stopped reading, and Disconnect (a request first) waits for
-	// that lock forever. The connection then stays open, unused, until
-	// the process ends.
-	disconnect := func() { closeOnce.Do(func() { go c.Disconnect() }) }
+	disconnect := func() { closeOnce.Do(func() { c.Disconnect() }) }
+	defer disconnect()
 	sc, ok := c.(screenConn)
 	if !ok {
 		return "", nil, errors.New("this connection has no screenshots")
