@@ -13,8 +13,8 @@ const run = promisify(execFile);
 
 // loadFactor scales the tests' failure deadlines with the machine's load:
 // the Go test that starts node passes its testload factor (1 on an idle
-// machine, at most 8).
-export const loadFactor = Math.min(Math.max(Number(process.env.VMGATE_TEST_LOAD_FACTOR) || 1, 1), 8);
+// machine, at most 4).
+export const loadFactor = Math.min(Math.max(Number(process.env.VMGATE_TEST_LOAD_FACTOR) || 1, 1), 4);
 
 // scaled returns ms (a deadline for an idle machine) times loadFactor.
 export function scaled(ms) {

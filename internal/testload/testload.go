@@ -38,9 +38,12 @@ import (
 )
 
 // MaxFactor caps the load factor: no deadline grows beyond MaxFactor times
-// its base. At load 30–40 on two cores a lab VM boots about this much
-// slower than on an idle machine.
-const MaxFactor = 8
+// its base. Measured on 2026-12-03 at load 10–17 on two cores: lab VMs
+// booted in 14–29 s (6–8 s idle) and internal/guestctl's tests took
+// 1,140 s (569 s on CI), so 2–4× in all; and a wait for a VM that will
+// never answer (its libvirtd gone) took base × factor to fail: 8× a
+// 5-minute power wait was 40 minutes, 4× is 20.
+const MaxFactor = 4
 
 // SampleEvery is how often a waiting context measures the load again.
 const SampleEvery = 5 * time.Second
