@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // The body flood's figures (issue 29, finding 5). The server reads at
@@ -253,7 +254,7 @@ func TestBodyFlood(t *testing.T) {
 	// or a connection cut before the answer was read, is tried again, for
 	// up to 30 s).
 	served := func(name, tok string, body []byte, want string) {
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(testload.Scale(30 * time.Second))
 		for {
 			var tl bodyTally
 			postOnce(ctx, p.url, tok, body, &tl)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/redistest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/server/operator"
@@ -137,7 +138,7 @@ func TestFailover(t *testing.T) {
 	}
 	start := time.Now()
 	rig := startFailoverRig(t, max)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	if err := rig.approvalAcrossReplicas(ctx); err != nil {
 		t.Fatal(err)
@@ -504,7 +505,7 @@ func (fl *failoverLoad) run(ctx context.Context, t *testing.T) (failoverTimes, e
 	fl.start(ctx, true)
 	select {
 	case <-fl.halfway:
-	case <-time.After(60 * time.Second):
+	case <-time.After(testload.Scale(60 * time.Second)):
 		return tl, fmt.Errorf("%d of %d agent calls allowed before the kill after 60 s", fl.agentOK.Load(), fl.rig.max/2)
 	}
 	d := fl.rig.d

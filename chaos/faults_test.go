@@ -18,6 +18,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
 	"github.com/vmgate/vmgate/internal/redistest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
@@ -51,8 +52,10 @@ func faultServer(t *testing.T, o configOpts) (*serveProc, *httpClient, setup) {
 }
 
 // until calls f every 250 ms until it returns nil or d passed.
+// until calls f until it succeeds or d (for an idle machine, scaled with
+// its load) has passed, and returns f's last error.
 func until(d time.Duration, f func() error) error {
-	deadline := time.Now().Add(d)
+	deadline := time.Now().Add(testload.Scale(d))
 	for {
 		err := f()
 		if err == nil || time.Now().After(deadline) {
@@ -208,7 +211,7 @@ func TestFaults(t *testing.T) {
 		h := pluginhost.New(pluginhost.Options{Registry: pluginhost.Registered(), Executable: vmgateBin, MinBackoff: 50 * time.Millisecond})
 		defer h.Close()
 		cfg, _ := json.Marshal(qemu.Settings{VMs: []qemu.VMSettings{{Name: vm1, QMP: v1.QMPSocket, QGA: v1.QGASocket}}})
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		ctx, cancel := testload.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		d, err := h.Launch(ctx, pluginhost.Spec{Driver: "qemu", Backend: "lab", Config: cfg})
 		if err != nil {

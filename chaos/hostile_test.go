@@ -17,6 +17,7 @@ import (
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // hostileDir is the corpus, at the repository root.
@@ -469,7 +470,7 @@ func stdioExchange(sc *stdioClient, body []byte, n int, wantReply bool) (reply, 
 // fails t.
 func guestRun(t *testing.T, vm *lab.VM, argv ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := testload.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	c := qga.New(vm.QGASocket)
 	defer c.Close()

@@ -14,18 +14,24 @@ import (
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/redistest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/policy/store/redis"
 )
 
-// quotaPolicy: at most 3 VMs alive on the whole deployment, leases of 90 s.
-const quotaPolicy = `{
+// quotaPolicy: at most 3 VMs alive on the whole deployment, leases of
+// ttl (whole seconds).
+func quotaPolicy(ttl time.Duration) string {
+	return strings.ReplaceAll(quotaPolicyText, "TTL", fmt.Sprintf("%ds", int(ttl.Seconds())))
+}
+
+const quotaPolicyText = `{
   "version": "1",
   "default": "deny",
   "tools": {
     "list_vms": {},
     "vm_create": {
       "limits": [ { "counter": "fleet_vms", "kind": "quota", "max": 3, "scope": "global" } ],
-      "lease": { "default_ttl": "90s", "max_ttl": "90s" }
+      "lease": { "default_ttl": "TTL", "max_ttl": "TTL" }
     },
     "vm_delete": {}
   }
@@ -49,18 +55,25 @@ func TestVMQuotaReplicas(t *testing.T) {
 	ghost := &lab.VM{Name: "ghost", QMPSocket: filepath.Join(t.TempDir(), "qmp.sock"), QGASocket: filepath.Join(t.TempDir(), "qga.sock")}
 	templates := fmt.Sprintf("templates:\n  - name: lab\n    backend: lab\n    source: {image: %q}\n    memory_mb: {default: 128}\n", img.Dir)
 	token, prefix := newToken(), "chaos-"+newToken()[:8]+":"
+	// The leases must outlast the creates and both kills (a lease starts
+	// when its VM has booted; the boots run together), and the test then
+	// waits for them to end: 45 s on an idle machine plus 15 s per unit of
+	// load factor above 1 (CI: the whole test took 127 s with 90 s leases;
+	// at load 12 on two cores, leases scaled in full, 45 s × 6, made it
+	// 364 s).
+	policy := quotaPolicy(30*time.Second + time.Duration(testload.Factor()*float64(15*time.Second)))
 	var cfgs []setup
 	var procs []*serveProc
 	for range 2 {
 		s := writeConfig(t, configOpts{
 			store: "redis", redisURL: "redis://" + addr, prefix: prefix,
-			grants: []grantSpec{{name: "agent", token: token, policy: quotaPolicy}},
+			grants: []grantSpec{{name: "agent", token: token, policy: policy}},
 			vms:    []*lab.VM{ghost}, labDir: labDir, templates: templates,
 		})
 		cfgs = append(cfgs, s)
 		procs = append(procs, startServe(t, s.cfg))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var mu sync.Mutex
 	outcomes := map[string]int{}

@@ -16,6 +16,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // loadPolicy lets every tool through with limits tight enough that the load
@@ -187,7 +188,7 @@ func mix(ctx context.Context, c caller, vm string, worker int, tl *tally) {
 		}
 		// A call once sent runs to its reply: the end of the run does not
 		// cut it off, so every decision record has a client that saw it.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		cctx, cancel := testload.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		r, err := c.call(cctx, tool, args)
 		cancel()
 		tl.add(r, err)
@@ -264,7 +265,7 @@ func (s *stdioCaller) call(ctx context.Context, tool string, args any) (reply, e
 	select {
 	case r := <-ch:
 		return r, nil
-	case <-time.After(2 * time.Minute):
+	case <-time.After(testload.Scale(2 * time.Minute)):
 		s.forget(key)
 		return reply{}, fmt.Errorf("chaos: stdio: no reply to %s within 2 min", tool)
 	case <-ctx.Done():

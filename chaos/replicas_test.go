@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/redistest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // replicaPolicy: one budget of 10 calls a minute for the whole deployment.
@@ -45,7 +46,7 @@ func TestReplicas(t *testing.T) {
 		logs = append(logs, s.auditLog)
 		procs = append(procs, startServe(t, s.cfg))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	ctx, cancel := testload.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
 	tl := newTally()
 	var wg sync.WaitGroup

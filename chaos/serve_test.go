@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
@@ -200,7 +201,7 @@ func launchServe(cfg string) (*serveProc, error) {
 		return p, nil
 	case <-p.done:
 		return nil, fmt.Errorf("chaos: vmgate serve exited (%v) before serving:\n%s", p.err, p.stderr.String())
-	case <-time.After(60 * time.Second):
+	case <-time.After(testload.Scale(60 * time.Second)):
 		p.kill()
 		return nil, fmt.Errorf("chaos: vmgate serve printed no URL within 60 s:\n%s", p.stderr.String())
 	}
@@ -222,7 +223,7 @@ func (p *serveProc) stop() error {
 			return fmt.Errorf("chaos: vmgate serve exited with %v:\n%s", p.err, tail(p.stderr.String(), 40))
 		}
 		return nil
-	case <-time.After(45 * time.Second):
+	case <-time.After(testload.Scale(45 * time.Second)):
 		p.kill()
 		return fmt.Errorf("chaos: vmgate serve did not stop within 45 s of SIGTERM")
 	}
@@ -244,7 +245,7 @@ var metricsLine = regexp.MustCompile(`serving metrics" url=(http://127\.0\.0\.1:
 // metricsURL waits up to 30 s for the metrics URL a server started with
 // configOpts.metrics logs.
 func (p *serveProc) metricsURL() (string, error) {
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testload.Scale(30 * time.Second))
 	for {
 		if m := metricsLine.FindStringSubmatch(p.stderr.String()); m != nil {
 			return m[1], nil
@@ -396,7 +397,7 @@ func qmp(ctx context.Context, sock, command string) error {
 
 // runVMGate runs a vmgate subcommand and returns its combined output.
 func runVMGate(args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := testload.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, vmgateBin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -14,7 +14,7 @@ import Ajv from 'ajv';
 import addFormats from 'ajv-formats';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { env, missingEnv, TAGS, text, auditRecords } from './lib.mjs';
+import { env, missingEnv, TAGS, text, auditRecords, scaled } from './lib.mjs';
 
 // The annotations every tool must have: destructive when it can change a
 // guest, idempotent when a repeat changes nothing more, open-world when it
@@ -84,7 +84,7 @@ class Agent {
   }
 
   async call(name, args) {
-    const res = await this.client.callTool({ name, arguments: args }, undefined, { timeout: 120_000 });
+    const res = await this.client.callTool({ name, arguments: args }, undefined, { timeout: scaled(120_000) });
     const what = `${name}(${JSON.stringify(args)})`;
     assert.ok(res.structuredContent, `${what} = ${text(res)}: no structuredContent`);
     const valid = this.validators[name];

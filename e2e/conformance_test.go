@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // conformanceDir holds the official MCP conformance suite and the Node 22
@@ -184,7 +185,7 @@ var ansi = regexp.MustCompile(`\x1b\[[0-9;]*m`)
 func (s conformanceSuite) run(t *testing.T, url, token, scenario string) (int, []conformanceCheck) {
 	t.Helper()
 	results := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, s.node, "--import", s.bearer, s.entry, "server", "--url", url, "--scenario", scenario, "--output-dir", results)
 	cmd.Dir = results

@@ -23,6 +23,7 @@ import (
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 const vmName = "e2e"
@@ -311,10 +312,11 @@ backends:
 // runNode runs one Node test file and fails t if it fails.
 func runNode(t *testing.T, node string, env []string, file string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=spec", file)
-	cmd.Env = env
+	// lib.mjs scales the scenario's deadlines by the same load factor.
+	cmd.Env = append(env[:len(env):len(env)], fmt.Sprintf("VMGATE_TEST_LOAD_FACTOR=%.2f", testload.Factor()))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -379,7 +381,7 @@ func startHTTPServer(t *testing.T, bin, cfgPath string) (string, func()) {
 				if err != nil {
 					t.Errorf("vmgate serve --http exited with %v", err)
 				}
-			case <-time.After(30 * time.Second):
+			case <-time.After(testload.Scale(30 * time.Second)):
 				_ = cmd.Process.Kill()
 				<-done
 				t.Errorf("vmgate serve --http did not stop within 30 s of SIGTERM")
@@ -393,7 +395,7 @@ func startHTTPServer(t *testing.T, bin, cfgPath string) (string, func()) {
 	select {
 	case u := <-found:
 		return u, stop
-	case <-time.After(60 * time.Second):
+	case <-time.After(testload.Scale(60 * time.Second)):
 		stop()
 		t.Fatalf("vmgate serve --http printed no URL within 60 s")
 	}
@@ -404,7 +406,7 @@ func startHTTPServer(t *testing.T, bin, cfgPath string) (string, func()) {
 // vmgate) and returns its stdout; a non-zero exit fails t.
 func guestRun(t *testing.T, vm *lab.VM, argv ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := testload.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	c := qga.New(vm.QGASocket)
 	defer c.Close()

@@ -6,7 +6,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
   env, missingEnv, TAGS, vmgate, auditRecords, checkToolList, checkListVMs, checkExec,
-  checkKillRateLimit, checkApproval, checkBadInputs,
+  checkKillRateLimit, checkApproval, checkBadInputs, scaled,
 } from './lib.mjs';
 
 const skip = missingEnv || (!env.url || !env.token ? 'VMGATE_E2E_URL and VMGATE_E2E_TOKEN are set by `go test ./e2e`' : false);
@@ -66,7 +66,7 @@ test('vmgate over streamable HTTP with the MCP SDK', { skip }, async (t) => {
     await t.test('vmgate call --url against the same server', async () => {
       const { execFile } = await import('node:child_process');
       const run = (args, extraEnv) => new Promise((resolve) => {
-        execFile(env.bin, args, { env: { ...process.env, ...extraEnv }, timeout: 60_000 }, (err, stdout, stderr) =>
+        execFile(env.bin, args, { env: { ...process.env, ...extraEnv }, timeout: scaled(60_000) }, (err, stdout, stderr) =>
           resolve({ code: err ? err.code : 0, stdout, stderr }));
       });
       let r = await run(['call', 'vm_agent_exec', '--url', env.url, '--token-env', 'E2E_TOKEN', '--args', JSON.stringify({ vm: env.vm, command: ['echo', 'via call'] })], { E2E_TOKEN: env.token });

@@ -11,6 +11,16 @@ import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 
 const run = promisify(execFile);
 
+// loadFactor scales the tests' failure deadlines with the machine's load:
+// the Go test that starts node passes its testload factor (1 on an idle
+// machine, at most 4).
+export const loadFactor = Math.min(Math.max(Number(process.env.VMGATE_TEST_LOAD_FACTOR) || 1, 1), 4);
+
+// scaled returns ms (a deadline for an idle machine) times loadFactor.
+export function scaled(ms) {
+  return Math.round(ms * loadFactor);
+}
+
 export const env = {
   bin: process.env.VMGATE_BIN,
   config: process.env.VMGATE_E2E_CONFIG,
@@ -43,7 +53,7 @@ export function text(res) {
 }
 
 // call runs one tools/call and returns the result (tool errors included).
-export async function call(client, name, args, timeout = 120_000) {
+export async function call(client, name, args, timeout = scaled(120_000)) {
   return client.callTool({ name, arguments: args }, undefined, { timeout });
 }
 
@@ -74,7 +84,7 @@ export async function connectStdio(grant, name) {
 
 // vmgate runs the vmgate binary (approvals, audit) and returns stdout.
 export async function vmgate(...args) {
-  const { stdout } = await run(env.bin, args, { timeout: 60_000 });
+  const { stdout } = await run(env.bin, args, { timeout: scaled(60_000) });
   return stdout;
 }
 

@@ -6,7 +6,7 @@
 // the host.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { env, TAGS, call, ok, text, assertTag, connectStdio } from './lib.mjs';
+import { env, TAGS, call, ok, text, assertTag, connectStdio, scaled } from './lib.mjs';
 
 const template = process.env.VMGATE_E2E_TEMPLATE;
 // backend is the backend of the template (lab: the QEMU lab; virt: libvirt);
@@ -30,7 +30,7 @@ async function created(client) {
   return res.structuredContent.vms.filter((v) => v.created);
 }
 
-test('vm_create, exec, quota, vm_delete, lease end', { skip, timeout: 15 * 60_000 }, async () => {
+test('vm_create, exec, quota, vm_delete, lease end', { skip, timeout: scaled(15 * 60_000) }, async () => {
   const client = await connectStdio('local', 'vmgate-e2e-lifecycle');
   try {
     const { tools } = await client.listTools();

@@ -13,6 +13,7 @@ import (
 	"github.com/vmgate/vmgate/config"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // ocrHelperEnv, set, makes the test binary read a PNG on stdin and print
@@ -25,7 +26,7 @@ func ocrMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	text, err := hypervisortest.OCR(ctx, png)
 	if err != nil {

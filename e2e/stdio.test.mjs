@@ -6,7 +6,7 @@ import { spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import {
   env, missingEnv, TAGS, vmgate, auditRecords, checkToolList, checkListVMs, checkExec,
-  checkKillRateLimit, checkApproval, checkBadInputs, connectStdio,
+  checkKillRateLimit, checkApproval, checkBadInputs, connectStdio, scaled,
 } from './lib.mjs';
 
 const connect = () => connectStdio('local', 'vmgate-e2e');
@@ -30,7 +30,7 @@ async function rawSession(lines) {
   });
   for (const l of lines) child.stdin.write(l.raw + '\n');
   let timer;
-  const timeout = new Promise((_, reject) => { timer = setTimeout(() => reject(new Error('no replies within 60 s')), 60_000); });
+  const timeout = new Promise((_, reject) => { timer = setTimeout(() => reject(new Error(`no replies within ${scaled(60_000) / 1000} s`)), scaled(60_000)); });
   try {
     await Promise.race([done, timeout]);
   } finally {

@@ -18,6 +18,7 @@ import (
 	"github.com/vmgate/vmgate/config"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit"
 	"github.com/vmgate/vmgate/policy/replay"
@@ -221,7 +222,7 @@ func checkTailSawAll(t *testing.T, a *auditTail, log string) {
 	if err != nil || len(want) < 40 {
 		t.Fatalf("the log of the real run: %d records of agentside, %v; want 40 or more", len(want), err)
 	}
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(testload.Scale(time.Minute))
 	for {
 		a.mu.Lock()
 		got := slices.Clone(a.lines)

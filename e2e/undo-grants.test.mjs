@@ -23,7 +23,7 @@ import { promisify } from 'node:util';
 import { readFile, writeFile } from 'node:fs/promises';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { env, missingEnv, TAGS, text, call, ok, assertTag, vmgate, auditRecords } from './lib.mjs';
+import { env, missingEnv, TAGS, text, call, ok, assertTag, vmgate, auditRecords, scaled } from './lib.mjs';
 
 const run = promisify(execFile);
 const e = process.env;
@@ -88,7 +88,7 @@ async function savevm(sock, name) {
 // tryVmgate runs the vmgate binary and reports its exit instead of throwing.
 async function tryVmgate(...args) {
   try {
-    const { stdout } = await run(env.bin, args, { timeout: 600_000 });
+    const { stdout } = await run(env.bin, args, { timeout: scaled(600_000) });
     return { ok: true, out: stdout };
   } catch (err) {
     return { ok: false, out: (err.stdout ?? '') + (err.stderr ?? '') };

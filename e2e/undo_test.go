@@ -17,6 +17,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/qmp"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // undoPolicy is the policy of the grant "undo" (undo.test.mjs): an exec
@@ -165,7 +166,7 @@ backends:
 // dropUndoSnapshots deletes the undo snapshots left on a lab VM (straight
 // on QMP: no grant may), so that later tests find the disk as before.
 func dropUndoSnapshots(t *testing.T, sock string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	raw, err := qmp.Call(ctx, sock, "query-block", nil)
 	if err != nil {

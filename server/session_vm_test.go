@@ -16,6 +16,7 @@ import (
 	"github.com/vmgate/vmgate/internal/guestctl"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/plugins/qemu"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/audit/audittest"
@@ -98,7 +99,7 @@ func labServer(t *testing.T) (*fixture, hypervisor.Driver) {
 // guestSh runs a shell line in the lab VM straight through the driver.
 func guestSh(t *testing.T, d hypervisor.Driver, line string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	res, err := hypervisor.Run(ctx, d, "srv", hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", line}, Timeout: 50 * time.Second})
 	if err != nil {

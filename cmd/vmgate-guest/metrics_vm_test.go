@@ -16,6 +16,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
@@ -74,7 +75,7 @@ func TestGuestMetricsMoveUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	data, err := os.ReadFile(binary)
 	if err != nil {
@@ -104,12 +105,12 @@ func TestGuestMetricsMoveUnderLoad(t *testing.T) {
 	// The hogs go with the VM, which labtest stops after the tests; the
 	// CPU hog is killed now so the guest is quiet for any later test.
 	t.Cleanup(func() {
-		cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
+		cctx, ccancel := testload.WithTimeout(context.Background(), time.Minute)
 		defer ccancel()
 		hypervisor.Run(cctx, d, "gm", hypervisor.ExecRequest{Argv: append([]string{"kill", "-9"}, pids...)})
 	})
 	var busy wire.Metrics
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(testload.Scale(2 * time.Minute))
 	for {
 		busy = guestMetrics(t, ctx, d)
 		if busy.CPU.Percent >= 80 && busy.Memory.UsedBytes >= idle.Memory.UsedBytes+48<<20 {

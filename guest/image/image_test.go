@@ -17,6 +17,7 @@ import (
 
 	"github.com/vmgate/vmgate/guest/image"
 	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // requireTools skips when the Debian tools the build needs are absent,
@@ -92,7 +93,7 @@ func readCpio(t *testing.T, file string) map[string]cpioEntry {
 
 func TestBuild(t *testing.T) {
 	requireTools(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	state, cache := filepath.Join(t.TempDir(), "state"), sharedCache(t) // Build makes state
 	src := filepath.Join(t.TempDir(), "helper")

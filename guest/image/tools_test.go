@@ -20,6 +20,7 @@ import (
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 func TestMain(m *testing.M) {
@@ -85,7 +86,7 @@ func patchedBusybox(t *testing.T) string {
 // stderr. A run longer than a minute fails the test.
 func run(t *testing.T, dir, bin string, args ...string) (code int, sig syscall.Signal, stdout, stderr string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + dir}
@@ -197,7 +198,7 @@ func TestLabGuestTools(t *testing.T) {
 	c := qga.New(vm.QGASocket)
 	defer c.Close()
 	agent := qga.Agent{Caller: c}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sh := func(script string) qga.ExecStatus {
 		t.Helper()

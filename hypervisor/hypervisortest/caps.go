@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // The checks of the optional capabilities that read (Network, Metrics);
@@ -292,7 +293,7 @@ func describeMetrics(m hypervisor.VMMetrics) string {
 func checkMetricsUnknownVM(t testing.TB, h Harness) {
 	requireCapability(t, h, "hypervisor metrics", hasMetrics)
 	mr, _ := hypervisor.AsMetricsReader(h.Driver)
-	ctx, cancel := context.WithTimeout(context.Background(), h.callTimeout())
+	ctx, cancel := testload.WithTimeout(context.Background(), h.callTimeout())
 	defer cancel()
 	if _, err := mr.VMMetrics(ctx, h.unknownVM()); !errors.Is(err, hypervisor.ErrUnknownVM) {
 		t.Errorf("VMMetrics(%q) error %v; want %v", h.unknownVM(), err, hypervisor.ErrUnknownVM)

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // OCR reads the text of a screenshot with tesseract (Debian's
@@ -95,7 +96,7 @@ func ResumeAgentByConsole(h Harness) func(t testing.TB) {
 		if !ok {
 			t.Fatalf("ResumeAgentByConsole: the driver cannot write the console")
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), h.callTimeout())
+		ctx, cancel := testload.WithTimeout(context.Background(), h.callTimeout())
 		defer cancel()
 		if err := cw.ConsoleWrite(ctx, h.VM, []byte("kill -CONT $(pidof "+agentName+")\n")); err != nil {
 			t.Fatalf("ConsoleWrite(%q, kill -CONT) error: %v", h.VM, err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // RunPower runs the power suite against h.VM, which the calling test must
@@ -37,18 +38,18 @@ func RunPower(t *testing.T, h Harness) {
 // cond reports what it saw, for the failure message.
 func waitFor(t testing.TB, h Harness, what string, cond func(ctx context.Context) (bool, string)) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), h.powerTimeout())
+	ctx, cancel := testload.WithTimeout(context.Background(), h.powerTimeout())
 	defer cancel()
 	var b hypervisor.Backoff
 	for {
-		callCtx, callCancel := context.WithTimeout(ctx, 30*time.Second)
+		callCtx, callCancel := testload.WithTimeout(ctx, 30*time.Second)
 		ok, saw := cond(callCtx)
 		callCancel()
 		if ok {
 			return
 		}
 		if b.Sleep(ctx, 0) != nil {
-			t.Fatalf("waiting %v for %s: last saw %s", h.powerTimeout(), what, saw)
+			t.Fatalf("waiting for %s: %v: last saw %s", what, context.Cause(ctx), saw)
 		}
 	}
 }
@@ -108,7 +109,7 @@ func checkPowerReset(t testing.TB, h Harness) { checkBootWait(t, h, hypervisor.P
 // checkBootWait performs action (reset or reboot) through PowerWait and
 // checks that it returned in the new boot, and said so.
 func checkBootWait(t testing.TB, h Harness, action hypervisor.PowerAction) {
-	ctx, cancel := context.WithTimeout(context.Background(), h.powerTimeout())
+	ctx, cancel := testload.WithTimeout(context.Background(), h.powerTimeout())
 	defer cancel()
 	before, err := bootID(ctx, h)
 	if err != nil {
@@ -152,7 +153,7 @@ func checkPowerStopStart(t testing.TB, h Harness) {
 		}
 		return st.State == hypervisor.StateStopped, fmt.Sprintf("state %q", st.State)
 	})
-	runCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	runCtx, cancel := testload.WithTimeout(context.Background(), 30*time.Second)
 	res, err := hypervisor.Run(runCtx, h.Driver, h.VM, hypervisor.ExecRequest{Argv: []string{"/bin/echo", "x"}})
 	cancel()
 	if err == nil {

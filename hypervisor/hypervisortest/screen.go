@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // The checks of the screen, keyboard and console capabilities (Run's
@@ -352,7 +353,7 @@ func RunConsoleBoot(t *testing.T, h Harness) {
 	t.Helper()
 	h.validate(t)
 	requireCapability(t, h, "console read", hasConsoleRead)
-	ctx, cancel := context.WithTimeout(context.Background(), h.powerTimeout())
+	ctx, cancel := testload.WithTimeout(context.Background(), h.powerTimeout())
 	defer cancel()
 	before, err := bootID(h.ctx(t), h)
 	if err != nil {

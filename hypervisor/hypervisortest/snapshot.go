@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // RunSnapshots runs the snapshot suite against h.VM, which the calling test
@@ -75,7 +76,7 @@ func takeSnapshot(t testing.TB, h Harness, s hypervisor.Snapshotter, req hypervi
 		t.Fatalf("SnapshotCreate(%q, %+v) error: %v", h.VM, req, err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), h.callTimeout())
+		ctx, cancel := testload.WithTimeout(context.Background(), h.callTimeout())
 		defer cancel()
 		if err := s.SnapshotDelete(ctx, h.VM, req.Name); err != nil && !errors.Is(err, hypervisor.ErrSnapshotNotFound) {
 			t.Logf("deleting snapshot %s of %s: %v", req.Name, h.VM, err)
@@ -162,7 +163,7 @@ func checkSnapshotRevert(t testing.TB, h Harness) {
 		f := files{kept: dir + "/hypervisortest-snap-kept-" + randHex(t), added: dir + "/hypervisortest-snap-added-" + randHex(t)}
 		paths = append(paths, f)
 		t.Cleanup(func() {
-			cctx, cancel := context.WithTimeout(context.Background(), h.callTimeout())
+			cctx, cancel := testload.WithTimeout(context.Background(), h.callTimeout())
 			defer cancel()
 			_, _ = hypervisor.Run(cctx, h.Driver, h.VM, hypervisor.ExecRequest{Argv: []string{"rm", "-f", "--", f.kept, f.added}})
 		})
@@ -273,7 +274,7 @@ func checkSnapshotIdentity(t testing.TB, h Harness) {
 	}
 	added := h.dir() + "/hypervisortest-snap-id-" + randHex(t)
 	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), h.callTimeout())
+		cctx, cancel := testload.WithTimeout(context.Background(), h.callTimeout())
 		defer cancel()
 		_, _ = hypervisor.Run(cctx, h.Driver, h.VM, hypervisor.ExecRequest{Argv: []string{"rm", "-f", "--", added}})
 	})

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // Harness says what the suite runs against.
@@ -49,6 +50,8 @@ type Harness struct {
 	// the Cwd check; empty means "/tmp". Files the suite creates there are
 	// removed afterwards.
 	Dir string
+	// CallTimeout and PowerTimeout are for an idle machine: the waits
+	// scale them with its load (package testload).
 	// CallTimeout bounds each check's calls; zero means 2 minutes (TCG guests
 	// are slow). It is a bound against hangs, not a speed requirement.
 	CallTimeout time.Duration
@@ -116,7 +119,7 @@ func (h Harness) powerTimeout() time.Duration {
 // ctx returns a context bounded by the harness's call timeout, cancelled
 // when the check ends.
 func (h Harness) ctx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), h.callTimeout())
+	ctx, cancel := testload.WithTimeout(context.Background(), h.callTimeout())
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -460,7 +463,9 @@ func procGone(t testing.TB, h Harness, pid int64) bool {
 	// Prints the process's state letter, or nothing when there is none.
 	script := `s=$(cat /proc/$1/stat 2>/dev/null) || exit 0; s=${s##*) }; echo "${s%% *}"`
 	req := hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", script, "sh", strconv.FormatInt(pid, 10)}}
-	deadline := time.Now().Add(5 * time.Second)
+	// 5 s scaled with the load, but well under the 30 s the checks'
+	// commands would live if nothing killed them.
+	deadline := time.Now().Add(min(testload.Scale(5*time.Second), 15*time.Second))
 	var b hypervisor.Backoff
 	for {
 		res := run(t, h, req)
@@ -503,13 +508,20 @@ func checkTimeoutStartPoll(t testing.TB, h Harness) {
 	wantTimedOut(t, h, req, res, time.Since(start))
 }
 
+// killedWithin bounds a run whose timeout (1–2 s) kills a command that
+// would otherwise last 30 s: 15 s, scaled with the machine's load but kept
+// under 25 s, so that a driver that waits for the command still fails.
+func killedWithin() time.Duration {
+	return min(testload.Scale(15*time.Second), 25*time.Second)
+}
+
 func wantTimedOut(t testing.TB, h Harness, req hypervisor.ExecRequest, res hypervisor.ExecResult, took time.Duration) {
 	t.Helper()
 	if !res.TimedOut {
 		t.Errorf("Run(%q) with Timeout 1s: TimedOut false (exit %d, signal %d); want true", req.Argv, res.ExitCode, res.Signal)
 	}
 	// A correctness bound (the timeout fired at all), not a speed claim.
-	if took >= 15*time.Second {
+	if took >= killedWithin() {
 		t.Errorf("Run(%q) with Timeout 1s took %v; want well under the command's 30 s", req.Argv, took)
 	}
 	if res.PID <= 0 {
@@ -533,7 +545,7 @@ func checkTimeoutKillsTree(t testing.TB, h Harness) {
 		t.Errorf("Run(%q) with Timeout 2s: TimedOut false; want true", req.Argv)
 	}
 	// A correctness bound (the tree was killed), not a speed claim.
-	if took >= 15*time.Second {
+	if took >= killedWithin() {
 		t.Errorf("Run(%q) with Timeout 2s took %v; want well under the child's 30 s (the whole process tree killed at the timeout)", req.Argv, took)
 	}
 	child, err := strconv.ParseInt(strings.TrimSpace(string(res.Stdout)), 10, 64)
@@ -654,7 +666,7 @@ func scratch(t testing.TB, h Harness, suffix string) string {
 	}
 	path := h.dir() + "/hypervisortest-" + hex.EncodeToString(b[:]) + suffix
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), h.callTimeout())
+		ctx, cancel := testload.WithTimeout(context.Background(), h.callTimeout())
 		defer cancel()
 		if _, err := hypervisor.Run(ctx, h.Driver, h.VM, hypervisor.ExecRequest{Argv: []string{"rm", "-f", "--", path}}); err != nil {
 			t.Logf("removing %s in the guest: %v", path, err)
@@ -835,7 +847,7 @@ func checkExpiredDeadline(t testing.TB, h Harness) {
 				c.name, h.VM, err, context.DeadlineExceeded, hypervisor.ErrTimeout)
 		}
 		// A correctness bound (the deadline was looked at), not a speed claim.
-		if took > 5*time.Second {
+		if took > testload.Scale(5*time.Second) {
 			t.Errorf("%s(%q) with an expired context took %v; want a prompt return", c.name, h.VM, took)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
@@ -50,6 +51,21 @@ func victimIntact(t *testing.T, ctx context.Context, h *Helper, vm, want string)
 	sh(t, ctx, h, vm, "rm -rf "+killDir+" /var/lib/vmgate/xfer/x-*")
 }
 
+// fileSize is the size of path (0 when it cannot be read).
+func fileSize(path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// logSince reports whether path holds want after its first off bytes.
+func logSince(path string, off int64, want string) bool {
+	b, err := os.ReadFile(path)
+	return err == nil && int64(len(b)) > off && strings.Contains(string(b[off:]), want)
+}
+
 // waitAgent waits until vm's guest agent runs commands again.
 func waitAgent(t *testing.T, ctx context.Context, d hypervisor.Driver, vm string) {
 	t.Helper()
@@ -76,13 +92,28 @@ func TestLabWriteAgentStopped(t *testing.T) {
 	ctx := testCtx(t, 10*time.Minute)
 	old := victimSetup(t, ctx, h, "cg")
 	watcher := `while :; do for f in /var/lib/vmgate/xfer/x-*; do
-		[ -f "$f" ] && [ "$(wc -c < "$f")" -gt 2097152 ] && { echo "killing qemu-ga at $(wc -c < "$f") bytes" >/dev/console; kill -9 $(pidof qemu-ga); exit 0; }
+		[ -f "$f" ] && [ "$(wc -c < "$f")" -gt 2097152 ] && { n=$(wc -c < "$f"); kill -9 $(pidof qemu-ga); echo "killed qemu-ga at $n bytes" >/dev/console; exit 0; }
 	done; sleep 0.05 2>/dev/null || sleep 1; done`
+	serial := labtest.VM(t, "cg").SerialLog
+	seen := fileSize(serial)
 	if _, err := h.d.ExecStart(ctx, "cg", hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", watcher}}); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 90*time.Second) // the write in flight waits for its deadline
+	wctx, cancel := testload.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
+	// The write in flight never hears from the killed agent again; it ends
+	// with its context, which ends once the watcher has said on the
+	// console that it killed qemu-ga (rather than at the deadline).
+	go func() {
+		for !logSince(serial, seen, "killed qemu-ga at ") {
+			select {
+			case <-wctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		cancel()
+	}()
 	_, err := h.FileWrite(wctx, "cg", killDir+"/victim", randomData(20<<20, 7), WriteOptions{CreateMode: 0o644})
 	if err == nil {
 		t.Fatalf("FileWrite with the guest agent killed half-way = nil error")

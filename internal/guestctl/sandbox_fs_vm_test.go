@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // The sandbox escapes that went through root-side work on a session's
@@ -32,7 +33,7 @@ func guestFiles(t *testing.T, ctx context.Context, h *Helper, vm string, paths .
 // sessions) until it holds or 2 minutes pass.
 func waitGuest(t *testing.T, ctx context.Context, h *Helper, vm, cond string) bool {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(testload.Scale(2 * time.Minute))
 	for time.Now().Before(deadline) {
 		if sh(t, ctx, h, vm, cond).ExitCode == 0 {
 			return true

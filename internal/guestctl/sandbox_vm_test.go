@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // escapeBin is the guest path of testdata/escape, and escapeSUID of its
@@ -197,7 +198,7 @@ func listenerUntouched(t *testing.T, l *escapeLab, _ string) string {
 // waitMatching polls ps (outside any session) until n processes match s, or 30 s pass.
 func waitMatching(t *testing.T, l *escapeLab, s string, n int) []Process {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testload.Scale(30 * time.Second))
 	for {
 		got := matching(t, l.ctx, l.h, l.vm, "", s)
 		if len(got) >= n || time.Now().After(deadline) {

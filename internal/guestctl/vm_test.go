@@ -19,6 +19,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/libvirttest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
@@ -88,8 +89,9 @@ func labHelper(t testing.TB, name string) (*Helper, *atomic.Int32) {
 	return h, &pushes
 }
 
+// testCtx bounds a lab call by d, scaled with the machine's load.
 func testCtx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	ctx, cancel := testload.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // TestAgentStatusBusy: while another client holds a lab VM's agent socket
@@ -17,7 +18,7 @@ import (
 // leaves, the agent answers again.
 func TestAgentStatusBusy(t *testing.T) {
 	vm := labtest.VM(t, "t1")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := vm.AgentStatus(ctx); err != nil {
 		t.Fatalf("AgentStatus() with no other client = %v", err)
@@ -41,7 +42,7 @@ func TestAgentStatusBusy(t *testing.T) {
 	if !errors.Is(err, lab.ErrAgentBusy) {
 		t.Errorf("AgentStatus() while another client holds the socket = %v; want ErrAgentBusy", err)
 	}
-	if d := time.Since(start); d > 5*time.Second {
+	if d := time.Since(start); d > testload.Scale(5*time.Second) {
 		t.Errorf("AgentStatus() while busy took %s; want an answer without waiting on the agent", d)
 	}
 	holder.Close()

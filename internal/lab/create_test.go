@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 const mark = "lease-0123456789"
@@ -24,7 +25,7 @@ const mark = "lease-0123456789"
 func TestCreateRemove(t *testing.T) {
 	img := labtest.Image(t)
 	state := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), labtest.BootTimeout)
+	ctx, cancel := testload.WithTimeout(context.Background(), labtest.BootTimeout)
 	defer cancel()
 	v, err := lab.Create(ctx, lab.Spec{Name: "made", StateDir: state, Image: &img, CPUs: 2, MemoryMB: 192}, mark)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 func TestMain(m *testing.M) {
@@ -37,7 +38,7 @@ type execStatus struct {
 // guestRun runs argv through guest-exec and polls guest-exec-status.
 func guestRun(t *testing.T, vm *lab.VM, argv ...string) (execStatus, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := testload.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var started struct {
 		PID int `json:"pid"`
@@ -260,7 +261,7 @@ func sendNoReply(t *testing.T, vm *lab.VM, msg string) {
 	if _, err := c.Write([]byte(msg + `{"execute":"guest-ping"}` + "\n")); err != nil {
 		t.Fatal(err)
 	}
-	c.SetReadDeadline(time.Now().Add(time.Minute))
+	c.SetReadDeadline(time.Now().Add(testload.Scale(time.Minute)))
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil && !errors.Is(err, io.EOF) {
 		t.Fatalf("guest-ping after %s: %q, %v", msg, line, err)
@@ -280,7 +281,7 @@ func bootID(t *testing.T, vm *lab.VM) (string, error) {
 
 func TestGuestShutdown(t *testing.T) {
 	vm := labtest.Start(t, lab.Spec{Name: "power"})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	before, err := bootID(t, vm)
 	if err != nil || before == "" {

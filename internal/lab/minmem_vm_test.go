@@ -9,6 +9,7 @@ import (
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // TestBootAtMinMemory: a lab guest with MinMemoryMB boots, its agent
@@ -19,7 +20,7 @@ func TestBootAtMinMemory(t *testing.T) {
 	vm := labtest.Start(t, lab.Spec{Name: "minmem", MemoryMB: lab.MinMemoryMB})
 	c := qga.New(vm.QGASocket)
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	st, err := qga.Agent{Caller: c}.Exec(ctx, qga.ExecRequest{Path: "/bin/sh",
 		Args: []string{"-c", "head -c 30000000 /dev/zero | md5sum && grep MemTotal /proc/meminfo"}})

@@ -14,12 +14,13 @@ import (
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/qmp"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // waitLog waits until the console log holds want (or the deadline).
 func waitLog(t *testing.T, path, want string, d time.Duration) string {
 	t.Helper()
-	deadline := time.Now().Add(d)
+	deadline := time.Now().Add(testload.Scale(d))
 	for {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -66,7 +67,7 @@ func TestConsoleBootMessagesAndShell(t *testing.T) {
 func TestDisplay(t *testing.T) {
 	vm := labtest.VM(t, "t1")
 	out := filepath.Join(t.TempDir(), "screen.png")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := testload.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := qmp.Call(ctx, vm.QMPSocket, "screendump", map[string]any{"filename": out, "format": "png"}); err != nil {
 		t.Fatalf("screendump: %v", err)

@@ -22,6 +22,10 @@
 // names a domain's cgroup after the domain: domain names must differ
 // between runs (Name adds the run's id).
 //
+// libvirtd also runs in a PID namespace of its own (pidns.go), so that a
+// test process killed with SIGKILL takes libvirtd and its domains' QEMU
+// processes with it: QEMU under libvirt has no Pdeathsig.
+//
 // Why a namespace and not libvirtd in session mode under a private uid with
 // private XDG directories: session mode would not test the qemu:///system
 // road vmgate's users take (a root daemon, its sockets and DAC handling),
@@ -60,6 +64,8 @@ import (
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
+
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // The binaries the helper starts, looked up on PATH.
@@ -70,7 +76,8 @@ const (
 
 // ReadyTimeout bounds the wait for libvirtd to answer an API call after its
 // start (4–5 s cold on an idle machine, under 1 s once its capabilities
-// cache exists; much more on a loaded one).
+// cache exists; much more on a loaded one, so the wait scales it with the
+// machine's load: package testload).
 const ReadyTimeout = 60 * time.Second
 
 // Daemons is a running virtlogd + libvirtd pair. Its methods are safe for
@@ -98,8 +105,19 @@ type Daemons struct {
 // URI is the libvirt URI that reaches this libvirtd.
 func (d *Daemons) URI() string { return "qemu:///system?socket=" + d.Socket }
 
-// Pids returns the pids of virtlogd and libvirtd.
+// Pids returns the pids of virtlogd and of libvirtd's wrapper: the unshare
+// process whose end takes libvirtd's PID namespace, libvirtd and every
+// QEMU in it (pidns.go).
 func (d *Daemons) Pids() (virtlogd, libvirtd int) { return d.virtlogd.pid(), d.libvirtd.pid() }
+
+// hostPID translates a pid of libvirtd's PID namespace (from its pid files)
+// into this process's view; 0 when the process is not (or no longer) there.
+func (d *Daemons) hostPID(nspid int) int {
+	if d.libvirtd == nil {
+		return 0
+	}
+	return hostPID(nsInit(d.libvirtd.pid()), nspid)
+}
 
 // process is one daemon the helper started and waits for.
 type process struct {
@@ -107,6 +125,9 @@ type process struct {
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd.Wait returned
 	err  error         // cmd.Wait's result, set before done is closed
+	// termPID, when set, returns the pid stop sends SIGTERM to (the
+	// daemon inside a PID namespace's wrapper; 0: not found).
+	termPID func() int
 }
 
 func (p *process) pid() int { return p.cmd.Process.Pid }
@@ -145,7 +166,13 @@ func (p *process) stop(grace time.Duration) error {
 		return nil
 	default:
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	if p.termPID == nil {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	} else if pid := p.termPID(); pid > 0 {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+	} else {
+		grace = 0 // the daemon is not found in its wrapper: kill the wrapper, and so the namespace
+	}
 	select {
 	case <-p.done:
 		return nil
@@ -228,10 +255,15 @@ func StartDaemons(ctx context.Context, log *slog.Logger) (_ *Daemons, err error)
 	}); err != nil {
 		return nil, err
 	}
-	if d.libvirtd, err = d.start("libvirtd", libvirtd, "--config", "/etc/libvirt/libvirtd.conf",
-		"--pid-file", filepath.Join(dir, "libvirtd.pid")); err != nil {
+	argv, err := pidNSArgv(libvirtd, "--config", "/etc/libvirt/libvirtd.conf",
+		"--pid-file", filepath.Join(dir, "libvirtd.pid"))
+	if err != nil {
 		return nil, err
 	}
+	if d.libvirtd, err = d.start("libvirtd", argv...); err != nil {
+		return nil, err
+	}
+	d.libvirtd.termPID = func() int { return d.hostPID(readPID(filepath.Join(dir, "libvirtd.pid"))) }
 	// The socket appears before the daemon is usable: wait for an API call.
 	if err := waitFor(ctx, "libvirtd API", d.libvirtd, func() error {
 		return d.withConn(func(l *golibvirt.Libvirt) error {
@@ -309,7 +341,7 @@ func (d *Daemons) start(name string, argv ...string) (p *process, err error) {
 
 // waitFor polls ready until it succeeds, p exits, ctx ends or ReadyTimeout passes.
 func waitFor(ctx context.Context, what string, p *process, ready func() error) error {
-	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
+	ctx, cancel := testload.WithTimeout(ctx, ReadyTimeout)
 	defer cancel()
 	wait := 20 * time.Millisecond
 	for {
@@ -322,7 +354,7 @@ func waitFor(ctx context.Context, what string, p *process, ready func() error) e
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("libvirttest: waiting for %s: %w (last: %v)", what, ctx.Err(), err)
+			return fmt.Errorf("libvirttest: waiting for %s: %w (last: %v)", what, context.Cause(ctx), err)
 		case <-time.After(wait):
 		}
 		wait = min(wait*2, 500*time.Millisecond)

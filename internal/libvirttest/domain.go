@@ -17,6 +17,8 @@ import (
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/digitalocean/go-libvirt/socket/dialers"
+
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // BootTimeout bounds one domain's boot to its first agent answer (5–7 s on
@@ -97,7 +99,8 @@ type Domain struct {
 	Persistent bool
 	// SerialLog is the guest console.
 	SerialLog string
-	// QEMUPID is the domain's QEMU process.
+	// QEMUPID is the domain's QEMU process, as the test process sees it
+	// (0 when it was not found).
 	QEMUPID int
 
 	handle golibvirt.Domain
@@ -249,9 +252,10 @@ func (d *Daemons) Boot(ctx context.Context, spec Spec, kernel, initrd string) (_
 	if err != nil {
 		return nil, fmt.Errorf("libvirttest: boot %s: %w\n%s", spec.Name, err, d.Logs())
 	}
-	dom.QEMUPID = readPID(filepath.Join(d.Dir, "run", "qemu", spec.Name+".pid")) // the private /run/libvirt/qemu
+	// The private /run/libvirt/qemu; the pid there is one of libvirtd's PID namespace.
+	dom.QEMUPID = d.hostPID(readPID(filepath.Join(d.Dir, "run", "qemu", spec.Name+".pid")))
 
-	ctx, cancel := context.WithTimeout(ctx, BootTimeout)
+	ctx, cancel := testload.WithTimeout(ctx, BootTimeout)
 	defer cancel()
 	wait := 50 * time.Millisecond
 	for {
@@ -262,7 +266,7 @@ func (d *Daemons) Boot(ctx context.Context, spec Spec, kernel, initrd string) (_
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("libvirttest: boot %s: no agent answer: %w (last: %v); console: %s",
-				spec.Name, ctx.Err(), err, tailFile(dom.SerialLog, 1500))
+				spec.Name, context.Cause(ctx), err, tailFile(dom.SerialLog, 1500))
 		case <-time.After(wait):
 		}
 		wait = min(wait*2, time.Second)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // RequireEnv is the environment variable that turns skips into failures.
@@ -120,7 +121,7 @@ func startLocked(kernel, initrd string) {
 			return
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), ReadyTimeout+BootTimeout)
+	ctx, cancel := testload.WithTimeout(context.Background(), ReadyTimeout+BootTimeout)
 	defer cancel()
 	daemons, startErr = StartDaemons(ctx, nil)
 	if startErr != nil {
@@ -154,8 +155,8 @@ func Stop() error {
 	select {
 	case err := <-done:
 		return err
-	case <-time.After(2 * time.Minute):
-		return errors.New("libvirttest: stopping the daemons took over 2 minutes")
+	case <-time.After(testload.Scale(2 * time.Minute)):
+		return errors.New("libvirttest: stopping the daemons took over 2 minutes (scaled by the machine's load)")
 	}
 }
 

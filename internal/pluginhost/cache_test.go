@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // launchCounting runs the counting driver as a plugin with the given state
@@ -17,7 +18,7 @@ import (
 func launchCounting(t *testing.T, ttl time.Duration) *Supervisor {
 	t.Helper()
 	h, _ := newTestHost(t, Options{StateTTL: ttl})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	d, err := h.Launch(ctx, Spec{Driver: "counting"})
 	if err != nil {
@@ -121,7 +122,7 @@ func TestStateCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	var after string
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testload.Scale(30 * time.Second))
 	for time.Now().Before(deadline) {
 		st, err := s.Status(ctx, "vm1")
 		if err == nil && !strings.HasPrefix(st.Detail, strconv.Itoa(oldPID)+":") {

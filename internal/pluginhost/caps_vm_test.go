@@ -11,6 +11,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // qemuCapabilities are the QEMU driver's optional capabilities.
@@ -29,7 +30,7 @@ func TestSnapshotsThroughThePluginBoundary(t *testing.T) {
 		t.Fatalf("CapabilitiesOf(supervised qemu plugin) = %+v; want %+v", got, qemuCapabilities)
 	}
 	hypervisortest.RunSnapshots(t, hypervisortest.Harness{Driver: s, VM: "psnap", DiskDir: "/data", Capabilities: qemuCapabilities})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ifs, err := s.GuestNetwork(ctx, "psnap")
 	if err != nil || len(ifs) < 2 {
@@ -49,7 +50,7 @@ func TestSnapshotsThroughThePluginBoundary(t *testing.T) {
 // with ErrNotSupported.
 func TestCapabilitiesOfAPluginWithout(t *testing.T) {
 	h, _ := newTestHost(t, Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	d, err := h.Launch(ctx, Spec{Driver: "sleepy", Config: []byte(`{"name":"vm1"}`)})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // buildFakePlugin builds testdata/fakeplugin into dir under each of names
@@ -50,7 +51,7 @@ func TestExternalPlugins(t *testing.T) {
 	}
 
 	h, logs := newTestHost(t, Options{PluginDir: dir, StartTimeout: 20 * time.Second})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	t.Run("serves", func(t *testing.T) {

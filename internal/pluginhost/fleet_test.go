@@ -12,6 +12,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest/fleet"
 	"github.com/vmgate/vmgate/hypervisor/registry"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/internal/vmpage"
 )
 
@@ -36,7 +37,7 @@ func launchFleet(tb testing.TB, backends, perBackend int, ttl time.Duration) []*
 			tb.Errorf("Host.Close() = %v", err)
 		}
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var out []*Supervisor
 	for i := range backends {

@@ -17,11 +17,12 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 func launchSleepy(t *testing.T, h *Host, name string) *Supervisor {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	d, err := h.Launch(ctx, Spec{Driver: "sleepy", Backend: "test", Config: []byte(`{"name":"` + name + `"}`)})
 	if err != nil {
@@ -76,7 +77,7 @@ func TestBuiltinPluginIsASeparateConfiguredProcess(t *testing.T) {
 func TestPluginKilledMidCallFailsThatCallAndRestarts(t *testing.T) {
 	h, logs := newTestHost(t, Options{})
 	s := launchSleepy(t, h, "vm1")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	oldPID := s.PID()
 

@@ -18,6 +18,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/registry"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // The test binary is also the plugin: Options.Executable is os.Args[0] with
@@ -238,7 +239,7 @@ func alive(pid int) bool {
 // it), bounded by a minute; it fails the test otherwise.
 func waitLog(t *testing.T, logs *logBuffer, want string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(testload.Scale(time.Minute))
 	var b hypervisor.Backoff
 	for !strings.Contains(logs.String(), want) {
 		if time.Now().After(deadline) {

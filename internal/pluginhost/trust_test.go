@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // nobody is the uid of the user "nobody" on Debian: an owner vmgate must not trust.
@@ -132,7 +134,7 @@ func TestPluginTrust(t *testing.T) {
 			return os.Symlink(real, tr.plugin)
 		}, says: []string{"plugin directory ELSEWHERE (owner uid 0 (root), mode 0775) is writable by its group"}},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
@@ -25,7 +26,7 @@ func launchQEMU(t *testing.T, h *Host, labDir string) *Supervisor {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	d, err := h.Launch(ctx, Spec{Driver: "qemu", Backend: "lab", Config: cfg})
 	if err != nil {
@@ -49,7 +50,7 @@ func TestQEMUPluginKilledDuringExec(t *testing.T) {
 	vm := labtest.VM(t, "t1")
 	h, _ := newTestHost(t, Options{})
 	s := launchQEMU(t, h, filepath.Dir(vm.Dir))
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	// Warm up: the first exec connects the agent.
 	if res, err := hypervisor.Run(ctx, s, "t1", hypervisor.ExecRequest{Argv: []string{"/bin/echo", "warm"}}); err != nil || res.ExitCode != 0 {

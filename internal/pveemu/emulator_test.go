@@ -15,6 +15,7 @@ import (
 
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 func TestMain(m *testing.M) {
@@ -131,7 +132,7 @@ func (c client) taskOf(node string, r reply) map[string]any {
 // waitTask polls a task until it stops and returns its status.
 func (c client) waitTask(node, upid string) map[string]any {
 	c.t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
+	deadline := time.Now().Add(testload.Scale(3 * time.Minute))
 	for {
 		r := c.do("GET", "/nodes/"+node+"/tasks/"+url.PathEscape(upid)+"/status", nil)
 		if r.code != 200 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // labEmu is an emulator of version v with the shared lab VMs behind vmids
@@ -34,7 +35,7 @@ func (c client) execWait(node string, vmid int, argv []string, stdin string) map
 	// Proxmox gives the agent 5 s (qgaTimeout); a TCG guest on a loaded
 	// machine (after a rollback above all) can take longer to answer, and a
 	// client then asks again: the commands here may run twice.
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(testload.Scale(2 * time.Minute))
 	r := c.jsonBody("POST", fmt.Sprintf("/nodes/%s/qemu/%d/agent/exec", node, vmid), body)
 	for r.code == 500 && strings.Contains(r.raw, "got timeout") && time.Now().Before(deadline) {
 		r = c.jsonBody("POST", fmt.Sprintf("/nodes/%s/qemu/%d/agent/exec", node, vmid), body)
@@ -246,7 +247,7 @@ func TestSnapshotLab(t *testing.T) {
 // start the guest agent needs a moment).
 func (c client) waitAgent(node string, vmid int) {
 	c.t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(testload.Scale(2 * time.Minute))
 	for {
 		r := c.do("POST", fmt.Sprintf("/nodes/%s/qemu/%d/agent/ping", node, vmid), url.Values{})
 		if r.code == 200 {

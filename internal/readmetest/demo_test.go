@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // demo is a running scripts/demo.sh and what it printed.
@@ -65,7 +66,7 @@ func startDemo(t *testing.T) *demo {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
 		select {
 		case <-exited:
-		case <-time.After(30 * time.Second):
+		case <-time.After(testload.Scale(30 * time.Second)):
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-exited
 		}

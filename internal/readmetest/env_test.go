@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // env is what the checks share: the vmgate the test built (make build into
@@ -262,7 +263,7 @@ func (e *env) serve(owner testing.TB, extra []string, args ...string) (*server, 
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
-		case <-time.After(30 * time.Second):
+		case <-time.After(testload.Scale(30 * time.Second)):
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-exited
 		}
@@ -282,7 +283,7 @@ func (e *env) serve(owner testing.TB, extra []string, args ...string) (*server, 
 		return s, nil
 	case <-exited:
 		return nil, fmt.Errorf("vmgate serve %q exited before serving HTTP (%v): %s", args, waitErr, clip(s.stderr.String()))
-	case <-time.After(2 * time.Minute):
+	case <-time.After(testload.Scale(2 * time.Minute)):
 		return nil, fmt.Errorf("vmgate serve %q did not serve HTTP within 2 minutes: %s", args, clip(s.stderr.String()))
 	}
 }
@@ -356,7 +357,7 @@ func mcpStdio(cmd *exec.Cmd, requests ...map[string]any) ([]json.RawMessage, err
 		go func() { cmd.Wait(); close(done) }()
 		select {
 		case <-done:
-		case <-time.After(30 * time.Second):
+		case <-time.After(testload.Scale(30 * time.Second)):
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-done
 		}

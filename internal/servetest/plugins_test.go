@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 const execPolicy = `{"version": "1", "default": "deny", "tools": {"list_vms": {}, "vm_agent_exec": {}}}`
@@ -344,7 +345,7 @@ func TestServeRefusesBadBackends(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := writeFile(t, dir, fmt.Sprintf("vmgate-%d.yaml", i), head+tt.backends)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, vmgateBinary(t), "serve", "--config", cfg)
 			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.
@@ -200,7 +202,7 @@ func (p *serveProc) stop(t *testing.T) {
 	p.stdin.Close()
 	select {
 	case <-p.done:
-	case <-time.After(time.Minute):
+	case <-time.After(testload.Scale(time.Minute)):
 		t.Fatalf("vmgate serve did not exit within a minute of its stdin closing")
 	}
 	if p.err != nil {
@@ -273,7 +275,7 @@ func cmdline(pid int) []string {
 // pluginChildren waits until serve has n children (its plugins) and returns them.
 func pluginChildren(t *testing.T, p *serveProc, n int) []proc {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testload.Scale(30 * time.Second))
 	for {
 		ps := children(t, p.cmd.Process.Pid)
 		if len(ps) == n {

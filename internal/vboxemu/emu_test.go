@@ -15,6 +15,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/qmp"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 func TestMain(m *testing.M) {
@@ -391,7 +392,7 @@ func TestSnapshotHoldsGuest(t *testing.T) {
 	// VirtualBox would: "not ready (yet)" until VBoxService is up.
 	booted := func() {
 		t.Helper()
-		deadline := time.Now().Add(labtest.BootTimeout)
+		deadline := time.Now().Add(testload.Scale(labtest.BootTimeout))
 		for {
 			code, _, errs := h.run("guestcontrol", "s", "run", "--username", "vagrant", "--passwordfile", pw, "--", "/bin/true")
 			if code == 0 {

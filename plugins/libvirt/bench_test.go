@@ -10,6 +10,7 @@ import (
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/plugins/qemu"
 )
 
@@ -20,7 +21,7 @@ import (
 // absolute times (TCG guests on a shared machine).
 
 func benchCtx(b *testing.B) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 10*time.Minute)
 	b.Cleanup(cancel)
 	return ctx
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/registry"
 	"github.com/vmgate/vmgate/internal/libvirttest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // TestConformancePlugin runs the suite through the go-plugin boundary: the
@@ -30,7 +31,7 @@ func TestConformancePlugin(t *testing.T) {
 	}
 	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { h.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	d, err := h.Launch(ctx, pluginhost.Spec{Driver: "libvirt", Backend: "virt", Config: config})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/libvirttest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // libvirtCapabilities are what the libvirt driver must have.
@@ -41,7 +42,7 @@ func TestConformanceSnapshots(t *testing.T) {
 	hypervisortest.RunSnapshots(t, hypervisortest.Harness{Driver: d, VM: vmT1, DiskDir: "/data", Capabilities: libvirtCapabilities})
 
 	// What the suite does not check: libvirt's tree and current snapshot.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	for _, name := range []string{"tree-a", "tree-b"} {
 		if _, err := d.SnapshotCreate(ctx, vmT1, hypervisor.SnapshotRequest{Name: name, Memory: true}); err != nil {
@@ -73,7 +74,7 @@ func TestConformanceSnapshots(t *testing.T) {
 
 func TestGuestNetworkAndMetrics(t *testing.T) {
 	_, d := envDriver(t, Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ifs, err := d.GuestNetwork(ctx, vmT1)
 	if err != nil {
@@ -104,7 +105,7 @@ func TestSnapshotsThroughPlugin(t *testing.T) {
 	}
 	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { h.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	d, err := h.Launch(ctx, pluginhost.Spec{Driver: "libvirt", Backend: "virt", Config: config})
 	if err != nil {

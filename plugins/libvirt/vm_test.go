@@ -20,6 +20,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/libvirttest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // The domains the tests boot in a private libvirtd (libvirttest), named
@@ -117,7 +118,7 @@ func TestFilters(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, d := envDriver(t, tc.cfg)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			vms, err := d.ListVMs(ctx)
 			if err != nil {
@@ -223,7 +224,7 @@ func TestAgentIsolation(t *testing.T) {
 				t.Errorf("DomainResume(%s) = %v", vmOther, err)
 			}
 		}()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := testload.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		st, err := d.Status(ctx, vmOther)
 		if err != nil || st.State != hypervisor.StatePaused || st.AgentConnected {
@@ -239,7 +240,7 @@ func TestAgentIsolation(t *testing.T) {
 	})
 
 	t.Run("AgentNeverAnswers", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := testload.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		// How long a command on vmT1 takes now: the hung calls' deadline is
 		// a multiple of it, so that on a loaded machine vmT1 still answers
@@ -310,7 +311,7 @@ func TestPower(t *testing.T) {
 	hypervisortest.RunPower(t, hypervisortest.Harness{Driver: d, VM: vmT1})
 
 	t.Run("TransientStart", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := d.Power(ctx, vmNoExec, hypervisor.PowerStop); err != nil {
 			t.Fatalf("Power(%s, stop) = %v", vmNoExec, err)

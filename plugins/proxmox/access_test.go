@@ -13,6 +13,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pveemu"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 func TestMissingPrivileges(t *testing.T) {
@@ -179,7 +180,7 @@ func TestFileReadCount(t *testing.T) {
 			cfg.Logger = quietLogger()
 			// Reading 16 MiB in 1 MiB agent reads takes long on a loaded TCG
 			// guest (the cost count avoids): a bound against hangs only.
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			ctx, cancel := testload.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			d, err := Open(ctx, cfg)
 			if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pveemu"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // The conformance suite on a three-node emulated cluster: VM 101 (the lab
@@ -53,7 +54,7 @@ func startCluster(t *testing.T, v pveemu.Version) *testEmu {
 // migrate moves vmid to node through the emulator's migrate_vm.
 func migrate(t *testing.T, e *testEmu, vmid int, node string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := e.Migrate(ctx, vmid, node); err != nil {
 		t.Fatalf("Migrate(%d, %s) = %v", vmid, node, err)

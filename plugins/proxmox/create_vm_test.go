@@ -14,6 +14,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pveemu"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // createPrivs are what creation needs on top of driverPrivs.
@@ -48,7 +49,7 @@ func TestCreateDelete(t *testing.T) {
 	}
 	ca, secret := e.ClientFiles(t, emuSecret)
 	d := newDriver(t, Config{URL: e.URL(), TokenID: emuTokenID, TokenSecretFile: secret, CAFile: ca})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*labtest.BootTimeout)
+	ctx, cancel := testload.WithTimeout(context.Background(), 2*labtest.BootTimeout)
 	defer cancel()
 	const mark = "LMARK0123456789"
 	made, err := d.CreateVM(ctx, hypervisor.CreateRequest{Name: "small-a", Source: json.RawMessage(`{"vmid":9000}`), MemoryMB: 256, CPUs: 1, Mark: mark})
@@ -88,7 +89,7 @@ func TestCreateDelete(t *testing.T) {
 	// recorded. Proxmox names a VM in /cluster/resources only from
 	// pvestatd's next sample (pve-manager API2Tools.pm extract_vm_stats,
 	// at most 10 s), so until then the name is unknown: wait for it.
-	for wait := time.Now().Add(time.Minute); ; {
+	for wait := time.Now().Add(testload.Scale(time.Minute)); ; {
 		err := d.DeleteVM(ctx, hypervisor.DeleteRequest{Name: "small-a", Mark: mark})
 		if err == nil {
 			break

@@ -17,6 +17,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
 	"github.com/vmgate/vmgate/internal/pveemu"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 func jsonConfig(cfg Config) []byte {
@@ -30,7 +31,7 @@ func launchPlugin(t *testing.T, cfg Config) hypervisor.Driver {
 	t.Helper()
 	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { h.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	d, err := h.Launch(ctx, pluginhost.Spec{Driver: "proxmox", Backend: "pve", Config: jsonConfig(cfg)})
 	if err != nil {
@@ -131,7 +132,7 @@ func TestBackendErrorsPlugin(t *testing.T) {
 	e := startEmu(t, pveemu.PVE92(), []pveemu.ACL{{Path: "/vms", Privs: []string{"VM.Audit", "VM.PowerMgmt"}, Propagate: true}},
 		pveemu.VMSpec{VMID: 102, Node: "pve", Name: "on", Running: true})
 	d := launchPlugin(t, e.cfg)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	err := d.Power(ctx, "102", hypervisor.PowerStart)
 	if !errors.Is(err, hypervisor.ErrBackend) || !strings.Contains(err.Error(), "qmstart task of VM 102 failed: VM 102 already running") {

@@ -20,6 +20,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
 	"github.com/vmgate/vmgate/internal/pveemu"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.txtar from this run")
@@ -56,7 +57,7 @@ func newDriver(t *testing.T, cfg Config) *Driver {
 }
 
 func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := testload.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pveemu"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // TestVNCAuthResponse: the key is the password's bytes bit-reversed (so
@@ -49,7 +50,7 @@ func TestConsoleBootAndNoAgent(t *testing.T) {
 	h.StopAgent = hypervisortest.StopAgentByExec(h)
 	h.ResumeAgent = hypervisortest.ResumeAgentByConsole(h)
 	t.Run("WithoutAgent", func(t *testing.T) { hypervisortest.RunWithoutAgent(t, h) })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err := d.ConsoleRead(ctx, "131", hypervisor.ConsoleReadRequest{})
 	if !errors.Is(err, hypervisor.ErrNotSupported) || !strings.Contains(err.Error(), "--serial0 socket") {

@@ -16,6 +16,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // TestConsoleBootAndNoAgent, on a lab VM of its own: the console shows
@@ -71,7 +72,7 @@ func TestScreenOfAVMWithoutDisplayOrConsole(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err = d.Screenshot(ctx, "bare", hypervisor.ScreenshotRequest{})
 	if !errors.Is(err, hypervisor.ErrNotSupported) || !strings.Contains(err.Error(), "no display device") || !strings.Contains(err.Error(), "-device VGA") {

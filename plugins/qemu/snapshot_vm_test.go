@@ -14,6 +14,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // labCapabilities are what the QEMU driver must have on a lab VM.
@@ -43,7 +44,7 @@ func TestConformanceSnapshots(t *testing.T) {
 	// What the suite cannot see: the descriptions of a lab VM's snapshots
 	// live in its directory, and a revert restores the guest's memory (a
 	// process started after the snapshot is gone, one from before is back).
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	req := hypervisor.SnapshotRequest{Name: "desc-check", Description: "kept in snapshots.json", Memory: true}
 	if _, err := d.SnapshotCreate(ctx, "snap", req); err != nil {
@@ -85,7 +86,7 @@ func TestConformanceSnapshots(t *testing.T) {
 func TestLabGuestNetwork(t *testing.T) {
 	v := labtest.VM(t, "t1")
 	d := labDriver(t, v)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ifs, err := d.GuestNetwork(ctx, "t1")
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
 // The lab VMs boot only when a test asks for one (labtest.VM).
@@ -56,7 +57,7 @@ func qmpCommand(t *testing.T, v *lab.VM, command string) []byte {
 func TestLabExec(t *testing.T) {
 	v := labtest.VM(t, "t1")
 	d := labDriver(t, v)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	res, err := d.Run(ctx, "t1", hypervisor.ExecRequest{Argv: []string{"/bin/true"}})
@@ -102,7 +103,7 @@ func TestLabExec(t *testing.T) {
 func TestLabExecDisabled(t *testing.T) {
 	v := labtest.VM(t, "noexec")
 	d := labDriver(t, v)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := testload.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := d.Run(ctx, "noexec", hypervisor.ExecRequest{Argv: []string{"/bin/true"}})
 	var de *hypervisor.CommandDisabledError
@@ -156,7 +157,7 @@ func TestLabPausedVM(t *testing.T) {
 
 	qmpCommand(t, v2, "cont")
 	resumed = true
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	rctx, cancel := testload.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if res, err := d.Run(rctx, "t2", hypervisor.ExecRequest{Argv: []string{"/bin/true"}}); err != nil || res.ExitCode != 0 {
 		t.Errorf("Run(t2) after cont = %+v, %v; want exit 0", res, err)
@@ -167,7 +168,7 @@ func TestLabPausedVM(t *testing.T) {
 func TestLabKilledMidExec(t *testing.T) {
 	v := labtest.Start(t, lab.Spec{Name: "victim"})
 	d := labDriver(t, v)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	h, err := d.ExecStart(ctx, "victim", hypervisor.ExecRequest{Argv: []string{"/bin/sleep", "60"}})
 	if err != nil {
@@ -200,7 +201,7 @@ func TestLabKilledMidExec(t *testing.T) {
 func TestLabPowerStop(t *testing.T) {
 	v := labtest.Start(t, lab.Spec{Name: "stopme"})
 	d := labDriver(t, v)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := testload.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := d.Power(ctx, "stopme", hypervisor.PowerStop); err != nil {
 		t.Fatalf("Power(stop) = %v; want nil", err)

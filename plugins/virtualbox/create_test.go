@@ -13,6 +13,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/internal/vboxemu"
 )
 
@@ -220,7 +221,7 @@ func TestCreateDeletePlugin(t *testing.T) {
 			if !ok {
 				t.Fatalf("the plugin driver has no Creator capability: %+v", hypervisor.CapabilitiesOf(d))
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*labtest.BootTimeout)
+			ctx, cancel := testload.WithTimeout(context.Background(), 2*labtest.BootTimeout)
 			defer cancel()
 			made, err := c.CreateVM(ctx, hypervisor.CreateRequest{Name: "small-a", Source: json.RawMessage(`{"vm":"tmpl","snapshot":"base","linked":true}`),
 				MemoryMB: 256, CPUs: 2, Mark: testMark})

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/internal/vboxemu"
 )
 
@@ -165,7 +166,7 @@ func (e *emulator) runCalls(t testing.TB) []vboxemu.LogEntry {
 }
 
 func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/internal/vboxemu"
 )
 
@@ -23,7 +24,7 @@ func launchPlugin(t *testing.T, e *emulator) hypervisor.Driver {
 	t.Helper()
 	h := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { h.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	d, err := h.Launch(ctx, pluginhost.Spec{Driver: "virtualbox", Backend: "vbox", Config: e.jsonConfig()})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor/hypervisortest"
 	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/internal/vboxemu"
 )
 
@@ -77,7 +78,7 @@ func resumeByConsoleSocket(v *lab.VM, h hypervisortest.Harness) func(t testing.T
 			t.Fatalf("console socket: %v", err)
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(30 * time.Second))
+		c.SetDeadline(time.Now().Add(testload.Scale(30 * time.Second)))
 		if _, err := c.Write([]byte("kill -CONT $(pidof qemu-ga)\n")); err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +102,7 @@ func TestConsoleBootAndNoAgent(t *testing.T) {
 	if _, ok := hypervisor.AsConsoleWriter(d); ok {
 		t.Errorf("the VirtualBox driver claims console input; a file-mode UART takes none")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testload.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	noUART := newEmulator(t, "7.1", []*vboxemu.Machine{machine("vs", uuidT1, v.QGASocket, v.QMPSocket)}).driver(t)
 	if _, err := noUART.ConsoleRead(ctx, "vs", hypervisor.ConsoleReadRequest{}); !errors.Is(err, hypervisor.ErrNotSupported) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/internal/vboxemu"
 )
 
@@ -83,7 +84,7 @@ func TestWaitsForTheVMProcess(t *testing.T) {
 				d := e.driver(t)
 				done := make(chan error, 1)
 				go func() { done <- tt.run(ctxT(t), d) }()
-				deadline := time.Now().Add(time.Minute)
+				deadline := time.Now().Add(testload.Scale(time.Minute))
 				for e.refusedLocked(t, tt.command) == 0 {
 					select {
 					case err := <-done:

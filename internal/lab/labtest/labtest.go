@@ -35,9 +35,11 @@ import (
 
 	"github.com/vmgate/vmgate/guest/image"
 	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/internal/testload"
 )
 
-// BootTimeout bounds building the image and booting all VMs.
+// BootTimeout bounds building the image and booting all VMs on an idle
+// machine; the wait scales with the machine's load (package testload).
 const BootTimeout = 4 * time.Minute
 
 // RequireEnv is the environment variable that turns skips into failures.
@@ -77,7 +79,7 @@ func cleanup() {
 		all = append(all, v)
 	}
 	for _, v := range all {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := testload.WithTimeout(context.Background(), 10*time.Second)
 		if err := v.Stop(ctx); err != nil {
 			fmt.Fprintf(os.Stderr, "labtest: %v\n", err)
 		}
@@ -145,7 +147,7 @@ func Image(t testing.TB) image.Image {
 	RequireQEMU(t)
 	mu.Lock()
 	defer mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), BootTimeout)
+	ctx, cancel := testload.WithTimeout(context.Background(), BootTimeout)
 	defer cancel()
 	if err := imageLocked(ctx); err != nil {
 		t.Fatalf("labtest: %v", err)
@@ -162,7 +164,7 @@ func Start(t testing.TB, spec lab.Spec) *lab.VM {
 	mu.Lock()
 	spec.StateDir, spec.Image = stateDir, &im
 	mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), BootTimeout)
+	ctx, cancel := testload.WithTimeout(context.Background(), BootTimeout)
 	defer cancel()
 	v, err := lab.Start(ctx, spec)
 	if err != nil {
@@ -172,7 +174,7 @@ func Start(t testing.TB, spec lab.Spec) *lab.VM {
 	extra = append(extra, v)
 	mu.Unlock()
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := testload.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := v.Stop(ctx); err != nil {
 			t.Errorf("labtest: %v", err)
@@ -214,7 +216,7 @@ func imageLocked(ctx context.Context) error {
 
 // bootLocked boots every spec in parallel.
 func bootLocked() {
-	ctx, cancel := context.WithTimeout(context.Background(), BootTimeout)
+	ctx, cancel := testload.WithTimeout(context.Background(), BootTimeout)
 	defer cancel()
 	if err := imageLocked(ctx); err != nil {
 		for _, s := range specs {
