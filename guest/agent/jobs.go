@@ -121,7 +121,7 @@ func (t *jobTable) start(req wire.RunRequest) (wire.JobStarted, error) {
 		end()
 		return wire.JobStarted{}, fmt.Errorf("job start: %w", err)
 	}
-	j.pid, j.runID, j.runCgroup, j.started = p.cmd.Process.Pid, p.r.runID, p.r.runCgroup, time.Now()
+	j.pid, j.runID, j.runCgroup, j.started = p.cmd.Process.Pid, p.r.runID, p.r.runCgroup, p.r.startedAt
 	ctx, cancel := context.WithCancel(t.life)
 	j.cancel = cancel
 	t.mu.Lock()
