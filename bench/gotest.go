@@ -81,10 +81,11 @@ type testBinary struct {
 }
 
 // Bench runs the benchmarks matching pattern (a -test.bench expression)
-// with the given -test.benchtime and returns their results.
-func (t testBinary) Bench(ctx context.Context, pattern, benchtime string) (Results, error) {
-	cmd := exec.CommandContext(ctx, t.Path, "-test.run", "^$", "-test.bench", pattern,
-		"-test.benchtime", benchtime, "-test.count", "1")
+// with the given -test.benchtime, and flags of the test binary's own, and
+// returns their results.
+func (t testBinary) Bench(ctx context.Context, pattern, benchtime string, flags ...string) (Results, error) {
+	cmd := exec.CommandContext(ctx, t.Path, append([]string{"-test.run", "^$", "-test.bench", pattern,
+		"-test.benchtime", benchtime, "-test.count", "1"}, flags...)...)
 	cmd.Dir = t.Dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var out bytes.Buffer

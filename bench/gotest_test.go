@@ -134,6 +134,9 @@ func TestParseFlags(t *testing.T) {
 		{"gate without tests", []string{"-only", "gate", "-src", "s"}, "needs -tests", nil},
 		{"audit without source", []string{"-only", "audit", "-tests", "t"}, "needs -src", nil},
 		{"fleet without plugins", []string{"-only", "fleet", "-vmgate", "v"}, "needs -plugins", nil},
+		{"resident without tests", []string{"-only", "resident", "-vmgate", "v", "-src", "s"}, "needs -tests", nil},
+		{"resident without binary", []string{"-only", "resident", "-tests", "t", "-src", "s"}, "needs -vmgate", nil},
+		{"resident", []string{"-only", "resident", "-vmgate", "v", "-tests", "t", "-src", "s"}, "", []string{"resident"}},
 		{"stray argument", append(full, "extra"), "unexpected arguments", nil},
 		{"unknown flag", []string{"-fast"}, "not defined", nil},
 	}

@@ -99,7 +99,7 @@ func (l *labEnv) stop() error {
 // the reservation path runs as it does under a real policy.
 const benchPolicy = `{"version":"1","default":"deny",
   "all_tools":{"limits":[{"counter":"all_calls","window":"minute","max":100000000,"scope":"grant"}]},
-  "tools":{"list_vms":{},"vm_status":{},"create_session":{},"destroy_session":{},
+  "tools":{"list_vms":{},"vm_status":{},"create_session":{},"destroy_session":{},"vm_agent_exec_status":{},
     "vm_agent_exec":{"limits":[{"counter":"exec_per_vm","window":"minute","max":100000000,"scope":["grant","vm"]}]}}}`
 
 // writeConfig writes vmgate.yaml and its policy: bbolt store and audit log
@@ -200,10 +200,16 @@ func execTrue(ctx context.Context, c *mcpClient, vm string) (time.Duration, erro
 
 // execTrueIn is execTrue in session (none when "").
 func execTrueIn(ctx context.Context, c *mcpClient, vm, session string) (time.Duration, error) {
-	args := `{"vm":"lab/` + vm + `","command":["/bin/true"]`
-	if session != "" {
-		args += `,"session":"` + session + `"`
+	if session == "" {
+		return execTrueArgs(ctx, c, vm, "")
 	}
+	return execTrueArgs(ctx, c, vm, `,"session":"`+session+`"`)
+}
+
+// execTrueArgs is execTrue with more arguments (JSON members, each after a
+// comma).
+func execTrueArgs(ctx context.Context, c *mcpClient, vm, more string) (time.Duration, error) {
+	args := `{"vm":"lab/` + vm + `","command":["/bin/true"]` + more
 	t0 := time.Now()
 	res, err := c.callTool(ctx, "vm_agent_exec", args+"}")
 	took := time.Since(t0)
@@ -260,51 +266,6 @@ func pacedExec(ctx context.Context, c *qga.Client) (time.Duration, error) {
 		return 0, fmt.Errorf("exec /bin/true exited %d", st.ExitCode)
 	}
 	return time.Since(t0), nil
-}
-
-// sandboxedExec creates a session on vm with the policy's default sandbox,
-// checks that the guest confines it, and returns the median latency in ms
-// of /bin/true in it and outside any session, n of each, interleaved.
-func sandboxedExec(ctx context.Context, c *mcpClient, vm string, n int) (in, out float64, err error) {
-	res, err := c.callTool(ctx, "create_session", `{"vm":"lab/`+vm+`"}`)
-	if err != nil {
-		return 0, 0, err
-	}
-	var sess struct {
-		Session  string `json:"session"`
-		Enforced struct {
-			Sandboxed bool `json:"sandboxed"`
-			UID       int  `json:"uid"`
-			Landlock  struct {
-				FS bool `json:"fs"`
-			} `json:"landlock"`
-		} `json:"enforced"`
-	}
-	if err := json.Unmarshal(res.StructuredContent, &sess); err != nil {
-		return 0, 0, fmt.Errorf("create_session: %w", err)
-	}
-	if e := sess.Enforced; sess.Session == "" || !e.Sandboxed || e.UID == 0 || !e.Landlock.FS {
-		return 0, 0, fmt.Errorf("create_session on %s = %s; want a session confined by its own uid and Landlock", vm, res.StructuredContent)
-	}
-	defer func() {
-		_, derr := c.callTool(context.WithoutCancel(ctx), "destroy_session", `{"vm":"lab/`+vm+`","session":"`+sess.Session+`"}`)
-		err = errors.Join(err, derr)
-	}()
-	ins, outs := make([]float64, 0, n), make([]float64, 0, n)
-	for range n {
-		a, err := execTrueIn(ctx, c, vm, sess.Session)
-		if err != nil {
-			return 0, 0, err
-		}
-		b, err := execTrue(ctx, c, vm)
-		if err != nil {
-			return 0, 0, err
-		}
-		ins, outs = append(ins, float64(a.Nanoseconds())/1e6), append(outs, float64(b.Nanoseconds())/1e6)
-	}
-	in, _ = medianSpread(ins)
-	out, _ = medianSpread(outs)
-	return in, out, nil
 }
 
 // guestTick is the lab guest's timer tick (a Debian kernel: HZ=250). A
@@ -407,7 +368,8 @@ func withoutQEMU(rows []*Row) bool {
 }
 
 // labRows measures exec latency (1a to 1d), parallel exec throughput over 4
-// VMs (6b), the server's memory (7) and exec in a sandboxed session (8). Without QEMU the rows are skipped,
+// VMs (6b) and the server's memory (7); rows 8–8e are the resident group's
+// (resident.go). Without QEMU the rows are skipped,
 // unless VMGATE_REQUIRE_VM is set, which makes them fail.
 func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	b := &labBench{
@@ -417,10 +379,9 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 		alike:  &Row{ID: "1d", Unit: "ms", What: "exec /bin/true latency, raw, polled back to back: on the baselines' second guest agent / on the agent the driver uses (server stopped): should be 1"},
 		par: &Row{ID: "6b", Unit: "execs/s", What: fmt.Sprintf("scale: exec throughput, %d lab VMs in parallel / 1 lab VM, through vmgate serve", labVMs),
 			Note: fmt.Sprintf("%d CPUs", runtime.NumCPU())},
-		mem:   &Row{ID: "7", Unit: "MiB", What: "memory: RSS of vmgate serve and its plugin processes, after the load / idle"},
-		boxed: &Row{ID: "8", Unit: "ms", What: "sandbox: exec /bin/true latency through vm_agent_exec, in a sandboxed session (own uid, no_new_privs, Landlock, net none, cgroup) / outside any session"},
+		mem: &Row{ID: "7", Unit: "MiB", What: "memory: RSS of vmgate serve and its plugin processes, after the load / idle"},
 	}
-	rows := []*Row{b.tight, b.poll1s, b.paced, b.alike, b.par, b.mem, b.boxed}
+	rows := []*Row{b.tight, b.poll1s, b.paced, b.alike, b.par, b.mem}
 	fail := func(err error) []*Row { return failRows(rows, pairs, err) }
 	if withoutQEMU(rows) {
 		return rows
@@ -456,13 +417,13 @@ func labRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 
 // labBench is labRows' lab and rows.
 type labBench struct {
-	l                                            *labEnv
-	cfg                                          string
-	all                                          []string // the lab VMs
-	vm1                                          *lab.VM
-	bc                                           *qga.Client // the baselines' second agent of vm1
-	tight, poll1s, paced, alike, par, mem, boxed *Row
-	procs                                        int // serve's process tree
+	l                                     *labEnv
+	cfg                                   string
+	all                                   []string // the lab VMs
+	vm1                                   *lab.VM
+	bc                                    *qga.Client // the baselines' second agent of vm1
+	tight, poll1s, paced, alike, par, mem *Row
+	procs                                 int // serve's process tree
 }
 
 // labExecs is how many execs each latency of a round takes; labPerVM the
@@ -499,10 +460,6 @@ func (b *labBench) round(ctx context.Context, i int, counts bool) error {
 		return err
 	}
 	gated, raw, pacedRaw := lat[0], lat[1], lat[2]
-	inBox, outside, err := sandboxedExec(ctx, p.client, "vm1", labExecs)
-	if err != nil {
-		return err
-	}
 	many, one, err := b.rates(ctx, p.client, i)
 	if err != nil {
 		return err
@@ -520,7 +477,7 @@ func (b *labBench) round(ctx context.Context, i int, counts bool) error {
 		return err
 	}
 	return errors.Join(b.tight.Add(gated, raw), b.poll1s.Add(gated, slow), b.paced.Add(pacedRaw, raw), b.alike.Add(aa[0], aa[1]),
-		b.par.Add(many, one), b.mem.Add(loaded, idle), b.boxed.Add(inBox, outside))
+		b.par.Add(many, one), b.mem.Add(loaded, idle))
 }
 
 // rates are the exec throughput over every lab VM and over one, measured

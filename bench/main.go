@@ -37,7 +37,11 @@
 //	        same page; RSS of serve and its plugins with 1,000 VMs and
 //	        leases against 10 (fleet.go)
 //	7       memory: RSS of vmgate serve and its plugins after the load against idle
-//	8       sandbox: exec in a sandboxed session against outside any session
+//	8–8e    resident helper: exec in a sandboxed session, a one-shot
+//	        sandboxed exec and create_session against plain vm_agent_exec;
+//	        a running command's output seen through vm_agent_exec_status;
+//	        the Proxmox/VirtualBox roads, per command against the resident
+//	        helper (resident.go)
 //	10      VMs on demand: vm_create to the first exec on the lab template against
 //	        lab.Create to the first raw guest-exec
 //	11      screen: vm_screenshot through vmgate serve against a raw QMP
@@ -68,7 +72,7 @@ import (
 )
 
 // groups are the names -only accepts, in the order they run.
-var groups = []string{"decide", "scale", "audit", "search", "plugin", "gate", "shipped", "fleet", "lab", "snapshot", "create", "screen", "files"}
+var groups = []string{"decide", "scale", "audit", "search", "plugin", "gate", "shipped", "fleet", "lab", "resident", "snapshot", "create", "screen", "files"}
 
 // options are the command's flags, validated.
 type options struct {
@@ -84,7 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	var only string
 	fs.StringVar(&o.vmgate, "vmgate", "", "the vmgate binary (lab rows)")
-	fs.StringVar(&o.tests, "tests", "", "directory with server.test, audit.test and pluginhost.test (go test -c)")
+	fs.StringVar(&o.tests, "tests", "", "directory with server.test, audit.test, pluginhost.test and guestctl.test (go test -c)")
 	fs.StringVar(&o.src, "src", "", "root of the vmgate main module (the test binaries run in their package directories)")
 	fs.StringVar(&o.plugins, "plugins", "", "directory with vmgate-plugin-fleet (bench/fleetplugin; fleet rows)")
 	fs.IntVar(&o.pairs, "pairs", 6, "rounds that count, each one A and one B (at least 5)")
@@ -119,8 +123,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	}
-	return o, errors.Join(needs("vmgate", o.vmgate, "search", "lab", "shipped", "fleet", "snapshot", "create", "screen", "files"),
-		needs("tests", o.tests, "audit", "plugin", "gate"), needs("src", o.src, "audit", "plugin", "gate"),
+	return o, errors.Join(needs("vmgate", o.vmgate, "search", "lab", "resident", "shipped", "fleet", "snapshot", "create", "screen", "files"),
+		needs("tests", o.tests, "audit", "plugin", "gate", "resident"), needs("src", o.src, "audit", "plugin", "gate", "resident"),
 		needs("plugins", o.plugins, "fleet"))
 }
 
@@ -188,6 +192,8 @@ func main() {
 			rows = append(rows, fleetRows(ctx, o.vmgate, o.plugins, o.warmup, o.pairs)...)
 		case "lab":
 			rows = append(rows, labRows(ctx, o.vmgate, o.warmup, o.pairs)...)
+		case "resident":
+			rows = append(rows, residentRows(ctx, o.vmgate, m, o.warmup, o.pairs)...)
 		case "snapshot":
 			rows = append(rows, snapshotRows(ctx, o.vmgate, o.warmup, o.pairs)...)
 		case "files":

@@ -14,7 +14,7 @@ import (
 
 // mainTests locates the test binaries and the source tree.
 type mainTests struct {
-	Bins string // directory with server.test, audit.test, pluginhost.test
+	Bins string // directory with server.test, audit.test, pluginhost.test, guestctl.test
 	Src  string // root of the main module
 }
 

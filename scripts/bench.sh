@@ -48,7 +48,7 @@ echo "bench: building vmgate, test binaries and vmgate-bench in $work" >&2
 $GO build -o "$work/vmgate" ./cmd/vmgate
 # The helper the session row pushes into the lab VM, found beside vmgate.
 CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $GO build -trimpath -ldflags='-s -w' -o "$work/vmgate-guest-linux-amd64" ./cmd/vmgate-guest
-for pkg in server policy/audit internal/pluginhost; do
+for pkg in server policy/audit internal/pluginhost internal/guestctl; do
 	$GO test -c -o "$work/$(basename "$pkg").test" "./$pkg"
 done
 (cd bench && $GO build -o "$work/vmgate-bench" . && $GO build -o "$work/plugins/vmgate-plugin-fleet" ./fleetplugin)

@@ -386,6 +386,24 @@ func TestSessionGrantBinding(t *testing.T) {
 	if s, _ := f.sessions.GetSession(context.Background(), id); !s.LastUsed.Equal(time.Unix(0, f.now.Load())) {
 		t.Errorf("after exec LastUsed = %v; want now %v", s.LastUsed, time.Unix(0, f.now.Load()))
 	}
+	// Within a second of the recorded last use a call writes nothing to
+	// the store (touchEvery); past it, the next call records its time.
+	used := time.Unix(0, f.now.Load())
+	for _, step := range []struct {
+		advance time.Duration
+		written bool
+	}{{500 * time.Millisecond, false}, {499 * time.Millisecond, false}, {time.Millisecond, true}} {
+		f.advance(step.advance)
+		if r := f.as(t, "alice", "vm_agent_exec", fmt.Sprintf(`{"vm":"lab/vm1","session":%q,"shell":"true"}`, id)); r.Result == nil || r.Result.IsError {
+			t.Fatalf("alice's exec in her session = %q", r.Text())
+		}
+		if step.written {
+			used = time.Unix(0, f.now.Load())
+		}
+		if s, _ := f.sessions.GetSession(context.Background(), id); !s.LastUsed.Equal(used) {
+			t.Errorf("exec %v after the last one: LastUsed = %v; want %v", step.advance, s.LastUsed, used)
+		}
+	}
 	r = f.as(t, "alice", "list_processes", fmt.Sprintf(`{"vm":"lab/vm1","session":%q}`, id))
 	if r.Result == nil || r.Result.IsError || !strings.Contains(r.Text(), "sleep 1000") {
 		t.Errorf("alice's list_processes = %q; want her session's processes", r.Text())

@@ -63,11 +63,14 @@ type job struct {
 	id, session      string
 	runID, runCgroup string
 	pid              int
-	started          time.Time
-	stdout, stderr   *ring
-	cancel           context.CancelFunc
-	done             chan struct{} // closed once the job has ended and its record is written
-	last             atomic.Int32  // the stream written last: 1 stdout, 2 stderr
+	started          time.Time // for its duration
+	// startedAtMS is the process's start as list_processes shows it and a
+	// kill checks it (startMS): what the host passes back with the pid.
+	startedAtMS    int64
+	stdout, stderr *ring
+	cancel         context.CancelFunc
+	done           chan struct{} // closed once the job has ended and its record is written
+	last           atomic.Int32  // the stream written last: 1 stdout, 2 stderr
 
 	mu  sync.Mutex
 	end wire.JobStatus // State, exit fields, EndedAt, Canceled, Note
@@ -121,7 +124,8 @@ func (t *jobTable) start(req wire.RunRequest) (wire.JobStarted, error) {
 		end()
 		return wire.JobStarted{}, fmt.Errorf("job start: %w", err)
 	}
-	j.pid, j.runID, j.runCgroup, j.started = p.cmd.Process.Pid, p.r.runID, p.r.runCgroup, time.Now()
+	j.pid, j.runID, j.runCgroup, j.started = p.cmd.Process.Pid, p.r.runID, p.r.runCgroup, p.r.startedAt
+	j.startedAtMS = t.a.processStartMS(j.pid, j.started)
 	ctx, cancel := context.WithCancel(t.life)
 	j.cancel = cancel
 	t.mu.Lock()
@@ -137,7 +141,22 @@ func (t *jobTable) start(req wire.RunRequest) (wire.JobStarted, error) {
 		t.persist(j)
 		close(j.done)
 	}()
-	return wire.JobStarted{ID: j.id, PID: j.pid, StartedAt: j.started.UnixMilli()}, nil
+	return wire.JobStarted{ID: j.id, PID: j.pid, StartedAt: j.startedAtMS}, nil
+}
+
+// processStartMS is pid's start time in ms as /proc gives it (startMS),
+// or fallback's when /proc does not say. The job's process cannot have
+// been reaped yet (its wait begins after this), so pid is still its.
+func (a *Agent) processStartMS(pid int, fallback time.Time) int64 {
+	st, err := a.proc.stat(pid)
+	if err != nil {
+		return fallback.UnixMilli()
+	}
+	btime, err := a.proc.bootTime()
+	if err != nil {
+		return fallback.UnixMilli()
+	}
+	return startMS(btime, st.StartTime)
 }
 
 func (t *jobTable) runningLocked() int {
@@ -223,7 +242,7 @@ func (j *job) status() wire.JobStatus {
 	j.mu.Lock()
 	st := j.end
 	j.mu.Unlock()
-	st.ID, st.Session, st.PID, st.StartedAt = j.id, j.session, j.pid, j.started.UnixMilli()
+	st.ID, st.Session, st.PID, st.StartedAt = j.id, j.session, j.pid, j.startedAtMS
 	if st.State == wire.JobRunning {
 		st.DurationMS = time.Since(j.started).Milliseconds()
 	}
@@ -401,7 +420,7 @@ func (t *jobTable) load(ctx context.Context, id string) (*job, error) {
 	}
 	st := rec.Status
 	j := &job{id: id, session: st.Session, runID: rec.RunID, runCgroup: rec.RunCgroup, pid: st.PID,
-		started: time.UnixMilli(st.StartedAt), done: make(chan struct{})}
+		started: time.UnixMilli(st.StartedAt), startedAtMS: st.StartedAt, done: make(chan struct{})}
 	j.stdout = ringFromTail(st.Stdout.Total, rec.StdoutTail)
 	j.stderr = ringFromTail(st.Stderr.Total, rec.StderrTail)
 	close(j.done)

@@ -236,6 +236,7 @@ func (a *Agent) startRun(req wire.RunRequest, own *meta, stdout, stderr io.Write
 			return running{}, err
 		}
 	}
+	r.startedAt = time.Now()
 	cmd, err := r.start(req.Stdin, stdout, stderr)
 	release()
 	if err != nil {
@@ -285,6 +286,10 @@ type runSetup struct {
 	// onThread: start runs on the run's own confined thread, which forks
 	// the process itself (see forkOnStableThread for the others).
 	onThread bool
+	// startedAt is when startRun started the process: a run's duration
+	// counts from it, not from its wait, which a job begins only after it
+	// recorded the job.
+	startedAt time.Time
 }
 
 func (r *runSetup) close() {
@@ -492,7 +497,10 @@ func (r *runSetup) startConfined(stdin []byte, stdout, stderr io.Writer) (*exec.
 // wait waits for cmd until it exits or timeout (or ctx) ends it, and kills
 // the run's whole tree then. Stdout and Stderr are left to the caller.
 func (a *Agent) wait(ctx context.Context, cmd *exec.Cmd, r *runSetup, timeout time.Duration) (wire.RunResult, error) {
-	start := time.Now()
+	start := r.startedAt
+	if start.IsZero() {
+		start = time.Now()
+	}
 	pid := cmd.Process.Pid
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/guest/agent/wire"
 )
 
 // labPoolSize is how many ready sessions the lab's resident helper keeps
@@ -40,6 +42,18 @@ func poolReady(t *testing.T, ctx context.Context, h *Helper, vm string, before [
 			t.Fatalf("one-shot sessions in %s after a minute: %v (the runs before: %v); want %d ready and none of those", vm, ids, before, labPoolSize)
 		}
 	}
+}
+
+// fillPool runs a one-shot command on vm, which starts the pool, and
+// returns the session it ran in: poolReady must not count it among the
+// ready ones while its destroy is pending.
+func fillPool(t *testing.T, ctx context.Context, h *Helper, vm string) []string {
+	t.Helper()
+	res, err := h.Run(ctx, vm, RunRequest{Sandbox: &Sandbox{BestEffort: bestEffort(vm)}, Shell: `echo "$HOME"`})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("first one-shot run (fills the pool) = %+v, %v", res, err)
+	}
+	return []string{filepath.Base(strings.TrimSpace(string(res.Stdout)))}
 }
 
 // pooledRun runs line as a one-shot sandboxed command on a full pool and
@@ -82,10 +96,8 @@ func TestLabOneShotPooled(t *testing.T) {
 				t.Fatalf("road = %s; want resident", r)
 			}
 			l := setUpEscapes(t, ctx, h, vm)
-			if _, err := h.Run(ctx, vm, RunRequest{Sandbox: &Sandbox{BestEffort: bestEffort(vm)}, Argv: []string{"true"}}); err != nil {
-				t.Fatalf("first one-shot run (fills the pool) = %v", err)
-			}
-			one, s1 := pooledRun(t, ctx, h, vm, `echo one > $HOME/left; echo one > /tmp/left; env | grep -c FROM_ONE; sleep 1098 </dev/null >/dev/null 2>&1 &`, nil)
+			first := fillPool(t, ctx, h, vm)
+			one, s1 := pooledRun(t, ctx, h, vm, `echo one > $HOME/left; echo one > /tmp/left; env | grep -c FROM_ONE; sleep 1098 </dev/null >/dev/null 2>&1 &`, first)
 			if one.ExitCode != 0 {
 				t.Fatalf("first pooled run = %+v", one)
 			}
@@ -160,4 +172,45 @@ func sameViewAsSession(t *testing.T, ctx context.Context, h *Helper, vm string, 
 		t.Errorf("the probe saw no confinement:\n%s", a)
 	}
 	return ps.ID
+}
+
+// TestLabOneShotJobPooled: a one-shot sandboxed job (wait: false with a
+// sandbox) takes a ready session of the pool, like a one-shot run; when it
+// ends, what it left running is killed and its session destroyed, and the
+// pool fills again with others.
+func TestLabOneShotJobPooled(t *testing.T) {
+	h, _ := labHelper(t, "cg")
+	ctx := testCtx(t, 10*time.Minute)
+	if r := h.CheckRoad(ctx, "cg"); r.Kind != RoadResident {
+		t.Fatalf("road = %s; want resident", r)
+	}
+	ready := poolReady(t, ctx, h, "cg", fillPool(t, ctx, h, "cg"))
+	st, err := h.Start(ctx, "cg", RunRequest{Sandbox: &Sandbox{}, TimeoutMS: 60000,
+		Shell: `echo "pooled $HOME"; sleep 1099 </dev/null >/dev/null 2>&1 & sleep 0.5; echo done`})
+	if err != nil {
+		t.Fatalf("Start(one-shot sandbox) = %v; want nil", err)
+	}
+	var out []byte
+	js := JobStatus{State: wire.JobRunning}
+	for cur := (Cursor{}); js.State == wire.JobRunning || js.Stdout.More; cur.Stdout = js.Stdout.Next {
+		if js, err = h.Status(ctx, "cg", StatusRequest{ID: st.ID, Since: cur, Wait: 10 * time.Second}); err != nil {
+			t.Fatalf("Status(%s) = %v; want nil", st.ID, err)
+		}
+		out = append(out, js.Stdout.Data...)
+	}
+	var home string
+	if _, err := fmt.Sscanf(string(out), "pooled %s\ndone\n", &home); err != nil || js.ExitCode != 0 || js.Canceled || js.TimedOut {
+		t.Fatalf("one-shot job ended %+v with output %q (%v); want exit 0 with its home and done", js, out, err)
+	}
+	id := filepath.Base(home)
+	if !slices.Contains(ready, id) {
+		t.Fatalf("the one-shot job ran in %s; want one of the ready sessions %v", id, ready)
+	}
+	for deadline := time.Now().Add(time.Minute); len(matching(t, ctx, h, "cg", "", "sleep 1099")) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the one-shot job's background process still runs a minute after it ended")
+		}
+	}
+	// The pool is full again without the job's session: it was destroyed.
+	poolReady(t, ctx, h, "cg", []string{id})
 }

@@ -132,8 +132,15 @@ func (g *Guest) OwnedSession(c *Call, id string) (store.Session, *Result) {
 	return sess, nil
 }
 
+// touchEvery is how stale a session's recorded last use may be before a
+// call in it writes it again. The write is a commit of the session store
+// (bbolt: two fsyncs), which every command in a session paid on top of a
+// plain one; idle limits are whole seconds, so a last use kept to the
+// second ends an idle session at most a second before its idle_s.
+const touchEvery = time.Second
+
 // LiveSession is OwnedSession for a session that must still exist, touched
-// as used now.
+// as used now (written when its recorded last use is touchEvery old).
 func (g *Guest) LiveSession(c *Call, id string) (store.Session, *Result) {
 	sess, r := g.OwnedSession(c, id)
 	if r != nil {
@@ -143,6 +150,9 @@ func (g *Guest) LiveSession(c *Call, id string) (store.Session, *Result) {
 	if !sess.Deleted.IsZero() || sess.Expired(now) {
 		rr := Failure(TagInvalid, "session "+id+" has ended", true)
 		return sess, &rr
+	}
+	if now.Sub(sess.LastUsed) < touchEvery {
+		return sess, nil
 	}
 	if err := g.Sessions.TouchSession(c.Ctx, id, now); err != nil {
 		if errors.Is(err, store.ErrUnknownSession) {
