@@ -44,6 +44,12 @@ type Config struct {
 	// InfoTTL is how long guest-info is cached for the exec preflight.
 	// Default DefaultInfoTTL.
 	InfoTTL time.Duration
+	// HelperSilenceLimit is how long a resident helper may send nothing
+	// while it owes an answer before its channel's connection is given up
+	// (helperchan.Options.SilenceLimit). Zero means mux.DefaultSilenceLimit
+	// (30 s); otherwise between helperchan.MinSilenceLimit and
+	// helperchan.MaxSilenceLimit.
+	HelperSilenceLimit time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -177,7 +183,7 @@ func New(cfg Config) (*Driver, error) {
 	d.core = agentexec.NewCore(agentexec.CoreConfig{Driver: "qemu", Reach: d.reach,
 		ExecTimeout: cfg.ExecTimeout, InfoTTL: cfg.InfoTTL, Logger: log})
 	d.Exec = d.core.Exec()
-	d.helpers = helperchan.New()
+	d.helpers = helperchan.New(helperchan.Options{SilenceLimit: cfg.HelperSilenceLimit})
 	d.newAgent = func(p string) agent { return qga.New(p, qga.WithLogger(log)) }
 	d.newMonitor = func(p string) monitor { return NewMonitor("unix", p, MonitorOptions{Logger: log}) }
 	d.startProcess = startDaemonized

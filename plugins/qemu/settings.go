@@ -11,6 +11,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/registry"
 	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/plugins/internal/helperchan"
 )
 
 // The driver registers itself as "qemu": the binary links it in with a
@@ -36,6 +37,11 @@ type Settings struct {
 	ExecTimeout registry.Duration `json:"exec_timeout,omitempty"`
 	// InfoTTL is how long guest-info is cached for the exec preflight.
 	InfoTTL registry.Duration `json:"info_ttl,omitempty"`
+	// HelperSilenceLimit is how long a resident helper may stay silent
+	// while it owes an answer before its channel is given up (and dialled
+	// again on the next call): unset means 30 s; at least 2 s, at most
+	// 1 h.
+	HelperSilenceLimit registry.Duration `json:"helper_silence_limit,omitempty"`
 }
 
 // VMSettings are one QEMU VM given by its sockets.
@@ -106,7 +112,7 @@ func (s *Settings) Validate() error {
 
 // config is the driver configuration the settings describe.
 func (s *Settings) config() Config {
-	cfg := Config{LabDir: s.LabDir, ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D()}
+	cfg := Config{LabDir: s.LabDir, ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D(), HelperSilenceLimit: s.HelperSilenceLimit.D()}
 	for _, vm := range s.VMs {
 		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA, HelperSocket: vm.Helper,
 			ConsoleSocket: vm.Console, ConsoleLog: vm.ConsoleLog})
@@ -124,6 +130,9 @@ func (cfg Config) check() error {
 	}
 	if cfg.InfoTTL < 0 {
 		return registry.Fieldf("info_ttl", "negative")
+	}
+	if err := helperchan.CheckSilenceLimit(cfg.HelperSilenceLimit); err != nil {
+		return registry.Fieldf("helper_silence_limit", "%w", err)
 	}
 	seen := make(map[string]bool, len(cfg.VMs))
 	for i, vm := range cfg.VMs {
