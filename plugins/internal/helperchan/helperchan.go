@@ -77,6 +77,10 @@ type Pool struct {
 type conn struct {
 	mu sync.Mutex
 	cl *mux.Client
+	// dropped and cause: the last client Drop closed, and why (its calls
+	// in flight name it).
+	dropped *mux.Client
+	cause   error
 }
 
 // New returns an empty Pool whose connections check liveness with o.
@@ -123,7 +127,48 @@ func (p *Pool) Call(ctx context.Context, path string, call hypervisor.HelperCall
 		return hypervisor.HelperReply{}, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperUnavailable, err)
 	}
 	p.drop(path, cl)
+	if cause := p.causeOf(path, cl); cause != nil {
+		err = cause
+	}
 	return hypervisor.HelperReply{}, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperLost, err)
+}
+
+// Drop closes path's connection because of cause (the backend said the
+// guest closed its side of the port: the helper is gone), without waiting
+// for the silence limit: calls in flight fail with ErrHelperLost naming
+// cause; the next call dials again.
+func (p *Pool) Drop(path string, cause error) {
+	p.mu.Lock()
+	c := p.conns[path]
+	p.mu.Unlock()
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	cl := c.cl
+	if cl != nil {
+		c.cl, c.dropped, c.cause = nil, cl, cause
+	}
+	c.mu.Unlock()
+	if cl != nil {
+		cl.Close()
+	}
+}
+
+// causeOf is why Drop closed cl, nil when it did not.
+func (p *Pool) causeOf(path string, cl *mux.Client) error {
+	p.mu.Lock()
+	c := p.conns[path]
+	p.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dropped == cl {
+		return c.cause
+	}
+	return nil
 }
 
 // client returns the live connection to path, dialling one if needed.

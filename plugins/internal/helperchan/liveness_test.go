@@ -41,7 +41,7 @@ func (m muteConn) Write(b []byte) (int, error) {
 
 // mortalPort serves a helper whose "die" command makes it fall silent for
 // good behind the open socket; every other command echoes.
-func mortalPort(t *testing.T) string {
+func mortalPort(t *testing.T) (string, *atomic.Bool) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "guest.sock")
 	ln, err := net.Listen("unix", path)
@@ -50,7 +50,7 @@ func mortalPort(t *testing.T) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); ln.Close() })
-	var dead atomic.Bool
+	dead := new(atomic.Bool)
 	srv := &mux.Server{Handler: func(ctx context.Context, r mux.Request) mux.Reply {
 		if r.Args[0] == "die" {
 			dead.Store(true)
@@ -64,10 +64,10 @@ func mortalPort(t *testing.T) string {
 			if err != nil {
 				return
 			}
-			go srv.ServeConn(ctx, muteConn{Conn: c, dead: &dead})
+			go srv.ServeConn(ctx, muteConn{Conn: c, dead: dead})
 		}
 	}()
-	return path
+	return path, dead
 }
 
 // TestSilenceLimitPassedThrough: the Pool's connections give a helper
@@ -83,7 +83,7 @@ func TestSilenceLimitPassedThrough(t *testing.T) {
 			t.Errorf("New(%+v).SilenceLimit() = %v; want %v", tc.opt, got, tc.want)
 		}
 	}
-	path := mortalPort(t)
+	path, _ := mortalPort(t)
 	p := New(Options{SilenceLimit: MinSilenceLimit})
 	defer p.Close()
 	if rep, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"ps"}}); err != nil || string(rep.Stdout) != "ps|" {
@@ -107,5 +107,40 @@ func TestCheckSilenceLimit(t *testing.T) {
 		if err := CheckSilenceLimit(tc.d); (err == nil) != tc.ok {
 			t.Errorf("CheckSilenceLimit(%v) = %v; want ok %v", tc.d, err, tc.ok)
 		}
+	}
+}
+
+// TestDropNamesItsCause: a connection dropped because the backend said
+// the helper is gone fails the call in flight at once with ErrHelperLost
+// naming that cause (not the silence limit, an hour here); the next call
+// dials again.
+func TestDropNamesItsCause(t *testing.T) {
+	path, dead := mortalPort(t)
+	p := New(Options{SilenceLimit: MaxSilenceLimit})
+	defer p.Close()
+	if _, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"ps"}}); err != nil {
+		t.Fatal(err)
+	}
+	cause := errors.New("the guest closed the port")
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"die"}})
+		done <- err
+	}()
+	// Drop once the call is in flight: the helper has gone silent.
+	for !dead.Load() {
+		select {
+		case err := <-done:
+			t.Fatalf("the call ended before the drop: %v", err)
+		default:
+		}
+	}
+	p.Drop(path, cause)
+	if err := <-done; !errors.Is(err, hypervisor.ErrHelperLost) || !errors.Is(err, cause) || errors.Is(err, mux.ErrSilent) {
+		t.Errorf("Call in flight when dropped = %v; want ErrHelperLost naming %q", err, cause)
+	}
+	p.Drop(filepath.Join(t.TempDir(), "none.sock"), cause) // no connection there: nothing happens
+	if rep, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"again"}}); err == nil || !errors.Is(err, hypervisor.ErrHelperUnavailable) {
+		t.Errorf("next Call = %q, %v; want a new dial, unanswered behind the dead helper (ErrHelperUnavailable)", rep.Stdout, err)
 	}
 }
