@@ -26,8 +26,8 @@ type logTap struct {
 }
 
 func (l *logTap) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logTap) WithAttrs([]slog.Attr) slog.Handler        { return l }
-func (l *logTap) WithGroup(string) slog.Handler             { return l }
+func (l *logTap) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logTap) WithGroup(string) slog.Handler            { return l }
 func (l *logTap) Handle(_ context.Context, r slog.Record) error {
 	var b strings.Builder
 	b.WriteString(r.Message)

@@ -124,8 +124,8 @@ type lines struct {
 }
 
 func (l *lines) Enabled(context.Context, slog.Level) bool { return true }
-func (l *lines) WithAttrs([]slog.Attr) slog.Handler        { return l }
-func (l *lines) WithGroup(string) slog.Handler             { return l }
+func (l *lines) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *lines) WithGroup(string) slog.Handler            { return l }
 func (l *lines) Handle(_ context.Context, r slog.Record) error {
 	s := r.Message
 	r.Attrs(func(a slog.Attr) bool { s += " " + a.Key + "=" + a.Value.String(); return true })
