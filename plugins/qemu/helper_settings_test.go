@@ -5,58 +5,34 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/vmgate/vmgate/guest/mux"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/registry"
+	"github.com/vmgate/vmgate/plugins/internal/helperchan/chantest"
 )
 
 // TestHelperSilenceLimitSetting: helper_silence_limit reaches the helper
 // channel's connections (30 s when unset); one out of bounds is refused,
 // naming the setting, before anything is connected.
 func TestHelperSilenceLimitSetting(t *testing.T) {
-	tests := []struct {
-		setting string // the JSON value; "" leaves it out
-		want    time.Duration
-		ok      bool
-		named   bool // the refusal names the setting (the bounds' check; a value that does not decode is refused by registry.Duration)
-	}{
-		{"", mux.DefaultSilenceLimit, true, false},
-		{`"2s"`, 2 * time.Second, true, false},
-		{`"90s"`, 90 * time.Second, true, false},
-		{`"1h"`, time.Hour, true, false},
-		{`"1s"`, 0, false, true},
-		{`"1999ms"`, 0, false, true},
-		{`"1h1s"`, 0, false, true},
-		{`"0s"`, 0, false, false},
-		{`"-5s"`, 0, false, false},
-		{`"soon"`, 0, false, false},
-		{`30`, 0, false, false},
-	}
-	for _, tt := range tests {
+	for _, tt := range chantest.SilenceCases() {
 		config := `{"lab_dir":"/s/lab"}`
-		if tt.setting != "" {
-			config = `{"lab_dir":"/s/lab","helper_silence_limit":` + tt.setting + `}`
+		if tt.Setting != "" {
+			config = `{"lab_dir":"/s/lab","helper_silence_limit":` + tt.Setting + `}`
 		}
 		d, err := registry.New(context.Background(), Name, []byte(config))
-		if !tt.ok {
-			if err == nil || !errors.Is(err, hypervisor.ErrInvalidArgument) || tt.named && !strings.Contains(err.Error(), "helper_silence_limit") {
-				t.Errorf("registry.New(Name, %s) = %v; want refused (naming helper_silence_limit: %v)", config, err, tt.named)
-			}
-			if c, ok := d.(hypervisor.Closer); ok {
-				c.Close()
-			}
-			continue
+		if c, ok := d.(hypervisor.Closer); ok {
+			defer c.Close()
 		}
-		if err != nil {
+		switch {
+		case !tt.OK && (err == nil || !errors.Is(err, hypervisor.ErrInvalidArgument) || tt.Named && !strings.Contains(err.Error(), "helper_silence_limit")):
+			t.Errorf("registry.New(Name, %s) = %v; want refused (naming helper_silence_limit: %v)", config, err, tt.Named)
+		case tt.OK && err != nil:
 			t.Errorf("registry.New(Name, %s) = %v; want nil", config, err)
-			continue
+		case tt.OK:
+			if got := d.(*Driver).helpers.SilenceLimit(); got != tt.Want {
+				t.Errorf("registry.New(Name, %s): the helper channel's silence limit = %v; want %v", config, got, tt.Want)
+			}
 		}
-		drv := d.(*Driver)
-		if got := drv.helpers.SilenceLimit(); got != tt.want {
-			t.Errorf("registry.New(Name, %s): the helper channel's silence limit = %v; want %v", config, got, tt.want)
-		}
-		drv.Close()
 	}
 }

@@ -4,18 +4,15 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
-	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp"
 
-	"github.com/vmgate/vmgate/guest/mux"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/helperchan/chantest"
 )
 
 // fakeEvents is an events monitor whose VM has two virtserialports with
@@ -63,60 +60,6 @@ func newFakeEvents() *fakeEvents {
 	return f
 }
 
-// silentHelper serves a resident helper on a unix socket whose "hang"
-// command makes it fall silent (it neither answers nor pings back).
-func silentHelper(t *testing.T) (string, *atomic.Bool) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "guest.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); ln.Close() })
-	hung := new(atomic.Bool)
-	srv := &mux.Server{Hello: func() []byte { return []byte(`{}`) }, Handler: func(ctx context.Context, r mux.Request) mux.Reply {
-		if r.Args[0] == "hang" {
-			hung.Store(true)
-			<-ctx.Done()
-		}
-		return mux.Reply{Stdout: []byte("ok")}
-	}}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go srv.ServeConn(ctx, mutedConn{Conn: c, mute: hung})
-		}
-	}()
-	return path, hung
-}
-
-// mutedConn stops carrying anything either way once mute is set, staying
-// open (a helper dead behind QEMU's chardev socket).
-type mutedConn struct {
-	net.Conn
-	mute *atomic.Bool
-}
-
-func (m mutedConn) Read(b []byte) (int, error) {
-	for {
-		n, err := m.Conn.Read(b)
-		if err != nil || !m.mute.Load() {
-			return n, err
-		}
-	}
-}
-
-func (m mutedConn) Write(b []byte) (int, error) {
-	if m.mute.Load() {
-		return len(b), nil
-	}
-	return m.Conn.Write(b)
-}
-
 // lines is a slog handler keeping each record's message and attributes.
 type lines struct {
 	mu  sync.Mutex
@@ -153,7 +96,7 @@ func (l *lines) count(sub string) int {
 // fails the call in flight at once (the silence limit is an hour) with
 // ErrHelperLost naming the event, logged once.
 func TestHelperPortClosedDropsTheChannel(t *testing.T) {
-	helper, hung := silentHelper(t)
+	helper, hung := chantest.MortalHelper(t)
 	log := &lines{}
 	d := newFakeDriver(t, Config{HelperSilenceLimit: time.Hour, Logger: slog.New(log)}, nil, nil)
 	d.configured["vm1"] = VMConfig{Name: "vm1", QMPSocket: "vm1.qmp", QGASocket: "vm1.qga", HelperSocket: helper, EventsSocket: "vm1.events"}
@@ -166,18 +109,18 @@ func TestHelperPortClosedDropsTheChannel(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if rep, err := d.HelperCall(ctx, "vm1", hypervisor.HelperCall{Args: []string{"ps"}}); err != nil || string(rep.Stdout) != "ok" {
+	if rep, err := d.HelperCall(ctx, "vm1", hypervisor.HelperCall{Args: []string{"ps"}}); err != nil || string(rep.Stdout) != "ps|" {
 		t.Fatalf("HelperCall(ps) = %q, %v", rep.Stdout, err)
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := d.HelperCall(ctx, "vm1", hypervisor.HelperCall{Args: []string{"hang"}})
+		_, err := d.HelperCall(ctx, "vm1", hypervisor.HelperCall{Args: []string{"die"}})
 		done <- err
 	}()
 	for !hung.Load() {
 		select {
 		case err := <-done:
-			t.Fatalf("HelperCall(hang) ended at once: %v", err)
+			t.Fatalf("HelperCall(die) ended at once: %v", err)
 		default:
 		}
 	}

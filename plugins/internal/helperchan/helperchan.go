@@ -138,9 +138,7 @@ func (p *Pool) Call(ctx context.Context, path string, call hypervisor.HelperCall
 // for the silence limit: calls in flight fail with ErrHelperLost naming
 // cause; the next call dials again.
 func (p *Pool) Drop(path string, cause error) {
-	p.mu.Lock()
-	c := p.conns[path]
-	p.mu.Unlock()
+	c := p.connOf(path)
 	if c == nil {
 		return
 	}
@@ -157,9 +155,7 @@ func (p *Pool) Drop(path string, cause error) {
 
 // causeOf is why Drop closed cl, nil when it did not.
 func (p *Pool) causeOf(path string, cl *mux.Client) error {
-	p.mu.Lock()
-	c := p.conns[path]
-	p.mu.Unlock()
+	c := p.connOf(path)
 	if c == nil {
 		return nil
 	}
@@ -214,11 +210,16 @@ func (p *Pool) client(ctx context.Context, path string) (*mux.Client, error) {
 	return cl, nil
 }
 
+// connOf is path's entry, nil when none.
+func (p *Pool) connOf(path string) *conn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conns[path]
+}
+
 // drop closes cl if it is still path's connection.
 func (p *Pool) drop(path string, cl *mux.Client) {
-	p.mu.Lock()
-	c := p.conns[path]
-	p.mu.Unlock()
+	c := p.connOf(path)
 	if c == nil {
 		return
 	}

@@ -1,74 +1,16 @@
 package helperchan
 
 import (
-	"context"
 	"errors"
-	"net"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/vmgate/vmgate/guest/mux"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/helperchan/chantest"
 )
-
-// muteConn is the guest end of a port whose helper can die behind it: once
-// dead is set, nothing more reaches the host and what the host sends is
-// read and dropped, while the connection stays open (as QEMU keeps a
-// chardev socket open when the guest closes its side of the port).
-type muteConn struct {
-	net.Conn
-	dead *atomic.Bool
-}
-
-func (m muteConn) Read(b []byte) (int, error) {
-	for {
-		n, err := m.Conn.Read(b)
-		if err != nil || !m.dead.Load() {
-			return n, err
-		}
-	}
-}
-
-func (m muteConn) Write(b []byte) (int, error) {
-	if m.dead.Load() {
-		return len(b), nil
-	}
-	return m.Conn.Write(b)
-}
-
-// mortalPort serves a helper whose "die" command makes it fall silent for
-// good behind the open socket; every other command echoes.
-func mortalPort(t *testing.T) (string, *atomic.Bool) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "guest.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); ln.Close() })
-	dead := new(atomic.Bool)
-	srv := &mux.Server{Handler: func(ctx context.Context, r mux.Request) mux.Reply {
-		if r.Args[0] == "die" {
-			dead.Store(true)
-			<-ctx.Done()
-		}
-		return echo(ctx, r)
-	}, Hello: func() []byte { return []byte(`{}`) }}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go srv.ServeConn(ctx, muteConn{Conn: c, dead: dead})
-		}
-	}()
-	return path, dead
-}
 
 // TestSilenceLimitPassedThrough: the Pool's connections give a helper
 // that fell silent up after Options.SilenceLimit, and say so: the call in
@@ -83,7 +25,7 @@ func TestSilenceLimitPassedThrough(t *testing.T) {
 			t.Errorf("New(%+v).SilenceLimit() = %v; want %v", tc.opt, got, tc.want)
 		}
 	}
-	path, _ := mortalPort(t)
+	path, _ := chantest.MortalHelper(t)
 	p := New(Options{SilenceLimit: MinSilenceLimit})
 	defer p.Close()
 	if rep, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"ps"}}); err != nil || string(rep.Stdout) != "ps|" {
@@ -115,7 +57,7 @@ func TestCheckSilenceLimit(t *testing.T) {
 // naming that cause (not the silence limit, an hour here); the next call
 // dials again.
 func TestDropNamesItsCause(t *testing.T) {
-	path, dead := mortalPort(t)
+	path, dead := chantest.MortalHelper(t)
 	p := New(Options{SilenceLimit: MaxSilenceLimit})
 	defer p.Close()
 	if _, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"ps"}}); err != nil {
