@@ -5,6 +5,7 @@ package chantest
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/mux"
+	"github.com/vmgate/vmgate/hypervisor"
 )
 
 // MortalHelper serves a resident helper on a unix socket in a temporary
@@ -94,5 +96,30 @@ func SilenceCases() []SilenceCase {
 		{`"-5s"`, 0, false, false},
 		{`"soon"`, 0, false, false},
 		{`30`, 0, false, false},
+	}
+}
+
+// CheckSilenceSetting runs SilenceCases through a driver's settings:
+// build makes the driver from its settings with helper_silence_limit set
+// to the case's JSON value (left out for ""), and returns the silence
+// limit its helper channel uses and a close. A refusal must be
+// ErrInvalidArgument, naming the setting where the case says so.
+func CheckSilenceSetting(t *testing.T, build func(setting string) (limit func() time.Duration, closeDriver func(), err error)) {
+	t.Helper()
+	for _, tt := range SilenceCases() {
+		limit, closeDriver, err := build(tt.Setting)
+		if closeDriver != nil {
+			defer closeDriver()
+		}
+		switch {
+		case !tt.OK && (err == nil || !errors.Is(err, hypervisor.ErrInvalidArgument) || tt.Named && !strings.Contains(err.Error(), "helper_silence_limit")):
+			t.Errorf("settings with helper_silence_limit %s = %v; want refused (naming helper_silence_limit: %v)", tt.Setting, err, tt.Named)
+		case tt.OK && err != nil:
+			t.Errorf("settings with helper_silence_limit %s = %v; want nil", tt.Setting, err)
+		case tt.OK:
+			if got := limit(); got != tt.Want {
+				t.Errorf("settings with helper_silence_limit %s: the helper channel's silence limit = %v; want %v", tt.Setting, got, tt.Want)
+			}
+		}
 	}
 }
