@@ -41,9 +41,14 @@ const watchConnect = 5 * time.Second
 // watchRetry is how long a watch that could not start is not tried again.
 const watchRetry = time.Minute
 
+// watchWait bounds how long a helper call waits for a starting watch to
+// listen (one that takes longer, such as on a monitor another client
+// holds, goes on starting behind the call).
+const watchWait = time.Second
+
 // watchHelper starts vm's watch unless it runs, and returns once it
-// listens (or could not start), so that a helper that dies after the
-// first call is heard.
+// listens (or could not start, or after watchWait), so that a helper that
+// dies after the first call is heard.
 func (d *Driver) watchHelper(vm *vmState) {
 	if vm.eventsPath == "" {
 		return
@@ -72,7 +77,12 @@ func (d *Driver) watchHelper(vm *vmState) {
 			d.log.Warn("cannot watch the helper's port; a helper that dies is found by the silence limit", "vm", vm.name, "err", err, "retry_in", watchRetry)
 		}
 	}()
-	<-listening
+	t := time.NewTimer(watchWait)
+	defer t.Stop()
+	select {
+	case <-listening:
+	case <-t.C:
+	}
 }
 
 // watch listens to vm's events monitor until it closes or the driver
