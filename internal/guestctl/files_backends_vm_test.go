@@ -9,9 +9,6 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,13 +16,8 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
-	"github.com/vmgate/vmgate/internal/lab/labtest"
 	"github.com/vmgate/vmgate/internal/libvirttest"
-	"github.com/vmgate/vmgate/internal/pveemu"
-	"github.com/vmgate/vmgate/internal/vboxemu"
 	"github.com/vmgate/vmgate/plugins/libvirt"
-	"github.com/vmgate/vmgate/plugins/proxmox"
-	"github.com/vmgate/vmgate/plugins/virtualbox"
 )
 
 // The file, dir and archive commands through every backend: the lab VM
@@ -268,65 +260,11 @@ func TestLabFilesLibvirt(t *testing.T) {
 }
 
 func TestLabFilesProxmox(t *testing.T) {
-	v := labtest.VM(t, "cg")
-	e := pveemu.Start(t, pveemu.Options{Version: pveemu.PVE92()})
-	const tokenID, secret = "vmgate@pve!files", "0d7c3b1e-8f8d-4c55-9a3e-0d6c2b7f4a99"
-	var privs []string
-	for _, p := range proxmox.Privileges(9) {
-		privs = append(privs, p.Name)
-	}
-	if err := e.AddToken(pveemu.Token{ID: tokenID, Secret: secret, ACL: []pveemu.ACL{{Path: "/vms", Privs: privs, Propagate: true}}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.AddVM(pveemu.VMSpec{VMID: 101, Node: "pve", Name: "cg", Machine: pveemu.NewLabMachine(v)}); err != nil {
-		t.Fatal(err)
-	}
-	ca, secretFile := e.ClientFiles(t, secret)
-	d, err := proxmox.New(proxmox.Config{URL: e.URL(), TokenID: tokenID, TokenSecretFile: secretFile, CAFile: ca, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	fileSuite(t, New(d, &DirBinaries{Dirs: []string{guestDir}}), "101", true) // VirtualBox reads it again
+	d, vm := pveDriver(t)
+	fileSuite(t, New(d, &DirBinaries{Dirs: []string{guestDir}}), vm, true) // VirtualBox reads it again
 }
 
-var (
-	vboxOnce sync.Once
-	vboxBin  string
-	vboxErr  error
-)
-
 func TestLabFilesVirtualBox(t *testing.T) {
-	v := labtest.VM(t, "cg")
-	vboxOnce.Do(func() {
-		vboxBin = filepath.Join(guestDir, "vboxmanage-emulator")
-		out, err := exec.Command("go", "build", "-o", vboxBin, "github.com/vmgate/vmgate/internal/vboxemu/cmd/vboxmanage").CombinedOutput()
-		if err != nil {
-			vboxErr = errors.New(string(out))
-		}
-	})
-	if vboxErr != nil {
-		t.Fatalf("building the VBoxManage emulator: %v", vboxErr)
-	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "VBoxManage") // the emulator finds its world next to itself
-	raw, err := os.ReadFile(vboxBin)
-	if err != nil || os.WriteFile(bin, raw, 0o700) != nil {
-		t.Fatalf("copying the emulator: %v", err)
-	}
-	const user, password = "vagrant", "correct horse battery"
-	w := &vboxemu.World{Version: "7.1", Users: map[string]string{user: password}, VMs: []*vboxemu.Machine{{
-		Name: "cg", UUID: "6d1f6a2c-0b7e-4c9e-9a51-3f0f6a8f00c9", State: "running", StateChange: time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC),
-		QGASocket: v.QGASocket, QMPSocket: v.QMPSocket}}}
-	if err := vboxemu.WriteWorld(filepath.Join(dir, vboxemu.WorldFile), w); err != nil {
-		t.Fatal(err)
-	}
-	pw := filepath.Join(dir, "password")
-	os.WriteFile(pw, []byte(password+"\n"), 0o600)
-	d, err := virtualbox.New(virtualbox.Config{VBoxManage: bin, Username: user, PasswordFile: pw, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	fileSuite(t, New(d, &DirBinaries{Dirs: []string{guestDir}}), "cg", false) // the last suite on cg
+	d, vm := vboxDriver(t)
+	fileSuite(t, New(d, &DirBinaries{Dirs: []string{guestDir}}), vm, false) // the last suite on cg
 }

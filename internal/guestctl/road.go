@@ -46,6 +46,10 @@ const (
 	ViaCall        = "guest agent exec + unix socket"
 )
 
+// NoChannelWhy is Road.Why on a backend without a channel of its own to
+// the guest (no hypervisor.HelperCaller: Proxmox, VirtualBox).
+const NoChannelWhy = "this backend has no channel of its own to the guest"
+
 // roadLockKey prefixes a VM's name for its road lock among vmLocks.
 const roadLockKey = "road\x00"
 
@@ -78,7 +82,8 @@ type Road struct {
 	Kind string `json:"kind"`
 	// Via is, for RoadResident, ViaChannel or ViaCall.
 	Via string `json:"via,omitempty"`
-	// Why says, for RoadPerCommand, why no resident helper serves.
+	// Why says, for RoadPerCommand, why no resident helper serves; for
+	// RoadResident through ViaCall, why not over a channel.
 	Why string `json:"why,omitempty"`
 	// Jobs is how jobs reach the resident helper (ViaChannel, ViaCall),
 	// "" while none has been started or when they cannot.
@@ -94,6 +99,9 @@ type Road struct {
 func (r Road) String() string {
 	switch r.Kind {
 	case RoadResident:
+		if r.Why != "" {
+			return "resident (" + r.Via + "; " + r.Why + ")"
+		}
 		return "resident (" + r.Via + ")"
 	case RoadPerCommand:
 		return "per-command: " + r.Why
@@ -164,7 +172,7 @@ func (h *Helper) dropRoad(vm string, r Road) {
 // decide finds vm's road: the channel, then (WithCallRoad) the agent's
 // exec to the helper's socket, else per command.
 func (h *Helper) decide(ctx context.Context, vm string) Road {
-	why := "this backend has no channel of its own to the guest"
+	why := NoChannelWhy
 	if hc, ok := hypervisor.AsHelperCaller(h.d); ok {
 		hello, err := h.residentHello(ctx, vm, ViaChannel, hc)
 		if err == nil {
@@ -175,7 +183,8 @@ func (h *Helper) decide(ctx context.Context, vm string) Road {
 	if h.callRoad {
 		hello, err := h.residentHello(ctx, vm, ViaCall, nil)
 		if err == nil {
-			return Road{Kind: RoadResident, Via: ViaCall, Jobs: ViaCall, Helper: hello}
+			// Why says why not the channel (vm_status shows it).
+			return Road{Kind: RoadResident, Via: ViaCall, Why: why, Jobs: ViaCall, Helper: hello}
 		}
 		why += "; and through the agent's exec: " + err.Error()
 	}

@@ -5,7 +5,11 @@
 //	qmp.sock      QMP monitor
 //	qga.sock      QEMU guest agent (virtio-serial port org.qemu.guest_agent.0)
 //	guest.sock    vmgate-guest's resident helper (virtio-serial port
-//	              org.vmgate.guest.0), unless the spec leaves it out
+//	              org.vmgate.guest.0, device id vmgate-helper), unless the
+//	              spec leaves it out
+//	events.sock   a second QMP monitor, with the helper's port: the QEMU
+//	              driver holds it to hear VSERPORT_CHANGE (the guest
+//	              closed the port: the helper died), leaving qmp.sock free
 //	console.sock  the guest's serial console (ttyS0): a socket chardev
 //	              (server, one client at a time) whose input is the
 //	              console's keyboard; everything the guest writes to it
@@ -103,6 +107,9 @@ const (
 	// HelperSocketName is the host end of the virtio-serial port
 	// HelperPortName, on which vmgate-guest's resident helper listens.
 	HelperSocketName = "guest.sock"
+	// EventsSocketName is a second QMP monitor of a VM with the helper's
+	// port, for the QEMU driver's watch of the port's events.
+	EventsSocketName = "events.sock"
 	PIDFileName      = "qemu.pid"
 	SerialLogName    = "serial.log"
 	QEMULogName      = "qemu.log"
@@ -112,11 +119,16 @@ const (
 // HelperPortName is the virtio-serial port of vmgate-guest's resident helper.
 const HelperPortName = "org.vmgate.guest.0"
 
+// HelperDeviceID is the QEMU device id of the helper's port: with an id,
+// QEMU emits VSERPORT_CHANGE when the guest opens or closes the port
+// (hw/char/virtio-console.c set_guest_connected).
+const HelperDeviceID = "vmgate-helper"
+
 // ConsoleChardev is the QEMU chardev id of the serial console.
 const ConsoleChardev = "serial0"
 
 // socketNames are the sockets QEMU makes in a VM directory.
-var socketNames = []string{QMPSocketName, QGASocketName, ConsoleSocketName, VNCSocketName, HelperSocketName}
+var socketNames = []string{QMPSocketName, QGASocketName, ConsoleSocketName, VNCSocketName, HelperSocketName, EventsSocketName}
 
 // DefaultStateDir is $VMGATE_STATE_DIR, else $XDG_STATE_HOME/vmgate, else
 // ~/.local/state/vmgate.
@@ -183,6 +195,9 @@ type VM struct {
 	QGASocket string   `json:"qga_socket"`
 	// HelperSocket is the host end of the helper's port, "" without one.
 	HelperSocket string `json:"helper_socket,omitempty"`
+	// EventsSocket is the second QMP monitor of a VM with the helper's
+	// port, "" without one.
+	EventsSocket string `json:"events_socket,omitempty"`
 	SerialLog    string `json:"serial_log"`
 	// ConsoleSocket and VNCSocket are empty for a VM an older vmgate
 	// started (its console went to SerialLog alone, it had no display).
@@ -384,6 +399,7 @@ func setUp(ctx context.Context, spec Spec, qemu string, img *image.Image) (*VM, 
 	}
 	if !spec.NoHelperPort {
 		v.HelperSocket = filepath.Join(dir, HelperSocketName)
+		v.EventsSocket = filepath.Join(dir, EventsSocketName)
 	}
 	v.Argv = append(qemuArgv(qemu, v, spec, img), diskArgv(disk)...)
 	logf, err := v.createLogs()
@@ -408,7 +424,7 @@ func (v *VM) createLogs() (*os.File, error) {
 // privateSockets gives the sockets, which QEMU made with its umask, mode
 // FileMode (the VM directory keeps others out already).
 func (v *VM) privateSockets() error {
-	for _, sock := range []string{v.QMPSocket, v.QGASocket, v.ConsoleSocket, v.VNCSocket, v.HelperSocket} {
+	for _, sock := range []string{v.QMPSocket, v.QGASocket, v.ConsoleSocket, v.VNCSocket, v.HelperSocket, v.EventsSocket} {
 		if sock == "" {
 			continue
 		}
@@ -487,7 +503,9 @@ func qemuArgv(qemu string, v *VM, spec Spec, img *image.Image) []string {
 	if v.HelperSocket != "" {
 		argv = append(argv,
 			"-chardev", "socket,id=vmgate0,path="+v.HelperSocket+",server=on,wait=off",
-			"-device", "virtserialport,chardev=vmgate0,name="+HelperPortName)
+			"-device", "virtserialport,chardev=vmgate0,id="+HelperDeviceID+",name="+HelperPortName,
+			"-chardev", "socket,id=vmgate-events,path="+optValue(v.EventsSocket)+",server=on,wait=off",
+			"-mon", "chardev=vmgate-events,mode=control")
 	}
 	argv = append(argv,
 		"-qmp", "unix:"+v.QMPSocket+",server=on,wait=off",

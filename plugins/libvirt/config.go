@@ -86,6 +86,12 @@ type Config struct {
 	InfoTTL time.Duration
 	// DialTimeout bounds connecting to libvirtd.
 	DialTimeout time.Duration
+	// HelperSilenceLimit is how long a resident helper may send nothing
+	// while it owes an answer before its channel's connection is given up
+	// (helperchan.Options.SilenceLimit). Zero means mux.DefaultSilenceLimit
+	// (30 s); otherwise between helperchan.MinSilenceLimit and
+	// helperchan.MaxSilenceLimit.
+	HelperSilenceLimit time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }

@@ -131,7 +131,7 @@ func New(cfg Config) (*Driver, error) {
 	d.core = agentexec.NewCore(agentexec.CoreConfig{Driver: "libvirt", Reach: d.reach,
 		ExecTimeout: cfg.ExecTimeout, InfoTTL: cfg.InfoTTL, Logger: d.log})
 	d.Exec = d.core.Exec()
-	d.helpers = helperchan.New()
+	d.helpers = helperchan.New(helperchan.Options{SilenceLimit: cfg.HelperSilenceLimit})
 	d.dial = func() (conn, error) { return dialLibvirt(ep, cfg.DialTimeout) }
 	d.consoles = map[string]*console{}
 	d.streamDialer = dialer{ep: ep, timeout: cfg.DialTimeout}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/vmgate/vmgate/hypervisor/registry"
+	"github.com/vmgate/vmgate/plugins/internal/helperchan"
 )
 
 // The driver registers itself as "libvirt": the binary links it in with a
@@ -35,6 +36,11 @@ type Settings struct {
 	InfoTTL registry.Duration `json:"info_ttl,omitempty"`
 	// DialTimeout; zero means DefaultDialTimeout.
 	DialTimeout registry.Duration `json:"dial_timeout,omitempty"`
+	// HelperSilenceLimit is how long a resident helper may stay silent
+	// while it owes an answer before its channel is given up (and dialled
+	// again on the next call): unset means 30 s; at least 2 s, at most
+	// 1 h.
+	HelperSilenceLimit registry.Duration `json:"helper_silence_limit,omitempty"`
 }
 
 var _ registry.Settings = (*Settings)(nil)
@@ -48,7 +54,8 @@ func (s *Settings) Validate() error {
 
 func (s *Settings) config() Config {
 	return Config{URI: s.URI, NameGlob: s.NameGlob, MetadataURI: s.MetadataURI,
-		ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D(), DialTimeout: s.DialTimeout.D()}
+		ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D(), DialTimeout: s.DialTimeout.D(),
+		HelperSilenceLimit: s.HelperSilenceLimit.D()}
 }
 
 // check validates cfg and parses its URI; errors are *registry.FieldError
@@ -73,6 +80,9 @@ func (cfg Config) check() (endpoint, error) {
 		if d.neg {
 			return endpoint{}, registry.Fieldf(d.name, "negative")
 		}
+	}
+	if err := helperchan.CheckSilenceLimit(cfg.HelperSilenceLimit); err != nil {
+		return endpoint{}, registry.Fieldf("helper_silence_limit", "%w", err)
 	}
 	return ep, nil
 }

@@ -13,8 +13,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/digitalocean/go-qemu/qmp"
+
 	"github.com/vmgate/vmgate/guest/qga"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/plugins/internal/agentexec"
 	"github.com/vmgate/vmgate/plugins/internal/helperchan"
 )
@@ -44,6 +47,12 @@ type Config struct {
 	// InfoTTL is how long guest-info is cached for the exec preflight.
 	// Default DefaultInfoTTL.
 	InfoTTL time.Duration
+	// HelperSilenceLimit is how long a resident helper may send nothing
+	// while it owes an answer before its channel's connection is given up
+	// (helperchan.Options.SilenceLimit). Zero means mux.DefaultSilenceLimit
+	// (30 s); otherwise between helperchan.MinSilenceLimit and
+	// helperchan.MaxSilenceLimit.
+	HelperSilenceLimit time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -56,6 +65,10 @@ type VMConfig struct {
 	// HelperSocket is the host end of the VM's virtio-serial port
 	// org.vmgate.guest.0 (vmgate-guest's resident helper); "" for none.
 	HelperSocket string
+	// EventsSocket is a second QMP monitor of the VM (-mon
+	// chardev=...,mode=control) that the driver holds to hear the helper's
+	// port close (helperwatch.go); "" for none.
+	EventsSocket string
 	// ConsoleSocket and ConsoleLog are the VM's serial console: the
 	// socket and the logfile of its socket chardev (console.go). Empty:
 	// the console tools say what to configure.
@@ -84,6 +97,13 @@ type monitor interface {
 	Disconnect() error
 }
 
+// eventsMonitor is a monitor that also delivers events; *Monitor
+// implements it.
+type eventsMonitor interface {
+	monitor
+	Events(ctx context.Context) (<-chan qmp.Event, error)
+}
+
 // Driver is the QEMU backend. It is safe for concurrent use; every VM has its
 // own agent client, monitor and locks, so a hung VM delays only calls to itself.
 type Driver struct {
@@ -107,6 +127,12 @@ type Driver struct {
 	core *agentexec.Core
 	// helpers are the resident helpers' channels (helper.go).
 	helpers *helperchan.Pool
+	// newEventsMonitor makes a helper port watch's monitor (tests
+	// replace it); ctx ends with Close, which waits for the watches.
+	newEventsMonitor func(sockPath string) eventsMonitor
+	ctx              context.Context
+	cancel           context.CancelFunc
+	watchers         sync.WaitGroup
 
 	// mu guards vms and closed. It is never held across I/O.
 	mu     sync.Mutex
@@ -128,6 +154,9 @@ type vmState struct {
 	qgaPath string
 	// helperPath is the host end of the resident helper's port ("" for none).
 	helperPath string
+	// eventsPath is a QMP monitor of the driver's own for the port's
+	// events ("" for none; helperwatch.go).
+	eventsPath string
 	labDir     string // non-empty for a lab VM
 
 	// qmpMu serialises QMP operations on this VM: QEMU's QMP socket serves
@@ -136,9 +165,13 @@ type vmState struct {
 	qmpMu sync.Mutex
 	mon   monitor
 
-	// mu guards agent. Never held across I/O.
+	// mu guards agent and watching. Never held across I/O.
 	mu    sync.Mutex
 	agent agent
+	// watching: the helper port's watch runs; watchAgain: not before
+	// then after one that could not start (helperwatch.go).
+	watching   bool
+	watchAgain time.Time
 	// snap serialises snapshot operations (snapshot.go).
 	snap snapState
 
@@ -177,9 +210,11 @@ func New(cfg Config) (*Driver, error) {
 	d.core = agentexec.NewCore(agentexec.CoreConfig{Driver: "qemu", Reach: d.reach,
 		ExecTimeout: cfg.ExecTimeout, InfoTTL: cfg.InfoTTL, Logger: log})
 	d.Exec = d.core.Exec()
-	d.helpers = helperchan.New()
+	d.helpers = helperchan.New(helperchan.Options{SilenceLimit: cfg.HelperSilenceLimit})
 	d.newAgent = func(p string) agent { return qga.New(p, qga.WithLogger(log)) }
 	d.newMonitor = func(p string) monitor { return NewMonitor("unix", p, MonitorOptions{Logger: log}) }
+	d.newEventsMonitor = func(p string) eventsMonitor { return NewMonitor("unix", p, MonitorOptions{Logger: log}) }
+	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.startProcess = startDaemonized
 	return d, nil
 }
@@ -192,6 +227,8 @@ func (d *Driver) Close() error {
 	d.vms = map[string]*vmState{}
 	d.mu.Unlock()
 	d.core.Close()
+	d.cancel()
+	d.watchers.Wait()
 	d.helpers.Close()
 	var errs []error
 	for _, vm := range vms {
@@ -242,12 +279,16 @@ func (d *Driver) lookup(op, name string) (*vmState, error) {
 	if vm, ok := d.vms[name]; ok {
 		return vm, nil
 	}
-	vm := &vmState{name: name, qmpPath: cfg.QMPSocket, qgaPath: cfg.QGASocket, helperPath: cfg.HelperSocket, labDir: labDir,
+	vm := &vmState{name: name, qmpPath: cfg.QMPSocket, qgaPath: cfg.QGASocket, helperPath: cfg.HelperSocket, eventsPath: cfg.EventsSocket, labDir: labDir,
 		consoleSock: cfg.ConsoleSocket, consoleLog: cfg.ConsoleLog}
 	if labDir != "" {
 		vm.qmpPath = filepath.Join(labDir, "qmp.sock")
 		vm.qgaPath = filepath.Join(labDir, "qga.sock")
 		vm.helperPath = filepath.Join(labDir, "guest.sock")
+		vm.eventsPath = filepath.Join(labDir, lab.EventsSocketName)
+		if _, err := os.Stat(vm.eventsPath); err != nil {
+			vm.eventsPath = "" // a VM an older vmgate started
+		}
 	}
 	vm.mon = d.newMonitor(vm.qmpPath)
 	d.vms[name] = vm

@@ -19,6 +19,7 @@ func (d *Driver) HelperCall(ctx context.Context, name string, call hypervisor.He
 	if vm.helperPath == "" {
 		return hypervisor.HelperReply{}, fmt.Errorf("qemu: helper call %s: %w: no helper socket is configured (give the VM a virtio-serial port org.vmgate.guest.0 and its socket as helper)", name, hypervisor.ErrNoHelperChannel)
 	}
+	d.watchHelper(vm)
 	rep, err := d.helpers.Call(ctx, vm.helperPath, call)
 	if errors.Is(err, hypervisor.ErrHelperUnavailable) {
 		if gone := vm.gone(ctx, err); gone != nil {

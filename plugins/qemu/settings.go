@@ -11,6 +11,7 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/hypervisor/registry"
 	"github.com/vmgate/vmgate/internal/lab"
+	"github.com/vmgate/vmgate/plugins/internal/helperchan"
 )
 
 // The driver registers itself as "qemu": the binary links it in with a
@@ -36,6 +37,11 @@ type Settings struct {
 	ExecTimeout registry.Duration `json:"exec_timeout,omitempty"`
 	// InfoTTL is how long guest-info is cached for the exec preflight.
 	InfoTTL registry.Duration `json:"info_ttl,omitempty"`
+	// HelperSilenceLimit is how long a resident helper may stay silent
+	// while it owes an answer before its channel is given up (and dialled
+	// again on the next call): unset means 30 s; at least 2 s, at most
+	// 1 h.
+	HelperSilenceLimit registry.Duration `json:"helper_silence_limit,omitempty"`
 }
 
 // VMSettings are one QEMU VM given by its sockets.
@@ -48,6 +54,11 @@ type VMSettings struct {
 	// (optional: without it, helper commands start a process through the
 	// guest agent).
 	Helper string `json:"helper,omitempty"`
+	// Events is a second QMP monitor of the VM (-chardev socket,...
+	// -mon chardev=...,mode=control), held by the driver to hear the
+	// helper's port close (VSERPORT_CHANGE; the port's -device needs an
+	// id) instead of waiting out the silence limit. Optional.
+	Events string `json:"events,omitempty"`
 	// Console and ConsoleLog are the VM's serial console: the path of a
 	// socket chardev (server=on) and its logfile, for vm_console_write
 	// and vm_console_read. Optional.
@@ -84,6 +95,9 @@ func (s *Settings) Resolve(env registry.Env) {
 		if s.VMs[i].Helper != "" {
 			s.VMs[i].Helper = env.Abs(s.VMs[i].Helper)
 		}
+		if s.VMs[i].Events != "" {
+			s.VMs[i].Events = env.Abs(s.VMs[i].Events)
+		}
 		s.VMs[i].Console, s.VMs[i].ConsoleLog = env.Abs(s.VMs[i].Console), env.Abs(s.VMs[i].ConsoleLog)
 	}
 	if s.Lab && s.LabDir == "" && env.StateDir != "" {
@@ -106,9 +120,9 @@ func (s *Settings) Validate() error {
 
 // config is the driver configuration the settings describe.
 func (s *Settings) config() Config {
-	cfg := Config{LabDir: s.LabDir, ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D()}
+	cfg := Config{LabDir: s.LabDir, ExecTimeout: s.ExecTimeout.D(), InfoTTL: s.InfoTTL.D(), HelperSilenceLimit: s.HelperSilenceLimit.D()}
 	for _, vm := range s.VMs {
-		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA, HelperSocket: vm.Helper,
+		cfg.VMs = append(cfg.VMs, VMConfig{Name: vm.Name, QMPSocket: vm.QMP, QGASocket: vm.QGA, HelperSocket: vm.Helper, EventsSocket: vm.Events,
 			ConsoleSocket: vm.Console, ConsoleLog: vm.ConsoleLog})
 	}
 	return cfg
@@ -125,6 +139,9 @@ func (cfg Config) check() error {
 	if cfg.InfoTTL < 0 {
 		return registry.Fieldf("info_ttl", "negative")
 	}
+	if err := helperchan.CheckSilenceLimit(cfg.HelperSilenceLimit); err != nil {
+		return registry.Fieldf("helper_silence_limit", "%w", err)
+	}
 	seen := make(map[string]bool, len(cfg.VMs))
 	for i, vm := range cfg.VMs {
 		err := func() error {
@@ -137,6 +154,8 @@ func (cfg Config) check() error {
 				return registry.Fieldf("qmp", "required (the VM's QMP socket)")
 			case vm.QGASocket == "":
 				return registry.Fieldf("qga", "required (the VM's guest agent socket)")
+			case vm.EventsSocket != "" && vm.HelperSocket == "":
+				return registry.Fieldf("events", "watches the helper's port: give helper too")
 			}
 			return nil
 		}()

@@ -10,6 +10,10 @@
 // hello goes unanswered (ErrHelperUnavailable) and its caller uses the
 // guest agent instead.
 //
+// Liveness: each connection pings the helper and is given up once the
+// guest has owed an answer and sent nothing for Options.SilenceLimit
+// (guest/mux's liveness check; the drivers' helper_silence_limit setting).
+//
 // Concurrency: Pool is safe for concurrent use. mu guards conns; each
 // conn's mu is held while it dials (one dial per socket at a time) and
 // never across a call, which the mux client multiplexes.
@@ -36,10 +40,36 @@ const PortName = "org.vmgate.guest.0"
 // connection's hello (the helper polls a closed port every 100 ms at most).
 const HelloTimeout = 3 * time.Second
 
+// Silence limit bounds (Options.SilenceLimit): below two pings the check
+// could not tell a slow guest from a dead one; above an hour a dead helper
+// behind an open port would hold its callers that long.
+const (
+	MinSilenceLimit = 2 * mux.DefaultPingEvery
+	MaxSilenceLimit = time.Hour
+)
+
+// Options configure a Pool.
+type Options struct {
+	// SilenceLimit is how long a helper may send nothing while it owes an
+	// answer before its connection is given up (mux.Options.SilenceLimit);
+	// zero means mux.DefaultSilenceLimit.
+	SilenceLimit time.Duration
+}
+
+// CheckSilenceLimit validates a configured silence limit: zero (the
+// default) or between MinSilenceLimit and MaxSilenceLimit.
+func CheckSilenceLimit(d time.Duration) error {
+	if d != 0 && (d < MinSilenceLimit || d > MaxSilenceLimit) {
+		return fmt.Errorf("%v: want between %v and %v (0 or unset: %v)", d, MinSilenceLimit, MaxSilenceLimit, mux.DefaultSilenceLimit)
+	}
+	return nil
+}
+
 // Pool holds the connections. The zero value is not usable: use New.
 type Pool struct {
 	mu    sync.Mutex
 	conns map[string]*conn
+	opt   mux.Options
 	// dial opens a socket; tests replace it.
 	dial func(ctx context.Context, path string) (net.Conn, error)
 }
@@ -47,14 +77,27 @@ type Pool struct {
 type conn struct {
 	mu sync.Mutex
 	cl *mux.Client
+	// dropped and cause: the last client Drop closed, and why (its calls
+	// in flight name it).
+	dropped *mux.Client
+	cause   error
 }
 
-// New returns an empty Pool.
-func New() *Pool {
+// New returns an empty Pool whose connections check liveness with o.
+func New(o Options) *Pool {
 	var d net.Dialer
-	return &Pool{conns: map[string]*conn{}, dial: func(ctx context.Context, path string) (net.Conn, error) {
+	return &Pool{conns: map[string]*conn{}, opt: mux.Options{SilenceLimit: o.SilenceLimit}, dial: func(ctx context.Context, path string) (net.Conn, error) {
 		return d.DialContext(ctx, "unix", path)
 	}}
+}
+
+// SilenceLimit is the silence limit the Pool's connections use (the
+// default applied).
+func (p *Pool) SilenceLimit() time.Duration {
+	if p.opt.SilenceLimit > 0 {
+		return p.opt.SilenceLimit
+	}
+	return mux.DefaultSilenceLimit
 }
 
 // Call sends one helper command over the channel whose host end is the
@@ -84,7 +127,44 @@ func (p *Pool) Call(ctx context.Context, path string, call hypervisor.HelperCall
 		return hypervisor.HelperReply{}, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperUnavailable, err)
 	}
 	p.drop(path, cl)
+	if cause := p.causeOf(path, cl); cause != nil {
+		err = cause
+	}
 	return hypervisor.HelperReply{}, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperLost, err)
+}
+
+// Drop closes path's connection because of cause (the backend said the
+// guest closed its side of the port: the helper is gone), without waiting
+// for the silence limit: calls in flight fail with ErrHelperLost naming
+// cause; the next call dials again.
+func (p *Pool) Drop(path string, cause error) {
+	c := p.connOf(path)
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	cl := c.cl
+	if cl != nil {
+		c.cl, c.dropped, c.cause = nil, cl, cause
+	}
+	c.mu.Unlock()
+	if cl != nil {
+		cl.Close()
+	}
+}
+
+// causeOf is why Drop closed cl, nil when it did not.
+func (p *Pool) causeOf(path string, cl *mux.Client) error {
+	c := p.connOf(path)
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dropped == cl {
+		return c.cause
+	}
+	return nil
 }
 
 // client returns the live connection to path, dialling one if needed.
@@ -118,7 +198,7 @@ func (p *Pool) client(ctx context.Context, path string) (*mux.Client, error) {
 		}
 		return nil, fmt.Errorf("helper channel %s: %w: %w", path, hypervisor.ErrHelperUnavailable, err)
 	}
-	cl, _, err := mux.Dial(hctx, nc)
+	cl, _, err := mux.DialWith(hctx, nc, p.opt)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("helper channel: %w: %w", hypervisor.ErrTimeout, ctx.Err())
@@ -130,11 +210,16 @@ func (p *Pool) client(ctx context.Context, path string) (*mux.Client, error) {
 	return cl, nil
 }
 
+// connOf is path's entry, nil when none.
+func (p *Pool) connOf(path string) *conn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conns[path]
+}
+
 // drop closes cl if it is still path's connection.
 func (p *Pool) drop(path string, cl *mux.Client) {
-	p.mu.Lock()
-	c := p.conns[path]
-	p.mu.Unlock()
+	c := p.connOf(path)
 	if c == nil {
 		return
 	}

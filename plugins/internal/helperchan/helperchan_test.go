@@ -52,7 +52,7 @@ func ctxT(t *testing.T) context.Context {
 
 func TestCallReusesOneConnection(t *testing.T) {
 	path, conns := fakePort(t, echo)
-	p := New()
+	p := New(Options{})
 	defer p.Close()
 	for i := range 5 {
 		rep, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"ps"}, Stdin: []byte{byte('a' + i)}})
@@ -66,7 +66,7 @@ func TestCallReusesOneConnection(t *testing.T) {
 }
 
 func TestCallErrors(t *testing.T) {
-	p := New()
+	p := New(Options{})
 	defer p.Close()
 	if _, err := p.Call(ctxT(t), filepath.Join(t.TempDir(), "none.sock"), hypervisor.HelperCall{Args: []string{"ps"}}); !errors.Is(err, hypervisor.ErrNoHelperChannel) {
 		t.Errorf("Call on a missing socket = %v; want ErrNoHelperChannel", err)
@@ -120,7 +120,7 @@ func TestCallRedialsAfterAFailedConnection(t *testing.T) {
 			go srv.ServeConn(context.Background(), c)
 		}
 	}()
-	p := New()
+	p := New(Options{})
 	defer p.Close()
 	if _, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"die"}}); !errors.Is(err, hypervisor.ErrHelperLost) {
 		t.Fatalf("Call whose connection ends = %v; want ErrHelperLost", err)
