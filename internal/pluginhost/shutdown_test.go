@@ -17,6 +17,9 @@ func TestCloseIsGraceful(t *testing.T) {
 		if _, err := s.ListVMs(t.Context()); err != nil {
 			t.Fatalf("ListVMs() = %v", err)
 		}
+		// The plugin's own WARN at its start reaches the log through its
+		// stderr, asynchronously: it must be in before what Close logs is.
+		waitLog(t, logs, "sleepy configured")
 		before := len(logs.String())
 		if err := h.Close(); err != nil {
 			t.Fatalf("Close() = %v", err)
