@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/redistest"
+	"github.com/vmgate/vmgate/internal/testload"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/store"
 	"github.com/vmgate/vmgate/policy/store/storetest"
@@ -150,7 +151,12 @@ func testApproval(id string) store.Approval {
 // approval is used once and its counter allows one. A lease it wrote
 // before is on the new primary, where another replica takes it over.
 func TestFailoverKeepsWhatItAcknowledged(t *testing.T) {
-	d := redistest.StartSentinel(t, redistest.SentinelOptions{Password: testPassword})
+	// Sentinel promotes only a replica whose link to the primary has been
+	// down for less than ten times down-after-milliseconds (plus the time
+	// the primary has been down): the replica is cut below before three
+	// acknowledgements wait out their 5 s each, so a 1 s down-after left
+	// it ineligible on a loaded machine, and no failover came.
+	d := redistest.StartSentinel(t, redistest.SentinelOptions{Password: testPassword, DownAfter: 4 * time.Second})
 	ctx := context.Background()
 	old := d.Servers[0]
 	// An acknowledgement may take seconds on a loaded machine (the old
@@ -274,11 +280,11 @@ func failOver(t *testing.T, d *redistest.Deployment) *redistest.Server {
 	old := d.Servers[0]
 	old.Stop()
 	d.Servers[1].Resume()
-	primary, err := d.WaitFailover(old, 30*time.Second)
+	primary, err := d.WaitFailover(old, testload.Scale(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.RestartAsReplica(old, primary, 30*time.Second); err != nil {
+	if err := d.RestartAsReplica(old, primary, testload.Scale(30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	return primary
