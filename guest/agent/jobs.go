@@ -16,8 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/vmgate/vmgate/guest/agent/wire"
 )
 
@@ -366,22 +364,9 @@ func (t *jobTable) write(id string, rec jobRecord) error {
 	if err := os.MkdirAll(t.dir, 0o700); err != nil {
 		return err
 	}
-	tmp := filepath.Join(t.dir, "."+id+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(t.dir, id+jobRecordSuffix))
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-	}
-	return err
+	// Not synced: a record is for a helper that restarts, not for a
+	// guest that loses power, and job start waits for its record.
+	return replaceOwnFile(filepath.Join(t.dir, id+jobRecordSuffix), filepath.Join(t.dir, "."+id+".tmp"), b, 0o600, false)
 }
 
 // recover loads the records a previous helper left: ended jobs as they

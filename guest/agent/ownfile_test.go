@@ -1,0 +1,68 @@
+//go:build linux
+
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+// TestReplaceOwnFile: the file gets the new content and exactly its mode
+// (whatever the umask took), or, when the temporary name is a symlink
+// planted there, the write fails, the symlink's target is untouched, the
+// old file stays and no temporary file is left.
+func TestReplaceOwnFile(t *testing.T) {
+	old := syscall.Umask(0o077)
+	defer syscall.Umask(old)
+	for _, tc := range []struct {
+		name    string
+		plant   bool // a symlink at the temporary name
+		sync    bool
+		wantErr bool
+	}{
+		{name: "synced", sync: true},
+		{name: "not synced"},
+		{name: "symlink at the temporary name", plant: true, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p, tmp, target := filepath.Join(dir, "f"), filepath.Join(dir, ".f.tmp"), filepath.Join(dir, "target")
+			if err := os.WriteFile(p, []byte("old"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(target, []byte("target"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if tc.plant {
+				if err := os.Symlink(target, tmp); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := replaceOwnFile(p, tmp, []byte("new"), 0o644, tc.sync)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("replaceOwnFile() = %v; want error %v", err, tc.wantErr)
+			}
+			want, wantMode := "new", os.FileMode(0o644)
+			if tc.wantErr {
+				want, wantMode = "old", 0o600
+			}
+			b, err := os.ReadFile(p)
+			if err != nil || string(b) != want {
+				t.Errorf("file after replaceOwnFile = %q, %v; want %q", b, err, want)
+			}
+			if fi, err := os.Stat(p); err != nil {
+				t.Error(err)
+			} else if fi.Mode().Perm() != wantMode {
+				t.Errorf("file mode after replaceOwnFile = %v; want %v", fi.Mode().Perm(), wantMode)
+			}
+			if b, err := os.ReadFile(target); err != nil || string(b) != "target" {
+				t.Errorf("symlink target = %q, %v; want it untouched", b, err)
+			}
+			if _, err := os.Lstat(tmp); !tc.plant && err == nil {
+				t.Errorf("temporary file %s left behind", tmp)
+			}
+		})
+	}
+}
