@@ -66,3 +66,59 @@ func TestReplaceOwnFile(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenLog: the helper's log is kept when small, emptied past 1 MiB,
+// and a symlink at its name is refused with its target untouched.
+func TestOpenLog(t *testing.T) {
+	small, big := []byte("earlier\n"), make([]byte, 1<<20+1)
+	for _, tc := range []struct {
+		name    string
+		old     []byte
+		link    bool
+		want    int64 // size once opened
+		wantErr bool
+	}{
+		{name: "new", want: 0},
+		{name: "small", old: small, want: int64(len(small))},
+		{name: "past 1 MiB", old: big, want: 0},
+		{name: "symlink", old: big, link: true, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p, target := filepath.Join(dir, "serve.log"), filepath.Join(dir, "target")
+			if tc.old != nil {
+				at := p
+				if tc.link {
+					at = target
+					if err := os.Symlink(target, p); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := os.WriteFile(at, tc.old, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f, err := openLog(p)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("openLog() = %v; want error %v", err, tc.wantErr)
+			}
+			if tc.link {
+				if fi, err := os.Stat(target); err != nil || fi.Size() != int64(len(tc.old)) {
+					t.Errorf("symlink target after openLog = %v, %v; want its %d bytes", fi, err, len(tc.old))
+				}
+				return
+			}
+			defer f.Close()
+			fi, err := f.Stat()
+			if err != nil || fi.Size() != tc.want {
+				t.Fatalf("log size after openLog = %v, %v; want %d", fi, err, tc.want)
+			}
+			if _, err := f.Write([]byte("next\n")); err != nil {
+				t.Fatal(err)
+			}
+			if fi, err := os.Stat(p); err != nil || fi.Size() != tc.want+5 {
+				t.Errorf("log size after a write = %v, %v; want %d (appended)", fi, err, tc.want+5)
+			}
+		})
+	}
+}
