@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestReplaceOwnFile: the file gets the new content and exactly its mode
@@ -118,6 +120,60 @@ func TestOpenLog(t *testing.T) {
 			}
 			if fi, err := os.Stat(p); err != nil || fi.Size() != tc.want+5 {
 				t.Errorf("log size after a write = %v, %v; want %d (appended)", fi, err, tc.want+5)
+			}
+		})
+	}
+}
+
+// TestPrivateNode: the port's device node becomes root's, mode 0600; a
+// node of another device, a regular file, or a symlink to the device
+// (whose target must not change through the name) are left as they are.
+func TestPrivateNode(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mknod and chown")
+	}
+	a := hostAgent(t)
+	dev := unix.Mkdev(1, 3)
+	for _, tc := range []struct {
+		name string
+		make func(p, target string) error
+		want bool // the node at p changed
+	}{
+		{"the device", func(p, _ string) error { return unix.Mknod(p, unix.S_IFCHR|0o666, int(dev)) }, true},
+		{"another device", func(p, _ string) error { return unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 5))) }, false},
+		{"a regular file", func(p, _ string) error { return os.WriteFile(p, nil, 0o666) }, false},
+		{"a symlink to the device", func(p, target string) error {
+			if err := unix.Mknod(target, unix.S_IFCHR|0o666, int(dev)); err != nil {
+				return err
+			}
+			return os.Symlink(target, p)
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p, target := filepath.Join(dir, "port"), filepath.Join(dir, "node")
+			if err := tc.make(p, target); err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range []string{p, target} {
+				_ = unix.Fchownat(unix.AT_FDCWD, q, 4321, 4321, unix.AT_SYMLINK_NOFOLLOW)
+				_ = unix.Fchmodat(unix.AT_FDCWD, q, 0o666, 0)
+			}
+			if got := a.privateNode(p, dev); got != tc.want {
+				t.Errorf("privateNode(%s) = %v; want %v", tc.name, got, tc.want)
+			}
+			var st unix.Stat_t
+			if err := unix.Lstat(p, &st); err != nil {
+				t.Fatal(err)
+			}
+			if tc.want && (st.Uid != 0 || st.Mode&0o777 != 0o600) {
+				t.Errorf("node after privateNode: uid %d mode %o; want 0, 600", st.Uid, st.Mode&0o777)
+			}
+			if !tc.want && st.Mode&unix.S_IFMT != unix.S_IFLNK && (st.Uid != 4321 || st.Mode&0o777 != 0o666) {
+				t.Errorf("%s after privateNode: uid %d mode %o; want it untouched", tc.name, st.Uid, st.Mode&0o777)
+			}
+			if err := unix.Stat(target, &st); err == nil && (st.Uid != 4321 || st.Mode&0o777 != 0o666) {
+				t.Errorf("symlink target after privateNode: uid %d mode %o; want it untouched", st.Uid, st.Mode&0o777)
 			}
 		})
 	}
