@@ -412,7 +412,15 @@ func (t *jobTable) load(ctx context.Context, id string) (*job, error) {
 	j.end = wire.JobStatus{State: st.State, EndedAt: st.EndedAt, ExitCode: st.ExitCode, Signal: st.Signal,
 		TimedOut: st.TimedOut, Killed: st.Killed, DurationMS: st.DurationMS, Canceled: st.Canceled, Note: st.Note}
 	if st.State == wire.JobRunning {
-		tr := tree{cgroup: rec.RunCgroup, pgid: st.PID, root: st.PID, markerKey: RunEnv, markerVal: rec.RunID}
+		// Its run marker and cgroup are the job's alone. Its pid is only
+		// while the process that has it started when the job's did: the
+		// helper may have ended long ago (a guest that rebooted keeps the
+		// records), and a pid, or a process group of that number, may be
+		// any process's now.
+		tr := tree{cgroup: rec.RunCgroup, markerKey: RunEnv, markerVal: rec.RunID}
+		if st.PID > 1 && t.a.processStartMS(st.PID, time.Time{}) == st.StartedAt {
+			tr.pgid, tr.root = st.PID, st.PID
+		}
 		killed, _, kerr := t.a.killUntilGone(ctx, tr, 0, killTimeout)
 		j.end.State, j.end.EndedAt, j.end.ExitCode, j.end.Killed = wire.JobLost, time.Now().UnixMilli(), -1, killed
 		j.end.Note = "the resident helper ended while this job ran; the job ended with it and its output is lost"
