@@ -17,7 +17,7 @@
 //
 // Its commands:
 //
-//	vmgate-guest serve [--detach] [--replace] [--port NAME] [--socket PATH]
+//	vmgate-guest serve [--detach] [--replace] [--port NAME] [--socket PATH] [--oneshot-pool N]
 //	vmgate-guest call ARGS... < stdin
 //	vmgate-guest install [--unit-dir DIR] [--no-start]
 //	vmgate-guest version --json

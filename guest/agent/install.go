@@ -55,7 +55,7 @@ func (a *Agent) Install(ctx context.Context, unitDir string, start bool) (wire.I
 	if err := os.MkdirAll(unitDir, 0o755); err != nil {
 		return out, fmt.Errorf("install: %w", err)
 	}
-	if err := writeFileAtomic(out.Unit, []byte(unitText(exe)), 0o644); err != nil {
+	if err := replaceOwnFile(out.Unit, out.Unit+".tmp-"+randomHex(6), []byte(unitText(exe)), 0o644, true); err != nil {
 		return out, fmt.Errorf("install: %w", err)
 	}
 	if !out.Systemd {
@@ -72,21 +72,4 @@ func (a *Agent) Install(ctx context.Context, unitDir string, start bool) (wire.I
 	}
 	out.Started = true
 	return out, nil
-}
-
-// writeFileAtomic writes p through a temporary file in its directory.
-func writeFileAtomic(p string, data []byte, mode os.FileMode) error {
-	tmp := p + ".tmp-" + randomHex(6)
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp, mode); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
 }

@@ -16,8 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/vmgate/vmgate/guest/agent/wire"
 )
 
@@ -366,22 +364,9 @@ func (t *jobTable) write(id string, rec jobRecord) error {
 	if err := os.MkdirAll(t.dir, 0o700); err != nil {
 		return err
 	}
-	tmp := filepath.Join(t.dir, "."+id+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(t.dir, id+jobRecordSuffix))
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-	}
-	return err
+	// Not synced: a record is for a helper that restarts, not for a
+	// guest that loses power, and job start waits for its record.
+	return replaceOwnFile(filepath.Join(t.dir, id+jobRecordSuffix), filepath.Join(t.dir, "."+id+".tmp"), b, 0o600, false)
 }
 
 // recover loads the records a previous helper left: ended jobs as they
@@ -427,7 +412,15 @@ func (t *jobTable) load(ctx context.Context, id string) (*job, error) {
 	j.end = wire.JobStatus{State: st.State, EndedAt: st.EndedAt, ExitCode: st.ExitCode, Signal: st.Signal,
 		TimedOut: st.TimedOut, Killed: st.Killed, DurationMS: st.DurationMS, Canceled: st.Canceled, Note: st.Note}
 	if st.State == wire.JobRunning {
-		tr := tree{cgroup: rec.RunCgroup, pgid: st.PID, root: st.PID, markerKey: RunEnv, markerVal: rec.RunID}
+		// Its run marker and cgroup are the job's alone. Its pid is only
+		// while the process that has it started when the job's did: the
+		// helper may have ended long ago (a guest that rebooted keeps the
+		// records), and a pid, or a process group of that number, may be
+		// any process's now.
+		tr := tree{cgroup: rec.RunCgroup, markerKey: RunEnv, markerVal: rec.RunID}
+		if st.PID > 1 && t.a.processStartMS(st.PID, time.Time{}) == st.StartedAt {
+			tr.pgid, tr.root = st.PID, st.PID
+		}
 		killed, _, kerr := t.a.killUntilGone(ctx, tr, 0, killTimeout)
 		j.end.State, j.end.EndedAt, j.end.ExitCode, j.end.Killed = wire.JobLost, time.Now().UnixMilli(), -1, killed
 		j.end.Note = "the resident helper ended while this job ran; the job ended with it and its output is lost"

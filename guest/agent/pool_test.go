@@ -138,9 +138,15 @@ func TestPoolRunIsFresh(t *testing.T) {
 // but for the ids and names that are each session's own.
 func TestPoolConfinementMatchesFresh(t *testing.T) {
 	s := servePool(t, t.TempDir())
+	// outside is writable by every uid: only the confinement keeps the
+	// command from writing there.
+	outside := t.TempDir()
+	if err := os.Chmod(outside, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	probe := `id -u; id -g; id -G; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status
 ls /sys/class/net; awk '{print $5, $6}' /proc/self/mountinfo | grep -v /netns/ | sort; env | grep -v -E '^(_|SHLVL|PWD|OLDPWD)=' | sort; pwd; ls -A . /tmp
-for p in /etc/probe /root/probe . /tmp "` + s.a.cfg.Root + `/probe"; do touch "$p/x" 2>/dev/null && echo "write $p"; done; cat /etc/shadow 2>&1 | head -c 0; ulimit -a`
+for p in /etc /root . /tmp "` + s.a.cfg.Root + `" "` + outside + `"; do touch "$p/.probe-$$" 2>/dev/null && rm "$p/.probe-$$" && echo "write $p"; done; ulimit -a`
 	s.oneShot(t, wire.RunRequest{Shell: "true"})
 	ready := waitFull(t, s)
 	pooled := s.oneShot(t, wire.RunRequest{Shell: probe})
@@ -161,7 +167,8 @@ for p in /etc/probe /root/probe . /tmp "` + s.a.cfg.Root + `/probe"; do touch "$
 	if a != b || pooled.ExitCode != inFresh.ExitCode {
 		t.Errorf("pooled run saw (exit %d)\n%s\nand a fresh session's (exit %d)\n%s\nwant the same", pooled.ExitCode, a, inFresh.ExitCode, b)
 	}
-	if !strings.Contains(a, "CapEff:\t0000000000000000") || !strings.Contains(a, "NoNewPrivs:\t1") || strings.Contains(a, "write /etc/probe") {
+	if !strings.Contains(a, "CapEff:\t0000000000000000") || !strings.Contains(a, "NoNewPrivs:\t1") ||
+		!strings.Contains(a, "write .\n") || !strings.Contains(a, "write /tmp\n") || strings.Contains(a, "write "+outside) {
 		t.Errorf("the probe saw no confinement:\n%s", a)
 	}
 }

@@ -24,7 +24,7 @@ const sysPorts = "/sys/class/virtio-ports"
 // blocking: a read of nothing means the host's end is closed (mux's
 // ServePort). It returns the file and the node's path; ErrNoPort when no
 // port has that name.
-func openPort(name string) (*os.File, string, error) {
+func (a *Agent) openPort(name string) (*os.File, string, error) {
 	vport, major, minor, err := findPort(name)
 	if err != nil {
 		return nil, "", err
@@ -52,7 +52,7 @@ func openPort(name string) (*os.File, string, error) {
 		f.Close()
 		return nil, "", fmt.Errorf("port %s: chmod: %w", name, err)
 	}
-	privateNode(filepath.Join("/dev/virtio-ports", name), st.Rdev)
+	a.privateNode(filepath.Join("/dev/virtio-ports", name), st.Rdev)
 	return f, dev, nil
 }
 
@@ -84,12 +84,18 @@ func findPort(name string) (vport string, major, minor uint32, err error) {
 
 // privateNode gives the device node at p (not a symlink: a udev link
 // points at the node openPort fixed) root's ownership and mode 0600 when it
-// is the device rdev. /dev is root's: nothing a session runs can swap p.
-func privateNode(p string, rdev uint64) {
-	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != rdev {
-		return
+// is the device rdev: one O_PATH|O_NOFOLLOW open, and the check, the chown
+// and the chmod through that descriptor, so that nothing swapped in at p
+// between them is changed. It reports whether it changed the node.
+func (a *Agent) privateNode(p string, rdev uint64) bool {
+	fd, err := unix.Open(p, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
 	}
-	_ = unix.Fchownat(unix.AT_FDCWD, p, 0, 0, unix.AT_SYMLINK_NOFOLLOW)
-	_ = unix.Fchmodat(unix.AT_FDCWD, p, 0o600, 0)
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != rdev {
+		return false
+	}
+	return unix.Fchownat(fd, "", 0, 0, unix.AT_EMPTY_PATH) == nil && a.chmodFD(fd, 0o600) == nil
 }

@@ -462,7 +462,7 @@ func (a *Agent) firstPort(name string) *os.File {
 	if name == "" {
 		return nil
 	}
-	f, dev, err := openPort(name)
+	f, dev, err := a.openPort(name)
 	if err != nil {
 		if !errors.Is(err, ErrNoPort) {
 			a.cfg.Logger.Error("serve: port", "port", name, "err", err)
@@ -483,7 +483,7 @@ func (a *Agent) servePort(ctx context.Context, srv *mux.Server, name string, fir
 	for ctx.Err() == nil {
 		f, err := first, error(nil)
 		if f == nil {
-			f, _, err = openPort(name)
+			f, _, err = a.openPort(name)
 		}
 		first = nil
 		if errors.Is(err, ErrNoPort) {

@@ -623,3 +623,57 @@ func TestSessionDestroyEndsItsJobs(t *testing.T) {
 		})
 	}
 }
+
+// TestJobRecoveryKillsOnlyTheJob: a record of a job that was running when
+// its helper ended names a pid; the next helper ends that pid's process
+// group and descendants only while the process there is the job's own
+// (its start time the record's), never a process that has the number now
+// (a guest that rebooted, a pid reused).
+func TestJobRecoveryKillsOnlyTheJob(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		ownStart   bool // the record's start time is the process's
+		wantKilled bool
+	}{
+		{"the pid reused by another process", false, false},
+		{"the job's own process, still running", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			a := hostAgent(t)
+			// Its own group leader without the job's marker: only the
+			// record's pid reaches it.
+			p := exec.Command("sleep", "1004")
+			p.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := p.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = p.Process.Kill(); _ = p.Wait() }()
+			started := a.processStartMS(p.Process.Pid, time.Time{})
+			if !tc.ownStart {
+				started -= 3_600_000
+			}
+			id := randomHex(12)
+			rec, err := json.Marshal(jobRecord{RunID: randomHex(12), Status: wire.JobStatus{
+				ID: id, State: wire.JobRunning, PID: p.Process.Pid, StartedAt: started}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(filepath.Join(root, "jobs"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "jobs", id+jobRecordSuffix), rec, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			s := serveForTest(t, root) // ready once the records are recovered
+			var lost wire.JobStatus
+			if err := s.call(t, []string{"job", "status", "--id", id}, nil, &lost); err != nil || lost.State != wire.JobLost {
+				t.Errorf("job after a restart = %+v, %v; want lost", lost, err)
+			}
+			st, err := a.proc.stat(p.Process.Pid) // not reaped yet: a killed one is a zombie
+			if killed := err != nil || st.State == "Z"; killed != tc.wantKilled {
+				t.Errorf("process %d at the record's pid killed = %v (%+v, %v); want %v", p.Process.Pid, killed, st.State, err, tc.wantKilled)
+			}
+		})
+	}
+}

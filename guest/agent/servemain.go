@@ -163,12 +163,17 @@ func (a *Agent) detach(port, socket string, replace bool, pool int) (wire.Servin
 }
 
 // openLog opens the helper's log for appending, emptied first when it has
-// grown past 1 MiB.
+// grown past 1 MiB: one open (O_NOFOLLOW), then its size and the
+// truncation through that descriptor.
 func openLog(p string) (*os.File, error) {
-	if fi, err := os.Lstat(p); err == nil && fi.Size() > 1<<20 {
-		_ = os.Truncate(p, 0)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
 	}
-	return os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if fi, err := f.Stat(); err == nil && fi.Size() > 1<<20 {
+		_ = f.Truncate(0)
+	}
+	return f, nil
 }
 
 // CallMain runs `vmgate-guest call ARGS...`: it sends ARGS and its

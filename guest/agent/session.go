@@ -74,20 +74,33 @@ func (a *Agent) writeMetaLocked(m meta) error {
 	if err != nil {
 		return err
 	}
-	tmp := a.metaPath(m.ID) + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	return replaceOwnFile(a.metaPath(m.ID), a.metaPath(m.ID)+".tmp", b, 0o600, true)
+}
+
+// replaceOwnFile gives p the content data, mode mode, through tmp (a name
+// in p's directory) and a rename, so that a reader sees the old file or
+// the new one whole; with sync the data is on disk before the rename. It
+// is for the agent's own files, in directories of root's that no session
+// can write (metadata, job records, the systemd unit); a session's files
+// go through files_atomic.go. tmp is opened O_NOFOLLOW and removed when
+// the write fails.
+func replaceOwnFile(p, tmp string, data []byte, mode os.FileMode, sync bool) error {
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, mode)
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(b)
+	_, err = f.Write(data)
 	if err == nil {
+		err = f.Chmod(mode) // what the umask took
+	}
+	if err == nil && sync {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, a.metaPath(m.ID))
+		err = os.Rename(tmp, p)
 	}
 	if err != nil {
 		_ = os.Remove(tmp)

@@ -57,6 +57,57 @@ func (f *fakeCaller) called(command string) []fakeCall {
 	return out
 }
 
+// fakeFile serves one file through a fakeCaller as qemu-ga does:
+// guest-file-open (mode "w..." empties it) starts reading at its first
+// byte, guest-file-write appends, guest-file-read is fread then feof, so
+// eof is true only on a read that came up short. pieces are the sizes
+// written and asked for, reads the guest-file-read calls.
+type fakeFile struct {
+	data   []byte
+	pos    int
+	reads  int
+	pieces []int
+}
+
+func (ff *fakeFile) caller() *fakeCaller {
+	return &fakeCaller{reply: func(cmd string, args json.RawMessage) (any, error) {
+		var a struct {
+			Mode   string `json:"mode"`
+			BufB64 string `json:"buf-b64"`
+			Count  int    `json:"count"`
+		}
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, err
+		}
+		switch cmd {
+		case "guest-file-open":
+			ff.pos = 0
+			if strings.HasPrefix(a.Mode, "w") {
+				ff.data = nil
+			}
+			return 5, nil
+		case "guest-file-close":
+			return map[string]any{}, nil
+		case "guest-file-write":
+			b, err := base64.StdEncoding.DecodeString(a.BufB64)
+			if err != nil {
+				return nil, err
+			}
+			ff.pieces = append(ff.pieces, len(b))
+			ff.data = append(ff.data, b...)
+			return map[string]any{"count": len(b), "eof": false}, nil
+		case "guest-file-read":
+			ff.reads++
+			ff.pieces = append(ff.pieces, a.Count)
+			n := min(a.Count, len(ff.data)-ff.pos)
+			out := ff.data[ff.pos : ff.pos+n]
+			ff.pos += n
+			return map[string]any{"count": n, "buf-b64": base64.StdEncoding.EncodeToString(out), "eof": n < a.Count}, nil
+		}
+		return nil, errors.New("unexpected " + cmd)
+	}}
+}
+
 func TestExecRequestRefused(t *testing.T) {
 	tests := []struct {
 		name string
@@ -320,45 +371,18 @@ func TestFileChunkBytes(t *testing.T) {
 	for _, tt := range []struct {
 		chunk, want int
 	}{{0, FileChunkBytes}, {-1, FileChunkBytes}, {64, 64}, {333, 333}} {
-		var file []byte
-		var pieces []int
-		f := &fakeCaller{reply: func(cmd string, args json.RawMessage) (any, error) {
-			var a struct {
-				BufB64 string `json:"buf-b64"`
-				Count  int    `json:"count"`
-			}
-			if err := json.Unmarshal(args, &a); err != nil {
-				return nil, err
-			}
-			switch cmd {
-			case "guest-file-open":
-				return 5, nil
-			case "guest-file-close":
-				return map[string]any{}, nil
-			case "guest-file-write":
-				b, _ := base64.StdEncoding.DecodeString(a.BufB64)
-				pieces = append(pieces, len(b))
-				file = append(file, b...)
-				return map[string]any{"count": len(b), "eof": false}, nil
-			case "guest-file-read":
-				pieces = append(pieces, a.Count)
-				n := min(a.Count, len(file))
-				out := file[:n]
-				file = file[n:]
-				return map[string]any{"count": n, "buf-b64": base64.StdEncoding.EncodeToString(out), "eof": len(file) == 0}, nil
-			}
-			return nil, errors.New("unexpected " + cmd)
-		}}
+		ff := &fakeFile{}
+		f := ff.caller()
 		a := Agent{Caller: f, ChunkBytes: tt.chunk}
-		if err := a.FileWrite(context.Background(), "/x", data, 0); err != nil || string(file) != string(data) {
-			t.Fatalf("FileWrite(ChunkBytes %d) = %v, stored %d bytes; want nil and the %d bytes", tt.chunk, err, len(file), len(data))
+		if err := a.FileWrite(context.Background(), "/x", data, 0); err != nil || string(ff.data) != string(data) {
+			t.Fatalf("FileWrite(ChunkBytes %d) = %v, stored %d bytes; want nil and the %d bytes", tt.chunk, err, len(ff.data), len(data))
 		}
 		got, truncated, err := a.FileRead(context.Background(), "/x", 1<<20)
 		if err != nil || string(got) != string(data) || truncated {
 			t.Errorf("FileRead(ChunkBytes %d) = %d bytes, %v, %v; want the %d bytes back", tt.chunk, len(got), truncated, err, len(data))
 		}
 		largest := 0
-		for _, n := range pieces {
+		for _, n := range ff.pieces {
 			largest = max(largest, n)
 		}
 		if largest != tt.want {
