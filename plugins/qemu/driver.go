@@ -284,7 +284,7 @@ func (d *Driver) lookup(op, name string) (*vmState, error) {
 	if labDir != "" {
 		vm.qmpPath = filepath.Join(labDir, "qmp.sock")
 		vm.qgaPath = filepath.Join(labDir, "qga.sock")
-		vm.helperPath = filepath.Join(labDir, "guest.sock")
+		vm.helperPath = filepath.Join(labDir, lab.HelperSocketName)
 		vm.eventsPath = filepath.Join(labDir, lab.EventsSocketName)
 		if _, err := os.Stat(vm.eventsPath); err != nil {
 			vm.eventsPath = "" // a VM an older vmgate started
