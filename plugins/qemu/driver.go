@@ -270,6 +270,10 @@ func (d *Driver) lookup(op, name string) (*vmState, error) {
 			d.forget(name)
 			return nil, fmt.Errorf("qemu: %s: %w: %q", op, hypervisor.ErrUnknownVM, name)
 		}
+		cfg.EventsSocket = filepath.Join(labDir, lab.EventsSocketName)
+		if _, err := os.Stat(cfg.EventsSocket); err != nil {
+			cfg.EventsSocket = "" // a VM an older vmgate started
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -285,10 +289,6 @@ func (d *Driver) lookup(op, name string) (*vmState, error) {
 		vm.qmpPath = filepath.Join(labDir, "qmp.sock")
 		vm.qgaPath = filepath.Join(labDir, "qga.sock")
 		vm.helperPath = filepath.Join(labDir, lab.HelperSocketName)
-		vm.eventsPath = filepath.Join(labDir, lab.EventsSocketName)
-		if _, err := os.Stat(vm.eventsPath); err != nil {
-			vm.eventsPath = "" // a VM an older vmgate started
-		}
 	}
 	vm.mon = d.newMonitor(vm.qmpPath)
 	d.vms[name] = vm
