@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
+	"github.com/vmgate/vmgate/hypervisor"
 )
 
 // Jobs: commands the resident helper runs in the background (wait:
@@ -104,21 +105,30 @@ func (h *Helper) Hello(ctx context.Context, vm string) (Hello, error) {
 
 // jobCall sends a command that only the resident helper serves: by vm's
 // resident road, else through the agent's exec to the helper's socket
-// (starting the helper there when needed).
+// (starting the helper there when needed). A call the helper did not take
+// decides the road again (which starts the helper) and is sent once more,
+// as run does.
 func (h *Helper) jobCall(ctx context.Context, vm, op string, args []string, stdin []byte, timeout time.Duration, out any) error {
-	via, err := h.jobRoad(ctx, vm)
-	if err != nil {
-		return fmt.Errorf("helper: %s: %w", op, err)
+	var res hypervisor.ExecResult
+	for attempt := 0; ; attempt++ {
+		via, err := h.jobRoad(ctx, vm)
+		if err != nil {
+			return fmt.Errorf("helper: %s: %w", op, err)
+		}
+		res, err = h.viaResident(ctx, vm, via, nil, args, stdin, timeout, replyCap(wire.MaxFileReadBytes))
+		if errors.Is(err, errNotSent) {
+			h.dropRoad(vm, h.Road(vm))
+			if attempt == 0 {
+				continue
+			}
+			return fmt.Errorf("helper: %s: %w: %w", op, ErrNotResident, err)
+		}
+		if err != nil {
+			return fmt.Errorf("helper: %s: %w", op, err)
+		}
+		break
 	}
-	res, err := h.viaResident(ctx, vm, via, nil, args, stdin, timeout, replyCap(wire.MaxFileReadBytes))
-	if errors.Is(err, errNotSent) {
-		h.dropRoad(vm, h.Road(vm))
-		return fmt.Errorf("helper: %s: %w: %w", op, ErrNotResident, err)
-	}
-	if err != nil {
-		return fmt.Errorf("helper: %s: %w", op, err)
-	}
-	err = decodeReply(op, res, res.Stdout, out)
+	err := decodeReply(op, res, res.Stdout, out)
 	var he *Error
 	if errors.As(err, &he) && he.Reason == wire.ReasonNotResident {
 		return fmt.Errorf("%w: %w", ErrNotResident, err)

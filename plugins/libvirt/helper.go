@@ -7,10 +7,8 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/helperchan"
 )
-
-// helperPort is the virtio-serial port of vmgate-guest's resident helper.
-const helperPort = "org.vmgate.guest.0"
 
 // helperSocket is a domain's helper channel socket, read from the XML of
 // the domain's run with that id (a domain started again gets a new id and
@@ -70,14 +68,14 @@ func (d *Driver) helperPath(ctx context.Context, s *domState) (string, error) {
 		if err != nil {
 			return "", opError("helper call", err)
 		}
-		path, _ := virtioChannel(x, helperPort)
+		path, _ := virtioChannel(x, helperchan.PortName)
 		cached = helperSocket{id: h.ID, path: path, read: true}
 		s.mu.Lock()
 		s.helper = cached
 		s.mu.Unlock()
 	}
 	if cached.path == "" {
-		return "", fmt.Errorf("libvirt: helper call %s: %w: the domain has no <channel type='unix'> with <target type='virtio' name='%s'/>", s.name, hypervisor.ErrNoHelperChannel, helperPort)
+		return "", fmt.Errorf("libvirt: helper call %s: %w: the domain has no <channel type='unix'> with <target type='virtio' name='%s'/>", s.name, hypervisor.ErrNoHelperChannel, helperchan.PortName)
 	}
 	return cached.path, nil
 }

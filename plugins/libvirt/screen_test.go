@@ -133,6 +133,10 @@ func TestScreenshotStream(t *testing.T) {
 		wantErr   error
 		wantMsg   string
 		wantCalls []uint32
+		// stall is screenshotStream's stall limit: a minute (never
+		// reached: a loaded machine may pause between two packets) where
+		// the case does not wait it out.
+		stall time.Duration
 	}{
 		{name: "empty continue then ok", auth: []uint32{authNone}, packets: func(s int32) [][]byte {
 			return [][]byte{
@@ -155,7 +159,7 @@ func TestScreenshotStream(t *testing.T) {
 				packet(proc, socket.Reply, socket.StatusOK, s, mimeRet("image/png")),
 				packet(proc, socket.Stream, socket.StatusContinue, s, png[:5]),
 			}
-		}, wantErr: errStreamStalled},
+		}, wantErr: errStreamStalled, stall: 100 * time.Millisecond},
 		{name: "call refused", auth: []uint32{authNone}, packets: func(s int32) [][]byte {
 			return [][]byte{packet(proc, socket.Reply, socket.StatusError, s, remoteErr(55, "Requested operation is not valid: domain is not running"))}
 		}, wantMsg: "domain is not running"},
@@ -174,7 +178,11 @@ func TestScreenshotStream(t *testing.T) {
 			go func() { defer close(done); f.serve(server) }()
 			d := &Driver{streamDialer: pipeDialer{client}, ep: endpoint{name: "qemu:///system"}}
 			dom := golibvirt.Domain{Name: "vm1", ID: 3}
-			mime, img, err := d.screenshotStream(context.Background(), dom, 100*time.Millisecond)
+			stall := tt.stall
+			if stall == 0 {
+				stall = time.Minute
+			}
+			mime, img, err := d.screenshotStream(context.Background(), dom, stall)
 			<-done // the connection is closed when screenshotStream returns
 			switch {
 			case tt.wantErr != nil || tt.wantMsg != "":
@@ -186,14 +194,12 @@ func TestScreenshotStream(t *testing.T) {
 			case err != nil || mime != tt.wantMime || !bytes.Equal(img, tt.wantImg):
 				t.Fatalf("screenshotStream() = %q, %q, %v; want %q, %q, nil", mime, img, err, tt.wantMime, tt.wantImg)
 			}
-			if tt.wantCalls != nil && !equalU32(f.calls, tt.wantCalls) {
+			if tt.wantCalls != nil && !slices.Equal(f.calls, tt.wantCalls) {
 				t.Errorf("procedures called = %v; want %v", f.calls, tt.wantCalls)
 			}
 		})
 	}
 }
-
-func equalU32(a, b []uint32) bool { return slices.Equal(a, b) }
 
 // TestConsoleStream runs a console both ways over streamConn against the
 // fake libvirtd: the guest's output and the echo of the input arrive in

@@ -270,6 +270,10 @@ func (d *Driver) lookup(op, name string) (*vmState, error) {
 			d.forget(name)
 			return nil, fmt.Errorf("qemu: %s: %w: %q", op, hypervisor.ErrUnknownVM, name)
 		}
+		cfg.EventsSocket = filepath.Join(labDir, lab.EventsSocketName)
+		if _, err := os.Stat(cfg.EventsSocket); err != nil {
+			cfg.EventsSocket = "" // a VM an older vmgate started
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -284,11 +288,7 @@ func (d *Driver) lookup(op, name string) (*vmState, error) {
 	if labDir != "" {
 		vm.qmpPath = filepath.Join(labDir, "qmp.sock")
 		vm.qgaPath = filepath.Join(labDir, "qga.sock")
-		vm.helperPath = filepath.Join(labDir, "guest.sock")
-		vm.eventsPath = filepath.Join(labDir, lab.EventsSocketName)
-		if _, err := os.Stat(vm.eventsPath); err != nil {
-			vm.eventsPath = "" // a VM an older vmgate started
-		}
+		vm.helperPath = filepath.Join(labDir, lab.HelperSocketName)
 	}
 	vm.mon = d.newMonitor(vm.qmpPath)
 	d.vms[name] = vm

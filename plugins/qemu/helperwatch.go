@@ -2,10 +2,8 @@ package qemu
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/vmgate/vmgate/plugins/internal/helperchan"
@@ -130,27 +128,24 @@ func (d *Driver) watch(vm *vmState, listening chan struct{}) (listened bool, _ e
 // (qom-list of /machine/peripheral, where devices with an id live, then
 // each virtserialport's name).
 func helperDevices(ctx context.Context, mon monitor) (map[string]bool, error) {
-	var list struct {
-		Return []struct {
-			Name string `json:"name"`
-			Type string `json:"type"`
-		} `json:"return"`
+	s := qmpSession{ctx: ctx, m: mon}
+	var list []struct {
+		Name string `json:"name"`
+		Type string `json:"type"`
 	}
-	if err := qmpJSON(ctx, mon, "qom-list", map[string]any{"path": "/machine/peripheral"}, &list); err != nil {
+	if err := s.Run("qom-list", map[string]any{"path": "/machine/peripheral"}, &list); err != nil {
 		return nil, err
 	}
 	ids := map[string]bool{}
-	for _, p := range list.Return {
+	for _, p := range list {
 		if p.Type != "child<virtserialport>" {
 			continue
 		}
-		var name struct {
-			Return string `json:"return"`
-		}
-		if err := qmpJSON(ctx, mon, "qom-get", map[string]any{"path": "/machine/peripheral/" + p.Name, "property": "name"}, &name); err != nil {
+		var name string
+		if err := s.Run("qom-get", map[string]any{"path": "/machine/peripheral/" + p.Name, "property": "name"}, &name); err != nil {
 			return nil, err
 		}
-		if name.Return == helperchan.PortName {
+		if name == helperchan.PortName {
 			ids[p.Name] = true
 		}
 	}
@@ -158,20 +153,4 @@ func helperDevices(ctx context.Context, mon monitor) (map[string]bool, error) {
 		return nil, fmt.Errorf("no virtserialport with an id carries %s (give the device an id: QEMU reports the port's events only then)", helperchan.PortName)
 	}
 	return ids, nil
-}
-
-// qmpJSON runs command with args on mon and decodes the reply into out.
-func qmpJSON(ctx context.Context, mon monitor, command string, args, out any) error {
-	b, err := json.Marshal(map[string]any{"execute": command, "arguments": args})
-	if err != nil {
-		return err
-	}
-	raw, err := mon.RunContext(ctx, b)
-	if err != nil {
-		return fmt.Errorf("%s: %w", command, err)
-	}
-	if err := json.Unmarshal(raw, out); err != nil {
-		return fmt.Errorf("%s: unexpected reply %.200s", command, strings.TrimSpace(string(raw)))
-	}
-	return nil
 }

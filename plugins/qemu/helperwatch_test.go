@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/digitalocean/go-qemu/qmp"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/internal/lab"
 	"github.com/vmgate/vmgate/plugins/internal/helperchan/chantest"
 )
 
@@ -133,5 +136,36 @@ func TestHelperPortClosedDropsTheChannel(t *testing.T) {
 	}
 	if n := log.count("helper channel dropped"); n != 1 {
 		t.Errorf("%d drops logged; want 1 (the helper's port closing only): %q", n, log.all)
+	}
+}
+
+// TestLabVMHelperSockets: a lab VM's helper socket is in its directory;
+// its events socket too when the lab made one, none for a VM an older
+// vmgate started (nothing to watch, no failed watch every minute).
+func TestLabVMHelperSockets(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"new", "old"} {
+		if err := os.MkdirAll(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name, "vm.json"), []byte(`{}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "new", lab.EventsSocketName), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := newFakeDriver(t, Config{LabDir: dir}, nil, nil)
+	for _, tc := range []struct{ name, events string }{
+		{"new", filepath.Join(dir, "new", lab.EventsSocketName)},
+		{"old", ""},
+	} {
+		vm, err := d.lookup("test", tc.name)
+		if err != nil {
+			t.Fatalf("lookup(%s) = %v", tc.name, err)
+		}
+		if want := filepath.Join(dir, tc.name, lab.HelperSocketName); vm.helperPath != want || vm.eventsPath != tc.events {
+			t.Errorf("lookup(%s): helper %q, events %q; want %q, %q", tc.name, vm.helperPath, vm.eventsPath, want, tc.events)
+		}
 	}
 }

@@ -92,12 +92,7 @@ func (s *Settings) CheckTemplate(json.RawMessage) error {
 func (s *Settings) Resolve(env registry.Env) {
 	for i := range s.VMs {
 		s.VMs[i].QMP, s.VMs[i].QGA = env.Abs(s.VMs[i].QMP), env.Abs(s.VMs[i].QGA)
-		if s.VMs[i].Helper != "" {
-			s.VMs[i].Helper = env.Abs(s.VMs[i].Helper)
-		}
-		if s.VMs[i].Events != "" {
-			s.VMs[i].Events = env.Abs(s.VMs[i].Events)
-		}
+		s.VMs[i].Helper, s.VMs[i].Events = env.Abs(s.VMs[i].Helper), env.Abs(s.VMs[i].Events)
 		s.VMs[i].Console, s.VMs[i].ConsoleLog = env.Abs(s.VMs[i].Console), env.Abs(s.VMs[i].ConsoleLog)
 	}
 	if s.Lab && s.LabDir == "" && env.StateDir != "" {

@@ -73,7 +73,8 @@ func TestSettingsReachTheConfig(t *testing.T) {
 }
 
 // TestSettingsResolve: relative sockets follow the config file; lab: true
-// puts the lab under the state directory; a given lab_dir is kept.
+// puts the lab under the state directory; a given lab_dir is kept; an
+// optional socket left out stays out.
 func TestSettingsResolve(t *testing.T) {
 	abs := func(p string) string {
 		if p == "" || filepath.IsAbs(p) {
@@ -81,9 +82,10 @@ func TestSettingsResolve(t *testing.T) {
 		}
 		return filepath.Join("/etc/vmgate", p)
 	}
-	s := Settings{Lab: true, VMs: []VMSettings{{Name: "a", QMP: "q.sock", QGA: "/run/g.sock"}}}
+	s := Settings{Lab: true, VMs: []VMSettings{{Name: "a", QMP: "q.sock", QGA: "/run/g.sock", Helper: "h.sock"}}}
 	s.Resolve(registry.Env{Abs: abs, StateDir: "/var/lib/vmgate"})
-	if s.LabDir != "/var/lib/vmgate/lab" || s.VMs[0].QMP != "/etc/vmgate/q.sock" || s.VMs[0].QGA != "/run/g.sock" {
+	if s.LabDir != "/var/lib/vmgate/lab" || s.VMs[0].QMP != "/etc/vmgate/q.sock" || s.VMs[0].QGA != "/run/g.sock" ||
+		s.VMs[0].Helper != "/etc/vmgate/h.sock" || s.VMs[0].Events != "" {
 		t.Errorf("Resolve() = %+v; want the lab under the state dir and the sockets absolute", s)
 	}
 	own := Settings{Lab: true, LabDir: "labs"}

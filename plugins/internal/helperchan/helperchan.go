@@ -70,8 +70,6 @@ type Pool struct {
 	mu    sync.Mutex
 	conns map[string]*conn
 	opt   mux.Options
-	// dial opens a socket; tests replace it.
-	dial func(ctx context.Context, path string) (net.Conn, error)
 }
 
 type conn struct {
@@ -85,10 +83,7 @@ type conn struct {
 
 // New returns an empty Pool whose connections check liveness with o.
 func New(o Options) *Pool {
-	var d net.Dialer
-	return &Pool{conns: map[string]*conn{}, opt: mux.Options{SilenceLimit: o.SilenceLimit}, dial: func(ctx context.Context, path string) (net.Conn, error) {
-		return d.DialContext(ctx, "unix", path)
-	}}
+	return &Pool{conns: map[string]*conn{}, opt: mux.Options{SilenceLimit: o.SilenceLimit}}
 }
 
 // SilenceLimit is the silence limit the Pool's connections use (the
@@ -191,7 +186,8 @@ func (p *Pool) client(ctx context.Context, path string) (*mux.Client, error) {
 	}
 	hctx, cancel := context.WithTimeout(ctx, HelloTimeout)
 	defer cancel()
-	nc, err := p.dial(hctx, path)
+	var d net.Dialer
+	nc, err := d.DialContext(hctx, "unix", path)
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			return nil, fmt.Errorf("helper channel %s: %w: nothing listens (is the VM running?): %w", path, hypervisor.ErrHelperUnavailable, err)

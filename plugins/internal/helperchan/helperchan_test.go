@@ -12,33 +12,8 @@ import (
 
 	"github.com/vmgate/vmgate/guest/mux"
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/plugins/internal/helperchan/chantest"
 )
-
-// fakePort listens where a VM's helper socket would be and serves each
-// connection with a mux.Server, as a resident helper behind QEMU would.
-func fakePort(t *testing.T, handler func(context.Context, mux.Request) mux.Reply) (string, *atomic.Int32) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "guest.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns atomic.Int32
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); ln.Close() })
-	srv := &mux.Server{Handler: handler, Hello: func() []byte { return []byte(`{}`) }}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns.Add(1)
-			go srv.ServeConn(ctx, c)
-		}
-	}()
-	return path, &conns
-}
 
 func echo(_ context.Context, r mux.Request) mux.Reply {
 	return mux.Reply{Exit: 0, Stdout: []byte(strings.Join(r.Args, " ") + "|" + string(r.Stdin))}
@@ -51,7 +26,7 @@ func ctxT(t *testing.T) context.Context {
 }
 
 func TestCallReusesOneConnection(t *testing.T) {
-	path, conns := fakePort(t, echo)
+	path, conns := chantest.Serve(t, echo, nil)
 	p := New(Options{})
 	defer p.Close()
 	for i := range 5 {
@@ -97,29 +72,13 @@ func TestCallErrors(t *testing.T) {
 func TestCallRedialsAfterAFailedConnection(t *testing.T) {
 	var first atomic.Bool
 	var srvConn atomic.Pointer[net.Conn]
-	path := filepath.Join(t.TempDir(), "guest.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	srv := &mux.Server{Handler: func(ctx context.Context, r mux.Request) mux.Reply {
+	path, conns := chantest.Serve(t, func(ctx context.Context, r mux.Request) mux.Reply {
 		if r.Args[0] == "die" && !first.Swap(true) {
 			(*srvConn.Load()).Close()
 			<-ctx.Done()
 		}
 		return echo(ctx, r)
-	}, Hello: func() []byte { return nil }}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			srvConn.Store(&c)
-			go srv.ServeConn(context.Background(), c)
-		}
-	}()
+	}, func(c net.Conn) net.Conn { srvConn.Store(&c); return c })
 	p := New(Options{})
 	defer p.Close()
 	if _, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"die"}}); !errors.Is(err, hypervisor.ErrHelperLost) {
@@ -127,5 +86,8 @@ func TestCallRedialsAfterAFailedConnection(t *testing.T) {
 	}
 	if rep, err := p.Call(ctxT(t), path, hypervisor.HelperCall{Args: []string{"again"}}); err != nil || string(rep.Stdout) != "again|" {
 		t.Fatalf("next Call = %q, %v; want the echo over a new connection", rep.Stdout, err)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("connections = %d; want 2 (the next call dialled again)", n)
 	}
 }

@@ -17,12 +17,12 @@ import (
 	"github.com/vmgate/vmgate/hypervisor"
 )
 
-// MortalHelper serves a resident helper on a unix socket in a temporary
-// directory: "die" makes it fall silent for good (dead is set and nothing
-// more reaches the host, while the socket stays open, as QEMU keeps a
-// chardev socket open when the guest closes its side of the port); any
-// other command answers its arguments joined, "|", and its stdin.
-func MortalHelper(t testing.TB) (path string, dead *atomic.Bool) {
+// Serve listens on a unix socket in a temporary directory, where a VM's
+// helper socket would be, and serves each connection with a mux.Server
+// running handler, as a resident helper behind QEMU would; wrap, when not
+// nil, wraps each connection first. It returns the socket's path and the
+// number of connections accepted so far; everything ends with the test.
+func Serve(t testing.TB, handler func(context.Context, mux.Request) mux.Reply, wrap func(net.Conn) net.Conn) (path string, conns *atomic.Int32) {
 	t.Helper()
 	path = filepath.Join(t.TempDir(), "guest.sock")
 	ln, err := net.Listen("unix", path)
@@ -31,23 +31,39 @@ func MortalHelper(t testing.TB) (path string, dead *atomic.Bool) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); ln.Close() })
-	dead = new(atomic.Bool)
-	srv := &mux.Server{Handler: func(ctx context.Context, r mux.Request) mux.Reply {
-		if r.Args[0] == "die" {
-			dead.Store(true)
-			<-ctx.Done()
-		}
-		return mux.Reply{Stdout: []byte(strings.Join(r.Args, " ") + "|" + string(r.Stdin))}
-	}, Hello: func() []byte { return []byte(`{}`) }}
+	conns = new(atomic.Int32)
+	srv := &mux.Server{Handler: handler, Hello: func() []byte { return []byte(`{}`) }}
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			go srv.ServeConn(ctx, muteConn{Conn: c, dead: dead})
+			conns.Add(1)
+			if wrap != nil {
+				c = wrap(c)
+			}
+			go srv.ServeConn(ctx, c)
 		}
 	}()
+	return path, conns
+}
+
+// MortalHelper serves a resident helper (Serve): "die" makes it fall
+// silent for good (dead is set and nothing more reaches the host, while
+// the socket stays open, as QEMU keeps a chardev socket open when the
+// guest closes its side of the port); any other command answers its
+// arguments joined, "|", and its stdin.
+func MortalHelper(t testing.TB) (path string, dead *atomic.Bool) {
+	t.Helper()
+	dead = new(atomic.Bool)
+	path, _ = Serve(t, func(ctx context.Context, r mux.Request) mux.Reply {
+		if r.Args[0] == "die" {
+			dead.Store(true)
+			<-ctx.Done()
+		}
+		return mux.Reply{Stdout: []byte(strings.Join(r.Args, " ") + "|" + string(r.Stdin))}
+	}, func(c net.Conn) net.Conn { return muteConn{Conn: c, dead: dead} })
 	return path, dead
 }
 
