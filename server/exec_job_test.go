@@ -341,3 +341,40 @@ func TestExecProgressCarriesOutputLine(t *testing.T) {
 		return
 	}
 }
+
+// TestExecJobKeptFromOthersPolls: a poll of a one-shot sandbox's exec_id
+// that is not its owner's (another grant's, or on another VM, whose helper
+// does not know the job) leaves the owner's entry: the owner still reads
+// the job, which no restart-style lookup would find again (it has no
+// session to prove whose it is).
+func TestExecJobKeptFromOthersPolls(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	r := f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","command":["make"],"sandbox":{},"wait":false}`)
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_agent_exec sandbox wait: false = %q; want an exec_id", r.Text())
+	}
+	execID, _ := r.Result.StructuredContent["exec_id"].(string)
+	job, _, ok := f.guest.job("")
+	if !ok {
+		t.Fatalf("no guest job after %s", execID)
+	}
+	f.guest.emit(job, "working")
+	// The helper these polls reach does not know the job.
+	f.guest.mu.Lock()
+	j := f.guest.res.jobs[job]
+	delete(f.guest.res.jobs, job)
+	f.guest.mu.Unlock()
+	for _, p := range []struct{ grant, vm string }{{"bob", "lab/vm1"}, {"alice", "lab/vm2"}} {
+		r = f.as(t, p.grant, "vm_agent_exec_status", fmt.Sprintf(`{"vm":%q,"exec_id":%q}`, p.vm, execID))
+		if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "unknown exec_id") {
+			t.Errorf("status of %s as %s on %s = %q; want %s unknown exec_id", execID, p.grant, p.vm, r.Text(), TagInvalid)
+		}
+	}
+	f.guest.mu.Lock()
+	f.guest.res.jobs[job] = j
+	f.guest.mu.Unlock()
+	r = f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
+	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["stdout"] != "working\n" {
+		t.Errorf("the owner's status after others' polls = %q; want the job's output", r.Text())
+	}
+}

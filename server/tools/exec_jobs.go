@@ -67,7 +67,9 @@ func jobStatus(e *catalog.Env, c *catalog.Call, a *execStatusArgs, job execJob, 
 	var he *guestctl.Error
 	switch {
 	case errors.As(err, &he) && he.Code == wire.CodeNotFound:
-		e.Execs.Remove(a.ExecID)
+		if known { // not another grant's or another VM's entry of the same id
+			e.Execs.Remove(a.ExecID)
+		}
 		return unknownExec()
 	case err != nil && !known && errors.Is(err, guestctl.ErrNotResident):
 		return unknownExec() // no resident helper: none of its jobs either
