@@ -274,8 +274,8 @@ func TestExecSandboxJob(t *testing.T) {
 	f.s.Close()
 	g := restartedSessFixture(t, f)
 	r = g.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
-	if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "unknown exec_id") {
-		t.Errorf("status of a one-shot sandbox's job after a restart = %q; want %s unknown exec_id", r.Text(), TagInvalid)
+	if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "unknown exec_id") || !strings.Contains(r.Text(), "not found again after the server restarted") {
+		t.Errorf("status of a one-shot sandbox's job after a restart = %q; want %s unknown exec_id, saying a sandbox's job is not found after a restart", r.Text(), TagInvalid)
 	}
 }
 
