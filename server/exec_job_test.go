@@ -211,6 +211,9 @@ func TestExecTimeoutCap(t *testing.T) {
 		{capped, 3600, "", ""},
 		{capped, 3601, TagDenied, "timeout_s 3601 is over the policy's cap of 3600 s"},
 		{capped, 86401, TagInvalid, "timeout_s"},
+		// Over the server's cap under a policy that parks the command for
+		// an operator: refused at once, nobody asked to approve it.
+		{approveExec, 601, TagInvalid, "over this server's cap (limits.max_timeout_s) of 600 s"},
 	}
 	for _, tc := range cases {
 		f := newSessFixture(t, haveBins(), tc.policy)
