@@ -381,3 +381,35 @@ func TestExecJobKeptFromOthersPolls(t *testing.T) {
 		t.Errorf("the owner's status after others' polls = %q; want the job's output", r.Text())
 	}
 }
+
+// TestExecJobTableFull: with the server's table of commands full, a job
+// in a session still answers its exec_id (found again through its session,
+// as after a restart) and reads; a one-shot sandbox's, which nothing would
+// find again, is refused naming its pid and started_at for kill_process.
+func TestExecJobTableFull(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	sess := f.createSession(t, "alice", `{"vm":"lab/vm1"}`)
+	for {
+		if _, err := f.s.env.Execs.AddJob("carol", "lab/vm9", newJobID(), "", f.s.env.Now()); err != nil {
+			break
+		}
+	}
+	r := f.as(t, "alice", "vm_agent_exec", fmt.Sprintf(`{"vm":"lab/vm1","session":%q,"command":["make"],"wait":false}`, sess))
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_agent_exec wait: false in a session with the table full = %q; want an exec_id", r.Text())
+	}
+	execID, _ := r.Result.StructuredContent["exec_id"].(string)
+	job, _, ok := f.guest.job(sess)
+	if !ok || execID != "j"+job {
+		t.Fatalf("exec_id %q for guest job %q; want j<job>", execID, job)
+	}
+	f.guest.emit(job, "building")
+	r = f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
+	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["stdout"] != "building\n" {
+		t.Errorf("status of the session's job with the table full = %q; want its output", r.Text())
+	}
+	r = f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","command":["make"],"sandbox":{},"wait":false}`)
+	if !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), "cannot be tracked") || !strings.Contains(r.Text(), "started_at 1767323045000") || !strings.Contains(r.Text(), "kill_process") {
+		t.Errorf("vm_agent_exec sandbox wait: false with the table full = %q; want %s cannot be tracked, naming started_at and kill_process", r.Text(), TagBackend)
+	}
+}

@@ -40,9 +40,16 @@ func startJob(e *catalog.Env, c *catalog.Call, h *guestctl.Helper, req guestctl.
 		return catalog.HelperFailure(err)
 	}
 	id, err := e.Execs.AddJob(c.Grant.Name, c.VM, st.ID, req.Session, e.Now())
-	if err != nil {
+	switch {
+	case err != nil && req.Session != "":
+		// A session's job is found by its exec_id without the table, as
+		// after a restart (jobStatus).
+		e.Log.Warn("server: keep a started job", "vm", c.VM, "job", st.ID, "err", err)
+		id = catalog.JobExecID(st.ID)
+	case err != nil:
 		// The command runs but cannot be tracked; say so rather than hide it.
-		return catalog.Failure(catalog.TagBackend, fmt.Sprintf("command started as pid %d but cannot be tracked: %v", st.PID, err), false)
+		return catalog.Failure(catalog.TagBackend, fmt.Sprintf("command started as pid %d (started_at %d) in a sandbox of its own but cannot be tracked: %v; "+
+			"end it with kill_process if it must not run, and poll your other commands to their end (a command in a session is found by its exec_id all the same)", st.PID, st.StartedAt, err), false)
 	}
 	out := map[string]any{"exec_id": id, "pid": st.PID, "started_at": st.StartedAt, "job": true}
 	if req.Session != "" {
