@@ -413,3 +413,29 @@ func TestExecJobTableFull(t *testing.T) {
 		t.Errorf("vm_agent_exec sandbox wait: false with the table full = %q; want %s cannot be tracked, naming started_at and kill_process", r.Text(), TagBackend)
 	}
 }
+
+// TestExecProgressEndsItsJobOnFailure: a command run to its end as a job
+// (the client asked for progress) whose status cannot be read ends with
+// the call: its job is cancelled, not left running with no exec_id that
+// would reach it.
+func TestExecProgressEndsItsJobOnFailure(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	sess := f.createSession(t, "alice", `{"vm":"lab/vm1"}`)
+	f.guest.mu.Lock()
+	f.guest.res.statusFails = true
+	f.guest.mu.Unlock()
+	r := f.sendAs(t, "alice", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"vm_agent_exec","arguments":{"vm":"lab/vm1","session":%q,"command":["make"]},"_meta":{"progressToken":"p"}}}`, sess))
+	if r.Result == nil || !r.Result.IsError {
+		t.Fatalf("vm_agent_exec whose job status fails = %q; want an error", r.Text())
+	}
+	job, _, ok := f.guest.job(sess)
+	if !ok {
+		t.Fatalf("no job started in %s", sess)
+	}
+	f.guest.mu.Lock()
+	state := f.guest.res.jobs[job].state
+	f.guest.mu.Unlock()
+	if state == wire.JobRunning {
+		t.Errorf("job %s after the call failed is %s; want it cancelled", job, state)
+	}
+}

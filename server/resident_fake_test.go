@@ -22,8 +22,10 @@ import (
 type fakeResident struct {
 	running bool
 	noServe bool // serve fails: the VM has no resident helper
-	jobs    map[string]*fakeJob
-	started []wire.RunRequest // every job start's request
+	// statusFails: job status fails, as a helper that cannot answer does.
+	statusFails bool
+	jobs        map[string]*fakeJob
+	started     []wire.RunRequest // every job start's request
 }
 
 type fakeJob struct {
@@ -85,6 +87,9 @@ func (g *fakeGuest) jobLocked(sub string, args []string, stdin []byte) hyperviso
 		r.jobs[j.id], r.started = j, append(r.started, rr)
 		return reply(wire.JobStarted{ID: j.id, PID: 500 + len(r.jobs), StartedAt: 1767323045000})
 	case "status":
+		if r.statusFails {
+			return replyErr(wire.CodeFailed, "", "job status: failed (test)")
+		}
 		j := r.jobs[flag(args, "--id")]
 		if j == nil {
 			return replyErr(wire.CodeNotFound, "", "job status: unknown job")
@@ -160,7 +165,7 @@ func (g *fakeGuest) waitForJob(ctx context.Context, argv []string) {
 	since, _ := strconv.Atoi(flag(argv, "--stdout-since"))
 	g.mu.Lock()
 	j := g.res.jobs[flag(argv, "--id")]
-	if j == nil || j.state != wire.JobRunning || len(j.stdout) > since {
+	if j == nil || j.state != wire.JobRunning || len(j.stdout) > since || g.res.statusFails {
 		g.mu.Unlock()
 		return
 	}

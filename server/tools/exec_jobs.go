@@ -182,11 +182,11 @@ func runReporting(c *catalog.Call, h *guestctl.Helper, req guestctl.RunRequest) 
 	for {
 		js, err := h.Status(c.Ctx, c.Name, guestctl.StatusRequest{ID: st.ID, Since: cur, Wait: reportWait})
 		if err != nil {
-			if c.Ctx.Err() != nil { // the call ended: so does its command
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Ctx), guestctl.CommandTimeout)
-				_, _ = h.Cancel(ctx, c.Name, st.ID)
-				cancel()
-			}
+			// The call ends (its context, or a status it cannot read):
+			// so does its command, which no exec_id would reach.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Ctx), guestctl.CommandTimeout)
+			_, _ = h.Cancel(ctx, c.Name, st.ID)
+			cancel()
 			return res, err
 		}
 		c.Progress.Report(js.LastLine)
