@@ -439,3 +439,27 @@ func TestExecProgressEndsItsJobOnFailure(t *testing.T) {
 		t.Errorf("job %s after the call failed is %s; want it cancelled", job, state)
 	}
 }
+
+// TestExecJobLost: a job the resident helper lost (it ended while the job
+// ran) answers lost with the guest's note and no exit code, in its text
+// as in its structured content.
+func TestExecJobLost(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	_, execID, job := startSessionJob(t, f)
+	const note = "the resident helper ended while this job ran"
+	f.guest.mu.Lock()
+	j := f.guest.res.jobs[job]
+	j.state, j.exit, j.note = wire.JobLost, -1, note
+	f.guest.mu.Unlock()
+	r := f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
+	if r.Result == nil {
+		t.Fatalf("status of a lost job = %q; want a status", r.Text())
+	}
+	sc := r.Result.StructuredContent
+	if _, ok := sc["exit_code"]; ok || sc["state"] != wire.JobLost || sc["note"] != note {
+		t.Errorf("status of a lost job = %v; want state lost, its note, no exit_code", sc)
+	}
+	if want := "lost, no exit code: " + note; !strings.HasPrefix(r.Text(), want) || strings.Contains(r.Text(), "exit -1") {
+		t.Errorf("status text of a lost job = %q; want it to start %q and name no exit code", r.Text(), want)
+	}
+}

@@ -34,6 +34,7 @@ type fakeJob struct {
 	stdout  []byte
 	state   string
 	exit    int
+	note    string
 	changed chan struct{} // closed (and replaced) at each emit and at the end
 }
 
@@ -109,7 +110,7 @@ func (g *fakeGuest) jobLocked(sub string, args []string, stdin []byte) hyperviso
 func (j *fakeJob) status(since string) wire.JobStatus {
 	from, _ := strconv.ParseInt(since, 10, 64)
 	from = min(from, int64(len(j.stdout)))
-	st := wire.JobStatus{ID: j.id, Session: j.req.Session, PID: 7, State: j.state, ExitCode: j.exit,
+	st := wire.JobStatus{ID: j.id, Session: j.req.Session, PID: 7, State: j.state, ExitCode: j.exit, Note: j.note,
 		Stdout: wire.JobOutput{Data: j.stdout[from:], Offset: from, Next: int64(len(j.stdout)), Total: int64(len(j.stdout))}}
 	if lines := strings.Split(strings.TrimSpace(string(j.stdout)), "\n"); len(lines) > 0 {
 		st.LastLine = lines[len(lines)-1]

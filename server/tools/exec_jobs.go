@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
@@ -144,7 +145,7 @@ func jobResult(st guestctl.JobStatus, session string) catalog.Result {
 	switch {
 	case st.State == wire.JobLost:
 		delete(m, "exit_code") // it has none: the helper that ran it ended
-		out.Text = "lost: " + st.Note + out.Text
+		out.Text = "lost, no exit code: " + st.Note + strings.TrimPrefix(out.Text, fmt.Sprintf("exit %d", st.ExitCode))
 	case running && len(st.Stdout.Data)+len(st.Stderr.Data) == 0:
 		out.Text = fmt.Sprintf("running (pid %d); no output since the cursor yet", st.PID)
 	}
