@@ -255,22 +255,30 @@ func TestVMStatusRoad(t *testing.T) {
 	}
 }
 
+// startSandboxJob starts, as alice, a wait: false command in a sandbox of
+// its own; it returns the exec_id and the guest's job id.
+func startSandboxJob(t *testing.T, f *sessFixture) (execID, job string) {
+	t.Helper()
+	r := f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","command":["make"],"sandbox":{},"wait":false}`)
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_agent_exec sandbox wait: false = %q; want an exec_id", r.Text())
+	}
+	execID, _ = r.Result.StructuredContent["exec_id"].(string)
+	job, req, ok := f.guest.job("")
+	if !ok || req.Sandbox == nil || req.Session != "" || execID != "j"+job {
+		t.Fatalf("guest job %q: sandbox %v, session %q; want a one-shot sandbox's job named by %s", job, req.Sandbox, req.Session, execID)
+	}
+	return execID, job
+}
+
 // TestExecSandboxJob: wait: false with a sandbox starts a job in a sandbox
 // of its own; it is read like a session's, but a restarted server does
 // not find it (no session of the store says whose it is).
 func TestExecSandboxJob(t *testing.T) {
 	f := newSessFixture(t, haveBins(), "")
-	r := f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","command":["make"],"sandbox":{},"wait":false}`)
-	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_agent_exec sandbox wait: false = %q; want an exec_id", r.Text())
-	}
-	execID, _ := r.Result.StructuredContent["exec_id"].(string)
-	job, req, ok := f.guest.job("")
-	if !ok || req.Sandbox == nil || req.Session != "" || execID != "j"+job {
-		t.Fatalf("guest job %q: sandbox %v, session %q; want a one-shot sandbox's job named by %s", job, req.Sandbox, req.Session, execID)
-	}
+	execID, job := startSandboxJob(t, f)
 	f.guest.emit(job, "working")
-	r = f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
+	r := f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
 	if r.Result == nil || r.Result.StructuredContent["stdout"] != "working\n" {
 		t.Errorf("status of the sandbox's job = %q; want its output", r.Text())
 	}
@@ -352,15 +360,7 @@ func TestExecProgressCarriesOutputLine(t *testing.T) {
 // session to prove whose it is).
 func TestExecJobKeptFromOthersPolls(t *testing.T) {
 	f := newSessFixture(t, haveBins(), "")
-	r := f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","command":["make"],"sandbox":{},"wait":false}`)
-	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_agent_exec sandbox wait: false = %q; want an exec_id", r.Text())
-	}
-	execID, _ := r.Result.StructuredContent["exec_id"].(string)
-	job, _, ok := f.guest.job("")
-	if !ok {
-		t.Fatalf("no guest job after %s", execID)
-	}
+	execID, job := startSandboxJob(t, f)
 	f.guest.emit(job, "working")
 	// The helper these polls reach does not know the job.
 	f.guest.mu.Lock()
@@ -368,7 +368,7 @@ func TestExecJobKeptFromOthersPolls(t *testing.T) {
 	delete(f.guest.res.jobs, job)
 	f.guest.mu.Unlock()
 	for _, p := range []struct{ grant, vm string }{{"bob", "lab/vm1"}, {"alice", "lab/vm2"}} {
-		r = f.as(t, p.grant, "vm_agent_exec_status", fmt.Sprintf(`{"vm":%q,"exec_id":%q}`, p.vm, execID))
+		r := f.as(t, p.grant, "vm_agent_exec_status", fmt.Sprintf(`{"vm":%q,"exec_id":%q}`, p.vm, execID))
 		if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "unknown exec_id") {
 			t.Errorf("status of %s as %s on %s = %q; want %s unknown exec_id", execID, p.grant, p.vm, r.Text(), TagInvalid)
 		}
@@ -376,7 +376,7 @@ func TestExecJobKeptFromOthersPolls(t *testing.T) {
 	f.guest.mu.Lock()
 	f.guest.res.jobs[job] = j
 	f.guest.mu.Unlock()
-	r = f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
+	r := f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
 	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["stdout"] != "working\n" {
 		t.Errorf("the owner's status after others' polls = %q; want the job's output", r.Text())
 	}
