@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
@@ -147,6 +148,22 @@ func TestSandboxedPolicy(t *testing.T) {
 	}
 	if !reflect.DeepEqual(e.Tools(), def.Tools()) {
 		t.Errorf("sandboxed policy's tools = %v; want the default's %v", e.Tools(), def.Tools())
+	}
+	// Every other rule is the default's: the two documents do not drift.
+	var sandboxed, plain map[string]any
+	if err := json.Unmarshal(doc, &sandboxed); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(DefaultPolicy(), &plain); err != nil {
+		t.Fatal(err)
+	}
+	exec, _ := sandboxed["tools"].(map[string]any)[policy.ExecTool].(map[string]any)
+	if _, ok := exec["sandbox"]; !ok {
+		t.Errorf("sandboxed policy's %s has no sandbox block", policy.ExecTool)
+	}
+	delete(exec, "sandbox")
+	if !reflect.DeepEqual(sandboxed, plain) {
+		t.Errorf("sandboxed policy without %s's sandbox block differs from the default policy; want the same rules", policy.ExecTool)
 	}
 	want := &policy.Sandbox{Net: "none", User: "session", BestEffort: []string{"cgroup"}}
 	d := e.Decide(policy.Call{Grant: "local", Tool: policy.ExecTool, VM: "lab/vm1", Args: map[string]any{"command": []any{"id"}}})

@@ -211,6 +211,9 @@ func TestExecTimeoutCap(t *testing.T) {
 		{capped, 3600, "", ""},
 		{capped, 3601, TagDenied, "timeout_s 3601 is over the policy's cap of 3600 s"},
 		{capped, 86401, TagInvalid, "timeout_s"},
+		// Over the server's cap under a policy that parks the command for
+		// an operator: refused at once, nobody asked to approve it.
+		{approveExec, 601, TagInvalid, "over this server's cap (limits.max_timeout_s) of 600 s"},
 	}
 	for _, tc := range cases {
 		f := newSessFixture(t, haveBins(), tc.policy)
@@ -252,30 +255,38 @@ func TestVMStatusRoad(t *testing.T) {
 	}
 }
 
+// startSandboxJob starts, as alice, a wait: false command in a sandbox of
+// its own; it returns the exec_id and the guest's job id.
+func startSandboxJob(t *testing.T, f *sessFixture) (execID, job string) {
+	t.Helper()
+	r := f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","command":["make"],"sandbox":{},"wait":false}`)
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_agent_exec sandbox wait: false = %q; want an exec_id", r.Text())
+	}
+	execID, _ = r.Result.StructuredContent["exec_id"].(string)
+	job, req, ok := f.guest.job("")
+	if !ok || req.Sandbox == nil || req.Session != "" || execID != "j"+job {
+		t.Fatalf("guest job %q: sandbox %v, session %q; want a one-shot sandbox's job named by %s", job, req.Sandbox, req.Session, execID)
+	}
+	return execID, job
+}
+
 // TestExecSandboxJob: wait: false with a sandbox starts a job in a sandbox
 // of its own; it is read like a session's, but a restarted server does
 // not find it (no session of the store says whose it is).
 func TestExecSandboxJob(t *testing.T) {
 	f := newSessFixture(t, haveBins(), "")
-	r := f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","command":["make"],"sandbox":{},"wait":false}`)
-	if r.Result == nil || r.Result.IsError {
-		t.Fatalf("vm_agent_exec sandbox wait: false = %q; want an exec_id", r.Text())
-	}
-	execID, _ := r.Result.StructuredContent["exec_id"].(string)
-	job, req, ok := f.guest.job("")
-	if !ok || req.Sandbox == nil || req.Session != "" || execID != "j"+job {
-		t.Fatalf("guest job %q: sandbox %v, session %q; want a one-shot sandbox's job named by %s", job, req.Sandbox, req.Session, execID)
-	}
+	execID, job := startSandboxJob(t, f)
 	f.guest.emit(job, "working")
-	r = f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
+	r := f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
 	if r.Result == nil || r.Result.StructuredContent["stdout"] != "working\n" {
 		t.Errorf("status of the sandbox's job = %q; want its output", r.Text())
 	}
 	f.s.Close()
 	g := restartedSessFixture(t, f)
 	r = g.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
-	if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "unknown exec_id") {
-		t.Errorf("status of a one-shot sandbox's job after a restart = %q; want %s unknown exec_id", r.Text(), TagInvalid)
+	if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "unknown exec_id") || !strings.Contains(r.Text(), "not found again after the server restarted") {
+		t.Errorf("status of a one-shot sandbox's job after a restart = %q; want %s unknown exec_id, saying a sandbox's job is not found after a restart", r.Text(), TagInvalid)
 	}
 }
 
@@ -339,5 +350,116 @@ func TestExecProgressCarriesOutputLine(t *testing.T) {
 			t.Fatalf("result = %+v; want exit 0 with both lines", m.Result)
 		}
 		return
+	}
+}
+
+// TestExecJobKeptFromOthersPolls: a poll of a one-shot sandbox's exec_id
+// that is not its owner's (another grant's, or on another VM, whose helper
+// does not know the job) leaves the owner's entry: the owner still reads
+// the job, which no restart-style lookup would find again (it has no
+// session to prove whose it is).
+func TestExecJobKeptFromOthersPolls(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	execID, job := startSandboxJob(t, f)
+	f.guest.emit(job, "working")
+	// The helper these polls reach does not know the job.
+	f.guest.mu.Lock()
+	j := f.guest.res.jobs[job]
+	delete(f.guest.res.jobs, job)
+	f.guest.mu.Unlock()
+	for _, p := range []struct{ grant, vm string }{{"bob", "lab/vm1"}, {"alice", "lab/vm2"}} {
+		r := f.as(t, p.grant, "vm_agent_exec_status", fmt.Sprintf(`{"vm":%q,"exec_id":%q}`, p.vm, execID))
+		if !mcptest.HasTag(r, TagInvalid) || !strings.Contains(r.Text(), "unknown exec_id") {
+			t.Errorf("status of %s as %s on %s = %q; want %s unknown exec_id", execID, p.grant, p.vm, r.Text(), TagInvalid)
+		}
+	}
+	f.guest.mu.Lock()
+	f.guest.res.jobs[job] = j
+	f.guest.mu.Unlock()
+	r := f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
+	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["stdout"] != "working\n" {
+		t.Errorf("the owner's status after others' polls = %q; want the job's output", r.Text())
+	}
+}
+
+// TestExecJobTableFull: with the server's table of commands full, a job
+// in a session still answers its exec_id (found again through its session,
+// as after a restart) and reads; a one-shot sandbox's, which nothing would
+// find again, is refused naming its pid and started_at for kill_process.
+func TestExecJobTableFull(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	sess := f.createSession(t, "alice", `{"vm":"lab/vm1"}`)
+	for {
+		if _, err := f.s.env.Execs.AddJob("carol", "lab/vm9", newJobID(), "", f.s.env.Now()); err != nil {
+			break
+		}
+	}
+	r := f.as(t, "alice", "vm_agent_exec", fmt.Sprintf(`{"vm":"lab/vm1","session":%q,"command":["make"],"wait":false}`, sess))
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_agent_exec wait: false in a session with the table full = %q; want an exec_id", r.Text())
+	}
+	execID, _ := r.Result.StructuredContent["exec_id"].(string)
+	job, _, ok := f.guest.job(sess)
+	if !ok || execID != "j"+job {
+		t.Fatalf("exec_id %q for guest job %q; want j<job>", execID, job)
+	}
+	f.guest.emit(job, "building")
+	r = f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
+	if r.Result == nil || r.Result.IsError || r.Result.StructuredContent["stdout"] != "building\n" {
+		t.Errorf("status of the session's job with the table full = %q; want its output", r.Text())
+	}
+	r = f.as(t, "alice", "vm_agent_exec", `{"vm":"lab/vm1","command":["make"],"sandbox":{},"wait":false}`)
+	if !mcptest.HasTag(r, TagBackend) || !strings.Contains(r.Text(), "cannot be tracked") || !strings.Contains(r.Text(), "started_at 1767323045000") || !strings.Contains(r.Text(), "kill_process") {
+		t.Errorf("vm_agent_exec sandbox wait: false with the table full = %q; want %s cannot be tracked, naming started_at and kill_process", r.Text(), TagBackend)
+	}
+}
+
+// TestExecProgressEndsItsJobOnFailure: a command run to its end as a job
+// (the client asked for progress) whose status cannot be read ends with
+// the call: its job is cancelled, not left running with no exec_id that
+// would reach it.
+func TestExecProgressEndsItsJobOnFailure(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	sess := f.createSession(t, "alice", `{"vm":"lab/vm1"}`)
+	f.guest.mu.Lock()
+	f.guest.res.statusFails = true
+	f.guest.mu.Unlock()
+	r := f.sendAs(t, "alice", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"vm_agent_exec","arguments":{"vm":"lab/vm1","session":%q,"command":["make"]},"_meta":{"progressToken":"p"}}}`, sess))
+	if r.Result == nil || !r.Result.IsError {
+		t.Fatalf("vm_agent_exec whose job status fails = %q; want an error", r.Text())
+	}
+	job, _, ok := f.guest.job(sess)
+	if !ok {
+		t.Fatalf("no job started in %s", sess)
+	}
+	f.guest.mu.Lock()
+	state := f.guest.res.jobs[job].state
+	f.guest.mu.Unlock()
+	if state == wire.JobRunning {
+		t.Errorf("job %s after the call failed is %s; want it cancelled", job, state)
+	}
+}
+
+// TestExecJobLost: a job the resident helper lost (it ended while the job
+// ran) answers lost with the guest's note and no exit code, in its text
+// as in its structured content.
+func TestExecJobLost(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	_, execID, job := startSessionJob(t, f)
+	const note = "the resident helper ended while this job ran"
+	f.guest.mu.Lock()
+	j := f.guest.res.jobs[job]
+	j.state, j.exit, j.note = wire.JobLost, -1, note
+	f.guest.mu.Unlock()
+	r := f.as(t, "alice", "vm_agent_exec_status", fmt.Sprintf(`{"vm":"lab/vm1","exec_id":%q}`, execID))
+	if r.Result == nil {
+		t.Fatalf("status of a lost job = %q; want a status", r.Text())
+	}
+	sc := r.Result.StructuredContent
+	if _, ok := sc["exit_code"]; ok || sc["state"] != wire.JobLost || sc["note"] != note {
+		t.Errorf("status of a lost job = %v; want state lost, its note, no exit_code", sc)
+	}
+	if want := "lost, no exit code: " + note; !strings.HasPrefix(r.Text(), want) || strings.Contains(r.Text(), "exit -1") {
+		t.Errorf("status text of a lost job = %q; want it to start %q and name no exit code", r.Text(), want)
 	}
 }

@@ -101,7 +101,7 @@ func (s *Server) refuseMalformed(ctx context.Context, c *Conn, raw []byte, cause
 		rec := audit.Record{Kind: audit.KindDecision, CallID: rand.Text(), Grant: c.Grant.Name, Transport: c.Transport, Tool: catalog.Truncate(peek.Tool, 128)}
 		rec.Reason = fmt.Sprintf("malformed tools/call of %d bytes", len(raw))
 		if len(raw) > s.limits.MaxMessageBytes {
-			why += tooLargeAdvice(peek.Tool)
+			why += tooLargeAdvice(peek.Tool, s.limits)
 		}
 		r := invalidArg("rejected: " + why)
 		if id == nil {
@@ -116,11 +116,11 @@ func (s *Server) refuseMalformed(ctx context.Context, c *Conn, raw []byte, cause
 	return verdict{reply: jsonrpc.ErrorReply(id, mcp.INVALID_REQUEST, "invalid request: "+why)}
 }
 
-// tooLargeAdvice says how a tool's data goes in messages within the limit.
-func tooLargeAdvice(tool string) string {
+// tooLargeAdvice says how a tool's data goes in messages within l's limit.
+func tooLargeAdvice(tool string, l catalog.Limits) string {
 	switch tool {
 	case "vm_file_write":
-		return "; write the data in ranges of about 6 MiB (base64 within the limit): the first whole, the others with append or offset"
+		return fmt.Sprintf("; write the data in ranges of at most %d bytes (their base64 within the limit): the first whole, the others with append or offset", l.RawBudget())
 	case "vm_archive_write":
 		return "; send the tree as several tars (one per subdirectory), or gzip it"
 	}

@@ -22,8 +22,10 @@ import (
 type fakeResident struct {
 	running bool
 	noServe bool // serve fails: the VM has no resident helper
-	jobs    map[string]*fakeJob
-	started []wire.RunRequest // every job start's request
+	// statusFails: job status fails, as a helper that cannot answer does.
+	statusFails bool
+	jobs        map[string]*fakeJob
+	started     []wire.RunRequest // every job start's request
 }
 
 type fakeJob struct {
@@ -32,6 +34,7 @@ type fakeJob struct {
 	stdout  []byte
 	state   string
 	exit    int
+	note    string
 	changed chan struct{} // closed (and replaced) at each emit and at the end
 }
 
@@ -85,6 +88,9 @@ func (g *fakeGuest) jobLocked(sub string, args []string, stdin []byte) hyperviso
 		r.jobs[j.id], r.started = j, append(r.started, rr)
 		return reply(wire.JobStarted{ID: j.id, PID: 500 + len(r.jobs), StartedAt: 1767323045000})
 	case "status":
+		if r.statusFails {
+			return replyErr(wire.CodeFailed, "", "job status: failed (test)")
+		}
 		j := r.jobs[flag(args, "--id")]
 		if j == nil {
 			return replyErr(wire.CodeNotFound, "", "job status: unknown job")
@@ -104,7 +110,7 @@ func (g *fakeGuest) jobLocked(sub string, args []string, stdin []byte) hyperviso
 func (j *fakeJob) status(since string) wire.JobStatus {
 	from, _ := strconv.ParseInt(since, 10, 64)
 	from = min(from, int64(len(j.stdout)))
-	st := wire.JobStatus{ID: j.id, Session: j.req.Session, PID: 7, State: j.state, ExitCode: j.exit,
+	st := wire.JobStatus{ID: j.id, Session: j.req.Session, PID: 7, State: j.state, ExitCode: j.exit, Note: j.note,
 		Stdout: wire.JobOutput{Data: j.stdout[from:], Offset: from, Next: int64(len(j.stdout)), Total: int64(len(j.stdout))}}
 	if lines := strings.Split(strings.TrimSpace(string(j.stdout)), "\n"); len(lines) > 0 {
 		st.LastLine = lines[len(lines)-1]
@@ -160,7 +166,7 @@ func (g *fakeGuest) waitForJob(ctx context.Context, argv []string) {
 	since, _ := strconv.Atoi(flag(argv, "--stdout-since"))
 	g.mu.Lock()
 	j := g.res.jobs[flag(argv, "--id")]
-	if j == nil || j.state != wire.JobRunning || len(j.stdout) > since {
+	if j == nil || j.state != wire.JobRunning || len(j.stdout) > since || g.res.statusFails {
 		g.mu.Unlock()
 		return
 	}

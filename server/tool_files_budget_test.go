@@ -337,7 +337,7 @@ func TestTooLargeWriteSaysHow(t *testing.T) {
 	limit := catalog.DefaultLimits().MaxMessageBytes
 	b64 := strings.Repeat("A", limit)
 	for tool, says := range map[string]string{
-		"vm_file_write":    "the others with append or offset",
+		"vm_file_write":    fmt.Sprintf("ranges of at most %d bytes (their base64 within the limit): the first whole, the others with append or offset", catalog.DefaultLimits().RawBudget()),
 		"vm_archive_write": "several tars",
 	} {
 		f := newSessFixture(t, haveBins(), "")

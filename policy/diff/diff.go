@@ -296,7 +296,17 @@ func blockChanges(name string, o, n policy.ToolSummary) []Change {
 			}
 			return fmt.Sprintf("%d s", s)
 		}
-		out = append(out, Change{Tool: name, Effect: Other, Text: fmt.Sprintf("max_timeout_s: OLD %s, NEW %s", words(o.MaxTimeoutS), words(n.MaxTimeoutS))})
+		// Between two caps NEW denies fewer or more timeouts; to or from
+		// none the server's cap, which the policy does not know, decides.
+		e := Other
+		switch {
+		case o.MaxTimeoutS == 0 || n.MaxTimeoutS == 0:
+		case n.MaxTimeoutS > o.MaxTimeoutS:
+			e = Looser
+		default:
+			e = Tighter
+		}
+		out = append(out, Change{Tool: name, Effect: e, Text: fmt.Sprintf("max_timeout_s: OLD %s, NEW %s", words(o.MaxTimeoutS), words(n.MaxTimeoutS))})
 	}
 	if o.KeepFiles != n.KeepFiles {
 		out = append(out, Change{Tool: name, Effect: Other, Text: fmt.Sprintf("keep_files: OLD %s, NEW %s", keepWords(o.KeepFiles), keepWords(n.KeepFiles))})

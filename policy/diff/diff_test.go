@@ -119,6 +119,10 @@ func TestCompareWording(t *testing.T) {
 				"vm_agent_exec ~ NEW has a sandbox block, OLD does not (without it: the top-level or default sandbox applies)",
 				"vm_agent_exec ~ max_timeout_s: OLD none (the server's cap), NEW 3600 s",
 			}},
+		{"a higher timeout cap", doc(`"vm_agent_exec":{"max_timeout_s":600}`), doc(`"vm_agent_exec":{"max_timeout_s":3600}`),
+			[]string{"vm_agent_exec + max_timeout_s: OLD 600 s, NEW 3600 s"}},
+		{"a lower timeout cap", doc(`"vm_agent_exec":{"max_timeout_s":3600}`), doc(`"vm_agent_exec":{"max_timeout_s":600}`),
+			[]string{"vm_agent_exec - max_timeout_s: OLD 3600 s, NEW 600 s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

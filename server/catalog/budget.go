@@ -10,17 +10,17 @@ import "unicode/utf8"
 // not fit comes back shorter, truncated, saying where to read on; an
 // archive that would not fit is refused, saying how to take it in parts.
 
-// ResultSlack is what a result holds besides its data: the JSON-RPC and
+// resultSlack is what a result holds besides its data: the JSON-RPC and
 // tools/call envelope, the structured fields, the short text.
-const ResultSlack = 64 << 10
+const resultSlack = 64 << 10
 
 // ResultBudget is the most data bytes one result's encoding may take.
-func (e *Env) ResultBudget() int64 {
-	return max(int64(e.Limits.MaxMessageBytes)-ResultSlack, 4<<10)
+func (l Limits) ResultBudget() int64 {
+	return max(int64(l.MaxMessageBytes)-resultSlack, 4<<10)
 }
 
-// Base64Budget is the most raw bytes whose base64 fits budget bytes.
-func Base64Budget(budget int64) int64 { return budget / 4 * 3 }
+// RawBudget is the most raw bytes whose base64 fits one result.
+func (l Limits) RawBudget() int64 { return l.ResultBudget() / 4 * 3 }
 
 // jsonCost is how many bytes r takes in a JSON string as encoding/json
 // writes it (HTML characters and line separators escaped as \uXXXX).

@@ -140,7 +140,7 @@ func runArchiveRead(e *catalog.Env, c *catalog.Call, a *archiveReadArgs) catalog
 	lim := guestctl.ArchiveLimits{MaxBytes: rules.MaxArchiveBytes, MaxEntries: rules.MaxEntries}
 	// One result carries the tar (budget.go): its files' content is bounded
 	// by that too, unless gzip may shrink them.
-	maxTar := catalog.Base64Budget(e.ResultBudget())
+	maxTar := e.Limits.RawBudget()
 	capped := !a.Gzip && maxTar < lim.MaxBytes
 	if capped {
 		lim.MaxBytes = maxTar

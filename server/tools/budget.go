@@ -24,7 +24,7 @@ func fitText(e *catalog.Env, fr *guestctl.FileRead) {
 	if !isText(fr.Data) {
 		return
 	}
-	if keep := catalog.TextFits(fr.Data, 2, e.ResultBudget()); keep < len(fr.Data) {
+	if keep := catalog.TextFits(fr.Data, 2, e.Limits.ResultBudget()); keep < len(fr.Data) {
 		fr.Data, fr.Truncated, fr.EOF = fr.Data[:keep], true, false
 	}
 }
@@ -50,7 +50,7 @@ func tarTooLarge(e *catalog.Env, p string, gz bool, err error) catalog.Result {
 	if !gz {
 		how += ", or ask with gzip: true"
 	}
-	msg := fmt.Sprintf("the tar of %s is more than one result carries (%d bytes of tar, base64 in a message of at most %d bytes): %s", p, catalog.Base64Budget(e.ResultBudget()), e.Limits.MaxMessageBytes, how)
+	msg := fmt.Sprintf("the tar of %s is more than one result carries (%d bytes of tar, base64 in a message of at most %d bytes): %s", p, e.Limits.RawBudget(), e.Limits.MaxMessageBytes, how)
 	r := catalog.Failure(catalog.TagInvalid, msg, true)
 	r.Detail = msg + ": " + err.Error()
 	return r

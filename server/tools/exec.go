@@ -437,6 +437,11 @@ func runExecStatus(e *catalog.Env, c *catalog.Call, a *execStatusArgs) catalog.R
 	return execResult(res, "command killed after its timeout; give it a larger timeout_s next time")
 }
 
+// unknownExec is the one answer for an exec_id the caller may not read:
+// it names each way a real one stops being known, not which applies (an
+// id of another grant's is unknown as one that never existed is).
 func unknownExec() catalog.Result {
-	return catalog.Failure(catalog.TagInvalid, "unknown exec_id (finished results are returned once)", true)
+	return catalog.Failure(catalog.TagInvalid, "unknown exec_id on this VM for this grant: a command run through the guest agent answers its final result once; "+
+		"one in a session or sandbox is kept while the guest keeps it after its end, and one in a sandbox of its own is not found again after the server restarted "+
+		"(run it in a session to be able to)", true)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
@@ -40,9 +41,16 @@ func startJob(e *catalog.Env, c *catalog.Call, h *guestctl.Helper, req guestctl.
 		return catalog.HelperFailure(err)
 	}
 	id, err := e.Execs.AddJob(c.Grant.Name, c.VM, st.ID, req.Session, e.Now())
-	if err != nil {
+	switch {
+	case err != nil && req.Session != "":
+		// A session's job is found by its exec_id without the table, as
+		// after a restart (jobStatus).
+		e.Log.Warn("server: keep a started job", "vm", c.VM, "job", st.ID, "err", err)
+		id = catalog.JobExecID(st.ID)
+	case err != nil:
 		// The command runs but cannot be tracked; say so rather than hide it.
-		return catalog.Failure(catalog.TagBackend, fmt.Sprintf("command started as pid %d but cannot be tracked: %v", st.PID, err), false)
+		return catalog.Failure(catalog.TagBackend, fmt.Sprintf("command started as pid %d (started_at %d) in a sandbox of its own but cannot be tracked: %v; "+
+			"end it with kill_process if it must not run, and poll your other commands to their end (a command in a session is found by its exec_id all the same)", st.PID, st.StartedAt, err), false)
 	}
 	out := map[string]any{"exec_id": id, "pid": st.PID, "started_at": st.StartedAt, "job": true}
 	if req.Session != "" {
@@ -67,7 +75,9 @@ func jobStatus(e *catalog.Env, c *catalog.Call, a *execStatusArgs, job execJob, 
 	var he *guestctl.Error
 	switch {
 	case errors.As(err, &he) && he.Code == wire.CodeNotFound:
-		e.Execs.Remove(a.ExecID)
+		if known { // not another grant's or another VM's entry of the same id
+			e.Execs.Remove(a.ExecID)
+		}
 		return unknownExec()
 	case err != nil && !known && errors.Is(err, guestctl.ErrNotResident):
 		return unknownExec() // no resident helper: none of its jobs either
@@ -135,7 +145,7 @@ func jobResult(st guestctl.JobStatus, session string) catalog.Result {
 	switch {
 	case st.State == wire.JobLost:
 		delete(m, "exit_code") // it has none: the helper that ran it ended
-		out.Text = "lost: " + st.Note + out.Text
+		out.Text = "lost, no exit code: " + st.Note + strings.TrimPrefix(out.Text, fmt.Sprintf("exit %d", st.ExitCode))
 	case running && len(st.Stdout.Data)+len(st.Stderr.Data) == 0:
 		out.Text = fmt.Sprintf("running (pid %d); no output since the cursor yet", st.PID)
 	}
@@ -173,11 +183,11 @@ func runReporting(c *catalog.Call, h *guestctl.Helper, req guestctl.RunRequest) 
 	for {
 		js, err := h.Status(c.Ctx, c.Name, guestctl.StatusRequest{ID: st.ID, Since: cur, Wait: reportWait})
 		if err != nil {
-			if c.Ctx.Err() != nil { // the call ended: so does its command
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Ctx), guestctl.CommandTimeout)
-				_, _ = h.Cancel(ctx, c.Name, st.ID)
-				cancel()
-			}
+			// The call ends (its context, or a status it cannot read):
+			// so does its command, which no exec_id would reach.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Ctx), guestctl.CommandTimeout)
+			_, _ = h.Cancel(ctx, c.Name, st.ID)
+			cancel()
 			return res, err
 		}
 		c.Progress.Report(js.LastLine)

@@ -38,7 +38,7 @@ func fileReadTool(l catalog.Limits) *catalog.Tool {
 			{Name: "path", Kind: catalog.KindString, Desc: "Absolute, clean path in the guest (no \".\", \"..\", \"//\" or trailing \"/\").", Required: true, MaxLen: 4096, GuestPath: true},
 			{Name: "max_bytes", Kind: catalog.KindInteger, Desc: fmt.Sprintf("Read at most this many bytes from the start; the server caps it at %d. For more, give offset and length instead.", l.MaxOutputBytes), Min: 1, Max: math.MaxInt64},
 			{Name: "offset", Kind: catalog.KindInteger, Desc: "Where the range starts, in bytes (default 0; at most 2^62); at or past the end reads nothing, with eof.", Min: 0, Max: maxOffset},
-			{Name: "length", Kind: catalog.KindInteger, Desc: fmt.Sprintf("The most to read from offset; the policy caps one range (files.max_read_bytes, default %d), and one result carries at most %d bytes (base64 of binary data: about %d): a longer range comes back shorter, truncated, saying where to read on. 0 with hash reads only the hash.", policy.DefaultMaxReadBytes, l.MaxMessageBytes, catalog.Base64Budget(int64(l.MaxMessageBytes)-catalog.ResultSlack)), Min: 0, Max: math.MaxInt64},
+			{Name: "length", Kind: catalog.KindInteger, Desc: fmt.Sprintf("The most to read from offset; the policy caps one range (files.max_read_bytes, default %d), and one result carries at most %d bytes (base64 of binary data: about %d): a longer range comes back shorter, truncated, saying where to read on. 0 with hash reads only the hash.", policy.DefaultMaxReadBytes, l.MaxMessageBytes, l.RawBudget()), Min: 0, Max: math.MaxInt64},
 			{Name: "hash", Kind: catalog.KindBoolean, Desc: "Also return sha256, the whole file's SHA-256 (read in the same pass)."},
 		},
 		Output: []map[string]any{catalog.OObject(map[string]any{
@@ -100,7 +100,7 @@ func (a *fileReadArgs) readOptions(e *catalog.Env, rules policy.FileRules) (o gu
 	if a.Length != nil {
 		n = min(*a.Length, rules.MaxReadBytes, wire.MaxReadLength)
 	}
-	return guestctl.ReadOptions{Offset: a.Offset, Length: min(n, catalog.Base64Budget(e.ResultBudget())), Hash: a.Hash}, n
+	return guestctl.ReadOptions{Offset: a.Offset, Length: min(n, e.Limits.RawBudget()), Hash: a.Hash}, n
 }
 
 func runFileRead(e *catalog.Env, c *catalog.Call, a *fileReadArgs) catalog.Result {

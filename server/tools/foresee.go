@@ -15,7 +15,14 @@ import (
 var (
 	_ catalog.Foreseer = (*destroySessionArgs)(nil)
 	_ catalog.Foreseer = (*snapshotNameArgs)(nil)
+	_ catalog.Foreseer = (*execArgs)(nil)
 )
+
+// Foresee: a timeout_s over the grant's cap is refused when the command
+// would run (runExec), so no operator is asked to approve it.
+func (a *execArgs) Foresee(e *catalog.Env, c *catalog.Call) *catalog.Result {
+	return checkTimeout(e, c, a)
+}
 
 // Foresee: a session that is unknown to the grant, or already destroyed,
 // cannot be destroyed.
