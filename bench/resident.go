@@ -112,8 +112,23 @@ func (b *residentBench) checkRoad(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if !strings.Contains(string(res.StructuredContent), `"resident`) {
-		return fmt.Errorf("vm_status of %s = %s; want the resident helper as the road", b.vm, res.StructuredContent)
+	return residentRoad(b.vm, res.StructuredContent)
+}
+
+// residentRoad checks that a vm_status answer's helper object says the
+// resident helper over the virtio-serial port.
+func residentRoad(vm string, status json.RawMessage) error {
+	var st struct {
+		Helper struct {
+			Road string `json:"road"`
+			Via  string `json:"via"`
+		} `json:"helper"`
+	}
+	if err := json.Unmarshal(status, &st); err != nil {
+		return fmt.Errorf("vm_status: %w", err)
+	}
+	if h := st.Helper; h.Road != "resident" || h.Via != "virtio-serial" {
+		return fmt.Errorf("vm_status of %s = %s; want the resident helper over the virtio-serial port as the road", vm, status)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -27,6 +28,26 @@ func TestUptime(t *testing.T) {
 		}
 		if err != nil || got != tt.want {
 			t.Errorf("uptime(%q) = %v, %v; want %v", tt.line, got, err, tt.want)
+		}
+	}
+}
+
+// TestResidentRoad: rows 8–8d run only on the resident helper over the
+// virtio-serial port, not through the agent's exec or per command.
+func TestResidentRoad(t *testing.T) {
+	tests := []struct {
+		status string
+		ok     bool
+	}{
+		{`{"helper":{"road":"resident","via":"virtio-serial","pid":412}}`, true},
+		{`{"helper":{"road":"resident","via":"guest agent exec + unix socket","why":"no channel"}}`, false},
+		{`{"helper":{"road":"per-command","why":"no \"resident\" helper: the port is missing"}}`, false},
+		{`{"helper":{"road":"undecided"}}`, false},
+		{`{"state":"running"}`, false},
+	}
+	for _, tt := range tests {
+		if err := residentRoad("vm1", json.RawMessage(tt.status)); (err == nil) != tt.ok {
+			t.Errorf("residentRoad(%s) = %v; want ok %v", tt.status, err, tt.ok)
 		}
 	}
 }

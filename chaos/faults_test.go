@@ -51,9 +51,8 @@ func faultServer(t *testing.T, o configOpts) (*serveProc, *httpClient, setup) {
 	return p, c, s
 }
 
-// until calls f every 250 ms until it returns nil or d passed.
-// until calls f until it succeeds or d (for an idle machine, scaled with
-// its load) has passed, and returns f's last error.
+// until calls f every 250 ms until it succeeds or d (for an idle machine,
+// scaled with its load) has passed, and returns f's last error.
 func until(d time.Duration, f func() error) error {
 	deadline := time.Now().Add(testload.Scale(d))
 	for {

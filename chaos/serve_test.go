@@ -196,14 +196,15 @@ func launchServe(cfg string) (*serveProc, error) {
 		p.err = cmd.Wait()
 		close(p.done)
 	}()
+	wait := testload.Scale(60 * time.Second)
 	select {
 	case p.url = <-found:
 		return p, nil
 	case <-p.done:
 		return nil, fmt.Errorf("chaos: vmgate serve exited (%v) before serving:\n%s", p.err, p.stderr.String())
-	case <-time.After(testload.Scale(60 * time.Second)):
+	case <-time.After(wait):
 		p.kill()
-		return nil, fmt.Errorf("chaos: vmgate serve printed no URL within 60 s:\n%s", p.stderr.String())
+		return nil, fmt.Errorf("chaos: vmgate serve printed no URL within %v (60 s scaled by the machine's load):\n%s", wait, p.stderr.String())
 	}
 }
 
@@ -217,15 +218,16 @@ func (p *serveProc) stop() error {
 	default:
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	wait := testload.Scale(45 * time.Second)
 	select {
 	case <-p.done:
 		if p.err != nil {
 			return fmt.Errorf("chaos: vmgate serve exited with %v:\n%s", p.err, tail(p.stderr.String(), 40))
 		}
 		return nil
-	case <-time.After(testload.Scale(45 * time.Second)):
+	case <-time.After(wait):
 		p.kill()
-		return fmt.Errorf("chaos: vmgate serve did not stop within 45 s of SIGTERM")
+		return fmt.Errorf("chaos: vmgate serve did not stop within %v of SIGTERM (45 s scaled by the machine's load)", wait)
 	}
 }
 
@@ -242,10 +244,11 @@ func (p *serveProc) kill() {
 
 var metricsLine = regexp.MustCompile(`serving metrics" url=(http://127\.0\.0\.1:[0-9]+/metrics)`)
 
-// metricsURL waits up to 30 s for the metrics URL a server started with
-// configOpts.metrics logs.
+// metricsURL waits up to 30 s (scaled by the machine's load) for the
+// metrics URL a server started with configOpts.metrics logs.
 func (p *serveProc) metricsURL() (string, error) {
-	deadline := time.Now().Add(testload.Scale(30 * time.Second))
+	wait := testload.Scale(30 * time.Second)
+	deadline := time.Now().Add(wait)
 	for {
 		if m := metricsLine.FindStringSubmatch(p.stderr.String()); m != nil {
 			return m[1], nil
@@ -256,7 +259,7 @@ func (p *serveProc) metricsURL() (string, error) {
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("chaos: vmgate serve logged no metrics URL within 30 s:\n%s", tail(p.stderr.String(), 30))
+			return "", fmt.Errorf("chaos: vmgate serve logged no metrics URL within %v:\n%s", wait, tail(p.stderr.String(), 30))
 		}
 	}
 }

@@ -5,23 +5,14 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync, writeFileSync } from 'node:fs';
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { env, missingEnv, TAGS, call, ok, text, assertTag } from './lib.mjs';
+import { env, missingEnv, TAGS, call, ok, text, assertTag, connectStdio } from './lib.mjs';
 
 const D = '/tmp/vmgate-e2e-arch/in';
 const tarIn = process.env.VMGATE_E2E_TAR_IN;
 const tarOut = process.env.VMGATE_E2E_TAR_OUT;
 
 test('a directory moves into the VM and back out', { skip: missingEnv || !tarIn || !tarOut }, async (t) => {
-  const transport = new StdioClientTransport({
-    command: env.bin,
-    args: ['serve', '--config', env.config, '--grant', 'arch'],
-    env: { ...process.env, VMGATE_LOG_LEVEL: 'warn' },
-    stderr: 'inherit',
-  });
-  const client = new Client({ name: 'vmgate-e2e-archive', version: '1.0.0' });
-  await client.connect(transport);
+  const client = await connectStdio('arch', 'vmgate-e2e-archive');
   try {
     const tar = readFileSync(tarIn).toString('base64');
     await t.test('vm_archive_write writes the tree, refusing ../ and the policy\'s paths entry by entry', async () => {

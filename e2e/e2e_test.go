@@ -376,15 +376,16 @@ func startHTTPServer(t *testing.T, bin, cfgPath string) (string, func()) {
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			done := make(chan error, 1)
 			go func() { <-drained; done <- cmd.Wait() }()
+			wait := testload.Scale(30 * time.Second)
 			select {
 			case err := <-done:
 				if err != nil {
 					t.Errorf("vmgate serve --http exited with %v", err)
 				}
-			case <-time.After(testload.Scale(30 * time.Second)):
+			case <-time.After(wait):
 				_ = cmd.Process.Kill()
 				<-done
-				t.Errorf("vmgate serve --http did not stop within 30 s of SIGTERM")
+				t.Errorf("vmgate serve --http did not stop within %v of SIGTERM (30 s scaled by the machine's load)", wait)
 			}
 			mu.Lock()
 			t.Logf("vmgate serve --http stderr:\n%s", log.String())
@@ -392,12 +393,13 @@ func startHTTPServer(t *testing.T, bin, cfgPath string) (string, func()) {
 		})
 	}
 	t.Cleanup(stop)
+	wait := testload.Scale(60 * time.Second)
 	select {
 	case u := <-found:
 		return u, stop
-	case <-time.After(testload.Scale(60 * time.Second)):
+	case <-time.After(wait):
 		stop()
-		t.Fatalf("vmgate serve --http printed no URL within 60 s")
+		t.Fatalf("vmgate serve --http printed no URL within %v (60 s scaled by the machine's load)", wait)
 	}
 	return "", stop
 }

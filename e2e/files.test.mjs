@@ -8,7 +8,7 @@ import { createHash } from 'node:crypto';
 import assert from 'node:assert/strict';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { env, missingEnv, TAGS, call, ok, text, assertTag } from './lib.mjs';
+import { env, missingEnv, TAGS, call, ok, text, assertTag, scaled } from './lib.mjs';
 
 const D = '/tmp/vmgate-e2e-files';
 
@@ -106,7 +106,7 @@ test('a range larger than one message comes back in parts the SDK reads', { skip
     for (;;) {
       const seen = [];
       const res = await client.callTool({ name: 'vm_file_read', arguments: { vm: env.vm, path, offset, length: 16 << 20 } }, undefined,
-        { timeout: 300_000, onprogress: (p) => seen.push(p) });
+        { timeout: scaled(300_000), onprogress: (p) => seen.push(p) });
       assert.equal(res.isError ?? false, false, text(res));
       const sc = res.structuredContent;
       const data = Buffer.from(sc.content_base64, 'base64');
@@ -114,6 +114,8 @@ test('a range larger than one message comes back in parts the SDK reads', { skip
       if (first) {
         assert.ok(sc.bytes < 8 << 20 && sc.truncated && !sc.eof, `first range: ${sc.bytes} bytes, truncated ${sc.truncated}; want under 8 MiB, truncated`);
         assert.match(text(res), new RegExp(`message limit\\); read on with offset ${sc.bytes}`));
+        assert.ok(seen.some((p) => p.total > 0 && p.progress > 0 && p.progress <= p.total),
+          `progress ${JSON.stringify(seen)}; want bytes moved, out of a total`);
         for (let i = 1; i < seen.length; i++) {
           assert.ok(seen[i].progress > seen[i - 1].progress, `progress ${JSON.stringify(seen)}; want increasing`);
         }

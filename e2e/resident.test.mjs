@@ -5,23 +5,27 @@
 // resident_test.go writes the config (the server's cap 4 s, the grant's
 // policy 60 s) and boots the lab VM with the helper's port.
 import { test } from 'node:test';
+import { setTimeout as pause } from 'node:timers/promises';
 import assert from 'node:assert/strict';
-import { env, missingEnv, TAGS, call, ok, text, assertTag, connectStdio } from './lib.mjs';
+import { env, missingEnv, TAGS, call, ok, text, assertTag, connectStdio, scaled } from './lib.mjs';
 
 const GUEST = '/usr/local/bin/vmgate-guest';
 
-// until polls fn (an async function returning a value or undefined) until
-// it returns a value, up to limitMs; the polls are the condition waited for.
+// until polls fn (an async function returning a value or undefined) every
+// 50 ms until it returns a value, up to limitMs (scaled by the machine's
+// load); the polls are the condition waited for.
 async function until(what, limitMs, fn) {
-  const end = Date.now() + limitMs;
+  const limit = scaled(limitMs);
+  const end = Date.now() + limit;
   for (;;) {
     const v = await fn();
     if (v !== undefined) return v;
-    if (Date.now() > end) assert.fail(`${what}: not within ${limitMs} ms`);
+    if (Date.now() > end) assert.fail(`${what}: not within ${limit} ms`);
+    await pause(50);
   }
 }
 
-// status reads the job from cursor since, waiting a little between polls.
+// status reads the job from cursor since.
 async function status(client, id, since) {
   const args = { vm: env.vm, exec_id: id };
   if (since) args.since = since;

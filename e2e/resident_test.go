@@ -32,15 +32,17 @@ const residentPolicy = `{
 // vm_agent_exec_status while it runs, past the server's timeout cap (the
 // grant's policy allows more) and across a restart of the server; the
 // helper killed from the host side (a plain command through the guest
-// agent, by pid) comes back with the session; the session's processes
+// agent, by pid) comes back with the session, noticed through QEMU's
+// VSERPORT_CHANGE on the events monitor (the silence limit is an hour, so
+// a driver that waited it out would fail the call); the session's processes
 // cannot open the helper's port or socket, signal it or replace its
 // binary (checked from outside).
 func TestNodeSDKResident(t *testing.T) {
 	labtest.RequireQEMU(t)
 	node := requireNode(t)
 	vm := labtest.VM(t, vmName)
-	if vm.HelperSocket == "" {
-		t.Fatalf("lab VM %s has no resident helper port", vmName)
+	if vm.HelperSocket == "" || vm.EventsSocket == "" {
+		t.Fatalf("lab VM %s has no resident helper port (%q) or no events monitor (%q)", vmName, vm.HelperSocket, vm.EventsSocket)
 	}
 	dir := t.TempDir()
 	bin := buildVMGate(t, dir)
@@ -48,8 +50,8 @@ func TestNodeSDKResident(t *testing.T) {
 		t.Fatal(err)
 	}
 	state := filepath.Join(dir, "state")
-	cfg := fmt.Sprintf("state_dir: %q\nlimits:\n  max_timeout_s: 4\ngrants:\n  - name: resident\n    policy: resident.json\n    vms: [\"lab/*\"]\nbackends:\n  - name: lab\n    driver: qemu\n    settings:\n      vms:\n        - {name: %s, qmp: %q, qga: %q, helper: %q}\n",
-		state, vmName, vm.QMPSocket, vm.QGASocket, vm.HelperSocket)
+	cfg := fmt.Sprintf("state_dir: %q\nlimits:\n  max_timeout_s: 4\ngrants:\n  - name: resident\n    policy: resident.json\n    vms: [\"lab/*\"]\nbackends:\n  - name: lab\n    driver: qemu\n    settings:\n      helper_silence_limit: 1h\n      vms:\n        - {name: %s, qmp: %q, qga: %q, helper: %q, events: %q}\n",
+		state, vmName, vm.QMPSocket, vm.QGASocket, vm.HelperSocket, vm.EventsSocket)
 	cfgPath := filepath.Join(dir, "vmgate.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

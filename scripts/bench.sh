@@ -8,9 +8,9 @@
 # The table comes from vmgate-bench (the separate Go module in bench/, which
 # carries OPA so the product does not). It measures through public packages
 # and the vmgate binary, and runs the main module's own benchmarks that need
-# unexported code (server, policy/audit, internal/pluginhost) as test
-# binaries built here. Every row is a ratio of two medians measured in the
-# same run, A B A B … after a warm-up. Flags after the script name go to
+# unexported code (server, policy/audit, internal/pluginhost,
+# internal/guestctl) as test binaries built here. Every row is a ratio of
+# two medians measured in the same run, A B A B … after a warm-up. Flags after the script name go to
 # vmgate-bench, e.g. `scripts/bench.sh -pairs 8 -only gate,decide`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -50,28 +50,39 @@ func TestLoadPerCore(t *testing.T) {
 	}
 }
 
-// waitEnd waits for ctx to end (bounded by the test's own deadline) and
-// returns how long after start it ended.
-func waitEnd(t *testing.T, ctx context.Context, start time.Time) time.Duration {
+// waitEnd waits for ctx to end and returns how long after start it ended;
+// a context that has not ended by limit after start fails the test (a
+// deadline that was never set, or not capped).
+func waitEnd(t *testing.T, ctx context.Context, start time.Time, limit time.Duration) time.Duration {
 	t.Helper()
-	<-ctx.Done()
-	return time.Since(start)
+	select {
+	case <-ctx.Done():
+		return time.Since(start)
+	case <-time.After(time.Until(start.Add(limit))):
+		t.Fatalf("the context had not ended %v after the start", limit)
+		return 0
+	}
 }
 
+// notCapped is the cap the tests of the scaled deadline set, far above the
+// factors they use: a context that ends before base × notCapped ended on
+// the factor measured, not on the cap.
+const notCapped = 50
+
 // TestWithTimeoutScales: the deadline is base × the factor measured at the
-// start; the context ends with DeadlineExceeded and a cause that names the
-// factor; Deadline reports the cap.
+// start (not the cap); the context ends with DeadlineExceeded and a cause
+// that names the factor; Deadline reports the cap.
 func TestWithTimeoutScales(t *testing.T) {
 	base := 40 * time.Millisecond
-	s := Scaler{Load: fixed(3), Every: 5 * time.Millisecond}
+	s := Scaler{Load: fixed(3), Max: notCapped, Every: 5 * time.Millisecond}
 	start := time.Now()
 	ctx, cancel := s.WithTimeout(context.Background(), base)
 	defer cancel()
-	if dl, ok := ctx.Deadline(); !ok || dl.Before(start.Add(MaxFactor*base)) {
-		t.Errorf("Deadline() = %v, %v; want the cap, at least %v after the start", dl, ok, MaxFactor*base)
+	if dl, ok := ctx.Deadline(); !ok || dl.Before(start.Add(notCapped*base)) {
+		t.Errorf("Deadline() = %v, %v; want the cap, at least %v after the start", dl, ok, notCapped*base)
 	}
-	if took := waitEnd(t, ctx, start); took < 3*base {
-		t.Errorf("WithTimeout(%v) at load 3 ended after %v; want at least %v", base, took, 3*base)
+	if took := waitEnd(t, ctx, start, 2*notCapped*base); took < 3*base || took >= notCapped*base {
+		t.Errorf("WithTimeout(%v) at load 3 ended after %v; want at least %v, before the cap %v", base, took, 3*base, notCapped*base)
 	}
 	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		t.Errorf("Err() = %v; want %v", ctx.Err(), context.DeadlineExceeded)
@@ -86,7 +97,7 @@ func TestWithTimeoutScales(t *testing.T) {
 func TestWithTimeoutExtends(t *testing.T) {
 	base := 40 * time.Millisecond
 	var calls atomic.Int32
-	s := Scaler{Every: 5 * time.Millisecond, Load: func() (float64, error) {
+	s := Scaler{Max: notCapped, Every: 5 * time.Millisecond, Load: func() (float64, error) {
 		if calls.Add(1) <= 2 {
 			return 1, nil // idle at the start
 		}
@@ -95,8 +106,8 @@ func TestWithTimeoutExtends(t *testing.T) {
 	start := time.Now()
 	ctx, cancel := s.WithTimeout(context.Background(), base)
 	defer cancel()
-	if took := waitEnd(t, ctx, start); took < 3*base {
-		t.Errorf("WithTimeout(%v) with the load rising to 3 ended after %v; want at least %v", base, took, 3*base)
+	if took := waitEnd(t, ctx, start, 2*notCapped*base); took < 3*base || took >= notCapped*base {
+		t.Errorf("WithTimeout(%v) with the load rising to 3 ended after %v; want at least %v, before the cap %v", base, took, 3*base, notCapped*base)
 	}
 	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		t.Errorf("Err() = %v; want %v", ctx.Err(), context.DeadlineExceeded)
@@ -111,7 +122,7 @@ func TestWithTimeoutCapped(t *testing.T) {
 	start := time.Now()
 	ctx, cancel := s.WithTimeout(context.Background(), base)
 	defer cancel()
-	if took := waitEnd(t, ctx, start); took < 3*base {
+	if took := waitEnd(t, ctx, start, notCapped*base); took < 3*base {
 		t.Errorf("WithTimeout(%v) capped at 3 ended after %v; want at least %v", base, took, 3*base)
 	}
 	if dl, _ := ctx.Deadline(); dl.After(start.Add(3*base + time.Second)) {
