@@ -167,3 +167,10 @@ func ArchiveList(data []byte, target string, lim ArchiveLimits) ([]ArchiveEntry,
 	}
 	return entries, nil
 }
+
+// IsLimit reports whether err is the guest's refusal of an archive over
+// one of its limits, the one whose message says what.
+func IsLimit(err error, what string) bool {
+	var he *Error
+	return errors.As(err, &he) && he.Code == wire.CodeRefused && he.Reason == wire.ReasonLimit && strings.Contains(he.Message, what)
+}

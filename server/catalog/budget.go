@@ -1,6 +1,9 @@
 package catalog
 
-import "unicode/utf8"
+import (
+	"fmt"
+	"unicode/utf8"
+)
 
 // Results that carry data are bounded by the message limit
 // (Limits.MaxMessageBytes, 8 MiB by default), the same bound the
@@ -47,4 +50,23 @@ func TextFits(text []byte, copies, budget int64) int {
 		}
 	}
 	return len(text)
+}
+
+// ReadOnNote says why a read stopped short of what was asked, and where
+// to read on.
+func (l Limits) ReadOnNote(next int64) string {
+	return fmt.Sprintf("one result carries at most %d bytes (the message limit); read on with offset %d", l.MaxMessageBytes, next)
+}
+
+// TarTooLarge refuses an archive of p that one result would not carry,
+// saying how to take it in parts (err, the full detail, goes to the audit).
+func (l Limits) TarTooLarge(p string, gz bool, err error) Result {
+	how := "archive its subdirectories one at a time (vm_dir_list shows them and their sizes)"
+	if !gz {
+		how += ", or ask with gzip: true"
+	}
+	msg := fmt.Sprintf("the tar of %s is more than one result carries (%d bytes of tar, base64 in a message of at most %d bytes): %s", p, l.RawBudget(), l.MaxMessageBytes, how)
+	r := Failure(TagInvalid, msg, true)
+	r.Detail = msg + ": " + err.Error()
+	return r
 }

@@ -148,8 +148,8 @@ func runArchiveRead(e *catalog.Env, c *catalog.Call, a *archiveReadArgs) catalog
 	c.Progress.Report("archiving " + p)
 	ar, tarball, err := h.ArchiveRead(c.Ctx, c.Name, p, guestctl.ArchiveReadOptions{Gzip: a.Gzip, Limits: lim, Progress: bytesMoved(c)})
 	if err != nil {
-		if capped && isLimit(err, "content past") {
-			return tarTooLarge(e, p, a.Gzip, err)
+		if capped && guestctl.IsLimit(err, "content past") {
+			return e.Limits.TarTooLarge(p, a.Gzip, err)
 		}
 		return fileFailure(err)
 	}
@@ -158,7 +158,7 @@ func runArchiveRead(e *catalog.Env, c *catalog.Call, a *archiveReadArgs) catalog
 		return *r
 	}
 	if int64(len(tarball)) > maxTar {
-		return tarTooLarge(e, p, a.Gzip, fmt.Errorf("archive read: a tar of %d bytes", len(tarball)))
+		return e.Limits.TarTooLarge(p, a.Gzip, fmt.Errorf("archive read: a tar of %d bytes", len(tarball)))
 	}
 	sum := sha256.Sum256(tarball)
 	out := map[string]any{"path": ar.Path, "entries": ar.Entries - len(cut), "bytes": ar.Bytes, "gzip": ar.Gzip,

@@ -138,7 +138,7 @@ func runFileRead(e *catalog.Env, c *catalog.Call, a *fileReadArgs) catalog.Resul
 	}
 	switch next := fr.Offset + int64(len(fr.Data)); {
 	case fr.Truncated && int64(len(fr.Data)) < wanted:
-		text += "\n(truncated: " + messageNote(e, next) + ")"
+		text += "\n(truncated: " + e.Limits.ReadOnNote(next) + ")"
 	case fr.Truncated:
 		text += fmt.Sprintf("\n(truncated: the file goes on; read on with offset %d)", next)
 	}
