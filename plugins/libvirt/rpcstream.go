@@ -29,8 +29,9 @@ import (
 // src/remote/remote_protocol.x: each packet is a length, a header
 // (program, version, procedure, type, serial, status) and an XDR body.
 // A call gets one reply (type REPLY, status OK or ERROR); a download
-// stream then sends STREAM packets with status CONTINUE and data, and
-// ends with an empty one with status OK (or ERROR with a remote_error).
+// stream sends STREAM packets with status CONTINUE and data, and ends
+// with an empty one with status OK (or ERROR with a remote_error); its
+// packets may come before the call's reply (see call).
 
 // Procedures and types of libvirt's remote program (remote_protocol.x).
 const (
@@ -136,16 +137,32 @@ func (c *streamConn) open(ctx context.Context, uri string) error {
 func (c *streamConn) close() { _ = c.s.Disconnect() }
 
 // call sends a call and returns its reply's body, or the remote error.
+//
+// The call's own stream packets may come before its reply: libvirtd's
+// worker thread registers a download stream (daemonAddClientStream in
+// remoteDispatchDomainScreenshot) before the dispatcher queues the reply
+// (virNetServerProgramDispatchCall), and its event loop may send the
+// stream's first packets, or the whole of a small image and its end, in
+// between; libvirt's own client queues them on the stream registered
+// before the call. call keeps them and puts them back at the head of the
+// queue for readStream; dropping them left the stream waiting for data
+// already gone (a screenshot "stalled" on a loaded machine).
 func (c *streamConn) call(ctx context.Context, proc uint32, args []byte) ([]byte, error) {
 	c.serial++
 	serial := c.serial
 	if err := c.s.SendPacket(serial, proc, remoteProgram, args, socket.Call, socket.StatusOK); err != nil {
 		return nil, err
 	}
+	var early []rpcPacket
+	defer func() { c.requeue(early) }()
 	for {
 		p, err := c.next(ctx, 0)
 		if err != nil {
 			return nil, err
+		}
+		if p.h.Serial == serial && p.h.Type == socket.Stream {
+			early = append(early, p)
+			continue
 		}
 		if p.h.Serial != serial || p.h.Type != socket.Reply {
 			continue // not ours: an event, or a late packet of an earlier call
@@ -155,6 +172,19 @@ func (c *streamConn) call(ctx context.Context, proc uint32, args []byte) ([]byte
 		}
 		return p.body, nil
 	}
+}
+
+// requeue puts ps back at the head of the queue, in their order.
+func (c *streamConn) requeue(ps []rpcPacket) {
+	if len(ps) == 0 {
+		return
+	}
+	c.mu.Lock()
+	for _, p := range ps {
+		c.queued += len(p.body)
+	}
+	c.queue = append(ps, c.queue...)
+	c.mu.Unlock()
 }
 
 // errStreamClosed: the connection closed before the packet awaited.

@@ -154,6 +154,24 @@ func TestScreenshotStream(t *testing.T) {
 				packet(proc, socket.Stream, socket.StatusOK, s, nil),
 			}
 		}, wantImg: png, wantMime: "image/png", wantCalls: []uint32{procAuthList, procAuthPolkit, procConnectOpen, proc}},
+		{name: "stream before the reply", auth: []uint32{authNone}, packets: func(s int32) [][]byte {
+			// libvirtd's event loop may send a small image and its end
+			// before the worker thread queues the call's reply.
+			return [][]byte{
+				packet(proc, socket.Stream, socket.StatusContinue, s, png[:5]),
+				packet(proc, socket.Stream, socket.StatusContinue, s, png[5:]),
+				packet(proc, socket.Stream, socket.StatusOK, s, nil),
+				packet(proc, socket.Reply, socket.StatusOK, s, mimeRet("image/png")),
+			}
+		}, wantImg: png, wantMime: "image/png"},
+		{name: "stream part before the reply", auth: []uint32{authNone}, packets: func(s int32) [][]byte {
+			return [][]byte{
+				packet(proc, socket.Stream, socket.StatusContinue, s, png[:5]),
+				packet(proc, socket.Reply, socket.StatusOK, s, mimeRet("image/png")),
+				packet(proc, socket.Stream, socket.StatusContinue, s, png[5:]),
+				packet(proc, socket.Stream, socket.StatusOK, s, nil),
+			}
+		}, wantImg: png, wantMime: "image/png"},
 		{name: "stalled", auth: []uint32{authNone}, packets: func(s int32) [][]byte {
 			return [][]byte{
 				packet(proc, socket.Reply, socket.StatusOK, s, mimeRet("image/png")),
