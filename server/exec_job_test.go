@@ -1,8 +1,10 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -461,5 +463,59 @@ func TestExecJobLost(t *testing.T) {
 	}
 	if want := "lost, no exit code: " + note; !strings.HasPrefix(r.Text(), want) || strings.Contains(r.Text(), "exit -1") {
 		t.Errorf("status text of a lost job = %q; want it to start %q and name no exit code", r.Text(), want)
+	}
+}
+
+// TestReaperKeepsABusySession: a session past its idle time whose wait:
+// false command still runs is kept, its idle clock started again, and
+// ends once the command has ended and the idle time passed again; while
+// the VM's jobs cannot be listed it is kept too, and the reaper says why.
+// A session past its ttl ends even with a job running.
+func TestReaperKeepsABusySession(t *testing.T) {
+	f := newSessFixture(t, haveBins(), "")
+	ctx := context.Background()
+	sess := f.createSession(t, "alice", `{"vm":"lab/vm1","idle_s":30}`)
+	r := f.as(t, "alice", "vm_agent_exec", fmt.Sprintf(`{"vm":"lab/vm1","session":%q,"command":["make"],"wait":false}`, sess))
+	if r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_agent_exec wait: false = %q; want a job", r.Text())
+	}
+	job, _, _ := f.guest.job(sess)
+	capped := f.createSession(t, "alice", `{"vm":"lab/vm1","idle_s":30,"ttl_s":100}`)
+	if r := f.as(t, "alice", "vm_agent_exec", fmt.Sprintf(`{"vm":"lab/vm1","session":%q,"command":["sleep","1000"],"wait":false}`, capped)); r.Result == nil || r.Result.IsError {
+		t.Fatalf("vm_agent_exec wait: false = %q; want a job", r.Text())
+	}
+	live := func(id string) bool {
+		s, err := f.sessions.GetSession(ctx, id)
+		return err == nil && s.Deleted.IsZero()
+	}
+	f.advance(40 * time.Second)
+	rep := f.s.env.Guest.Reap(ctx)
+	slices.Sort(rep.Busy)
+	want := []string{sess, capped}
+	slices.Sort(want)
+	if !slices.Equal(rep.Busy, want) || len(rep.Destroyed) != 0 || len(rep.Errors) != 0 || !live(sess) || !live(capped) {
+		t.Fatalf("reap past idle with jobs running = %+v; want both busy and kept", rep)
+	}
+	f.guest.mu.Lock()
+	f.guest.res.listFails = true
+	f.guest.mu.Unlock()
+	f.advance(40 * time.Second) // +80 s
+	rep = f.s.env.Guest.Reap(ctx)
+	if len(rep.Destroyed) != 0 || len(rep.Errors) == 0 || !strings.Contains(rep.Errors[0].Error(), "list its jobs") || !live(sess) {
+		t.Fatalf("reap with the job list failing = %+v; want nothing destroyed and the error", rep)
+	}
+	f.guest.mu.Lock()
+	f.guest.res.listFails = false
+	f.guest.mu.Unlock()
+	f.advance(25 * time.Second) // +105 s: capped is past its ttl, its job still running
+	rep = f.s.env.Guest.Reap(ctx)
+	if !slices.Equal(rep.Destroyed, []string{capped}) || !slices.Equal(rep.Busy, []string{sess}) || live(capped) || !live(sess) {
+		t.Fatalf("reap at +105 s = %+v; want the session past its ttl destroyed, %s busy", rep, sess)
+	}
+	f.guest.end(job, 0)
+	f.advance(31 * time.Second) // +136 s: sess idle for 31 s, its job ended
+	rep = f.s.env.Guest.Reap(ctx)
+	if !slices.Equal(rep.Destroyed, []string{sess}) || len(rep.Busy) != 0 || live(sess) {
+		t.Fatalf("reap after the job ended = %+v; want %s destroyed", rep, sess)
 	}
 }

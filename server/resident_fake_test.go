@@ -24,6 +24,7 @@ type fakeResident struct {
 	noServe bool // serve fails: the VM has no resident helper
 	// statusFails: job status fails, as a helper that cannot answer does.
 	statusFails bool
+	listFails   bool // job list fails likewise
 	jobs        map[string]*fakeJob
 	started     []wire.RunRequest // every job start's request
 }
@@ -96,6 +97,17 @@ func (g *fakeGuest) jobLocked(sub string, args []string, stdin []byte) hyperviso
 			return replyErr(wire.CodeNotFound, "", "job status: unknown job")
 		}
 		return reply(j.status(flag(args, "--stdout-since")))
+	case "list":
+		if r.listFails {
+			return replyErr(wire.CodeFailed, "", "job list: failed (test)")
+		}
+		var out []wire.JobStatus
+		for _, j := range r.jobs {
+			st := j.status("0")
+			st.Stdout, st.Stderr = wire.JobOutput{}, wire.JobOutput{}
+			out = append(out, st)
+		}
+		return reply(out)
 	case "cancel":
 		j := r.jobs[flag(args, "--id")]
 		if j == nil {

@@ -7,8 +7,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vmgate/vmgate/guest/agent/wire"
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/guestctl"
+	"github.com/vmgate/vmgate/policy/store"
 )
 
 // The session reaper's pass: destroys sessions past their ttl or idle time
@@ -19,7 +21,11 @@ import (
 type ReapReport struct {
 	Destroyed []string // expired in the store, destroyed in the guest and forgotten
 	Reaped    []string // destroyed by the guest's own reap and forgotten
-	Errors    []error
+	// Busy are sessions past their idle time (not their ttl) kept because
+	// a command of theirs still runs (a wait: false job): a running job is
+	// activity, so their last use is now.
+	Busy   []string
+	Errors []error
 }
 
 // Reap destroys the sessions the store says have expired and forgets them,
@@ -35,9 +41,15 @@ func (g *Guest) Reap(ctx context.Context) ReapReport {
 		return rep
 	}
 	live := map[string]map[string]bool{} // vm -> live session ids
+	running := runningJobs{}
 	for _, sess := range list {
 		backend, name, _ := strings.Cut(sess.VM, "/")
 		h := g.Helpers[backend]
+		if sess.Expired(now) && h != nil && !pastTTL(sess, now) {
+			if g.keepBusy(ctx, h, name, sess, now, running, &rep) {
+				continue
+			}
+		}
 		if !sess.Expired(now) {
 			if h != nil {
 				if live[sess.VM] == nil {
@@ -83,6 +95,53 @@ func (g *Guest) Reap(ctx context.Context) ReapReport {
 		}
 	}
 	return rep
+}
+
+// pastTTL reports whether sess is past its ttl (not only its idle time).
+func pastTTL(sess store.Session, now time.Time) bool {
+	return sess.TTL > 0 && !now.Before(sess.Created.Add(sess.TTL))
+}
+
+// runningJobs caches, for one reaper pass, the sessions of each VM with a
+// running job (nil: the VM has no resident helper, so no jobs).
+type runningJobs map[string]map[string]bool
+
+// keepBusy reports whether sess, past its idle time only, is to be kept
+// this pass: it has a running job (its last use is then set to now and it
+// goes into rep.Busy), or its VM's jobs could not be listed (the error
+// goes into rep.Errors, and the next pass asks again: destroying it could
+// kill a job that runs). A VM without a resident helper has no jobs.
+func (g *Guest) keepBusy(ctx context.Context, h *guestctl.Helper, name string, sess store.Session, now time.Time, running runningJobs, rep *ReapReport) bool {
+	busy, listed := running[sess.VM]
+	if !listed {
+		cctx, cancel := context.WithTimeout(ctx, guestctl.CommandTimeout)
+		jobs, err := h.Jobs(cctx, name)
+		cancel()
+		switch {
+		case errors.Is(err, guestctl.ErrNotResident), errors.Is(err, hypervisor.ErrUnknownVM):
+		case err != nil:
+			rep.Errors = append(rep.Errors, fmt.Errorf("server: reap %s: list its jobs: %w", sess.VM, err))
+			g.log.Warn("server: reap: a session past its idle time is kept until its VM's jobs can be listed", "vm", sess.VM, "session", sess.ID, "err", err)
+			return true
+		default:
+			busy = map[string]bool{}
+			for _, j := range jobs {
+				if j.State == wire.JobRunning && j.Session != "" {
+					busy[j.Session] = true
+				}
+			}
+		}
+		running[sess.VM] = busy
+	}
+	if !busy[sess.ID] {
+		return false
+	}
+	if err := g.Sessions.TouchSession(ctx, sess.ID, now); err != nil {
+		rep.Errors = append(rep.Errors, fmt.Errorf("server: reap: touch busy session %s: %w", sess.ID, err))
+	}
+	rep.Busy = append(rep.Busy, sess.ID)
+	g.log.Info("server: a session past its idle time runs a job; kept", "vm", sess.VM, "session", sess.ID)
+	return true
 }
 
 func (g *Guest) forget(ctx context.Context, id string, now time.Time, rep *ReapReport) {

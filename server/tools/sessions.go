@@ -37,7 +37,7 @@ func createSessionTool() *catalog.Tool {
 		Fields: []catalog.Field{
 			catalog.VMField(true),
 			{Name: "ttl_s", Kind: catalog.KindInteger, Desc: "Seconds until the session is destroyed.", Min: 1, Max: 7 * 86400},
-			{Name: "idle_s", Kind: catalog.KindInteger, Desc: "Seconds without activity until the session is destroyed.", Min: 1, Max: 7 * 86400},
+			{Name: "idle_s", Kind: catalog.KindInteger, Desc: "Seconds without activity until the session is destroyed; a command of the session still running (wait: false) counts as activity.", Min: 1, Max: 7 * 86400},
 			{Name: "limits", Kind: catalog.KindObject, Desc: "Resource limits for the session's processes.", Fields: []catalog.Field{
 				{Name: "memory_mb", Kind: catalog.KindInteger, Desc: "Memory cap in MiB.", Min: 1, Max: 1 << 20},
 				{Name: "pids", Kind: catalog.KindInteger, Desc: "Cap on the number of processes.", Min: 1, Max: MaxPID},
