@@ -194,6 +194,9 @@ func (p *sessionPool) fillOne() {
 	}
 	p.mu.Unlock()
 	m, err := p.a.createSession(wire.SessionCreate{ID: oneShotID(), Sandbox: &spec}, true)
+	if err == nil && p.a.res != nil {
+		p.a.res.threads.prepare(m) // its confined thread, made behind this job
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {

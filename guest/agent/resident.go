@@ -88,6 +88,7 @@ var ErrNoPort = errors.New("no such virtio-serial port")
 type resident struct {
 	jobs       *jobTable
 	pool       *sessionPool // nil when ServeOptions.OneShotPool is negative
+	threads    *threadCache // sandboxed sessions' confined threads (thread.go)
 	ids        idsScan
 	hello      wire.Hello // fixed at start; Jobs is filled per answer
 	oomLowered bool
@@ -184,6 +185,7 @@ func (a *Agent) Serve(ctx context.Context, o ServeOptions) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	a.res = &resident{jobs: newJobTable(a, ctx)}
+	a.res.threads = newThreadCache()
 	if o.OneShotPool == 0 {
 		o.OneShotPool = DefaultPoolSize
 	}
@@ -219,6 +221,7 @@ func (a *Agent) Serve(ctx context.Context, o ServeOptions) error {
 	if a.res.pool != nil {
 		a.res.pool.close()
 	}
+	a.res.threads.close()
 	return nil
 }
 
@@ -507,7 +510,8 @@ func (a *Agent) servePort(ctx context.Context, srv *mux.Server, name string, fir
 	}
 }
 
-// janitor forgets ended jobs past their keep time.
+// janitor forgets ended jobs past their keep time and ends the session
+// threads unused or old (threadCache.expire).
 func (a *Agent) janitor(ctx context.Context) {
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
@@ -517,6 +521,7 @@ func (a *Agent) janitor(ctx context.Context) {
 			return
 		case now := <-t.C:
 			a.res.jobs.expire(now, false)
+			a.res.threads.expire(now)
 		}
 	}
 }
