@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 )
@@ -214,5 +215,120 @@ func TestSessionThreadSwappedPath(t *testing.T) {
 	}
 	if b, err := os.ReadFile(d + "/y.old/kept"); string(o) != "mine" || err != nil || string(b) != "kept\n" {
 		t.Errorf("the run read %q (stderr %q) and wrote %q, %v in the old directories; want mine and kept: the rules hold the inodes opened", o, e, b, err)
+	}
+}
+
+// readyThread waits for session id's kept thread to be confined and
+// returns it.
+func readyThread(t *testing.T, s *served, id string) *sessionThread {
+	t.Helper()
+	var th *sessionThread
+	waitUntil(t, "session "+id+"'s confined thread", func() bool {
+		if th = s.thread(id); th == nil {
+			return false
+		}
+		select {
+		case <-th.ready:
+			return th.err == nil
+		default:
+			return false
+		}
+	})
+	return th
+}
+
+// ended waits for th's OS thread to be gone.
+func ended(t *testing.T, th *sessionThread, why string) {
+	t.Helper()
+	select {
+	case <-th.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("%s: the thread's goroutine still runs a minute on", why)
+	}
+	waitUntil(t, why+": OS thread "+strconv.Itoa(th.tid)+" gone", func() bool { return threadGone(th.tid) })
+}
+
+// TestSessionThreadLife: a session's thread ends with its destroy (by
+// the helper, or per command through `job end-session`), even with a
+// job running from it; past the cache's bound the least recently used
+// idle thread ends; an idle one ends after threadIdle; a helper that stops
+// ends them all, and one that starts again makes a thread at the first
+// run.
+func TestSessionThreadLife(t *testing.T) {
+	s, a := serveThreads(t, "5a4db0c5a4db0c000041", wire.FSAccess{})
+	root := s.a.cfg.Root
+	th := readyThread(t, s, a.ID)
+	var st wire.JobStarted
+	if err := s.call(t, []string{"job", "start"}, runJSON(t, wire.RunRequest{Session: a.ID, Shell: "echo up; sleep 1002", TimeoutMS: 60000}), &st); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the job's sleep", func() bool { return len(procsWith(t, s.a, "sleep 1002")) > 0 })
+	if err := s.call(t, []string{"session", "destroy", "--id", a.ID}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	ended(t, th, "destroy with a job running")
+	if s.thread(a.ID) != nil || len(procsWith(t, s.a, "sleep 1002")) != 0 {
+		t.Errorf("after the destroy: thread %v, sleep %v; want neither", s.thread(a.ID), procsWith(t, s.a, "sleep 1002"))
+	}
+
+	// Destroyed by a process per command.
+	box, _ := json.Marshal(wire.Sandbox{BestEffort: []wire.Feature{wire.FeatureCgroup}})
+	mk := func(id string) *sessionThread {
+		if err := s.call(t, []string{"session", "create", "--id", id, "--sandbox", string(box)}, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = s.a.SessionDestroy(context.Background(), id) })
+		if res, err := s.runIn(t, id, wire.RunRequest{Shell: "true"}); err != nil || res.ExitCode != 0 {
+			t.Fatalf("run in %s = %+v, %v", id, res, err)
+		}
+		return readyThread(t, s, id)
+	}
+	b := "5a4db0c5a4db0c000042"
+	tb := mk(b)
+	perCommand, err := New(s.a.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := perCommand.SessionDestroy(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	ended(t, tb, "destroy per command")
+
+	// The bound: the least recently used idle thread ends.
+	tc := s.a.res.threads
+	tc.mu.Lock()
+	tc.max = 2
+	tc.mu.Unlock()
+	c, d, e := "5a4db0c5a4db0c000043", "5a4db0c5a4db0c000044", "5a4db0c5a4db0c000045"
+	tcc, tcd := mk(c), mk(d)
+	mk(e)
+	ended(t, tcc, "past the bound")
+	if s.thread(c) != nil || s.thread(d) != tcd {
+		t.Errorf("past the bound: %s's thread %v, %s's %v; want the older gone, the newer kept", c, s.thread(c), d, s.thread(d))
+	}
+
+	// Idle: d's thread, used before e's.
+	te := s.thread(e)
+	tc.mu.Lock()
+	later := te.lastUse.Add(threadIdle - time.Nanosecond)
+	tc.mu.Unlock()
+	tc.mu.Lock()
+	tc.now = func() time.Time { return later }
+	tc.mu.Unlock()
+	tc.expire(later)
+	ended(t, tcd, "idle")
+	if s.thread(e) != te {
+		t.Errorf("%s's thread, used since, ended with the idle one", e)
+	}
+
+	// A helper that stops ends every thread; the next one makes them anew.
+	s.stop()
+	ended(t, te, "the helper stopped")
+	s2 := serveForTest(t, root)
+	if res, err := s2.runIn(t, e, wire.RunRequest{Shell: "id -u"}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("run after a restart = %+v, %v", res, err)
+	}
+	if th := readyThread(t, s2, e); th == te {
+		t.Errorf("the restarted helper has the old thread")
 	}
 }
