@@ -363,6 +363,12 @@ func (a *Agent) Hello() (wire.Hello, error) {
 		a.res.jobs.mu.Lock()
 		h.Jobs = a.res.jobs.runningLocked()
 		a.res.jobs.mu.Unlock()
+		if p := a.res.pool; p != nil {
+			p.mu.Lock()
+			st := p.statsLocked()
+			p.mu.Unlock()
+			h.Pool = &st
+		}
 		return h, nil
 	}
 	sum, err := selfSHA256()

@@ -2,6 +2,7 @@ package guestctl
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"math"
@@ -24,7 +25,9 @@ import (
 // p<i>-b-ms (as bench/ reads paired rows from a test binary):
 //
 //	row=8   Run /bin/true in a sandboxed session / raw agent exec of /bin/true
-//	row=8b  Run /bin/true as a one-shot sandboxed run / raw agent exec
+//	row=8b  Run /bin/true as a one-shot sandboxed run / raw agent exec;
+//	        pool-hits and pool-misses: the runs (warm-up included) that
+//	        found the helper's one-shot pool with a ready session or empty
 //	row=8c  SessionCreate (the default sandbox; destroyed untimed) / raw agent exec
 //	row=8d  a job's output line: seen through Status (waiting on the cursor)
 //	        after it was printed in the guest, p50 of the round (A), against
@@ -81,10 +84,34 @@ func BenchmarkLabRows(b *testing.B) {
 		name string
 		a    func() (time.Duration, error)
 	}{{"8", inSession}, {"8b", oneShot}, {"8c", create}} {
-		b.Run("row="+row.name, func(b *testing.B) { pairedRounds(b, row.a, raw) })
+		b.Run("row="+row.name, func(b *testing.B) {
+			before := poolStats(b, ctx, h)
+			pairedRounds(b, row.a, raw)
+			if row.name == "8b" {
+				after := poolStats(b, ctx, h)
+				b.ReportMetric(float64(after.Hits-before.Hits), "pool-hits")
+				b.ReportMetric(float64(after.Misses-before.Misses), "pool-misses")
+			}
+		})
 	}
 	b.Run("row=8e", func(b *testing.B) { pairedRounds(b, agentRoad(ctx, h, false), agentRoad(ctx, h, true)) })
 	b.Run("row=8d", func(b *testing.B) { outputLatency(b, ctx, h, s.ID) })
+}
+
+// poolStats is the one-shot pool's counts in cg's resident helper, from
+// its hello (asked through the agent's exec: `vmgate-guest call hello`).
+func poolStats(b *testing.B, ctx context.Context, h *Helper) wire.PoolStats {
+	res, err := hypervisor.Run(ctx, h.d, "cg", hypervisor.ExecRequest{Argv: []string{GuestPath, "call", "hello"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var rep struct {
+		Result wire.Hello `json:"result"`
+	}
+	if err := json.Unmarshal(res.Stdout, &rep); err != nil || rep.Result.Pool == nil {
+		b.Fatalf("hello through the agent's exec = %q, %v; want the resident helper's, with its pool", res.Stdout, err)
+	}
+	return *rep.Result.Pool
 }
 
 // timedRun is how long Run of req took on cg; a failed run is an error.

@@ -42,6 +42,24 @@ type Hello struct {
 	Port string `json:"port,omitempty"`
 	// Jobs is how many of its jobs are running.
 	Jobs int `json:"jobs"`
+	// Pool is the one-shot pool's state and counts since the helper
+	// started (nil without a pool).
+	Pool *PoolStats `json:"pool,omitempty"`
+}
+
+// PoolStats counts what the resident helper's one-shot pool did: runs that
+// found a ready session (Hits) or had one made for them (Misses), sessions
+// it made ahead (Made) and used ones it destroyed (Destroyed), the ready
+// sessions now (Ready, of Size) and the used ones waiting for their
+// destroy (Pending).
+type PoolStats struct {
+	Size      int   `json:"size"`
+	Ready     int   `json:"ready"`
+	Pending   int   `json:"pending"`
+	Hits      int64 `json:"hits"`
+	Misses    int64 `json:"misses"`
+	Made      int64 `json:"made"`
+	Destroyed int64 `json:"destroyed"`
 }
 
 // Serving is what `vmgate-guest serve --detach` answers once the helper
