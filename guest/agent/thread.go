@@ -89,8 +89,9 @@ const (
 	maxThreads = 32
 	// threadIdle: a thread unused this long ends.
 	threadIdle = 2 * time.Minute
-	// threadMaxAge: a thread this old serves no new run.
-	threadMaxAge = 5 * time.Minute
+	// threadMaxAge: a thread this old serves no new run (the rest of the
+	// guest's mounts it copied are that old at most).
+	threadMaxAge = 30 * time.Minute
 )
 
 // threadCache is the resident helper's session threads.

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -80,19 +79,7 @@ for p in /etc /root . /tmp "` + s.a.cfg.Root + `" "` + outside + `"; do touch "$
 // nice value and signal mask and ran from another cwd.
 func TestSessionThreadRunsAlike(t *testing.T) {
 	s, sess := serveThreads(t, "5a4db0c5a4db0c000031", wire.FSAccess{})
-	waitUntil(t, "the session's thread made ahead of its first run", func() bool {
-		th := s.thread(sess.ID)
-		if th == nil {
-			return false
-		}
-		select {
-		case <-th.ready:
-			return th.err == nil
-		default:
-			return false
-		}
-	})
-	first := s.thread(sess.ID)
+	first := readyThread(t, s, sess.ID) // made ahead of the first run
 	outside := t.TempDir()
 	if err := os.Chmod(outside, 0o777); err != nil {
 		t.Fatal(err)
@@ -155,19 +142,7 @@ func TestSessionThreadRunsAlike(t *testing.T) {
 // races the check would have it, reads and writes only what the thread
 // opened: not the symlink's target, but the old directory, renamed.
 func TestSessionThreadSwappedPath(t *testing.T) {
-	out := outsideDir(t)
-	d := filepath.Join(out, "d")
-	for _, p := range []string{d, d + "/x", d + "/y", out + "/target"} {
-		if err := os.Mkdir(p, 0o777); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(p, 0o777); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(out+"/target/secret", []byte("secret"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	out, d := swapDirs(t)
 	if err := os.WriteFile(d+"/x/mine", []byte("mine"), 0o644); err != nil {
 		t.Fatal(err)
 	}
