@@ -369,6 +369,10 @@ func (a *Agent) Hello() (wire.Hello, error) {
 			p.mu.Unlock()
 			h.Pool = &st
 		}
+		a.res.threads.mu.Lock()
+		ts := a.res.threads.statsLocked()
+		a.res.threads.mu.Unlock()
+		h.Threads = &ts
 		return h, nil
 	}
 	sum, err := selfSHA256()

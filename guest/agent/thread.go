@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/guest/agent/wire"
 )
 
 // Session threads: in the resident helper, each sandboxed session gets
@@ -102,6 +104,14 @@ type threadCache struct {
 	mu     sync.Mutex
 	byID   map[string]*sessionThread
 	closed bool
+	stats  wire.ThreadStats // Kept is filled when read
+}
+
+// statsLocked is the cache's counts.
+func (tc *threadCache) statsLocked() wire.ThreadStats {
+	st := tc.stats
+	st.Kept = len(tc.byID)
+	return st
 }
 
 func newThreadCache() *threadCache {
@@ -175,6 +185,7 @@ func (tc *threadCache) startLocked(id, key string, c confinement, ids []pathID, 
 	} else {
 		tc.byID[id] = t
 	}
+	tc.stats.Made++
 	go t.loop(tc, ids)
 	return t
 }
@@ -265,6 +276,15 @@ func (t *sessionThread) loop(tc *threadCache, ids []pathID) {
 	}
 }
 
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 // sameFile reports whether a and b name the same file (or both nothing).
 func sameFile(a, b pathID) bool {
 	return a.missing == b.missing && a.dev == b.dev && a.ino == b.ino
@@ -305,8 +325,14 @@ func (tc *threadCache) get(id, key string, c confinement) (*sessionThread, error
 			return nil, errors.New("the resident helper is stopping")
 		}
 		t := tc.byID[id]
-		if t == nil || t.key != key || tc.now().Sub(t.made) >= threadMaxAge {
+		switch {
+		case t == nil || t.key != key || tc.now().Sub(t.made) >= threadMaxAge:
 			t = tc.startLocked(id, key, c, ids, false)
+			tc.stats.OnPath++
+		case isClosed(t.ready):
+			tc.stats.Ready++
+		default:
+			tc.stats.Waited++
 		}
 		t.refs++
 		t.lastUse = tc.now()

@@ -108,6 +108,13 @@ func TestSessionThreadRunsAlike(t *testing.T) {
 	if th := s.thread(sess.ID); th != first {
 		t.Errorf("the session's thread changed between runs (%p, then %p); want one kept thread", first, th)
 	}
+	var h wire.Hello
+	if err := s.call(t, []string{"hello"}, nil, &h); err != nil {
+		t.Fatal(err)
+	}
+	if th := h.Threads; th == nil || th.Made != 1 || th.Ready != 5 || th.OnPath != 0 || th.Kept != 1 {
+		t.Errorf("hello's threads = %+v; want one made (ahead), five runs from it ready", th)
+	}
 	// The same session, run by a process per command: a thread confined
 	// for that run alone.
 	perCommand, err := New(s.a.cfg)

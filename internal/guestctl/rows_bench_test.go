@@ -91,6 +91,7 @@ func BenchmarkLabRows(b *testing.B) {
 				after := poolStats(b, ctx, h)
 				b.ReportMetric(float64(after.Hits-before.Hits), "pool-hits")
 				b.ReportMetric(float64(after.Misses-before.Misses), "pool-misses")
+				b.ReportMetric(float64(after.waited-before.waited), "thread-waits")
 			}
 		})
 	}
@@ -98,9 +99,10 @@ func BenchmarkLabRows(b *testing.B) {
 	b.Run("row=8d", func(b *testing.B) { outputLatency(b, ctx, h, s.ID) })
 }
 
-// poolStats is the one-shot pool's counts in cg's resident helper, from
+// poolStats is the one-shot pool's and the session threads' counts in
+// cg's resident helper, from
 // its hello (asked through the agent's exec: `vmgate-guest call hello`).
-func poolStats(b *testing.B, ctx context.Context, h *Helper) wire.PoolStats {
+func poolStats(b *testing.B, ctx context.Context, h *Helper) poolCounts {
 	res, err := hypervisor.Run(ctx, h.d, "cg", hypervisor.ExecRequest{Argv: []string{GuestPath, "call", "hello"}})
 	if err != nil {
 		b.Fatal(err)
@@ -108,10 +110,17 @@ func poolStats(b *testing.B, ctx context.Context, h *Helper) wire.PoolStats {
 	var rep struct {
 		Result wire.Hello `json:"result"`
 	}
-	if err := json.Unmarshal(res.Stdout, &rep); err != nil || rep.Result.Pool == nil {
-		b.Fatalf("hello through the agent's exec = %q, %v; want the resident helper's, with its pool", res.Stdout, err)
+	if err := json.Unmarshal(res.Stdout, &rep); err != nil || rep.Result.Pool == nil || rep.Result.Threads == nil {
+		b.Fatalf("hello through the agent's exec = %q, %v; want the resident helper's, with its pool and threads", res.Stdout, err)
 	}
-	return *rep.Result.Pool
+	return poolCounts{*rep.Result.Pool, rep.Result.Threads.Waited}
+}
+
+// poolCounts is the pool's counts and how many runs waited for a thread
+// made ahead (a pooled session's, mostly).
+type poolCounts struct {
+	wire.PoolStats
+	waited int64
 }
 
 // timedRun is how long Run of req took on cg; a failed run is an error.

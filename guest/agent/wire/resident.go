@@ -45,6 +45,21 @@ type Hello struct {
 	// Pool is the one-shot pool's state and counts since the helper
 	// started (nil without a pool).
 	Pool *PoolStats `json:"pool,omitempty"`
+	// Threads counts how sandboxed runs got their session's confined
+	// thread (nil from a process per command).
+	Threads *ThreadStats `json:"threads,omitempty"`
+}
+
+// ThreadStats counts the resident helper's session threads: kept now,
+// made since it started, and the runs that forked from a ready one
+// (Ready), waited for one being made ahead (Waited) or made one on their
+// own path (Made by a run: OnPath).
+type ThreadStats struct {
+	Kept   int   `json:"kept"`
+	Made   int64 `json:"made"`
+	Ready  int64 `json:"ready"`
+	Waited int64 `json:"waited"`
+	OnPath int64 `json:"on_path"`
 }
 
 // PoolStats counts what the resident helper's one-shot pool did: runs that
