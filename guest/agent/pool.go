@@ -140,10 +140,12 @@ func (p *sessionPool) queueLocked(job func()) {
 func (p *sessionPool) queueDestroyLocked(id string) {
 	p.pending++
 	p.queueLocked(func() {
+		start := time.Now()
 		p.a.destroyOneShot(id)
 		p.mu.Lock()
 		p.pending--
 		p.stats.Destroyed++
+		p.stats.DestroyMS += time.Since(start).Milliseconds()
 		p.mu.Unlock()
 	})
 }
@@ -220,7 +222,9 @@ func (p *sessionPool) fillOne() {
 		return
 	}
 	p.mu.Unlock()
+	start := time.Now()
 	m, err := p.a.createSession(wire.SessionCreate{ID: oneShotID(), Sandbox: &spec}, true)
+	took := time.Since(start)
 	if err == nil && p.a.res != nil {
 		p.a.res.threads.prepare(m) // its confined thread, made behind this job
 	}
@@ -236,6 +240,7 @@ func (p *sessionPool) fillOne() {
 	default:
 		p.ready = append(p.ready, m)
 		p.stats.Made++
+		p.stats.MakeMS += took.Milliseconds()
 	}
 	p.filling = false
 	p.refillLocked()

@@ -241,7 +241,9 @@ func (t *sessionThread) loop(tc *threadCache, ids []pathID) {
 		}
 	}
 	tc.mu.Unlock()
+	start := time.Now()
 	t.kept, t.err = t.c.applySteps("capabilities", t.c.dropChildCaps, false)
+	took := time.Since(start)
 	if low {
 		// Back to the helper's own before anything is forked (a child
 		// inherits it); root's CAP_SYS_NICE is still in effect.
@@ -252,11 +254,12 @@ func (t *sessionThread) loop(tc *threadCache, ids []pathID) {
 		}
 		tc.mu.Unlock()
 	}
+	tc.mu.Lock()
+	tc.stats.BuildMS += took.Milliseconds()
 	if t.err != nil {
-		tc.mu.Lock()
 		tc.retireLocked(t) // a failed thread stays in no cache
-		tc.mu.Unlock()
 	}
+	tc.mu.Unlock()
 	if t.err == nil && !slices.EqualFunc(ids, t.kept.ids, sameFile) {
 		ids = nil // changed while it was made: the next run makes another
 	}
@@ -336,10 +339,7 @@ func (tc *threadCache) get(id, key string, c confinement) (*sessionThread, error
 		}
 		t.refs++
 		t.lastUse = tc.now()
-		if t.low && t.tid != 0 {
-			_ = unix.Setpriority(unix.PRIO_PROCESS, t.tid, t.nice) // a run waits for it now
-			t.low = false
-		}
+		t.boostLocked() // a run waits for it now
 		tc.mu.Unlock()
 		<-t.ready
 		if t.err == nil && (t.matches(ids) || attempt > 0) {
@@ -352,6 +352,15 @@ func (tc *threadCache) get(id, key string, c confinement) (*sessionThread, error
 		if attempt > 0 {
 			return nil, t.err
 		}
+	}
+}
+
+// boostLocked gives a thread being made ahead of time the helper's own
+// priority back: someone waits for it.
+func (t *sessionThread) boostLocked() {
+	if t.low && t.tid != 0 {
+		_ = unix.Setpriority(unix.PRIO_PROCESS, t.tid, t.nice)
+		t.low = false
 	}
 }
 
@@ -377,6 +386,7 @@ func (tc *threadCache) end(id string) {
 	}
 	tc.retireLocked(t)
 	t.stopLocked() // its runs' processes, if any, are killed already
+	t.boostLocked()
 	tc.mu.Unlock()
 	<-t.done
 }

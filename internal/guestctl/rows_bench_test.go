@@ -92,6 +92,15 @@ func BenchmarkLabRows(b *testing.B) {
 				b.ReportMetric(float64(after.Hits-before.Hits), "pool-hits")
 				b.ReportMetric(float64(after.Misses-before.Misses), "pool-misses")
 				b.ReportMetric(float64(after.waited-before.waited), "thread-waits")
+				if n := after.Made - before.Made; n > 0 {
+					b.ReportMetric(float64(after.MakeMS-before.MakeMS)/float64(n), "pool-make-ms")
+				}
+				if n := after.Destroyed - before.Destroyed; n > 0 {
+					b.ReportMetric(float64(after.DestroyMS-before.DestroyMS)/float64(n), "pool-destroy-ms")
+				}
+				if n := after.made - before.made; n > 0 {
+					b.ReportMetric(float64(after.buildMS-before.buildMS)/float64(n), "thread-build-ms")
+				}
 			}
 		})
 	}
@@ -113,14 +122,16 @@ func poolStats(b *testing.B, ctx context.Context, h *Helper) poolCounts {
 	if err := json.Unmarshal(res.Stdout, &rep); err != nil || rep.Result.Pool == nil || rep.Result.Threads == nil {
 		b.Fatalf("hello through the agent's exec = %q, %v; want the resident helper's, with its pool and threads", res.Stdout, err)
 	}
-	return poolCounts{*rep.Result.Pool, rep.Result.Threads.Waited}
+	th := rep.Result.Threads
+	return poolCounts{*rep.Result.Pool, th.Waited, th.Made, th.BuildMS}
 }
 
-// poolCounts is the pool's counts and how many runs waited for a thread
-// made ahead (a pooled session's, mostly).
+// poolCounts is the pool's counts, how many runs waited for a thread
+// made ahead (a pooled session's, mostly), and the threads made and the
+// time they took.
 type poolCounts struct {
 	wire.PoolStats
-	waited int64
+	waited, made, buildMS int64
 }
 
 // timedRun is how long Run of req took on cg; a failed run is an error.

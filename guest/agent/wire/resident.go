@@ -60,6 +60,9 @@ type ThreadStats struct {
 	Ready  int64 `json:"ready"`
 	Waited int64 `json:"waited"`
 	OnPath int64 `json:"on_path"`
+	// BuildMS is the time the threads made took to confine themselves,
+	// in all.
+	BuildMS int64 `json:"build_ms"`
 }
 
 // PoolStats counts what the resident helper's one-shot pool did: runs that
@@ -75,6 +78,10 @@ type PoolStats struct {
 	Misses    int64 `json:"misses"`
 	Made      int64 `json:"made"`
 	Destroyed int64 `json:"destroyed"`
+	// MakeMS and DestroyMS are the time its makes and destroys took, in
+	// all (a make's session thread is BuildMS of ThreadStats).
+	MakeMS    int64 `json:"make_ms"`
+	DestroyMS int64 `json:"destroy_ms"`
 }
 
 // Serving is what `vmgate-guest serve --detach` answers once the helper
