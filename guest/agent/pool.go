@@ -322,11 +322,14 @@ func (a *Agent) destroyOneShot(id string) {
 	var err error
 	if t.cgroup == "" || cgroupPopulated(t.cgroup) {
 		err = a.killSession(ctx, t, &res)
+		a.stepTook("destroy kill", time.Since(start))
 	}
 	if err == nil {
 		var unlock func()
 		if unlock, err = a.lock(); err == nil {
+			t0 := time.Now()
 			_, err = a.removeSessionLocked(id, t, 0, res, start)
+			a.stepTook("destroy remove", time.Since(t0))
 			unlock()
 		}
 	}

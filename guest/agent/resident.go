@@ -4,6 +4,7 @@ package agent
 
 import (
 	"bytes"
+	"maps"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -93,10 +94,30 @@ type resident struct {
 	hello      wire.Hello // fixed at start; Jobs is filled per answer
 	oomLowered bool
 
+	// stepsMu guards steps: the time each named step of the helper's
+	// session creates (and one-shot destroys) took, in all (hello's
+	// steps_ms: where a create's time goes on this guest).
+	stepsMu sync.Mutex
+	steps   map[string]int64
+
 	// touchMu guards touched: when each session's last use was last
 	// written (touchLater).
 	touchMu sync.Mutex
 	touched map[string]time.Time
+}
+
+// stepTook adds d to step name's total in the resident helper.
+func (a *Agent) stepTook(name string, d time.Duration) {
+	r := a.res
+	if r == nil {
+		return
+	}
+	r.stepsMu.Lock()
+	defer r.stepsMu.Unlock()
+	if r.steps == nil {
+		r.steps = map[string]int64{}
+	}
+	r.steps[name] += d.Microseconds()
 }
 
 // touchEvery is how often the resident helper writes a session's last use
@@ -373,6 +394,9 @@ func (a *Agent) Hello() (wire.Hello, error) {
 		ts := a.res.threads.statsLocked()
 		a.res.threads.mu.Unlock()
 		h.Threads = &ts
+		a.res.stepsMu.Lock()
+		h.StepsUS = maps.Clone(a.res.steps)
+		a.res.stepsMu.Unlock()
 		return h, nil
 	}
 	sum, err := selfSHA256()

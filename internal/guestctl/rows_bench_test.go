@@ -101,6 +101,11 @@ func BenchmarkLabRows(b *testing.B) {
 				if n := after.made - before.made; n > 0 {
 					b.ReportMetric(float64(after.buildMS-before.buildMS)/float64(n), "thread-build-ms")
 				}
+				if n := after.Made - before.Made; n > 0 {
+					for name, us := range after.steps {
+						b.Logf("pool make, mean of %d: %s %.2f ms", n, name, float64(us-before.steps[name])/float64(n)/1000)
+					}
+				}
 			}
 		})
 	}
@@ -123,7 +128,7 @@ func poolStats(b *testing.B, ctx context.Context, h *Helper) poolCounts {
 		b.Fatalf("hello through the agent's exec = %q, %v; want the resident helper's, with its pool and threads", res.Stdout, err)
 	}
 	th := rep.Result.Threads
-	return poolCounts{*rep.Result.Pool, th.Waited, th.Made, th.BuildMS}
+	return poolCounts{*rep.Result.Pool, th.Waited, th.Made, th.BuildMS, rep.Result.StepsUS}
 }
 
 // poolCounts is the pool's counts, how many runs waited for a thread
@@ -132,6 +137,7 @@ func poolStats(b *testing.B, ctx context.Context, h *Helper) poolCounts {
 type poolCounts struct {
 	wire.PoolStats
 	waited, made, buildMS int64
+	steps                 map[string]int64 // µs per create and destroy step, in all
 }
 
 // timedRun is how long Run of req took on cg; a failed run is an error.

@@ -48,6 +48,9 @@ type Hello struct {
 	// Threads counts how sandboxed runs got their session's confined
 	// thread (nil from a process per command).
 	Threads *ThreadStats `json:"threads,omitempty"`
+	// StepsUS is the time the named steps of the helper's session creates
+	// ("create netns", ...) and one-shot destroys took, in all (µs).
+	StepsUS map[string]int64 `json:"steps_us,omitempty"`
 }
 
 // ThreadStats counts the resident helper's session threads: kept now,
