@@ -172,31 +172,61 @@ func sandboxEnv(env []string, m meta, asked map[string]string) []string {
 // apply confines the calling thread, which must stay locked to the
 // goroutine until the exec: the shim's road, which switches its own ids
 // last. The rlimits are set by sandboxExec just before the exec.
-func (c confinement) apply() error { return c.applySteps("credentials", c.dropPrivileges) }
+func (c confinement) apply() error { return c.applyOnce("credentials", c.dropPrivileges) }
 
 // applyThread confines the calling thread, which must stay locked to its
 // goroutine for good, for a child it then forks (runSetup.startConfined):
 // as apply, but the ids stay root's on the thread (the child switches
 // them) and only the capabilities a child could keep are dropped here:
 // the bounding and ambient sets and the inheritable one.
-func (c confinement) applyThread() error { return c.applySteps("capabilities", c.dropChildCaps) }
+func (c confinement) applyThread() error { return c.applyOnce("capabilities", c.dropChildCaps) }
+
+// applyOnce confines the calling thread for one exec or fork: the working
+// directory is entered with the mounts, and nothing is kept.
+func (c confinement) applyOnce(lastName string, last func() error) error {
+	k, err := c.applySteps(lastName, last, true)
+	k.close()
+	return err
+}
+
+// kept is what a confined thread keeps for the runs it forks later
+// (sessionThread): the descriptors its working directory is entered
+// through (enterCwd), and the identity of the session's paths it opened.
+type kept struct {
+	attached []attachedTree
+	ids      []pathID
+}
+
+func (k kept) close() {
+	for _, a := range k.attached {
+		unix.Close(a.tree)
+	}
+}
 
 // applySteps confines the calling thread and runs last as its final
 // step. The session's own paths are opened once (rulepaths.go), in the
 // run's mount namespace and before anything is mounted in it, and both
 // the Landlock ruleset and the mounts are made from those descriptors;
-// the ruleset is enforced last before the final step.
-func (c confinement) applySteps(lastName string, last func() error) error {
+// the ruleset is enforced last before the final step. With enterNow the
+// working directory (c.cwd) is entered with the mounts; else the caller
+// enters each run's (kept.attached, enterCwd), and the caller closes kept
+// either way (also on error).
+func (c confinement) applySteps(lastName string, last func() error, enterNow bool) (k kept, err error) {
 	capLastCap() // read now, in the guest's namespaces, for the final step
 	ruleset := -1
 	var flags uint32
 	var paths rulePaths
 	steps := []step{
 		{"mount namespace", c.mountNamespace},
-		{"sandbox paths", func() (err error) { paths, err = c.openPaths(); return err }},
+		{"sandbox paths", func() (err error) { paths, err = c.openPaths(); k.ids = c.idsOf(paths); return err }},
 		{"landlock ruleset", func() (err error) { ruleset, flags, err = c.landlockRuleset(paths); return err }},
 		{"network namespace", c.enterNetNS},
-		{"mounts", func() error { return c.sessionMounts(paths) }},
+		{"mounts", func() (err error) {
+			if k.attached, err = c.sessionMounts(paths); err == nil && enterNow {
+				err = c.enterCwd(k.attached)
+			}
+			return err
+		}},
 		{"no_new_privs", noNewPrivs},
 		{"landlock", func() error { return restrictSelf(ruleset, flags) }},
 		{lastName, last},
@@ -207,7 +237,7 @@ func (c confinement) applySteps(lastName string, last func() error) error {
 			unix.Close(ruleset)
 		}
 	}()
-	return runSteps(steps)
+	return k, runSteps(steps)
 }
 
 func (c confinement) enterNetNS() error {

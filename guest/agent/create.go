@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -24,7 +25,8 @@ type creation struct {
 }
 
 func (c *creation) run() error {
-	return runSteps([]step{
+	took := func(name string, d time.Duration) { c.a.stepTook("create "+name, d) }
+	return runStepsTimed([]step{
 		{"plan", c.plan},
 		{"layout", c.layout},
 		{"ids", c.ids},
@@ -35,7 +37,7 @@ func (c *creation) run() error {
 		{"netns", c.netns},
 		{"report", c.report},
 		{"metadata", c.metadata},
-	})
+	}, took)
 }
 
 // undo reverts the steps that ran, last first.

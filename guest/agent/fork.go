@@ -24,6 +24,16 @@ var forker struct {
 	reqs chan func()
 }
 
+// init keeps the main goroutine on the process's main thread for good
+// (LockOSThread in an init: main runs locked there), so that no other
+// goroutine ever runs on it. The threads this package confines (a run's,
+// a session's kept thread) must end when their goroutine returns locked,
+// and the runtime ends every thread so but the main one, which it only
+// parks ("wedges"): a confined goroutine that had landed on it would have
+// left it in a destroyed session's network and mount namespaces for the
+// process's life.
+func init() { runtime.LockOSThread() }
+
 // forkOnStableThread runs start (an exec.Cmd's Start) on the forker thread.
 func forkOnStableThread(start func() error) error {
 	forker.once.Do(func() {

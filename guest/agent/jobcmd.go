@@ -66,7 +66,9 @@ func (a *Agent) jobCommand(ctx context.Context, args []string, stdin io.Reader) 
 		return jobs.cancel(ctx, *id, "canceled")
 	case "end-session":
 		// What a session's destroy run per command asks of the resident
-		// helper before it kills (endSessionJobs).
+		// helper before it kills (endSessionJobs): its jobs end, and so
+		// does its confined thread (thread.go), whose runs that destroy
+		// kills, before it removes the session's files.
 		fs := newFlags("job end-session")
 		id := fs.String("session", "", "session id")
 		if err := parseFlags(fs, rest); err != nil {
@@ -75,7 +77,9 @@ func (a *Agent) jobCommand(ctx context.Context, args []string, stdin io.Reader) 
 		if err := wire.ValidateSessionID(*id); err != nil {
 			return nil, invalidf("job end-session: %v", err)
 		}
-		return map[string]int{"ended": jobs.endSession(ctx, *id)}, nil
+		n := jobs.endSession(ctx, *id)
+		a.res.threads.end(*id)
+		return map[string]int{"ended": n}, nil
 	}
 	return nil, invalidf("unknown job command %q", args[0])
 }

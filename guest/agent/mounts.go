@@ -39,45 +39,42 @@ func (c confinement) mountNamespace() error {
 }
 
 // sessionMounts makes the run's view (see above) from the open paths and
-// enters cwd. With ReadOnly the working directory is entered once the
-// mounts are made, so that it is in a writable mount where cwd lies in a
-// write path (through the clone's own descriptor when a later mount
-// hides its path, as the session's /tmp hides a workdir under the
-// guest's /tmp), else where cwd names in the session's view.
-func (c confinement) sessionMounts(paths rulePaths) error {
+// returns the descriptors a working directory is entered through
+// (enterCwd), which the caller closes (also on error): with ReadOnly the
+// writable clones, so that a cwd in a write path is in its writable mount
+// (through the clone's own descriptor when a later mount hides its path,
+// as the session's /tmp hides a workdir under the guest's /tmp); without,
+// the guest's /tmp as it was before the session's was bound on it, so that
+// a cwd below /tmp is the guest's, as it was before the bind.
+func (c confinement) sessionMounts(paths rulePaths) ([]attachedTree, error) {
 	if !c.PrivateTmp {
-		return nil
+		return nil, nil
 	}
 	tmp, ok := paths.find(c.Tmp)
 	if !ok {
-		return fmt.Errorf("the session's temporary directory %s is missing", c.Tmp)
+		return nil, fmt.Errorf("the session's temporary directory %s is missing", c.Tmp)
 	}
 	if !c.ReadOnly || paths.writesRoot() {
-		if err := c.enterCwd(nil); err != nil {
-			return err
+		under, err := openNoFollowRaw("/tmp", unix.O_PATH|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return nil, fmt.Errorf("/tmp: %w", err)
 		}
-		return bindTmp(tmp)
+		return []attachedTree{{under, "/tmp"}}, bindTmp(tmp)
 	}
-	attached, err := readOnlyOutside(paths, tmp)
-	defer func() {
-		for _, a := range attached {
-			unix.Close(a.tree)
-		}
-	}()
-	if err != nil {
-		return err
-	}
-	return c.enterCwd(attached)
+	return readOnlyOutside(paths, tmp)
 }
 
-// attachedTree is a writable clone of the write path path, attached.
+// attachedTree is a writable clone of the write path path, attached (or,
+// without ReadOnly, the guest's /tmp under the session's).
 type attachedTree struct {
 	tree int
 	path string
 }
 
-// enterCwd enters c.cwd: through the clone of the write path that holds it,
-// when there is one, else by name.
+// enterCwd enters c.cwd: through the attached tree that holds it, when
+// there is one, else by name. It sets the calling thread's working
+// directory whole (a thread of its own mount namespace has its own): a
+// confined thread that forks many runs enters each run's before its fork.
 func (c confinement) enterCwd(attached []attachedTree) error {
 	if c.cwd == "" {
 		return nil

@@ -223,6 +223,13 @@ func TestPoolNeverTwice(t *testing.T) {
 	if len(homes) != 6 {
 		t.Errorf("6 concurrent one-shot runs ran in %d sessions %v; want 6", len(homes), homes)
 	}
+	var h wire.Hello
+	if err := s.call(t, []string{"hello"}, nil, &h); err != nil {
+		t.Fatal(err)
+	}
+	if p := h.Pool; p == nil || p.Hits+p.Misses != 7 || p.Hits < int64(DefaultPoolSize) || p.Size != DefaultPoolSize {
+		t.Errorf("hello's pool = %+v; want 7 runs counted, at least the %d ready ones hits", p, DefaultPoolSize)
+	}
 }
 
 // TestPoolFollowsTheSandboxAndEmptiesOnStop: a run with another sandbox

@@ -4,6 +4,7 @@ package agent
 
 import (
 	"bytes"
+	"maps"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -88,14 +89,35 @@ var ErrNoPort = errors.New("no such virtio-serial port")
 type resident struct {
 	jobs       *jobTable
 	pool       *sessionPool // nil when ServeOptions.OneShotPool is negative
+	threads    *threadCache // sandboxed sessions' confined threads (thread.go)
 	ids        idsScan
 	hello      wire.Hello // fixed at start; Jobs is filled per answer
 	oomLowered bool
+
+	// stepsMu guards steps: the time each named step of the helper's
+	// session creates (and one-shot destroys) took, in all (hello's
+	// steps_ms: where a create's time goes on this guest).
+	stepsMu sync.Mutex
+	steps   map[string]int64
 
 	// touchMu guards touched: when each session's last use was last
 	// written (touchLater).
 	touchMu sync.Mutex
 	touched map[string]time.Time
+}
+
+// stepTook adds d to step name's total in the resident helper.
+func (a *Agent) stepTook(name string, d time.Duration) {
+	r := a.res
+	if r == nil {
+		return
+	}
+	r.stepsMu.Lock()
+	defer r.stepsMu.Unlock()
+	if r.steps == nil {
+		r.steps = map[string]int64{}
+	}
+	r.steps[name] += d.Microseconds()
 }
 
 // touchEvery is how often the resident helper writes a session's last use
@@ -184,6 +206,7 @@ func (a *Agent) Serve(ctx context.Context, o ServeOptions) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	a.res = &resident{jobs: newJobTable(a, ctx)}
+	a.res.threads = newThreadCache()
 	if o.OneShotPool == 0 {
 		o.OneShotPool = DefaultPoolSize
 	}
@@ -219,6 +242,7 @@ func (a *Agent) Serve(ctx context.Context, o ServeOptions) error {
 	if a.res.pool != nil {
 		a.res.pool.close()
 	}
+	a.res.threads.close()
 	return nil
 }
 
@@ -360,6 +384,19 @@ func (a *Agent) Hello() (wire.Hello, error) {
 		a.res.jobs.mu.Lock()
 		h.Jobs = a.res.jobs.runningLocked()
 		a.res.jobs.mu.Unlock()
+		if p := a.res.pool; p != nil {
+			p.mu.Lock()
+			st := p.statsLocked()
+			p.mu.Unlock()
+			h.Pool = &st
+		}
+		a.res.threads.mu.Lock()
+		ts := a.res.threads.statsLocked()
+		a.res.threads.mu.Unlock()
+		h.Threads = &ts
+		a.res.stepsMu.Lock()
+		h.StepsUS = maps.Clone(a.res.steps)
+		a.res.stepsMu.Unlock()
 		return h, nil
 	}
 	sum, err := selfSHA256()
@@ -507,7 +544,8 @@ func (a *Agent) servePort(ctx context.Context, srv *mux.Server, name string, fir
 	}
 }
 
-// janitor forgets ended jobs past their keep time.
+// janitor forgets ended jobs past their keep time and ends the session
+// threads unused or old (threadCache.expire).
 func (a *Agent) janitor(ctx context.Context) {
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
@@ -517,6 +555,7 @@ func (a *Agent) janitor(ctx context.Context) {
 			return
 		case now := <-t.C:
 			a.res.jobs.expire(now, false)
+			a.res.threads.expire(now)
 		}
 	}
 }

@@ -30,6 +30,8 @@ type rulePath struct {
 	fd    int // O_PATH, opened without following a symlink
 	dir   bool
 	write bool
+	// dev and ino identify what fd is open on (pathID).
+	dev, ino uint64
 }
 
 // rulePaths are a run's open paths; close closes them.
@@ -71,10 +73,88 @@ func (c confinement) openPaths() (rulePaths, error) {
 				out.close()
 				return nil, err
 			}
-			out = append(out, rulePath{path: p, fd: fd, dir: st.Mode&unix.S_IFMT == unix.S_IFDIR, write: l.write})
+			out = append(out, rulePath{path: p, fd: fd, dir: st.Mode&unix.S_IFMT == unix.S_IFDIR, write: l.write, dev: st.Dev, ino: st.Ino})
 		}
 	}
 	return out, nil
+}
+
+// pathID is what one of a session's paths (a Read or Write path of a
+// confinement, in that order) names: nothing, or a file (dev, ino) in a
+// mount (mnt, its id in the guest's mount namespace; 0 where the kernel
+// does not say). A confined thread made once for many runs
+// (sessionThread) is used only while its paths name what they named when
+// it opened them; else a new one is made, as a run of its own would.
+type pathID struct {
+	missing  bool
+	dev, ino uint64
+	mnt      uint64
+}
+
+// idsOf is the identity of c's paths as paths has them open (a path not
+// open was missing).
+func (c confinement) idsOf(paths rulePaths) []pathID {
+	var out []pathID
+	c.eachPath(func(p string, write bool) {
+		id := pathID{missing: true}
+		for _, r := range paths {
+			if r.path == p && r.write == write {
+				id = pathID{dev: r.dev, ino: r.ino}
+				break
+			}
+		}
+		out = append(out, id)
+	})
+	return out
+}
+
+// pathIDs opens c's paths as openPaths does, in the calling thread's view,
+// and returns what they name, with their mounts; a symlink refuses the
+// run as openPaths would.
+func (c confinement) pathIDs() ([]pathID, error) {
+	var out []pathID
+	var err error
+	c.eachPath(func(p string, _ bool) {
+		if err != nil {
+			return
+		}
+		fd, _, oerr := openRulePath(p)
+		switch {
+		case errors.Is(oerr, unix.ENOENT):
+			out = append(out, pathID{missing: true})
+			return
+		case oerr != nil:
+			err = oerr
+			return
+		}
+		defer unix.Close(fd)
+		var stx unix.Statx_t
+		if serr := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_INO|unix.STATX_MNT_ID, &stx); serr != nil {
+			err = fmt.Errorf("sandbox path %s: %w", p, serr)
+			return
+		}
+		id := pathID{dev: unix.Mkdev(stx.Dev_major, stx.Dev_minor), ino: stx.Ino}
+		if stx.Mask&unix.STATX_MNT_ID != 0 {
+			id.mnt = stx.Mnt_id
+		}
+		out = append(out, id)
+	})
+	return out, err
+}
+
+// eachPath calls fn for every Read path, then every Write path ("" left
+// out), in order.
+func (c confinement) eachPath(fn func(p string, write bool)) {
+	for _, p := range c.Read {
+		if p != "" {
+			fn(p, false)
+		}
+	}
+	for _, p := range c.Write {
+		if p != "" {
+			fn(p, true)
+		}
+	}
 }
 
 // openRulePath opens p (absolute, clean) O_PATH, following no symlink in

@@ -280,9 +280,14 @@ type runSetup struct {
 	// command's result.
 	writeBlocked []wire.BlockedPath
 	// confine, when set, is applied to a thread of the run's own, which
-	// starts the process (startConfined); release ends that thread.
-	confine *confinement
-	release chan struct{}
+	// starts the process (startConfined), or is the confinement of the
+	// session's kept thread in threads (thread.go), under threadKey, for
+	// session; release ends the run's thread or gives the kept one back.
+	confine   *confinement
+	threads   *threadCache
+	threadKey string
+	session   string
+	release   func()
 	// onThread: start runs on the run's own confined thread, which forks
 	// the process itself (see forkOnStableThread for the others).
 	onThread bool
@@ -297,7 +302,7 @@ func (r *runSetup) close() {
 		r.cgroupFD.Close()
 	}
 	if r.release != nil {
-		close(r.release)
+		r.release()
 	}
 }
 
@@ -362,6 +367,9 @@ func (a *Agent) joinMeta(r *runSetup, req wire.RunRequest, m meta) error {
 		r.env = sandboxEnv(r.env, m, req.Env)
 		if c.RlimitAS == 0 && c.RlimitNPROC == 0 {
 			r.confineThread(c)
+			if a.res != nil {
+				r.threads, r.threadKey, r.session = a.res.threads, threadKey(m.Token, c), m.ID
+			}
 			break
 		}
 		// Rlimits are the whole process's: only a shim of the run's own
@@ -385,6 +393,9 @@ func (a *Agent) joinMeta(r *runSetup, req wire.RunRequest, m meta) error {
 // shim exec'd the command confined; a reason means it did not, and the
 // run fails without the command having run.
 func (r *runSetup) start(stdin []byte, stdout, stderr io.Writer) (*exec.Cmd, error) {
+	if r.confine != nil && r.threads != nil {
+		return r.startKept(stdin, stdout, stderr)
+	}
 	if r.confine != nil {
 		return r.startConfined(stdin, stdout, stderr)
 	}
@@ -473,8 +484,8 @@ func (r *runSetup) startConfined(stdin []byte, stdout, stderr io.Writer) (*exec.
 	if c.PrivateTmp {
 		c.cwd, r.cwd = r.cwd, "" // entered by the thread, once its mounts are made
 	}
-	r.release = make(chan struct{})
-	release, done := r.release, make(chan started, 1)
+	release, done := make(chan struct{}), make(chan started, 1)
+	r.release = func() { close(release) }
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
 		if err := c.applyThread(); err != nil {
@@ -492,6 +503,29 @@ func (r *runSetup) startConfined(stdin []byte, stdout, stderr io.Writer) (*exec.
 		_ = removeCgroupTree(r.runCgroup)
 	}
 	return s.cmd, s.err
+}
+
+// startKept starts the run from its session's kept confined thread
+// (thread.go), made now if the session has none that matches; the run
+// holds it until its process is waited for (close).
+func (r *runSetup) startKept(stdin []byte, stdout, stderr io.Writer) (*exec.Cmd, error) {
+	c := *r.confine
+	r.confine = nil // the thread starts the plain road
+	t, err := r.threads.get(r.session, r.threadKey, c)
+	if err == nil {
+		var cmd *exec.Cmd
+		if cmd, err = t.start(r, stdin, stdout, stderr); err == nil {
+			r.release = func() { r.threads.release(t) }
+			return cmd, nil
+		}
+		r.threads.release(t)
+	} else {
+		err = fmt.Errorf("run: sandbox: %w", err)
+	}
+	if r.runCgroup != "" {
+		_ = removeCgroupTree(r.runCgroup)
+	}
+	return nil, err
 }
 
 // wait waits for cmd until it exits or timeout (or ctx) ends it, and kills

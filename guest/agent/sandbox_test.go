@@ -540,12 +540,13 @@ func TestHostReadOnlyOutside(t *testing.T) {
 	}
 }
 
-// TestHostSwappedPathRefused: an extra path swapped for a symlink after
-// create refuses the next run, naming it, and nothing is read or written
-// through it.
-func TestHostSwappedPathRefused(t *testing.T) {
-	out := outsideDir(t)
-	d := filepath.Join(out, "d")
+// swapDirs makes, in a directory outside the sandbox, d with x and y in
+// it and target with a secret, all writable by every uid: the paths a
+// session's swap tests give it and the target a swap points them to.
+func swapDirs(t *testing.T) (out, d string) {
+	t.Helper()
+	out = outsideDir(t)
+	d = filepath.Join(out, "d")
 	for _, p := range []string{d, d + "/x", d + "/y", out + "/target"} {
 		if err := os.Mkdir(p, 0o777); err != nil {
 			t.Fatal(err)
@@ -557,6 +558,14 @@ func TestHostSwappedPathRefused(t *testing.T) {
 	if err := os.WriteFile(out+"/target/secret", []byte("secret"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return out, d
+}
+
+// TestHostSwappedPathRefused: an extra path swapped for a symlink after
+// create refuses the next run, naming it, and nothing is read or written
+// through it.
+func TestHostSwappedPathRefused(t *testing.T) {
+	out, d := swapDirs(t)
 	a, s := hostSandbox(t, "5a4db0c5a4db0c000012", wire.FSAccess{Write: []string{d, d + "/y"}, Read: []string{d + "/x"}})
 	run := func(shell string) (wire.RunResult, error) {
 		return a.Run(context.Background(), wire.RunRequest{Session: s.ID, Shell: shell, TimeoutMS: 20000})

@@ -113,8 +113,14 @@ func replaceOwnFile(p, tmp string, data []byte, mode os.FileMode, sync bool) err
 // its metadata and, with a Sandbox, its confinement (see creation). An
 // existing id is CodeExists; a sandbox this kernel cannot give is
 // CodeRefused naming what is missing. On failure nothing is left behind.
+//
+// In the resident helper the session's confined thread is then made ahead
+// of its first run, at low priority (threadCache.prepare).
 func (a *Agent) SessionCreate(ctx context.Context, req wire.SessionCreate) (wire.Session, error) {
 	m, err := a.createSession(req, false)
+	if err == nil && a.res != nil {
+		a.res.threads.prepare(m)
+	}
 	return m.Session, err
 }
 
@@ -354,8 +360,11 @@ func (a *Agent) killSession(ctx context.Context, t tree, res *wire.DestroyResult
 }
 
 // removeSessionLocked removes what session id leaves once its processes
-// (t) are gone.
+// (t) are gone, after its confined thread (thread.go) has ended.
 func (a *Agent) removeSessionLocked(id string, t tree, trash time.Duration, res wire.DestroyResult, start time.Time) (wire.DestroyResult, error) {
+	if a.res != nil {
+		a.res.threads.end(id)
+	}
 	if err := a.removeSessionFiles(id, t.cgroup, trash, &res); err != nil {
 		return res, fmt.Errorf("session destroy: %w", err)
 	}

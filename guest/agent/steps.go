@@ -5,6 +5,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
 )
@@ -19,9 +20,18 @@ type step struct {
 // runSteps runs steps in order and stops at the first error, prefixed
 // with its step's name, except a *wire.Error, which already says what
 // happened and what to do, and is returned as it is.
-func runSteps(steps []step) error {
+func runSteps(steps []step) error { return runStepsTimed(steps, nil) }
+
+// runStepsTimed is runSteps that, with took set, tells it how long each
+// step that ran took.
+func runStepsTimed(steps []step, took func(name string, d time.Duration)) error {
 	for _, s := range steps {
-		if err := s.run(); err != nil {
+		start := time.Now()
+		err := s.run()
+		if took != nil {
+			took(s.name, time.Since(start))
+		}
+		if err != nil {
 			var we *wire.Error
 			if errors.As(err, &we) {
 				return err

@@ -2,6 +2,7 @@ package guestctl
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"math"
@@ -24,7 +25,9 @@ import (
 // p<i>-b-ms (as bench/ reads paired rows from a test binary):
 //
 //	row=8   Run /bin/true in a sandboxed session / raw agent exec of /bin/true
-//	row=8b  Run /bin/true as a one-shot sandboxed run / raw agent exec
+//	row=8b  Run /bin/true as a one-shot sandboxed run / raw agent exec;
+//	        pool-hits and pool-misses: the runs (warm-up included) that
+//	        found the helper's one-shot pool with a ready session or empty
 //	row=8c  SessionCreate (the default sandbox; destroyed untimed) / raw agent exec
 //	row=8d  a job's output line: seen through Status (waiting on the cursor)
 //	        after it was printed in the guest, p50 of the round (A), against
@@ -81,10 +84,62 @@ func BenchmarkLabRows(b *testing.B) {
 		name string
 		a    func() (time.Duration, error)
 	}{{"8", inSession}, {"8b", oneShot}, {"8c", create}} {
-		b.Run("row="+row.name, func(b *testing.B) { pairedRounds(b, row.a, raw) })
+		b.Run("row="+row.name, func(b *testing.B) {
+			before := poolStats(b, ctx, h)
+			pairedRounds(b, row.a, raw)
+			if row.name == "8b" {
+				after := poolStats(b, ctx, h)
+				b.ReportMetric(float64(after.Hits-before.Hits), "pool-hits")
+				b.ReportMetric(float64(after.Misses-before.Misses), "pool-misses")
+				b.ReportMetric(float64(after.waited-before.waited), "thread-waits")
+				if n := after.Made - before.Made; n > 0 {
+					b.ReportMetric(float64(after.MakeMS-before.MakeMS)/float64(n), "pool-make-ms")
+				}
+				if n := after.Destroyed - before.Destroyed; n > 0 {
+					b.ReportMetric(float64(after.DestroyMS-before.DestroyMS)/float64(n), "pool-destroy-ms")
+				}
+				if n := after.made - before.made; n > 0 {
+					b.ReportMetric(float64(after.buildMS-before.buildMS)/float64(n), "thread-build-ms")
+				}
+				// Every one-shot session, pooled or made for its run, is
+				// made once and destroyed once.
+				if n := after.Made - before.Made + after.Misses - before.Misses; n > 0 {
+					for name, us := range after.steps {
+						b.Logf("one-shot session, mean of %d: %s %.2f ms", n, name, float64(us-before.steps[name])/float64(n)/1000)
+					}
+				}
+			}
+		})
 	}
 	b.Run("row=8e", func(b *testing.B) { pairedRounds(b, agentRoad(ctx, h, false), agentRoad(ctx, h, true)) })
 	b.Run("row=8d", func(b *testing.B) { outputLatency(b, ctx, h, s.ID) })
+}
+
+// poolStats is the one-shot pool's and the session threads' counts in
+// cg's resident helper, from
+// its hello (asked through the agent's exec: `vmgate-guest call hello`).
+func poolStats(b *testing.B, ctx context.Context, h *Helper) poolCounts {
+	res, err := hypervisor.Run(ctx, h.d, "cg", hypervisor.ExecRequest{Argv: []string{GuestPath, "call", "hello"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var rep struct {
+		Result wire.Hello `json:"result"`
+	}
+	if err := json.Unmarshal(res.Stdout, &rep); err != nil || rep.Result.Pool == nil || rep.Result.Threads == nil {
+		b.Fatalf("hello through the agent's exec = %q, %v; want the resident helper's, with its pool and threads", res.Stdout, err)
+	}
+	th := rep.Result.Threads
+	return poolCounts{*rep.Result.Pool, th.Waited, th.Made, th.BuildMS, rep.Result.StepsUS}
+}
+
+// poolCounts is the pool's counts, how many runs waited for a thread
+// made ahead (a pooled session's, mostly), and the threads made and the
+// time they took.
+type poolCounts struct {
+	wire.PoolStats
+	waited, made, buildMS int64
+	steps                 map[string]int64 // µs per create and destroy step, in all
 }
 
 // timedRun is how long Run of req took on cg; a failed run is an error.

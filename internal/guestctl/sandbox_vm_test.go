@@ -226,6 +226,14 @@ func TestLabSandboxEscapes(t *testing.T) {
 			h, _ := labHelper(t, vm)
 			ctx := testCtx(t, 5*time.Minute)
 			l := setUpEscapes(t, ctx, h, vm)
+			mntNS := func() string {
+				res, err := h.Run(ctx, vm, RunRequest{Session: l.a.ID, Argv: []string{"readlink", "/proc/self/ns/mnt"}})
+				if err != nil || res.ExitCode != 0 {
+					t.Fatalf("readlink /proc/self/ns/mnt in session a = %+v, %v", res, err)
+				}
+				return strings.TrimSpace(string(res.Stdout))
+			}
+			before := mntNS()
 			for _, tc := range escapeCases {
 				if tc.needCgroup && vm == "nocg" {
 					continue
@@ -244,6 +252,13 @@ func TestLabSandboxEscapes(t *testing.T) {
 						t.Errorf("%q: the sandbox did not hold: %s (output %q)", line, why, out)
 					}
 				})
+			}
+			// Through the resident helper every run of a session is forked
+			// from its one kept confined thread (guest/agent's thread.go):
+			// the attempts ran in that thread's mount namespace. A process
+			// per command confines a thread per run.
+			if after, r := mntNS(), h.CheckRoad(ctx, vm); (r.Kind == RoadResident) != (after == before) {
+				t.Errorf("session a's mount namespace before the attempts %s, after %s, road %s; want the same one exactly when resident", before, after, r)
 			}
 			t.Run("connect works outside net none", func(t *testing.T) {
 				// The control for the net none cases: from a net host session

@@ -42,6 +42,49 @@ type Hello struct {
 	Port string `json:"port,omitempty"`
 	// Jobs is how many of its jobs are running.
 	Jobs int `json:"jobs"`
+	// Pool is the one-shot pool's state and counts since the helper
+	// started (nil without a pool).
+	Pool *PoolStats `json:"pool,omitempty"`
+	// Threads counts how sandboxed runs got their session's confined
+	// thread (nil from a process per command).
+	Threads *ThreadStats `json:"threads,omitempty"`
+	// StepsUS is the time the named steps of the helper's session creates
+	// ("create netns", ...) and one-shot destroys took, in all (µs).
+	StepsUS map[string]int64 `json:"steps_us,omitempty"`
+}
+
+// ThreadStats counts the resident helper's session threads: kept now,
+// made since it started, and the runs that forked from a ready one
+// (Ready), waited for one being made ahead (Waited) or made one on their
+// own path (Made by a run: OnPath).
+type ThreadStats struct {
+	Kept   int   `json:"kept"`
+	Made   int64 `json:"made"`
+	Ready  int64 `json:"ready"`
+	Waited int64 `json:"waited"`
+	OnPath int64 `json:"on_path"`
+	// BuildMS is the time the threads made took to confine themselves,
+	// in all.
+	BuildMS int64 `json:"build_ms"`
+}
+
+// PoolStats counts what the resident helper's one-shot pool did: runs that
+// found a ready session (Hits) or had one made for them (Misses), sessions
+// it made ahead (Made) and used ones it destroyed (Destroyed), the ready
+// sessions now (Ready, of Size) and the used ones waiting for their
+// destroy (Pending).
+type PoolStats struct {
+	Size      int   `json:"size"`
+	Ready     int   `json:"ready"`
+	Pending   int   `json:"pending"`
+	Hits      int64 `json:"hits"`
+	Misses    int64 `json:"misses"`
+	Made      int64 `json:"made"`
+	Destroyed int64 `json:"destroyed"`
+	// MakeMS and DestroyMS are the time its makes and destroys took, in
+	// all (a make's session thread is BuildMS of ThreadStats).
+	MakeMS    int64 `json:"make_ms"`
+	DestroyMS int64 `json:"destroy_ms"`
 }
 
 // Serving is what `vmgate-guest serve --detach` answers once the helper
