@@ -397,7 +397,11 @@ func (x *extractor) place(p *pendingFile) (string, error) {
 	}
 	fd := int(p.tmp.f.Fd())
 	if old != nil && kindOf(old) == "file" {
+		// chown clears setuid and setgid bits: the mode again after it.
 		if err := unix.Fchown(fd, int(old.Uid), int(old.Gid)); err != nil {
+			return "", fmt.Errorf("%s: %w", h.Name, err)
+		}
+		if err := unix.Fchmod(fd, uint32(h.Header.Mode&0o7777)); err != nil {
 			return "", fmt.Errorf("%s: %w", h.Name, err)
 		}
 	}

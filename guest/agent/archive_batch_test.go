@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/vmgate/vmgate/guest/agent/wire"
@@ -148,5 +149,30 @@ func TestArchiveWriteLinkWaitsForBatch(t *testing.T) {
 	}
 	if actions := []string{got.Entries[0].Action, got.Entries[1].Action, got.Entries[2].Action, got.Entries[3].Action}; !slices.Equal(actions, []string{wire.ActionCreate, wire.ActionCreate, wire.ActionCreate, wire.ActionReplace}) {
 		t.Errorf("actions = %v; want create, create, create, replace", actions)
+	}
+}
+
+// TestArchiveWriteReplaceKeepsOwnerAndMode: a file the archive replaces
+// keeps its owner and gets the archive's mode, setuid bit included where
+// the policy allows it (chown, which clears that bit, comes first).
+func TestArchiveWriteReplaceKeepsOwnerAndMode(t *testing.T) {
+	s := newArchiveSite(t)
+	p := filepath.Join(s.target, "existing")
+	if err := os.Chown(p, 1234, 5678); err != nil {
+		t.Fatal(err)
+	}
+	spec := []specEntry{{typ: "file", name: "existing", mode: 0o4755, arg: "new"}}
+	a := newFileAgent(t)
+	got, err := a.ArchiveWrite(context.Background(), s.target, ArchiveWriteOptions{SpecialBits: true}, source(buildTar(t, spec, false)))
+	if err != nil || got.Written != 1 {
+		t.Fatalf("ArchiveWrite = %d written, %v; want 1", got.Written, err)
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys := st.Sys().(*syscall.Stat_t)
+	if sys.Mode&0o7777 != 0o4755 || sys.Uid != 1234 || sys.Gid != 5678 {
+		t.Errorf("replaced file: mode %#o, owner %d:%d; want 04755, 1234:5678", sys.Mode&0o7777, sys.Uid, sys.Gid)
 	}
 }
