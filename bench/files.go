@@ -30,12 +30,14 @@ import (
 //	     hashed / one guest-file-read loop over the file (qga.Client.FileRead,
 //	     256 KiB a call)
 //	12b  write of the same: vm_file_write, the first range whole (atomic),
-//	     the others appended, each range the most one message carries /
-//	     one guest-file-write loop (qga.Client.FileWrite)
+//	     the others appended, each range the most one message carries (as
+//	     the command's stdin on the resident helper's channel) / one
+//	     guest-file-write loop (qga.Client.FileWrite)
 //	12c  extraction of a 2,000-file tar: vm_archive_write (every entry asked
-//	     of the policy on the host, then checked beneath the target's
-//	     descriptor in the guest, each file through a temporary one) / tar -x
-//	     with the tar on guest-exec's stdin
+//	     of the policy on the host, the tar on the resident helper's
+//	     channel, every entry checked beneath the target's descriptor in the
+//	     guest, each file through a temporary one, named after its batch's
+//	     sync) / tar -x with the tar on guest-exec's stdin
 //
 // The server runs for the whole row (its first call, in the warm-up,
 // launches the plugin and pushes vmgate-guest); the baselines go through
@@ -57,8 +59,8 @@ const filesPolicy = `{"version":"1","default":"deny","tools":{"vm_file_read":{},
 
 func fileRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
 	read := &Row{ID: "12a", Unit: "MiB/s", What: "read of a 64 MiB file in ranges: vm_file_read (MCP stdio, gate, QEMU plugin, no-follow open, staged pieces, base64; one result at most 8 MiB) / raw guest-file-read loop"}
-	write := &Row{ID: "12b", Unit: "MiB/s", What: "write of a 64 MiB file: vm_file_write (atomic first range, then appends; ranges of one message, staged) / raw guest-file-write loop"}
-	arch := &Row{ID: "12c", Unit: "files/s", What: "extraction of a 2,000-file tar: vm_archive_write (policy per entry, checked entry by entry, atomic files) / raw tar -x through guest-exec stdin"}
+	write := &Row{ID: "12b", Unit: "MiB/s", What: "write of a 64 MiB file: vm_file_write (atomic first range, then appends; ranges of one message, over the resident helper's channel) / raw guest-file-write loop"}
+	arch := &Row{ID: "12c", Unit: "files/s", What: "extraction of a 2,000-file tar: vm_archive_write (policy per entry, tar over the resident helper's channel, checked entry by entry, atomic files synced per batch) / raw tar -x through guest-exec stdin"}
 	rows := []*Row{read, write, arch}
 	fail := func(err error) []*Row { return failRows(rows, pairs, err) }
 	if withoutQEMU(rows) {

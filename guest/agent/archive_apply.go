@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"path/filepath"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -27,15 +27,50 @@ func (x *extractor) apply(h wire.ArchiveHeader, body io.Reader) error {
 	if err := x.ctx.Err(); err != nil {
 		return err
 	}
+	if h.Type != "file" && h.Type != "dir" || len(x.dirFDs) >= maxDirFDs {
+		// A link or a node comes after the files before it are in place
+		// (a hard link's source, a name it replaces); the directories a
+		// batch's files are in stay open until they are.
+		if err := x.flush(); err != nil {
+			return err
+		}
+		if len(x.dirFDs) >= maxDirFDs {
+			x.closeDirs()
+		}
+	}
 	action, err := x.applyOne(h, body)
+	if err := x.settle(h, action, err); err != nil {
+		return err
+	}
+	if len(x.pending) >= x.batchFiles() || x.pendingBytes >= batchBytes {
+		return x.flush()
+	}
+	return nil
+}
+
+func (x *extractor) batchFiles() int {
+	if x.a.faults.archiveBatch > 0 {
+		return x.a.faults.archiveBatch
+	}
+	return batchFiles
+}
+
+// settle records what writing entry h did: action, a refusal, or (an
+// error that stops the extraction) the error, worded. An empty action
+// is a file waiting for its batch.
+func (x *extractor) settle(h wire.ArchiveHeader, action string, err error) error {
+	e := &x.entries[h.Index]
 	var r *entryRefusal
 	switch {
 	case errors.As(err, &r):
 		e.Action, e.Reason, e.Message = wire.ActionRefused, r.reason, r.msg
 	case err != nil:
 		return fmt.Errorf("entry %d (%s): %w", h.Index, h.Header.Name, err)
-	default:
+	case action != "":
 		e.Action = action
+		if action != wire.ActionExists {
+			x.written++
+		}
 	}
 	return nil
 }
@@ -56,26 +91,45 @@ func (x *extractor) applyOne(h wire.ArchiveHeader, body io.Reader) (string, erro
 	return x.mknod(pfd, base, h)
 }
 
-// parent opens the directory name goes in (making missing ones), cached
-// for the next entry in the same directory.
+// maxDirFDs bounds the directory descriptors an extraction keeps open.
+const maxDirFDs = 256
+
+// parent opens the directory name goes in (making missing ones) and
+// keeps it open for the entries that follow (up to maxDirFDs: then apply
+// puts the pending files in place and closes them).
 func (x *extractor) parent(name string) (int, string, error) {
 	dir, base := path.Split(name)
 	dir = strings.TrimSuffix(dir, "/")
 	if dir == "" {
 		return x.root, base, nil
 	}
-	if x.cacheFD >= 0 && x.cacheRel == dir {
-		return x.cacheFD, base, nil
+	if d, ok := x.dirFDs[dir]; ok {
+		return d.fd, base, nil
 	}
 	fd, err := x.openBeneath(dir, true)
 	if err != nil {
 		return -1, "", err
 	}
-	if x.cacheFD >= 0 {
-		unix.Close(x.cacheFD)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, "", fmt.Errorf("%s: %w", dir, err)
 	}
-	x.cacheFD, x.cacheRel = fd, dir
+	x.dirFDs[dir] = dirFD{fd: fd, dev: st.Dev}
 	return fd, base, nil
+}
+
+// dirFD is a directory descriptor parent keeps, and its filesystem.
+type dirFD struct {
+	fd  int
+	dev uint64
+}
+
+func (x *extractor) closeDirs() {
+	for rel, d := range x.dirFDs {
+		unix.Close(d.fd)
+		delete(x.dirFDs, rel)
+	}
 }
 
 // openBeneath opens the directory rel beneath the target following no
@@ -216,55 +270,164 @@ func (x *extractor) mkdir(pfd int, base string, h wire.ArchiveHeader) (string, e
 	return wire.ActionCreate, nil
 }
 
-// writeFile writes a regular file entry through a temporary file.
+// writeFile writes a regular file entry into an unnamed (or temporary)
+// file with its mode and mtime, and leaves it for the batch: flush puts it
+// in place once its data is on disk.
 func (x *extractor) writeFile(pfd int, base string, h wire.ArchiveHeader, body io.Reader) (string, error) {
 	p := wire.ArchivePath(x.target, h.Name)
 	tmp, err := x.a.newTemp(x.op, p, pfd)
 	if err != nil {
 		return "", err
 	}
-	defer tmp.discard()
 	if x.buf == nil {
 		x.buf = make([]byte, readChunk) // one for all the files: TCG guests pay dearly for fresh memory
 	}
-	n, err := io.CopyBuffer(tmp.f, io.LimitReader(body, h.Header.Size), x.buf)
+	// The writer alone: os.File's ReadFrom would take a buffer of its own per file.
+	n, err := io.CopyBuffer(struct{ io.Writer }{tmp.f}, io.LimitReader(body, h.Header.Size), x.buf)
+	if err == nil && n != h.Header.Size {
+		err = fmt.Errorf("%w: %d of %d bytes", io.ErrUnexpectedEOF, n, h.Header.Size)
+	}
+	fd := int(tmp.f.Fd())
+	if err == nil {
+		err = unix.Fchmod(fd, uint32(h.Header.Mode&0o7777))
+	}
 	if err != nil {
+		tmp.discard()
 		return "", fmt.Errorf("%s: %w", h.Name, err)
 	}
-	if n != h.Header.Size {
-		return "", fmt.Errorf("%s: %w: %d of %d bytes", h.Name, io.ErrUnexpectedEOF, n, h.Header.Size)
+	_ = futimens(fd, timespecOf(h))
+	x.pending = append(x.pending, pendingFile{tmp: tmp, pfd: pfd, base: base, h: h})
+	x.pendingBytes += n
+	return "", nil
+}
+
+// futimens sets the times of the file fd is open on (utimensat with no
+// path: the descriptor itself, no name looked up).
+func futimens(fd int, ts []unix.Timespec) error {
+	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+	if errno != 0 {
+		return errno
 	}
-	old, err := x.existingAt(pfd, base, h.Name, "file")
+	return nil
+}
+
+// A batch: the regular files written and not yet named, at most
+// batchFiles of them or batchBytes of data.
+const (
+	batchFiles = 256
+	batchBytes = 64 << 20
+)
+
+// pendingFile is a regular file entry written and waiting for its batch.
+type pendingFile struct {
+	tmp  *tempFile
+	pfd  int
+	base string
+	h    wire.ArchiveHeader
+}
+
+// flush puts the pending files in place: one syncfs for each filesystem
+// they are on (their data and mode on disk before any of them has its
+// name, so that a crash leaves no named file with missing data), then,
+// in the archive's order, the write-time check of what is there and the
+// link or rename. A failed sync names none of them; an error stops with
+// those after it unnamed (removed).
+func (x *extractor) flush() error {
+	pending := x.pending
+	x.pending, x.pendingBytes = x.pending[:0], 0
+	defer func() {
+		for _, p := range pending {
+			p.tmp.discard()
+		}
+	}()
+	if len(pending) == 0 {
+		return nil
+	}
+	if err := x.syncDirs(pending); err != nil {
+		return fmt.Errorf("syncing %d files before naming them: %w", len(pending), err)
+	}
+	for i := range pending {
+		p := &pending[i]
+		action, err := x.place(p)
+		if err := x.settle(p.h, action, err); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncDirs syncs each filesystem the pending files are on, once.
+func (x *extractor) syncDirs(pending []pendingFile) error {
+	synced := map[int]bool{}
+	devs := map[uint64]bool{}
+	for _, p := range pending {
+		if synced[p.pfd] {
+			continue
+		}
+		synced[p.pfd] = true
+		dev, known := x.devOf(p.pfd)
+		if known && devs[dev] {
+			continue
+		}
+		devs[dev] = true
+		if err := x.a.syncFS(p.pfd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// devOf is the filesystem of a directory descriptor parent keeps (or the target).
+func (x *extractor) devOf(fd int) (uint64, bool) {
+	for _, d := range x.dirFDs {
+		if d.fd == fd {
+			return d.dev, true
+		}
+	}
+	return x.rootDev, fd == x.root
+}
+
+// place checks what is at a pending file's name now and links or renames
+// the file there (a file it replaces keeps its owner).
+func (x *extractor) place(p *pendingFile) (string, error) {
+	h := p.h
+	old, err := x.existingAt(p.pfd, p.base, h.Name, "file")
 	if err != nil {
 		return "", err
 	}
-	fd := int(tmp.f.Fd())
+	fd := int(p.tmp.f.Fd())
 	if old != nil && kindOf(old) == "file" {
+		// chown clears setuid and setgid bits: the mode again after it.
 		if err := unix.Fchown(fd, int(old.Uid), int(old.Gid)); err != nil {
 			return "", fmt.Errorf("%s: %w", h.Name, err)
 		}
+		if err := unix.Fchmod(fd, uint32(h.Header.Mode&0o7777)); err != nil {
+			return "", fmt.Errorf("%s: %w", h.Name, err)
+		}
 	}
-	if err := unix.Fchmod(fd, uint32(h.Header.Mode&0o7777)); err != nil {
-		return "", fmt.Errorf("%s: %w", h.Name, err)
+	if x.a.faults.rename != nil {
+		if err := x.a.faults.rename(); err != nil {
+			return "", fmt.Errorf("%s: %w", h.Name, err)
+		}
 	}
-	proc := filepath.Join(x.a.cfg.ProcDir, "self/fd", fmt.Sprint(fd))
-	_ = unix.UtimesNanoAt(unix.AT_FDCWD, proc, timespecOf(h), 0)
 	if old == nil {
-		err = tmp.linkTo(base)
+		err = p.tmp.linkTo(p.base)
 		if errors.Is(err, unix.EEXIST) {
 			return "", refuseEntry(wire.ReasonConflict, "%s appeared while it was written", h.Name)
 		}
 	} else {
-		err = tmp.replace(base)
+		err = p.tmp.replace(p.base)
 	}
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", h.Name, err)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err == nil {
-		x.files[h.Name] = fileID{dev: st.Dev, ino: st.Ino}
+	x.bytes += h.Header.Size
+	if x.linkSources[h.Name] {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err == nil {
+			x.files[h.Name] = fileID{dev: st.Dev, ino: st.Ino}
+		}
 	}
-	x.bytes += n
 	return actionFor(old), nil
 }
 

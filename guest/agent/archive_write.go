@@ -39,13 +39,19 @@ import (
 // nothing. A regular file is written like a whole-file write (an unnamed
 // or .vmgate-tmp- temporary file, its mode, its mtime, then a link or a
 // rename into place: never half written under its name; a file it
-// replaces keeps its owner). A symlink is made under a temporary name and
-// renamed into place; a hard link is made under a temporary name and kept
-// only if it is the file this archive wrote. The checks run again at
-// write time: what changed meanwhile refuses that entry. An I/O error
-// (disk full) stops the extraction with what was written so far in place,
-// every file of it complete. The filesystem is synced once at the end.
-// New entries belong to root; tar owners are not applied.
+// replaces keeps its owner), in batches (flush in archive_apply.go): up to
+// batchFiles files are written, their filesystem is synced once, and only
+// then do they get their names, in the archive's order; so no file has its
+// name before its data is on disk, at one sync per batch rather than one
+// fsync per file. A symlink or a hard link waits for the files before it
+// to be in place; it is made under a temporary name and renamed into
+// place, a hard link kept only if it is the file this archive wrote. The
+// checks run again at write time: what changed meanwhile refuses that
+// entry. An I/O error (disk full) stops the extraction with the entries
+// already in place kept, every file of them complete, and the batch's
+// files not yet named removed. The filesystem is synced once more at the
+// end (the names, the directories' times). New entries belong to root;
+// tar owners are not applied.
 
 // ArchiveWriteOptions say what archive write may write.
 type ArchiveWriteOptions struct {
@@ -79,8 +85,8 @@ func (a *Agent) ArchiveWrite(ctx context.Context, target string, o ArchiveWriteO
 	if err != nil {
 		return wire.ArchiveWritten{}, err
 	}
-	x := &extractor{a: a, ctx: ctx, op: op, target: target, o: o, root: root, cacheFD: -1,
-		planned: map[string]string{}, files: map[string]fileID{}, refusedNames: map[string]bool{}}
+	x := &extractor{a: a, ctx: ctx, op: op, target: target, o: o, root: root, dirFDs: map[string]dirFD{},
+		planned: map[string]string{}, files: map[string]fileID{}, refusedNames: map[string]bool{}, linkSources: map[string]bool{}}
 	defer x.close()
 	r, err := src()
 	if err != nil {
@@ -102,21 +108,59 @@ func (a *Agent) ArchiveWrite(ctx context.Context, target string, o ArchiveWriteO
 	if r, err = src(); err != nil {
 		return wire.ArchiveWritten{}, err
 	}
-	x.applied = true
-	if _, err := wire.ScanArchive(r, o.Limits, x.apply); err != nil {
-		res = x.result()
-		return wire.ArchiveWritten{}, fmt.Errorf("%s: %s: stopped after writing %d entries (each complete): %w", op, target, res.Written, err)
+	if err := x.write(r); err != nil {
+		return wire.ArchiveWritten{}, fmt.Errorf("%s: %s: stopped after writing %d entries (each complete; nothing half written, no temporary file left): %w", op, target, x.written, err)
 	}
-	x.finishDirs()
-	if err := syncFS(x.root); err != nil {
+	if err := x.syncAll(); err != nil {
 		return wire.ArchiveWritten{}, fmt.Errorf("%s: %s: written, but syncing the filesystem failed: %w", op, target, err)
 	}
 	return x.result(), nil
 }
 
+// write is the second pass: every entry the plan allowed, the last batch
+// of files put in place, the directories' times.
+func (x *extractor) write(r io.Reader) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(x.root, &st); err != nil {
+		return err
+	}
+	x.rootDev, x.applied = st.Dev, true
+	if _, err := wire.ScanArchive(r, x.o.Limits, x.apply); err != nil {
+		return err
+	}
+	if err := x.flush(); err != nil {
+		return err
+	}
+	x.finishDirs()
+	return nil
+}
+
+// syncAll syncs the target's filesystem and those of the directories
+// still open, once each.
+func (x *extractor) syncAll() error {
+	devs := map[uint64]bool{x.rootDev: true}
+	if err := x.a.syncFS(x.root); err != nil {
+		return err
+	}
+	for _, d := range x.dirFDs {
+		if !devs[d.dev] {
+			devs[d.dev] = true
+			if err := x.a.syncFS(d.fd); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // syncFS syncs the filesystem holding the directory dfd (an O_PATH
 // descriptor, which syncfs refuses, so through a reopen of ".").
-func syncFS(dfd int) error {
+func (a *Agent) syncFS(dfd int) error {
+	if a.faults.fsync != nil {
+		if err := a.faults.fsync("fs"); err != nil {
+			return err
+		}
+	}
 	fd, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -176,20 +220,27 @@ type dirTime struct {
 
 // extractor is one archive write.
 type extractor struct {
-	a        *Agent
-	ctx      context.Context
-	op       string
-	target   string
-	o        ArchiveWriteOptions
-	root     int // -1 while the target is still to be made
-	entries  []wire.ArchiveEntry
-	planned  map[string]string // name -> kind the archive puts there (plan)
-	files    map[string]fileID // regular files written (hard link sources)
-	dirs     []dirTime
-	bytes    int64
-	cacheFD  int // the last parent directory opened, for cacheRel
-	cacheRel string
-	probeErr *entryRefusal // why probe refused
+	a       *Agent
+	ctx     context.Context
+	op      string
+	target  string
+	o       ArchiveWriteOptions
+	root    int // -1 while the target is still to be made
+	rootDev uint64
+	entries []wire.ArchiveEntry
+	planned map[string]string // name -> kind the archive puts there (plan)
+	// linkSources are the names hard links of this archive point to (plan).
+	linkSources map[string]bool
+	files       map[string]fileID // hard link sources written
+	dirs        []dirTime
+	bytes       int64
+	written     int              // entries made so far (second pass)
+	dirFDs      map[string]dirFD // parent directories open (parent)
+	// pending are the files written and waiting for their batch's sync
+	// (flush), pendingBytes their data.
+	pending      []pendingFile
+	pendingBytes int64
+	probeErr     *entryRefusal // why probe refused
 	// refusedNames are the names of refused entries: nothing is written
 	// beneath them.
 	refusedNames map[string]bool
@@ -198,9 +249,11 @@ type extractor struct {
 }
 
 func (x *extractor) close() {
-	if x.cacheFD >= 0 {
-		unix.Close(x.cacheFD)
+	for _, p := range x.pending {
+		p.tmp.discard()
 	}
+	x.pending = nil
+	x.closeDirs()
 	if x.root >= 0 {
 		unix.Close(x.root)
 	}
@@ -254,6 +307,10 @@ func (x *extractor) plan(h wire.ArchiveHeader, _ io.Reader) error {
 	switch {
 	case e.Action != wire.ActionRefused && h.Name != "":
 		x.planned[h.Name] = plannedKind(h.Type)
+		if h.Type == "hardlink" {
+			src, _, _ := wire.CleanArchiveName(h.Header.Linkname)
+			x.linkSources[src] = true
+		}
 	case e.Action == wire.ActionRefused && h.Name != "" && x.planned[h.Name] == "":
 		x.refusedNames[h.Name] = true
 	}

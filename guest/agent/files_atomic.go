@@ -26,7 +26,7 @@ import (
 // (linkat, which fails when the name appeared meanwhile) or renamed to it
 // with RENAME_NOREPLACE; an existing one is replaced by renameat, from a
 // temporary name. The writer holds an flock on the temporary file while it
-// lives; cleanTemps removes the named ones a killed write left: only
+// has a temporary name; cleanTemps removes the named ones a killed write left: only
 // recognisable names, regular files of this user with one link, unlocked
 // and untouched for tempAge.
 
@@ -43,17 +43,19 @@ const tempAge = time.Minute
 // fileFaults inject failures into writes: tests only; the zero value
 // injects nothing.
 type fileFaults struct {
-	// fsync, when set, runs before each fsync ("file", "dir") and fails it
-	// with what it returns.
+	// fsync, when set, runs before each fsync ("file", "dir") and syncfs
+	// ("fs") and fails it with what it returns.
 	fsync func(what string) error
-	// rename, when set, runs just before a whole-file write checks the old
-	// file again and links or renames the new one into place, and fails
-	// the write with what it returns.
+	// rename, when set, runs just before a whole-file write (or an
+	// archive's file) checks the old file again and links or renames the
+	// new one into place, and fails the write with what it returns.
 	rename func() error
 	// noTmpfile makes every temporary file a named one.
 	noTmpfile bool
 	// tempAge replaces tempAge when positive.
 	tempAge time.Duration
+	// archiveBatch replaces batchFiles when positive.
+	archiveBatch int
 }
 
 func (a *Agent) fsync(what string, fd int) error {
@@ -74,7 +76,8 @@ type tempFile struct {
 	done bool   // linked or renamed into place
 }
 
-// newTemp creates a temporary file in dfd, mode 0600, locked.
+// newTemp creates a temporary file in dfd, mode 0600; a named one locked
+// (an unnamed one is locked when it gets a temporary name, in replace).
 func (a *Agent) newTemp(op, p string, dfd int) (*tempFile, error) {
 	t := &tempFile{a: a, dfd: dfd}
 	fd := -1
@@ -90,6 +93,9 @@ func (a *Agent) newTemp(op, p string, dfd int) (*tempFile, error) {
 		return nil, fileErr(op, filepath.Dir(p), err)
 	}
 	t.f = os.NewFile(uintptr(fd), p)
+	if t.name == "" {
+		return t, nil
+	}
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		t.discard()
 		return nil, fileErr(op, p, err)
@@ -126,7 +132,11 @@ func (t *tempFile) link(name string) error {
 // (a directory excepted): the one step that changes what name means.
 func (t *tempFile) replace(name string) error {
 	if t.name == "" {
-		// An unnamed file needs a name to be renamed from.
+		// An unnamed file needs a name to be renamed from, and the lock
+		// that keeps cleanTemps off that name.
+		if err := unix.Flock(int(t.f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			return err
+		}
 		tmp := tempPrefix + randomHex(8)
 		if err := t.link(tmp); err != nil {
 			return err

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -219,11 +220,20 @@ func (a *Agent) archiveCommand(ctx context.Context, args []string, d *dataIO) (a
 }
 
 // archiveSource reads the archive once per pass: the staged pieces again,
-// or stdin kept in a spool (bounded: the compressed archive is at most as
-// large as the tar its limits allow, with room for gzip's overhead).
+// stdin that is in memory already (the resident helper's, a whole
+// message) again, or stdin kept in a spool (bounded: the compressed archive
+// is at most as large as the tar its limits allow, with room for gzip's
+// overhead).
 func (a *Agent) archiveSource(d *dataIO, lim wire.ArchiveLimits) func() (io.Reader, error) {
 	if d.staged() {
 		return func() (io.Reader, error) { return d.reader(), nil }
+	}
+	max := 2*(lim.WithDefaults().MaxBytes+int64(lim.WithDefaults().MaxEntries+2)*2048) + 1<<20
+	if in, ok := d.in.(*bytes.Reader); ok {
+		if in.Size() > max {
+			return func() (io.Reader, error) { return nil, archiveTooLarge(max) }
+		}
+		return func() (io.Reader, error) { return io.NewSectionReader(in, 0, in.Size()), nil }
 	}
 	var sp *spool
 	return func() (io.Reader, error) {
@@ -231,16 +241,19 @@ func (a *Agent) archiveSource(d *dataIO, lim wire.ArchiveLimits) func() (io.Read
 			return sp.reader(), nil
 		}
 		sp = &spool{a: a, op: "archive write"}
-		max := 2*(lim.WithDefaults().MaxBytes+int64(lim.WithDefaults().MaxEntries+2)*2048) + 1<<20
 		n, err := io.Copy(sp, io.LimitReader(d.in, max+1))
 		if err != nil {
 			return nil, err
 		}
 		if n > max {
-			return nil, refused(wire.ReasonLimit, "archive write: refused: more than %d bytes of archive for its limits; nothing was written", max)
+			return nil, archiveTooLarge(max)
 		}
 		return sp.reader(), nil
 	}
+}
+
+func archiveTooLarge(max int64) error {
+	return refused(wire.ReasonLimit, "archive write: refused: more than %d bytes of archive for its limits; nothing was written", max)
 }
 
 // parseIndexes reads "1,4,7-9" (at most wire.MaxArchiveEntries indexes).

@@ -5,6 +5,7 @@ package guestctl
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -86,17 +87,21 @@ func waitAgent(t *testing.T, ctx context.Context, d hypervisor.Driver, vm string
 
 // TestLabWriteAgentStopped kills qemu-ga (the lab guest's init restarts
 // it) once a staging piece of a 20 MiB write holds 2 MiB (pieces are of
-// wire.SmallPieceBytes, 4 MiB: the kill comes in the middle of one).
+// wire.SmallPieceBytes, 4 MiB: the kill comes in the middle of one). The
+// VM has no channel to a resident helper, so the data is staged through
+// the agent (with one, it goes as one call on the channel, not through
+// the agent: TestLabWriteHelperKilled).
 func TestLabWriteAgentStopped(t *testing.T) {
-	h, _ := labHelper(t, "cg")
+	const vm = "noport"
+	h, _ := labHelper(t, vm)
 	ctx := testCtx(t, 10*time.Minute)
-	old := victimSetup(t, ctx, h, "cg")
+	old := victimSetup(t, ctx, h, vm)
 	watcher := `while :; do for f in /var/lib/vmgate/xfer/x-*; do
 		[ -f "$f" ] && [ "$(wc -c < "$f")" -gt 2097152 ] && { n=$(wc -c < "$f"); kill -9 $(pidof qemu-ga); echo "killed qemu-ga at $n bytes" >/dev/console; exit 0; }
 	done; sleep 0.05 2>/dev/null || sleep 1; done`
-	serial := labtest.VM(t, "cg").SerialLog
+	serial := labtest.VM(t, vm).SerialLog
 	seen := fileSize(serial)
-	if _, err := h.d.ExecStart(ctx, "cg", hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", watcher}}); err != nil {
+	if _, err := h.d.ExecStart(ctx, vm, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", watcher}}); err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := testload.WithTimeout(ctx, 90*time.Second)
@@ -114,13 +119,13 @@ func TestLabWriteAgentStopped(t *testing.T) {
 		}
 		cancel()
 	}()
-	_, err := h.FileWrite(wctx, "cg", killDir+"/victim", randomData(20<<20, 7), WriteOptions{CreateMode: 0o644})
+	_, err := h.FileWrite(wctx, vm, killDir+"/victim", randomData(20<<20, 7), WriteOptions{CreateMode: 0o644})
 	if err == nil {
 		t.Fatalf("FileWrite with the guest agent killed half-way = nil error")
 	}
 	t.Logf("FileWrite with the agent killed: %v", err)
-	waitAgent(t, ctx, h.d, "cg")
-	victimIntact(t, ctx, h, "cg", old)
+	waitAgent(t, ctx, h.d, vm)
+	victimIntact(t, ctx, h, vm, old)
 }
 
 // stageSpy is a driver that calls onStage before each write to a
@@ -173,4 +178,43 @@ func TestLabWritePluginKilled(t *testing.T) {
 		t.Errorf("the plugin's pid is still %d; want a new process", killed.Load())
 	}
 	victimIntact(t, ctx, h, "cg", old)
+}
+
+// TestLabWriteHelperKilled kills the resident helper (kill -9 from inside
+// the guest) while a 20 MiB write comes to it over its channel as one
+// call, once the helper holds 8 MiB more than before: the write fails as
+// lost (it is not sent again), and the old file is as it was, with nothing
+// beside it.
+func TestLabWriteHelperKilled(t *testing.T) {
+	const vm = "cg"
+	h, _ := labHelper(t, vm)
+	ctx := testCtx(t, 10*time.Minute)
+	if r := h.CheckRoad(ctx, vm); r.Kind != RoadResident || r.Via != ViaChannel {
+		t.Fatalf("road = %s; want resident over the channel", r)
+	}
+	old := victimSetup(t, ctx, h, vm)
+	watcher := `p=$(cat ` + serveLock + `); rss() { awk '/^VmRSS:/ { print $2 }' /proc/$p/status; }; base=$(rss)
+	end=$(($(cut -d. -f1 /proc/uptime) + 300)); echo "watching the helper at $base kB" >/dev/console
+	while [ "$(cut -d. -f1 /proc/uptime)" -lt $end ]; do n=$(rss); [ -n "$n" ] && [ "$n" -gt $((base + 8192)) ] && { kill -9 $p; echo "killed the helper at $n kB" >/dev/console; exit 0; }; done`
+	serial := labtest.VM(t, vm).SerialLog
+	seen := fileSize(serial)
+	if _, err := h.d.ExecStart(ctx, vm, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", watcher}}); err != nil {
+		t.Fatal(err)
+	}
+	for !logSince(serial, seen, "watching the helper at ") {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the watcher did not start")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	_, err := h.FileWrite(ctx, vm, killDir+"/victim", randomData(20<<20, 9), WriteOptions{CreateMode: 0o644})
+	if !errors.Is(err, hypervisor.ErrHelperLost) || !logSince(serial, seen, "killed the helper at ") {
+		t.Fatalf("FileWrite with the helper killed = %v (console: killed %v); want the call lost", err, logSince(serial, seen, "killed the helper at "))
+	}
+	got := string(sh(t, ctx, h, vm, "sha256sum "+killDir+"/victim; stat -c %a "+killDir+"/victim; ls -A "+killDir).Stdout)
+	if exp := old + "  " + killDir + "/victim\n600\nvictim\n"; got != exp {
+		t.Errorf("guest after the killed write: %q; want %q (the old file, nothing beside it)", got, exp)
+	}
+	sh(t, ctx, h, vm, "rm -rf "+killDir)
 }

@@ -68,7 +68,7 @@ func TestLabFiles(t *testing.T) {
 	if fr, err := h.FileRead(ctx, vm, d+"/plain", 3); err != nil || string(fr.Data) != "pla" || !fr.Truncated {
 		t.Errorf("FileRead(plain, 3) = %+v, %v; want pla, truncated", fr, err)
 	}
-	big := bytes.Repeat([]byte("0123456789abcdef"), 256<<10) // 4 MiB: staged (over StdinMax), several copy chunks each way
+	big := bytes.Repeat([]byte("0123456789abcdef"), 256<<10) // 4 MiB: over StdinMax (the resident helper's channel carries it as stdin), several copy chunks each way
 	start := time.Now()
 	if fw, err := h.FileWrite(ctx, vm, d+"/big", big, WriteOptions{CreateMode: 0o644}); err != nil || fw.Bytes != int64(len(big)) || !fw.Created {
 		t.Fatalf("FileWrite(big) = %+v, %v; want %d bytes, created", fw, err, len(big))

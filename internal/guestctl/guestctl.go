@@ -338,9 +338,22 @@ func (h *Helper) call(ctx context.Context, vm, op string, args []string, stdin [
 // call once more; so is one lost during a call that only reads (retrySafe);
 // without one, the call goes per command.
 func (h *Helper) run(ctx context.Context, vm, op string, args []string, stdin []byte, timeout time.Duration, maxOut int64) (hypervisor.ExecResult, error) {
+	res, err := h.runResident(ctx, vm, op, "", args, stdin, timeout, maxOut)
+	if !errors.Is(err, errNotSent) {
+		return res, err
+	}
+	return h.perCommand(ctx, vm, op, args, stdin, timeout, maxOut)
+}
+
+// runResident is run's resident half: the call through vm's resident
+// helper, by way of via when it is not "" (ViaChannel: only the channel).
+// It fails with errNotSent when no resident helper took the call (none,
+// another way, or one that did not answer, twice), so the caller may send
+// it another way.
+func (h *Helper) runResident(ctx context.Context, vm, op, via string, args []string, stdin []byte, timeout time.Duration, maxOut int64) (hypervisor.ExecResult, error) {
 	for range 2 {
 		r := h.road(ctx, vm)
-		if r.Kind != RoadResident {
+		if r.Kind != RoadResident || via != "" && r.Via != via {
 			break
 		}
 		res, err := h.viaResident(ctx, vm, r.Via, nil, args, stdin, timeout, maxOut)
@@ -356,7 +369,7 @@ func (h *Helper) run(ctx context.Context, vm, op string, args []string, stdin []
 		}
 		h.dropRoad(vm, r)
 	}
-	return h.perCommand(ctx, vm, op, args, stdin, timeout, maxOut)
+	return hypervisor.ExecResult{}, errNotSent
 }
 
 // retrySafe reports whether the command only reads, so that sending it

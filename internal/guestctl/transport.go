@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -90,17 +91,6 @@ var _ Transport = (*execTransport)(nil)
 func (t *execTransport) Call(ctx context.Context, vm string, c Command) (Reply, error) {
 	h := t.h
 	args := c.Args
-	var stdin []byte
-	var staged []wire.Piece
-	if len(c.In) > StdinMax {
-		var err error
-		if staged, err = t.stageIn(ctx, vm, &c); err != nil {
-			return Reply{}, err
-		}
-		args = append([]string{"--in", pieceList(staged)}, args...)
-	} else {
-		stdin = c.In
-	}
 	if c.Out {
 		args = append([]string{"--out", "auto"}, args...)
 	}
@@ -112,7 +102,18 @@ func (t *execTransport) Call(ctx context.Context, vm string, c Command) (Reply, 
 	if c.Out {
 		maxOut += min(c.MaxOut, inlineMax)
 	}
-	res, err := h.run(ctx, vm, c.Op, args, stdin, timeout, maxOut)
+	var staged []wire.Piece
+	res, err := t.viaChannel(ctx, vm, c, args, timeout, maxOut)
+	if errors.Is(err, errNotSent) {
+		stdin := c.In
+		if len(c.In) > StdinMax {
+			if staged, err = t.stageIn(ctx, vm, &c); err != nil {
+				return Reply{}, err
+			}
+			args, stdin = append([]string{"--in", pieceList(staged)}, args...), nil
+		}
+		res, err = h.run(ctx, vm, c.Op, args, stdin, timeout, maxOut)
+	}
 	if err != nil {
 		t.unstage(ctx, vm, c.Op, staged)
 		return Reply{}, err
@@ -132,6 +133,33 @@ func (t *execTransport) Call(ctx context.Context, vm string, c Command) (Reply, 
 	}
 	r.Data, err = t.dataOut(ctx, vm, c, env.Data, data, res)
 	return r, err
+}
+
+// ChannelStdinMax is the most data input a command takes as its stdin
+// over the resident helper's channel (one message of the channel, and of
+// the driver plugin's gRPC, hypervisor.MaxMessageBytes, with room for the
+// envelope); more goes through staging files.
+const ChannelStdinMax = 32 << 20
+
+// viaChannel sends a command whose data input is over StdinMax (and at
+// most ChannelStdinMax) to the resident helper over its channel, the data
+// as its stdin in one message: no staging files, no file channel, which
+// moves data as base64 in JSON. errNotSent when the VM has no such road
+// or nothing took the call (the caller stages the data instead).
+func (t *execTransport) viaChannel(ctx context.Context, vm string, c Command, args []string, timeout time.Duration, maxOut int64) (hypervisor.ExecResult, error) {
+	if len(c.In) <= StdinMax || len(c.In) > ChannelStdinMax {
+		return hypervisor.ExecResult{}, errNotSent
+	}
+	if r := t.h.road(ctx, vm); r.Kind != RoadResident || r.Via != ViaChannel {
+		return hypervisor.ExecResult{}, errNotSent
+	}
+	total := int64(len(c.In))
+	c.moved(0, total)
+	res, err := t.h.runResident(ctx, vm, c.Op, ViaChannel, args, c.In, timeout, maxOut)
+	if err == nil {
+		c.moved(total, total)
+	}
+	return res, err
 }
 
 // pieceList is --in's value: PATH:SIZE,...
