@@ -4,13 +4,13 @@ package agent
 
 import (
 	"bytes"
-	"maps"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"

@@ -14,8 +14,10 @@ import (
 )
 
 // A session's own paths (its workdir, its temporary directory and the
-// policy's extra read and write paths) are opened once per run, by
-// openRulePath, following no symlink in any component; the Landlock rules
+// policy's extra read and write paths) are opened by openRulePath,
+// following no symlink in any component, once per confined thread (a
+// resident helper's session thread serves many runs and checks the paths
+// again before each: thread.go; elsewhere once per run); the Landlock rules
 // (landlock_add_rule with the descriptor as parent_fd) and the mounts of
 // the run's namespace (open_tree and move_mount of the descriptor) are
 // made from those descriptors, never from the names again. A path that
