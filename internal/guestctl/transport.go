@@ -90,21 +90,20 @@ var _ Transport = (*execTransport)(nil)
 
 func (t *execTransport) Call(ctx context.Context, vm string, c Command) (Reply, error) {
 	h := t.h
-	args := c.Args
-	if c.Out {
-		args = append([]string{"--out", "auto"}, args...)
-	}
 	timeout := c.Timeout
 	if timeout == 0 {
 		timeout = CommandTimeout
 	}
 	maxOut := c.MaxReply + 1<<16
-	if c.Out {
-		maxOut += min(c.MaxOut, inlineMax)
-	}
 	var staged []wire.Piece
-	res, err := t.viaChannel(ctx, vm, c, args, timeout, maxOut)
+	res, err := t.viaChannel(ctx, vm, c, timeout, maxOut)
+	onChannel := err == nil
 	if errors.Is(err, errNotSent) {
+		args := c.Args
+		if c.Out {
+			args = append([]string{"--out", "auto"}, args...)
+			maxOut += min(c.MaxOut, inlineMax)
+		}
 		stdin := c.In
 		if len(c.In) > StdinMax {
 			if staged, err = t.stageIn(ctx, vm, &c); err != nil {
@@ -132,6 +131,9 @@ func (t *execTransport) Call(ctx context.Context, vm string, c Command) (Reply, 
 		return r, nil
 	}
 	r.Data, err = t.dataOut(ctx, vm, c, env.Data, data, res)
+	if err == nil && onChannel {
+		c.moved(int64(len(r.Data)), int64(len(r.Data))) // all of it, in the one reply
+	}
 	return r, err
 }
 
@@ -141,22 +143,37 @@ func (t *execTransport) Call(ctx context.Context, vm string, c Command) (Reply, 
 // envelope); more goes through staging files.
 const ChannelStdinMax = 32 << 20
 
-// viaChannel sends a command whose data input is over StdinMax (and at
-// most ChannelStdinMax) to the resident helper over its channel, the data
-// as its stdin in one message: no staging files, no file channel, which
-// moves data as base64 in JSON. errNotSent when the VM has no such road
-// or nothing took the call (the caller stages the data instead).
-func (t *execTransport) viaChannel(ctx context.Context, vm string, c Command, args []string, timeout time.Duration, maxOut int64) (hypervisor.ExecResult, error) {
-	if len(c.In) <= StdinMax || len(c.In) > ChannelStdinMax {
+// ChannelOutMax is the most data output a command sends back inline, in
+// its one reply, over the resident helper's channel (as ChannelStdinMax).
+const ChannelOutMax = ChannelStdinMax
+
+// viaChannel sends a command to the resident helper over its channel when
+// its data input is over StdinMax (and at most ChannelStdinMax), the data
+// as its stdin in one message, or when it writes data output of at most
+// ChannelOutMax, which then comes back inline after the reply's line
+// (--out inline): no staging files, no file channel, which moves data as
+// base64 in JSON and a call per piece. errNotSent when the VM has no such
+// road or nothing took the call (the caller stages the data instead).
+func (t *execTransport) viaChannel(ctx context.Context, vm string, c Command, timeout time.Duration, maxOut int64) (hypervisor.ExecResult, error) {
+	bigIn := len(c.In) > StdinMax && len(c.In) <= ChannelStdinMax
+	out := c.Out && c.MaxOut <= ChannelOutMax && len(c.In) <= ChannelStdinMax
+	if !bigIn && !out {
 		return hypervisor.ExecResult{}, errNotSent
 	}
 	if r := t.h.road(ctx, vm); r.Kind != RoadResident || r.Via != ViaChannel {
 		return hypervisor.ExecResult{}, errNotSent
 	}
+	args := c.Args
+	if c.Out {
+		args = append([]string{"--out", "inline"}, args...)
+		maxOut += c.MaxOut
+	}
 	total := int64(len(c.In))
-	c.moved(0, total)
+	if bigIn {
+		c.moved(0, total)
+	}
 	res, err := t.h.runResident(ctx, vm, c.Op, ViaChannel, args, c.In, timeout, maxOut)
-	if err == nil {
+	if err == nil && bigIn {
 		c.moved(total, total)
 	}
 	return res, err

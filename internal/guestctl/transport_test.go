@@ -18,9 +18,23 @@ import (
 // records what crossed each road.
 type channelGuest struct {
 	residentGuest
-	calls  [][]string // the channel's calls, by arguments
-	stdins []int      // their stdin lengths
-	staged int        // bytes the file channel wrote
+	calls     [][]string // the channel's calls, by arguments
+	stdins    []int      // their stdin lengths
+	staged    int        // bytes the file channel wrote
+	fileReads int        // the file channel's reads
+}
+
+// read answers file read --out MODE ... --length N: N bytes of 'r' inline
+// after the reply's line (--out inline); any other mode is refused, so a
+// read that would stage or come back in pieces fails.
+func (g *channelGuest) read(mode, length string) (hypervisor.HelperReply, error) {
+	var n int64
+	fmt.Sscan(length, &n)
+	if mode != "inline" {
+		return hypervisor.HelperReply{}, fmt.Errorf("--out %s on the channel; want inline", mode)
+	}
+	line, _ := json.Marshal(wire.Reply{OK: true, Result: wire.FileRead{Bytes: n}, Data: &wire.DataOut{Bytes: n}})
+	return hypervisor.HelperReply{Stdout: append(append(line, '\n'), bytes.Repeat([]byte{'r'}, int(n))...)}, nil
 }
 
 func (g *channelGuest) driver() hypervisor.Driver {
@@ -51,8 +65,16 @@ func (g *channelGuest) driver() hypervisor.Driver {
 			return reply(out), nil
 		case len(args) > 1 && args[0] == "archive" && args[1] == "write":
 			return reply(wire.ArchiveWritten{Path: args[3], Entries: []wire.ArchiveEntry{}}), nil
+		case len(args) > 8 && args[0] == "--out" && args[2] == "file" && args[3] == "read":
+			return g.read(args[1], args[9])
 		}
 		return hello(ctx, vm, c)
+	}
+	d.FileReadFunc = func(_ context.Context, _, _ string, _ int64) (hypervisor.FileContent, error) {
+		g.mu.Lock()
+		g.fileReads++
+		g.mu.Unlock()
+		return hypervisor.FileContent{}, fmt.Errorf("the file channel was used")
 	}
 	d.FileWriteFunc = func(_ context.Context, _, _ string, data []byte, _ uint32) error {
 		g.mu.Lock()
@@ -94,6 +116,33 @@ func TestLargeDataOverTheChannel(t *testing.T) {
 			}
 			if last[0] != "--in" || g.staged != n || slices.Max(g.stdins) > StdinMax {
 				t.Errorf("last channel call %q, %d bytes staged, stdins %v; want archive write --in the %d bytes staged, no stdin over %d", last, g.staged, g.stdins, n, StdinMax)
+			}
+		})
+	}
+}
+
+// TestRangeReadOverTheChannel: with a resident helper on a channel of its
+// own, a range's data (past what exec output carries inline) comes back
+// inline in the one reply on the channel (--out inline): no staging file,
+// no read on the driver's file channel; progress says the bytes arrived.
+func TestRangeReadOverTheChannel(t *testing.T) {
+	for _, n := range []int64{1, inlineMax + 1, 6 << 20, 16 << 20} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			g := &channelGuest{}
+			h := New(g.driver(), fixedBinaries{})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var progress [][2]int64
+			o := ReadOptions{Length: n, Progress: func(done, total int64) { progress = append(progress, [2]int64{done, total}) }}
+			got, err := h.FileReadRange(ctx, "vm1", "/srv/big", o)
+			if err != nil {
+				t.Fatalf("FileReadRange(%d bytes) = %v", n, err)
+			}
+			if int64(len(got.Data)) != n || len(g.calls) != 1 || g.fileReads != 0 {
+				t.Errorf("FileReadRange(%d bytes) = %d bytes in %d channel calls %q, %d file-channel reads; want the %d bytes in one call, no file channel", n, len(got.Data), len(g.calls), g.calls, g.fileReads, n)
+			}
+			if want := [][2]int64{{n, n}}; !slices.Equal(progress, want) {
+				t.Errorf("progress = %v; want %v", progress, want)
 			}
 		})
 	}
