@@ -58,7 +58,7 @@ const (
 const filesPolicy = `{"version":"1","default":"deny","tools":{"vm_file_read":{},"vm_file_write":{},"vm_archive_write":{}}}`
 
 func fileRows(ctx context.Context, vmgate string, warmup, pairs int) []*Row {
-	read := &Row{ID: "12a", Unit: "MiB/s", What: "read of a 64 MiB file in ranges: vm_file_read (MCP stdio, gate, QEMU plugin, no-follow open, staged pieces, base64; one result at most 8 MiB) / raw guest-file-read loop"}
+	read := &Row{ID: "12a", Unit: "MiB/s", What: "read of a 64 MiB file in ranges: vm_file_read (MCP stdio, gate, QEMU plugin, no-follow open, the range inline over the resident helper's channel, base64 in the result; one result at most 8 MiB) / raw guest-file-read loop"}
 	write := &Row{ID: "12b", Unit: "MiB/s", What: "write of a 64 MiB file: vm_file_write (atomic first range, then appends; ranges of one message, over the resident helper's channel) / raw guest-file-write loop"}
 	arch := &Row{ID: "12c", Unit: "files/s", What: "extraction of a 2,000-file tar: vm_archive_write (policy per entry, tar over the resident helper's channel, checked entry by entry, atomic files synced per batch) / raw tar -x through guest-exec stdin"}
 	rows := []*Row{read, write, arch}
