@@ -21,6 +21,7 @@ import (
 //	warning  plugin_exited      the driver plugin of a backend the grant sees died
 //	notice   plugin_restarted   it was started again
 //	error    plugin_restart_failed  starting it again failed (it is retried)
+//	warning  lease_ending       a VM the grant created is deleted soon: its lease ends
 //	warning  lease_ended        a VM the grant created was deleted: its lease ended
 //	notice   policy_reloaded    the grant's policy changed what tools/list shows
 //	info     policy_reloaded    the grant's policy changed, its tools did not
@@ -113,6 +114,20 @@ func (s *Server) notifyLeaseEnded(l store.Lease) {
 	}
 	s.logToGrant(l.Grant, logEvent{level: mcp.LoggingLevelWarning, data: map[string]any{
 		"event": "lease_ended", "vm": vm, "template": l.Template, "message": msg,
+	}})
+}
+
+// notifyLeaseEnding tells the sessions of l's grant that the reaper
+// deletes l's VM in left (lease.EndingWarning before its expiry).
+func (s *Server) notifyLeaseEnding(l store.Lease, left time.Duration) {
+	vm := l.VM
+	if vm == "" {
+		vm = l.Name
+	}
+	at := l.Expires.UTC().Format(time.RFC3339)
+	s.logToGrant(l.Grant, logEvent{level: mcp.LoggingLevelWarning, data: map[string]any{
+		"event": "lease_ending", "vm": vm, "template": l.Template, "expires": at, "left_s": int64(left.Round(time.Second) / time.Second),
+		"message": fmt.Sprintf("VM %s will be deleted at %s (in %s): its lease ends then; copy out what you need before (vm_file_read, vm_archive_read)", vm, at, left.Round(time.Second)),
 	}})
 }
 

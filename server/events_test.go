@@ -294,3 +294,26 @@ func TestParkedCallNotificationsCarryNoSecret(t *testing.T) {
 		}
 	}
 }
+
+// A lease about to end is told to its grant's sessions only, as a
+// warning naming the VM, when it is deleted and the time left.
+func TestLeaseEndingNotification(t *testing.T) {
+	f := newFixture(t, fixtureOpts{vms: []string{"lab/*"}})
+	local := attachFake(t, f, "local", "sess-local", mcp.LoggingLevelWarning, 4)
+	other := attachFake(t, f, "other", "sess-other", mcp.LoggingLevelDebug, 4)
+	exp := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	f.s.notifyLeaseEnding(store.Lease{Name: "lab/w1", VM: "lab/w1", Grant: "local", State: store.LeaseLive, Expires: exp}, 90*time.Second)
+	got := local.queued(t)
+	if ev := events(t, got); !slices.Equal(ev, []string{"warning:lease_ending"}) {
+		t.Fatalf("local's events = %q; want one warning:lease_ending", ev)
+	}
+	b := fmt.Sprint(got[0])
+	for _, want := range []string{`"vm":"lab/w1"`, `"expires":"2030-01-02T03:04:05Z"`, `"left_s":90`, "will be deleted at 2030-01-02T03:04:05Z (in 1m30s)"} {
+		if !strings.Contains(b, want) {
+			t.Errorf("lease_ending = %s; want %s in it", b, want)
+		}
+	}
+	if ev := events(t, other.queued(t)); len(ev) != 0 {
+		t.Errorf("other grant's events = %q; want none", ev)
+	}
+}

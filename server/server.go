@@ -398,7 +398,7 @@ func (s *Server) setupLeases(cfg Config) error {
 	}
 	s.leases = lease.New(lease.Options{
 		Store: ls, Templates: s.templates, Now: s.now, Log: s.log, Every: cfg.LeaseReapEvery,
-		OnEnd: s.notifyLeaseEnded,
+		OnEnd: s.notifyLeaseEnded, OnEnding: s.notifyLeaseEnding,
 		Creator: func(backend string) (hypervisor.Creator, bool) {
 			c, ok := s.backends[backend].(hypervisor.Creator)
 			return c, ok

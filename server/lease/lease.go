@@ -57,6 +57,10 @@ type Keeper struct {
 	// every is how often the reaper runs; onEnd is Options.OnEnd.
 	every time.Duration
 	onEnd func(store.Lease)
+	// onEnding is Options.OnEnding; warned holds, by lease id, the expiry
+	// each lease was last warned of (guarded by mu, as a pass is).
+	onEnding func(l store.Lease, left time.Duration)
+	warned   map[string]time.Time
 
 	// owners says whose each created VM is (owners.go); templates are
 	// the config's, by name.
@@ -317,6 +321,7 @@ func (v *Keeper) Reap(ctx context.Context) Report {
 	}
 	v.owners.reset(list, since)
 	now := v.now()
+	v.warnEnding(list, now)
 	due := map[string][]store.Lease{}
 	for _, l := range list {
 		if l.Due(now) {
@@ -342,6 +347,36 @@ func (v *Keeper) Reap(ctx context.Context) Report {
 	wg.Wait()
 	slices.Sort(rep.Deleted)
 	return rep
+}
+
+// warnEnding tells onEnding of each live lease in list whose expiry is
+// within EndingWarning of now and that it has not told of for that expiry;
+// it forgets the leases no longer listed. v.mu is held.
+func (v *Keeper) warnEnding(list []store.Lease, now time.Time) {
+	if v.onEnding == nil {
+		return
+	}
+	if v.warned == nil {
+		v.warned = map[string]time.Time{}
+	}
+	listed := make(map[string]bool, len(list))
+	for _, l := range list {
+		listed[l.ID] = true
+		left := l.Expires.Sub(now)
+		if l.State != store.LeaseLive || l.Expires.IsZero() || left <= 0 || left > EndingWarning(l) {
+			continue
+		}
+		if at, ok := v.warned[l.ID]; ok && at.Equal(l.Expires) {
+			continue
+		}
+		v.warned[l.ID] = l.Expires
+		v.onEnding(l, left)
+	}
+	for id := range v.warned {
+		if !listed[id] {
+			delete(v.warned, id)
+		}
+	}
 }
 
 // reapOne deletes due lease l's VM and notes what happened in rep (mu
@@ -411,6 +446,20 @@ type Options struct {
 	// VM was deleted (the server tells the lease's grant). It runs on the
 	// reaper's goroutine and must not block.
 	OnEnd func(store.Lease)
+	// OnEnding, when set, is told once of every live lease whose expiry is
+	// within EndingWarning of now, with the time left (again if the
+	// expiry moves); a server restarted tells its sessions again. It runs
+	// on the reaper's goroutine and must not block.
+	OnEnding func(l store.Lease, left time.Duration)
+}
+
+// EndingWarning is how long before a live lease's expiry OnEnding hears
+// of it: a fifth of its length, at most five minutes.
+func EndingWarning(l store.Lease) time.Duration {
+	if l.TTL <= 0 {
+		return 5 * time.Minute
+	}
+	return min(5*time.Minute, l.TTL/5)
 }
 
 // New makes a Keeper, reads whose the created VMs are and starts the
@@ -427,6 +476,8 @@ func New(o Options) *Keeper {
 		deleteHold: DeleteDeadline + time.Minute,
 		every:      o.Every,
 		onEnd:      o.OnEnd,
+		onEnding:   o.OnEnding,
+		warned:     map[string]time.Time{},
 	}
 	// Whose the created VMs are is known before the first call: without
 	// it, every VM of a backend that makes VMs is refused (owners.go)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/hypervisor"
+	"github.com/vmgate/vmgate/policy/store"
 )
 
 // TestReapBoundedConcurrency: 20 leases that end together are deleted
@@ -60,5 +61,54 @@ func TestReapBoundedConcurrency(t *testing.T) {
 	}
 	if w := tl.View(ctx, "bob"); w.Info("lab/vm00") != nil {
 		t.Error("the owner index still knows a reaped VM")
+	}
+}
+
+// TestReapWarnsOfEndingLeases: a live lease is told of once, when its
+// expiry comes within EndingWarning (a fifth of its 10 minutes: 2 min),
+// with the time left; not before, not again on the next pass, and no
+// more once its VM is deleted.
+func TestReapWarnsOfEndingLeases(t *testing.T) {
+	tl := newTestLeases(t)
+	ctx := context.Background()
+	var warned []string
+	tl.onEnding = func(l store.Lease, left time.Duration) {
+		warned = append(warned, fmt.Sprintf("%s %s %v", l.Grant, l.VM, left))
+	}
+	tl.onEnd = func(store.Lease) {}
+	if _, err := tl.Create(ctx, createReq("a")); err != nil {
+		t.Fatal(err)
+	}
+	tl.fake.DeleteFunc = func(req hypervisor.DeleteRequest) error { tl.fake.Remove(req.Name); return nil }
+	steps := []struct {
+		advance time.Duration
+		want    []string
+	}{
+		{7 * time.Minute, nil},                            // 3 min left
+		{90 * time.Second, []string{"alice lab/a 1m30s"}}, // 1m30s left: told
+		{30 * time.Second, []string{"alice lab/a 1m30s"}}, // told once
+		{2 * time.Minute, []string{"alice lab/a 1m30s"}},  // expired: deleted, not told
+		{0, []string{"alice lab/a 1m30s"}},                // gone: nothing to tell
+	}
+	for i, st := range steps {
+		tl.advance(st.advance)
+		tl.Reap(ctx)
+		if fmt.Sprint(warned) != fmt.Sprint(st.want) {
+			t.Errorf("step %d: OnEnding calls = %q; want %q", i, warned, st.want)
+		}
+	}
+	if len(tl.warned) != 0 {
+		t.Errorf("warned after the lease ended = %v; want it forgotten", tl.warned)
+	}
+}
+
+// TestEndingWarning: a fifth of the lease, at most five minutes.
+func TestEndingWarning(t *testing.T) {
+	for _, tt := range []struct{ ttl, want time.Duration }{
+		{10 * time.Minute, 2 * time.Minute}, {time.Hour, 5 * time.Minute}, {0, 5 * time.Minute}, {time.Minute, 12 * time.Second},
+	} {
+		if got := EndingWarning(store.Lease{TTL: tt.ttl}); got != tt.want {
+			t.Errorf("EndingWarning(ttl %v) = %v; want %v", tt.ttl, got, tt.want)
+		}
 	}
 }
