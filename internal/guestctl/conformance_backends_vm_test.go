@@ -28,9 +28,9 @@ import (
 // stdin staged by copyto), or a process runs per command; the road says
 // why not a channel.
 
-// pveDriver is the Proxmox driver over an emulated PVE 9.2 whose VM 101 is
-// the lab VM "cg".
-func pveDriver(t *testing.T) (hypervisor.Driver, string) {
+// pveSettings starts an emulated PVE 9.2 whose VM 101 is the lab VM "cg"
+// and returns the Proxmox driver's settings for it, and the VM.
+func pveSettings(t *testing.T) (proxmox.Settings, string) {
 	t.Helper()
 	v := labtest.VM(t, "cg")
 	e := pveemu.Start(t, pveemu.Options{Version: pveemu.PVE92()})
@@ -46,12 +46,20 @@ func pveDriver(t *testing.T) (hypervisor.Driver, string) {
 		t.Fatal(err)
 	}
 	ca, secretFile := e.ClientFiles(t, secret)
-	d, err := proxmox.New(proxmox.Config{URL: e.URL(), TokenID: tokenID, TokenSecretFile: secretFile, CAFile: ca, Logger: slog.New(slog.DiscardHandler)})
+	return proxmox.Settings{URL: e.URL(), TokenID: tokenID, TokenSecretFile: secretFile, CAFile: ca}, "101"
+}
+
+// pveDriver is the Proxmox driver over an emulated PVE 9.2 whose VM 101 is
+// the lab VM "cg".
+func pveDriver(t *testing.T) (hypervisor.Driver, string) {
+	t.Helper()
+	s, vm := pveSettings(t)
+	d, err := proxmox.New(proxmox.Config{URL: s.URL, TokenID: s.TokenID, TokenSecretFile: s.TokenSecretFile, CAFile: s.CAFile, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	return d, "101"
+	return d, vm
 }
 
 var (
@@ -60,9 +68,10 @@ var (
 	vboxErr  error
 )
 
-// vboxDriver is the VirtualBox driver over the VBoxManage emulator (7.1)
-// whose machine "cg" is the lab VM "cg".
-func vboxDriver(t *testing.T) (hypervisor.Driver, string) {
+// vboxSettings makes a VBoxManage emulator (7.1) whose machine "cg" is the
+// lab VM "cg" and returns the VirtualBox driver's settings for it, and the
+// VM.
+func vboxSettings(t *testing.T) (virtualbox.Settings, string) {
 	t.Helper()
 	v := labtest.VM(t, "cg")
 	vboxOnce.Do(func() {
@@ -92,12 +101,20 @@ func vboxDriver(t *testing.T) (hypervisor.Driver, string) {
 	if err := os.WriteFile(pw, []byte(password+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d, err := virtualbox.New(virtualbox.Config{VBoxManage: bin, Username: user, PasswordFile: pw, Logger: slog.New(slog.DiscardHandler)})
+	return virtualbox.Settings{VBoxManage: bin, Username: user, PasswordFile: pw}, "cg"
+}
+
+// vboxDriver is the VirtualBox driver over the VBoxManage emulator (7.1)
+// whose machine "cg" is the lab VM "cg".
+func vboxDriver(t *testing.T) (hypervisor.Driver, string) {
+	t.Helper()
+	s, vm := vboxSettings(t)
+	d, err := virtualbox.New(virtualbox.Config{VBoxManage: s.VBoxManage, Username: s.Username, PasswordFile: s.PasswordFile, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	return d, "cg"
+	return d, vm
 }
 
 // TestLabRoadsConformanceNoChannel: the roads' suite on Proxmox and

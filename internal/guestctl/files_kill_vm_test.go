@@ -17,9 +17,13 @@ import (
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/lab/labtest"
+	"github.com/vmgate/vmgate/internal/libvirttest"
 	"github.com/vmgate/vmgate/internal/pluginhost"
 	"github.com/vmgate/vmgate/internal/testload"
+	"github.com/vmgate/vmgate/plugins/libvirt"
+	"github.com/vmgate/vmgate/plugins/proxmox"
 	"github.com/vmgate/vmgate/plugins/qemu"
+	"github.com/vmgate/vmgate/plugins/virtualbox"
 )
 
 // A whole-file write killed half-way leaves the old file: the guest agent
@@ -85,30 +89,120 @@ func waitAgent(t *testing.T, ctx context.Context, d hypervisor.Driver, vm string
 	}
 }
 
-// TestLabWriteAgentStopped kills qemu-ga (the lab guest's init restarts
-// it) once a staging piece of a 20 MiB write holds 2 MiB (pieces are of
-// wire.SmallPieceBytes, 4 MiB: the kill comes in the middle of one). The
-// VM has no channel to a resident helper, so the data is staged through
-// the agent (with one, it goes as one call on the channel, not through
-// the agent: TestLabWriteHelperKilled).
-func TestLabWriteAgentStopped(t *testing.T) {
-	const vm = "noport"
-	h, _ := labHelper(t, vm)
-	ctx := testCtx(t, 10*time.Minute)
-	old := victimSetup(t, ctx, h, vm)
-	watcher := `while :; do for f in /var/lib/vmgate/xfer/x-*; do
-		[ -f "$f" ] && [ "$(wc -c < "$f")" -gt 2097152 ] && { n=$(wc -c < "$f"); kill -9 $(pidof qemu-ga); echo "killed qemu-ga at $n bytes" >/dev/console; exit 0; }
-	done; sleep 0.05 2>/dev/null || sleep 1; done`
-	serial := labtest.VM(t, vm).SerialLog
-	seen := fileSize(serial)
-	if _, err := h.d.ExecStart(ctx, vm, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", watcher}}); err != nil {
-		t.Fatal(err)
+// killBackend is a backend of the killed-write tests.
+type killBackend struct {
+	name string
+	// staged is a Helper on a VM whose data is staged through the guest
+	// agent's file calls (no channel to a resident helper), the VM, and the
+	// guest's console log.
+	staged func(t *testing.T) (h *Helper, vm, serial string)
+	// plugin is how pluginhost launches the driver, and the VM.
+	plugin func(t *testing.T) (pluginhost.Spec, string)
+}
+
+// killBackends: the lab VM over the QEMU driver, a libvirt domain, and
+// the Proxmox and VirtualBox emulators with the lab VM "cg" behind them.
+var killBackends = []killBackend{
+	{"qemu", func(t *testing.T) (*Helper, string, string) {
+		// "noport": no channel, so the data is staged through the agent.
+		h, _ := labHelper(t, "noport")
+		return h, "noport", labtest.VM(t, "noport").SerialLog
+	}, func(t *testing.T) (pluginhost.Spec, string) {
+		cfg, _ := json.Marshal(qemu.Settings{LabDir: filepath.Dir(labtest.VM(t, "cg").Dir)})
+		return pluginhost.Spec{Driver: qemu.Name, Backend: "lab", Config: cfg}, "cg"
+	}},
+	{"libvirt", func(t *testing.T) (*Helper, string, string) {
+		env := libvirttest.Env(t)
+		d, err := libvirt.New(libvirt.Config{URI: env.URI(), Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		// The domain has the helper's channel: hidden, so the data is
+		// staged through the agent.
+		return New(noChannel{d}, &DirBinaries{Dirs: []string{guestDir}}), libvirtVM, env.Domain(libvirtVM).SerialLog
+	}, func(t *testing.T) (pluginhost.Spec, string) {
+		cfg, _ := json.Marshal(libvirt.Settings{URI: libvirttest.Env(t).URI()})
+		return pluginhost.Spec{Driver: libvirt.Name, Backend: "libvirttest", Config: cfg}, libvirtVM
+	}},
+	{"proxmox", func(t *testing.T) (*Helper, string, string) {
+		d, vm := pveDriver(t)
+		return New(d, &DirBinaries{Dirs: []string{guestDir}}), vm, labtest.VM(t, "cg").SerialLog
+	}, func(t *testing.T) (pluginhost.Spec, string) {
+		s, vm := pveSettings(t)
+		cfg, _ := json.Marshal(s)
+		return pluginhost.Spec{Driver: proxmox.Name, Backend: "pveemu", Config: cfg}, vm
+	}},
+	{"virtualbox", func(t *testing.T) (*Helper, string, string) {
+		d, vm := vboxDriver(t)
+		return New(d, &DirBinaries{Dirs: []string{guestDir}}), vm, labtest.VM(t, "cg").SerialLog
+	}, func(t *testing.T) (pluginhost.Spec, string) {
+		s, vm := vboxSettings(t)
+		cfg, _ := json.Marshal(s)
+		return pluginhost.Spec{Driver: virtualbox.Name, Backend: "vboxemu", Config: cfg}, vm
+	}},
+}
+
+// agentWatcher kills qemu-ga once the staging directory holds more than
+// 2 MiB and says so on the console; it gives up once killDir is gone or
+// after five minutes. It runs detached (setsid, no output), so the exec
+// that starts it ends at once.
+const agentWatcher = `end=$(($(cut -d. -f1 /proc/uptime) + 300)); echo "watching the staging directory" >/dev/console; ` +
+	`while [ -d ` + killDir + ` ] && [ "$(cut -d. -f1 /proc/uptime)" -lt $end ]; do ` +
+	`n=$(ls -l /var/lib/vmgate/xfer 2>/dev/null | awk '{ s += $5 } END { print s + 0 }'); ` +
+	`if [ "$n" -gt 2097152 ]; then kill -9 $(pidof qemu-ga); echo "killed qemu-ga at $n bytes" >/dev/console; exit 0; fi; ` +
+	`sleep 0.05 2>/dev/null || sleep 1; done`
+
+// waitConsole waits until serial holds want after its first seen bytes.
+func waitConsole(t *testing.T, ctx context.Context, serial string, seen int64, want string) {
+	t.Helper()
+	for !logSince(serial, seen, want) {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the console did not say %q", want)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
+}
+
+// TestLabWriteAgentStopped kills qemu-ga (the lab guest's init restarts
+// it) once the staging files of a 20 MiB write hold 2 MiB: pieces are of
+// wire.SmallPieceBytes, 4 MiB, so the kill comes in the middle of the
+// first (on Proxmox, among the parts its driver joins into it). The data
+// is staged through the agent on every backend (with a channel, it goes
+// as one call on it, not through the agent: TestLabWriteHelperKilled).
+func TestLabWriteAgentStopped(t *testing.T) {
+	for _, b := range killBackends {
+		t.Run(b.name, func(t *testing.T) {
+			h, vm, serial := b.staged(t)
+			ctx := testCtx(t, 10*time.Minute)
+			old := victimSetup(t, ctx, h, vm)
+			seen := fileSize(serial)
+			start := `setsid /bin/sh -c "$1" </dev/null >/dev/null 2>&1 &`
+			if res, err := hypervisor.Run(ctx, h.d, vm, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", start, "sh", agentWatcher}, Timeout: time.Minute}); err != nil || res.ExitCode != 0 {
+				t.Fatalf("starting the watcher: %+v, %v", res, err)
+			}
+			t.Cleanup(func() { // ends the watcher if the kill never came
+				c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				defer cancel()
+				hypervisor.Run(c, h.d, vm, hypervisor.ExecRequest{Argv: []string{"rm", "-rf", killDir}, Timeout: time.Minute})
+			})
+			waitConsole(t, ctx, serial, seen, "watching the staging directory")
+			agentStoppedWrite(t, ctx, h, vm, serial, seen)
+			waitAgent(t, ctx, h.d, vm)
+			victimIntact(t, ctx, h, vm, old)
+		})
+	}
+}
+
+// agentStoppedWrite writes 20 MiB and wants it to fail. The write in
+// flight may never hear from the killed agent again; it ends with its
+// context, which ends once the watcher has said on the console that it
+// killed qemu-ga (rather than at the deadline).
+func agentStoppedWrite(t *testing.T, ctx context.Context, h *Helper, vm, serial string, seen int64) {
+	t.Helper()
 	wctx, cancel := testload.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	// The write in flight never hears from the killed agent again; it ends
-	// with its context, which ends once the watcher has said on the
-	// console that it killed qemu-ga (rather than at the deadline).
 	go func() {
 		for !logSince(serial, seen, "killed qemu-ga at ") {
 			select {
@@ -120,12 +214,10 @@ func TestLabWriteAgentStopped(t *testing.T) {
 		cancel()
 	}()
 	_, err := h.FileWrite(wctx, vm, killDir+"/victim", randomData(20<<20, 7), WriteOptions{CreateMode: 0o644})
-	if err == nil {
-		t.Fatalf("FileWrite with the guest agent killed half-way = nil error")
+	if err == nil || !logSince(serial, seen, "killed qemu-ga at ") {
+		t.Fatalf("FileWrite with the guest agent killed half-way = %v (console: killed %v); want an error after the kill", err, logSince(serial, seen, "killed qemu-ga at "))
 	}
 	t.Logf("FileWrite with the agent killed: %v", err)
-	waitAgent(t, ctx, h.d, vm)
-	victimIntact(t, ctx, h, vm, old)
 }
 
 // stageSpy is a driver that calls onStage before each write to a
@@ -143,41 +235,45 @@ func (s *stageSpy) FileWrite(ctx context.Context, vm, path string, data []byte, 
 	return s.Driver.FileWrite(ctx, vm, path, data, mode)
 }
 
-// TestLabWritePluginKilled runs the QEMU driver as a plugin process (this
-// test binary, as `vmgate plugin qemu`) and kills it with SIGKILL when the
-// second piece (4 MiB) of a 20 MiB write is about to go: the first is in
-// the guest, the file is not touched.
+// TestLabWritePluginKilled runs each backend's driver as a plugin process
+// (this test binary, as `vmgate plugin NAME`) and kills it with SIGKILL
+// when the second piece (4 MiB) of a 20 MiB write is about to go: the
+// first is in the guest, the file is not touched. The spy hides the
+// driver's channel, so the data is staged on every backend.
 func TestLabWritePluginKilled(t *testing.T) {
-	v := labtest.VM(t, "cg")
-	host := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
-	t.Cleanup(func() { host.Close() })
-	cfg, _ := json.Marshal(qemu.Settings{LabDir: filepath.Dir(v.Dir)})
-	ctx := testCtx(t, 10*time.Minute)
-	d, err := host.Launch(ctx, pluginhost.Spec{Driver: "qemu", Backend: "lab", Config: cfg})
-	if err != nil {
-		t.Fatalf("Launch(qemu) = %v", err)
+	for _, b := range killBackends {
+		t.Run(b.name, func(t *testing.T) {
+			spec, vm := b.plugin(t)
+			host := pluginhost.New(pluginhost.Options{Executable: os.Args[0], Registry: pluginhost.Registered(), Logger: slog.New(slog.DiscardHandler)})
+			t.Cleanup(func() { host.Close() })
+			ctx := testCtx(t, 10*time.Minute)
+			d, err := host.Launch(ctx, spec)
+			if err != nil {
+				t.Fatalf("Launch(%s) = %v", spec.Driver, err)
+			}
+			sup := d.(*pluginhost.Supervisor)
+			spy := &stageSpy{Driver: sup}
+			var killed atomic.Int32
+			spy.onStage = func(n int) {
+				if n == 2 {
+					killed.Store(int32(sup.PID()))
+					syscall.Kill(sup.PID(), syscall.SIGKILL)
+				}
+			}
+			h := New(spy, &DirBinaries{Dirs: []string{guestDir}})
+			old := victimSetup(t, ctx, h, vm)
+			_, err = h.FileWrite(ctx, vm, killDir+"/victim", randomData(20<<20, 8), WriteOptions{CreateMode: 0o644})
+			if err == nil || killed.Load() == 0 {
+				t.Fatalf("FileWrite with the plugin killed = %v (killed pid %d); want an error", err, killed.Load())
+			}
+			t.Logf("FileWrite with the plugin killed: %v", err)
+			waitAgent(t, ctx, sup, vm) // the supervisor starts a new plugin
+			if sup.PID() == int(killed.Load()) {
+				t.Errorf("the plugin's pid is still %d; want a new process", killed.Load())
+			}
+			victimIntact(t, ctx, h, vm, old)
+		})
 	}
-	sup := d.(*pluginhost.Supervisor)
-	spy := &stageSpy{Driver: sup}
-	var killed atomic.Int32
-	spy.onStage = func(n int) {
-		if n == 2 {
-			killed.Store(int32(sup.PID()))
-			syscall.Kill(sup.PID(), syscall.SIGKILL)
-		}
-	}
-	h := New(spy, &DirBinaries{Dirs: []string{guestDir}})
-	old := victimSetup(t, ctx, h, "cg")
-	_, err = h.FileWrite(ctx, "cg", killDir+"/victim", randomData(20<<20, 8), WriteOptions{CreateMode: 0o644})
-	if err == nil || killed.Load() == 0 {
-		t.Fatalf("FileWrite with the plugin killed = %v (killed pid %d); want an error", err, killed.Load())
-	}
-	t.Logf("FileWrite with the plugin killed: %v", err)
-	waitAgent(t, ctx, sup, "cg") // the supervisor starts a new plugin
-	if sup.PID() == int(killed.Load()) {
-		t.Errorf("the plugin's pid is still %d; want a new process", killed.Load())
-	}
-	victimIntact(t, ctx, h, "cg", old)
 }
 
 // TestLabWriteHelperKilled kills the resident helper (kill -9 from inside
@@ -201,13 +297,7 @@ func TestLabWriteHelperKilled(t *testing.T) {
 	if _, err := h.d.ExecStart(ctx, vm, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", watcher}}); err != nil {
 		t.Fatal(err)
 	}
-	for !logSince(serial, seen, "watching the helper at ") {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the watcher did not start")
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	waitConsole(t, ctx, serial, seen, "watching the helper at ")
 	_, err := h.FileWrite(ctx, vm, killDir+"/victim", randomData(20<<20, 9), WriteOptions{CreateMode: 0o644})
 	if !errors.Is(err, hypervisor.ErrHelperLost) || !logSince(serial, seen, "killed the helper at ") {
 		t.Fatalf("FileWrite with the helper killed = %v (console: killed %v); want the call lost", err, logSince(serial, seen, "killed the helper at "))
