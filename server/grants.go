@@ -64,6 +64,16 @@ func (s *Server) policyOf(g *Grant) *policy.Engine {
 	return nil
 }
 
+// Policy returns grant's policy engine in force now (after any reload);
+// nil for an unknown grant. The operator page compares it with a
+// suggested one.
+func (s *Server) Policy(grant string) *policy.Engine {
+	if g := s.grants[grant]; g != nil {
+		return s.policyOf(g)
+	}
+	return nil
+}
+
 // SetPolicy replaces grant's policy engine (a reload). Calls already past
 // their decision keep the engine they used; counters live in the store and
 // carry over. The grant's sessions are told (events.go: policy_reloaded,

@@ -131,43 +131,13 @@ func (r *readFlags) resolve(op string, args []string) (audit.Filter, string, err
 	return f, path, err
 }
 
-// parseWhen reads a time flag: empty (unbounded), an RFC 3339 time, a
-// date (midnight UTC), or a duration before now with days allowed
-// ("7d", "1d12h", "90m").
+// parseWhen reads a time flag (audit.ParseWhen).
 func parseWhen(flag, s string, now time.Time) (time.Time, error) {
-	if s == "" {
-		return time.Time{}, nil
+	t, err := audit.ParseWhen(s, now)
+	if err != nil {
+		return t, fmt.Errorf("%s %q: %w", flag, s, err)
 	}
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t, nil
-	}
-	if t, err := time.Parse(time.DateOnly, s); err == nil {
-		return t, nil
-	}
-	d, err := parseDays(s)
-	if err != nil || d < 0 {
-		return time.Time{}, fmt.Errorf("%s %q: want a duration before now (7d, 36h, 1d12h, 90m), an RFC 3339 time (2026-07-01T12:00:00Z) or a date (2026-07-01)", flag, s)
-	}
-	return now.Add(-d), nil
-}
-
-// parseDays is time.ParseDuration with a leading number of days ("7d",
-// "1d12h").
-func parseDays(s string) (time.Duration, error) {
-	days, rest, ok := strings.Cut(s, "d")
-	if !ok {
-		return time.ParseDuration(s)
-	}
-	n, err := strconv.Atoi(days)
-	if err != nil || n < 0 || n > 3650 {
-		return 0, fmt.Errorf("bad number of days %q", days)
-	}
-	d := time.Duration(n) * 24 * time.Hour
-	if rest == "" {
-		return d, nil
-	}
-	r, err := time.ParseDuration(rest)
-	return d + r, err
+	return t, nil
 }
 
 func newAuditSearchCmd() *cobra.Command {

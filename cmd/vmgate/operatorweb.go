@@ -136,6 +136,7 @@ func (w *operatorWeb) handler(srv *server.Server, tlsOn bool) (http.Handler, err
 		Approvals: srv.Approvals(), AuditPath: w.cfg.Audit.Path, Backends: backends,
 		TokenSHA256: w.cfg.Operator.TokenSHA256, OperatorName: w.cfg.Operator.Name, Secure: tlsOn,
 		AllowedHosts: w.cfg.HTTP.AllowedHosts, AllowedOrigins: w.cfg.HTTP.AllowedOrigins,
+		Tighten: w.tighten(srv),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
@@ -146,6 +147,17 @@ func (w *operatorWeb) handler(srv *server.Server, tlsOn bool) (http.Handler, err
 		mux.Handle("/metrics", page.OperatorOnly(w.metrics.Handler()))
 	}
 	return mcphttp.LimitBodyTime(mux, bodyTimeout), nil
+}
+
+// tighten is what the page's tightening section needs: the grants, their
+// policies in force (after any reload) and the catalogue, as `vmgate policy
+// suggest` and `vmgate policy diff` take them.
+func (w *operatorWeb) tighten(srv *server.Server) *ui.Tighten {
+	grants := make([]string, len(w.cfg.Grants))
+	for i, g := range w.cfg.Grants {
+		grants[i] = g.Name
+	}
+	return &ui.Tighten{Grants: grants, Policy: srv.Policy, Tools: offlineTools(), Defaults: tools.ArgsWithDefaults, Catalogue: tools.Names()}
 }
 
 // metricsHostGuard refuses a /metrics request on metrics.addr whose Host is

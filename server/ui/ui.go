@@ -4,7 +4,11 @@
 // the first bytes of each in the list, all of them on the page of one
 // approval, /ui/approval?id=ID) and Approve and Deny, recent decisions
 // from the audit log with filters, the counters with their limits and when
-// they free up, and the VMs with their state and agent status.
+// they free up, and the VMs with their state and agent status. Two more
+// pages read the audit log as `vmgate audit search` and `vmgate policy
+// suggest` do: /ui/calls, the recent calls with the search's filters
+// (calls.go), and /ui/tighten, each grant's suggested policy and its diff
+// against the one in force (tighten.go).
 //
 // It is server-rendered (html/template, no build step) and works without
 // JavaScript; refresh.js only reloads the pending list every few seconds.
@@ -53,7 +57,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
 
 	"github.com/vmgate/vmgate/hypervisor"
 	"github.com/vmgate/vmgate/internal/hostguard"
@@ -104,6 +107,10 @@ type Config struct {
 	// AllowedOrigins are Origins accepted besides the page's own.
 	AllowedHosts   []string
 	AllowedOrigins []string
+	// Tighten feeds the tightening page (/ui/tighten, tighten.go); nil:
+	// that page says it is off. The calls page (/ui/calls) needs only
+	// AuditPath.
+	Tighten *Tighten
 	// SessionTTL is how long a login lasts (default 12 h).
 	SessionTTL time.Duration
 	Logger     *slog.Logger     // default slog.Default()
@@ -257,6 +264,17 @@ func (u *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		u.approval(w, r, sid)
+	case (path == "/calls" || path == "/tighten") && r.Method == http.MethodGet:
+		sid, ok := u.session(r)
+		if !ok {
+			http.Redirect(w, r, Prefix+"/login", http.StatusSeeOther)
+			return
+		}
+		if path == "/calls" {
+			u.calls(w, r, sid)
+		} else {
+			u.tighten(w, r, sid)
+		}
 	case path == "/pending" && r.Method == http.MethodGet:
 		sid, ok := u.session(r)
 		if !ok {
@@ -400,82 +418,6 @@ func (u *Handler) logout(w http.ResponseWriter, r *http.Request) {
 	u.mu.Unlock()
 	http.SetCookie(w, u.cookie(SessionCookie, "", Prefix, -1))
 	http.Redirect(w, r, Prefix+"/login", http.StatusSeeOther)
-}
-
-// decide handles Approve and Deny: validate everything, then act once.
-func (u *Handler) decide(w http.ResponseWriter, r *http.Request) {
-	sid, ok := u.session(r)
-	if !ok {
-		http.Error(w, "not logged in", http.StatusForbidden)
-		return
-	}
-	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-	if err := r.ParseForm(); err != nil {
-		http.Error(w, "bad form", http.StatusBadRequest)
-		return
-	}
-	if !u.csrfOK(sid, r.PostForm.Get("csrf")) {
-		http.Error(w, "invalid CSRF token; reload the page", http.StatusForbidden)
-		return
-	}
-	id, action, reason := r.PostForm.Get("id"), r.PostForm.Get("action"), strings.TrimSpace(r.PostForm.Get("reason"))
-	if err := validDecision(id, action, reason); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	var (
-		a   store.Approval
-		err error
-	)
-	if action == "approve" {
-		a, err = u.cfg.Approvals.Grant(r.Context(), id, u.cfg.OperatorName, reason)
-	} else {
-		a, err = u.cfg.Approvals.Deny(r.Context(), id, u.cfg.OperatorName, reason)
-	}
-	q := url.Values{}
-	switch {
-	case errors.Is(err, store.ErrUnknownApproval), errors.Is(err, store.ErrNotPending):
-		q.Set("err", fmt.Sprintf("approval %s: %v", id, unwrapLast(err)))
-	case err != nil && a.ID == "":
-		u.log.Error("ui: decide approval", "id", id, "action", action, "err", err)
-		q.Set("err", fmt.Sprintf("approval %s: %v", id, err))
-	case err != nil:
-		// Decided in the store but not audited: say so loudly.
-		u.log.Error("ui: approval decided but not audited", "id", id, "err", err)
-		q.Set("err", fmt.Sprintf("approval %s is %s, but the audit record failed: %v", id, a.State, err))
-	default:
-		u.log.Info("ui: approval decided", "id", id, "state", a.State, "operator", u.cfg.OperatorName)
-		q.Set("msg", fmt.Sprintf("%s %s/%s: %s", a.Tool, a.Grant, id, a.State))
-	}
-	http.Redirect(w, r, Prefix+"/?"+q.Encode(), http.StatusSeeOther)
-}
-
-func unwrapLast(err error) error {
-	for _, e := range []error{store.ErrUnknownApproval, store.ErrNotPending} {
-		if errors.Is(err, e) {
-			return e
-		}
-	}
-	return err
-}
-
-// validDecision checks a decision form before anything happens.
-func validDecision(id, action, reason string) error {
-	if action != "approve" && action != "deny" {
-		return fmt.Errorf("action must be approve or deny, not %q", truncate(action, 20))
-	}
-	if id == "" || len(id) > 128 || strings.IndexFunc(id, func(c rune) bool {
-		return !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_')
-	}) >= 0 {
-		return errors.New("malformed approval id")
-	}
-	if len(reason) > MaxReasonLen {
-		return fmt.Errorf("reason is %d bytes; the limit is %d", len(reason), MaxReasonLen)
-	}
-	if strings.IndexFunc(reason, func(c rune) bool { return unicode.IsControl(c) }) >= 0 {
-		return errors.New("reason must be one line of text (no control characters)")
-	}
-	return nil
 }
 
 func truncate(s string, n int) string {
