@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,6 +76,23 @@ func readAudit(t *testing.T, path string) []auditRecord {
 // waitAllowed waits until the audit log at path holds n allowed decisions
 // for tool. Lines are read as they are in the file: a record being written
 // (no newline yet) is not counted.
+// waitConsole waits until the guest's console log at path holds mark.
+func waitConsole(t *testing.T, path, mark string, within time.Duration) {
+	t.Helper()
+	ctx, cancel := testload.WithTimeout(context.Background(), within)
+	defer cancel()
+	for {
+		if data, err := os.ReadFile(path); err == nil && bytes.Contains(data, []byte(mark)) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the guest's console (%s) did not show %q within %v: the command did not start", path, mark, within)
+		case <-time.After(20 * time.Millisecond): // poll interval
+		}
+	}
+}
+
 func waitAllowed(t *testing.T, path, tool string, n int, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
@@ -172,10 +190,15 @@ backends: [{name: lab, driver: qemu, settings: {lab: true}}]
 		t.Errorf("%s before the kill = %q; want 0", restartsSeries, got)
 	}
 
-	inFlight := p.callAsync(t, "vm_agent_exec", map[string]any{"vm": id, "command": []string{"sleep", "5"}})
-	// The call is in the plugin once its decision record is in the log (it
-	// is written before dispatch); the command runs for 5 s.
+	// The command says on the guest's console that it runs, then sleeps
+	// 5 s: once the console shows its mark the call is in the plugin (the
+	// decision record alone is written before dispatch, and a kill then,
+	// on a loaded machine, came before the plugin had the call, which the
+	// restarted plugin then ran).
+	mark := "vmgate-midexec-" + rand.Text()
+	inFlight := p.callAsync(t, "vm_agent_exec", map[string]any{"vm": id, "command": []string{"/bin/sh", "-c", "echo " + mark + " > /dev/console; exec sleep 5"}})
 	waitAllowed(t, auditLog, "vm_agent_exec", 2, 30*time.Second)
+	waitConsole(t, vm.SerialLog, mark, 30*time.Second)
 	if err := syscall.Kill(plugins[0].pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill -9 %d: %v", plugins[0].pid, err)
 	}
