@@ -96,7 +96,7 @@ type resident struct {
 
 	// stepsMu guards steps: the time each named step of the helper's
 	// session creates (and one-shot destroys) took, in all (hello's
-	// steps_ms: where a create's time goes on this guest).
+	// steps_us: where a create's time goes on this guest).
 	stepsMu sync.Mutex
 	steps   map[string]int64
 

@@ -328,9 +328,10 @@ func (tc *threadCache) get(id, key string, c confinement) (*sessionThread, error
 			return nil, errors.New("the resident helper is stopping")
 		}
 		t := tc.byID[id]
+		fresh := false // made by this call: a failure of it would only repeat
 		switch {
 		case t == nil || t.key != key || tc.now().Sub(t.made) >= threadMaxAge:
-			t = tc.startLocked(id, key, c, ids, false)
+			t, fresh = tc.startLocked(id, key, c, ids, false), true
 			tc.stats.OnPath++
 		case isClosed(t.ready):
 			tc.stats.Ready++
@@ -349,7 +350,7 @@ func (tc *threadCache) get(id, key string, c confinement) (*sessionThread, error
 		tc.retireLocked(t)
 		tc.mu.Unlock()
 		tc.release(t)
-		if attempt > 0 {
+		if attempt > 0 || fresh && t.err != nil {
 			return nil, t.err
 		}
 	}
@@ -358,10 +359,13 @@ func (tc *threadCache) get(id, key string, c confinement) (*sessionThread, error
 // boostLocked gives a thread being made ahead of time the helper's own
 // priority back: someone waits for it.
 func (t *sessionThread) boostLocked() {
-	if t.low && t.tid != 0 {
-		_ = unix.Setpriority(unix.PRIO_PROCESS, t.tid, t.nice)
-		t.low = false
+	if !t.low {
+		return
 	}
+	if t.tid != 0 {
+		_ = unix.Setpriority(unix.PRIO_PROCESS, t.tid, t.nice)
+	} // else loop has not lowered it yet, and now will not
+	t.low = false
 }
 
 // release gives back a run's reference.
