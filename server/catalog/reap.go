@@ -104,7 +104,15 @@ func pastTTL(sess store.Session, now time.Time) bool {
 
 // runningJobs caches, for one reaper pass, the sessions of each VM with a
 // running job (nil: the VM has no resident helper, so no jobs).
-type runningJobs map[string]map[string]bool
+type runningJobs map[string]vmJobs
+
+// vmJobs is one VM's entry in runningJobs: the sessions with a running
+// job, or failed when its jobs could not be listed in this pass (its other
+// sessions are then kept without asking it again).
+type vmJobs struct {
+	busy   map[string]bool
+	failed bool
+}
 
 // keepBusy reports whether sess, past its idle time only, is to be kept
 // this pass: it has a running job (its last use is then set to now and it
@@ -112,7 +120,11 @@ type runningJobs map[string]map[string]bool
 // goes into rep.Errors, and the next pass asks again: destroying it could
 // kill a job that runs). A VM without a resident helper has no jobs.
 func (g *Guest) keepBusy(ctx context.Context, h *guestctl.Helper, name string, sess store.Session, now time.Time, running runningJobs, rep *ReapReport) bool {
-	busy, listed := running[sess.VM]
+	vj, listed := running[sess.VM]
+	if vj.failed {
+		return true // its VM did not answer this pass (the error is in rep once)
+	}
+	busy := vj.busy
 	if !listed {
 		cctx, cancel := context.WithTimeout(ctx, guestctl.CommandTimeout)
 		jobs, err := h.Jobs(cctx, name)
@@ -122,6 +134,7 @@ func (g *Guest) keepBusy(ctx context.Context, h *guestctl.Helper, name string, s
 		case err != nil:
 			rep.Errors = append(rep.Errors, fmt.Errorf("server: reap %s: list its jobs: %w", sess.VM, err))
 			g.log.Warn("server: reap: a session past its idle time is kept until its VM's jobs can be listed", "vm", sess.VM, "session", sess.ID, "err", err)
+			running[sess.VM] = vmJobs{failed: true}
 			return true
 		default:
 			busy = map[string]bool{}
@@ -131,7 +144,7 @@ func (g *Guest) keepBusy(ctx context.Context, h *guestctl.Helper, name string, s
 				}
 			}
 		}
-		running[sess.VM] = busy
+		running[sess.VM] = vmJobs{busy: busy}
 	}
 	if !busy[sess.ID] {
 		return false
