@@ -99,10 +99,7 @@ func (s *Server) notifyProcess(backend string, pe hypervisor.ProcessEvent) {
 // notifyLeaseEnded tells the sessions of l's grant that the lease reaper
 // deleted l's VM.
 func (s *Server) notifyLeaseEnded(l store.Lease) {
-	vm := l.VM
-	if vm == "" {
-		vm = l.Name
-	}
+	vm := leaseVM(l)
 	msg := fmt.Sprintf("VM %s was deleted: its lease ended", vm)
 	switch l.State {
 	case store.LeaseLive:
@@ -120,15 +117,20 @@ func (s *Server) notifyLeaseEnded(l store.Lease) {
 // notifyLeaseEnding tells the sessions of l's grant that the reaper
 // deletes l's VM in left (lease.EndingWarning before its expiry).
 func (s *Server) notifyLeaseEnding(l store.Lease, left time.Duration) {
-	vm := l.VM
-	if vm == "" {
-		vm = l.Name
-	}
+	vm := leaseVM(l)
 	at := l.Expires.UTC().Format(time.RFC3339)
 	s.logToGrant(l.Grant, logEvent{level: mcp.LoggingLevelWarning, data: map[string]any{
 		"event": "lease_ending", "vm": vm, "template": l.Template, "expires": at, "left_s": int64(left.Round(time.Second) / time.Second),
 		"message": fmt.Sprintf("VM %s will be deleted at %s (in %s): its lease ends then; copy out what you need before (vm_file_read, vm_archive_read)", vm, at, left.Round(time.Second)),
 	}})
+}
+
+// leaseVM is the VM id l's events name: the backend's, else the name asked for.
+func leaseVM(l store.Lease) string {
+	if l.VM != "" {
+		return l.VM
+	}
+	return l.Name
 }
 
 // notifyPolicy tells the sessions of grant that its policy changed from

@@ -356,9 +356,6 @@ func (v *Keeper) warnEnding(list []store.Lease, now time.Time) {
 	if v.onEnding == nil {
 		return
 	}
-	if v.warned == nil {
-		v.warned = map[string]time.Time{}
-	}
 	listed := make(map[string]bool, len(list))
 	for _, l := range list {
 		listed[l.ID] = true

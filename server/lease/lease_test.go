@@ -40,6 +40,7 @@ func newTestLeases(t *testing.T) *testLeases {
 		createHold: CreateDeadline + time.Minute,
 		deleteHold: DeleteDeadline + time.Minute,
 		every:      time.Hour,
+		warned:     map[string]time.Time{},
 	}
 	return tl
 }
