@@ -291,7 +291,7 @@ func TestLabWriteHelperKilled(t *testing.T) {
 	old := victimSetup(t, ctx, h, vm)
 	watcher := `p=$(cat ` + serveLock + `); rss() { awk '/^VmRSS:/ { print $2 }' /proc/$p/status; }; base=$(rss)
 	end=$(($(cut -d. -f1 /proc/uptime) + 300)); echo "watching the helper at $base kB" >/dev/console
-	while [ "$(cut -d. -f1 /proc/uptime)" -lt $end ]; do n=$(rss); [ -n "$n" ] && [ "$n" -gt $((base + 8192)) ] && { kill -9 $p; echo "killed the helper at $n kB" >/dev/console; exit 0; }; done`
+	while [ -d ` + killDir + ` ] && [ "$(cut -d. -f1 /proc/uptime)" -lt $end ]; do n=$(rss); [ -n "$n" ] && [ "$n" -gt $((base + 8192)) ] && { kill -9 $p; echo "killed the helper at $n kB" >/dev/console; exit 0; }; sleep 0.01 2>/dev/null || :; done`
 	serial := labtest.VM(t, vm).SerialLog
 	seen := fileSize(serial)
 	if _, err := h.d.ExecStart(ctx, vm, hypervisor.ExecRequest{Argv: []string{"/bin/sh", "-c", watcher}}); err != nil {

@@ -73,9 +73,6 @@ func readAudit(t *testing.T, path string) []auditRecord {
 	return recs
 }
 
-// waitAllowed waits until the audit log at path holds n allowed decisions
-// for tool. Lines are read as they are in the file: a record being written
-// (no newline yet) is not counted.
 // waitConsole waits until the guest's console log at path holds mark.
 func waitConsole(t *testing.T, path, mark string, within time.Duration) {
 	t.Helper()
@@ -93,6 +90,9 @@ func waitConsole(t *testing.T, path, mark string, within time.Duration) {
 	}
 }
 
+// waitAllowed waits until the audit log at path holds n allowed decisions
+// for tool. Lines are read as they are in the file: a record being written
+// (no newline yet) is not counted.
 func waitAllowed(t *testing.T, path, tool string, n int, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
