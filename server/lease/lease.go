@@ -360,7 +360,7 @@ func (v *Keeper) warnEnding(list []store.Lease, now time.Time) {
 	for _, l := range list {
 		listed[l.ID] = true
 		left := l.Expires.Sub(now)
-		if l.State != store.LeaseLive || l.Expires.IsZero() || left <= 0 || left > EndingWarning(l) {
+		if l.State != store.LeaseLive || l.Expires.IsZero() || left <= 0 || left > max(EndingWarning(l), v.every) {
 			continue
 		}
 		if at, ok := v.warned[l.ID]; ok && at.Equal(l.Expires) {
@@ -444,7 +444,8 @@ type Options struct {
 	// reaper's goroutine and must not block.
 	OnEnd func(store.Lease)
 	// OnEnding, when set, is told once of every live lease whose expiry is
-	// within EndingWarning of now, with the time left (again if the
+	// within EndingWarning of now (or one reaper pass, when that is
+	// longer, so that a short lease is not passed over), with the time left (again if the
 	// expiry moves); a server restarted tells its sessions again. It runs
 	// on the reaper's goroutine and must not block.
 	OnEnding func(l store.Lease, left time.Duration)

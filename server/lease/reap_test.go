@@ -70,6 +70,7 @@ func TestReapBoundedConcurrency(t *testing.T) {
 // more once its VM is deleted.
 func TestReapWarnsOfEndingLeases(t *testing.T) {
 	tl := newTestLeases(t)
+	tl.every = DefaultLeaseReapEvery // the window is at least one pass
 	ctx := context.Background()
 	var warned []string
 	tl.onEnding = func(l store.Lease, left time.Duration) {
