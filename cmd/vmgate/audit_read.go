@@ -84,23 +84,8 @@ func (ff *filterFlags) add(c *cobra.Command) {
 // filter validates the flags into a filter.
 func (ff *filterFlags) filter(now time.Time) (audit.Filter, error) {
 	f := ff.f
-	switch k := audit.Kind(ff.kind); k {
-	case "", audit.KindDecision, audit.KindOutcome, audit.KindAdvance, audit.KindAdvanceEnd:
-		f.Kind = k
-	default:
-		return f, fmt.Errorf("--kind %q: want decision, outcome, advance or advance_end", ff.kind)
-	}
-	var err error
-	if f.Since, err = parseWhen("--since", ff.since, now); err != nil {
-		return f, err
-	}
-	if f.Until, err = parseWhen("--until", ff.until, now); err != nil {
-		return f, err
-	}
-	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
-		return f, fmt.Errorf("--until %s is not after --since %s", ff.until, ff.since)
-	}
-	return f, nil
+	err := f.SetBounds("--", ff.kind, ff.since, ff.until, now)
+	return f, err
 }
 
 // readFlags are what search and tail share: the filters, the log, the
@@ -129,15 +114,6 @@ func (r *readFlags) resolve(op string, args []string) (audit.Filter, string, err
 	}
 	path, err := r.lf.path(op, firstArg(args))
 	return f, path, err
-}
-
-// parseWhen reads a time flag (audit.ParseWhen).
-func parseWhen(flag, s string, now time.Time) (time.Time, error) {
-	t, err := audit.ParseWhen(s, now)
-	if err != nil {
-		return t, fmt.Errorf("%s %q: %w", flag, s, err)
-	}
-	return t, nil
 }
 
 func newAuditSearchCmd() *cobra.Command {
@@ -519,4 +495,13 @@ func printRecord(w io.Writer, r *audit.Record, prefix string) {
 	if r.Snapshot != "" {
 		fmt.Fprintf(w, "          snapshot %s (undo: vmgate undo %s)\n", r.Snapshot, r.CallID)
 	}
+}
+
+// parseWhen reads a time flag (audit.ParseWhen).
+func parseWhen(flag, s string, now time.Time) (time.Time, error) {
+	t, err := audit.ParseWhen(s, now)
+	if err != nil {
+		return t, fmt.Errorf("%s %q: %w", flag, s, err)
+	}
+	return t, nil
 }

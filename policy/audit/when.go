@@ -51,3 +51,27 @@ func parseDays(s string) (time.Duration, error) {
 	r, err := time.ParseDuration(rest)
 	return d + r, err
 }
+
+// SetBounds sets f's Kind, Since and Until from their text as a user gives
+// them (kind: "" or a Kind; since, until: ParseWhen's forms), checking that
+// until comes after since. Errors name each by prefix+name ("--since" for
+// a command's flag, "since" for a form's field).
+func (f *Filter) SetBounds(prefix, kind, since, until string, now time.Time) error {
+	switch k := Kind(kind); k {
+	case "", KindDecision, KindOutcome, KindAdvance, KindAdvanceEnd:
+		f.Kind = k
+	default:
+		return fmt.Errorf("%skind %q: want decision, outcome, advance or advance_end", prefix, kind)
+	}
+	var err error
+	if f.Since, err = ParseWhen(since, now); err != nil {
+		return fmt.Errorf("%ssince %q: %w", prefix, since, err)
+	}
+	if f.Until, err = ParseWhen(until, now); err != nil {
+		return fmt.Errorf("%suntil %q: %w", prefix, until, err)
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
+		return fmt.Errorf("%suntil %s is not after %ssince %s", prefix, until, prefix, since)
+	}
+	return nil
+}

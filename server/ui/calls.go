@@ -77,21 +77,8 @@ func callsFilter(q url.Values, now time.Time) (callsForm, audit.Filter, error) {
 		}
 	}
 	f := audit.Filter{Grant: fm.Grant, Tool: fm.Tool, VM: fm.VM, Decision: fm.Decision, Outcome: fm.Outcome, Session: fm.Session, Text: fm.Text}
-	switch k := audit.Kind(fm.Kind); k {
-	case "", audit.KindDecision, audit.KindOutcome, audit.KindAdvance, audit.KindAdvanceEnd:
-		f.Kind = k
-	default:
-		return fm, f, fmt.Errorf("kind %q: want decision, outcome, advance or advance_end", fm.Kind)
-	}
-	var err error
-	if f.Since, err = audit.ParseWhen(fm.Since, now); err != nil {
-		return fm, f, fmt.Errorf("since %q: %w", fm.Since, err)
-	}
-	if f.Until, err = audit.ParseWhen(fm.Until, now); err != nil {
-		return fm, f, fmt.Errorf("until %q: %w", fm.Until, err)
-	}
-	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
-		return fm, f, fmt.Errorf("until %s is not after since %s", fm.Until, fm.Since)
+	if err := f.SetBounds("", fm.Kind, fm.Since, fm.Until, now); err != nil {
+		return fm, f, err
 	}
 	return fm, f, nil
 }
